@@ -1,0 +1,68 @@
+"""Typed errors shared by every layer. Each names what is wrong and, for bytes, at which offset."""
+
+from __future__ import annotations
+
+
+class StreamOffloadError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class FormatError(StreamOffloadError):
+    """Bytes that do not follow the format they claim to follow.
+
+    ``offset`` is the byte offset (within the object or buffer being decoded) where the problem was
+    found, and ``where`` names the object or buffer when the caller knows it.
+    """
+
+    def __init__(self, message: str, *, offset: int | None = None, where: str | None = None) -> None:
+        self.reason = message
+        self.offset = offset
+        self.where = where
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = self.reason
+        if self.offset is not None:
+            text = f"{text} (at byte offset {self.offset})"
+        if self.where:
+            text = f"{self.where}: {text}"
+        return text
+
+    def located(self, where: str, base_offset: int = 0) -> FormatError:
+        """The same error, named after the object it was found in and with an offset made absolute."""
+        err = type(self).__new__(type(self))
+        FormatError.__init__(
+            err,
+            self.reason,
+            offset=None if self.offset is None else self.offset + base_offset,
+            where=where,
+        )
+        return err
+
+
+class BadMagicError(FormatError):
+    """The magic word at the start of a block, index or entry is not the expected one."""
+
+
+class TruncatedError(FormatError):
+    """The buffer ends before the structure it holds does."""
+
+
+class LengthMismatchError(FormatError):
+    """A length field disagrees with the bytes present or with another length field."""
+
+
+class ChecksumError(FormatError):
+    """A CRC-32C checksum does not match the bytes it covers."""
+
+
+class IndexOutOfRangeError(FormatError):
+    """An index entry points outside the data object it describes."""
+
+
+class EntryTooLargeError(StreamOffloadError):
+    """An entry does not fit in one block (Pulsar silently truncated here; we refuse)."""
+
+
+class ConfigError(StreamOffloadError):
+    """Invalid configuration: names the key and the file it came from."""

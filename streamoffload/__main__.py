@@ -1,0 +1,5 @@
+import sys
+
+from streamoffload.cli import main
+
+sys.exit(main())
