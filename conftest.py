@@ -1,0 +1,6 @@
+# Root conftest: shared fixtures live in one module per resource so separate work never collides.
+pytest_plugins = [
+    "tests.fixtures.spark",
+    "tests.fixtures.broker",
+    "tests.fixtures.s3",
+]
