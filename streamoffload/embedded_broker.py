@@ -1,0 +1,350 @@
+"""The embedded Pulsar broker: a ``pulsar-lite`` process managed by the project.
+
+``pulsar-lite`` (PyPI) ships a Pulsar-protocol broker binary (Rust, RocksDB storage) that the
+official ``pulsar-client`` talks to. :class:`EmbeddedBroker` starts it on a loopback port with its
+own data directory and TOML config, waits until it answers a Pulsar ``CONNECT`` handshake, stops
+it (SIGTERM to its process group, then SIGKILL), and restarts it on the same port and data so
+clients reconnect to the same address and see the same topics.
+
+Layout of a broker's data directory::
+
+    <data_dir>/pulsar-lite.toml   config written at every start
+    <data_dir>/pulsar-lite.log    the broker's stdout and stderr, appended across restarts
+    <data_dir>/db/                RocksDB data (``db_path``)
+
+Known behaviour of pulsar-lite (SPEC 6): it rolls a topic's ledger every 50,000 entries and on
+every restart; readers see duplicated entries and can stall with data still due (the source copes);
+its partitioned topics are only usable through the base topic, so tests keep ``default_partitions =
+0`` and publish to explicitly named ``t-partition-N`` plain topics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from streamoffload.codecs.errors import StreamOffloadError
+
+BINARY_NAME = "pulsar-lite"
+CONFIG_NAME = "pulsar-lite.toml"
+LOG_NAME = "pulsar-lite.log"
+DB_NAME = "db"
+
+
+class BrokerError(StreamOffloadError):
+    """The embedded broker could not be found, started, reached or stopped."""
+
+
+def find_binary() -> str:
+    """Path of the ``pulsar-lite`` executable.
+
+    Looked for, in order: ``$PULSAR_LITE_BINARY``; next to the running Python (a venv's ``bin``);
+    on ``PATH``; inside the installed ``pulsar_lite`` package (``pulsar_lite/bin/pulsar-lite``, where
+    the PyPI wheel puts it).
+    """
+    candidates: list[Path] = []
+    env = os.environ.get("PULSAR_LITE_BINARY")
+    if env:
+        candidates.append(Path(env))
+    candidates.append(Path(sys.executable).parent / BINARY_NAME)
+    on_path = shutil.which(BINARY_NAME)
+    if on_path:
+        candidates.append(Path(on_path))
+    spec = importlib.util.find_spec("pulsar_lite")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidates.append(Path(location) / "bin" / BINARY_NAME)
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise BrokerError(
+        f"cannot find the {BINARY_NAME} executable (looked at: {', '.join(str(c) for c in candidates)}); "
+        "install it with `pip install pulsar-lite` or set PULSAR_LITE_BINARY"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+# --- a Pulsar CONNECT handshake, the smallest proof that the broker speaks the protocol ----------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _connect_frame() -> bytes:
+    # BaseCommand{type=CONNECT(2), connect(2)=CommandConnect{client_version(1)="...", protocol_version(4)=6}}
+    # Field numbers from PulsarApi.proto; protocol version 6 is old enough for any broker to accept.
+    version = b"streamoffload-probe"
+    connect = b"\x0a" + _varint(len(version)) + version + b"\x20" + _varint(6)
+    command = b"\x08\x02" + b"\x12" + _varint(len(connect)) + connect
+    return struct.pack(">II", len(command) + 4, len(command)) + command
+
+
+def pulsar_handshake(host: str, port: int, timeout: float = 2.0) -> bool:
+    """True when ``host:port`` answers a Pulsar ``CONNECT`` with ``CONNECTED``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_connect_frame())
+            header = _recv_exact(sock, 8)
+            total, cmd_size = struct.unpack(">II", header)
+            if cmd_size > total or cmd_size > 1 << 20:
+                return False
+            command = _recv_exact(sock, cmd_size)
+    except OSError:
+        return False
+    # BaseCommand field 1 (type) is a varint: 0x08 then the enum value; CONNECTED is 3.
+    return len(command) >= 2 and command[0] == 0x08 and command[1] == 3
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed during the Pulsar handshake")
+        buf.extend(chunk)
+    return bytes(buf)
+
+
+class EmbeddedBroker:
+    """A ``pulsar-lite`` broker process on ``127.0.0.1:port``.
+
+    ``data_dir`` defaults to a fresh temporary directory, removed by :meth:`close` (and on leaving
+    the ``with`` block); a given ``data_dir`` is kept. ``port`` defaults to a free port, chosen once
+    and kept across restarts. ``metrics_port`` turns on pulsar-lite's Prometheus endpoint on
+    ``127.0.0.1:metrics_port``; by default it is off (pulsar-lite would otherwise bind 0.0.0.0:8080).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        port: int | None = None,
+        default_partitions: int = 0,
+        metrics_port: int | None = None,
+        binary: str | None = None,
+        log_level: str = "info",
+        start_timeout: float = 30.0,
+    ) -> None:
+        if default_partitions < 0:
+            raise BrokerError(f"default_partitions must be >= 0, got {default_partitions}")
+        self._owns_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="pulsar-lite-"))
+        self.host = "127.0.0.1"
+        self._fixed_port = port is not None
+        self.port: int = port if port is not None else free_port(self.host)
+        self.default_partitions = default_partitions
+        self.metrics_port = metrics_port
+        self.binary = binary or find_binary()
+        self.log_level = log_level
+        self.start_timeout = start_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # --- paths and addresses ---------------------------------------------------------------
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / CONFIG_NAME
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / LOG_NAME
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / DB_NAME
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def config_text(self) -> str:
+        """The TOML pulsar-lite reads (unknown keys are ignored by it, so only known ones are written)."""
+        lines = [
+            f"db_path = {_toml_string(str(self.db_path))}",
+            f"default_partitions = {int(self.default_partitions)}",
+            "",
+            "[metrics]",
+        ]
+        if self.metrics_port is None:
+            lines.append("enabled = false")
+        else:
+            lines += ["enabled = true", f"addr = {_toml_string(f'{self.host}:{self.metrics_port}')}"]
+        return "\n".join(lines) + "\n"
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the broker's log ('' when there is none yet)."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - 64 * 1024))
+                text = fh.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> EmbeddedBroker:
+        """Start the broker and wait until it answers the Pulsar handshake. Idempotent when running."""
+        if self.is_running:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        attempts = 1 if self._fixed_port else 3
+        for attempt in range(attempts):
+            try:
+                self._spawn_and_wait()
+                return self
+            except BrokerError:
+                # A port picked by us can be taken between picking and binding: pick another.
+                if attempt + 1 >= attempts or not self._port_taken_by_other():
+                    raise
+                self.port = free_port(self.host)
+        return self  # unreachable: the loop returns or raises
+
+    def _port_taken_by_other(self) -> bool:
+        return "Address already in use" in self.log_tail(10) or "AddrInUse" in self.log_tail(10)
+
+    def _spawn_and_wait(self) -> None:
+        self.config_path.write_text(self.config_text(), encoding="utf-8")
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n--- streamoffload: starting {self.binary} on {self.host}:{self.port} ---\n".encode())
+            log.flush()
+            self._process = subprocess.Popen(
+                [
+                    self.binary,
+                    "--config",
+                    str(self.config_path),
+                    "--addr",
+                    f"{self.host}:{self.port}",
+                    "--log-level",
+                    self.log_level,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.data_dir),
+                # Its own process group, so stop() reaches anything it spawns and a Ctrl-C in a
+                # terminal running `streamoffload broker` is handled by us, not delivered twice.
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + self.start_timeout
+        delay = 0.02
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                self._process = None
+                raise BrokerError(
+                    f"pulsar-lite exited with code {code} before accepting connections on {self.host}:{self.port} "
+                    f"(log {self.log_path}):\n{self.log_tail()}"
+                )
+            if pulsar_handshake(self.host, self.port, timeout=1.0):
+                return
+            if time.monotonic() >= deadline:
+                self._terminate()
+                raise BrokerError(
+                    f"pulsar-lite did not answer a Pulsar handshake on {self.host}:{self.port} within "
+                    f"{self.start_timeout:g} s (log {self.log_path}):\n{self.log_tail()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the broker: SIGTERM to its process group, SIGKILL after ``timeout`` seconds."""
+        if self._process is None:
+            return
+        self._terminate(timeout)
+
+    def _terminate(self, timeout: float = 10.0) -> None:
+        process = self._process
+        if process is None:
+            return
+        try:
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process.pid, signal.SIGKILL)
+                    process.wait(timeout=timeout)
+        finally:
+            self._process = None
+
+    def kill(self) -> None:
+        """Kill the broker at once (SIGKILL), as a crash would."""
+        process = self._process
+        if process is None:
+            return
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+        self._process = None
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Stop and start again on the same port with the same data."""
+        self.stop(timeout)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the broker and remove its data directory when it was a temporary one."""
+        self.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.is_running else "stopped"
+        return f"EmbeddedBroker({self.service_url}, data_dir={str(self.data_dir)!r}, {state})"
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)  # pid == pgid: the process leads its own session
+
+
+def _toml_string(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
