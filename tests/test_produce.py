@@ -168,7 +168,7 @@ def test_bad_property_is_a_clear_error(pulsar_broker: EmbeddedBroker, capsys: py
 
 def test_unreachable_broker_is_a_clear_error() -> None:
     url = f"pulsar://127.0.0.1:{free_port()}"
-    with pytest.raises(ProduceError, match="cannot create a producer on .* at pulsar://127.0.0.1"):
+    with pytest.raises(ProduceError, match=r"cannot create a producer on .* at pulsar://127\.0\.0\.1"):
         produce(url, "t", 1, 10, client_options={"operation_timeout_seconds": 2, "connection_timeout_ms": 500})
 
 
