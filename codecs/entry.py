@@ -119,6 +119,7 @@ class DecodedEntry:
     broker_entry_metadata: bytes | None
     checksum: int | None = None  # the stored CRC-32C; None for an entry written without one
     payload_offset: int = 0  # where the payload starts in the decoded buffer
+    metadata_offset: int = 0  # where the MessageMetadata starts in the decoded buffer
 
     @property
     def is_batch(self) -> bool:
@@ -334,6 +335,7 @@ def decode_entry(
         broker_entry_metadata=broker,
         checksum=checksum,
         payload_offset=meta_end,
+        metadata_offset=meta_start,
     )
 
 
@@ -370,19 +372,31 @@ def _uncompressed(decoded: DecodedEntry, where: str | None) -> memoryview:
     return memoryview(out)
 
 
-def _key(meta: MessageMetadata | SingleMessageMetadata) -> str | None:
+def _text(value: str | bytes, what: str, offset: int, where: str | None) -> str:
+    # upb hands back bytes for a proto2 string field that is not valid UTF-8 (Java would replace the
+    # bad bytes); refuse loudly rather than silently alter a key or property.
+    if isinstance(value, bytes):
+        raise FormatError(f"{what} is not valid UTF-8: {value[:40]!r}", offset=offset, where=where)
+    return value
+
+
+def _key(meta: MessageMetadata | SingleMessageMetadata, offset: int, where: str | None) -> str | None:
     if meta.HasField("partition_key") and not meta.null_partition_key:
-        return meta.partition_key
+        return _text(meta.partition_key, "partition_key", offset, where)
     return None
 
 
-def _props(items: Sequence[KeyValue]) -> dict[str, str]:
-    return {kv.key: kv.value for kv in items}
+def _props(items: Sequence[KeyValue], offset: int, where: str | None) -> dict[str, str]:
+    return {
+        _text(kv.key, "property key", offset, where): _text(kv.value, "property value", offset, where) for kv in items
+    }
 
 
 def split_messages(decoded: DecodedEntry, *, where: str | None = None) -> list[EntryMessage]:
     """The messages of an already decoded entry (one with ``batch_index`` -1 if it is not a batch)."""
     md = decoded.metadata
+    meta_at = decoded.metadata_offset
+    producer_name = _text(md.producer_name, "producer_name", meta_at, where)
     payload = _uncompressed(decoded, where)
     # Offsets in errors are into the entry for an uncompressed payload, into the inflated payload otherwise.
     base = decoded.payload_offset if md.compression == CompressionType.NONE else 0
@@ -391,12 +405,12 @@ def split_messages(decoded: DecodedEntry, *, where: str | None = None) -> list[E
             EntryMessage(
                 batch_index=-1,
                 payload=payload,
-                key=_key(md),
-                properties=_props(md.properties),
+                key=_key(md, meta_at, where),
+                properties=_props(md.properties, meta_at, where),
                 publish_time=md.publish_time,
                 event_time=md.event_time,
                 sequence_id=md.sequence_id,
-                producer_name=md.producer_name,
+                producer_name=producer_name,
                 ordering_key=md.ordering_key if md.HasField("ordering_key") else None,
                 key_b64_encoded=md.partition_key_b64_encoded,
                 null_value=md.null_value,
@@ -444,13 +458,13 @@ def split_messages(decoded: DecodedEntry, *, where: str | None = None) -> list[E
             EntryMessage(
                 batch_index=index,
                 payload=payload[data_start:pos],
-                key=_key(single),
-                properties=_props(single.properties),
+                key=_key(single, base + start, where),
+                properties=_props(single.properties, base + start, where),
                 publish_time=md.publish_time,
                 event_time=single.event_time if single.HasField("event_time") else md.event_time,
                 # Pulsar's clients fall back to the entry's sequence id when a message has none.
                 sequence_id=single.sequence_id if single.HasField("sequence_id") else md.sequence_id,
-                producer_name=md.producer_name,
+                producer_name=producer_name,
                 ordering_key=single.ordering_key if single.HasField("ordering_key") else None,
                 key_b64_encoded=single.partition_key_b64_encoded,
                 null_value=single.null_value,
