@@ -1,0 +1,265 @@
+"""``streamoffload inspect``: decode a local data object (and its index) and describe what it holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import crc32c
+
+from streamoffload.codecs.blocks import DecodedBlock, FormatVersion, iter_blocks
+from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.codecs.index import OffloadIndex, verify_against_blocks
+
+EPILOG = """\
+examples:
+  streamoffload inspect 1b4e28ba-2fa1-11d2-883f-0016d3cca427
+  streamoffload inspect 1b4e28ba-2fa1-11d2-883f-0016d3cca427 1b4e28ba-2fa1-11d2-883f-0016d3cca427-index --json
+  streamoffload inspect OBJ-ledger-42 OBJ-ledger-42-index --json --entries
+
+The format (v1 ledger-based, PIP-17; v2 streaming, PIP-76) is read from the block magic. v1 blocks do not
+record their ledger id: it comes from --ledger-id, else from a "-ledger-<N>" object name, else it is
+reported as null (JSON "ledgers" then uses the key "unknown"). With an index, every block it lists is
+checked against the data object (offsets, lengths, ledger ids, first entry ids, part ids, data length).
+A corrupt object exits with status 1 and an error naming the file and the byte offset."""
+
+_LEDGER_IN_NAME = re.compile(r"-ledger-(\d+)(?:-index)?$")
+UNKNOWN_LEDGER_KEY = "unknown"
+
+
+class InspectError(StreamOffloadError):
+    """A file that cannot be read, or arguments that do not fit the object."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="decode a local data object (and index) and describe its blocks, ledgers and entries",
+        description=(
+            "Decode an offloaded data object (v1 or v2) from a local file, validate every block, and print "
+            "its blocks and ledgers; with an index object, cross-check the two."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("data_file", metavar="DATA_FILE", help="the data object, as a local file")
+    parser.add_argument("index_file", metavar="INDEX_FILE", nargs="?", help="its index object (optional)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a summary")
+    parser.add_argument(
+        "--entries",
+        action="store_true",
+        help="also list every entry: ledger id, entry id, payload length and CRC-32C (Castagnoli) of the payload",
+    )
+    parser.add_argument(
+        "--ledger-id",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ledger id of a v1 data object (v1 blocks do not record it; ignored for v2)",
+    )
+    parser.set_defaults(func=run)
+
+
+@contextmanager
+def _mapped(path: str) -> Iterator[bytes | mmap.mmap]:
+    """The file's bytes, memory-mapped so that large objects are not read into memory first."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                yield b""
+                return
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as err:
+        raise InspectError(f"cannot read {path}: {err.strerror or err}") from err
+    try:
+        yield mapped
+    finally:
+        # A decode error's traceback may still hold views of the map; it then closes when they are collected.
+        with suppress(BufferError):
+            mapped.close()
+
+
+def ledger_id_from_name(*paths: str | None) -> int | None:
+    """The ledger id in a v1 object name (``<uuid>-ledger-<N>`` or ``<uuid>-ledger-<N>-index``), if any."""
+    for path in paths:
+        if path:
+            match = _LEDGER_IN_NAME.search(os.path.basename(path))
+            if match:
+                return int(match.group(1))
+    return None
+
+
+def inspect_objects(
+    data_path: str,
+    index_path: str | None = None,
+    *,
+    ledger_id: int | None = None,
+    with_entries: bool = False,
+) -> dict[str, Any]:
+    """Decode the data object at ``data_path`` (and cross-check ``index_path``) into a JSON-ready report."""
+    placed: list[DecodedBlock] = []
+    with _mapped(data_path) as data:
+        report = _describe_data(data, data_path, ledger_id, index_path, with_entries, placed)
+    if index_path is not None:
+        with _mapped(index_path) as raw_index:
+            fmt = FormatVersion(int(report["format"][1:]))
+            # A v1 index does not record its ledger id either; when it is unknown, any placeholder lets the
+            # index decode (the id is not compared with anything and is not reported).
+            index = OffloadIndex.decode(raw_index, ledger_id=report["_ledger_id"] or 0, where=index_path)
+            index_length = len(raw_index)
+        if index.version is not fmt:
+            raise InspectError(f"{index_path}: {index.version.label} index for the {fmt.label} data object {data_path}")
+        verify_against_blocks(index, placed, report["data_length"], where=index_path)
+        report["index"] = {
+            "file": index_path,
+            "format": index.version.label,
+            "length": index_length,
+            "data_object_length": index.data_object_length,
+            "blocks": len(index.blocks()),
+            "ledgers": {
+                (str(ledger.ledger_id) if index.version is FormatVersion.V2 else _ledger_key(report["_ledger_id"])): {
+                    "blocks": len(ledger.entries),
+                    "metadata_length": len(ledger.metadata),
+                }
+                for ledger in index.ledgers
+            },
+            "agrees_with_data": True,
+        }
+    del report["_ledger_id"]
+    return report
+
+
+def _ledger_key(ledger_id: int | None) -> str:
+    return UNKNOWN_LEDGER_KEY if ledger_id is None else str(ledger_id)
+
+
+def _describe_data(
+    data: bytes | mmap.mmap,
+    data_path: str,
+    ledger_id: int | None,
+    index_path: str | None,
+    with_entries: bool,
+    placed: list[DecodedBlock],
+) -> dict[str, Any]:
+    """Walk the data object once; ``placed`` receives each block's header and offset (without entries, which
+    are views of the mapped file) for the index cross-check."""
+    blocks: list[dict[str, Any]] = []
+    ledgers: dict[str, dict[str, Any]] = {}
+    entries: list[dict[str, Any]] = []
+    fmt: FormatVersion | None = None
+    v1_ledger: int | None = None
+    for block in iter_blocks(data, where=data_path):
+        header = block.header
+        placed.append(DecodedBlock(header, block.offset, []))
+        if fmt is None:
+            fmt = header.version
+            if fmt is FormatVersion.V1:
+                v1_ledger = ledger_id if ledger_id is not None else ledger_id_from_name(data_path, index_path)
+        block_ledger = header.ledger_id if fmt is FormatVersion.V2 else v1_ledger
+        payload_bytes = sum(e.payload.nbytes for e in block.entries)
+        blocks.append(
+            {
+                "offset": block.offset,
+                "length": header.block_length,
+                "ledger_id": block_ledger,
+                "first_entry_id": header.first_entry_id,
+                "last_entry_id": block.last_entry_id,
+                "entry_count": len(block.entries),
+                "payload_bytes": payload_bytes,
+            }
+        )
+        summary = ledgers.get(_ledger_key(block_ledger))
+        if summary is None:
+            summary = ledgers[_ledger_key(block_ledger)] = {
+                "entries": 0,
+                "first_entry_id": header.first_entry_id,
+                "last_entry_id": None,
+                "bytes": 0,
+                "blocks": 0,
+            }
+        summary["entries"] += len(block.entries)
+        summary["last_entry_id"] = block.last_entry_id
+        summary["bytes"] += payload_bytes
+        summary["blocks"] += 1
+        if with_entries:
+            entries.extend(
+                {
+                    "ledger_id": block_ledger,
+                    "entry_id": e.entry_id,
+                    "length": e.payload.nbytes,
+                    "crc32c": crc32c.crc32c(e.payload),
+                }
+                for e in block.entries
+            )
+        del block  # drop views of the mapped file before it is closed
+    assert fmt is not None  # iter_blocks raises on an empty object
+    report: dict[str, Any] = {
+        "file": data_path,
+        "format": fmt.label,
+        "data_length": len(data),
+        "blocks": blocks,
+        "ledgers": ledgers,
+        "_ledger_id": v1_ledger if fmt is FormatVersion.V1 else None,
+    }
+    if with_entries:
+        report["entries"] = entries
+    return report
+
+
+def _summary(report: dict[str, Any]) -> str:
+    blocks = report["blocks"]
+    ledgers = report["ledgers"]
+    total_entries = sum(ledger["entries"] for ledger in ledgers.values())
+    total_bytes = sum(ledger["bytes"] for ledger in ledgers.values())
+    lines = [
+        f"{report['file']}: {report['format']} data object, {report['data_length']:,} bytes, "
+        f"{len(blocks)} block{'s' * (len(blocks) != 1)}, {len(ledgers)} ledger{'s' * (len(ledgers) != 1)}, "
+        f"{total_entries:,} entries ({total_bytes:,} payload bytes)",
+        "ledgers:",
+    ]
+    for key, ledger in ledgers.items():
+        lines.append(
+            f"  {key:>12}  entries {ledger['first_entry_id']}..{ledger['last_entry_id']}  "
+            f"({ledger['entries']:,} entries in {ledger['blocks']} blocks, {ledger['bytes']:,} payload bytes)"
+        )
+    lines.append(f"blocks:\n  {'#':>5}  {'offset':>14}  {'length':>11}  {'ledger':>12}  entries")
+    for n, block in enumerate(blocks, start=1):
+        ledger = UNKNOWN_LEDGER_KEY if block["ledger_id"] is None else block["ledger_id"]
+        lines.append(
+            f"  {n:>5}  {block['offset']:>14,}  {block['length']:>11,}  {ledger!s:>12}  "
+            f"{block['first_entry_id']}..{block['last_entry_id']} ({block['entry_count']:,})"
+        )
+    index = report.get("index")
+    if index:
+        lines.append(
+            f"index {index['file']}: {index['format']}, {index['length']:,} bytes, {index['blocks']} blocks in "
+            f"{len(index['ledgers'])} ledger{'s' * (len(index['ledgers']) != 1)}; agrees with the data object"
+        )
+    if "entries" in report:
+        lines.append(f"entries:\n  {'ledger':>12}  {'entry':>10}  {'length':>11}  crc32c")
+        for entry in report["entries"]:
+            ledger = UNKNOWN_LEDGER_KEY if entry["ledger_id"] is None else entry["ledger_id"]
+            lines.append(f"  {ledger!s:>12}  {entry['entry_id']:>10}  {entry['length']:>11,}  {entry['crc32c']:08x}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ledger_id is not None and args.ledger_id < 0:
+        raise InspectError(f"--ledger-id must be >= 0, got {args.ledger_id}")
+    report = inspect_objects(args.data_file, args.index_file, ledger_id=args.ledger_id, with_entries=args.entries)
+    text = json.dumps(report, indent=2) if args.json else _summary(report)
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
