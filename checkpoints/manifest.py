@@ -1,0 +1,203 @@
+"""Segment manifests: the offload metadata of one segment (protobuf ``SegmentManifest``).
+
+Pure code: building, encoding and decoding manifests. ``checkpoints.metadata_store`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from streamoffload import __version__
+from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.metadata import msb_lsb_to_uuid, uuid_to_msb_lsb
+from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
+
+ASSIGNED = SegmentManifest.ASSIGNED
+OFFLOADED = SegmentManifest.OFFLOADED
+FAILED = SegmentManifest.FAILED
+STATUS_NAMES = {ASSIGNED: "Assigned", OFFLOADED: "Offloaded", FAILED: "Failed"}
+
+DRIVER_NAME = "streamoffload"
+
+# Deterministic segment ids: a replayed micro-batch must reproduce the same object names.
+_SEGMENT_NAMESPACE = uuid.UUID("6f1d3c1e-7a44-5d8e-9b0a-3c5e2f7d9a10")
+
+Position = tuple[int, int]
+
+
+def segment_uuid(topic: str, ordinal: int, start: Position) -> uuid.UUID:
+    return uuid.uuid5(_SEGMENT_NAMESPACE, f"{topic}|{ordinal}|{start[0]}:{start[1]}")
+
+
+@dataclass(frozen=True)
+class LedgerSpan:
+    """The part of one ledger inside a segment."""
+
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+    entries: int
+    size: int
+
+
+def manifest_uuid(manifest: SegmentManifest) -> uuid.UUID:
+    return msb_lsb_to_uuid(manifest.uidMsb, manifest.uidLsb)
+
+
+def start_position(manifest: SegmentManifest) -> Position:
+    return (manifest.startLedgerId, manifest.startEntryId)
+
+
+def end_position(manifest: SegmentManifest) -> Position:
+    return (manifest.endLedgerId, manifest.endEntryId)
+
+
+def new_manifest(
+    *,
+    topic: str,
+    segment_id: uuid.UUID,
+    ordinal: int,
+    format_version: int,
+    start: Position,
+    assigned_ms: int,
+    data_key: str,
+    index_key: str,
+    driver_properties: Mapping[str, str] | None = None,
+) -> SegmentManifest:
+    """The manifest of a segment that was just opened (status Assigned)."""
+    msb, lsb = uuid_to_msb_lsb(segment_id)
+    manifest = SegmentManifest(
+        uidMsb=msb,
+        uidLsb=lsb,
+        topic=topic,
+        status=ASSIGNED,
+        formatVersion=format_version,
+        ordinal=ordinal,
+        startLedgerId=start[0],
+        startEntryId=start[1],
+        assignedTimestamp=assigned_ms,
+        dataKey=data_key,
+        indexKey=index_key,
+        softwareVersion=__version__,
+    )
+    manifest.driverMetadata.name = DRIVER_NAME
+    for key, value in sorted((driver_properties or {}).items()):
+        manifest.driverMetadata.properties.add(key=key, value=value)
+    return manifest
+
+
+def sealed_manifest(
+    opened: SegmentManifest,
+    *,
+    end: Position,
+    offloaded_ms: int,
+    spans: Iterable[LedgerSpan],
+    data_length: int,
+    index_length: int,
+    block_count: int,
+    part_count: int,
+    seal_reason: str,
+    publish_time_first: int = 0,
+    publish_time_last: int = 0,
+) -> SegmentManifest:
+    """The manifest of a finished segment (status Offloaded), with one LedgerInfo per spanned ledger
+    whose OffloadContext holds this segment's OffloadSegment record, as PIP-76 lays the metadata out."""
+    manifest = SegmentManifest()
+    manifest.CopyFrom(opened)
+    manifest.status = OFFLOADED
+    manifest.endLedgerId, manifest.endEntryId = end
+    manifest.offloadedTimestamp = offloaded_ms
+    manifest.dataLength = data_length
+    manifest.indexLength = index_length
+    manifest.blockCount = block_count
+    manifest.partCount = part_count
+    manifest.sealReason = seal_reason
+    manifest.ClearField("failure")
+    if publish_time_first:
+        manifest.publishTimeFirst = publish_time_first
+    if publish_time_last:
+        manifest.publishTimeLast = publish_time_last
+    entries = 0
+    entry_bytes = 0
+    del manifest.ledgers[:]
+    for span in sorted(spans, key=lambda s: s.ledger_id):
+        entries += span.entries
+        entry_bytes += span.size
+        info = manifest.ledgers.add(ledgerId=span.ledger_id, entries=span.entries, size=span.size)
+        info.timestamp = offloaded_ms
+        context = info.offloadContext
+        context.uidMsb, context.uidLsb = opened.uidMsb, opened.uidLsb
+        context.timestamp = offloaded_ms
+        record = context.offloadSegment.add(
+            uidMsb=opened.uidMsb,
+            uidLsb=opened.uidLsb,
+            complete=True,
+            assignedTimestamp=opened.assignedTimestamp,
+            offloadedTimestamp=offloaded_ms,
+            endEntryId=span.last_entry_id,
+        )
+        record.driverMetadata.CopyFrom(opened.driverMetadata)
+        info.properties.add(key="firstEntryId", value=str(span.first_entry_id))
+    manifest.entries = entries
+    manifest.entryBytes = entry_bytes
+    return manifest
+
+
+def failed_manifest(manifest: SegmentManifest, failure: str) -> SegmentManifest:
+    failed = SegmentManifest()
+    failed.CopyFrom(manifest)
+    failed.status = FAILED
+    failed.failure = failure[:4000]
+    return failed
+
+
+def spans_of(manifest: SegmentManifest) -> list[LedgerSpan]:
+    """The ledger spans of an offloaded segment, in ledger order."""
+    spans = []
+    for info in manifest.ledgers:
+        first = next((int(p.value) for p in info.properties if p.key == "firstEntryId"), 0)
+        last = info.offloadContext.offloadSegment[0].endEntryId if info.offloadContext.offloadSegment else -1
+        spans.append(LedgerSpan(info.ledgerId, first, last, info.entries, info.size))
+    return spans
+
+
+def encode_manifest(manifest: SegmentManifest) -> bytes:
+    return manifest.SerializeToString(deterministic=True)
+
+
+def decode_manifest(data: bytes, where: str | None = None) -> SegmentManifest:
+    manifest = SegmentManifest()
+    try:
+        manifest.ParseFromString(data)
+    except DecodeError as err:
+        raise FormatError(f"not a segment manifest: {err}", where=where) from None
+    return manifest
+
+
+def encode_deleted_ledger(ledger_id: int, deleted_ms: int, reason: str) -> bytes:
+    return DeletedLedger(ledgerId=ledger_id, deletedTimestamp=deleted_ms, reason=reason).SerializeToString()
+
+
+def decode_deleted_ledger(data: bytes, where: str | None = None) -> DeletedLedger:
+    mark = DeletedLedger()
+    try:
+        mark.ParseFromString(data)
+    except DecodeError as err:
+        raise FormatError(f"not a deleted-ledger mark: {err}", where=where) from None
+    return mark
+
+
+def deleted_segment_record(manifest: SegmentManifest, deleted_ms: int) -> bytes:
+    return DeletedSegment(
+        uidMsb=manifest.uidMsb,
+        uidLsb=manifest.uidLsb,
+        startLedgerId=manifest.startLedgerId,
+        startEntryId=manifest.startEntryId,
+        endLedgerId=manifest.endLedgerId,
+        endEntryId=manifest.endEntryId,
+        deletedTimestamp=deleted_ms,
+    ).SerializeToString()

@@ -1,0 +1,266 @@
+"""The offload metadata store: segment manifests and ledger deletion marks, kept in the same object
+store as the data so a reader needs nothing but the store.
+
+Crash safety rests on three rules: manifests are written last (a segment is readable only once its
+manifest says Offloaded, after its data and index objects are durable); every write is idempotent
+(deterministic keys, whole-object puts); and cleanup converges (anything a crash can leave behind,
+an Assigned/Failed manifest that a later Offloaded one supersedes, an unfinished multipart upload, an
+object no manifest names, a half-done deletion, is found and removed by ``cleanup``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.manifest import OFFLOADED, Position
+from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.proto.managed_ledger_pb2 import ManagedLedgerInfo
+from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
+from streamoffload.codecs.topics import TopicName
+from streamoffload.storage import keys
+from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+
+log = logging.getLogger(__name__)
+
+LedgerInfo = ManagedLedgerInfo.LedgerInfo
+DELETED_SEGMENTS_DIR = "_meta/deleted-segments/"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class CleanupReport:
+    superseded_manifests: list[str] = field(default_factory=list)
+    aborted_uploads: list[str] = field(default_factory=list)
+    orphan_objects: list[str] = field(default_factory=list)
+    finished_deletions: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return (
+            len(self.superseded_manifests)
+            + len(self.aborted_uploads)
+            + len(self.orphan_objects)
+            + len(self.finished_deletions)
+        )
+
+
+class MetadataStore:
+    """Offload metadata of every topic-partition under ``prefix`` in ``store``."""
+
+    def __init__(self, store: ObjectStore, prefix: str = "") -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+
+    # -- manifests ---------------------------------------------------------------------------------
+
+    def manifest_key(self, manifest: SegmentManifest) -> str:
+        return keys.manifest_key(
+            self.prefix, manifest.topic, manifest.startLedgerId, manifest.startEntryId, str(mf.manifest_uuid(manifest))
+        )
+
+    def put_manifest(self, manifest: SegmentManifest) -> None:
+        self.store.put(self.manifest_key(manifest), mf.encode_manifest(manifest))
+
+    def manifests(self, topic: TopicName | str) -> list[SegmentManifest]:
+        """Every manifest of the topic-partition (any status), in start-position order."""
+        out = []
+        for info in self.store.list(keys.manifests_prefix(self.prefix, topic)):
+            try:
+                out.append(mf.decode_manifest(self.store.get(info.key), where=info.key))
+            except ObjectNotFoundError:
+                continue  # deleted between list and get
+        return out
+
+    def offloaded_segments(self, topic: TopicName | str) -> list[SegmentManifest]:
+        """The readable segments of the topic-partition, in position order.
+
+        Should two Offloaded manifests ever overlap (they cannot when replays are deterministic),
+        the one with the lower ordinal wins and the other is skipped, so a reader never returns an
+        entry twice."""
+        out: list[SegmentManifest] = []
+        for manifest in self.manifests(topic):
+            if manifest.status != OFFLOADED:
+                continue
+            if out and mf.start_position(manifest) <= mf.end_position(out[-1]):
+                log.warning("skipping overlapping segment %s of %s", mf.manifest_uuid(manifest), topic)
+                continue
+            out.append(manifest)
+        return out
+
+    def segments_for_range(
+        self, topic: TopicName | str, start: Position | None = None, end: Position | None = None
+    ) -> list[SegmentManifest]:
+        """Offloaded segments holding any position in ``[start, end]`` (both inclusive; None = open)."""
+        return [
+            m
+            for m in self.offloaded_segments(topic)
+            if (start is None or mf.end_position(m) >= start) and (end is None or mf.start_position(m) <= end)
+        ]
+
+    def topics(self) -> list[TopicName]:
+        return keys.list_topic_dirs(self.store, self.prefix)
+
+    def ledgers(self, topic: TopicName | str) -> list[LedgerInfo]:
+        """The managed-ledger view: one LedgerInfo per offloaded ledger, whose OffloadContext lists
+        every segment holding part of it (PIP-76), in ledger order."""
+        deleted = self.deleted_ledgers(topic)
+        merged: dict[int, LedgerInfo] = {}
+        for manifest in self.offloaded_segments(topic):
+            for info in manifest.ledgers:
+                into = merged.get(info.ledgerId)
+                if into is None:
+                    into = merged[info.ledgerId] = LedgerInfo()
+                    into.CopyFrom(info)
+                    continue
+                into.entries += info.entries
+                into.size += info.size
+                into.timestamp = max(into.timestamp, info.timestamp)
+                into.offloadContext.offloadSegment.extend(info.offloadContext.offloadSegment)
+        for ledger_id, info in merged.items():
+            info.offloadContext.complete = True
+            if ledger_id in deleted:
+                info.offloadContext.bookkeeperDeleted = True
+        return [merged[k] for k in sorted(merged)]
+
+    # -- deletion ----------------------------------------------------------------------------------
+
+    def mark_ledger_deleted(
+        self, topic: TopicName | str, ledger_id: int, reason: str, at_ms: int | None = None
+    ) -> bool:
+        """Mark a ledger deleted; False if it already was (the first mark's time is kept)."""
+        key = keys.deleted_mark_key(self.prefix, topic, ledger_id)
+        if self.store.exists(key):
+            return False
+        self.store.put(key, mf.encode_deleted_ledger(ledger_id, now_ms() if at_ms is None else at_ms, reason))
+        return True
+
+    def deleted_ledgers(self, topic: TopicName | str) -> dict[int, DeletedLedger]:
+        out = {}
+        for info in self.store.list(keys.deleted_marks_prefix(self.prefix, topic)):
+            try:
+                mark = mf.decode_deleted_ledger(self.store.get(info.key), where=info.key)
+            except (ObjectNotFoundError, FormatError) as err:
+                log.warning("ignoring deletion mark %s: %s", info.key, err)
+                continue
+            out[mark.ledgerId] = mark
+        return out
+
+    def deletable_segments(
+        self, topic: TopicName | str, lag_ms: int, at_ms: int | None = None
+    ) -> list[SegmentManifest]:
+        """Offloaded segments whose ledgers are ALL marked deleted, the newest mark older than the lag."""
+        at = now_ms() if at_ms is None else at_ms
+        deleted = self.deleted_ledgers(topic)
+        out = []
+        for manifest in self.offloaded_segments(topic):
+            ledger_ids = [info.ledgerId for info in manifest.ledgers]
+            if ledger_ids and all(
+                lid in deleted and deleted[lid].deletedTimestamp + lag_ms <= at for lid in ledger_ids
+            ):
+                out.append(manifest)
+        return out
+
+    def delete_segment(self, manifest: SegmentManifest, at_ms: int | None = None) -> None:
+        """Delete a segment: record the deletion, drop the manifest (readers stop seeing it), then the
+        objects. A crash midway is finished by ``cleanup`` from the record."""
+        record_key = self._deleted_segment_key(manifest)
+        self.store.put(record_key, mf.deleted_segment_record(manifest, now_ms() if at_ms is None else at_ms))
+        self._delete_segment_objects(manifest)
+
+    def _deleted_segment_key(self, manifest: SegmentManifest) -> str:
+        return keys.topic_dir(self.prefix, manifest.topic) + DELETED_SEGMENTS_DIR + str(mf.manifest_uuid(manifest))
+
+    def _delete_segment_objects(self, manifest: SegmentManifest) -> None:
+        self.store.delete(self.manifest_key(manifest))
+        for key in (manifest.indexKey, manifest.dataKey):
+            if key:
+                self.store.delete(key)
+
+    def deleted_segment_ids(self, topic: TopicName | str) -> set[str]:
+        prefix = keys.topic_dir(self.prefix, topic) + DELETED_SEGMENTS_DIR
+        return {info.key[len(prefix) :] for info in self.store.list(prefix)}
+
+    def apply_deletions(self, topic: TopicName | str, lag_ms: int, at_ms: int | None = None) -> list[SegmentManifest]:
+        done = []
+        for manifest in self.deletable_segments(topic, lag_ms, at_ms):
+            self.delete_segment(manifest, at_ms)
+            done.append(manifest)
+        return done
+
+    # -- cleanup -----------------------------------------------------------------------------------
+
+    def supersede(self, sealed: SegmentManifest) -> list[str]:
+        """After ``sealed`` became Offloaded: remove Assigned/Failed attempts at the same positions
+        (left by a non-identical replay), with their uploads and objects. Returns the removed keys."""
+        removed = []
+        for other in self.manifests(sealed.topic):
+            if other.status == OFFLOADED or (other.uidMsb, other.uidLsb) == (sealed.uidMsb, sealed.uidLsb):
+                continue
+            if mf.start_position(sealed) <= mf.start_position(other) <= mf.end_position(sealed):
+                self._abandon(other)
+                removed.append(self.manifest_key(other))
+        return removed
+
+    def _abandon(self, manifest: SegmentManifest) -> None:
+        for key in (manifest.dataKey,):
+            for upload in self.store.pending_multiparts(key):
+                if upload.key == key:
+                    self.store.resume_multipart(upload.key, upload.upload_id).abort()
+        self._delete_segment_objects(manifest)
+
+    def cleanup(self, topic: TopicName | str, *, grace_ms: int = 3_600_000, at_ms: int | None = None) -> CleanupReport:
+        """Converge the topic-partition's objects to exactly what its manifests describe.
+
+        ``grace_ms`` protects work in flight: uploads and objects younger than that are left alone,
+        so cleanup can run beside a live job."""
+        at = now_ms() if at_ms is None else at_ms
+        report = CleanupReport()
+        topic_dir = keys.topic_dir(self.prefix, topic)
+
+        # 1. Finish deletions a crash interrupted.
+        for seg_id in self.deleted_segment_ids(topic):
+            for manifest in self.manifests(topic):
+                if str(mf.manifest_uuid(manifest)) == seg_id:
+                    self._delete_segment_objects(manifest)
+                    report.finished_deletions.append(seg_id)
+
+        manifests = self.manifests(topic)
+        # 2. Attempts superseded by an offloaded segment covering their start position.
+        for sealed in (m for m in manifests if m.status == OFFLOADED):
+            report.superseded_manifests.extend(self.supersede(sealed))
+        manifests = self.manifests(topic)
+
+        referenced = {k for m in manifests for k in (m.dataKey, m.indexKey) if k}
+        live_uploads = {m.dataKey for m in manifests if m.status != OFFLOADED}
+        deleted_ids = self.deleted_segment_ids(topic)
+
+        # 3. Unfinished uploads no open segment will complete.
+        for upload in self.store.pending_multiparts(topic_dir):
+            if upload.key in live_uploads or at - upload.initiated * 1000 < grace_ms:
+                continue
+            self.store.resume_multipart(upload.key, upload.upload_id).abort()
+            report.aborted_uploads.append(upload.key)
+
+        # 4. Data/index objects that no manifest names (and that are not metadata).
+        for info in self._topic_objects(topic_dir):
+            name = info.key[len(topic_dir) :]
+            if info.key in referenced or name.startswith("_"):
+                continue
+            seg_id = name.split("-ledger-")[0].removesuffix("-index")
+            if seg_id not in deleted_ids and at - info.last_modified * 1000 < grace_ms:
+                continue
+            self.store.delete(info.key)
+            report.orphan_objects.append(info.key)
+        return report
+
+    def _topic_objects(self, topic_dir: str) -> Iterator[object]:
+        for info in self.store.list(topic_dir):
+            if "/" not in info.key[len(topic_dir) :]:
+                yield info

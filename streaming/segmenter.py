@@ -1,0 +1,498 @@
+"""The segmenter: assigns the entries of one topic-partition to offload segments and cuts blocks.
+
+Plain Python; ``streaming.segmenter_spark`` runs it inside ``transformWithStateInPandas`` with its
+state in Spark's RocksDB state store, and tests call it directly with in-memory state.
+
+Per topic-partition it keeps (PIP-76):
+- the open segment (UUID, start position, blocks written so far, per-ledger spans);
+- the offload buffer: the entries of the open block, plus complete blocks held back until they
+  make a part of at least the store's minimum multipart size. It is bounded by one block plus one
+  minimum part, whatever the traffic.
+
+It emits actions for the sink, in order: ``open`` (write the Assigned manifest), ``part`` (upload
+one multipart part of the data object), ``seal`` (complete the data object, write the index, then
+the Offloaded manifest). Everything it emits is a deterministic function of its state, its input
+and the batch time, so a replayed micro-batch reproduces the same names, part numbers and bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.codecs.blocks import (
+    BLOCK_HEADER_LENGTH,
+    FormatVersion,
+    encode_block,
+    framed_entry_size,
+)
+from streamoffload.codecs.errors import EntryTooLargeError
+from streamoffload.codecs.index import IndexEntry, LedgerIndex, OffloadIndex
+from streamoffload.codecs.metadata import ledger_info_v2, ledger_metadata_v1
+from streamoffload.config import OffloadPolicy
+from streamoffload.storage import keys
+
+# Why a segment was sealed (also a metric label).
+SEAL_SIZE = "size"
+SEAL_TIME = "time"
+SEAL_MANUAL = "manual"
+SEAL_LEDGER = "ledger"
+SEAL_METHOD_SWITCH = "method-switch"
+SEAL_DISABLED = "disabled"
+
+CONTROL_SEAL = "seal"
+
+
+@dataclass
+class Entry:
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    publish_time_ms: int = 0
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.ledger_id, self.entry_id)
+
+
+@dataclass
+class Action:
+    """One instruction to the sink. ``data`` is part bytes for ``part`` and index bytes for ``seal``."""
+
+    topic: str
+    segment: str
+    action: str
+    part_number: int = 0
+    data: bytes = b""
+    manifest: bytes = b""
+    data_key: str = ""
+    index_key: str = ""
+    info: str = "{}"
+
+
+ACTION_SCHEMA = (
+    "topic STRING, segment STRING, action STRING, part_number INT, data BINARY, manifest BINARY, "
+    "data_key STRING, index_key STRING, info STRING"
+)
+ACTION_COLUMNS = ["topic", "segment", "action", "part_number", "data", "manifest", "data_key", "index_key", "info"]
+
+
+@dataclass
+class OpenSegment:
+    uuid: str
+    ordinal: int
+    version: int
+    method: str
+    start: list[int]
+    last: list[int]
+    assigned_ms: int
+    manifest: str
+    """The Assigned manifest, hex, so the sealed one is derived from exactly what was written."""
+    data_key: str = ""
+    data_bytes: int = 0
+    """Bytes of the blocks already cut: the data-object offset of the open block."""
+    parts: int = 0
+    blocks: list[list[int]] = field(default_factory=list)
+    """Index entries so far: [ledger_id, first_entry_id, part_id, offset]."""
+    spans: dict[str, list[int]] = field(default_factory=dict)
+    """Per ledger: [first_entry_id, last_entry_id, entries, payload bytes]."""
+    block_ledger: int = -1
+    block_first_entry: int = -1
+    block_bytes: int = 0
+    """Bytes the open block would take if cut now (header + framed entries); 0 when none is open."""
+    block_entries_stored: int = 0
+    """Entries of the open block already in the state store (from earlier batches)."""
+    held_bytes: int = 0
+    held_stored: int = 0
+    publish_first: int = 0
+    publish_last: int = 0
+    entries: int = 0
+
+
+@dataclass
+class TopicState:
+    topic: str
+    next_ordinal: int = 0
+    last: list[int] | None = None
+    """The last position assigned to a segment: anything at or before it is a duplicate."""
+    method: str | None = None
+    open: OpenSegment | None = None
+    sealed_count: int = 0
+    skipped_entries: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> TopicState:
+        raw = json.loads(text)
+        seg = raw.pop("open")
+        return cls(**raw, open=OpenSegment(**seg) if seg else None)
+
+
+class SegmenterState(Protocol):
+    """Where the segmenter keeps its state between micro-batches."""
+
+    def load(self) -> TopicState | None: ...
+    def save(self, state: TopicState) -> None: ...
+    def block_entries(self) -> list[tuple[int, int, bytes]]: ...
+    def append_block_entries(self, entries: Sequence[tuple[int, int, bytes]]) -> None: ...
+    def clear_block_entries(self) -> None: ...
+    def held_blocks(self) -> list[bytes]: ...
+    def append_held_blocks(self, blocks: Sequence[bytes]) -> None: ...
+    def clear_held_blocks(self) -> None: ...
+
+
+class MemoryState:
+    """In-memory ``SegmenterState`` for tests and for running the segmenter without Spark."""
+
+    def __init__(self) -> None:
+        self.state: str | None = None
+        self.block: list[tuple[int, int, bytes]] = []
+        self.held: list[bytes] = []
+
+    def load(self) -> TopicState | None:
+        return TopicState.from_json(self.state) if self.state else None
+
+    def save(self, state: TopicState) -> None:
+        self.state = state.to_json()
+
+    def block_entries(self) -> list[tuple[int, int, bytes]]:
+        return list(self.block)
+
+    def append_block_entries(self, entries: Sequence[tuple[int, int, bytes]]) -> None:
+        self.block.extend(entries)
+
+    def clear_block_entries(self) -> None:
+        self.block = []
+
+    def held_blocks(self) -> list[bytes]:
+        return list(self.held)
+
+    def append_held_blocks(self, blocks: Sequence[bytes]) -> None:
+        self.held.extend(blocks)
+
+    def clear_held_blocks(self) -> None:
+        self.held = []
+
+
+class Segmenter:
+    """Processes one micro-batch (or one timer) of one topic-partition."""
+
+    def __init__(
+        self,
+        topic: str,
+        policy: OffloadPolicy,
+        state: SegmenterState,
+        *,
+        key_prefix: str = "",
+        min_part_size: int = 1,
+        now_ms: int,
+    ) -> None:
+        self.topic = topic
+        self.policy = policy
+        self.store = state
+        self.key_prefix = key_prefix
+        self.min_part_size = max(1, min_part_size)
+        self.now_ms = now_ms
+        self.state = state.load() or TopicState(topic=topic)
+        self.actions: list[Action] = []
+        # Entries/blocks of this batch not yet in the state store (written once, at the end).
+        self._new_block_entries: list[tuple[int, int, bytes]] = []
+        self._new_held: list[bytes] = []
+
+    # -- public --------------------------------------------------------------------------------------
+
+    def process(self, entries: Iterable[Entry], controls: Iterable[str] = ()) -> list[Action]:
+        """Assign ``entries`` (any order; duplicates dropped), then apply control requests, then
+        check the rollover time. Returns the actions for the sink; call ``finish`` to save state."""
+        policy = self.policy
+        seg = self.state.open
+        if seg is not None and seg.method != policy.method:
+            self.seal(SEAL_METHOD_SWITCH)
+        elif seg is not None and not policy.enabled:
+            self.seal(SEAL_DISABLED)
+        # Entries arriving after the rollover time belong to the next segment.
+        self.check_rollover()
+        for entry in sorted(entries, key=lambda e: e.position):
+            if self.state.last is not None and entry.position <= tuple(self.state.last):
+                continue
+            self.state.last = [entry.ledger_id, entry.entry_id]
+            if not policy.enabled:
+                self.state.skipped_entries += 1
+                continue
+            self._add(entry)
+        self.state.method = policy.method
+        if any(c == CONTROL_SEAL for c in controls):
+            self.seal(SEAL_MANUAL)
+        self.check_rollover()
+        return self.actions
+
+    def check_rollover(self) -> None:
+        seg = self.state.open
+        if seg is not None and seg.method == "streaming" and self.now_ms >= seg.assigned_ms + self.policy.rollover_ms:
+            self.seal(SEAL_TIME)
+
+    def rollover_deadline(self) -> int | None:
+        """When the open segment must be sealed by time (for a processing-time timer), if any."""
+        seg = self.state.open
+        if seg is None or seg.method != "streaming":
+            return None
+        return seg.assigned_ms + self.policy.rollover_ms
+
+    def buffered_bytes(self) -> int:
+        seg = self.state.open
+        return 0 if seg is None else seg.block_bytes + seg.held_bytes
+
+    def finish(self) -> list[Action]:
+        """Persist state; returns all actions of this batch."""
+        if self._new_block_entries:
+            self.store.append_block_entries(self._new_block_entries)
+            if self.state.open is not None:
+                self.state.open.block_entries_stored += len(self._new_block_entries)
+            self._new_block_entries = []
+        if self._new_held:
+            self.store.append_held_blocks(self._new_held)
+            if self.state.open is not None:
+                self.state.open.held_stored += len(self._new_held)
+            self._new_held = []
+        self.store.save(self.state)
+        return self.actions
+
+    # -- assigning entries ------------------------------------------------------------------------------
+
+    def _add(self, entry: Entry) -> None:
+        policy = self.policy
+        framed = framed_entry_size(len(entry.payload))
+        if BLOCK_HEADER_LENGTH + framed > policy.block_size:
+            raise EntryTooLargeError(
+                f"{self.topic}: entry {entry.ledger_id}:{entry.entry_id} of {len(entry.payload)} bytes does not "
+                f"fit in a block of managedLedgerOffloadMaxBlockSizeInBytes = {policy.block_size} "
+                f"(needs {BLOCK_HEADER_LENGTH + framed}); raise it and restart: nothing was offloaded past "
+                "the previous entry"
+            )
+        seg = self.state.open
+        if seg is not None:
+            if seg.method == "ledger" and entry.ledger_id != seg.last[0]:
+                self.seal(SEAL_LEDGER)
+            elif (
+                seg.method == "streaming"
+                and seg.entries
+                and self._size_if_added(seg, entry, framed) > (policy.max_segment_bytes)
+            ):
+                self.seal(SEAL_SIZE)
+        if self.state.open is None:
+            self._open(entry)
+        seg = self.state.open
+        assert seg is not None
+        if seg.block_bytes and (entry.ledger_id != seg.block_ledger or seg.block_bytes + framed > policy.block_size):
+            self._cut_block(padded=entry.ledger_id == seg.block_ledger)
+        if not seg.block_bytes:
+            seg.block_ledger, seg.block_first_entry, seg.block_bytes = (
+                entry.ledger_id,
+                entry.entry_id,
+                BLOCK_HEADER_LENGTH,
+            )
+        seg.block_bytes += framed
+        self._new_block_entries.append((entry.ledger_id, entry.entry_id, bytes(entry.payload)))
+        span = seg.spans.setdefault(str(entry.ledger_id), [entry.entry_id, entry.entry_id, 0, 0])
+        span[1] = entry.entry_id
+        span[2] += 1
+        span[3] += len(entry.payload)
+        seg.last = [entry.ledger_id, entry.entry_id]
+        seg.entries += 1
+        if entry.publish_time_ms:
+            seg.publish_first = seg.publish_first or entry.publish_time_ms
+            seg.publish_last = entry.publish_time_ms
+
+    def _size_if_added(self, seg: OpenSegment, entry: Entry, framed: int) -> int:
+        """The data object's size if ``entry`` were the last entry of the segment."""
+        if (
+            seg.block_bytes
+            and entry.ledger_id == seg.block_ledger
+            and seg.block_bytes + framed <= self.policy.block_size
+        ):
+            return seg.data_bytes + seg.block_bytes + framed
+        # The open block is cut first: padded to the block size if full, exact at a ledger change.
+        open_block = 0
+        if seg.block_bytes:
+            open_block = self.policy.block_size if entry.ledger_id == seg.block_ledger else seg.block_bytes
+        return seg.data_bytes + open_block + BLOCK_HEADER_LENGTH + framed
+
+    def _open(self, entry: Entry) -> None:
+        method = self.policy.method
+        version = FormatVersion.V2 if method == "streaming" else FormatVersion.V1
+        ordinal = self.state.next_ordinal
+        seg_id = mf.segment_uuid(self.topic, ordinal, entry.position)
+        ledger = entry.ledger_id if version == FormatVersion.V1 else None
+        data_key = keys.data_key(self.key_prefix, self.topic, str(seg_id), ledger_id=ledger)
+        index_key = keys.index_key(self.key_prefix, self.topic, str(seg_id), ledger_id=ledger)
+        manifest = mf.new_manifest(
+            topic=self.topic,
+            segment_id=seg_id,
+            ordinal=ordinal,
+            format_version=int(version),
+            start=entry.position,
+            assigned_ms=self.now_ms,
+            data_key=data_key,
+            index_key=index_key,
+            driver_properties={"method": method},
+        )
+        manifest_bytes = mf.encode_manifest(manifest)
+        self.state.open = OpenSegment(
+            uuid=str(seg_id),
+            ordinal=ordinal,
+            version=int(version),
+            method=method,
+            start=list(entry.position),
+            last=list(entry.position),
+            assigned_ms=self.now_ms,
+            manifest=manifest_bytes.hex(),
+            data_key=data_key,
+        )
+        self.state.next_ordinal += 1
+        self.actions.append(
+            Action(
+                self.topic,
+                str(seg_id),
+                "open",
+                manifest=manifest_bytes,
+                data_key=data_key,
+                index_key=index_key,
+                info=json.dumps({"ordinal": ordinal, "method": method}),
+            )
+        )
+
+    # -- blocks and parts ----------------------------------------------------------------------------
+
+    def _cut_block(self, *, padded: bool) -> None:
+        seg = self.state.open
+        assert seg is not None and seg.block_bytes
+        stored = self.store.block_entries() if seg.block_entries_stored else []
+        entries = stored + self._new_block_entries
+        if seg.block_entries_stored:
+            self.store.clear_block_entries()
+        seg.block_entries_stored = 0
+        self._new_block_entries = []
+        data = encode_block(
+            FormatVersion(seg.version),
+            seg.block_ledger,
+            [(entry_id, payload) for _, entry_id, payload in entries],
+            self.policy.block_size if padded else None,
+        )
+        seg.blocks.append([seg.block_ledger, seg.block_first_entry, len(seg.blocks) + 1, seg.data_bytes])
+        seg.data_bytes += len(data)
+        seg.block_bytes = 0
+        seg.block_ledger = seg.block_first_entry = -1
+        self._new_held.append(data)
+        seg.held_bytes += len(data)
+        if seg.held_bytes >= self.min_part_size:
+            self._emit_part()
+
+    def _emit_part(self) -> None:
+        seg = self.state.open
+        assert seg is not None
+        stored = self.store.held_blocks() if seg.held_stored else []
+        if seg.held_stored:
+            self.store.clear_held_blocks()
+        data = b"".join(stored + self._new_held)
+        self._new_held = []
+        seg.held_stored = 0
+        seg.held_bytes = 0
+        if not data:
+            return
+        seg.parts += 1
+        self.actions.append(
+            Action(self.topic, seg.uuid, "part", part_number=seg.parts, data=data, data_key=seg.data_key)
+        )
+
+    def seal(self, reason: str) -> None:
+        seg = self.state.open
+        if seg is None:
+            return
+        if seg.block_bytes:
+            self._cut_block(padded=False)
+        self._emit_part()
+        index = self._index(seg)
+        index_bytes = index.encode()
+        opened = mf.decode_manifest(bytes.fromhex(seg.manifest))
+        spans = [
+            mf.LedgerSpan(int(ledger), first, last, count, size)
+            for ledger, (first, last, count, size) in seg.spans.items()
+        ]
+        sealed = mf.sealed_manifest(
+            opened,
+            end=(seg.last[0], seg.last[1]),
+            offloaded_ms=self.now_ms,
+            spans=spans,
+            data_length=seg.data_bytes,
+            index_length=len(index_bytes),
+            block_count=len(seg.blocks),
+            part_count=seg.parts,
+            seal_reason=reason,
+            publish_time_first=seg.publish_first,
+            publish_time_last=seg.publish_last,
+        )
+        self.actions.append(
+            Action(
+                self.topic,
+                seg.uuid,
+                "seal",
+                part_number=seg.parts,
+                data=index_bytes,
+                manifest=mf.encode_manifest(sealed),
+                data_key=opened.dataKey,
+                index_key=opened.indexKey,
+                info=json.dumps(
+                    {
+                        "reason": reason,
+                        "parts": seg.parts,
+                        "data_length": seg.data_bytes,
+                        "entries": seg.entries,
+                        "entry_bytes": sealed.entryBytes,
+                        "ordinal": seg.ordinal,
+                        "format": seg.version,
+                    }
+                ),
+            )
+        )
+        self.state.open = None
+        self.state.sealed_count += 1
+
+    def _index(self, seg: OpenSegment) -> OffloadIndex:
+        per_ledger: dict[int, list[IndexEntry]] = {}
+        for ledger, first_entry, part_id, offset in seg.blocks:
+            per_ledger.setdefault(ledger, []).append(IndexEntry(first_entry, part_id, offset))
+        ledgers = []
+        for ledger in sorted(per_ledger):
+            _first, last, count, size = seg.spans[str(ledger)]
+            if seg.version == FormatVersion.V1:
+                metadata = ledger_metadata_v1(last_entry_id=last, length=size, ctime_ms=seg.assigned_ms)
+            else:
+                metadata = ledger_info_v2(ledger_id=ledger, entries=count, size=size, timestamp_ms=self.now_ms)
+            ledgers.append(LedgerIndex(ledger, metadata, tuple(per_ledger[ledger])))
+        return OffloadIndex(FormatVersion(seg.version), seg.data_bytes, tuple(ledgers))
+
+
+def run_segmenter(
+    topic: str,
+    policy: OffloadPolicy,
+    state: SegmenterState,
+    entries: Iterable[Entry],
+    controls: Iterable[str] = (),
+    *,
+    now_ms: int,
+    key_prefix: str = "",
+    min_part_size: int = 1,
+    on_segmenter: Callable[[Segmenter], Any] | None = None,
+) -> list[Action]:
+    """One micro-batch for one topic-partition: process, save state, return the actions."""
+    segmenter = Segmenter(topic, policy, state, key_prefix=key_prefix, min_part_size=min_part_size, now_ms=now_ms)
+    segmenter.process(entries, controls)
+    actions = segmenter.finish()
+    if on_segmenter is not None:
+        on_segmenter(segmenter)
+    return actions

@@ -1,0 +1,180 @@
+"""The segmenter and sink without Spark: entries in, objects and manifests out, on a real store."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.blocks import iter_blocks
+from streamoffload.codecs.errors import EntryTooLargeError
+from streamoffload.codecs.index import OffloadIndex
+from streamoffload.config import OffloadPolicy
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.streaming.segmenter import (
+    ACTION_COLUMNS,
+    CONTROL_SEAL,
+    Entry,
+    MemoryState,
+    run_segmenter,
+)
+from streamoffload.streaming.sink import SegmentSink
+
+TOPIC = "persistent://public/default/orders-partition-0"
+
+
+def policy(**overrides: object) -> OffloadPolicy:
+    base = dict(
+        managedLedgerOffloadMaxBlockSizeInBytes=4096,
+        maxSizePerOffloadSegmentMbytes=20_000 / (1024 * 1024),
+        maxOffloadSegmentRolloverTimeMinutes=1.0,
+        offloadBufferMaxBytes=1 << 20,
+    )
+    base.update(overrides)
+    return OffloadPolicy(**base)  # type: ignore[arg-type]
+
+
+def entries_for(ledgers: dict[int, int], seed: int = 1) -> list[Entry]:
+    rnd = random.Random(seed)
+    out = []
+    for ledger, count in ledgers.items():
+        for entry_id in range(count):
+            out.append(Entry(ledger, entry_id, rnd.randbytes(rnd.randint(0, 700)), 1000 + entry_id))
+    return out
+
+
+def apply(sink: SegmentSink, actions: list) -> None:
+    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+
+
+def read_back(store: FilesystemStore, meta: MetadataStore) -> list[tuple[int, int, bytes]]:
+    out = []
+    for manifest in meta.offloaded_segments(TOPIC):
+        data = store.get(manifest.dataKey)
+        ledger = manifest.startLedgerId if manifest.formatVersion == 1 else None
+        index = OffloadIndex.decode(store.get(manifest.indexKey), ledger_id=ledger)
+        assert index.data_object_length == len(data) == manifest.dataLength
+        for block in iter_blocks(data):
+            ledger_id = block.header.ledger_id if block.header.ledger_id is not None else manifest.startLedgerId
+            loc = index.lookup(ledger_id, block.header.first_entry_id)
+            assert loc.offset == block.offset
+            out.extend((ledger_id, e.entry_id, bytes(e.payload)) for e in block.entries)
+    return out
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[FilesystemStore, MetadataStore, SegmentSink, MemoryState]:
+    store = FilesystemStore(tmp_path / "store")
+    return store, MetadataStore(store), SegmentSink(store), MemoryState()
+
+
+def test_streaming_segments_hold_every_entry_once_within_the_size_bound(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({3: 120, 4: 40, 7: 25})
+    pol = policy()
+    # Deliver in uneven micro-batches, with duplicates, as the source may after a broker fault.
+    now = 10_000
+    for start in range(0, len(entries), 37):
+        batch = entries[start : start + 37] + entries[max(0, start - 3) : start]
+        apply(sink, run_segmenter(TOPIC, pol, state, batch, now_ms=now))
+        now += 100
+    apply(sink, run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=now))
+
+    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    segments = meta.offloaded_segments(TOPIC)
+    assert len(segments) > 3
+    for seg in segments:
+        assert seg.dataLength <= pol.max_segment_bytes
+        assert seg.formatVersion == 2
+    assert [s.ordinal for s in segments] == list(range(len(segments)))
+    # Segments chain: each starts right after the previous one ends.
+    reasons = [s.sealReason for s in segments]
+    assert reasons[:-1] == ["size"] * (len(segments) - 1) and reasons[-1] == "manual"
+    # The ledger view lists every segment holding part of a ledger (PIP-76 OffloadContext).
+    ledgers = meta.ledgers(TOPIC)
+    assert [info.ledgerId for info in ledgers] == [3, 4, 7]
+    assert sum(info.entries for info in ledgers) == len(entries)
+
+
+def test_rollover_by_time_seals_without_new_entries(env: tuple) -> None:
+    _store, meta, sink, state = env
+    pol = policy(maxOffloadSegmentRolloverTimeMinutes=0.5)  # 30 s
+    apply(sink, run_segmenter(TOPIC, pol, state, entries_for({1: 5}), now_ms=0))
+    apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=29_999))
+    assert meta.offloaded_segments(TOPIC) == []
+    apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=30_000))
+    [seg] = meta.offloaded_segments(TOPIC)
+    assert seg.sealReason == "time" and seg.entries == 5
+
+
+def test_ledger_mode_writes_one_v1_object_per_ledger_and_method_switch_seals(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({1: 30, 2: 30, 3: 30, 4: 10})
+    apply(sink, run_segmenter(TOPIC, policy(), state, entries[:45], now_ms=0))  # streaming: ledger 1 + half of 2
+    apply(sink, run_segmenter(TOPIC, policy(method="ledger"), state, entries[45:], now_ms=1))
+    apply(sink, run_segmenter(TOPIC, policy(method="ledger"), state, [], [CONTROL_SEAL], now_ms=2))
+    segments = meta.offloaded_segments(TOPIC)
+    assert [s.sealReason for s in segments][:1] == ["method-switch"] or segments[0].sealReason == "size"
+    v1 = [s for s in segments if s.formatVersion == 1]
+    assert [(s.startLedgerId, s.endLedgerId) for s in v1] == [(2, 2), (3, 3), (4, 4)]
+    assert v1[0].startEntryId == 15 and v1[1].startEntryId == 0
+    assert all("-ledger-" in s.dataKey for s in v1)
+    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+
+
+def test_replayed_batch_is_idempotent(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({1: 100})
+    pol = policy()
+    apply(sink, run_segmenter(TOPIC, pol, state, entries[:50], now_ms=0))
+    saved = (state.state, list(state.block), list(state.held))
+    actions = run_segmenter(TOPIC, pol, state, entries[50:], [CONTROL_SEAL], now_ms=5)
+    apply(sink, actions[: len(actions) // 2])  # crash midway through the sink
+    state.state, state.block, state.held = saved  # Spark reloads the previous state version
+    replay = run_segmenter(TOPIC, pol, state, entries[50:], [CONTROL_SEAL], now_ms=5)
+    assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
+        (a.action, a.segment, a.part_number, a.data) for a in actions
+    ]
+    apply(SegmentSink(store), replay)  # a new executor process
+    apply(SegmentSink(store), replay)  # and a second replay after success
+    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    assert all(m.status == mf.OFFLOADED for m in meta.manifests(TOPIC))
+    assert meta.cleanup(TOPIC, grace_ms=0).total == 0
+
+
+def test_s3_sized_parts_hold_blocks_until_the_minimum(env: tuple) -> None:
+    _store, _meta, _sink, state = env
+    entries = entries_for({1: 200})
+    actions = run_segmenter(TOPIC, policy(), state, entries, [CONTROL_SEAL], now_ms=0, min_part_size=10_000)
+    segments = {a.segment for a in actions if a.action == "seal"}
+    assert len(segments) > 2
+    for segment in segments:
+        parts = [a for a in actions if a.action == "part" and a.segment == segment]
+        assert all(len(p.data) >= 10_000 for p in parts[:-1])
+        assert [p.part_number for p in parts] == list(range(1, len(parts) + 1))
+
+
+def test_entry_larger_than_a_block_is_a_clear_error(env: tuple) -> None:
+    _, _, _, state = env
+    big = Entry(1, 0, b"x" * 5000)
+    with pytest.raises(EntryTooLargeError, match="managedLedgerOffloadMaxBlockSizeInBytes"):
+        run_segmenter(TOPIC, policy(), state, [big], now_ms=0)
+
+
+def test_deletion_waits_for_every_ledger_of_a_segment(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({1: 10, 2: 10, 3: 10})
+    pol = policy(maxSizePerOffloadSegmentMbytes=1.0)
+    apply(sink, run_segmenter(TOPIC, pol, state, entries[:15], [CONTROL_SEAL], now_ms=0))  # ledgers 1-2
+    apply(sink, run_segmenter(TOPIC, pol, state, entries[15:], [CONTROL_SEAL], now_ms=1))  # ledgers 2-3
+    first, second = meta.offloaded_segments(TOPIC)
+    meta.mark_ledger_deleted(TOPIC, 1, "test", at_ms=0)
+    assert meta.apply_deletions(TOPIC, lag_ms=0, at_ms=10) == []
+    meta.mark_ledger_deleted(TOPIC, 2, "test", at_ms=0)
+    assert [mf.manifest_uuid(m) for m in meta.apply_deletions(TOPIC, lag_ms=0, at_ms=10)] == [mf.manifest_uuid(first)]
+    assert not store.exists(first.dataKey) and not store.exists(first.indexKey)
+    assert store.exists(second.dataKey)
+    assert [mf.manifest_uuid(m) for m in meta.offloaded_segments(TOPIC)] == [mf.manifest_uuid(second)]
