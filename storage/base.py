@@ -10,6 +10,7 @@ Keys are '/'-separated strings relative to the store root; build them with ``sto
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +35,62 @@ class ObjectExistsError(StorageError):
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"object already exists: {key}")
+
+
+class InvalidKeyError(StorageError, ValueError):
+    """A key that is not a valid, portable object key (see ``storage.keys.check_key``)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"invalid object key {key!r}: {reason}")
+
+
+class UploadNotFoundError(StorageError):
+    """A multipart upload id that the store does not know (completed, aborted, or never started)."""
+
+    def __init__(self, key: str, upload_id: str, store: str = "") -> None:
+        self.key = key
+        self.upload_id = upload_id
+        super().__init__(
+            f"multipart upload {upload_id} of {key} not found"
+            + (f" in {store}" if store else "")
+            + " (already completed or aborted?)"
+        )
+
+
+class PartTooSmallError(StorageError):
+    """``complete`` was given a part, other than the last, smaller than the store's minimum part size."""
+
+
+_METADATA_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+MAX_METADATA_BYTES = 2048
+"""S3's limit on the total size of user metadata (names plus values)."""
+
+
+def normalize_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """User metadata as every store keeps it: lowercase names of ``[a-z0-9_-]``, printable ASCII values,
+    at most 2 KiB in all (S3's rules, enforced everywhere so a filesystem store accepts nothing S3 would
+    refuse)."""
+    if not metadata:
+        return {}
+    out: dict[str, str] = {}
+    total = 0
+    for name, value in metadata.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise StorageError(f"user metadata names and values must be str, got {name!r}: {value!r}")
+        low = name.lower()
+        if not _METADATA_KEY_RE.match(low):
+            raise StorageError(f"invalid user metadata name {name!r}: use letters, digits, '-' and '_'")
+        if any(not (32 <= ord(c) < 127) for c in value):
+            raise StorageError(f"user metadata {name!r} has a value that is not printable ASCII: {value!r}")
+        if low in out:
+            raise StorageError(f"user metadata name {name!r} given twice (names are case-insensitive)")
+        out[low] = value
+        total += len(low) + len(value)
+    if total > MAX_METADATA_BYTES:
+        raise StorageError(f"user metadata is {total} bytes, more than the {MAX_METADATA_BYTES} bytes S3 allows")
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,506 @@
+"""The filesystem object store (the embedded default): key ``a/b/c`` is the file ``<root>/a/b/c``.
+
+Every write goes to a temporary file in the target directory (fsynced) and is renamed into place, so a
+reader sees the old object or the new one, never part of one, even if the writer is killed. Names
+starting with ``.`` belong to the store and never collide with keys (``check_key`` refuses them):
+
+- ``.<name>.tmp-<random>``: a write in progress (left behind only by a crash; invisible to ``list``);
+- ``.<name>.meta.json``: the object's user metadata, renamed into place before the object itself;
+- ``<root>/.multipart/<upload-id>/``: a multipart upload's ``manifest.json`` and ``part-NNNNN`` files;
+- ``<root>/.locks/NN``: striped ``flock`` locks that order writers of the same key across processes.
+
+Metadata lives beside the object rather than in xattrs so that copying the directory tree (``cp -r``,
+``rsync -a``) keeps it. The price: an overwrite that *changes* the metadata of an existing key is two
+renames, so a concurrent ``head`` (or a crash between them) can pair the new metadata with the old
+bytes. The offloader never does that (data and index objects get fresh UUID names, and manifests carry
+no user metadata).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from streamoffload.storage.base import (
+    MultipartWrite,
+    ObjectExistsError,
+    ObjectInfo,
+    ObjectNotFoundError,
+    ObjectStore,
+    PendingUpload,
+    StorageError,
+    UploadNotFoundError,
+    normalize_metadata,
+)
+from streamoffload.storage.keys import check_key, check_prefix
+
+MULTIPART_DIR = ".multipart"
+LOCKS_DIR = ".locks"
+_LOCK_STRIPES = 64
+_MANIFEST = "manifest.json"
+_UPLOAD_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_COPY_CHUNK = 8 * 1024 * 1024
+MAX_PART_NUMBER = 10_000
+
+
+def _write_chunks(f: object, chunks: Iterable[bytes | memoryview]) -> int:
+    """Write ``chunks`` to the open binary file ``f``; return the byte count. (One function so that
+    tests can stop a writer half-way, as a crash would.)"""
+    total = 0
+    for chunk in chunks:
+        f.write(chunk)  # type: ignore[attr-defined]
+        total += len(chunk)
+    return total
+
+
+def _check_part_number(number: int) -> int:
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_PART_NUMBER:
+        raise ValueError(f"part numbers are integers in [1, {MAX_PART_NUMBER}], got {number!r}")
+    return number
+
+
+def check_part_list(part_numbers: Sequence[int]) -> list[int]:
+    """The part numbers ``complete`` was given, validated and in ascending order."""
+    numbers = [_check_part_number(n) for n in part_numbers]
+    if not numbers:
+        raise ValueError("complete() needs at least one part number")
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"complete() was given duplicate part numbers: {sorted(numbers)}")
+    return sorted(numbers)
+
+
+class FilesystemStore(ObjectStore):
+    """Objects as files under ``root``. ``fsync=False`` skips the fsyncs (tests, scratch data)."""
+
+    min_part_size = 1
+
+    def __init__(self, root: str | Path, *, fsync: bool = True) -> None:
+        self._root = Path(os.path.abspath(os.fspath(root)))
+        self._fsync = fsync
+        try:
+            self._root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create filesystem store root {self._root}: {exc.strerror}") from exc
+        if not self._root.is_dir():
+            raise StorageError(f"filesystem store root {self._root} is not a directory")
+
+    # --- ObjectStore ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._root.as_uri()
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def __repr__(self) -> str:
+        return f"FilesystemStore({str(self._root)!r}, fsync={self._fsync})"
+
+    def put(
+        self,
+        key: str,
+        data: bytes | memoryview,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        if_absent: bool = False,
+    ) -> ObjectInfo:
+        path = self._path(key)
+        meta = normalize_metadata(metadata)
+        with self._errors("put", key, path):
+            if if_absent and self._is_object(path):
+                raise ObjectExistsError(key)  # cheap early exit; the check that counts is in _publish
+            tmp = self._write_temp(path, [data])
+            try:
+                self._publish(key, path, tmp, meta, if_absent=if_absent)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            st = path.stat()
+        return ObjectInfo(key, st.st_size, meta, st.st_mtime)
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        with self._errors("get", key, path), self._open_object(key, path) as f:
+            return f.read()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise ValueError(f"get_range({key!r}, {start}, {length}): start and length must be >= 0")
+        path = self._path(key)
+        with self._errors("get_range", key, path), self._open_object(key, path) as f:
+            fd = f.fileno()
+            data = os.pread(fd, length, start) if length else b""
+            if len(data) < length and data:
+                # Regular files return short reads only at the end, but be exact anyway.
+                pieces = [data]
+                got = len(data)
+                while got < length:
+                    more = os.pread(fd, length - got, start + got)
+                    if not more:
+                        break
+                    pieces.append(more)
+                    got += len(more)
+                data = b"".join(pieces)
+            return data
+
+    def head(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        with self._errors("head", key, path):
+            try:
+                st = path.stat()
+            except (FileNotFoundError, NotADirectoryError):
+                raise ObjectNotFoundError(key, self.url) from None
+            if not path.is_file():
+                raise ObjectNotFoundError(key, self.url)
+            return ObjectInfo(key, st.st_size, self._read_sidecar(path), st.st_mtime)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        head, _, partial = prefix.rpartition("/")
+        start_dir = self._root / head if head else self._root
+        key_prefix = head + "/" if head else ""
+        return self._walk(start_dir, key_prefix, partial)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with self._errors("delete", key, path), self._lock(key):
+            try:
+                os.unlink(path)
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                pass  # absent (a directory is not an object): deleting is a no-op, as on S3
+            except PermissionError:
+                if not path.is_dir():  # macOS reports EPERM for unlink of a directory
+                    raise
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.unlink(self._sidecar(path))
+            if self._fsync and path.parent.is_dir():
+                self._fsync_dir(path.parent)
+            self._prune(path.parent)
+
+    def start_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> MultipartWrite:
+        check_key(key)
+        meta = normalize_metadata(metadata)
+        upload_id = uuid.uuid4().hex
+        staging = self._staging(upload_id)
+        with self._errors("start_multipart", key, staging):
+            parent = self._ensure_dir(staging.parent)
+            staging.mkdir()
+            manifest = {"key": key, "metadata": meta, "initiated": time.time()}
+            tmp = self._write_temp(staging / _MANIFEST, [json.dumps(manifest).encode()])
+            os.replace(tmp, staging / _MANIFEST)
+            if self._fsync:
+                self._fsync_dir(staging)
+                self._fsync_dir(parent)
+        return FilesystemMultipartWrite(self, key, upload_id, meta)
+
+    def resume_multipart(self, key: str, upload_id: str) -> MultipartWrite:
+        check_key(key)
+        manifest = self._read_manifest(upload_id)
+        if manifest is None or manifest.get("key") != key:
+            raise UploadNotFoundError(key, upload_id, self.url)
+        return FilesystemMultipartWrite(self, key, upload_id, dict(manifest.get("metadata") or {}))
+
+    def pending_multiparts(self, prefix: str) -> Iterator[PendingUpload]:
+        check_prefix(prefix)
+        found: list[PendingUpload] = []
+        try:
+            entries = list(os.scandir(self._root / MULTIPART_DIR))
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            manifest = self._read_manifest(entry.name)
+            if manifest is None:
+                continue  # a start_multipart that crashed before its manifest: never handed out
+            key = manifest.get("key")
+            if isinstance(key, str) and key.startswith(prefix):
+                found.append(PendingUpload(key, entry.name, float(manifest.get("initiated", 0.0))))
+        found.sort(key=lambda p: (p.key, p.initiated, p.upload_id))
+        return iter(found)
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        return self._root.joinpath(*check_key(key).split("/"))
+
+    @staticmethod
+    def _sidecar(path: Path) -> Path:
+        return path.with_name(f".{path.name}.meta.json")
+
+    def _staging(self, upload_id: str) -> Path:
+        return self._root / MULTIPART_DIR / upload_id
+
+    @staticmethod
+    def _is_object(path: Path) -> bool:
+        try:
+            return path.is_file()
+        except OSError:
+            return False
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str, path: Path) -> Iterator[None]:
+        """Turn OS errors into StorageErrors that name the store, the operation, the key and the file."""
+        try:
+            yield
+        except StorageError:
+            raise
+        except (IsADirectoryError, NotADirectoryError) as exc:
+            raise StorageError(
+                f"{self.url}: {op} {key!r}: a key cannot be both an object and a prefix of other keys "
+                f"on a filesystem store ({exc.strerror}: {exc.filename})"
+            ) from exc
+        except OSError as exc:
+            raise StorageError(
+                f"{self.url}: {op} {key!r} failed: {exc.strerror or exc} ({exc.filename or path})"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _open_object(self, key: str, path: Path) -> Iterator[object]:
+        try:
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFoundError(key, self.url) from None
+        except PermissionError:
+            if path.is_dir():
+                raise ObjectNotFoundError(key, self.url) from None
+            raise
+        with f:
+            yield f
+
+    @contextlib.contextmanager
+    def _lock(self, key: str) -> Iterator[None]:
+        """Serialise writers of ``key`` (threads and processes on this host): the sidecar and the object
+        are renamed as a pair, and ``if_absent`` checks and creates under the same lock."""
+        stripe = zlib.crc32(key.encode("utf-8")) % _LOCK_STRIPES
+        lock_dir = self._root / LOCKS_DIR
+        lock_dir.mkdir(exist_ok=True)
+        fd = os.open(lock_dir / f"{stripe:02d}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _ensure_dir(self, directory: Path) -> Path:
+        """Create ``directory`` (and missing parents), fsyncing each parent that gained an entry."""
+        missing: list[Path] = []
+        current = directory
+        while not current.is_dir():
+            missing.append(current)
+            if current == self._root or current.parent == current:
+                break
+            current = current.parent
+        for new in reversed(missing):
+            try:
+                new.mkdir()
+            except FileExistsError:
+                if not new.is_dir():
+                    raise NotADirectoryError(errno.ENOTDIR, "an object is in the way", str(new)) from None
+                continue
+            if self._fsync:
+                self._fsync_dir(new.parent)
+        return directory
+
+    def _write_temp(self, path: Path, chunks: Iterable[bytes | memoryview], *, create_dirs: bool = True) -> Path:
+        """Write ``chunks`` to a fresh temporary file beside ``path``, fsynced; return its path."""
+        for attempt in range(5):
+            if create_dirs:
+                self._ensure_dir(path.parent)
+            tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            except FileNotFoundError:
+                if attempt == 4 or not create_dirs:
+                    raise
+                continue  # a concurrent delete pruned the (empty) directory: create it again
+            break
+        try:
+            with open(fd, "wb", closefd=True) as f:
+                _write_chunks(f, chunks)
+                f.flush()
+                if self._fsync:
+                    os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return tmp
+
+    def _publish(self, key: str, path: Path, tmp: Path, meta: dict[str, str], *, if_absent: bool) -> None:
+        """Make the written temporary file the object ``key``: metadata first, then the bytes."""
+        with self._lock(key):
+            if if_absent and self._is_object(path):
+                raise ObjectExistsError(key)
+            if path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "keys exist below this one", str(path))
+            self._write_sidecar(path, meta)
+            if if_absent:
+                try:
+                    # link() fails if the name exists: atomic even against writers that skip our lock
+                    # (another host on a shared filesystem).
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise ObjectExistsError(key) from None
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+            if self._fsync:
+                self._fsync_dir(path.parent)
+
+    def _write_sidecar(self, path: Path, meta: dict[str, str]) -> None:
+        sidecar = self._sidecar(path)
+        current = self._read_sidecar(path)
+        if current == meta:
+            return
+        if not meta:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sidecar)
+        else:
+            tmp = self._write_temp(sidecar, [json.dumps({"metadata": meta}, sort_keys=True).encode()])
+            os.replace(tmp, sidecar)
+        if self._fsync:
+            self._fsync_dir(path.parent)  # the metadata is durable before the object appears
+
+    def _read_sidecar(self, path: Path) -> dict[str, str]:
+        try:
+            raw = self._sidecar(path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        try:
+            meta = json.loads(raw)["metadata"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StorageError(f"{self.url}: unreadable metadata file {self._sidecar(path)}: {exc}") from exc
+        return {str(k): str(v) for k, v in meta.items()}
+
+    def _read_manifest(self, upload_id: str) -> dict[str, object] | None:
+        if not _UPLOAD_ID_RE.match(upload_id):
+            return None
+        try:
+            raw = (self._staging(upload_id) / _MANIFEST).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            manifest = json.loads(raw)
+        except ValueError as exc:
+            raise StorageError(f"{self.url}: unreadable multipart manifest of upload {upload_id}: {exc}") from exc
+        return manifest if isinstance(manifest, dict) else None
+
+    def _walk(self, directory: Path, key_prefix: str, name_prefix: str) -> Iterator[ObjectInfo]:
+        """Objects below ``directory`` in key order: entries sorted by name, a directory ``d`` as ``d/``
+        (every key below it starts with ``d/``), so the walk yields keys in plain string order."""
+        try:
+            with os.scandir(directory) as it:
+                entries = [e for e in it if not e.name.startswith(".") and e.name.startswith(name_prefix)]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise StorageError(f"{self.url}: list {key_prefix!r}: {exc.strerror} ({directory})") from exc
+        ordered = sorted(((e.name + "/" if e.is_dir(follow_symlinks=False) else e.name), e) for e in entries)
+        for sort_name, entry in ordered:
+            if sort_name.endswith("/"):
+                yield from self._walk(Path(entry.path), key_prefix + entry.name + "/", "")
+                continue
+            try:
+                if not entry.is_file():
+                    continue
+                st = entry.stat()
+            except FileNotFoundError:
+                continue  # deleted while listing
+            yield ObjectInfo(key_prefix + entry.name, st.st_size, {}, st.st_mtime)
+
+    def _prune(self, directory: Path) -> None:
+        """Remove directories left empty by a delete, up to (not including) the root."""
+        current = directory
+        while current != self._root and self._root in current.parents:
+            try:
+                current.rmdir()
+            except OSError:
+                return  # not empty (or already gone): stop
+            current = current.parent
+
+    @staticmethod
+    def _fsync_dir(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class FilesystemMultipartWrite(MultipartWrite):
+    """A multipart upload staged as part files under ``<root>/.multipart/<upload-id>/``."""
+
+    def __init__(self, store: FilesystemStore, key: str, upload_id: str, metadata: dict[str, str]) -> None:
+        self.key = key
+        self.upload_id = upload_id
+        self._store = store
+        self._metadata = metadata
+        self._staging = store._staging(upload_id)
+
+    def __repr__(self) -> str:
+        return f"FilesystemMultipartWrite(key={self.key!r}, upload_id={self.upload_id!r}, store={self._store.url!r})"
+
+    def _part(self, number: int) -> Path:
+        return self._staging / f"part-{number:05d}"
+
+    def _check_alive(self) -> None:
+        if not (self._staging / _MANIFEST).is_file():
+            raise UploadNotFoundError(self.key, self.upload_id, self._store.url)
+
+    def write_part(self, part_number: int, data: bytes | memoryview) -> None:
+        _check_part_number(part_number)
+        store = self._store
+        part = self._part(part_number)
+        with store._errors(f"write_part {part_number} of", self.key, part):
+            self._check_alive()
+            try:
+                tmp_path = store._write_temp(part, [data], create_dirs=False)
+            except FileNotFoundError:
+                raise UploadNotFoundError(self.key, self.upload_id, store.url) from None  # aborted meanwhile
+            os.replace(tmp_path, part)  # a rewritten part replaces the old one atomically
+            if store._fsync:
+                store._fsync_dir(self._staging)
+
+    def complete(self, part_numbers: Sequence[int]) -> ObjectInfo:
+        numbers = check_part_list(part_numbers)
+        store = self._store
+        path = store._path(self.key)
+        with store._errors("complete", self.key, path):
+            self._check_alive()
+            missing = [n for n in numbers if not self._part(n).is_file()]
+            if missing:
+                raise StorageError(
+                    f"{store.url}: complete {self.key!r} (upload {self.upload_id}): parts {missing} were never "
+                    f"written; written parts are {self._written_parts()}"
+                )
+            tmp = store._write_temp(path, self._read_parts(numbers))
+            try:
+                store._publish(self.key, path, tmp, self._metadata, if_absent=False)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            st = path.stat()
+            shutil.rmtree(self._staging, ignore_errors=True)
+        return ObjectInfo(self.key, st.st_size, dict(self._metadata), st.st_mtime)
+
+    def abort(self) -> None:
+        shutil.rmtree(self._staging, ignore_errors=True)
+
+    def _written_parts(self) -> list[int]:
+        return sorted(int(p.name[5:]) for p in self._staging.glob("part-[0-9]*"))
+
+    def _read_parts(self, numbers: list[int]) -> Iterator[bytes]:
+        for number in numbers:
+            with open(self._part(number), "rb", buffering=0) as f:
+                while chunk := f.read(_COPY_CHUNK):
+                    yield chunk

@@ -1,0 +1,301 @@
+"""Object keys: where each topic-partition's objects live in a store (layout in docs/DESIGN.md).
+
+```
+<prefix>/<tenant>/<namespace>/<local-name>/      the topic directory, each component encoded
+    <uuid> | <uuid>-index                        v2 (streaming) data and index objects
+    <uuid>-ledger-<id> | <uuid>-ledger-<id>-index  v1 (ledger-based) data and index objects
+    _meta/segments/<startLedger:020d>-<startEntry:020d>-<uuid>
+    _meta/deleted/<ledgerId:020d>
+    _control/<kind>/<requestId>
+```
+
+Each topic-name component is percent-encoded (UTF-8, uppercase hex) for every character outside
+``[A-Za-z0-9-]``, so an encoded component is never empty, never ``.`` or ``..``, never holds ``/`` and
+never starts with ``.`` or ``_``: no topic name can reach outside its directory, into another topic's, or
+into ``_meta``/``_control``, and the encoding is one-to-one (``parse_topic_dir`` inverts it exactly).
+
+Pure: no I/O except ``list_topic_dirs``, which takes a store.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as uuid_module
+from typing import TYPE_CHECKING
+
+from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.storage.base import InvalidKeyError
+
+if TYPE_CHECKING:
+    from streamoffload.storage.base import ObjectStore
+
+INDEX_SUFFIX = "-index"
+LEDGER_INFIX = "-ledger-"
+META_DIR = "_meta"
+SEGMENTS_DIR = f"{META_DIR}/segments"
+DELETED_DIR = f"{META_DIR}/deleted"
+CONTROL_DIR = "_control"
+
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+_ENCODED_RE = re.compile(r"^(?:[A-Za-z0-9-]|%[0-9A-F]{2})+$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MANIFEST_RE = re.compile(r"^(\d{20})-(\d{20})-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+_DELETED_RE = re.compile(r"^\d{20}$")
+_MAX_ID = 2**63 - 1  # ledger and entry ids are Java longs
+
+
+# --- key validation (shared by every store) ---------------------------------------------------------
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid object key, else raise ``InvalidKeyError`` naming it.
+
+    Valid: non-empty ``/``-separated components, none empty, ``.``/``..`` or starting with ``.`` (names
+    starting with ``.`` are the filesystem store's own: temporary files, metadata, multipart staging),
+    no backslash, no NUL or other control character, at most 1024 UTF-8 bytes (S3's limit).
+    """
+    if not isinstance(key, str):
+        raise InvalidKeyError(repr(key), f"keys are str, not {type(key).__name__}")
+    if not key:
+        raise InvalidKeyError(key, "empty key")
+    if key.startswith("/"):
+        raise InvalidKeyError(key, "absolute keys are not allowed (keys are relative to the store root)")
+    if "\\" in key:
+        raise InvalidKeyError(key, "backslashes are not allowed")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise InvalidKeyError(key, "NUL and other control characters are not allowed")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError(key, "not encodable as UTF-8") from exc
+    if size > 1024:
+        raise InvalidKeyError(key, f"{size} bytes long, more than 1024")
+    for component in key.split("/"):
+        if not component:
+            raise InvalidKeyError(key, "empty path component ('//' or a trailing '/')")
+        if component in (".", ".."):
+            raise InvalidKeyError(key, f"{component!r} path components are not allowed")
+        if component.startswith("."):
+            raise InvalidKeyError(key, f"component {component!r} starts with '.', which is reserved")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it can start a valid key (``""``, ``"a/"``, ``"a/b"``), else raise ``InvalidKeyError``."""
+    if prefix == "":
+        return prefix
+    # A prefix may stop inside a component or right after a '/': check it as the start of a real key.
+    try:
+        check_key(prefix + "x" if prefix.endswith("/") else prefix)
+    except InvalidKeyError as exc:
+        raise InvalidKeyError(prefix, exc.reason) from None
+    return prefix
+
+
+# --- topic directories ------------------------------------------------------------------------------
+
+
+def encode_component(text: str) -> str:
+    """Percent-encode one topic-name component (every UTF-8 byte outside ``[A-Za-z0-9-]``)."""
+    if not text:
+        raise TopicNameError("empty topic-name component cannot be used in an object key")
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TopicNameError(f"topic-name component {text!r} is not valid unicode") from exc
+    return "".join(chr(b) if chr(b) in _SAFE else f"%{b:02X}" for b in raw)
+
+
+def decode_component(encoded: str) -> str:
+    """Inverse of ``encode_component``; refuses anything it would not have produced."""
+    if not _ENCODED_RE.match(encoded):
+        raise TopicNameError(f"{encoded!r} is not an encoded topic-name component")
+    out = bytearray()
+    i = 0
+    while i < len(encoded):
+        if encoded[i] == "%":
+            byte = int(encoded[i + 1 : i + 3], 16)
+            if chr(byte) in _SAFE:
+                raise TopicNameError(f"{encoded!r}: {encoded[i : i + 3]} encodes a character that is never encoded")
+            out.append(byte)
+            i += 3
+        else:
+            out.append(ord(encoded[i]))
+            i += 1
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TopicNameError(f"{encoded!r} does not decode to UTF-8 text") from exc
+
+
+def _norm_prefix(prefix: str) -> str:
+    """The key prefix without surrounding slashes, validated (``""`` for none)."""
+    text = prefix.strip("/")
+    if text:
+        check_key(text)
+    return text
+
+
+def _topic(topic: TopicName | str) -> TopicName:
+    name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+    if name.domain != "persistent":
+        # Non-persistent topics have no ledgers to offload; refusing them also keeps the (domain-less)
+        # directory of persistent://t/n/x distinct from that of non-persistent://t/n/x.
+        raise TopicNameError(f"topic {name}: only persistent topics are offloaded")
+    return name
+
+
+def topic_dir(prefix: str, topic: TopicName | str) -> str:
+    """``<prefix>/<tenant>/<namespace>/<local-name>/`` with each topic component encoded (no leading
+    ``/`` when ``prefix`` is empty). Ends with ``/``."""
+    name = _topic(topic)
+    parts = [encode_component(name.tenant), encode_component(name.namespace), encode_component(name.local_name)]
+    base = _norm_prefix(prefix)
+    return "/".join([base, *parts] if base else parts) + "/"
+
+
+def parse_topic_dir(key: str, prefix: str | None = None) -> TopicName:
+    """The topic whose directory ``key`` is (inverse of ``topic_dir``).
+
+    With ``prefix``, ``key`` must be exactly ``topic_dir(prefix, t)`` (trailing ``/`` optional); without,
+    the last three components of ``key`` are taken as tenant, namespace and local name.
+    Raises ``TopicNameError`` for anything ``topic_dir`` could not have produced.
+    """
+    body = key[:-1] if key.endswith("/") else key
+    if prefix is not None:
+        base = _norm_prefix(prefix)
+        if base:
+            if not body.startswith(base + "/"):
+                raise TopicNameError(f"key {key!r} is not under prefix {base!r}")
+            body = body[len(base) + 1 :]
+        parts = body.split("/")
+        if len(parts) != 3:
+            raise TopicNameError(f"key {key!r} is not a topic directory under prefix {base!r}")
+    else:
+        parts = body.split("/")[-3:]
+        if len(parts) != 3:
+            raise TopicNameError(f"key {key!r} has fewer than three components")
+    tenant, namespace, local = (decode_component(p) for p in parts)
+    return TopicName("persistent", tenant, namespace, local)
+
+
+# --- object keys inside a topic directory -----------------------------------------------------------
+
+
+def _uuid_text(value: str | uuid_module.UUID) -> str:
+    try:
+        parsed = value if isinstance(value, uuid_module.UUID) else uuid_module.UUID(str(value))
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a UUID") from exc
+    return str(parsed)  # lowercase, hyphenated
+
+
+def _id(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_ID:
+        raise ValueError(f"{what} must be an integer in [0, 2^63), got {value!r}")
+    return value
+
+
+def data_name(uuid: str | uuid_module.UUID, *, ledger_id: int | None = None) -> str:
+    """The object name of a data object: v2 ``<uuid>``, v1 ``<uuid>-ledger-<ledgerId>``."""
+    text = _uuid_text(uuid)
+    return text if ledger_id is None else f"{text}{LEDGER_INFIX}{_id(ledger_id, 'ledger id')}"
+
+
+def data_key(prefix: str, topic: TopicName | str, uuid: str | uuid_module.UUID, *, ledger_id: int | None = None) -> str:
+    """Key of a segment's data object (v2 without ``ledger_id``, v1 with it)."""
+    return topic_dir(prefix, topic) + data_name(uuid, ledger_id=ledger_id)
+
+
+def index_key(
+    prefix: str, topic: TopicName | str, uuid: str | uuid_module.UUID, *, ledger_id: int | None = None
+) -> str:
+    """Key of the index object belonging to ``data_key(prefix, topic, uuid, ledger_id=...)``."""
+    return data_key(prefix, topic, uuid, ledger_id=ledger_id) + INDEX_SUFFIX
+
+
+def index_key_for(data_object_key: str) -> str:
+    """The index key of a data object key."""
+    return data_object_key + INDEX_SUFFIX
+
+
+def manifests_prefix(prefix: str, topic: TopicName | str) -> str:
+    """List prefix of a topic's segment manifests (they list in start-position order)."""
+    return topic_dir(prefix, topic) + SEGMENTS_DIR + "/"
+
+
+def manifest_key(
+    prefix: str, topic: TopicName | str, start_ledger: int, start_entry: int, uuid: str | uuid_module.UUID
+) -> str:
+    """``.../_meta/segments/<startLedger:020d>-<startEntry:020d>-<uuid>``."""
+    name = f"{_id(start_ledger, 'start ledger'):020d}-{_id(start_entry, 'start entry'):020d}-{_uuid_text(uuid)}"
+    return manifests_prefix(prefix, topic) + name
+
+
+def parse_manifest_name(key: str) -> tuple[int, int, str]:
+    """``(start_ledger, start_entry, uuid)`` from a manifest key (or its last component)."""
+    name = key.rsplit("/", 1)[-1]
+    match = _MANIFEST_RE.match(name)
+    if not match:
+        raise ValueError(f"{key!r} is not a segment manifest key (<ledger:020d>-<entry:020d>-<uuid>)")
+    return int(match.group(1)), int(match.group(2)), match.group(3)
+
+
+def deleted_marks_prefix(prefix: str, topic: TopicName | str) -> str:
+    """List prefix of a topic's deleted-ledger marks (they list in ledger-id order)."""
+    return topic_dir(prefix, topic) + DELETED_DIR + "/"
+
+
+def deleted_mark_key(prefix: str, topic: TopicName | str, ledger_id: int) -> str:
+    """``.../_meta/deleted/<ledgerId:020d>``."""
+    return deleted_marks_prefix(prefix, topic) + f"{_id(ledger_id, 'ledger id'):020d}"
+
+
+def parse_deleted_mark(key: str) -> int:
+    """The ledger id of a deleted-ledger mark key (or its last component)."""
+    name = key.rsplit("/", 1)[-1]
+    if not _DELETED_RE.match(name):
+        raise ValueError(f"{key!r} is not a deleted-ledger mark key (<ledgerId:020d>)")
+    return int(name)
+
+
+def _name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > 200:
+        raise ValueError(f"{what} {value!r} must be 1-200 characters of [A-Za-z0-9._-] starting with a letter or digit")
+    return value
+
+
+def control_prefix(prefix: str, topic: TopicName | str, kind: str) -> str:
+    """List prefix of a topic's control requests of one kind (e.g. ``offload-now``)."""
+    return topic_dir(prefix, topic) + f"{CONTROL_DIR}/{_name(kind, 'control kind')}/"
+
+
+def control_key(prefix: str, topic: TopicName | str, kind: str, request_id: str) -> str:
+    """``.../_control/<kind>/<requestId>``."""
+    return control_prefix(prefix, topic, kind) + _name(request_id, "control request id")
+
+
+# --- discovery --------------------------------------------------------------------------------------
+
+
+def list_topic_dirs(store: ObjectStore, prefix: str) -> list[TopicName]:
+    """Topics that have at least one object under ``prefix`` in ``store``, sorted.
+
+    Keys that are not inside a well-formed topic directory are ignored. (The store interface lists
+    whole keys, so this reads every key under ``prefix`` once.)
+    """
+    base = _norm_prefix(prefix)
+    start = base + "/" if base else ""
+    found: dict[str, TopicName] = {}
+    for info in store.list(start):
+        parts = info.key[len(start) :].split("/")
+        if len(parts) < 4:
+            continue
+        directory = "/".join(parts[:3])
+        if directory in found:
+            continue
+        try:
+            found[directory] = parse_topic_dir(directory, prefix="")
+        except TopicNameError:
+            continue
+    return sorted(found.values())
