@@ -366,6 +366,14 @@ def decode_block(
             _check_padding(view, pos, end, where, base_offset)
             break
         if length > remaining - ENTRY_HEADER_LENGTH:
+            if length > MAX_PAYLOAD_LENGTH:
+                raise _fail(
+                    LengthMismatchError,
+                    f"neither an entry header nor padding: length word 0x{length:08X} is not a possible entry "
+                    f"length, and padding starts with 0x{_PADDING_WORD:08X}",
+                    base_offset + pos,
+                    where,
+                )
             raise _fail(
                 LengthMismatchError,
                 f"entry header declares {length} payload bytes but only {remaining - ENTRY_HEADER_LENGTH} "
@@ -485,8 +493,8 @@ class BlockWriter:
     """Feed entries in position order; cuts a new block at every ledger change or when the next entry does not fit.
 
     Blocks cut because they are full are exactly ``max_block_size`` (padded); a block cut by a ledger change or
-    by flush() fits exactly. A block is cut as soon as fewer than 12 bytes are left in it (no entry can follow),
-    so full blocks never wait for the next entry. Payloads are referenced, not copied, until their block is
+    by flush() fits exactly (so the last block of a data object fits exactly). A block filled to the byte is
+    returned by the add() that filled it. Payloads are referenced, not copied, until their block is
     encoded: do not reuse a payload's buffer before the block holding it has been returned.
     """
 
@@ -556,8 +564,9 @@ class BlockWriter:
         self._pending += framed
         self._last = (ledger_id, entry_id)
         self._v1_ledger_id = ledger_id
-        if self.max_block_size - self._pending < ENTRY_HEADER_LENGTH:
-            done.append(self._cut(exact=False))
+        if self._pending == self.max_block_size:
+            # Filled to the byte: nothing can follow, and padded and exact fit are the same block.
+            done.append(self._cut(exact=True))
         return done
 
     def flush(self) -> list[Block]:
