@@ -1,0 +1,128 @@
+"""The segmenter inside Spark: a ``transformWithStateInPandas`` processor keyed by topic-partition.
+
+Thin: it maps Spark's state variables (RocksDB state store) onto ``SegmenterState``, turns input rows
+into ``Entry`` objects and control requests, keeps one processing-time timer at the open segment's
+rollover deadline (so a quiet topic is sealed by time with no new traffic), and yields the actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from streamoffload.config import PolicySource
+from streamoffload.streaming.segmenter import ACTION_COLUMNS, Entry, Segmenter, TopicState
+
+
+class SparkState:
+    """``SegmenterState`` over the processor's state variables for the current key."""
+
+    def __init__(self, topic: Any, block: Any, held: Any) -> None:
+        self._topic, self._block, self._held = topic, block, held
+
+    def load(self) -> TopicState | None:
+        if not self._topic.exists():
+            return None
+        (text,) = self._topic.get()
+        return TopicState.from_json(text)
+
+    def save(self, state: TopicState) -> None:
+        self._topic.update((state.to_json(),))
+
+    def block_entries(self) -> list[tuple[int, int, bytes]]:
+        if not self._block.exists():
+            return []
+        return [(int(lid), int(eid), bytes(payload)) for lid, eid, payload in self._block.get()]
+
+    def append_block_entries(self, entries: Sequence[tuple[int, int, bytes]]) -> None:
+        self._block.appendList(list(entries))
+
+    def clear_block_entries(self) -> None:
+        self._block.clear()
+
+    def held_blocks(self) -> list[bytes]:
+        if not self._held.exists():
+            return []
+        return [bytes(data) for (data,) in self._held.get()]
+
+    def append_held_blocks(self, blocks: Sequence[bytes]) -> None:
+        self._held.appendList([(b,) for b in blocks])
+
+    def clear_held_blocks(self) -> None:
+        self._held.clear()
+
+
+class SegmenterProcessor(StatefulProcessor):
+    def __init__(self, policies: PolicySource, key_prefix: str, min_part_size: int) -> None:
+        self.policies = policies
+        self.key_prefix = key_prefix
+        self.min_part_size = min_part_size
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.topic_state = handle.getValueState("topic", "json STRING")
+        self.block = handle.getListState("block", "ledger_id LONG, entry_id LONG, payload BINARY")
+        self.held = handle.getListState("held", "data BINARY")
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        topic = key[0]
+        entries: list[Entry] = []
+        controls: list[str] = []
+        for frame in rows:
+            is_control = frame["control"].notna()
+            controls.extend(frame.loc[is_control, "control"].tolist())
+            data = frame.loc[~is_control]
+            publish = data["publish_time"]
+            publish_ms = (
+                (publish.astype("int64") // 1_000_000).tolist()
+                if pd.api.types.is_datetime64_any_dtype(publish)
+                else [0] * len(data)
+            )
+            for ledger_id, entry_id, payload, pub in zip(
+                data["ledger_id"].tolist(), data["entry_id"].tolist(), data["entry"].tolist(), publish_ms, strict=True
+            ):
+                entries.append(Entry(int(ledger_id), int(entry_id), payload, int(pub)))
+        yield from self._run(topic, entries, controls, timerValues)
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        yield from self._run(key[0], [], [], timerValues)
+
+    def _run(
+        self, topic: str, entries: list[Entry], controls: list[str], timer_values: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        now = timer_values.getCurrentProcessingTimeInMs()
+        segmenter = Segmenter(
+            topic,
+            self.policies.policy_for(topic),
+            SparkState(self.topic_state, self.block, self.held),
+            key_prefix=self.key_prefix,
+            min_part_size=self.min_part_size,
+            now_ms=now,
+        )
+        segmenter.process(entries, controls)
+        actions = segmenter.finish()
+        self._set_timer(segmenter.rollover_deadline())
+        if actions:
+            yield pd.DataFrame([[getattr(a, c) for c in ACTION_COLUMNS] for a in actions], columns=ACTION_COLUMNS)
+
+    def _set_timer(self, deadline: int | None) -> None:
+        for registered in list(self.handle.listTimers()):
+            if registered != deadline:
+                self.handle.deleteTimer(registered)
+        if deadline is not None and deadline not in set(self.handle.listTimers()):
+            self.handle.registerTimer(deadline)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,76 @@
+"""Options shared by commands: a configuration file, or the essentials as flags so a first run needs
+no file (``--service-url``, ``--topics``, ``--store URL``, ``--s3-endpoint``, ``--checkpoint``)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlparse
+
+from streamoffload.codecs.errors import ConfigError
+from streamoffload.config import Config, StoreSettings, load_config
+
+STORE_HELP = "object store as a URL: file:///abs/dir (or a plain directory) or s3://bucket/prefix"
+
+
+def add_store_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("configuration (a file, or flags that override it)")
+    group.add_argument("--conf", metavar="FILE", help="TOML configuration file (see conf/streamoffload.toml)")
+    group.add_argument("--store", metavar="URL", help=STORE_HELP)
+    group.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
+    group.add_argument("--s3-region", metavar="REGION", help="S3 region (default: from the AWS chain)")
+
+
+def add_job_args(parser: argparse.ArgumentParser) -> None:
+    add_store_args(parser)
+    group = parser.add_argument_group("job")
+    group.add_argument("--service-url", metavar="URL", help="Pulsar service URL, e.g. pulsar://127.0.0.1:6650")
+    group.add_argument("--topics", metavar="T1,T2", help="comma-separated topics (partitioned topics expand)")
+    group.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint location")
+    group.add_argument("--master", metavar="MASTER", help="Spark master (default local[2])")
+    group.add_argument("--trigger-interval", metavar="INTERVAL", help="micro-batch interval, e.g. '5 seconds'")
+
+
+def store_settings_from_url(url: str, endpoint: str | None = None, region: str | None = None) -> StoreSettings:
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file"):
+        root = parsed.path if parsed.scheme == "file" else url
+        if not root:
+            raise ConfigError(f"--store {url!r}: no directory given")
+        return StoreSettings(managedLedgerOffloadDriver="filesystem", root=str(Path(root).resolve()))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ConfigError(f"--store {url!r}: an S3 URL is s3://bucket[/prefix]")
+        return StoreSettings(
+            managedLedgerOffloadDriver="aws-s3" if endpoint is None else "s3",
+            bucket=parsed.netloc,
+            prefix=parsed.path.strip("/"),
+            serviceEndpoint=endpoint,
+            region=region,
+            pathStyle=endpoint is not None,
+        )
+    raise ConfigError(f"--store {url!r}: unsupported scheme {parsed.scheme!r}; use file:// or s3://")
+
+
+def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = True) -> tuple[Config, str | None]:
+    """The configuration the command runs with, and the file it came from (if any)."""
+    path = getattr(args, "conf", None)
+    config = load_config(path) if path else Config(source="<command line>")
+    if getattr(args, "store", None):
+        config = replace(config, store=store_settings_from_url(args.store, args.s3_endpoint, args.s3_region))
+    elif need_file_or_store and not path:
+        raise ConfigError("give --conf FILE or --store URL")
+    pulsar = config.pulsar
+    if getattr(args, "service_url", None):
+        pulsar = replace(pulsar, service_url=args.service_url)
+    if getattr(args, "topics", None):
+        pulsar = replace(pulsar, topics=tuple(t.strip() for t in args.topics.split(",") if t.strip()))
+    spark = config.spark
+    if getattr(args, "checkpoint", None):
+        spark = replace(spark, checkpoint=str(Path(args.checkpoint).resolve()))
+    if getattr(args, "master", None):
+        spark = replace(spark, master=args.master)
+    if getattr(args, "trigger_interval", None):
+        spark = replace(spark, trigger_interval=args.trigger_interval)
+    return replace(config, pulsar=pulsar, spark=spark), path

@@ -1,0 +1,67 @@
+"""``streamoffload run``: the continuously running offload job."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+from streamoffload.cli_common import add_job_args, config_from_args
+
+EPILOG = """\
+examples:
+  streamoffload run --conf conf/streamoffload.toml
+  streamoffload run --service-url pulsar://127.0.0.1:6650 --topics orders,payments \\
+      --store file:///var/lib/streamoffload/store --checkpoint /var/lib/streamoffload/checkpoint
+  streamoffload run --conf prod.toml --once     # drain, seal every open segment, exit
+
+On a cluster, submit the same job with spark-submit:
+  spark-submit --master yarn $(python -c 'import streamoffload.streaming.submit as s; print(s.__file__)') \\
+      --conf prod.toml
+"""
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run the offload job (continuously, or --once)",
+        description="Tail Pulsar topics and offload them continuously into PIP-76 offload segments in the "
+        "object store. Policy changes in the configuration file are picked up without a restart.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_job_args(parser)
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="process everything available now, seal all open segments, and exit",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from streamoffload.streaming.job import OffloadJob
+    from streamoffload.streaming.session import build_session
+
+    config, path = config_from_args(args)
+    logging.getLogger("streamoffload").setLevel(min(logging.getLogger().level, logging.INFO))
+    job = OffloadJob(config, path)
+    spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
+    try:
+        if args.once:
+            job.run_once(spark)
+            print(f"offloaded everything available into {config.store.url}", file=sys.stderr)
+            return 0
+
+        def stop(signum: int, _frame: Any) -> None:
+            print(f"received signal {signum}: stopping after the current micro-batch", file=sys.stderr)
+            job.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        job.run_forever(spark)
+        return 0
+    finally:
+        spark.stop()
