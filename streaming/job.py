@@ -45,6 +45,9 @@ class BatchReport:
     sealed: list[dict[str, Any]] = field(default_factory=list)
     upload_seconds: list[float] = field(default_factory=list)
     errors: int = 0
+    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per topic-partition: buffered_bytes, open_segment, open_segment_entries, open_segment_bytes,
+    open_segment_assigned_ms, last_position, skipped_entries, now_ms (see Segmenter.stats)."""
 
 
 BatchListener = Callable[[BatchReport], None]
@@ -142,6 +145,7 @@ class OffloadJob:
             report.sealed.extend(stats["sealed"])
             report.upload_seconds.extend(stats["upload_seconds"])
             report.errors += stats["errors"]
+            report.topics.update(stats["topics"])
         report.duration_s = time.monotonic() - started
         for seal in report.sealed:
             log.info(

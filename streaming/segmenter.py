@@ -247,8 +247,22 @@ class Segmenter:
         seg = self.state.open
         return 0 if seg is None else seg.block_bytes + seg.held_bytes
 
+    def stats(self) -> dict[str, Any]:
+        """Figures for the driver's metrics: buffer, open segment, last position."""
+        seg = self.state.open
+        return {
+            "buffered_bytes": self.buffered_bytes(),
+            "open_segment": seg.uuid if seg else None,
+            "open_segment_entries": seg.entries if seg else 0,
+            "open_segment_bytes": (seg.data_bytes + seg.block_bytes) if seg else 0,
+            "open_segment_assigned_ms": seg.assigned_ms if seg else None,
+            "last_position": self.state.last,
+            "skipped_entries": self.state.skipped_entries,
+            "now_ms": self.now_ms,
+        }
+
     def finish(self) -> list[Action]:
-        """Persist state; returns all actions of this batch."""
+        """Persist state; returns all actions of this batch, ending with a ``stats`` action."""
         if self._new_block_entries:
             self.store.append_block_entries(self._new_block_entries)
             if self.state.open is not None:
@@ -260,6 +274,7 @@ class Segmenter:
                 self.state.open.held_stored += len(self._new_held)
             self._new_held = []
         self.store.save(self.state)
+        self.actions.append(Action(self.topic, "", "stats", info=json.dumps(self.stats())))
         return self.actions
 
     # -- assigning entries ------------------------------------------------------------------------------

@@ -59,6 +59,8 @@ class SinkStats:
     opened: int = 0
     upload_seconds: list[float] = field(default_factory=list)
     errors: int = 0
+    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per topic-partition figures from the segmenter (buffer, open segment, last position)."""
 
 
 class SegmentSink:
@@ -83,7 +85,9 @@ class SegmentSink:
 
     def _apply_one(self, action: Mapping[str, Any], stats: SinkStats) -> None:
         kind = action["action"]
-        if kind == "open":
+        if kind == "stats":
+            stats.topics[action["topic"]] = json.loads(action["info"])
+        elif kind == "open":
             manifest = mf.decode_manifest(bytes(action["manifest"]))
             # A replay: the failed attempt already opened (or even finished) this segment.
             with contextlib.suppress(ObjectExistsError):
