@@ -23,6 +23,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage.base import MultipartWrite, ObjectExistsError, ObjectStore
+from streamoffload.streaming.faults import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class SegmentSink:
             # A replay: the failed attempt already opened (or even finished) this segment.
             with contextlib.suppress(ObjectExistsError):
                 self.store.put(self.metadata.manifest_key(manifest), bytes(action["manifest"]), if_absent=True)
+            crash_point("after-open")
             stats.opened += 1
         elif kind == "part":
             data_key = action["data_key"]
@@ -101,6 +103,7 @@ class SegmentSink:
             upload = self._upload_for(data_key, action["topic"], action["segment"])
             data = action["data"]
             upload.write_part(int(action["part_number"]), data)
+            crash_point("after-part")
             stats.upload_seconds.append(time.monotonic() - started)
             stats.parts += 1
             stats.part_bytes += len(data)
@@ -165,7 +168,9 @@ class SegmentSink:
                     f"{topic}: segment {segment}: completed data object {data_key} has {written.size} bytes, "
                     f"expected {expected}"
                 )
+        crash_point("after-complete")
         self.store.put(action["index_key"], bytes(action["data"]), object_metadata(topic, segment))
+        crash_point("after-index")
         sealed = mf.decode_manifest(bytes(action["manifest"]))
         self.metadata.put_manifest(sealed)
         # A replay that differed from its failed attempt may have left another attempt behind.

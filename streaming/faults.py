@@ -1,0 +1,38 @@
+"""Crash points for the crash-safety tests: ``STREAMOFFLOAD_CRASH_AT=<point>[:<n>]`` SIGKILLs the
+job's whole process group (driver, JVM, Python workers) the n-th time the sink reaches ``point``.
+
+Points: ``after-part`` (mid-upload), ``after-complete`` (between data and index), ``after-index``
+(between index and metadata), ``after-open`` (mid-batch, before any part). The count is kept in
+files under ``STREAMOFFLOAD_CRASH_DIR`` because sink code runs in several worker processes. Unset,
+this is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+POINTS = ("after-open", "after-part", "after-complete", "after-index")
+
+
+def crash_point(name: str) -> None:
+    spec = os.environ.get("STREAMOFFLOAD_CRASH_AT")
+    if not spec:
+        return
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    directory = Path(os.environ.get("STREAMOFFLOAD_CRASH_DIR", "/tmp/streamoffload-crash"))
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "crashed").exists():
+        return
+    # One byte per arrival, appended atomically: the file size is the count across processes.
+    fd = os.open(directory / f"count-{point}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+    if os.path.getsize(directory / f"count-{point}") >= int(nth or 1):
+        (directory / "crashed").write_text(point)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
