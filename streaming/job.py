@@ -71,6 +71,8 @@ class OffloadJob:
         self.query: Any = None
         self._stop = threading.Event()
         self._last_retention = 0.0
+        self.last_topic_stats: dict[str, dict[str, Any]] = {}
+        """The segmenter's latest figures per topic-partition (see BatchReport.topics)."""
         self.retention_interval_s = 60.0
 
     # -- the query ----------------------------------------------------------------------------------
@@ -147,6 +149,7 @@ class OffloadJob:
             report.errors += stats["errors"]
             report.topics.update(stats["topics"])
         report.duration_s = time.monotonic() - started
+        self.last_topic_stats.update(report.topics)
         for seal in report.sealed:
             log.info(
                 "sealed segment %s of %s: %d entries, %d bytes (%s)",
