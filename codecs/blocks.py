@@ -240,7 +240,7 @@ def encode_block(
         if entry_id <= previous:
             raise ValueError(f"entry ids must strictly increase within a block: {entry_id} follows {previous}")
         previous = entry_id
-        size = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
+        size = _size(payload)
         if block_length is not None and BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH + size > block_length:
             raise EntryTooLargeError(
                 f"entry {entry_id} of ledger {ledger_id} has {size} bytes; framed with its {ENTRY_HEADER_LENGTH}-byte"
@@ -256,18 +256,36 @@ def encode_block(
             f"block of ledger {ledger_id} from entry {entries[0][0]} would be {block_length} bytes, "
             f"more than the largest block Pulsar can read ({MAX_BLOCK_LENGTH})"
         )
-    header = BlockHeader(
-        version, block_length, entries[0][0], ledger_id if version is FormatVersion.V2 else None
-    ).encode()
-    parts: list[bytes | bytearray | memoryview] = [header]
+    parts: list[bytes | bytearray | memoryview] = []
     pack = _ENTRY_HEADER.pack
     for entry_id, payload in entries:
-        size = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
-        parts.append(pack(size, entry_id))
+        parts.append(pack(_size(payload), entry_id))
         parts.append(payload)
-    if needed < block_length:
-        parts.append(padding(block_length - needed))
-    return b"".join(parts)
+    return _assemble(version, ledger_id, entries[0][0], parts, needed, block_length)
+
+
+def _size(payload: bytes | bytearray | memoryview) -> int:
+    return payload.nbytes if type(payload) is memoryview else len(payload)
+
+
+def _assemble(
+    version: FormatVersion,
+    ledger_id: int,
+    first_entry_id: int,
+    parts: list[bytes | bytearray | memoryview],
+    used: int,
+    block_length: int,
+) -> bytes:
+    """Header + already framed entries (``parts``, ``used`` bytes with the header) + padding, in one copy.
+    The caller has validated everything."""
+    if version is FormatVersion.V1:
+        header = _V1_HEADER.pack(V1_BLOCK_MAGIC, BLOCK_HEADER_LENGTH, block_length, first_entry_id) + _V1_ZEROS
+    else:
+        header = (
+            _V2_HEADER.pack(V2_BLOCK_MAGIC, BLOCK_HEADER_LENGTH, block_length, first_entry_id, ledger_id) + _V2_ZEROS
+        )
+    tail = [padding(block_length - used)] if used < block_length else []
+    return b"".join([header, *parts, *tail])
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +296,12 @@ class EntryRef:
     entry_id: int
     offset: int
     payload: memoryview
+
+
+_new_object = object.__new__
+_set_entry_id = EntryRef.entry_id.__set__  # type: ignore[attr-defined]
+_set_entry_offset = EntryRef.offset.__set__  # type: ignore[attr-defined]
+_set_entry_payload = EntryRef.payload.__set__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,7 +405,7 @@ def decode_block(
                 base_offset + pos,
                 where,
             )
-        if entry_id <= previous or entry_id > MAX_ID:
+        if not previous < entry_id <= MAX_ID:
             if entry_id > MAX_ID:
                 raise _fail(
                     InvalidFieldError, f"entry id {entry_id} is negative as a Java long", base_offset + pos + 4, where
@@ -392,20 +416,27 @@ def decode_block(
                 base_offset + pos + 4,
                 where,
             )
-        if not entries and entry_id != header.first_entry_id:
-            raise _fail(
-                LengthMismatchError,
-                f"first entry id {entry_id} differs from the block header's first entry id {header.first_entry_id}",
-                base_offset + pos + 4,
-                where,
-            )
         previous = entry_id
         start = pos + ENTRY_HEADER_LENGTH
+        # EntryRef built without its frozen __init__ (which costs three object.__setattr__ calls): this is the
+        # per-entry hot path of every read.
+        ref = _new_object(EntryRef)
+        _set_entry_id(ref, entry_id)
+        _set_entry_offset(ref, pos)
         pos = start + length
-        append(EntryRef(entry_id, start - ENTRY_HEADER_LENGTH, view[start:pos]))
+        _set_entry_payload(ref, view[start:pos])
+        append(ref)
     if not entries:
         raise _fail(
             LengthMismatchError, "block holds no entries (padding right after the header)", base_offset + offset, where
+        )
+    if entries[0].entry_id != header.first_entry_id:
+        raise _fail(
+            LengthMismatchError,
+            f"first entry id {entries[0].entry_id} differs from the block header's first entry id "
+            f"{header.first_entry_id}",
+            base_offset + offset + BLOCK_HEADER_LENGTH + 4,
+            where,
         )
     return DecodedBlock(header, offset, entries)
 
@@ -510,11 +541,16 @@ class BlockWriter:
             raise ValueError(f"start offset {start_offset} is negative")
         self.max_block_size = max_block_size
         self._offset = start_offset
-        self._ledger_id: int | None = None  # ledger of the open block
-        self._v1_ledger_id: int | None = None  # the one ledger a v1 data object may hold
-        self._entries: list[tuple[int, bytes | bytearray | memoryview]] = []
+        # The open block: its ledger, first/last entry ids, entry count, framed entries and size with header.
+        self._ledger_id = -1
+        self._first_entry_id = -1
+        self._last_entry_id = -1
+        self._count = 0
+        self._parts: list[bytes | bytearray | memoryview] = []
         self._pending = 0
-        self._last: tuple[int, int] | None = None
+        self._v1_ledger_id: int | None = None  # the one ledger a v1 data object may hold
+        self._last_ledger = -1  # position of the last entry accepted
+        self._last_entry = -1
 
     @property
     def pending_bytes(self) -> int:
@@ -529,22 +565,23 @@ class BlockWriter:
     @property
     def last_position(self) -> tuple[int, int] | None:
         """(ledger id, entry id) of the last entry accepted, or None."""
-        return self._last
+        return None if self._last_ledger < 0 else (self._last_ledger, self._last_entry)
 
     def add(self, ledger_id: int, entry_id: int, payload: bytes | bytearray | memoryview) -> list[Block]:
         """Add one entry; returns the blocks this call completed (often none)."""
-        _check_id("ledger id", ledger_id)
-        _check_id("entry id", entry_id)
-        if self._last is not None and (ledger_id, entry_id) <= self._last:
-            raise BlockWriterError(
-                f"entry ({ledger_id}, {entry_id}) does not follow ({self._last[0]}, {self._last[1]}): "
-                "entries must be added in strictly increasing position order"
-            )
-        if self.version is FormatVersion.V1 and self._v1_ledger_id is not None and ledger_id != self._v1_ledger_id:
+        if not (0 <= ledger_id <= MAX_ID and 0 <= entry_id <= MAX_ID):
+            _check_id("ledger id", ledger_id)
+            _check_id("entry id", entry_id)
+        if ledger_id == self._last_ledger:
+            if entry_id <= self._last_entry:
+                self._out_of_order(ledger_id, entry_id)
+        elif ledger_id < self._last_ledger:
+            self._out_of_order(ledger_id, entry_id)
+        elif self._v1_ledger_id is not None:
             raise BlockWriterError(
                 f"a v1 data object holds one ledger only: got ledger {ledger_id} after ledger {self._v1_ledger_id}"
             )
-        size = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
+        size = payload.nbytes if type(payload) is memoryview else len(payload)
         framed = ENTRY_HEADER_LENGTH + size
         if BLOCK_HEADER_LENGTH + framed > self.max_block_size:
             raise EntryTooLargeError(
@@ -552,43 +589,54 @@ class BlockWriter:
                 f" header it does not fit in a block of {self.max_block_size} bytes ({BLOCK_HEADER_LENGTH}-byte header)"
             )
         done: list[Block] = []
-        if self._entries:
+        if self._count:
             if ledger_id != self._ledger_id:
                 done.append(self._cut(exact=True))
             elif self._pending + framed > self.max_block_size:
                 done.append(self._cut(exact=False))
-        if not self._entries:
+        if not self._count:
             self._ledger_id = ledger_id
+            self._first_entry_id = entry_id
             self._pending = BLOCK_HEADER_LENGTH
-        self._entries.append((entry_id, payload))
+        self._parts.append(_ENTRY_HEADER.pack(size, entry_id))
+        self._parts.append(payload)
+        self._count += 1
+        self._last_entry_id = entry_id
         self._pending += framed
-        self._last = (ledger_id, entry_id)
-        self._v1_ledger_id = ledger_id
+        self._last_ledger = ledger_id
+        self._last_entry = entry_id
+        if self.version is FormatVersion.V1:
+            self._v1_ledger_id = ledger_id
         if self._pending == self.max_block_size:
             # Filled to the byte: nothing can follow, and padded and exact fit are the same block.
             done.append(self._cut(exact=True))
         return done
 
+    def _out_of_order(self, ledger_id: int, entry_id: int) -> None:
+        raise BlockWriterError(
+            f"entry ({ledger_id}, {entry_id}) does not follow ({self._last_ledger}, {self._last_entry}): "
+            "entries must be added in strictly increasing position order"
+        )
+
     def flush(self) -> list[Block]:
         """Cut the open block (fitted exactly), if any."""
-        return [self._cut(exact=True)] if self._entries else []
+        return [self._cut(exact=True)] if self._count else []
 
     def _cut(self, *, exact: bool) -> Block:
-        assert self._ledger_id is not None
-        entries = self._entries
-        data = encode_block(self.version, self._ledger_id, entries, None if exact else self.max_block_size)
+        length = self._pending if exact else self.max_block_size
+        data = _assemble(self.version, self._ledger_id, self._first_entry_id, self._parts, self._pending, length)
         block = Block(
             ledger_id=self._ledger_id,
-            first_entry_id=entries[0][0],
-            last_entry_id=entries[-1][0],
-            entry_count=len(entries),
+            first_entry_id=self._first_entry_id,
+            last_entry_id=self._last_entry_id,
+            entry_count=self._count,
             offset=self._offset,
             data=data,
         )
-        self._offset += len(data)
-        self._entries = []
+        self._offset += length
+        self._parts = []
+        self._count = 0
         self._pending = 0
-        self._ledger_id = None
         return block
 
 
