@@ -1,0 +1,781 @@
+"""Prometheus metrics of the offload job, served by the driver over HTTP (loopback by default).
+
+Design: the values are TRUE, also across restarts
+-------------------------------------------------
+What has been offloaded is a fact of the store, not of this process, so the offload totals are
+derived from the store's metadata and kept per segment UUID:
+
+* At start, :meth:`JobMetrics.refresh_store` reads every segment manifest (``checkpoints``), so
+  ``streamoffload_entries_offloaded_total`` equals what the store holds right away, and a restarted
+  job continues its counters where the store says they are instead of from zero.
+* Every micro-batch's :class:`~streamoffload.streaming.job.BatchReport` adds the segments it sealed
+  at once (no wait for the next refresh). A segment is counted once, by UUID, whichever of the two
+  sees it first, so a replayed micro-batch or a refresh racing a batch never counts twice.
+* The store is re-read every ``store_refresh_s`` (and the topic of every seal right after it, for
+  the publish time the lag needs). Offloaded manifests never change, so they are cached by key and
+  a refresh costs one listing per topic-partition plus GETs of new or still-open manifests only.
+* Counters never go down while the process runs: a segment deleted by retention stays counted.
+  After a restart they restart from what the store then holds (a deleted segment's record has no
+  entry counts), which Prometheus' ``rate``/``increase`` treat as a counter reset.
+
+Lag: ``streamoffload_offload_lag_seconds`` is 0 when the newest offloaded position is at or past
+the latest position of the topic-partition (nothing published waits), and otherwise now minus the
+publish time of the newest offloaded entry: an upper bound of the age of the oldest entry not yet
+offloaded (readable), exact when traffic is continuous. The latest position comes from a
+:data:`BacklogProvider` (by default asked from Pulsar every ``backlog_interval_s``) and from the
+last position the job itself has read (never older than what the job saw), so after new traffic the
+lag can read 0 for at most one probe interval.
+
+Process-lifetime distributions (upload latency, micro-batch duration) are ordinary prometheus-client
+histograms: they describe this process's work and reset with it, as Prometheus expects.
+
+Everything lives in a dedicated ``CollectorRegistry`` so tests and several jobs in one process
+never collide with prometheus-client's global registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from streamoffload import __version__
+from streamoffload.codecs.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Position = tuple[int, int]
+
+PREFIX = "streamoffload"
+STATUSES = ("Assigned", "Offloaded", "Failed")
+SEAL_REASONS = ("size", "time", "manual", "ledger", "method-switch", "disabled", "end")
+
+# Segment sizes: from 1 MiB to 4 GiB (segments are bounded by maxSizePerOffloadSegmentMbytes, 1 GiB
+# by default; small ones come from time rollovers of quiet topics).
+SEGMENT_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(20, 33, 1))
+UPLOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What a topic-partition's source knows: its latest position and, when the source can tell,
+    the entries and bytes between the job's read position and that latest position."""
+
+    latest: Position | None = None
+    entries: int | None = None
+    bytes: int | None = None
+
+
+BacklogProvider = Callable[[Sequence[str]], Mapping[str, Backlog]]
+"""Given the topic-partitions the metrics know of, return what is known of their backlog. Called
+from the metrics' own thread, never from a scrape, so it may talk to the broker."""
+
+
+@dataclass(frozen=True)
+class CacheCounters:
+    hits: int
+    misses: int
+
+
+CacheCounterSource = Callable[[], CacheCounters]
+"""Read-path cache counters of a reader running in this process (see :meth:`JobMetrics.add_read_cache`)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# per topic-partition state
+
+
+@dataclass
+class _SizeHistogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, n in zip(self.buckets, self.counts, strict=True):
+            running += n
+            out.append((_float_text(bound), running))
+        out.append(("+Inf", self.count))
+        return out
+
+
+def _float_text(value: float) -> str:
+    return repr(float(value)) if value != int(value) else f"{int(value)}.0"
+
+
+@dataclass
+class _Open:
+    status: str
+    assigned_ms: int
+
+
+@dataclass
+class _TopicState:
+    # Counted once per segment UUID (monotonic while the process runs).
+    counted: set[str] = field(default_factory=set)
+    entries_total: int = 0
+    bytes_total: int = 0
+    seals: dict[str, int] = field(default_factory=dict)
+    sizes: _SizeHistogram = field(default_factory=lambda: _SizeHistogram(SEGMENT_SIZE_BUCKETS))
+    # The store's current view (replaced by each refresh, updated by batch reports in between).
+    offloaded: dict[str, int] = field(default_factory=dict)
+    """Offloaded segments now in the store: UUID -> data object bytes."""
+    open: dict[str, _Open] = field(default_factory=dict)
+    """Assigned or Failed segments: UUID -> status and assigned time."""
+    last_end: Position | None = None
+    last_publish_ms: int = 0
+    # From the segmenter (last batch that carried this topic-partition) and the backlog provider.
+    stats: dict[str, Any] | None = None
+    backlog: Backlog | None = None
+
+    def count_offloaded(
+        self,
+        uuid: str,
+        *,
+        entries: int,
+        entry_bytes: int,
+        data_bytes: int,
+        reason: str,
+        end: Position | None = None,
+        publish_last_ms: int = 0,
+    ) -> None:
+        self.open.pop(uuid, None)
+        self.offloaded[uuid] = data_bytes
+        if end is not None and (self.last_end is None or end > self.last_end):
+            self.last_end = end
+        self.last_publish_ms = max(self.last_publish_ms, publish_last_ms)
+        if uuid in self.counted:
+            return
+        self.counted.add(uuid)
+        self.entries_total += entries
+        self.bytes_total += entry_bytes
+        reason = reason or "unknown"
+        self.seals[reason] = self.seals.get(reason, 0) + 1
+        self.sizes.observe(data_bytes)
+
+    def latest_known(self) -> Position | None:
+        """The newest position known to exist: the source's latest or the job's last read, whichever is later."""
+        candidates: list[Position] = []
+        if self.backlog is not None and self.backlog.latest is not None:
+            candidates.append(tuple(self.backlog.latest))  # type: ignore[arg-type]
+        last_read = (self.stats or {}).get("last_position")
+        if last_read and int(last_read[0]) >= 0:
+            candidates.append((int(last_read[0]), int(last_read[1])))
+        return max(candidates) if candidates else None
+
+    def caught_up(self) -> bool:
+        latest = self.latest_known()
+        return latest is not None and self.last_end is not None and latest <= self.last_end
+
+    def lag_seconds(self, now_ms: int) -> float | None:
+        if self.caught_up():
+            return 0.0
+        if not self.last_publish_ms:
+            return None
+        return max(0.0, (now_ms - self.last_publish_ms) / 1000)
+
+    def backlog_entries(self) -> int | None:
+        """Entries published but not yet in an Offloaded segment, when that is known exactly."""
+        if self.caught_up():
+            return 0
+        if self.backlog is not None and self.backlog.entries is not None:
+            # The source counts from its read position; entries read but not yet sealed sit in the open segment.
+            return self.backlog.entries + int((self.stats or {}).get("open_segment_entries") or 0)
+        latest = self.latest_known()
+        if latest is None:
+            return None
+        if self.last_end is not None and latest[0] == self.last_end[0]:
+            return latest[1] - self.last_end[1]
+        return None  # entries of the ledgers in between are not known without asking the broker per ledger
+
+
+# ---------------------------------------------------------------------------------------------
+# the metrics
+
+
+class JobMetrics(Collector):
+    """Metrics of one offload job. Feed it with :meth:`on_batch` (a job listener), Spark progress
+    (:class:`QueryProgressListener`) and :meth:`refresh_store`; serve it with :meth:`start_server`.
+    """
+
+    def __init__(
+        self,
+        metadata: Any | None = None,
+        *,
+        backlog: BacklogProvider | None = None,
+        store_refresh_s: float = 60.0,
+        backlog_interval_s: float = 15.0,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.metadata = metadata
+        self.backlog_provider = backlog
+        self.store_refresh_s = store_refresh_s
+        self.backlog_interval_s = backlog_interval_s
+        self.clock = clock
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._lock = threading.RLock()
+        self._refresh_lock = threading.Lock()
+        self._on_stop: list[Callable[[], None]] = []
+        self._topics: dict[str, _TopicState] = {}
+        self._manifest_cache: dict[str, Any] = {}
+        self._read_caches: list[CacheCounterSource] = []
+        self._dirty: set[str] = set()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._server: Any = None
+        self._server_thread: threading.Thread | None = None
+        self.address: tuple[str, int] | None = None
+        self.last_refresh_error: str | None = None
+        self._last_refresh_time = 0.0
+        self._last_batch_time = 0.0
+
+        reg = self.registry
+        self.upload_duration = Histogram(
+            f"{PREFIX}_upload_duration_seconds",
+            "Time to upload one part, or to seal a segment (complete the data object, put index and manifest).",
+            registry=reg,
+            buckets=UPLOAD_BUCKETS,
+        )
+        self.upload_errors = Counter(
+            f"{PREFIX}_upload_errors_total",
+            "Sink actions (part uploads, seals) that failed; the query then restarts and retries them.",
+            registry=reg,
+        )
+        self.parts_uploaded = Counter(
+            f"{PREFIX}_parts_uploaded_total", "Multipart parts uploaded by the sink.", registry=reg
+        )
+        self.part_bytes_uploaded = Counter(
+            f"{PREFIX}_part_bytes_uploaded_total", "Bytes of the multipart parts uploaded by the sink.", registry=reg
+        )
+        self.segments_opened = Counter(
+            f"{PREFIX}_segments_opened_total", "Offload segments opened (Assigned manifests written).", registry=reg
+        )
+        self.sink_duration = Histogram(
+            f"{PREFIX}_sink_duration_seconds",
+            "Wall time of the sink (foreachBatch) for one micro-batch.",
+            registry=reg,
+            buckets=BATCH_BUCKETS,
+        )
+        self.batch_duration = Histogram(
+            f"{PREFIX}_batch_duration_seconds",
+            "Spark micro-batch duration (triggerExecution), from the StreamingQueryListener.",
+            registry=reg,
+            buckets=BATCH_BUCKETS,
+        )
+        self.batches = Counter(f"{PREFIX}_batches_total", "Spark micro-batches completed.", registry=reg)
+        self.input_rows = Counter(
+            f"{PREFIX}_input_rows_total", "Rows (entries and control requests) read by the Spark query.", registry=reg
+        )
+        self.input_rate = Gauge(
+            f"{PREFIX}_input_rows_per_second",
+            "Input rate of the last micro-batch (Spark's inputRowsPerSecond).",
+            registry=reg,
+        )
+        self.processed_rate = Gauge(
+            f"{PREFIX}_processed_rows_per_second",
+            "Processing rate of the last micro-batch (Spark's processedRowsPerSecond).",
+            registry=reg,
+        )
+        self.query_failures = Counter(
+            f"{PREFIX}_query_failures_total",
+            "Offload queries that terminated with an error (the job restarts them from the checkpoint).",
+            registry=reg,
+        )
+        self.info = Gauge(f"{PREFIX}_build_info", "streamoffload version.", ["version"], registry=reg)
+        self.info.labels(version=__version__).set(1)
+        reg.register(self)
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def _topic(self, topic: str) -> _TopicState:
+        state = self._topics.get(topic)
+        if state is None:
+            state = self._topics[topic] = _TopicState()
+        return state
+
+    def on_batch(self, report: Any) -> None:
+        """A job listener: account a :class:`~streamoffload.streaming.job.BatchReport`."""
+        now = self.clock()
+        for seconds in report.upload_seconds:
+            self.upload_duration.observe(seconds)
+        if report.errors:
+            self.upload_errors.inc(report.errors)
+        if report.parts:
+            self.parts_uploaded.inc(report.parts)
+        if report.part_bytes:
+            self.part_bytes_uploaded.inc(report.part_bytes)
+        if report.opened:
+            self.segments_opened.inc(report.opened)
+        self.sink_duration.observe(report.duration_s)
+        with self._lock:
+            self._last_batch_time = now
+            for topic, stats in report.topics.items():
+                state = self._topic(topic)
+                state.stats = dict(stats)
+                segment, assigned = stats.get("open_segment"), stats.get("open_segment_assigned_ms")
+                if segment and segment not in state.offloaded:
+                    previous = state.open.get(segment)
+                    state.open[segment] = _Open(previous.status if previous else "Assigned", int(assigned or 0))
+            for seal in report.sealed:
+                state = self._topic(seal["topic"])
+                end = seal.get("end")
+                state.count_offloaded(
+                    seal["segment"],
+                    entries=int(seal.get("entries", 0)),
+                    entry_bytes=int(seal.get("entry_bytes", 0)),
+                    data_bytes=int(seal.get("data_length", 0)),
+                    reason=str(seal.get("reason", "")),
+                    end=(int(end[0]), int(end[1])) if end else None,
+                    publish_last_ms=int(seal.get("publish_time_last", 0) or 0),
+                )
+                if not end or not seal.get("publish_time_last"):
+                    self._dirty.add(seal["topic"])  # the manifest has the end position and publish time
+        if report.sealed:
+            self._wake.set()
+
+    def on_progress(self, progress: Any) -> None:
+        """Account one Spark ``StreamingQueryProgress`` (or its JSON as a dict)."""
+        get = progress.get if isinstance(progress, Mapping) else (lambda k, d=None: getattr(progress, k, d))
+        durations = get("durationMs") or {}
+        total_ms = durations.get("triggerExecution")
+        if total_ms is not None:
+            self.batch_duration.observe(float(total_ms) / 1000)
+        self.batches.inc()
+        rows = get("numInputRows")
+        if rows:
+            self.input_rows.inc(int(rows))
+        rate = get("inputRowsPerSecond")
+        if rate is not None and rate == rate:  # NaN when a batch had no duration to divide by
+            self.input_rate.set(float(rate))
+        processed = get("processedRowsPerSecond")
+        if processed is not None and processed == processed:
+            self.processed_rate.set(float(processed))
+
+    def on_query_failed(self) -> None:
+        self.query_failures.inc()
+        # The sink marked segments Failed: show it without waiting for the periodic refresh.
+        with self._lock:
+            self._dirty.update(self._topics)
+        self._wake.set()
+
+    def add_read_cache(self, source: CacheCounterSource) -> None:
+        """Export the cache counters of a reader running in this process (e.g. a ReadHandle's
+        ``cache_stats``) as ``streamoffload_read_cache_{hits,misses}_total``; several sources add up."""
+        with self._lock:
+            self._read_caches.append(source)
+
+    # -- the store -------------------------------------------------------------------------------
+
+    def refresh_store(self, topics: Iterable[str] | None = None) -> None:
+        """Re-read the segment manifests (of ``topics``, or of every topic-partition in the store)."""
+        if self.metadata is None:
+            return
+        from streamoffload.checkpoints import manifest as mf
+        from streamoffload.storage import keys
+
+        meta = self.metadata
+        names = sorted({str(t) for t in meta.topics()} if topics is None else set(topics))
+        for topic in names:
+            prefix = keys.manifests_prefix(meta.prefix, topic)
+            manifests = []
+            listed = set()
+            for info in meta.store.list(prefix):
+                listed.add(info.key)
+                cached = self._manifest_cache.get(info.key)
+                if cached is not None:
+                    manifests.append(cached)
+                    continue
+                try:
+                    manifest = mf.decode_manifest(meta.store.get(info.key), where=info.key)
+                except Exception as err:  # deleted between list and get, or unreadable: next refresh
+                    log.debug("metrics: skipping manifest %s: %s", info.key, err)
+                    continue
+                if manifest.status == mf.OFFLOADED:
+                    self._manifest_cache[info.key] = manifest  # final: never rewritten, only deleted
+                manifests.append(manifest)
+            for key in [k for k in self._manifest_cache if k.startswith(prefix) and k not in listed]:
+                del self._manifest_cache[key]
+            with self._lock:
+                state = self._topic(topic)
+                offloaded: dict[str, int] = {}
+                opened: dict[str, _Open] = {}
+                for m in manifests:
+                    uuid = str(mf.manifest_uuid(m))
+                    if m.status == mf.OFFLOADED:
+                        offloaded[uuid] = m.dataLength
+                        state.count_offloaded(
+                            uuid,
+                            entries=m.entries,
+                            entry_bytes=m.entryBytes,
+                            data_bytes=m.dataLength,
+                            reason=m.sealReason,
+                            end=(m.endLedgerId, m.endEntryId),
+                            publish_last_ms=m.publishTimeLast,
+                        )
+                    else:
+                        opened[uuid] = _Open(mf.STATUS_NAMES[m.status], m.assignedTimestamp)
+                state.offloaded = offloaded
+                state.open = opened
+        with self._lock:
+            self._last_refresh_time = self.clock()
+
+    def refresh_backlog(self) -> None:
+        if self.backlog_provider is None:
+            return
+        with self._lock:
+            known = sorted(self._topics)
+        found = self.backlog_provider(known)
+        with self._lock:
+            for topic, backlog in found.items():
+                self._topic(topic).backlog = backlog
+
+    # -- exposition ------------------------------------------------------------------------------
+
+    def describe(self) -> list[Metric]:
+        return []  # the families depend on the topics seen; nothing to check ahead of collection
+
+    def collect(self) -> Iterator[Metric]:
+        now_ms = int(self.clock() * 1000)
+        p = PREFIX
+        entries = CounterMetricFamily(
+            f"{p}_entries_offloaded", "Entries in Offloaded (readable) segments.", labels=["topic"]
+        )
+        nbytes = CounterMetricFamily(
+            f"{p}_bytes_offloaded", "Bytes of the Pulsar entries in Offloaded segments.", labels=["topic"]
+        )
+        sealed = CounterMetricFamily(
+            f"{p}_segments_sealed", "Segments sealed and offloaded, by seal reason.", labels=["topic", "reason"]
+        )
+        sizes = HistogramMetricFamily(
+            f"{p}_segment_size_bytes", "Data object size of offloaded segments.", labels=["topic"]
+        )
+        segments = GaugeMetricFamily(
+            f"{p}_segments",
+            "Segments in the store by status (Assigned, Offloaded, Failed).",
+            labels=["topic", "status"],
+        )
+        stored = GaugeMetricFamily(
+            f"{p}_stored_bytes", "Data object bytes of the Offloaded segments now in the store.", labels=["topic"]
+        )
+        lag = GaugeMetricFamily(
+            f"{p}_offload_lag_seconds",
+            "0 when caught up with the latest position, else now minus the publish time of the newest offloaded entry.",
+            labels=["topic"],
+        )
+        last_publish = GaugeMetricFamily(
+            f"{p}_last_offloaded_publish_timestamp_seconds",
+            "Publish time of the newest offloaded entry.",
+            labels=["topic"],
+        )
+        backlog = GaugeMetricFamily(
+            f"{p}_backlog_entries",
+            "Entries published but not yet in an Offloaded segment (where known exactly).",
+            labels=["topic"],
+        )
+        backlog_bytes = GaugeMetricFamily(
+            f"{p}_source_backlog_bytes",
+            "Bytes between the source's read position and the latest position (from the source).",
+            labels=["topic"],
+        )
+        open_age = GaugeMetricFamily(
+            f"{p}_open_segment_age_seconds",
+            "Age of the oldest open (Assigned or Failed) segment; 0 when none is open.",
+            labels=["topic"],
+        )
+        open_entries = GaugeMetricFamily(
+            f"{p}_open_segment_entries", "Entries assigned to the open segment.", labels=["topic"]
+        )
+        open_bytes = GaugeMetricFamily(
+            f"{p}_open_segment_bytes", "Bytes (blocks) assigned to the open segment.", labels=["topic"]
+        )
+        buffer = GaugeMetricFamily(
+            f"{p}_offload_buffer_bytes",
+            "Bytes accepted but not yet uploaded (the PIP-76 offload buffer).",
+            labels=["topic"],
+        )
+        with self._lock:
+            for topic, st in sorted(self._topics.items()):
+                entries.add_metric([topic], st.entries_total)
+                nbytes.add_metric([topic], st.bytes_total)
+                for reason, n in sorted(st.seals.items()):
+                    sealed.add_metric([topic, reason], n)
+                sizes.add_metric([topic], st.sizes.cumulative(), st.sizes.total)
+                counts = {status: 0 for status in STATUSES}
+                counts["Offloaded"] = len(st.offloaded)
+                for seg in st.open.values():
+                    counts[seg.status] = counts.get(seg.status, 0) + 1
+                for status, n in counts.items():
+                    segments.add_metric([topic, status], n)
+                stored.add_metric([topic], sum(st.offloaded.values()))
+                value = st.lag_seconds(now_ms)
+                if value is not None:
+                    lag.add_metric([topic], value)
+                if st.last_publish_ms:
+                    last_publish.add_metric([topic], st.last_publish_ms / 1000)
+                behind = st.backlog_entries()
+                if behind is not None:
+                    backlog.add_metric([topic], behind)
+                if st.backlog is not None and st.backlog.bytes is not None:
+                    backlog_bytes.add_metric([topic], st.backlog.bytes)
+                assigned = [seg.assigned_ms for seg in st.open.values() if seg.assigned_ms]
+                open_age.add_metric([topic], max(0.0, (now_ms - min(assigned)) / 1000) if assigned else 0.0)
+                if st.stats is not None:
+                    open_entries.add_metric([topic], int(st.stats.get("open_segment_entries") or 0))
+                    open_bytes.add_metric([topic], int(st.stats.get("open_segment_bytes") or 0))
+                    buffer.add_metric([topic], int(st.stats.get("buffered_bytes") or 0))
+            hits = misses = 0
+            for source in self._read_caches:
+                try:
+                    counters = source()
+                except Exception:
+                    log.debug("read cache counters unavailable", exc_info=True)
+                    continue
+                hits += counters.hits
+                misses += counters.misses
+            refreshed, batch_time = self._last_refresh_time, self._last_batch_time
+            refresh_error = self.last_refresh_error
+        yield from (entries, nbytes, sealed, sizes, segments, stored, lag, last_publish, backlog, backlog_bytes)
+        yield from (open_age, open_entries, open_bytes, buffer)
+        cache_hits = CounterMetricFamily(
+            f"{p}_read_cache_hits", "Read-path cache hits of readers in this process (0 when none runs here)."
+        )
+        cache_hits.add_metric([], hits)
+        cache_misses = CounterMetricFamily(
+            f"{p}_read_cache_misses", "Read-path cache misses of readers in this process (0 when none runs here)."
+        )
+        cache_misses.add_metric([], misses)
+        yield cache_hits
+        yield cache_misses
+        yield GaugeMetricFamily(
+            f"{p}_metadata_refresh_timestamp_seconds", "When the store's metadata was last read.", value=refreshed
+        )
+        yield GaugeMetricFamily(
+            f"{p}_metadata_refresh_ok",
+            "1 if the last read of the store's metadata succeeded.",
+            value=0.0 if refresh_error else 1.0,
+        )
+        yield GaugeMetricFamily(
+            f"{p}_last_batch_timestamp_seconds", "When the sink last finished a micro-batch.", value=batch_time
+        )
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def start_refresher(self) -> None:
+        """Read the store once now (so the first scrape is right), then keep refreshing in a thread."""
+        self.safe_refresh_store()
+        self.safe_refresh_backlog()
+        self._thread = threading.Thread(target=self._refresh_loop, name="streamoffload-metrics", daemon=True)
+        self._thread.start()
+
+    def safe_refresh_store(self, topics: Iterable[str] | None = None) -> None:
+        """``refresh_store`` that logs instead of raising (an unreachable store must not stop the job);
+        ``streamoffload_metadata_refresh_ok`` shows the outcome."""
+        try:
+            with self._refresh_lock:
+                self.refresh_store(topics)
+            self.last_refresh_error = None
+        except Exception as err:
+            self.last_refresh_error = f"{type(err).__name__}: {err}"
+            log.warning("metrics: reading the store's metadata failed: %s", self.last_refresh_error)
+
+    def safe_refresh_backlog(self) -> None:
+        try:
+            self.refresh_backlog()
+        except Exception as err:
+            log.warning("metrics: asking the source for latest positions failed: %s", err)
+
+    def _refresh_loop(self) -> None:
+        next_store = time.monotonic() + self.store_refresh_s
+        next_backlog = time.monotonic() + self.backlog_interval_s
+        while not self._stopping.is_set():
+            timeout = max(0.0, min(next_store, next_backlog) - time.monotonic())
+            self._wake.wait(timeout)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                dirty, self._dirty = self._dirty, set()
+            now = time.monotonic()
+            if now >= next_store:
+                self.safe_refresh_store()
+                next_store = now + self.store_refresh_s
+            elif dirty:
+                self.safe_refresh_store(dirty)
+            if now >= next_backlog or dirty:
+                self.safe_refresh_backlog()
+                next_backlog = time.monotonic() + self.backlog_interval_s
+
+    def start_server(self, address: str) -> tuple[str, int]:
+        """Serve ``/metrics`` on ``host:port`` (port 0: a free port). Returns the bound address."""
+        from prometheus_client import start_http_server
+
+        host, port = parse_address(address)
+        self._server, self._server_thread = start_http_server(port, addr=host, registry=self.registry)
+        bound = self._server.server_address
+        self.address = (host, int(bound[1]))
+        log.info("Prometheus metrics on http://%s/metrics", format_address(*self.address))
+        return self.address
+
+    @property
+    def url(self) -> str | None:
+        return f"http://{format_address(*self.address)}/metrics" if self.address else None
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` (first registered last) when the metrics stop: detaching listeners."""
+        self._on_stop.append(callback)
+
+    def stop(self) -> None:
+        """Detach from the job and Spark, stop the refresher and the HTTP server. Idempotent."""
+        while self._on_stop:
+            callback = self._on_stop.pop()
+            try:
+                callback()
+            except Exception:
+                log.warning("metrics: detaching failed", exc_info=True)
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._server_thread is not None:
+            self._server_thread.join(timeout=10)
+            self._server_thread = None
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (loopback) into (host, port)."""
+    text = address.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"metrics address {address!r}: expected host:port, e.g. 127.0.0.1:9464")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the Spark side
+
+
+def progress_listener(metrics: JobMetrics, query_name: str) -> Any:
+    """A ``StreamingQueryListener`` feeding ``metrics`` with the progress of queries named ``query_name``."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class QueryProgressListener(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.ids: set[str] = set()
+
+        def onQueryStarted(self, event: Any) -> None:
+            if event.name == query_name:
+                self.ids.add(str(event.id))
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = event.progress
+            if progress.name == query_name:
+                metrics.on_progress(progress)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if str(event.id) in self.ids:
+                self.ids.discard(str(event.id))
+                if event.exception:
+                    metrics.on_query_failed()
+
+    return QueryProgressListener()
+
+
+def pulsar_backlog(service_url: str, options: Mapping[str, str], configured: Sequence[str] = ()) -> BacklogProvider:
+    """The default :data:`BacklogProvider`: each topic-partition's latest position, asked from Pulsar
+    (``streaming.pulsar_io.latest_position``), for the partitions of the configured topics and the
+    topic-partitions the metrics already know. Entries and bytes behind stay unknown (``None``): the
+    Python client cannot count the entries of the ledgers in between."""
+
+    def provide(known: Sequence[str]) -> Mapping[str, Backlog]:
+        from streamoffload.streaming import pulsar_io
+
+        client = pulsar_io.shared_client(service_url, pulsar_io.client_options(options))
+        names = set(known)
+        for topic in configured:
+            with contextlib.suppress(Exception):
+                names.update(pulsar_io.topic_partitions(client, topic))
+        out: dict[str, Backlog] = {}
+        for name in sorted(names):
+            try:
+                out[name] = Backlog(latest=pulsar_io.latest_position(client, name))
+            except Exception as err:
+                log.debug("metrics: latest position of %s unknown: %s", name, err)
+        return out
+
+    return provide
+
+
+def install_metrics(
+    job: Any,
+    spark: Any,
+    address: str,
+    *,
+    store_refresh_s: float = 60.0,
+    backlog_interval_s: float = 15.0,
+    backlog: BacklogProvider | None = None,
+) -> JobMetrics:
+    """Attach metrics to an :class:`~streamoffload.streaming.job.OffloadJob`: read the store's
+    metadata, register the batch listener and a ``StreamingQueryListener`` on ``spark``, start the
+    refresher and serve ``/metrics`` on ``address``. ``JobMetrics.stop()`` undoes all of it."""
+    from streamoffload.streaming.job import QUERY_NAME
+
+    if backlog is None:
+        backlog = pulsar_backlog(job.config.pulsar.service_url, job.source_options(), job.config.pulsar.topics)
+    metrics = JobMetrics(
+        job.metadata(), backlog=backlog, store_refresh_s=store_refresh_s, backlog_interval_s=backlog_interval_s
+    )
+    metrics.start_refresher()
+    job.listeners.append(metrics.on_batch)
+    metrics.on_stop(lambda: _remove(job.listeners, metrics.on_batch))
+    if spark is not None:
+        listener = progress_listener(metrics, QUERY_NAME)
+        spark.streams.addListener(listener)
+        metrics.on_stop(lambda: spark.streams.removeListener(listener))
+    try:
+        metrics.start_server(address)
+    except Exception:
+        metrics.stop()
+        raise
+    return metrics
+
+
+def _remove(items: list[Any], item: Any) -> None:
+    with contextlib.suppress(ValueError):
+        items.remove(item)
