@@ -101,6 +101,7 @@ class BlockHeader:
     ledger_id: int | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "version", FormatVersion(self.version))  # frozen: accept 1 / 2 as well
         if self.version is FormatVersion.V1 and self.ledger_id is not None:
             raise ValueError("a v1 block header has no ledger id; pass ledger_id=None")
         if self.version is FormatVersion.V2 and self.ledger_id is None:
