@@ -26,7 +26,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,9 @@ from pathlib import Path
 from types import TracebackType
 
 from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.streaming.pulsar_io import pulsar_handshake
+
+__all__ = ["BrokerError", "EmbeddedBroker", "find_binary", "free_port", "pulsar_handshake"]
 
 BINARY_NAME = "pulsar-lite"
 CONFIG_NAME = "pulsar-lite.toml"
@@ -78,57 +80,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-# --- a Pulsar CONNECT handshake, the smallest proof that the broker speaks the protocol ----------
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _connect_frame() -> bytes:
-    # BaseCommand{type=CONNECT(2), connect(2)=CommandConnect{client_version(1)="...", protocol_version(4)=6}}
-    # Field numbers from PulsarApi.proto; protocol version 6 is old enough for any broker to accept.
-    version = b"streamoffload-probe"
-    connect = b"\x0a" + _varint(len(version)) + version + b"\x20" + _varint(6)
-    command = b"\x08\x02" + b"\x12" + _varint(len(connect)) + connect
-    return struct.pack(">II", len(command) + 4, len(command)) + command
-
-
-def pulsar_handshake(host: str, port: int, timeout: float = 2.0) -> bool:
-    """True when ``host:port`` answers a Pulsar ``CONNECT`` with ``CONNECTED``."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            sock.sendall(_connect_frame())
-            header = _recv_exact(sock, 8)
-            total, cmd_size = struct.unpack(">II", header)
-            if cmd_size > total or cmd_size > 1 << 20:
-                return False
-            command = _recv_exact(sock, cmd_size)
-    except OSError:
-        return False
-    # BaseCommand field 1 (type) is a varint: 0x08 then the enum value; CONNECTED is 3.
-    return len(command) >= 2 and command[0] == 0x08 and command[1] == 3
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(size - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed during the Pulsar handshake")
-        buf.extend(chunk)
-    return bytes(buf)
 
 
 class EmbeddedBroker:
