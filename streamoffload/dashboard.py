@@ -1,0 +1,493 @@
+"""The Grafana dashboard of the offload job, as code, and pushing it through Grafana's HTTP API.
+
+:func:`build_dashboard` returns the dashboard model (JSON-able dict): panels for lag, throughput,
+segments, errors, the offload buffer and Spark micro-batches over the metrics of
+``streamoffload.metrics``; a ``datasource`` variable (any Prometheus data source) and a ``topic``
+variable (``label_values`` of the offload counters, multi-select, "All" = ``.*``).
+
+:func:`push_dashboard` creates or updates it (``POST /api/dashboards/db`` with ``overwrite``) and,
+if asked, a Prometheus data source (``POST /api/datasources``, or ``PUT /api/datasources/uid/<uid>``
+when it exists), with ``grafana-client``. Both are idempotent: pushing twice leaves one dashboard and
+one data source.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from streamoffload import __version__
+from streamoffload.codecs.errors import StreamOffloadError
+
+DASHBOARD_UID = "streamoffload"
+DASHBOARD_TITLE = "streamoffload: Pulsar offload"
+DATASOURCE_UID = "streamoffload-prometheus"
+DATASOURCE_NAME = "streamoffload Prometheus"
+TOPIC_VARIABLE_QUERY = "label_values(streamoffload_entries_offloaded_total, topic)"
+
+_DS = {"type": "prometheus", "uid": "${datasource}"}
+_T = '{topic=~"$topic"}'
+_RI = "$__rate_interval"
+
+
+class GrafanaPushError(StreamOffloadError):
+    """Grafana refused or could not be reached."""
+
+
+@dataclass(frozen=True)
+class Target:
+    expr: str
+    legend: str = ""
+
+
+class _Layout:
+    """Places panels left to right in rows of 24 grid units."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.y = 0
+        self.x = 0
+        self.row_height = 0
+        self.next_id = 1
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def row(self, title: str) -> None:
+        self.y += self.row_height
+        self.x, self.row_height = 0, 0
+        self.panels.append(
+            {
+                "id": self._id(),
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                "panels": [],
+            }
+        )
+        self.y += 1
+
+    def panel(
+        self,
+        title: str,
+        description: str,
+        targets: list[Target],
+        *,
+        unit: str = "short",
+        kind: str = "timeseries",
+        width: int = 8,
+        height: int = 8,
+        stack: bool = False,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        if self.x + width > 24:
+            self.y += self.row_height
+            self.x, self.row_height = 0, 0
+        defaults: dict[str, Any] = {"unit": unit}
+        if kind == "timeseries":
+            defaults["custom"] = {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": True,
+                "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+            }
+        panel_options: dict[str, Any] = (
+            {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}, "tooltip": {"mode": "multi"}}
+            if kind == "timeseries"
+            else {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+        )
+        panel_options.update(options or {})
+        self.panels.append(
+            {
+                "id": self._id(),
+                "type": kind,
+                "title": title,
+                "description": description,
+                "datasource": dict(_DS),
+                "gridPos": {"h": height, "w": width, "x": self.x, "y": self.y},
+                "targets": [
+                    {
+                        "refId": chr(ord("A") + i),
+                        "datasource": dict(_DS),
+                        "expr": t.expr,
+                        "legendFormat": t.legend or "__auto",
+                        "range": True,
+                    }
+                    for i, t in enumerate(targets)
+                ],
+                "fieldConfig": {"defaults": defaults, "overrides": []},
+                "options": panel_options,
+            }
+        )
+        self.x += width
+        self.row_height = max(self.row_height, height)
+
+
+def _quantile(q: float, bucket: str, by_rate: bool = True, selector: str = "") -> str:
+    series = f"{bucket}{selector}"
+    inner = f"rate({series}[{_RI}])" if by_rate else series
+    return f"histogram_quantile({q}, sum by (le) ({inner}))"
+
+
+def build_dashboard() -> dict[str, Any]:
+    """The dashboard model (``uid`` :data:`DASHBOARD_UID`), ready for ``POST /api/dashboards/db`` or provisioning."""
+    lay = _Layout()
+
+    lay.row("Lag")
+    lay.panel(
+        "Offload lag",
+        "0 when every published entry is in an Offloaded (readable) segment; else now minus the publish time of "
+        "the newest offloaded entry. Bounded by maxOffloadSegmentRolloverTimeMinutes when the job keeps up.",
+        [Target(f"max by (topic) (streamoffload_offload_lag_seconds{_T})", "{{topic}}")],
+        unit="s",
+    )
+    lay.panel(
+        "Entries behind the latest position",
+        "Entries published but not yet offloaded (shown where the count is exact).",
+        [Target(f"sum by (topic) (streamoffload_backlog_entries{_T})", "{{topic}}")],
+    )
+    lay.panel(
+        "Open segment age",
+        "Age of the open (Assigned or Failed) segment; a time rollover seals it at the configured rollover time.",
+        [Target(f"max by (topic) (streamoffload_open_segment_age_seconds{_T})", "{{topic}}")],
+        unit="s",
+    )
+
+    lay.row("Throughput")
+    lay.panel(
+        "Entries offloaded / s",
+        "Entries committed to Offloaded segments per second.",
+        [Target(f"sum by (topic) (rate(streamoffload_entries_offloaded_total{_T}[{_RI}]))", "{{topic}}")],
+        unit="ops",
+        stack=True,
+    )
+    lay.panel(
+        "Bytes offloaded / s",
+        "Bytes of Pulsar entries committed to Offloaded segments per second.",
+        [Target(f"sum by (topic) (rate(streamoffload_bytes_offloaded_total{_T}[{_RI}]))", "{{topic}}")],
+        unit="Bps",
+        stack=True,
+    )
+    lay.panel(
+        "Offloaded so far",
+        "Entries and entry bytes in Offloaded segments, and the data object bytes the store holds now.",
+        [
+            Target(f"sum(streamoffload_entries_offloaded_total{_T})", "entries"),
+            Target(f"sum(streamoffload_bytes_offloaded_total{_T})", "entry bytes"),
+            Target(f"sum(streamoffload_stored_bytes{_T})", "stored bytes"),
+        ],
+        kind="stat",
+        options={"textMode": "value_and_name", "colorMode": "none"},
+    )
+
+    lay.row("Segments")
+    lay.panel(
+        "Segments by status",
+        "Assigned: open, being written. Offloaded: readable. Failed: retried before any new segment opens.",
+        [Target(f"sum by (status) (streamoffload_segments{_T})", "{{status}}")],
+    )
+    lay.panel(
+        "Seals by reason",
+        "Offloaded segments by what sealed them: size, time, manual (offload-now), ledger, method-switch, end.",
+        [Target(f"sum by (reason) (streamoffload_segments_sealed_total{_T})", "{{reason}}")],
+        kind="bargauge",
+        options={"orientation": "horizontal", "displayMode": "basic"},
+    )
+    lay.panel(
+        "Segment size",
+        "Data object size of offloaded segments: median, 95th percentile (bucket bounds) and mean.",
+        [
+            Target(_quantile(0.5, "streamoffload_segment_size_bytes_bucket", False, _T), "p50"),
+            Target(_quantile(0.95, "streamoffload_segment_size_bytes_bucket", False, _T), "p95"),
+            Target(
+                f"sum(streamoffload_segment_size_bytes_sum{_T}) / sum(streamoffload_segment_size_bytes_count{_T})",
+                "mean",
+            ),
+        ],
+        unit="bytes",
+    )
+
+    lay.row("Errors and uploads")
+    lay.panel(
+        "Errors",
+        "Failed sink actions, failed queries (restarted from the checkpoint), Failed segments, and whether "
+        "the store's metadata could be read (1 = yes).",
+        [
+            Target(f"sum(increase(streamoffload_upload_errors_total[{_RI}]))", "upload errors"),
+            Target(f"sum(increase(streamoffload_query_failures_total[{_RI}]))", "query failures"),
+            Target('sum(streamoffload_segments{status="Failed",topic=~"$topic"})', "failed segments"),
+            Target("min(streamoffload_metadata_refresh_ok)", "metadata readable"),
+        ],
+    )
+    lay.panel(
+        "Upload latency",
+        "Time to upload a part or to seal a segment (complete the data object, put the index and manifest).",
+        [
+            Target(_quantile(0.5, "streamoffload_upload_duration_seconds_bucket"), "p50"),
+            Target(_quantile(0.99, "streamoffload_upload_duration_seconds_bucket"), "p99"),
+        ],
+        unit="s",
+    )
+    lay.panel(
+        "Upload rate",
+        "Multipart parts uploaded per second and their bytes.",
+        [
+            Target(f"sum(rate(streamoffload_part_bytes_uploaded_total[{_RI}]))", "part bytes/s"),
+            Target(f"sum(rate(streamoffload_parts_uploaded_total[{_RI}]))", "parts/s"),
+        ],
+        unit="Bps",
+    )
+
+    lay.row("Buffer")
+    lay.panel(
+        "Offload buffer",
+        "Bytes accepted but not yet uploaded, per topic-partition (the PIP-76 buffer, bounded by "
+        "offloadBufferMaxBytes; at the bound the job stops reading that topic-partition).",
+        [Target(f"sum by (topic) (streamoffload_offload_buffer_bytes{_T})", "{{topic}}")],
+        unit="bytes",
+        width=12,
+    )
+    lay.panel(
+        "Open segment size",
+        "Bytes and entries assigned to each open segment.",
+        [
+            Target(f"sum by (topic) (streamoffload_open_segment_bytes{_T})", "{{topic}} bytes"),
+            Target(f"sum by (topic) (streamoffload_open_segment_entries{_T})", "{{topic}} entries"),
+        ],
+        unit="bytes",
+        width=12,
+    )
+
+    lay.row("Spark micro-batches")
+    lay.panel(
+        "Micro-batch duration",
+        "Spark's triggerExecution time per micro-batch, and the sink's share (foreachBatch).",
+        [
+            Target(_quantile(0.5, "streamoffload_batch_duration_seconds_bucket"), "batch p50"),
+            Target(_quantile(0.95, "streamoffload_batch_duration_seconds_bucket"), "batch p95"),
+            Target(_quantile(0.95, "streamoffload_sink_duration_seconds_bucket"), "sink p95"),
+        ],
+        unit="s",
+    )
+    lay.panel(
+        "Input rate",
+        "Rows (entries and control requests) per second: Spark's input and processing rates of the last "
+        "micro-batch, and the rate averaged over the interval.",
+        [
+            Target("sum(streamoffload_input_rows_per_second)", "input rows/s (last batch)"),
+            Target("sum(streamoffload_processed_rows_per_second)", "processed rows/s (last batch)"),
+            Target(f"sum(rate(streamoffload_input_rows_total[{_RI}]))", "input rows/s"),
+        ],
+        unit="ops",
+    )
+    lay.panel(
+        "Since the last micro-batch",
+        "Seconds since the sink last finished a micro-batch: a stuck job grows here.",
+        [Target("time() - max(streamoffload_last_batch_timestamp_seconds)", "seconds")],
+        unit="s",
+        kind="stat",
+    )
+
+    return {
+        "uid": DASHBOARD_UID,
+        "title": DASHBOARD_TITLE,
+        "description": f"Streaming offload of Pulsar topics to object storage (streamoffload {__version__}).",
+        "tags": ["streamoffload", "pulsar", "offload"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "refresh": 1,
+                    "hide": 0,
+                    "current": {},
+                },
+                {
+                    "name": "topic",
+                    "label": "Topic-partition",
+                    "type": "query",
+                    "datasource": dict(_DS),
+                    "definition": TOPIC_VARIABLE_QUERY,
+                    "query": {"query": TOPIC_VARIABLE_QUERY, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+                    "refresh": 2,
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "sort": 1,
+                    "hide": 0,
+                    "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+                },
+            ]
+        },
+        "panels": lay.panels,
+    }
+
+
+def dashboard_json(dashboard: dict[str, Any] | None = None) -> str:
+    """The dashboard as the text ``dashboard export`` writes (stable: diffs of the committed copy are real)."""
+    return json.dumps(dashboard if dashboard is not None else build_dashboard(), indent=2) + "\n"
+
+
+def expressions(dashboard: dict[str, Any]) -> list[str]:
+    """Every PromQL expression of the dashboard's panels (rows included)."""
+    out: list[str] = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for panel in panels:
+            out.extend(t["expr"] for t in panel.get("targets", []) if t.get("expr"))
+            walk(panel.get("panels", []))
+
+    walk(dashboard["panels"])
+    return out
+
+
+def substitute_variables(expr: str, variables: dict[str, str]) -> str:
+    """``$name`` / ``${name}`` replaced as Grafana would (longest names first, so $__rate_interval wins)."""
+    for name in sorted(variables, key=len, reverse=True):
+        expr = re.sub(r"\$\{" + re.escape(name) + r"\}|\$" + re.escape(name) + r"\b", variables[name], expr)
+    return expr
+
+
+# ---------------------------------------------------------------------------------------------
+# pushing
+
+
+@dataclass(frozen=True)
+class PushResult:
+    dashboard_url: str
+    dashboard_version: int | None
+    datasource_uid: str | None
+    datasource_created: bool
+
+
+def datasource_model(url: str, name: str = DATASOURCE_NAME, uid: str = DATASOURCE_UID) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "name": name,
+        "type": "prometheus",
+        "access": "proxy",
+        "url": url,
+        "isDefault": False,
+        "jsonData": {"httpMethod": "POST", "timeInterval": "15s"},
+    }
+
+
+def connect(grafana_url: str, *, token: str | None = None, user: str | None = None, password: str | None = None) -> Any:
+    """A ``grafana_client.GrafanaApi`` with a bearer token (service account) or basic auth."""
+    from grafana_client import GrafanaApi
+
+    if token:
+        credential: Any = token
+    elif user is not None and password is not None:
+        credential = (user, password)
+    else:
+        raise GrafanaPushError("give --token (or GRAFANA_TOKEN), or --user and --password (or GRAFANA_PASSWORD)")
+    return GrafanaApi.from_url(grafana_url.rstrip("/"), credential=credential)
+
+
+def _grafana_call(grafana_url: str, what: str, fn: Any, *args: Any) -> Any:
+    from grafana_client.client import GrafanaException, GrafanaUnauthorizedError
+
+    try:
+        return fn(*args)
+    except GrafanaUnauthorizedError as err:
+        raise GrafanaPushError(f"Grafana at {grafana_url} refused the credentials while {what}: {err}") from None
+    except GrafanaException as err:
+        raise GrafanaPushError(f"Grafana at {grafana_url} failed while {what}: {err}") from None
+    except OSError as err:  # niquests' connection errors are OSErrors
+        raise GrafanaPushError(f"cannot reach Grafana at {grafana_url} while {what}: {err}") from None
+
+
+def ensure_datasource(api: Any, grafana_url: str, prometheus_url: str, name: str = DATASOURCE_NAME) -> tuple[str, bool]:
+    """Create the Prometheus data source, or update it in place. Returns (uid, created)."""
+    from grafana_client.client import GrafanaClientError
+
+    body = datasource_model(prometheus_url, name)
+    try:
+        existing = api.datasource.get_datasource_by_uid(DATASOURCE_UID)
+    except GrafanaClientError as err:
+        if err.status_code != 404:
+            raise GrafanaPushError(f"Grafana at {grafana_url} failed while looking up data source: {err}") from None
+        existing = None
+    except OSError as err:
+        raise GrafanaPushError(f"cannot reach Grafana at {grafana_url}: {err}") from None
+    if existing:
+        _grafana_call(
+            grafana_url,
+            "updating the data source",
+            api.datasource.update_datasource_by_uid,
+            DATASOURCE_UID,
+            {**body, "id": existing.get("id")},
+        )
+        return DATASOURCE_UID, False
+    try:
+        _grafana_call(grafana_url, "creating the data source", api.datasource.create_datasource, body)
+        return DATASOURCE_UID, True
+    except GrafanaPushError:
+        # The name may be taken by a data source created by hand: update that one instead.
+        try:
+            named = api.datasource.get_datasource_by_name(name)
+        except Exception:
+            raise GrafanaPushError(
+                f"Grafana at {grafana_url} refused to create data source {name!r} and has none of that name"
+            ) from None
+        uid = named["uid"]
+        _grafana_call(
+            grafana_url,
+            "updating the data source",
+            api.datasource.update_datasource_by_uid,
+            uid,
+            {**body, "uid": uid, "id": named.get("id")},
+        )
+        return uid, False
+
+
+def push_dashboard(
+    api: Any,
+    grafana_url: str,
+    *,
+    prometheus_url: str | None = None,
+    datasource_name: str = DATASOURCE_NAME,
+    folder_uid: str | None = None,
+) -> PushResult:
+    """Create or overwrite the dashboard (and, with ``prometheus_url``, its data source)."""
+    dashboard = build_dashboard()
+    ds_uid, created = (None, False)
+    if prometheus_url:
+        ds_uid, created = ensure_datasource(api, grafana_url, prometheus_url, datasource_name)
+        for variable in dashboard["templating"]["list"]:
+            if variable["name"] == "datasource":
+                variable["current"] = {"selected": True, "text": datasource_name, "value": ds_uid}
+    dashboard["id"] = None  # Grafana finds it by uid; an id would have to match its own
+    body: dict[str, Any] = {
+        "dashboard": dashboard,
+        "overwrite": True,
+        "message": f"streamoffload {__version__} dashboard push",
+    }
+    if folder_uid:
+        body["folderUid"] = folder_uid
+    response = _grafana_call(grafana_url, "saving the dashboard", api.dashboard.update_dashboard, body)
+    response = response if isinstance(response, dict) else {}
+    url = response.get("url") or f"/d/{DASHBOARD_UID}"
+    return PushResult(
+        dashboard_url=grafana_url.rstrip("/") + url,
+        dashboard_version=response.get("version"),
+        datasource_uid=ds_uid,
+        datasource_created=created,
+    )
