@@ -1,0 +1,856 @@
+"""The Pulsar source for Spark Structured Streaming: ``spark.readStream.format("pulsar")``.
+
+One row per Pulsar **entry**::
+
+    topic string, partition int, ledger_id long, entry_id long, publish_time timestamp,
+    num_messages int, entry binary, size int
+
+``entry`` holds the entry in Pulsar's headers-and-payload format (rebuilt from the messages the
+client delivers; see ``streaming/pulsar_io.py`` for what is exact and what the Python client
+cannot carry), ``size`` is ``len(entry)``, ``partition`` the partition index (-1 for a topic that is
+not a partition) and ``publish_time`` the entry's publish time. ``streamoffload.codecs.entry.
+entry_messages(entry)`` splits an entry into its messages.
+
+Options (names are case-insensitive, as Spark makes them):
+
+``serviceUrl`` (required)
+    ``pulsar://host:port`` or ``pulsar+ssl://host:port``.
+``topics``
+    Comma-separated topic names (short names mean ``persistent://public/default/NAME``). A
+    partitioned topic is expanded to its partitions through the broker's partition metadata, and
+    re-expanded every ``discoveryIntervalSeconds``, so added partitions are picked up.
+``topicsPattern``
+    A regular expression for topics of one namespace: ``persistent://tenant/ns/REGEX``,
+    ``tenant/ns/REGEX`` or just ``REGEX`` (``public/default``). It must match a topic's whole local
+    name (or, for a partition, its base topic's). Topics are listed with the binary protocol's
+    ``GetTopicsOfNamespace`` (what Pulsar's clients use for patterns; no admin API needed) every
+    ``discoveryIntervalSeconds``, so new topics are picked up while running. pulsar-lite 0.2 does
+    not answer that command: there, the pattern filters ``topicsPatternCandidates`` (a comma list
+    of names, each expanded like ``topics``); a candidate without data is read as an empty topic
+    and picked up when data arrives, but topics outside the list cannot be discovered.
+``startingOffsets``
+    ``earliest`` (default: offloading starts with the history), ``latest``, or JSON mapping
+    topic-partition names to ``[ledgerId, entryId]`` -- the last position already processed, so
+    reading starts after it (``[L, -1]`` starts at ledger L's first entry) -- or to ``"earliest"`` /
+    ``"latest"``. Topic-partitions the JSON does not name start at the earliest position.
+    Only used when a query starts without a checkpoint.
+``failOnDataLoss``
+    ``true`` (default): fail when entries that should exist are gone (a gap of entry ids within a
+    ledger, a ledger not starting at entry 0, the range's known last entry missing, or a
+    topic-partition whose latest position went backwards). ``false``: log, skip and go on.
+``maxEntriesPerTrigger`` / ``maxBytesPerTrigger``
+    Admission control through Spark's ``ReadLimit``: at most that many entries (exactly) or about
+    that many bytes (estimated from sampled entry sizes: the driver never sees the entries) per
+    micro-batch, split max-min fairly across the topic-partitions with data, leftovers rotating.
+    A single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls.
+    ``Trigger.AvailableNow`` stops at the positions that were latest when the query started.
+``pulsar.client.*``
+    Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``pulsar_io.client_kwargs``).
+``stallTimeoutMs`` (200), ``receiverQueueSize`` (2000), ``retryTimeoutSeconds`` (60)
+    Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
+    long a read (or the driver's position lookups) keeps retrying without progress before failing.
+``discoveryIntervalSeconds`` (10), ``arrowBatchEntries`` (2000), ``arrowBatchBytes`` (32 MiB)
+``backlogFile``
+    When set, a JSON file rewritten (atomically) at every trigger and commit with the backlog below,
+    for a dashboard running in another process.
+
+Offsets are JSON objects ``{topic-partition: [ledgerId, entryId]}``: the last position emitted, or
+``[-1, -1]`` before the first entry. A micro-batch has one input partition per topic-partition with
+new data, reading exactly the range ``(start, end]`` (see ``pulsar_io.read_range``).
+
+Backlog metrics (for the dashboard): :meth:`PulsarStreamReader.backlog` returns, per
+topic-partition, the latest position, the position consumed (the start of the current micro-batch,
+then its end once committed), ``entries`` behind and ``bytes`` behind (entries times the sampled
+entry size, ``None`` before any sample). ``entries`` is exact when both positions are in the same
+ledger; across ledgers it is a lower bound (``exact`` false): without an admin API the sizes of
+earlier ledgers are unknown. The reader lives in Spark's Python source-runner process, not the
+driver's Python, so other processes read it through ``backlogFile`` (:func:`read_backlog_file`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from streamoffload.codecs.errors import ConfigError
+from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, DataLossError, Position, PulsarIOError
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "pulsar"
+SCHEMA = (
+    "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
+    "num_messages int, entry binary, size int"
+)
+
+# ---------------------------------------------------------------------------------------------
+# options
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def _parse_size(text: str, name: str) -> int:
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ConfigError(f"option {name}: expected a byte count like 1048576, 64m or 1GiB, got {text!r}")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
+    return int(match.group(1)) * scale
+
+
+def _parse_positive(text: str, name: str, kind: type = int) -> Any:
+    try:
+        value = kind(text)
+    except ValueError as err:
+        raise ConfigError(f"option {name}: expected a positive number, got {text!r}") from err
+    if value <= 0:
+        raise ConfigError(f"option {name}: must be > 0, got {text!r}")
+    return value
+
+
+def _parse_bool(text: str, name: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name}: expected true or false, got {text!r}")
+
+
+def _topic(text: str, where: str) -> str:
+    try:
+        return str(TopicName.parse(text))
+    except TopicNameError as err:
+        raise ConfigError(f"option {where}: {err}") from err
+
+
+StartSpec = str | dict[str, Position | str]
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    service_url: str
+    topics: tuple[str, ...] = ()
+    topics_pattern: str | None = None
+    pattern_candidates: tuple[str, ...] = ()
+    starting_offsets: StartSpec = "earliest"
+    fail_on_data_loss: bool = True
+    max_entries_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    client_options: tuple[tuple[str, str], ...] = ()
+    stall_timeout_ms: int = 200
+    receiver_queue_size: int = 2000
+    retry_timeout_s: float = 60.0
+    discovery_interval_s: float = 10.0
+    arrow_batch_entries: int = 2000
+    arrow_batch_bytes: int = 32 << 20
+    backlog_file: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        """Validate a source's options (any letter case); errors name the option."""
+        opts = {k.lower(): v for k, v in options.items()}
+
+        def get(name: str) -> str | None:
+            value = opts.get(name.lower())
+            return None if value is None or str(value).strip() == "" else str(value).strip()
+
+        service_url = get("serviceUrl")
+        if not service_url:
+            raise ConfigError("option serviceUrl is required (e.g. pulsar://127.0.0.1:6650)")
+        pio.ServiceAddress.parse(service_url)
+        topics_text, pattern = get("topics"), get("topicsPattern")
+        if bool(topics_text) == bool(pattern):
+            raise ConfigError("give exactly one of the options topics (a comma list) and topicsPattern (a regex)")
+        topics = tuple(dict.fromkeys(_topic(t, "topics") for t in (topics_text or "").split(",") if t.strip()))
+        if topics_text and not topics:
+            raise ConfigError(f"option topics: no topic names in {topics_text!r}")
+        if pattern:
+            parse_pattern(pattern)
+        candidates = tuple(
+            _topic(t, "topicsPatternCandidates") for t in (get("topicsPatternCandidates") or "").split(",") if t.strip()
+        )
+        client = tuple(sorted(pio.client_options(options).items()))
+        pio.client_kwargs(dict(client))  # fail now, on the driver, not in a task
+        return cls(
+            service_url=service_url,
+            topics=topics,
+            topics_pattern=pattern,
+            pattern_candidates=candidates,
+            starting_offsets=parse_starting_offsets(get("startingOffsets") or "earliest"),
+            fail_on_data_loss=_parse_bool(get("failOnDataLoss") or "true", "failOnDataLoss"),
+            max_entries_per_trigger=_opt(
+                get("maxEntriesPerTrigger"), lambda t: _parse_positive(t, "maxEntriesPerTrigger")
+            ),
+            max_bytes_per_trigger=_opt(get("maxBytesPerTrigger"), lambda t: _parse_size(t, "maxBytesPerTrigger")),
+            client_options=client,
+            stall_timeout_ms=_opt(get("stallTimeoutMs"), lambda t: _parse_positive(t, "stallTimeoutMs")) or 200,
+            receiver_queue_size=_opt(get("receiverQueueSize"), lambda t: _parse_positive(t, "receiverQueueSize"))
+            or 2000,
+            retry_timeout_s=_opt(get("retryTimeoutSeconds"), lambda t: _parse_positive(t, "retryTimeoutSeconds", float))
+            or 60.0,
+            discovery_interval_s=float(get("discoveryIntervalSeconds") or 10.0),
+            arrow_batch_entries=_opt(get("arrowBatchEntries"), lambda t: _parse_positive(t, "arrowBatchEntries"))
+            or 2000,
+            arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: _parse_size(t, "arrowBatchBytes")) or 32 << 20,
+            backlog_file=get("backlogFile"),
+        )
+
+    @property
+    def client_opts(self) -> dict[str, str]:
+        return dict(self.client_options)
+
+    def reader_settings(self) -> pio.ReaderSettings:
+        return pio.ReaderSettings(
+            receiver_queue_size=self.receiver_queue_size,
+            stall_timeout_ms=self.stall_timeout_ms,
+            retry_timeout_s=self.retry_timeout_s,
+            fail_on_data_loss=self.fail_on_data_loss,
+        )
+
+
+def _opt(text: str | None, parse: Callable[[str], Any]) -> Any:
+    return None if text is None else parse(text)
+
+
+def parse_starting_offsets(text: str) -> StartSpec:
+    lowered = text.strip().lower()
+    if lowered in ("earliest", "latest"):
+        return lowered
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"option startingOffsets: expected earliest, latest or a JSON object of topic-partition -> "
+            f"[ledgerId, entryId]; not valid JSON: {err}"
+        ) from err
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            "option startingOffsets: the JSON must be an object of topic-partition -> [ledgerId, entryId]"
+        )
+    spec: dict[str, Position | str] = {}
+    for key, value in doc.items():
+        name = _topic(key, "startingOffsets")
+        if isinstance(value, str) and value.lower() in ("earliest", "latest"):
+            spec[name] = value.lower()
+        elif (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and value[0] >= -1
+            and value[1] >= -1
+        ):
+            spec[name] = (value[0], value[1])
+        else:
+            raise ConfigError(
+                f"option startingOffsets: {key!r}: expected [ledgerId, entryId] (integers >= -1), "
+                f"'earliest' or 'latest', got {value!r}"
+            )
+    return spec
+
+
+def parse_pattern(pattern: str) -> tuple[str, re.Pattern[str]]:
+    """``(tenant/namespace, compiled regex on local names)`` of a ``topicsPattern``."""
+    text = pattern.strip()
+    if "://" in text:
+        domain, _, text = text.partition("://")
+        if domain != "persistent":
+            raise ConfigError(f"option topicsPattern: only persistent topics can be read, not {domain}://")
+    parts = text.split("/", 2)
+    if len(parts) == 3:
+        namespace, regex = f"{parts[0]}/{parts[1]}", parts[2]
+    elif len(parts) == 1:
+        namespace, regex = "public/default", parts[0]
+    else:
+        raise ConfigError(
+            f"option topicsPattern: expected [persistent://]tenant/namespace/REGEX or REGEX, got {pattern!r}"
+        )
+    try:
+        return namespace, re.compile(regex)
+    except re.error as err:
+        raise ConfigError(f"option topicsPattern: bad regular expression {regex!r}: {err}") from err
+
+
+# ---------------------------------------------------------------------------------------------
+# admission control
+
+
+def fair_shares(demands: Sequence[int | None], budget: int, rotation: int = 0) -> list[int]:
+    """Split ``budget`` over ``demands`` max-min fairly (``None`` = unbounded demand): everyone gets
+    an equal share, capped at their demand, what the capped leave is shared again; single units that
+    do not divide evenly go round-robin starting at index ``rotation`` so no one starves."""
+    alloc = [0] * len(demands)
+    active = [i for i, d in enumerate(demands) if d is None or d > 0]
+    remaining = max(budget, 0)
+    while remaining > 0 and active:
+        share = remaining // len(active)
+        if share == 0:
+            start = rotation % len(demands)
+            order = sorted(active, key=lambda i: (i - start) % len(demands))
+            for i in order[:remaining]:
+                alloc[i] += 1
+            break
+        still = []
+        for i in active:
+            demand = demands[i]
+            give = share if demand is None else min(share, demand - alloc[i])
+            alloc[i] += give
+            remaining -= give
+            if demand is None or alloc[i] < demand:
+                still.append(i)
+        active = still
+    return alloc
+
+
+# ---------------------------------------------------------------------------------------------
+# backlog
+
+
+@dataclass
+class PartitionBacklog:
+    topic: str
+    latest: Position | None
+    consumed: Position
+    entries: int
+    exact: bool
+    bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["latest"] = list(self.latest) if self.latest else None
+        doc["consumed"] = list(self.consumed)
+        return doc
+
+
+def entries_between(consumed: Position, latest: Position | None) -> tuple[int, bool]:
+    """Entries after ``consumed`` up to ``latest``: ``(count, exact)``; a lower bound across ledgers."""
+    if latest is None or latest <= consumed:
+        return 0, True
+    if latest[0] == consumed[0]:
+        return latest[1] - consumed[1], True
+    return latest[1] + 1, False  # the latest ledger's entries; earlier ledgers' remainders unknown
+
+
+def read_backlog_file(path: str) -> dict[str, Any]:
+    """The backlog document a source with ``backlogFile`` writes: ``{"updated": unix seconds,
+    "partitions": {topic-partition: {latest, consumed, entries, exact, bytes}}}``."""
+    with open(path, encoding="utf-8") as fh:
+        doc: dict[str, Any] = json.load(fh)
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver side: discovery, positions, admission control
+
+
+def _offsets(positions: Mapping[str, Position]) -> dict[str, list[int]]:
+    """Canonical offset JSON: sorted keys (Spark compares offsets as JSON text)."""
+    return {tp: [int(positions[tp][0]), int(positions[tp][1])] for tp in sorted(positions)}
+
+
+def _position(value: Any) -> Position:
+    return (int(value[0]), int(value[1]))
+
+
+class SourcePlanner:
+    """Everything the source decides on the driver, in plain Python (tests drive it directly)."""
+
+    def __init__(self, options: SourceOptions, client_factory: Callable[[], Any] | None = None) -> None:
+        self.options = options
+        self._client_factory = client_factory or (lambda: pio.shared_client(options.service_url, options.client_opts))
+        self._client: Any = None
+        self._partitions: list[str] = []
+        self._discovered_at = float("-inf")
+        self._listing_supported: bool | None = None
+        self._target: dict[str, Position | None] | None = None
+        self._latest: dict[str, Position | None] = {}
+        self._consumed: dict[str, Position] = {}
+        self._entry_size: dict[str, float] = {}
+        self._known_ends: dict[str, Position] = {}
+        self._round = 0
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._client_factory()
+        return self._client
+
+    # --- discovery --------------------------------------------------------------------------
+
+    def topic_partitions(self, force: bool = False) -> list[str]:
+        """The topic-partitions to read now (re-discovered every ``discoveryIntervalSeconds``)."""
+        now = time.monotonic()
+        if not force and now - self._discovered_at < self.options.discovery_interval_s:
+            return self._partitions
+        found: set[str] = set()
+        if self.options.topics:
+            for topic in self.options.topics:
+                found.update(self._expand(topic))
+        else:
+            assert self.options.topics_pattern is not None
+            namespace, regex = parse_pattern(self.options.topics_pattern)
+            names = self._list_namespace(namespace)
+            for name in names:
+                parsed = TopicName.parse(name)
+                if parsed.namespace_name != namespace or parsed.domain != "persistent":
+                    continue
+                if regex.fullmatch(parsed.local_name) or regex.fullmatch(parsed.base.local_name):
+                    found.add(str(parsed))
+        if self._partitions and set(self._partitions) != found:
+            log.info("pulsar source: topic-partitions now %s (were %s)", sorted(found), self._partitions)
+        self._partitions = sorted(found)
+        self._discovered_at = now
+        return self._partitions
+
+    def _expand(self, topic: str) -> list[str]:
+        return [str(TopicName.parse(p)) for p in pio.topic_partitions(self.client, topic)]
+
+    def _list_namespace(self, namespace: str) -> list[str]:
+        if self._listing_supported is not False:
+            try:
+                names = pio.list_topics(self.options.service_url, namespace, client_options=self.options.client_opts)
+                self._listing_supported = True
+                return names
+            except pio.TopicListingUnsupported as err:
+                self._listing_supported = False
+                log.warning("pulsar source: %s; using topicsPatternCandidates", err)
+        if not self.options.pattern_candidates:
+            raise PulsarIOError(
+                f"topicsPattern {self.options.topics_pattern!r}: the broker at {self.options.service_url} cannot list "
+                "the topics of a namespace (no GetTopicsOfNamespace); name the candidate topics with "
+                "topicsPatternCandidates or use the topics option"
+            )
+        names: list[str] = []
+        for candidate in self.options.pattern_candidates:
+            names.extend(self._expand(candidate))
+        return names
+
+    # --- positions ----------------------------------------------------------------------------
+
+    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
+        """Driver-side lookups ride out a broker restart: backoff until retryTimeoutSeconds."""
+        deadline = time.monotonic() + self.options.retry_timeout_s
+        delay = 0.1
+        while True:
+            try:
+                return call()
+            except PulsarIOError as err:
+                if time.monotonic() + delay > deadline:
+                    raise PulsarIOError(
+                        f"{what}: still failing after {self.options.retry_timeout_s:g} s of retries: {err}"
+                    ) from err
+                log.warning("pulsar source: %s failed (%s); retrying in %.1f s", what, err, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def latest_positions(self, partitions: Sequence[str]) -> dict[str, Position | None]:
+        latest = {
+            tp: self._retrying(f"latest position of {tp}", lambda tp=tp: pio.latest_position(self.client, tp))
+            for tp in partitions
+        }
+        if self._target is not None:
+            for tp in partitions:
+                cap = self._target.get(tp)
+                if cap is None or (latest[tp] is not None and latest[tp] > cap):  # type: ignore[operator]
+                    latest[tp] = cap if tp in self._target else None
+        return latest
+
+    def initial_offset(self) -> dict[str, list[int]]:
+        partitions = self.topic_partitions(force=True)
+        spec = self.options.starting_offsets
+        latest: dict[str, Position | None] = {}
+        wants_latest = spec == "latest" or (isinstance(spec, dict) and "latest" in spec.values())
+        if wants_latest:
+            latest = self.latest_positions(partitions)
+        start: dict[str, Position] = {}
+        for tp in partitions:
+            choice: Position | str = spec if isinstance(spec, str) else spec.get(tp, "earliest")
+            if choice == "earliest":
+                start[tp] = BEFORE_EARLIEST
+            elif choice == "latest":
+                start[tp] = latest.get(tp) or BEFORE_EARLIEST
+            else:
+                start[tp] = choice  # type: ignore[assignment]
+        if isinstance(spec, dict):
+            unknown = sorted(set(spec) - set(partitions))
+            if unknown:
+                log.warning("pulsar source: startingOffsets names topic-partitions not read: %s", unknown)
+        self._consumed = dict(start)
+        return _offsets(start)
+
+    def prepare_available_now(self) -> None:
+        partitions = self.topic_partitions(force=True)
+        self._target = None
+        self._target = self.latest_positions(partitions)
+
+    def latest_offset(
+        self, start: Mapping[str, Any], max_entries: int | None, max_bytes: int | None
+    ) -> dict[str, list[int]]:
+        with self._lock:
+            return self._latest_offset(start, max_entries, max_bytes)
+
+    def _latest_offset(
+        self, start_doc: Mapping[str, Any], max_entries: int | None, max_bytes: int | None
+    ) -> dict[str, list[int]]:
+        self._round += 1
+        start = {tp: _position(v) for tp, v in start_doc.items()}
+        partitions = self.topic_partitions()
+        if self._target is not None:
+            partitions = [tp for tp in partitions if tp in self._target]
+        latest = self.latest_positions(partitions)
+        end = dict(start)  # topic-partitions no longer discovered keep their position
+        pending: list[str] = []
+        for tp in partitions:
+            s = start.get(tp, BEFORE_EARLIEST)
+            end.setdefault(tp, s)
+            last = latest[tp]
+            if (last is None and s > BEFORE_EARLIEST) or (last is not None and last < s):
+                what = "is empty now" if last is None else f"ends at {last[0]}:{last[1]}"
+                message = f"{tp}: the source read up to {s[0]}:{s[1]} but the topic {what}: entries were lost"
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(message + " (set failOnDataLoss=false to go on from the broker's position)")
+                log.warning("%s; going on from there (failOnDataLoss=false)", message)
+                end[tp] = last or BEFORE_EARLIEST
+                continue
+            if last is not None and last > s:
+                pending.append(tp)
+        self._latest.update(latest)
+        self._known_ends = {}
+        if max_entries is None and max_bytes is None:
+            for tp in pending:
+                end[tp] = latest[tp]  # type: ignore[assignment]
+                self._known_ends[tp] = end[tp]
+        else:
+            self._admit(pending, start, latest, end, max_entries, max_bytes)
+        for tp in partitions:
+            self._consumed[tp] = start.get(tp, BEFORE_EARLIEST)
+        self._write_backlog()
+        return _offsets(end)
+
+    def _admit(
+        self,
+        pending: list[str],
+        start: Mapping[str, Position],
+        latest: Mapping[str, Position | None],
+        end: dict[str, Position],
+        max_entries: int | None,
+        max_bytes: int | None,
+    ) -> None:
+        firsts: dict[str, Position] = {}
+        available: dict[str, int | None] = {}
+        for tp in pending:
+            s = start.get(tp, BEFORE_EARLIEST)
+            last = latest[tp]
+            assert last is not None
+            if s[0] == last[0]:
+                firsts[tp] = (s[0], s[1] + 1)
+                available[tp] = last[1] - s[1]
+                if max_bytes is not None and tp not in self._entry_size:
+                    self._probe(tp, s)
+            else:
+                # The next entry is in a later ledger than the last one consumed (or the first ever):
+                # where it is, the driver learns by reading it (no admin API for ledger lists).
+                probe = self._probe(tp, s)
+                if probe is None:
+                    log.warning("pulsar source: %s: no entry after %s arrived; retrying next trigger", tp, s)
+                    continue
+                firsts[tp] = probe.position
+                available[tp] = last[1] - probe.position[1] + 1 if probe.position[0] == last[0] else None
+        admitted = list(firsts)
+        if not admitted:
+            return
+        demands = [available[tp] for tp in admitted]
+        allowed: list[int | None] = [None] * len(admitted)
+        if max_entries is not None:
+            allowed = list(fair_shares(demands, max_entries, self._round))
+        if max_bytes is not None:
+            sizes = [max(self._entry_size.get(tp, 1.0), 1.0) for tp in admitted]
+            byte_demands = [None if d is None else int(d * size) for d, size in zip(demands, sizes, strict=True)]
+            by_bytes = [
+                int(b // size) for b, size in zip(fair_shares(byte_demands, max_bytes, self._round), sizes, strict=True)
+            ]
+            allowed = [b if a is None else min(a, b) for a, b in zip(allowed, by_bytes, strict=True)]
+            if not any(allowed):
+                allowed[self._round % len(admitted)] = 1  # an entry over the byte limit goes alone
+        for tp, count in zip(admitted, allowed, strict=True):
+            last = latest[tp]
+            assert last is not None and count is not None
+            if count <= 0:
+                continue
+            first = firsts[tp]
+            cap = (first[0], first[1] + count - 1)
+            if first[0] == last[0]:
+                end[tp] = min(cap, last)
+                self._known_ends[tp] = end[tp]  # an entry of the latest ledger at or before latest
+            else:
+                end[tp] = cap  # may pass the end of its ledger: the range then ends there
+
+    def _probe(self, tp: str, after: Position) -> pio.Probe | None:
+        probe = pio.probe_after(self.client, tp, after, settings=self.options.reader_settings())
+        if probe is not None:
+            old = self._entry_size.get(tp)
+            self._entry_size[tp] = probe.approx_bytes if old is None else 0.7 * old + 0.3 * probe.approx_bytes
+        return probe
+
+    def end_is_known(self, tp: str, end: Position) -> bool:
+        return self._known_ends.get(tp) == end
+
+    def commit(self, end_doc: Mapping[str, Any]) -> None:
+        with self._lock:
+            for tp, value in end_doc.items():
+                self._consumed[tp] = _position(value)
+            self._write_backlog()
+
+    def latest_offset_report(self) -> dict[str, list[int]] | None:
+        known = {tp: pos for tp, pos in self._latest.items() if pos is not None}
+        return _offsets(known) if known else None
+
+    # --- backlog ------------------------------------------------------------------------------
+
+    def backlog(self) -> dict[str, PartitionBacklog]:
+        out: dict[str, PartitionBacklog] = {}
+        for tp in sorted(set(self._latest) | set(self._consumed)):
+            latest = self._latest.get(tp)
+            consumed = self._consumed.get(tp, BEFORE_EARLIEST)
+            entries, exact = entries_between(consumed, latest)
+            size = self._entry_size.get(tp)
+            out[tp] = PartitionBacklog(
+                tp, latest, consumed, entries, exact, None if size is None else int(entries * size)
+            )
+        return out
+
+    def _write_backlog(self) -> None:
+        path = self.options.backlog_file
+        if not path:
+            return
+        doc = {"updated": time.time(), "partitions": {tp: b.to_dict() for tp, b in self.backlog().items()}}
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".backlog-", dir=directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+            os.replace(tmp, path)
+        except OSError as err:  # metrics must never stop the stream
+            log.warning("pulsar source: cannot write backlogFile %s: %s", path, err)
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.unlink(tmp)
+
+    def close(self) -> None:
+        if self._client is not None:
+            pio.close_shared_clients()
+            self._client = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark
+
+
+class PulsarRangePartition(InputPartition):
+    """One topic-partition's position range ``(start, end]`` of a micro-batch."""
+
+    def __init__(self, topic: str, start: Position, end: Position, end_known: bool) -> None:
+        super().__init__((topic, start, end))
+        self.topic = topic
+        self.partition = TopicName.parse(topic).partition
+        self.start = start
+        self.end = end
+        self.end_known = end_known
+
+    def __repr__(self) -> str:
+        return f"PulsarRangePartition({self.topic}, ({self.start[0]}:{self.start[1]}, {self.end[0]}:{self.end[1]}])"
+
+
+class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Spark's view of the source; the work is done by :class:`SourcePlanner` (driver) and
+    :func:`pulsar_io.read_range` (tasks). Constructed on executors too, so ``__init__`` only parses."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType | None = None) -> None:
+        self.options = SourceOptions.parse(options)
+        self.schema = schema
+        self._planner: SourcePlanner | None = None
+
+    @property
+    def planner(self) -> SourcePlanner:
+        if self._planner is None:
+            self._planner = SourcePlanner(self.options)
+        return self._planner
+
+    def initialOffset(self) -> dict:
+        return self.planner.initial_offset()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_entries_per_trigger is not None:
+            return ReadMaxRows(self.options.max_entries_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        max_entries: int | None = None
+        max_bytes: int | None = None
+        if isinstance(limit, ReadMaxRows):
+            max_entries, max_bytes = limit.max_rows, self.options.max_bytes_per_trigger
+        elif isinstance(limit, ReadMaxBytes):
+            max_entries, max_bytes = self.options.max_entries_per_trigger, limit.max_bytes
+        elif not isinstance(limit, ReadAllAvailable):
+            log.warning("pulsar source: read limit %r is not supported; reading all available", limit)
+        return self.planner.latest_offset(start, max_entries, max_bytes)
+
+    def reportLatestOffset(self) -> dict | None:
+        return self.planner.latest_offset_report()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.planner.prepare_available_now()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        ranges: list[InputPartition] = []
+        for tp in sorted(end):
+            s = _position(start[tp]) if tp in start else BEFORE_EARLIEST
+            e = _position(end[tp])
+            if e > s:
+                ranges.append(PulsarRangePartition(tp, s, e, self.planner.end_is_known(tp, e)))
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, PulsarRangePartition)
+        return read_partition(self.options, partition, self.schema)
+
+    def commit(self, end: dict) -> None:
+        self.planner.commit(end)
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+
+    def backlog(self) -> dict[str, PartitionBacklog]:
+        """Per topic-partition backlog as of the last trigger or commit (see the module docstring)."""
+        return self.planner.backlog()
+
+
+def arrow_schema(schema: StructType | None) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if schema is None:
+        schema = StructType.fromDDL(SCHEMA)
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def read_partition(options: SourceOptions, partition: PulsarRangePartition, schema: StructType | None) -> Iterator[Any]:
+    """The rows of one range as Arrow record batches (no per-row conversion in Spark's worker)."""
+    import pyarrow as pa
+
+    pa_schema = arrow_schema(schema)
+    client = pio.shared_client(options.service_url, options.client_opts)
+    stats = pio.ReadStats()
+    started = time.monotonic()
+    ledger_ids: list[int] = []
+    entry_ids: list[int] = []
+    publish: list[int] = []
+    counts: list[int] = []
+    datas: list[bytes] = []
+    sizes: list[int] = []
+    pending_bytes = 0
+
+    def batch() -> Any:
+        n = len(datas)
+        columns = [
+            pa.array([partition.topic] * n, pa.string()),
+            pa.array([partition.partition] * n, pa.int32()),
+            pa.array(ledger_ids, pa.int64()),
+            pa.array(entry_ids, pa.int64()),
+            pa.array([t * 1000 for t in publish], pa.timestamp("us", tz="UTC")),
+            pa.array(counts, pa.int32()),
+            pa.array(datas, pa.binary()),
+            pa.array(sizes, pa.int32()),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=pa_schema)
+
+    for entry in pio.read_range(
+        client,
+        partition.topic,
+        partition.start,
+        partition.end,
+        settings=options.reader_settings(),
+        end_is_known=partition.end_known,
+        stats=stats,
+    ):
+        ledger_ids.append(entry.ledger_id)
+        entry_ids.append(entry.entry_id)
+        publish.append(entry.publish_time)
+        counts.append(entry.num_messages)
+        datas.append(entry.data)
+        sizes.append(len(entry.data))
+        pending_bytes += len(entry.data)
+        if len(datas) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
+            yield batch()
+            for column in (ledger_ids, entry_ids, publish, counts, datas, sizes):
+                column.clear()
+            pending_bytes = 0
+    if datas:
+        yield batch()
+    log.info(
+        "pulsar source: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
+        "%d stalls, %d reader re-opens, %d errors",
+        partition,
+        time.monotonic() - started,
+        stats.entries,
+        stats.messages,
+        stats.bytes,
+        stats.duplicates,
+        stats.stalls,
+        stats.reopens,
+        stats.errors,
+    )
+
+
+class PulsarDataSource(DataSource):
+    """``spark.readStream.format("pulsar")``: see the module docstring for options and rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PulsarStreamReader(self.options, schema)
+
+
+__all__ = [
+    "SCHEMA",
+    "PartitionBacklog",
+    "PulsarDataSource",
+    "PulsarRangePartition",
+    "PulsarStreamReader",
+    "SourceOptions",
+    "SourcePlanner",
+    "entries_between",
+    "fair_shares",
+    "parse_pattern",
+    "parse_starting_offsets",
+    "read_backlog_file",
+]
