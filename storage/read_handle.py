@@ -976,6 +976,14 @@ def parse_position(text: str) -> Position:
     return position
 
 
+def _segment_holding(segments: list[SegmentManifest], position: Position) -> SegmentManifest | None:
+    starts = [(m.startLedgerId, m.startEntryId) for m in segments]
+    i = bisect.bisect_right(starts, position) - 1
+    if i < 0 or (segments[i].endLedgerId, segments[i].endEntryId) < position:
+        return None
+    return segments[i]
+
+
 class TopicReader:
     """Reads offloaded entries of topic-partitions from ``store`` (under ``key_prefix``), across segments,
     ledgers and formats. Keeps up to ``max_open_segments`` handles open (LRU), so offsets learned while
@@ -1006,6 +1014,9 @@ class TopicReader:
         self.max_open_segments = max(1, max_open_segments)
         self._handles: OrderedDict[str, SegmentReadHandle] = OrderedDict()
         self._closed_stats = ReadStats()
+        # Offloaded segments per topic, for single-entry reads: listing and fetching every manifest per
+        # read would cost more than the read. Refreshed when a position is not in the cached list.
+        self._known_segments: dict[str, list[SegmentManifest]] = {}
 
     # -- segments ---------------------------------------------------------------------------------------
 
@@ -1080,13 +1091,25 @@ class TopicReader:
                     close()
 
     def read_entry(self, topic: TopicName | str, position: Position) -> OffloadedEntry:
-        """One entry by position; EntryNotFoundError if no offloaded segment holds it."""
-        segments = self.segments(topic, position, position)
-        if not segments:
+        """One entry by position; EntryNotFoundError if no offloaded segment holds it. The topic's segment
+        list is cached between calls and refreshed when it does not cover ``position``."""
+        name = str(topic)
+        cached = self._known_segments.get(name)
+        segment = _segment_holding(cached, position) if cached is not None else None
+        if segment is None:
+            cached = self._known_segments[name] = self.segments(topic)
+            segment = _segment_holding(cached, position)
+        if segment is None:
             raise EntryNotFoundError(
                 f"entry {position[0]}:{position[1]} of {topic} is not offloaded ({self._coverage(topic)})"
             )
-        return self.open_segment(segments[0]).read_entry(*position)
+        try:
+            handle = self.open_segment(segment)
+        except MissingObjectError:
+            # Deleted since it was listed (retention): forget the list; the caller sees the error.
+            self._known_segments.pop(name, None)
+            raise
+        return handle.read_entry(*position)
 
     def read_objects(
         self,

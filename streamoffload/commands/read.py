@@ -1,0 +1,219 @@
+"""``streamoffload read``: print offloaded entries (or messages) of a topic-partition as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.storage import keys
+from streamoffload.storage.read_handle import (
+    DEFAULT_CACHE_BYTES,
+    ChunkCache,
+    EntryNotFoundError,
+    OffloadedEntry,
+    Position,
+    TopicReader,
+    parse_position,
+)
+
+EPILOG = """\
+examples:
+  streamoffload read --store file:///var/offload persistent://public/default/orders-partition-0
+  streamoffload read --conf conf/streamoffload.toml orders-partition-0 --from 12:0 --to 12:99 --messages
+  streamoffload read --store s3://bucket/offload --s3-endpoint http://127.0.0.1:9000 orders --limit 10
+  streamoffload read --store file:///var/offload --data-key public/default/t/1b4e...-ledger-42 \\
+      --index-key public/default/t/1b4e...-ledger-42-index
+
+Each line is one JSON object. Per entry: {"ledger_id", "entry_id", "payload"} where payload is the base64
+of the entry bytes (Pulsar's headers-and-payload format). With --messages, per message: {"ledger_id",
+"entry_id", "batch_index", "key", "properties", "publish_time", "event_time", "payload"} where payload is
+the base64 of the message payload and batch_index is -1 for a non-batched entry.
+
+Segments are found through the offload metadata in the store. --data-key/--index-key read one segment
+by its object keys instead (no metadata needed); keys are relative to the store (and to --conf's prefix)."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "read",
+        help="print offloaded entries of a topic-partition (or of one segment's objects) as JSON lines",
+        description=(
+            "Read offloaded entries back from the object store by topic-partition and position range, across "
+            "segments, ledgers and object formats (v1 ledger-based and v2 streaming), and print them as JSON lines."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_store_args(parser)
+    parser.add_argument(
+        "topic", metavar="TOPIC", nargs="?", help="topic-partition, e.g. persistent://public/default/t-partition-0"
+    )
+    parser.add_argument("--from", dest="start", metavar="LEDGER:ENTRY", help="first position to print (inclusive)")
+    parser.add_argument("--to", dest="end", metavar="LEDGER:ENTRY", help="last position to print (inclusive)")
+    parser.add_argument("--limit", type=int, metavar="N", help="print at most N lines (entries, or messages)")
+    parser.add_argument("--messages", action="store_true", help="one line per Pulsar message instead of per entry")
+    parser.add_argument("--data-key", metavar="KEY", help="read this data object directly (no metadata needed)")
+    parser.add_argument("--index-key", metavar="KEY", help="its index object (default: DATA_KEY-index)")
+    parser.add_argument(
+        "--ledger-id", type=int, metavar="N", help="ledger id of a v1 data object not named ...-ledger-<N>"
+    )
+    parser.add_argument("--no-readahead", action="store_true", help="do not prefetch the next chunks in the background")
+    parser.add_argument(
+        "--readahead-bytes", type=int, metavar="N", help="bytes fetched ahead of the reader (default: 4 read buffers)"
+    )
+    parser.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=DEFAULT_CACHE_BYTES,
+        metavar="N",
+        help="bound of the chunk cache in bytes (default: %(default)s)",
+    )
+    parser.set_defaults(func=run)
+
+
+class ReadCommandError(StreamOffloadError):
+    """Arguments that do not make a read."""
+
+
+def _position(text: str | None, flag: str) -> Position | None:
+    if text is None:
+        return None
+    try:
+        return parse_position(text)
+    except ValueError as err:
+        raise ReadCommandError(f"{flag}: {err}") from None
+
+
+def _b64(data: bytes | memoryview) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _entry_line(entry: OffloadedEntry) -> dict[str, Any]:
+    return {"ledger_id": entry.ledger_id, "entry_id": entry.entry_id, "payload": _b64(entry.payload)}
+
+
+def _message_lines(entry: OffloadedEntry) -> Iterator[dict[str, Any]]:
+    for msg in entry.messages():
+        yield {
+            "ledger_id": entry.ledger_id,
+            "entry_id": entry.entry_id,
+            "batch_index": msg.batch_index,
+            "key": msg.key,
+            "properties": msg.properties,
+            "publish_time": msg.publish_time,
+            "event_time": msg.event_time,
+            "payload": _b64(msg.payload),
+        }
+
+
+def write_lines(entries: Iterator[OffloadedEntry], out: TextIO, *, messages: bool, limit: int | None) -> int:
+    """Print entries (or their messages) as JSON lines; returns the number of lines."""
+    count = 0
+    if limit is not None and limit <= 0:
+        return 0
+    for entry in entries:
+        lines = _message_lines(entry) if messages else iter((_entry_line(entry),))
+        for line in lines:
+            out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")))
+            out.write("\n")
+            count += 1
+            if limit is not None and count >= limit:
+                return count
+    return count
+
+
+def run(args: argparse.Namespace) -> int:
+    config, _ = config_from_args(args)
+    start = _position(args.start, "--from")
+    end = _position(args.end, "--to")
+    if start is not None and end is not None and start > end:
+        raise ReadCommandError(f"--from {args.start} is after --to {args.end}")
+    if args.index_key and not args.data_key:
+        raise ReadCommandError("--index-key needs --data-key")
+    if not args.topic and not args.data_key:
+        raise ReadCommandError("give a TOPIC (or --data-key KEY to read one segment's objects)")
+    topic = TopicName.parse(args.topic) if args.topic else None
+    prefix = config.store.key_prefix
+    policy_topic = topic or _topic_of_key(prefix, args.data_key)
+    read_buffer = config.policy_for(policy_topic).managedLedgerOffloadReadBufferSizeInBytes
+    store = config.store.open()
+    reader = TopicReader(
+        store,
+        prefix,
+        read_buffer_size=read_buffer,
+        cache=ChunkCache(args.cache_bytes),
+        readahead=not args.no_readahead,
+        readahead_bytes=args.readahead_bytes,
+    )
+    try:
+        if args.data_key:
+            data_key = _under(prefix, args.data_key)
+            index_key = _under(prefix, args.index_key) if args.index_key else None
+            entries = reader.read_objects(data_key, index_key, start, end, ledger_id=args.ledger_id)
+        else:
+            assert topic is not None
+            entries = reader.read(topic, start, end)
+        entries = _check_start(entries, start, topic, reader)
+        try:
+            write_lines(entries, sys.stdout, messages=args.messages, limit=args.limit)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader of our output went away (e.g. `| head`): stop quietly, as other CLI tools do.
+            _silence_stdout()
+        finally:
+            close = getattr(entries, "close", None)
+            if close is not None:
+                close()
+    finally:
+        reader.close()
+        store.close()
+    return 0
+
+
+def _topic_of_key(prefix: str, key: str) -> TopicName:
+    """The topic whose directory holds ``key``, for its read-buffer policy; objects outside any topic
+    directory get the policy of the default namespace."""
+    directory = _under(prefix, key).rpartition("/")[0]
+    try:
+        return keys.parse_topic_dir(directory, prefix)
+    except TopicNameError:
+        return TopicName.parse("persistent://public/default/unknown")
+
+
+def _under(prefix: str, key: str) -> str:
+    """A key given on the command line, under the configured prefix unless it already starts with it."""
+    key = key.strip("/")
+    if not prefix or key.startswith(prefix + "/"):
+        return key
+    return f"{prefix}/{key}"
+
+
+def _check_start(
+    entries: Iterator[OffloadedEntry], start: Position | None, topic: TopicName | None, reader: TopicReader
+) -> Iterator[OffloadedEntry]:
+    """Refuse an explicit --from that is not an offloaded position (before printing anything)."""
+    iterator = iter(entries)
+    first = next(iterator, None)
+    if start is not None and (first is None or first.position != start):
+        where = f"topic {topic}" if topic is not None else "the segment"
+        after = f"; the first offloaded entry after it is {first.ledger_id}:{first.entry_id}" if first else ""
+        coverage = f" ({reader.coverage(topic)})" if topic is not None else ""
+        raise EntryNotFoundError(f"position {start[0]}:{start[1]} is not offloaded in {where}{after}{coverage}")
+    if first is None:
+        return
+    yield first
+    yield from iterator
+
+
+def _silence_stdout() -> None:
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
