@@ -369,6 +369,10 @@ def _offsets(positions: Mapping[str, Position]) -> dict[str, list[int]]:
     return {tp: [int(positions[tp][0]), int(positions[tp][1])] for tp in sorted(positions)}
 
 
+def _went_back(latest: Position | None, consumed: Position) -> bool:
+    return (latest is None and consumed > BEFORE_EARLIEST) or (latest is not None and latest < consumed)
+
+
 def _position(value: Any) -> Position:
     return (int(value[0]), int(value[1]))
 
@@ -477,6 +481,16 @@ class SourcePlanner:
                     latest[tp] = cap if tp in self._target else None
         return latest
 
+    def _recheck_latest(self, tp: str, consumed: Position, latest: Position | None) -> Position | None:
+        """A latest position before what was consumed means lost entries, or a broker answering
+        early after a restart (pulsar-lite calls a topic it has not loaded yet empty): ask again."""
+        for _ in range(3):
+            time.sleep(0.5)
+            latest = self.latest_positions([tp])[tp]
+            if not _went_back(latest, consumed):
+                break
+        return latest
+
     def initial_offset(self) -> dict[str, list[int]]:
         partitions = self.topic_partitions(force=True)
         spec = self.options.starting_offsets
@@ -526,7 +540,9 @@ class SourcePlanner:
             s = start.get(tp, BEFORE_EARLIEST)
             end.setdefault(tp, s)
             last = latest[tp]
-            if (last is None and s > BEFORE_EARLIEST) or (last is not None and last < s):
+            if _went_back(last, s):
+                last = latest[tp] = self._recheck_latest(tp, s, last)
+            if _went_back(last, s):
                 what = "is empty now" if last is None else f"ends at {last[0]}:{last[1]}"
                 message = f"{tp}: the source read up to {s[0]}:{s[1]} but the topic {what}: entries were lost"
                 if self.options.fail_on_data_loss:

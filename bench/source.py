@@ -1,0 +1,220 @@
+"""The Pulsar source draining a backlog, next to a plain pulsar-client reader draining the same one.
+
+Run from the repository root:
+
+    .venv/bin/python bench/source.py                        # 200,000 messages of 1 KiB, unbatched and batched
+    .venv/bin/python bench/source.py --messages 20000       # smaller and quicker
+
+For each mode (unbatched: one message per entry; batched: up to 100 messages per entry) it starts
+the embedded pulsar-lite broker, publishes the backlog with ``streamoffload.produce``, then drains
+it three ways, in the same run, from the same broker:
+
+- ``plain``: a ``pulsar-client`` Reader loop reading every message and its payload -- the minimum a
+  correct client does on pulsar-lite: skip what it already saw and re-open the reader at the last
+  message when it stalls (SPEC 6), nothing else;
+- ``pulsar_io``: ``streaming.pulsar_io.read_range``, the source's reading without Spark: regrouping
+  batches, rebuilding every entry's bytes with ``codecs.entry.build_entry``, the exactness checks;
+- ``spark``: ``spark.readStream.format("pulsar")`` with ``Trigger.AvailableNow`` into Spark's
+  ``noop`` sink (rows built and dropped in the JVM), ``local[2]``. Timed as the sum of the
+  micro-batches' trigger times (query start-up, a few seconds, is printed apart), after a warm-up
+  query on a small topic (the session's first query pays ~10 s of JVM and Python worker start-up).
+
+Figures: entries/s, and MB/s of message payload (10^6 bytes; the same bytes for all three), and the
+ratio of each to ``plain``. The machine's 2 cores are shared, so absolute figures move between runs;
+the ratios are the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import pulsar
+
+from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.produce import produce
+from streamoffload.streaming import pulsar_io as pio
+
+
+def drain_plain(client: Any, topic: str, end: pio.Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
+    """(messages, payload bytes, entries) read with a bare Reader loop (dedupe + re-open on stall)."""
+    last = (-1, -1, -1)
+    messages = nbytes = entries = 0
+    last_entry: tuple[int, int] = (-1, -1)
+    while True:
+        start = pulsar.MessageId.earliest if last[0] < 0 else pulsar.MessageId(-1, last[0], last[1], last[2])
+        reader = client.create_reader(topic, start, receiver_queue_size=queue)
+        try:
+            while True:
+                try:
+                    msg = reader.read_next(stall_ms)
+                except pulsar.Timeout:
+                    break  # stalled: re-open at the last message
+                mid = msg.message_id()
+                pos = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                if pos <= last:
+                    continue
+                last = pos
+                messages += 1
+                nbytes += len(msg.data())
+                if pos[:2] != last_entry:
+                    last_entry = pos[:2]
+                    entries += 1
+                if pos[:2] >= end and (pos[2] < 0 or pos[2] + 1 == pio.batch_size_of(mid.serialize())):
+                    return messages, nbytes, entries
+        finally:
+            reader.close()
+
+
+def drain_io(client: Any, topic: str, end: pio.Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
+    stats = pio.ReadStats()
+    settings = pio.ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
+    for _entry in pio.read_range(client, topic, pio.BEFORE_EARLIEST, end, settings=settings, stats=stats):
+        pass
+    return stats.messages, stats.bytes, stats.entries
+
+
+def drain_spark(
+    spark: Any, service_url: str, topics: list[str], checkpoint: str, stall_ms: int, queue: int
+) -> tuple[int, float, float]:
+    """(rows, seconds in micro-batches, wall seconds including query start-up)."""
+    started = time.monotonic()
+    query = (
+        spark.readStream.format("pulsar")
+        .option("serviceUrl", service_url)
+        .option("topics", ",".join(topics))
+        .option("stallTimeoutMs", str(stall_ms))
+        .option("receiverQueueSize", str(queue))
+        .load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
+    query.awaitTermination()
+    wall = time.monotonic() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"spark query failed: {query.exception()}")
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    rows = sum(p["numInputRows"] for p in progress)
+    batch_seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    return rows, batch_seconds, wall
+
+
+def line(name: str, entries: int, payload_bytes: int, seconds: float, base: tuple[float, float] | None) -> str:
+    eps = entries / seconds
+    mbs = payload_bytes / 1e6 / seconds
+    text = f"  {name:<9} {entries:>8,} entries in {seconds:6.2f} s: {eps:>9,.0f} entries/s {mbs:7.1f} MB/s"
+    if base is not None:
+        text += f"   ratio {mbs / base[1]:.2f}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200_000, help="messages per mode (default %(default)s)")
+    parser.add_argument("--payload-size", type=int, default=1024, help="bytes per message (default %(default)s)")
+    parser.add_argument("--partitions", type=int, default=1, help="topic-partitions to spread them over (default 1)")
+    parser.add_argument("--modes", default="unbatched,batched", help="comma list of unbatched,batched")
+    parser.add_argument("--batch-size", type=int, default=100, help="messages per batch when batched (default 100)")
+    parser.add_argument("--stall-ms", type=int, default=200, help="reader silence that counts as a stall (both sides)")
+    parser.add_argument("--queue", type=int, default=2000, help="reader receiver queue size (both sides)")
+    parser.add_argument("--repeat", type=int, default=2, help="alternating rounds; best time of each (default 2)")
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark run")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    work = tempfile.mkdtemp(prefix="bench-source-")
+    print(
+        f"source bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.messages:,} messages of "
+        f"{args.payload_size} B per mode over {args.partitions} topic-partition(s), pulsar-lite, work dir {work}"
+    )
+    spark = None
+    if not args.no_spark:
+        from streamoffload.streaming.session import build_session
+
+        spark = build_session(
+            master="local[2]",
+            app_name="bench-source",
+            work_dir=os.path.join(work, "spark"),
+            extra_conf={"spark.ui.showConsoleProgress": "false"},
+        )
+    try:
+        with EmbeddedBroker(os.path.join(work, "broker")) as broker:
+            client = pio.make_client(broker.service_url)
+            try:
+                if spark is not None:
+                    # The first query of a session pays for JVM warm-up, Python worker start and imports
+                    # (about 10 s here): spend that on a small topic, so the figures below are steady state.
+                    warm = "persistent://public/default/bench-warmup"
+                    produce(broker.service_url, warm, 2000, args.payload_size, batching=False)
+                    _rows, _batch_s, wall = drain_spark(
+                        spark, broker.service_url, [warm], os.path.join(work, "cp-warmup"), args.stall_ms, args.queue
+                    )
+                    print(f"spark warm-up query: {wall:.1f} s")
+                for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+                    batching = mode == "batched"
+                    base = f"persistent://public/default/bench-{mode}"
+                    summary = produce(
+                        broker.service_url,
+                        base,
+                        args.messages,
+                        args.payload_size,
+                        partitions=args.partitions if args.partitions > 1 else 0,
+                        batching=batching,
+                        batch_size=args.batch_size,
+                    )
+                    topics = list(summary.partitions)
+                    ends = {t: pio.latest_position(client, t) for t in topics}
+                    print(f"{mode}: published in {summary.seconds:.1f} s ({summary.rate:,.0f} msg/s)")
+                    best = {"plain": float("inf"), "pulsar_io": float("inf"), "spark": float("inf")}
+                    wall = 0.0
+                    entries = payload = 0
+                    # Alternating rounds, best time of each: the broker's caches and the other jobs on
+                    # this machine treat every reader alike.
+                    for round_no in range(args.repeat):
+                        started = time.monotonic()
+                        totals = [0, 0, 0]
+                        for t in topics:
+                            for i, v in enumerate(drain_plain(client, t, ends[t], args.stall_ms, args.queue)):  # type: ignore[arg-type]
+                                totals[i] += v
+                        best["plain"] = min(best["plain"], time.monotonic() - started)
+                        messages, payload, entries = totals
+                        assert messages == args.messages, f"plain reader saw {messages} messages"
+
+                        started = time.monotonic()
+                        io_entries = io_messages = 0
+                        for t in topics:
+                            m, _b, e = drain_io(client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
+                            io_messages += m
+                            io_entries += e
+                        best["pulsar_io"] = min(best["pulsar_io"], time.monotonic() - started)
+                        assert io_messages == args.messages and io_entries == entries, (io_messages, io_entries)
+
+                        if spark is not None:
+                            checkpoint = os.path.join(work, f"cp-{mode}-{round_no}")
+                            rows, batch_s, wall_s = drain_spark(
+                                spark, broker.service_url, topics, checkpoint, args.stall_ms, args.queue
+                            )
+                            assert rows == entries, f"spark read {rows} rows, {entries} entries exist"
+                            if batch_s < best["spark"]:
+                                best["spark"], wall = batch_s, wall_s
+                    base_rates = (entries / best["plain"], payload / 1e6 / best["plain"])
+                    print(line("plain", entries, payload, best["plain"], None))
+                    print(line("pulsar_io", entries, payload, best["pulsar_io"], base_rates))
+                    if spark is not None:
+                        print(line("spark", entries, payload, best["spark"], base_rates) + f"   (wall {wall:.1f} s)")
+            finally:
+                client.close()
+    finally:
+        if spark is not None:
+            spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
