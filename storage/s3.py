@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import botocore.exceptions
+import botocore.handlers
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 
@@ -77,10 +78,16 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     botocore.exceptions.HTTPClientError,  # ReadTimeoutError, ResponseStreamingError, ...
     botocore.exceptions.IncompleteReadError,
     aiohttp.ClientError,
-    asyncio.TimeoutError,
+    TimeoutError,  # asyncio's too
     ConnectionError,
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_MIN_UPLOAD_RATE = 512 * 1024
+"""Bytes per second below which an upload attempt is given up (and retried)."""
+
+
+class _AttemptTimeout(TimeoutError):
+    """An upload attempt that did not finish in time."""
 
 
 # --- process-wide runtime: one loop thread, one client per configuration ------------------------------
@@ -153,6 +160,9 @@ class _Runtime:
                         config=config,
                     )
                 )
+                # botocore asks for "Expect: 100-continue" on uploads and aiohttp then waits for the
+                # "100 Continue" with no timeout at all: a black-holed endpoint would hang us forever.
+                client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
                 self.stacks.append(stack)
                 self.clients[cfg] = client
         return client
@@ -336,14 +346,30 @@ class S3Store(ObjectStore):
             raise StorageError(f"{self._url}: the store is closed")
         return _get_runtime().run(coro)
 
-    async def _call(self, op: str, key: str, fn: Callable[[Any, int], Awaitable[T]]) -> T:
-        """Run ``fn(client, attempt)`` with retries; translate the final failure into a StorageError."""
+    async def _call(
+        self, op: str, key: str, fn: Callable[[Any, int], Awaitable[T]], *, upload_bytes: int | None = None
+    ) -> T:
+        """Run ``fn(client, attempt)`` with retries; translate the final failure into a StorageError.
+
+        Uploads (``upload_bytes`` given) also get a deadline per attempt: the socket read timeout does
+        not cover a send that a dead endpoint stopped accepting.
+        """
         client = await _get_runtime().client(self._cfg)
+        deadline = None
+        if upload_bytes is not None:
+            deadline = self._cfg.connect_timeout + self._cfg.read_timeout + upload_bytes / _MIN_UPLOAD_RATE
         attempt = 0
         while True:
             attempt += 1
+            scope = asyncio.timeout(deadline)
             try:
-                return await fn(client, attempt)
+                try:
+                    async with scope:
+                        return await fn(client, attempt)
+                except TimeoutError as exc:
+                    if not scope.expired():
+                        raise  # a socket timeout inside the call
+                    raise _AttemptTimeout(f"no answer within {deadline:.0f} s") from exc
             except StorageError:
                 raise
             except botocore.exceptions.NoCredentialsError as exc:
@@ -408,7 +434,7 @@ class S3Store(ObjectStore):
                     return {}
                 raise ObjectExistsError(key) from None
 
-        self._run(self._call("put", key, attempt))
+        self._run(self._call("put", key, attempt, upload_bytes=len(body)))
         return ObjectInfo(key, len(body), meta, time.time())  # PutObject does not return Last-Modified
 
     async def _same_object(self, client: Any, full: str, body: bytes, meta: dict[str, str]) -> bool:
@@ -588,7 +614,7 @@ class S3Store(ObjectStore):
                 raise
             return str(resp["ETag"])
 
-        return self._run(self._call(f"write_part {part_number} of", key, attempt))
+        return self._run(self._call(f"write_part {part_number} of", key, attempt, upload_bytes=len(body)))
 
     async def _upload_exists(self, client: Any, key: str, upload_id: str) -> bool:
         try:
