@@ -228,6 +228,25 @@ class FilesystemStore(ObjectStore):
         found.sort(key=lambda p: (p.key, p.initiated, p.upload_id))
         return iter(found)
 
+    def remove_stale_temporaries(self, older_than: float = 3600.0) -> int:
+        """Delete temporary files that writers killed mid-write left behind (``.<name>.tmp-*`` not modified
+        for ``older_than`` seconds, including in multipart staging); return how many were removed.
+
+        A live writer keeps its temporary file for as long as one write takes, so keep ``older_than`` well
+        above that."""
+        cutoff = time.time() - older_than
+        removed = 0
+        for dirpath, dirnames, filenames in os.walk(self._root):
+            dirnames[:] = [d for d in dirnames if d != LOCKS_DIR]
+            for name in filenames:
+                if name.startswith(".") and ".tmp-" in name:
+                    path = os.path.join(dirpath, name)
+                    with contextlib.suppress(FileNotFoundError):
+                        if os.stat(path).st_mtime < cutoff:
+                            os.unlink(path)
+                            removed += 1
+        return removed
+
     # --- internals -----------------------------------------------------------------------------------
 
     def _path(self, key: str) -> Path:

@@ -379,7 +379,10 @@ class S3Store(ObjectStore):
                 ) from exc
             except Exception as exc:
                 if not _retryable(exc) or attempt >= self._max_attempts:
-                    raise self._translate(op, key, exc, attempt) from exc
+                    error = self._translate(op, key, exc, attempt)
+                    # A server's error text can echo the access key id: keep it out of tracebacks too
+                    # (the translated message already carries the code and the scrubbed text).
+                    raise error from (None if isinstance(exc, botocore.exceptions.ClientError) else exc)
                 delay = random.uniform(0, min(self._max_delay, self._base_delay * 2 ** (attempt - 1)))
                 log.warning(
                     "%s: S3 %s %r failed (%s); retrying in %.2f s (attempt %d of %d)",

@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -279,7 +280,7 @@ def test_credentials_never_appear_in_repr_errors_or_logs(scripted: Any, caplog: 
     with caplog.at_level(logging.DEBUG):
         with pytest.raises(StorageError) as err:
             store.get("k")
-        texts += [str(err.value), repr(err.value)]
+        texts += [str(err.value), repr(err.value), "".join(traceback.format_exception(err.value))]
         unreachable = _store(f"http://127.0.0.1:{free_port()}", max_attempts=2)
         with pytest.raises(StorageError) as err2:
             unreachable.put("k", b"x")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -214,6 +215,15 @@ def test_invalid_list_prefixes_are_refused(store: ObjectStore, bad: str) -> None
         list(store.list(bad))
     with pytest.raises(InvalidKeyError):
         list(store.pending_multiparts(bad))
+
+
+def test_stores_pickle_for_spark_tasks(store: ObjectStore) -> None:
+    store.put("p", b"before pickling")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.url == store.url
+    assert clone.get("p") == b"before pickling"
+    clone.put("q", b"from the clone")
+    assert store.get("q") == b"from the clone"
 
 
 def test_unicode_keys(store: ObjectStore) -> None:
@@ -432,6 +442,10 @@ def test_filesystem_put_killed_mid_write_leaves_no_partial_object(tmp_path: Path
             store.get("t/obj")
         assert keys(store) == []
     store.put("t/obj", b"after the crash")  # the leftover is in nobody's way
+    assert store.get("t/obj") == b"after the crash"
+    assert store.remove_stale_temporaries(older_than=3600) == 0  # too recent: might be a live writer
+    assert store.remove_stale_temporaries(older_than=-1) == 1
+    assert list((root / "t").glob(".obj.tmp-*")) == []
     assert store.get("t/obj") == b"after the crash"
 
 
