@@ -484,9 +484,9 @@ class FilesystemMultipartWrite(MultipartWrite):
             self._check_alive()
             try:
                 tmp_path = store._write_temp(part, [data], create_dirs=False)
+                os.replace(tmp_path, part)  # a rewritten part replaces the old one atomically
             except FileNotFoundError:
                 raise UploadNotFoundError(self.key, self.upload_id, store.url) from None  # aborted meanwhile
-            os.replace(tmp_path, part)  # a rewritten part replaces the old one atomically
             if store._fsync:
                 store._fsync_dir(self._staging)
 
