@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.codecs.errors import ConfigError
 from streamoffload.status import TopicStatus, store_status
 
 
@@ -22,6 +27,16 @@ def register(subparsers: Any) -> None:
     )
     add_store_args(parser)
     parser.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="live view: refresh every SECONDS (default 2) with entries/s since the last refresh, until Ctrl-C; "
+        "with --json, one JSON document per line per refresh",
+    )
     parser.set_defaults(func=run)
 
 
@@ -33,28 +48,109 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def render_table(rows: list[TopicStatus]) -> str:
+def render_table(rows: list[TopicStatus], rates: dict[str, float | None] | None = None) -> str:
+    """The status table; with ``rates`` (topic -> entries/s, None when unknown) an ENTRIES/S column."""
     if not rows:
         return "no offloaded topics in this store yet"
+    rate_header = f" {'ENTRIES/S':>10}" if rates is not None else ""
     header = (
         f"{'TOPIC-PARTITION':<56} {'OFFLOADED':>9} {'OPEN':>4} {'FAILED':>6} {'ENTRIES':>10} {'BYTES':>10} "
-        f"{'LAST POSITION':>16} {'LAG':>8}"
+        f"{'LAST POSITION':>16} {'LAG':>8}{rate_header}"
     )
     lines = [header]
     for s in rows:
         last = f"{s.last_offloaded_position[0]}:{s.last_offloaded_position[1]}" if s.last_offloaded_position else "-"
         lag = f"{s.lag_seconds:.0f}s" if s.lag_seconds is not None else "-"
+        rate = ""
+        if rates is not None:
+            value = rates.get(s.topic)
+            rate = f" {value:>10.1f}" if value is not None else f" {'-':>10}"
         lines.append(
             f"{s.topic:<56} {s.segments.get('Offloaded', 0):>9} {s.segments.get('Assigned', 0):>4} "
-            f"{s.segments.get('Failed', 0):>6} {s.entries:>10} {_human(s.data_bytes):>10} {last:>16} {lag:>8}"
+            f"{s.segments.get('Failed', 0):>6} {s.entries:>10} {_human(s.data_bytes):>10} {last:>16} {lag:>8}{rate}"
         )
+        if s.open_segment_age_seconds is not None and rates is not None:
+            lines.append(f"    open segment for {s.open_segment_age_seconds:.0f}s")
         lines.extend(f"    failed: {f}" for f in s.failures)
     return "\n".join(lines)
+
+
+CLEAR = "\033[H\033[2J"
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def watch(
+    fetch: Callable[[], list[TopicStatus]],
+    interval: float,
+    store_url: str,
+    *,
+    out: TextIO | None = None,
+    as_json: bool = False,
+    clear: bool | None = None,
+    iterations: int | None = None,
+    sleep: Callable[[float], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Refresh the status every ``interval`` seconds until Ctrl-C (exit 0) or ``iterations`` frames.
+
+    The screen is cleared between frames on a terminal (``clear`` overrides); a store that cannot be
+    read for a moment shows the error in the frame and the view keeps refreshing."""
+    out = out or sys.stdout
+    sleep = sleep or _sleep
+    clear = out.isatty() if clear is None else clear
+    previous: tuple[float, dict[str, int]] | None = None
+    frame = 0
+    try:
+        while iterations is None or frame < iterations:
+            frame += 1
+            now = clock()
+            stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+            try:
+                rows, error = fetch(), None
+            except Exception as err:  # keep watching through a store hiccup
+                rows, error = [], f"{type(err).__name__}: {err}"
+            counts = {r.topic: r.entries for r in rows}
+            rates: dict[str, float | None] = {}
+            for r in rows:
+                if previous is not None and r.topic in previous[1] and now > previous[0]:
+                    rates[r.topic] = max(0, r.entries - previous[1][r.topic]) / (now - previous[0])
+                else:
+                    rates[r.topic] = None
+            if error is None:
+                previous = (now, counts)
+            if as_json:
+                doc = {"time": stamp, "store": store_url, "topics": [r.to_json() for r in rows]}
+                if error:
+                    doc["error"] = error
+                out.write(json.dumps(doc) + "\n")
+            else:
+                body = f"error reading the store: {error}" if error else render_table(rows, rates)
+                totals = f"{len(rows)} topic-partitions, {sum(counts.values())} entries offloaded"
+                text = (
+                    f"streamoffload status  {store_url}  {stamp}  (every {interval:g}s, Ctrl-C to quit)\n\n"
+                    f"{body}\n\n{totals}\n"
+                )
+                out.write((CLEAR if clear else ("\n" if frame > 1 else "")) + text)
+            out.flush()
+            if iterations is None or frame < iterations:
+                sleep(interval)
+    except KeyboardInterrupt:
+        if not as_json:
+            out.write("\n")
+        out.flush()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     config, _ = config_from_args(args)
     meta = MetadataStore(config.store.open(), config.store.key_prefix)
+    if args.watch is not None:
+        if args.watch <= 0:
+            raise ConfigError(f"--watch {args.watch:g}: the refresh interval must be positive")
+        return watch(lambda: store_status(meta), args.watch, config.store.url, as_json=args.json)
     rows = store_status(meta)
     if args.json:
         print(json.dumps({"store": config.store.url, "topics": [r.to_json() for r in rows]}, indent=2))
