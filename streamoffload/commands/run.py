@@ -38,6 +38,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="process everything available now, seal all open segments, and exit",
     )
+    parser.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics here (default: [metrics] address, 127.0.0.1:9464; '' disables)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -49,7 +54,21 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("streamoffload").setLevel(min(logging.getLogger().level, logging.INFO))
     job = OffloadJob(config, path)
     spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
+    metrics = None
     try:
+        address = config.metrics.address if args.metrics_address is None else args.metrics_address
+        if address:
+            from streamoffload.metrics import install_metrics
+
+            try:
+                metrics = install_metrics(job, spark, address)
+                print(f"Prometheus metrics on {metrics.url}", file=sys.stderr)
+            except OSError as err:  # a taken port must not stop the offloading itself
+                print(
+                    f"warning: cannot serve metrics on {address} ({err.strerror or err}); running without them. "
+                    'Set [metrics] address or --metrics-address ("" disables).',
+                    file=sys.stderr,
+                )
         if args.once:
             job.run_once(spark)
             print(f"offloaded everything available into {config.store.url}", file=sys.stderr)
@@ -64,4 +83,6 @@ def run(args: argparse.Namespace) -> int:
         job.run_forever(spark)
         return 0
     finally:
+        if metrics is not None:
+            metrics.stop()
         spark.stop()
