@@ -21,10 +21,16 @@ derived from the store's metadata and kept per segment UUID:
 Lag: ``streamoffload_offload_lag_seconds`` is 0 when the newest offloaded position is at or past
 the latest position of the topic-partition (nothing published waits), and otherwise now minus the
 publish time of the newest offloaded entry: an upper bound of the age of the oldest entry not yet
-offloaded (readable), exact when traffic is continuous. The latest position comes from a
-:data:`BacklogProvider` (by default asked from Pulsar every ``backlog_interval_s``) and from the
-last position the job itself has read (never older than what the job saw), so after new traffic the
-lag can read 0 for at most one probe interval.
+offloaded (readable), exact when traffic is continuous. The latest position comes from Spark's
+progress of every micro-batch (the Pulsar source reports its latest offset, ``reportLatestOffset``,
+and the offset it consumed), from an optional :data:`BacklogProvider` (the source's
+``backlogFile``, or :func:`pulsar_backlog` asking the broker), and from the last position the job
+itself has read, whichever is newest; so after new traffic the lag can read 0 until the next
+micro-batch looks at the source (one trigger interval).
+
+Entries behind (``streamoffload_backlog_entries``) = entries between the source's consumed and latest
+positions + entries read but still in the open segment; exported only when exact (both positions
+in one ledger: the sizes of earlier ledgers are not known without Pulsar's admin API).
 
 Process-lifetime distributions (upload latency, micro-batch duration) are ordinary prometheus-client
 histograms: they describe this process's work and reset with it, as Prometheus expects.
@@ -36,6 +42,7 @@ never collide with prometheus-client's global registry.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -229,6 +236,7 @@ class JobMetrics(Collector):
         backlog_interval_s: float = 15.0,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
+        read_cache: bool = True,
     ) -> None:
         self.metadata = metadata
         self.backlog_provider = backlog
@@ -241,7 +249,7 @@ class JobMetrics(Collector):
         self._on_stop: list[Callable[[], None]] = []
         self._topics: dict[str, _TopicState] = {}
         self._manifest_cache: dict[str, Any] = {}
-        self._read_caches: list[CacheCounterSource] = []
+        self._read_caches: list[CacheCounterSource] = [shared_read_cache] if read_cache else []
         self._dirty: set[str] = set()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -374,6 +382,17 @@ class JobMetrics(Collector):
         processed = get("processedRowsPerSecond")
         if processed is not None and processed == processed:
             self.processed_rate.set(float(processed))
+        found: dict[str, Backlog] = {}
+        for source in get("sources") or []:
+            found.update(backlog_from_source_progress(source))
+        if found:
+            with self._lock:
+                for topic, backlog in found.items():
+                    state = self._topic(topic)
+                    previous = state.backlog
+                    if previous is not None and previous.bytes is not None and backlog.entries == previous.entries:
+                        backlog = Backlog(backlog.latest, backlog.entries, previous.bytes)
+                    state.backlog = backlog
 
     def on_query_failed(self) -> None:
         self.query_failures.inc()
@@ -685,6 +704,91 @@ def format_address(host: str, port: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# where latest positions come from
+
+
+def _offsets(value: Any) -> dict[str, Position]:
+    """A Pulsar source offset (JSON text or dict ``{topic-partition: [ledgerId, entryId]}``); {} otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, Mapping):
+        return {}
+    out: dict[str, Position] = {}
+    for topic, pos in value.items():
+        if (
+            isinstance(topic, str)
+            and "://" in topic
+            and isinstance(pos, list | tuple)
+            and len(pos) == 2
+            and all(isinstance(x, int) for x in pos)
+        ):
+            out[topic] = (int(pos[0]), int(pos[1]))
+    return out
+
+
+def entries_between(consumed: Position, latest: Position | None) -> int | None:
+    """Entries after ``consumed`` up to ``latest`` when exact (same ledger, or nothing behind)."""
+    if latest is None or latest <= consumed:
+        return 0
+    if latest[0] == consumed[0]:
+        return latest[1] - consumed[1]
+    return None
+
+
+def backlog_from_source_progress(source: Any) -> dict[str, Backlog]:
+    """Latest and consumed positions of one ``SourceProgress`` of the Pulsar source (its
+    ``latestOffset`` is what the source's ``reportLatestOffset`` returned; ``endOffset`` what the
+    micro-batch consumed). Other sources (the control stream) yield nothing."""
+    get = source.get if isinstance(source, Mapping) else (lambda k, d=None: getattr(source, k, d))
+    latest = _offsets(get("latestOffset"))
+    consumed = _offsets(get("endOffset"))
+    out: dict[str, Backlog] = {}
+    for topic in set(latest) | set(consumed):
+        end = consumed.get(topic, (-1, -1))
+        top = latest.get(topic, end)
+        out[topic] = Backlog(latest=max(top, end), entries=entries_between(end, top))
+    return out
+
+
+def backlog_file_provider(path: str) -> BacklogProvider:
+    """A :data:`BacklogProvider` reading the Pulsar source's ``backlogFile`` (``streaming.source``
+    rewrites it at every trigger and commit from Spark's source-runner process). Entry and byte
+    counts are taken only where the source marks them exact."""
+
+    def provide(_known: Sequence[str]) -> Mapping[str, Backlog]:
+        from streamoffload.streaming.source import read_backlog_file
+
+        try:
+            doc = read_backlog_file(path)
+        except FileNotFoundError:
+            return {}  # the source writes it at its first trigger
+        out: dict[str, Backlog] = {}
+        for topic, part in (doc.get("partitions") or {}).items():
+            latest = part.get("latest")
+            exact = bool(part.get("exact"))
+            out[topic] = Backlog(
+                latest=(int(latest[0]), int(latest[1])) if latest else None,
+                entries=int(part["entries"]) if exact and part.get("entries") is not None else None,
+                bytes=int(part["bytes"]) if exact and part.get("bytes") is not None else None,
+            )
+        return out
+
+    return provide
+
+
+def shared_read_cache() -> CacheCounters:
+    """Counters of the process-wide chunk cache of ``storage.read_handle`` (readers share it unless
+    given their own cache)."""
+    from streamoffload.storage.read_handle import shared_cache
+
+    stats = shared_cache().stats()
+    return CacheCounters(hits=stats.hits, misses=stats.misses)
+
+
+# ---------------------------------------------------------------------------------------------
 # the Spark side
 
 
@@ -753,11 +857,17 @@ def install_metrics(
 ) -> JobMetrics:
     """Attach metrics to an :class:`~streamoffload.streaming.job.OffloadJob`: read the store's
     metadata, register the batch listener and a ``StreamingQueryListener`` on ``spark``, start the
-    refresher and serve ``/metrics`` on ``address``. ``JobMetrics.stop()`` undoes all of it."""
+    refresher and serve ``/metrics`` on ``address``. ``JobMetrics.stop()`` undoes all of it.
+
+    Latest positions come from Spark's progress events. ``backlog`` adds a provider: by default the
+    source's ``backlogFile`` when the job's source options name one (it adds bytes behind), or pass
+    :func:`pulsar_backlog` to ask the broker directly (one short-lived subscription per partition
+    and probe)."""
     from streamoffload.streaming.job import QUERY_NAME
 
     if backlog is None:
-        backlog = pulsar_backlog(job.config.pulsar.service_url, job.source_options(), job.config.pulsar.topics)
+        backlog_path = _source_option(job, "backlogFile")
+        backlog = backlog_file_provider(backlog_path) if backlog_path else None
     metrics = JobMetrics(
         job.metadata(), backlog=backlog, store_refresh_s=store_refresh_s, backlog_interval_s=backlog_interval_s
     )
@@ -774,6 +884,13 @@ def install_metrics(
         metrics.stop()
         raise
     return metrics
+
+
+def _source_option(job: Any, name: str) -> str | None:
+    try:
+        return job.source_options().get(name)
+    except Exception:  # no topics configured, or a job without source options (tests)
+        return None
 
 
 def _remove(items: list[Any], item: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -377,3 +378,87 @@ def test_install_serves_prometheus_text_and_stop_detaches(store: FilesystemStore
     assert not any(t.name == "streamoffload-metrics" for t in threading.enumerate())
     with pytest.raises(OSError):
         urllib.request.urlopen(metrics.url, timeout=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# latest positions: Spark progress, the source's backlog file, the shared read cache
+
+
+def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind() -> None:
+    metrics = JobMetrics(clock=FakeClock(2_000.0))
+    metrics.on_batch(
+        BatchReport(
+            0,
+            0.1,
+            sealed=[{**seal(TOPIC, "a", 10, 1000, 1300, "size"), "end": [4, 9], "publish_time_last": 1_990_000}],
+            topics={TOPIC: stats(0, "b", 5, 1_999_000, (4, 14))},
+        )
+    )
+    progress = {
+        "durationMs": {"triggerExecution": 100},
+        "numInputRows": 15,
+        "sources": [
+            {"description": "control", "endOffset": '{"last": "x"}', "latestOffset": '{"last": "x"}'},
+            {
+                "description": "pulsar",
+                "endOffset": json.dumps({TOPIC: [4, 14], OTHER: [2, 7]}),
+                "latestOffset": json.dumps({TOPIC: [4, 20], OTHER: [3, 1]}),
+            },
+        ],
+    }
+    metrics.on_progress(progress)
+    # 6 entries not yet read + 5 read into the open segment; the newest offloaded entry is 10 s old.
+    assert value(metrics, "streamoffload_backlog_entries", topic=TOPIC) == 11
+    assert value(metrics, "streamoffload_offload_lag_seconds", topic=TOPIC) == 10.0
+    assert value(metrics, "streamoffload_backlog_entries", topic=OTHER) is None  # across ledgers: not exact
+
+    progress["sources"][1]["endOffset"] = json.dumps({TOPIC: [4, 20]})
+    metrics.on_batch(
+        BatchReport(
+            1,
+            0.1,
+            sealed=[{**seal(TOPIC, "b", 11, 1100, 1400, "end"), "end": [4, 20], "publish_time_last": 1_999_500}],
+            topics={TOPIC: stats(0, None, 0, None, (4, 20))},
+        )
+    )
+    metrics.on_progress(progress)
+    assert value(metrics, "streamoffload_backlog_entries", topic=TOPIC) == 0
+    assert value(metrics, "streamoffload_offload_lag_seconds", topic=TOPIC) == 0.0
+
+
+def test_backlog_file_of_the_source_is_read(tmp_path: Path) -> None:
+    from streamoffload.metrics import backlog_file_provider
+    from streamoffload.streaming.source import PartitionBacklog
+
+    path = tmp_path / "backlog.json"
+    provider = backlog_file_provider(str(path))
+    assert provider([]) == {}  # not written yet
+    doc = {
+        "updated": 1.0,
+        "partitions": {
+            TOPIC: PartitionBacklog(TOPIC, (4, 20), (4, 14), 6, True, 6000).to_dict(),
+            OTHER: PartitionBacklog(OTHER, (3, 1), (2, 7), 2, False, 2000).to_dict(),
+        },
+    }
+    path.write_text(json.dumps(doc))
+    found = provider([])
+    assert found[TOPIC] == Backlog(latest=(4, 20), entries=6, bytes=6000)
+    assert found[OTHER] == Backlog(latest=(3, 1), entries=None, bytes=None)  # a lower bound is not exported
+    metrics = JobMetrics(backlog=provider)
+    metrics.refresh_backlog()
+    assert value(metrics, "streamoffload_source_backlog_bytes", topic=TOPIC) == 6000
+
+
+def test_the_shared_read_cache_of_storage_read_handle_is_exported() -> None:
+    from streamoffload.storage.read_handle import shared_cache
+
+    metrics = JobMetrics()
+    before_hits = value(metrics, "streamoffload_read_cache_hits_total")
+    before_misses = value(metrics, "streamoffload_read_cache_misses_total")
+    cache = shared_cache()
+    key = ("metrics-test", time.monotonic())
+    cache.get(key)
+    cache.put(key, b"chunk")
+    cache.get(key)
+    assert value(metrics, "streamoffload_read_cache_hits_total") == before_hits + 1
+    assert value(metrics, "streamoffload_read_cache_misses_total") == before_misses + 1
