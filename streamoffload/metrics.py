@@ -401,6 +401,12 @@ class JobMetrics(Collector):
             self._dirty.update(self._topics)
         self._wake.set()
 
+    def source_latest(self, topic: str) -> Position | None:
+        """The latest position of ``topic`` as the source (Spark progress or a provider) last reported it."""
+        with self._lock:
+            state = self._topics.get(topic)
+            return state.backlog.latest if state is not None and state.backlog is not None else None
+
     def add_read_cache(self, source: CacheCounterSource) -> None:
         """Export the cache counters of a reader running in this process (e.g. a ReadHandle's
         ``cache_stats``) as ``streamoffload_read_cache_{hits,misses}_total``; several sources add up."""

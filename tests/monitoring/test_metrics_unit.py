@@ -462,3 +462,19 @@ def test_the_shared_read_cache_of_storage_read_handle_is_exported() -> None:
     cache.get(key)
     assert value(metrics, "streamoffload_read_cache_hits_total") == before_hits + 1
     assert value(metrics, "streamoffload_read_cache_misses_total") == before_misses + 1
+
+
+@pytest.mark.broker
+def test_pulsar_backlog_asks_the_broker_for_latest_positions(pulsar_broker: Any) -> None:
+    from streamoffload.metrics import pulsar_backlog
+    from streamoffload.produce import produce
+    from tests.fixtures.broker import unique_topic
+
+    topic, empty = unique_topic("latest"), unique_topic("latest-empty")
+    summary = produce(pulsar_broker.service_url, topic, 5, 10, batching=False)
+    last = summary.partitions[topic].last_message_id
+    assert last is not None
+    provider = pulsar_backlog(pulsar_broker.service_url, {}, configured=[topic])
+    found = provider([empty])
+    assert found[topic] == Backlog(latest=(last[0], last[1]))
+    assert found[empty] == Backlog(latest=None)

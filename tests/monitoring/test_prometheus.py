@@ -147,8 +147,8 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Callable[[str], Prometheus]]:
         prom.stop()
 
 
-def published_entries(service_url: str, topic: str) -> tuple[int, int]:
-    """Entries and entry bytes of a topic-partition, read straight from the broker."""
+def published_entries(service_url: str, topic: str) -> tuple[int, int, tuple[int, int]]:
+    """Entries, entry bytes and the latest position of a topic-partition, read straight from the broker."""
     client = pulsar_io.shared_client(service_url)
     latest = pulsar_io.latest_position(client, topic)
     assert latest is not None, f"nothing published to {topic}"
@@ -156,7 +156,7 @@ def published_entries(service_url: str, topic: str) -> tuple[int, int]:
     for entry in pulsar_io.read_range(client, topic, pulsar_io.BEFORE_EARLIEST, latest):
         count += 1
         size += len(entry.data)
-    return count, size
+    return count, size, latest
 
 
 def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
@@ -193,8 +193,8 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
         runner = threading.Thread(target=job.run_forever, args=(spark,), name="offload-job", daemon=True)
         runner.start()
 
-        total_entries = sum(e for e, _ in expected.values())
-        total_bytes = sum(b for _, b in expected.values())
+        total_entries = sum(e for e, _, _ in expected.values())
+        total_bytes = sum(b for _, b, _ in expected.values())
 
         def offloaded() -> tuple[float | None, float | None]:
             return (
@@ -212,7 +212,7 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
             job.stop()
             runner.join(timeout=60)
         assert not runner.is_alive(), "the job did not stop"
-        for topic, (entries, nbytes) in expected.items():
+        for topic, (entries, nbytes, _latest) in expected.items():
             assert prom.scalar(f'streamoffload_entries_offloaded_total{{topic="{topic}"}}') == entries
             assert prom.scalar(f'streamoffload_bytes_offloaded_total{{topic="{topic}"}}') == nbytes
 
@@ -236,8 +236,12 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
         )
         assert prom.scalar('sum(streamoffload_segments{status=~"Assigned|Failed"})') == 0
 
-        # Caught up: lag 0 and nothing behind, for every topic-partition.
+        # Caught up: lag 0 and nothing behind, for every topic-partition; while the job was behind
+        # (segments sealed by size, the rest still open) the lag was above 0.
         poll(lambda: prom.scalar("max(streamoffload_offload_lag_seconds)") == 0, 15, "lag to fall to 0")
+        assert prom.scalar("max_over_time(max(streamoffload_offload_lag_seconds)[10m:1s])") > 0
+        for topic, (_entries, _bytes, latest) in expected.items():
+            assert metrics.source_latest(topic) == latest, "Spark progress did not carry the source's latest offset"
         assert len(prom.query("streamoffload_offload_lag_seconds")) == len(topics)
         assert prom.scalar("max(streamoffload_backlog_entries)") == 0
         newest = max(m.publishTimeLast for ms in segments.values() for m in ms) / 1000
