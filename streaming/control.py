@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
 
@@ -64,11 +65,12 @@ def _open_store(options: dict[str, str]) -> ObjectStore:
     return StoreSettings(**json.loads(options["store"])).open()
 
 
-class ControlStreamReader(DataSourceStreamReader):
+class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.key_prefix = options.get("keyPrefix", "")
         self._store: ObjectStore | None = None
+        self._available_now: str | None = None
 
     @property
     def store(self) -> ObjectStore:
@@ -79,9 +81,18 @@ class ControlStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, str]:
         return {"last": ""}
 
-    def latestOffset(self) -> dict[str, str]:
+    def latestOffset(self, start: dict[str, str] | None = None, limit: Any = None) -> dict[str, str]:
+        # Requests are tiny and few: no read limit applies (Spark passes one under AvailableNow).
         ids = pending_requests(self.store, self.key_prefix)
-        return {"last": max(ids) if ids else ""}
+        last = max(ids) if ids else ""
+        if self._available_now is not None:
+            last = min(last, self._available_now)
+        return {"last": last}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Trigger.AvailableNow: requests made after the query started wait for the next run.
+        ids = pending_requests(self.store, self.key_prefix)
+        self._available_now = max(ids) if ids else ""
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
         if end["last"] <= start["last"]:

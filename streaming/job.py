@@ -173,12 +173,19 @@ class OffloadJob:
             .foreachBatch(self._foreach_batch)
             .option("checkpointLocation", self.config.spark.checkpoint)
         )
-        writer = (
-            writer.trigger(availableNow=True)
-            if once
-            else writer.trigger(processingTime=self.config.spark.trigger_interval)
-        )
-        self.query = writer.start()
+        if not once:
+            self.query = writer.trigger(processingTime=self.config.spark.trigger_interval).start()
+            return self.query
+        # A pending rollover timer makes Spark run no-data batches until it fires, so an AvailableNow
+        # run would not end before the rollover time: batch runs turn them off (the query copies the
+        # session's settings when it starts, so the continuous job keeps them).
+        key = "spark.sql.streaming.noDataMicroBatches.enabled"
+        previous = spark.conf.get(key, "true")
+        spark.conf.set(key, "false")
+        try:
+            self.query = writer.trigger(availableNow=True).start()
+        finally:
+            spark.conf.set(key, previous)
         return self.query
 
     # -- driver-side housekeeping --------------------------------------------------------------------

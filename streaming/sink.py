@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from streamoffload import __version__
 from streamoffload.checkpoints import manifest as mf
@@ -46,7 +47,8 @@ def managed_ledger_name(topic: str) -> str:
 def object_metadata(topic: str, segment: str) -> dict[str, str]:
     return {
         FORMAT_VERSION_KEY: "1",
-        MANAGED_LEDGER_KEY: managed_ledger_name(topic),
+        # S3 metadata values are ASCII: a topic with other characters is percent-encoded here.
+        MANAGED_LEDGER_KEY: quote(managed_ledger_name(topic), safe="/-._~"),
         SOFTWARE_VERSION_KEY: __version__,
         SEGMENT_KEY: segment,
     }
