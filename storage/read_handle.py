@@ -3,24 +3,30 @@
 Modelled on Pulsar's ``ReadHandle`` (``readAsync(first, last)``, ``getLastAddConfirmed``, ``getLength``)
 and its ``BlobStoreBackedReadHandleImpl``, without the mistakes SPEC 7 lists:
 
-- **No seek per read.** A data object is read in aligned chunks of ``read_buffer_size`` bytes
-  (``managedLedgerOffloadReadBufferSizeInBytes``): one ranged GET per chunk, never one per entry. A
-  catch-up read walks the chunks in order as one sequential stream.
-- **Read-ahead.** A sequential read of more than one chunk starts a background thread that fetches the
-  next chunks while the caller decodes, with at most ``readahead_bytes`` fetched but not yet consumed.
-  It stops when the read ends or is abandoned; its errors surface in the reader, at the chunk they hit.
+- **No seek per read.** Data is read with ranged GETs of ``read_buffer_size`` bytes
+  (``managedLedgerOffloadReadBufferSizeInBytes``), never one per entry. A catch-up (sequential) read is
+  one forward stream of ranges planned so that each holds whole entries (``_RangePlanner``): no entry is
+  copied to be joined, block padding is skipped, and the only waste is re-reading the unfinished entry at
+  the end of each range. Single-entry reads use aligned chunks, which the cache can share.
+- **Read-ahead.** A sequential read runs the range planner on a background thread, with at most
+  ``readahead_bytes`` read but not yet consumed. It stops when the read ends or is abandoned (closing or
+  dropping the iterator) and when the handle closes; its errors surface in the reader, in order. On the
+  filesystem store the file is read through one held descriptor, which the kernel reads ahead itself,
+  so the thread is off there by default (it only added hand-over costs; see bench/README.md).
 - **Learned offsets.** While reading, a handle remembers where entries start (one checkpoint about every
-  half chunk, so memory stays proportional to the object size / chunk size), so a later read of a nearby
-  entry starts there instead of at the head of its (64 MiB by default) block.
-- **A bounded cache** of fetched chunks (``ChunkCache``, an LRU bounded in bytes, with hit/miss counters)
-  shared by every handle given it.
+  half read buffer, so memory stays proportional to the object size / read buffer size), so a later read
+  of a nearby entry starts there instead of at the head of its (64 MiB by default) block.
+- **A bounded cache** of aligned chunks (``ChunkCache``, an LRU bounded in bytes, with hit/miss counters)
+  shared by every handle given it. Single-entry reads fill it; sequential scans only look it up (a
+  catch-up read would evict everything else and never reuse its chunks).
 - **Checked as it goes.** Block headers are checked against the index (format, length, first entry id,
-  ledger id), entry lengths against their block, entry ids for strict order; corruption raises a
+  ledger id), entry lengths against their block, entry ids for strict order, padding where it starts,
+  and a full read of a segment against its manifest's start and end; corruption raises a
   ``FormatError`` naming the object key and the absolute byte offset. The objects' user metadata
   ``s3managedledgeroffloaderformatversion`` must be ``1`` when present, as Pulsar's readers require.
 
-Payloads come back as read-only ``memoryview``s: zero-copy slices of a fetched chunk when the entry lies
-in one chunk, a joined copy when it straddles chunks. ``bytes(entry.payload)`` makes an owned copy.
+Payloads come back as read-only ``memoryview``s into the range read (zero-copy; a single-entry read of an
+entry straddling two cached chunks joins them). ``bytes(entry.payload)`` makes an owned copy.
 
 ``TopicReader`` reads a topic-partition's offloaded history (several segments, several ledgers, v1 and v2
 objects side by side) in one call, finding segments through the offload metadata.
@@ -29,13 +35,15 @@ objects side by side) in one call, finding segments through the offload metadata
 from __future__ import annotations
 
 import bisect
+import os
+import queue
 import re
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
@@ -58,6 +66,8 @@ from streamoffload.codecs.errors import (
 from streamoffload.codecs.index import V1_INDEX_MAGIC, BlockLocation, OffloadIndex
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.keys import check_key
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
@@ -74,6 +84,7 @@ FORMAT_VERSION_METADATA_KEY = "s3managedledgeroffloaderformatversion"
 SUPPORTED_FORMAT_VERSION = "1"
 
 _ENTRY_HEADER = struct.Struct(">IQ")
+_U32 = struct.Struct(">I")
 _PADDING_WORD = int.from_bytes(PADDING_PATTERN, "big")
 _LEDGER_IN_KEY = re.compile(r"-ledger-(\d+)$")
 
@@ -112,9 +123,9 @@ class ManifestMismatchError(FormatError):
 # --- results --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class OffloadedEntry:
-    """One entry read back: its position and its bytes (Pulsar "headers and payload", read-only view)."""
+class OffloadedEntry(NamedTuple):
+    """One entry read back: its position and its bytes (Pulsar "headers and payload", read-only view).
+    (A named tuple: one is made per entry on the hot path, and tuples are the cheapest objects to make.)"""
 
     ledger_id: int
     entry_id: int
@@ -245,13 +256,68 @@ def shared_cache() -> ChunkCache:
 # --- chunked access to one object ----------------------------------------------------------------------
 
 
+class _LocalFile:
+    """Ranged reads of one filesystem-store object through a single open descriptor.
+
+    ``FilesystemStore.get_range`` opens the file and re-validates the key on every call, which costs about
+    as much as copying a 1 MiB chunk from the page cache; a handle reads many chunks of the same immutable
+    object, so it validates the key once and keeps the file open (``pread`` is safe from several threads).
+    """
+
+    def __init__(self, store: FilesystemStore, key: str) -> None:
+        self.key = key
+        self._path = store.root.joinpath(*check_key(key).split("/"))
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    def _fd(self) -> int:
+        with self._lock:
+            if self._file is None:
+                try:
+                    self._file = open(self._path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                    raise ObjectNotFoundError(self.key) from None
+            return int(self._file.fileno())
+
+    def read(self, start: int, length: int) -> bytes:
+        fd = self._fd()
+        data = os.pread(fd, length, start)
+        if 0 < len(data) < length:
+            pieces = [data]
+            got = len(data)
+            while got < length:
+                more = os.pread(fd, length - got, start + got)
+                if not more:
+                    break
+                pieces.append(more)
+                got += len(more)
+            data = b"".join(pieces)
+        return data
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
 class _Chunks:
-    """Aligned chunks ``[i * size, (i + 1) * size)`` of one object of known length, through the cache."""
+    """Ranged reads of one data object of known length: aligned, cached chunks ``[i * size, (i + 1) * size)``
+    for random access, and plain ranges for sequential scans."""
 
     def __init__(
-        self, store: ObjectStore, key: str, length: int, chunk_size: int, cache: ChunkCache | None, stats: ReadStats
+        self,
+        store: ObjectStore,
+        key: str,
+        length: int,
+        chunk_size: int,
+        cache: ChunkCache | None,
+        stats: ReadStats,
+        *,
+        local_files: bool,
     ) -> None:
         self.store = store
+        self._local = _LocalFile(store, key) if local_files and isinstance(store, FilesystemStore) else None
         self.key = key
         self.length = length
         self.size = chunk_size
@@ -260,8 +326,37 @@ class _Chunks:
         self.count = (length + chunk_size - 1) // chunk_size
         self._cache_prefix = (store.url, key, chunk_size)
 
+    def read_range(self, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` with one ranged GET; a short or missing object raises an error
+        naming the key and the offset where the data ends."""
+        if start < 0 or start + length > self.length:
+            raise TruncatedError(
+                f"read of {length} bytes at {start} is outside the {self.length}-byte data object",
+                offset=min(max(start, 0), self.length),
+                where=self.key,
+            )
+        try:
+            data = (
+                self._local.read(start, length)
+                if self._local is not None
+                else self.store.get_range(self.key, start, length)
+            )
+        except ObjectNotFoundError:
+            raise MissingObjectError(
+                f"data object {self.key} disappeared while being read (deleted by retention or cleanup?)", self.key
+            ) from None
+        self.stats.gets += 1
+        self.stats.bytes_fetched += len(data)
+        if len(data) != length:
+            raise TruncatedError(
+                f"data object ends after {start + len(data)} bytes, but its index says it has {self.length}",
+                offset=start + len(data),
+                where=self.key,
+            )
+        return data
+
     def fetch(self, index: int) -> bytes:
-        """Chunk ``index``; a short or missing object raises an error naming the key and offset."""
+        """Aligned chunk ``index``, from the cache or the store (then cached)."""
         cache = self.cache
         ident = (*self._cache_prefix, index)
         if cache is not None:
@@ -269,107 +364,175 @@ class _Chunks:
             if data is not None:
                 return data
         start = index * self.size
-        want = min(self.size, self.length - start)
-        try:
-            data = self.store.get_range(self.key, start, want)
-        except ObjectNotFoundError:
-            raise MissingObjectError(
-                f"data object {self.key} disappeared while being read (deleted by retention or cleanup?)", self.key
-            ) from None
-        self.stats.gets += 1
-        self.stats.bytes_fetched += len(data)
-        if len(data) != want:
-            raise TruncatedError(
-                f"data object ends after {start + len(data)} bytes, but its index says it has {self.length}",
-                offset=start + len(data),
-                where=self.key,
-            )
+        data = self.read_range(start, min(self.size, self.length - start))
         if cache is not None:
             cache.put(ident, data)
         return data
 
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+
+
+Range = tuple[int, memoryview]
+"""A range read by a sequential scan: its offset in the data object and its bytes."""
+
+
+class _RangePlanner:
+    """Plans the ranged reads of a sequential scan so that every range holds whole entries.
+
+    Each read takes ``read_buffer_size`` bytes (more when the entry at its start is known to be larger) from
+    the first byte no earlier range holds whole; the range handed over ends at the last entry (or block
+    header) that fits, and the next read starts there. So no entry straddles two ranges and none is copied
+    to be joined; the price is re-reading the unfinished entry at the end of each read (a fraction of an
+    entry). Padding at the end of a block is skipped, not read. Only the framing needed to find entry
+    boundaries is looked at here; the reader checks everything when it decodes.
+    """
+
+    def __init__(self, chunks: _Chunks, blocks: list[BlockLocation], block_index: int, begin: int, end: int) -> None:
+        self._chunks = chunks
+        self._blocks = blocks
+        self._bi = block_index  # the block holding _pos
+        self._pos = begin
+        self._end = end
+        self._need = 0  # bytes of the unit starting at _pos, when the previous read told us
+
+    def next(self) -> Range | None:
+        pos, end = self._pos, self._end
+        if pos >= end:
+            return None
+        want = max(self._chunks.size, self._need)
+        while True:
+            view = memoryview(self._chunks.read_range(pos, min(want, end - pos)))
+            cut, next_pos, bi, need = self._plan(pos, view)
+            if cut > pos:
+                break
+            if need > len(view) and pos + need <= end:
+                want = need  # one unit larger than the read: read it whole
+                continue
+            cut = next_pos = pos + len(view)  # nothing decodable: hand it over; the reader reports why
+            break
+        self._pos, self._bi, self._need = next_pos, bi, need if next_pos == cut else 0
+        return pos, view[: cut - pos]
+
+    def _plan(self, pos: int, view: memoryview) -> tuple[int, int, int, int]:
+        """(where the range ends, where the next read starts, block index there, size of the unit there)."""
+        blocks = self._blocks
+        bi = self._bi
+        data_end = pos + len(view)
+        unpack = _U32.unpack_from
+        q = pos
+        while q < data_end:
+            block = blocks[bi]
+            if q == block.offset:
+                if q + BLOCK_HEADER_LENGTH > data_end:
+                    return q, q, bi, BLOCK_HEADER_LENGTH
+                q += BLOCK_HEADER_LENGTH
+                continue
+            block_end = block.offset + block.length
+            if q >= block_end:
+                bi += 1
+                continue
+            remaining = block_end - q
+            if remaining < ENTRY_HEADER_LENGTH:
+                if block_end > data_end:
+                    return q, q, bi, remaining
+                q = block_end
+                continue
+            if q + ENTRY_HEADER_LENGTH > data_end:
+                return q, q, bi, 0
+            (length,) = unpack(view, q - pos)
+            if length == _PADDING_WORD:
+                if block_end <= data_end:
+                    q = block_end
+                    continue
+                # The reader checks the first padding bytes; the rest of the block is skipped.
+                return q + ENTRY_HEADER_LENGTH, block_end, bi + 1, 0
+            if length > remaining - ENTRY_HEADER_LENGTH:
+                return data_end, data_end, bi, 0  # corrupt length: the reader reports it
+            entry_end = q + ENTRY_HEADER_LENGTH + length
+            if entry_end > data_end:
+                return q, q, bi, ENTRY_HEADER_LENGTH + length
+            q = entry_end
+        return q, q, bi, 0
+
 
 class _Prefetcher:
-    """Fetches chunks ``first..last`` in order on a background thread, at most ``window`` bytes ahead of
-    the consumer. ``get(i)`` hands chunk ``i`` over (or None if it is not this prefetcher's to give)."""
+    """Runs a range planner on a background thread, keeping at most ``window`` bytes of ranges ready that
+    the reader has not taken yet (and at least one). Errors are handed to the reader in order.
 
-    def __init__(self, chunks: _Chunks, first: int, last: int, window: int) -> None:
-        self._chunks = chunks
-        self._last = last
-        self._window = max(window, chunks.size)
-        self._next = first  # next chunk the thread will fetch
-        self._floor = first  # chunks below this were consumed or skipped
-        self._ready: dict[int, bytes] = {}
-        self._in_flight = 0  # bytes ready plus the chunk being fetched
-        self._error: tuple[int, BaseException] | None = None
+    Ranges travel through a ``SimpleQueue`` (its blocking ``get`` is the cheapest hand-over between
+    threads CPython has); the byte bound is a counter the planner waits on only when the window is full.
+    """
+
+    _END = object()
+
+    def __init__(self, produce: Callable[[], Range | None], window: int, name: str) -> None:
+        self._produce = produce
+        self._window = window
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ready_bytes = 0
+        self._finished = False  # the reader took the end marker (or an error)
         self._stopped = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"streamoffload-readahead:{chunks.key}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"streamoffload-readahead:{name}", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        chunk_size = self._chunks.size
-        while True:
-            with self._cond:
-                while (
-                    not self._stopped
-                    and self._next <= self._last
-                    and self._ready
-                    and self._in_flight + chunk_size > self._window
-                ):
-                    self._cond.wait()
-                if self._stopped or self._next > self._last:
-                    return
-                index = self._next
-                self._next += 1
-                self._in_flight += chunk_size
-            try:
-                data = self._chunks.fetch(index)
-            except BaseException as exc:  # handed to the reader, which raises it where it reads
-                with self._cond:
-                    self._in_flight -= chunk_size
-                    self._error = (index, exc)
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                self._in_flight -= chunk_size
-                if index >= self._floor and not self._stopped:
-                    self._ready[index] = data
-                    self._in_flight += len(data)
-                self._cond.notify_all()
+    @property
+    def ready_bytes(self) -> int:
+        return self._ready_bytes
 
-    def get(self, index: int) -> bytes | None:
+    @property
+    def window(self) -> int:
+        return self._window
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            if self._ready_bytes and self._ready_bytes >= self._window:
+                with cond:
+                    # At least one range is always allowed, whatever the window.
+                    while not self._stopped and self._ready_bytes and self._ready_bytes >= self._window:
+                        cond.wait()
+            if self._stopped:
+                return
+            try:
+                item = self._produce()
+            except BaseException as exc:  # handed to the reader, which raises it where it reads
+                self._queue.put(exc)
+                return
+            if item is None:
+                self._queue.put(self._END)
+                return
+            with cond:
+                self._ready_bytes += len(item[1])
+            self._queue.put(item)
+
+    def get(self) -> Range | None:
+        """The next range, None at the end; raises the error that stopped the planner."""
+        if self._finished:
+            return None
+        item = self._queue.get()
+        if item is self._END:
+            self._finished = True
+            return None
+        if isinstance(item, BaseException):
+            self._finished = True
+            raise item
         with self._cond:
-            if index < self._floor or index > self._last:
-                return None
-            if index > self._floor:
-                # The reader skipped ahead (padding, or entries it did not need): drop what it passed.
-                for stale in [i for i in self._ready if i < index]:
-                    self._in_flight -= len(self._ready.pop(stale))
-                self._floor = index
-                self._next = max(self._next, index)
-                self._cond.notify_all()
-            while index not in self._ready:
-                if self._error is not None and self._error[0] <= index:
-                    failed, exc = self._error
-                    if failed == index:
-                        raise exc
-                    return None  # the thread stopped before this chunk: the reader fetches it itself
-                if self._stopped or not self._thread.is_alive():
-                    return None
-                self._cond.wait()
-            data = self._ready.pop(index)
-            self._in_flight -= len(data)
-            self._floor = index + 1
-            self._cond.notify_all()
-            return data
+            self._ready_bytes -= len(item[1])
+            if not self._ready_bytes or self._ready_bytes < self._window:
+                self._cond.notify()
+        return item  # type: ignore[no-any-return]
 
     def close(self) -> None:
         with self._cond:
             self._stopped = True
-            self._ready.clear()
             self._cond.notify_all()
         self._thread.join()
+        while not self._queue.empty():  # release the ranges nobody will read
+            self._queue.get_nowait()
+        self._ready_bytes = 0
 
     @property
     def alive(self) -> bool:
@@ -377,14 +540,12 @@ class _Prefetcher:
 
 
 class _Scan:
-    """A reader's cursor over one data object: byte ranges by absolute offset, chunk by chunk."""
+    """Random access by absolute offset through aligned, cached chunks (single-entry reads)."""
 
-    __slots__ = ("_chunks", "_cur", "_cur_index", "_cur_start", "_prefetch", "_stats")
+    __slots__ = ("_chunks", "_cur", "_cur_index", "_cur_start")
 
-    def __init__(self, chunks: _Chunks, prefetch: _Prefetcher | None) -> None:
+    def __init__(self, chunks: _Chunks) -> None:
         self._chunks = chunks
-        self._prefetch = prefetch
-        self._stats = chunks.stats
         self._cur_index = -1
         self._cur = memoryview(b"")
         self._cur_start = 0
@@ -397,25 +558,16 @@ class _Scan:
                     offset=self._chunks.length,
                     where=self._chunks.key,
                 )
-            data = None
-            if self._prefetch is not None:
-                data = self._prefetch.get(index)
-                if data is not None:
-                    self._stats.readahead_chunks += 1
-            if data is None:
-                data = self._chunks.fetch(index)
-            self._cur = memoryview(data)
+            self._cur = memoryview(self._chunks.fetch(index))
             self._cur_index = index
             self._cur_start = index * self._chunks.size
         return self._cur
 
     def read(self, offset: int, n: int) -> memoryview:
         """Bytes ``[offset, offset + n)``: a view of one chunk when they lie in it, else joined."""
-        size = self._chunks.size
         rel = offset - self._cur_start
         if self._cur_index < 0 or rel < 0 or rel + n > len(self._cur):
-            index = offset // size
-            self._load(index)
+            self._load(offset // self._chunks.size)
             rel = offset - self._cur_start
         if rel + n <= len(self._cur):
             return self._cur[rel : rel + n]
@@ -427,6 +579,37 @@ class _Scan:
             pieces.append(chunk[:take])
             got += take
         return memoryview(b"".join(pieces))
+
+
+class _Stream:
+    """Sequential access: the ranges of a planner (read ahead on a thread, or read when needed). Entries
+    lie whole in one range, so reads are views; anything else (corrupt framing) is read directly."""
+
+    __slots__ = ("_chunks", "_cur", "_cur_start", "_next", "_stats", "_threaded")
+
+    def __init__(self, chunks: _Chunks, next_range: Callable[[], Range | None], *, threaded: bool) -> None:
+        self._chunks = chunks
+        self._next = next_range
+        self._threaded = threaded
+        self._stats = chunks.stats
+        self._cur = memoryview(b"")
+        self._cur_start = 0
+
+    def read(self, offset: int, n: int) -> memoryview:
+        rel = offset - self._cur_start
+        if 0 <= rel <= len(self._cur) - n:
+            return self._cur[rel : rel + n]
+        while offset >= self._cur_start + len(self._cur):
+            item = self._next()
+            if item is None:
+                break
+            if self._threaded:
+                self._stats.readahead_chunks += 1
+            self._cur_start, self._cur = item
+        rel = offset - self._cur_start
+        if 0 <= rel <= len(self._cur) - n:
+            return self._cur[rel : rel + n]
+        return memoryview(self._chunks.read_range(offset, n))
 
 
 # --- the read handle ------------------------------------------------------------------------------------
@@ -468,6 +651,14 @@ class SegmentReadHandle:
     ``segment`` is a ``SegmentManifest`` (its ``dataKey``/``indexKey``, format version and positions are
     used and checked) or a ``SegmentKeys``. Opening reads the index object and HEADs both objects (their
     sizes and format-version metadata are checked; ``check_metadata=False`` skips the HEADs).
+
+    ``read_buffer_size`` is the chunk (ranged GET) size; ``readahead_bytes`` bounds what the read-ahead
+    thread fetches beyond what the reader consumed (default 4 chunks). ``readahead`` None (auto) runs the
+    thread except for files of a filesystem store read through a held descriptor, which the kernel
+    already reads ahead. Sequential reads look the ``cache``
+    up but do not fill it (a catch-up scan would only evict what random reads use); single-entry reads
+    fill it. On a ``FilesystemStore`` the data object is read through one open descriptor per handle
+    (``local_files``; see ``_LocalFile``); ``close()`` releases it and stops any read-ahead.
     """
 
     def __init__(
@@ -477,15 +668,19 @@ class SegmentReadHandle:
         *,
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         cache: ChunkCache | None = None,
-        readahead: bool = True,
+        readahead: bool | None = None,
         readahead_bytes: int | None = None,
         check_metadata: bool = True,
+        local_files: bool = True,
     ) -> None:
         if read_buffer_size < BLOCK_HEADER_LENGTH:
             raise ValueError(f"read buffer size {read_buffer_size} is smaller than a block header")
         self.store = store
         self.read_buffer_size = read_buffer_size
-        self.readahead = readahead
+        local = local_files and isinstance(store, FilesystemStore)
+        # Auto: a thread for remote stores. A local file read through one descriptor gets the kernel's own
+        # read-ahead, and a Python thread would only add hand-over costs (see bench/README.md).
+        self.readahead = (not local) if readahead is None else readahead
         self.readahead_bytes = (
             readahead_bytes if readahead_bytes is not None else DEFAULT_READAHEAD_CHUNKS * read_buffer_size
         )
@@ -540,7 +735,9 @@ class SegmentReadHandle:
         self._blocks = self.index.blocks()
         self._block_offsets = [b.offset for b in self._blocks]
         self._block_positions = [(b.ledger_id, b.first_entry_id) for b in self._blocks]
-        self._chunks = _Chunks(store, self.data_key, self.length, read_buffer_size, cache, self.stats)
+        self._chunks = _Chunks(
+            store, self.data_key, self.length, read_buffer_size, cache, self.stats, local_files=local_files
+        )
 
     # -- opening ---------------------------------------------------------------------------------------
 
@@ -651,7 +848,7 @@ class SegmentReadHandle:
         last_block = [b for b in self._blocks if b.ledger_id == lid][-1]
         marks = self._checkpoints.get(last_block.offset)
         if marks is None or marks.last_entry_id is None:
-            for _ in self._walk(last_block, None, (lid, MAX_ID), None, emit=False):
+            for _ in self._walk(last_block, None, (lid, MAX_ID), _Scan(self._chunks), emit=False):
                 pass
             marks = self._checkpoints[last_block.offset]
         assert marks.last_entry_id is not None
@@ -709,17 +906,20 @@ class SegmentReadHandle:
     def _stream(
         self, first: int, loc: BlockLocation, start: Position | None, end: Position | None, sequential: bool
     ) -> Iterator[OffloadedEntry]:
+        if not sequential:
+            yield from self._walk(loc, start, end, _Scan(self._chunks), emit=True, block_index=first)
+            return
+        begin = self._resume(loc, start)[0]
+        planner = _RangePlanner(self._chunks, self._blocks, first, begin, self._blocks[self._last_block(end)].end)
         prefetch = None
-        if sequential and self.readahead:
-            last_block = self._last_block(end)
-            begin = self._resume(loc, start)[0]
-            first_chunk = begin // self.read_buffer_size
-            last_chunk = (self._blocks[last_block].end - 1) // self.read_buffer_size
-            if last_chunk > first_chunk:
-                prefetch = _Prefetcher(self._chunks, first_chunk, last_chunk, self.readahead_bytes)
-                self._prefetchers.add(prefetch)
+        if self.readahead:
+            prefetch = _Prefetcher(planner.next, self.readahead_bytes, self.data_key)
+            self._prefetchers.add(prefetch)
+            stream = _Stream(self._chunks, prefetch.get, threaded=True)
+        else:
+            stream = _Stream(self._chunks, planner.next, threaded=False)
         try:
-            yield from self._walk(loc, start, end, prefetch, emit=True, block_index=first)
+            yield from self._walk(loc, start, end, stream, emit=True, block_index=first)
         finally:
             if prefetch is not None:
                 prefetch.close()
@@ -760,13 +960,12 @@ class SegmentReadHandle:
         loc: BlockLocation,
         start: Position | None,
         end: Position | None,
-        prefetch: _Prefetcher | None,
+        scan: _Scan | _Stream,
         *,
         emit: bool,
         block_index: int | None = None,
     ) -> Iterator[OffloadedEntry]:
         """Decode blocks from ``loc`` on, yielding the entries in ``[start, end]``; checks as it goes."""
-        scan = _Scan(self._chunks, prefetch)
         key = self.data_key
         blocks = self._blocks
         bi = block_index if block_index is not None else self._block_offsets.index(loc.offset)
@@ -776,20 +975,25 @@ class SegmentReadHandle:
         start_pos = start if start is not None else (-1, -1)
         offset, expect = self._resume(loc, start)
         from_head = bi == 0 and offset == loc.offset and start_pos <= (loc.ledger_id, loc.first_entry_id)
-        last_seen: Position | None = None
-        first_seen: Position | None = None
         stats = self.stats
         previous_block_last: tuple[int, int] | None = None
+        first_seen: Position | None = None
+        last_ledger = last_entry = -1
+        cur, cur_start, cur_len = scan._cur, scan._cur_start, len(scan._cur)
         while bi < len(blocks):
             loc = blocks[bi]
             ledger = loc.ledger_id
             if end is not None and (ledger, loc.first_entry_id) > end:
                 return
+            # Entry-id bounds of [start, end] within this block's ledger: plain int compares per entry.
+            lo = -1 if start is None or start[0] < ledger else (start[1] if start[0] == ledger else MAX_ID + 1)
+            hi = MAX_ID if end is None or end[0] > ledger else end[1]
             marks = self._checkpoints.get(loc.offset)
             if marks is None:
                 marks = self._checkpoints[loc.offset] = _Checkpoints()
             if offset == loc.offset:
                 self._check_header(scan.read(loc.offset, BLOCK_HEADER_LENGTH), loc)
+                cur, cur_start, cur_len = scan._cur, scan._cur_start, len(scan._cur)
                 pos = loc.offset + BLOCK_HEADER_LENGTH
                 expect = loc.first_entry_id
                 if (
@@ -814,13 +1018,12 @@ class SegmentReadHandle:
                     if remaining:
                         self._check_padding(scan.read(pos, remaining), pos)
                     break
-                # Inline fast path of scan.read(pos, 12).
-                rel = pos - scan._cur_start
-                cur = scan._cur
-                if scan._cur_index >= 0 and rel >= 0 and rel + ENTRY_HEADER_LENGTH <= len(cur):
+                rel = pos - cur_start
+                if 0 <= rel <= cur_len - ENTRY_HEADER_LENGTH:
                     length, entry_id = unpack(cur, rel)
                 else:
                     length, entry_id = unpack(scan.read(pos, ENTRY_HEADER_LENGTH), 0)
+                    cur, cur_start, cur_len = scan._cur, scan._cur_start, len(scan._cur)
                 if length == _PADDING_WORD:
                     self._check_padding(scan.read(pos, min(remaining, ENTRY_HEADER_LENGTH)), pos)
                     break
@@ -855,16 +1058,21 @@ class SegmentReadHandle:
                 if pos - last_mark >= spacing:
                     marks.learn(entry_id, pos, spacing)
                     last_mark = pos
-                position = (ledger, entry_id)
-                if end is not None and position > end:
+                if entry_id > hi:
                     return
-                if position >= start_pos:
+                if entry_id >= lo:
                     if first_seen is None:
-                        first_seen = position
-                    last_seen = position
+                        first_seen = (ledger, entry_id)
+                    last_ledger, last_entry = ledger, entry_id
                     if emit:
                         stats.entries += 1
-                        yield OffloadedEntry(ledger, entry_id, scan.read(pos + ENTRY_HEADER_LENGTH, length))
+                        rel = pos + ENTRY_HEADER_LENGTH - cur_start
+                        if 0 <= rel <= cur_len - length:
+                            payload = cur[rel : rel + length]
+                        else:
+                            payload = scan.read(pos + ENTRY_HEADER_LENGTH, length)
+                            cur, cur_start, cur_len = scan._cur, scan._cur_start, len(scan._cur)
+                        yield OffloadedEntry(ledger, entry_id, payload)
                 pos += ENTRY_HEADER_LENGTH + length
             if expect is not None:
                 raise LengthMismatchError(
@@ -882,6 +1090,7 @@ class SegmentReadHandle:
                 expect = None
         # The walk reached the end of the data object: it must end where the manifest says.
         if manifest is not None and (end is None or end >= (manifest.endLedgerId, manifest.endEntryId)):
+            last_seen = (last_ledger, last_entry) if last_entry >= 0 else None
             self._check_manifest_positions(manifest, first_seen if from_head else None, last_seen)
 
     def _check_header(self, raw: memoryview, loc: BlockLocation) -> None:
@@ -948,6 +1157,7 @@ class SegmentReadHandle:
         for prefetch in list(self._prefetchers):
             prefetch.close()
         self._prefetchers.clear()
+        self._chunks.close()
 
     def __enter__(self) -> SegmentReadHandle:
         return self
@@ -996,10 +1206,11 @@ class TopicReader:
         *,
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         cache: ChunkCache | None = None,
-        readahead: bool = True,
+        readahead: bool | None = None,
         readahead_bytes: int | None = None,
         max_open_segments: int = 16,
         check_metadata: bool = True,
+        local_files: bool = True,
     ) -> None:
         from streamoffload.checkpoints.metadata_store import MetadataStore
 
@@ -1011,6 +1222,7 @@ class TopicReader:
         self.readahead = readahead
         self.readahead_bytes = readahead_bytes
         self.check_metadata = check_metadata
+        self.local_files = local_files
         self.max_open_segments = max(1, max_open_segments)
         self._handles: OrderedDict[str, SegmentReadHandle] = OrderedDict()
         self._closed_stats = ReadStats()
@@ -1051,6 +1263,7 @@ class TopicReader:
             readahead=self.readahead,
             readahead_bytes=self.readahead_bytes,
             check_metadata=self.check_metadata,
+            local_files=self.local_files,
         )
         self._handles[ident] = handle
         while len(self._handles) > self.max_open_segments:
@@ -1076,15 +1289,21 @@ class TopicReader:
             handle = self.open_segment(manifest)
             iterator = handle.read_range(start, end)
             try:
+                entry = next(iterator, None)
+                if entry is None:
+                    continue
+                # Segments must follow each other (the metadata store skips overlapping ones; this guards
+                # the objects): checked once per segment, not per entry.
+                if last is not None and entry.position <= last:
+                    raise ManifestMismatchError(
+                        f"segment {handle.data_key} holds entry {entry.ledger_id}:{entry.entry_id}, which does "
+                        f"not follow the previous segment's last entry {last[0]}:{last[1]} (overlapping segments)",
+                        where=handle.data_key,
+                    )
+                yield entry
                 for entry in iterator:
-                    if last is not None and entry.position <= last:
-                        raise ManifestMismatchError(
-                            f"segment {handle.data_key} holds entry {entry.ledger_id}:{entry.entry_id}, which does "
-                            f"not follow the previous segment's last entry {last[0]}:{last[1]} (overlapping segments)",
-                            where=handle.data_key,
-                        )
-                    last = entry.position
                     yield entry
+                last = entry.position
             finally:
                 close = getattr(iterator, "close", None)
                 if close is not None:

@@ -1,0 +1,472 @@
+"""Read-path throughput and latency: the offloaded ReadHandle next to plain reads of the same objects.
+
+Run from the repository root:
+
+    .venv/bin/python bench/read.py                    # 1 GiB backlog on the filesystem store, then 64 MiB on S3
+    .venv/bin/python bench/read.py --size-mib 256 --skip-s3
+
+It builds an offloaded backlog with the segmenter and the sink (entries of 64 KiB-1 MiB, 64 MiB blocks,
+segments of --segment-mib; the first 3/4 streaming (v2), the rest ledger-based (v1)), then prints:
+
+- catch-up read: ``TopicReader.read(topic)`` over the whole backlog (read buffer 1 MiB, read-ahead on, a
+  64 MiB chunk cache) next to a plain sequential read of the same data object files (``f.read`` of the same
+  buffer size), in the same page-cache state: one raw pass warms the cache, then raw and ours alternate and
+  the best of each counts. The ratio is raw time / our time (1.0 = as fast as reading the files).
+- random single-entry reads: ``TopicReader.read_entry`` latency p50/p99, warm (after the catch-up read,
+  so the handle knows where entries start) and cold (a new reader), next to an ``os.pread`` of exactly the
+  entry's bytes at its known offset.
+- S3 (a local moto server; its ranged GETs read the whole object, so figures are moto's, not S3's): the
+  same catch-up read against a plain GET of each whole data object.
+
+The backlog is written under --work-dir (default /tmp) and deleted afterwards unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import mmap
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
+from streamoffload.config import OffloadPolicy
+from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.read_handle import ChunkCache, TopicReader
+from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
+from streamoffload.streaming.sink import SegmentSink
+
+MIB = 1024 * 1024
+TOPIC = "persistent://public/bench/backlog-partition-0"
+
+
+# --- building the backlog -------------------------------------------------------------------------------
+
+
+def build_backlog(
+    store: ObjectStore,
+    total: int,
+    *,
+    min_entry: int,
+    max_entry: int,
+    segment_bytes: int,
+    block_bytes: int,
+    entries_per_ledger: int,
+    v1_fraction: float,
+    seed: int = 1,
+) -> tuple[int, int]:
+    """Offload ``total`` bytes of entries through the segmenter and sink; returns (entries, payload bytes)."""
+    rnd = random.Random(seed)
+    pool = os.urandom(max_entry + 4096)
+    state = MemoryState()
+    sink = SegmentSink(store)
+    switch = int(total * (1 - v1_fraction))
+
+    def policy(method: str) -> OffloadPolicy:
+        return OffloadPolicy(
+            method=method,
+            managedLedgerOffloadMaxBlockSizeInBytes=block_bytes,
+            maxSizePerOffloadSegmentMbytes=segment_bytes / MIB,
+            offloadBufferMaxBytes=4 * block_bytes,
+            maxOffloadSegmentRolloverTimeMinutes=1e6,
+        )
+
+    def apply(entries: list[Entry], controls: list[str], method: str, now: int) -> None:
+        actions = run_segmenter(
+            TOPIC, policy(method), state, entries, controls, now_ms=now, min_part_size=store.min_part_size
+        )
+        sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+
+    written = count = 0
+    ledger, entry_id = 10, 0
+    batch: list[Entry] = []
+    batch_bytes = 0
+    method = "streaming"
+    now = 1_000
+    while written < total:
+        size = min(rnd.randint(min_entry, max_entry), total - written) or 1
+        start = rnd.randrange(0, len(pool) - size)
+        # A unique prefix so that no two entries are equal.
+        payload = count.to_bytes(8, "big") + pool[start : start + size - 8] if size > 8 else pool[:size]
+        batch.append(Entry(ledger, entry_id, payload, now))
+        batch_bytes += size
+        written += size
+        count += 1
+        entry_id += 1
+        if entry_id == entries_per_ledger:
+            ledger, entry_id = ledger + rnd.randint(1, 3), 0
+        wanted = "ledger" if written > switch else "streaming"
+        if batch_bytes >= 32 * MIB or wanted != method:
+            apply(batch, [], method, now)
+            batch, batch_bytes, method = [], 0, wanted
+            now += 1
+    apply(batch, [CONTROL_SEAL], method, now)
+    return count, written
+
+
+# --- measuring ------------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        result = fn()
+        return time.perf_counter() - start, result
+    finally:
+        gc.enable()
+
+
+def raw_read(paths: list[Path], buffer: int) -> int:
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(buffer):
+                total += len(chunk)
+    return total
+
+
+def our_read(
+    store: ObjectStore, buffer: int, *, readahead: bool | None, cache_bytes: int
+) -> tuple[int, int, TopicReader]:
+    reader = TopicReader(store, read_buffer_size=buffer, readahead=readahead, cache=ChunkCache(cache_bytes))
+    entries = payload = 0
+    for entry in reader.read(TOPIC):
+        entries += 1
+        payload += len(entry.payload)
+    return entries, payload, reader
+
+
+def plain_get(store: ObjectStore, keys: list[str]) -> int:
+    return sum(len(store.get(key)) for key in keys)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def entry_locations(store: FilesystemStore, meta: MetadataStore) -> dict[tuple[int, int], tuple[Path, int, int]]:
+    """Where every entry's payload lies: (file, offset, length), from decoding the data objects."""
+    out: dict[tuple[int, int], tuple[Path, int, int]] = {}
+    for seg in meta.offloaded_segments(TOPIC):
+        path = store.root / seg.dataKey
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                for block in iter_blocks(view):
+                    ledger = block.header.ledger_id if block.header.ledger_id is not None else seg.startLedgerId
+                    for e in block.entries:
+                        out[(ledger, e.entry_id)] = (
+                            path,
+                            block.offset + e.offset + ENTRY_HEADER_LENGTH,
+                            len(e.payload),
+                        )
+                    del block
+            finally:
+                view.release()
+    return out
+
+
+def latencies(fn: Callable[[Any], Any], items: list[Any]) -> list[float]:
+    out = []
+    for item in items:
+        start = time.perf_counter()
+        fn(item)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def fmt_lat(values: list[float]) -> str:
+    return f"p50 {percentile(values, 0.5) * 1e3:.3f} ms, p99 {percentile(values, 0.99) * 1e3:.3f} ms"
+
+
+def mbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e6
+
+
+# --- the filesystem bench -------------------------------------------------------------------------------
+
+
+def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
+    store = FilesystemStore(root, fsync=False)
+    total = args.size_mib * MIB
+    t, (count, payload) = timed(
+        lambda: build_backlog(
+            store,
+            total,
+            min_entry=args.min_entry_kib * 1024,
+            max_entry=args.max_entry_kib * 1024,
+            segment_bytes=args.segment_mib * MIB,
+            block_bytes=args.block_mib * MIB,
+            entries_per_ledger=args.entries_per_ledger,
+            v1_fraction=0.25,
+        )
+    )
+    meta = MetadataStore(store)
+    segments = meta.offloaded_segments(TOPIC)
+    paths = [root / s.dataKey for s in segments]
+    data_bytes = sum(s.dataLength for s in segments)
+    v1 = sum(1 for s in segments if s.formatVersion == 1)
+    print(
+        f"filesystem backlog: {count:,} entries, {payload / MIB:,.0f} MiB of entries in {len(segments)} segments "
+        f"({len(segments) - v1} v2, {v1} v1), {data_bytes / MIB:,.0f} MiB of data objects, built in {t:.1f} s"
+    )
+    buf = args.read_buffer_kib * 1024
+    raw_read(paths, buf)  # warm the page cache
+    variants = {
+        "default (kernel read-ahead through one descriptor, no thread)": None,
+        "with the read-ahead thread": True,
+    }
+    best = dict.fromkeys(["raw", *variants], float("inf"))
+    for _ in range(args.repeat):
+        t_raw, n = timed(lambda: raw_read(paths, buf))
+        assert n == data_bytes
+        best["raw"] = min(best["raw"], t_raw)
+        for label, readahead in variants.items():
+            t_ours, (n_entries, n_payload, reader) = timed(
+                lambda readahead=readahead: our_read(store, buf, readahead=readahead, cache_bytes=args.cache_mib * MIB)
+            )
+            assert (n_entries, n_payload) == (count, payload), (n_entries, count)
+            reader.close()
+            best[label] = min(best[label], t_ours)
+    raw_mbps = mbps(data_bytes, best["raw"])
+    for label in variants:
+        secs = best[label]
+        print(
+            f"catch-up read ({label}): {count / secs:,.0f} entries/s, {mbps(payload, secs):,.0f} MB/s of entries "
+            f"({mbps(data_bytes, secs):,.0f} MB/s of objects) vs raw sequential read {raw_mbps:,.0f} MB/s "
+            f"(ratio {best['raw'] / secs:.2f})"
+        )
+
+    # Random single-entry reads.
+    locations = entry_locations(store, meta)
+    rnd = random.Random(7)
+    sample = rnd.sample(sorted(locations), min(args.random_reads, len(locations)))
+
+    def raw_entry(position: tuple[int, int]) -> bytes:
+        path, offset, length = locations[position]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    raw_lat = latencies(raw_entry, sample)
+    warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB))
+    for _ in warm.read(TOPIC):
+        pass
+    warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
+    warm.close()
+    cold_lat = []
+    for position in sample[: args.cold_reads]:
+        cold = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB))
+        cold.segments(TOPIC)  # listing the manifests is not the read being measured
+        start = time.perf_counter()
+        cold.read_entry(TOPIC, position)
+        cold_lat.append(time.perf_counter() - start)
+        cold.close()
+    print(f"random entry read, warm reader ({len(sample)} reads): {fmt_lat(warm_lat)} vs raw pread {fmt_lat(raw_lat)}")
+    print(
+        f"random entry read, cold reader ({len(cold_lat)} reads; opens the segment, walks from the nearest "
+        f"block head): {fmt_lat(cold_lat)}"
+    )
+    ratio = statistics.median(raw_lat) / statistics.median(warm_lat)
+    print(f"random entry read p50 ratio (raw pread / warm reader): {ratio:.2f}")
+
+
+# --- the S3 bench ---------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def moto_server(log_dir: Path) -> Any:
+    executable = Path(sys.executable).parent / "moto_server"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
+    with open(log_dir / "moto.log", "wb") as log:
+        proc = subprocess.Popen(
+            [str(executable), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not _answers(url + "/"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto_server did not start; see {log_dir / 'moto.log'}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def bench_s3(args: argparse.Namespace, work: Path) -> None:
+    import botocore.session
+
+    from streamoffload.storage.s3 import S3Store
+
+    with moto_server(work) as endpoint:
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        client = botocore.session.get_session().create_client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        )
+        client.create_bucket(Bucket=bucket)
+        store = S3Store(
+            bucket, endpoint_url=endpoint, region="us-east-1", path_style=True, access_key="bench", secret_key="bench"
+        )
+        total = args.s3_size_mib * MIB
+        t, (count, payload) = timed(
+            lambda: build_backlog(
+                store,
+                total,
+                min_entry=args.min_entry_kib * 1024,
+                max_entry=args.max_entry_kib * 1024,
+                segment_bytes=args.s3_segment_mib * MIB,
+                block_bytes=args.block_mib * MIB,
+                entries_per_ledger=args.entries_per_ledger,
+                v1_fraction=0.25,
+            )
+        )
+        segments = MetadataStore(store).offloaded_segments(TOPIC)
+        keys = [s.dataKey for s in segments]
+        data_bytes = sum(s.dataLength for s in segments)
+        print(
+            f"S3 (moto) backlog: {count:,} entries, {payload / MIB:,.0f} MiB in {len(segments)} segments, "
+            f"built in {t:.1f} s"
+        )
+        buf = args.read_buffer_kib * 1024
+        best_get = float("inf")
+        variants = {"read-ahead thread (default for S3)": None, "no read-ahead": False}
+        best = dict.fromkeys(variants, float("inf"))
+        gets = dict.fromkeys(variants, 0)
+        for _ in range(args.repeat):
+            t_get, n = timed(lambda: plain_get(store, keys))
+            assert n == data_bytes
+            best_get = min(best_get, t_get)
+            for label, readahead in variants.items():
+                t_ours, (n_entries, n_payload, reader) = timed(
+                    lambda readahead=readahead: our_read(
+                        store, buf, readahead=readahead, cache_bytes=args.cache_mib * MIB
+                    )
+                )
+                assert (n_entries, n_payload) == (count, payload)
+                gets[label] = reader.stats.gets
+                reader.close()
+                best[label] = min(best[label], t_ours)
+        for label in variants:
+            secs = best[label]
+            print(
+                f"S3 catch-up read ({label}): {count / secs:,.0f} entries/s, {mbps(payload, secs):,.0f} MB/s of "
+                f"entries ({gets[label]} ranged GETs of {buf // 1024} KiB) vs plain GET of each whole object "
+                f"{mbps(data_bytes, best_get):,.0f} MB/s ({len(keys)} GETs) (ratio {best_get / secs:.2f})"
+            )
+        sample = random.Random(3).sample(_positions(store), min(args.s3_random_reads, count))
+        warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB))
+        for _ in warm.read(TOPIC):
+            pass
+        warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
+        warm.close()
+        print(
+            f"S3 random entry read, warm reader ({len(sample)} reads, cache {args.cache_mib} MiB): {fmt_lat(warm_lat)}"
+        )
+        store.close()
+
+
+def _positions(store: ObjectStore) -> list[tuple[int, int]]:
+    reader = TopicReader(store, cache=ChunkCache(0), readahead=True)
+    try:
+        return [e.position for e in reader.read(TOPIC)]
+    finally:
+        reader.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=1024, help="filesystem backlog size (default: %(default)s)")
+    parser.add_argument("--s3-size-mib", type=int, default=64, help="S3 backlog size (default: %(default)s)")
+    parser.add_argument("--min-entry-kib", type=int, default=64)
+    parser.add_argument("--max-entry-kib", type=int, default=1024)
+    parser.add_argument("--segment-mib", type=int, default=256, help="maxSizePerOffloadSegmentMbytes (filesystem)")
+    parser.add_argument("--s3-segment-mib", type=int, default=16, help="maxSizePerOffloadSegmentMbytes (S3)")
+    parser.add_argument("--block-mib", type=int, default=64, help="managedLedgerOffloadMaxBlockSizeInBytes in MiB")
+    parser.add_argument("--entries-per-ledger", type=int, default=600)
+    parser.add_argument("--read-buffer-kib", type=int, default=1024, help="managedLedgerOffloadReadBufferSizeInBytes")
+    parser.add_argument("--cache-mib", type=int, default=64, help="chunk cache bound")
+    parser.add_argument("--repeat", type=int, default=2, help="measured runs of each side (best counts)")
+    parser.add_argument("--random-reads", type=int, default=1000)
+    parser.add_argument("--cold-reads", type=int, default=100)
+    parser.add_argument("--s3-random-reads", type=int, default=100)
+    parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--skip-filesystem", action="store_true")
+    parser.add_argument("--work-dir", default="/tmp", help="where the backlog is written (default: %(default)s)")
+    parser.add_argument("--keep", action="store_true", help="keep the backlog afterwards")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="streamoffload-bench-read-", dir=args.work_dir))
+    print(
+        f"read bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, read buffer {args.read_buffer_kib} KiB, "
+        f"entries {args.min_entry_kib}-{args.max_entry_kib} KiB, blocks {args.block_mib} MiB, best of {args.repeat}"
+    )
+    try:
+        if not args.skip_filesystem:
+            bench_filesystem(args, work / "store")
+        if not args.skip_s3:
+            bench_s3(args, work)
+    finally:
+        if args.keep:
+            print(f"backlog kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
