@@ -226,6 +226,10 @@ class ChunkCache:
                 self._bytes -= len(evicted)
                 self.evictions += 1
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Presence only: no hit or miss is counted and the LRU order is unchanged."""
+        return key in self._chunks
+
     def clear(self) -> None:
         with self._lock:
             self._chunks.clear()
@@ -355,8 +359,8 @@ class _Chunks:
             )
         return data
 
-    def fetch(self, index: int) -> bytes:
-        """Aligned chunk ``index``, from the cache or the store (then cached)."""
+    def fetch(self, index: int, *, keep: bool = True) -> bytes:
+        """Aligned chunk ``index``, from the cache or the store (then cached, if ``keep``)."""
         cache = self.cache
         ident = (*self._cache_prefix, index)
         if cache is not None:
@@ -365,9 +369,17 @@ class _Chunks:
                 return data
         start = index * self.size
         data = self.read_range(start, min(self.size, self.length - start))
-        if cache is not None:
+        if keep and cache is not None:
             cache.put(ident, data)
         return data
+
+    def all_cached(self, start: int, length: int) -> bool:
+        """Whether every chunk holding ``[start, start + length)`` is in the cache."""
+        cache = self.cache
+        if cache is None or not cache.max_bytes:
+            return False
+        last = (start + max(length, 1) - 1) // self.size
+        return all((*self._cache_prefix, i) in cache for i in range(start // self.size, last + 1))
 
     def close(self) -> None:
         if self._local is not None:
@@ -540,15 +552,18 @@ class _Prefetcher:
 
 
 class _Scan:
-    """Random access by absolute offset through aligned, cached chunks (single-entry reads)."""
+    """Random access by absolute offset through aligned chunks (single-entry reads). Chunks come from the
+    cache when it has them; only the chunks an entry is returned from are put into it (the chunks a walk
+    merely passes through, to read entry headers, would crowd it out)."""
 
-    __slots__ = ("_chunks", "_cur", "_cur_index", "_cur_start")
+    __slots__ = ("_chunks", "_cur", "_cur_index", "_cur_start", "_joined")
 
     def __init__(self, chunks: _Chunks) -> None:
         self._chunks = chunks
         self._cur_index = -1
         self._cur = memoryview(b"")
         self._cur_start = 0
+        self._joined: dict[int, bytes] = {}  # the chunks of the last read that spanned several
 
     def _load(self, index: int) -> memoryview:
         if index != self._cur_index:
@@ -558,7 +573,7 @@ class _Scan:
                     offset=self._chunks.length,
                     where=self._chunks.key,
                 )
-            self._cur = memoryview(self._chunks.fetch(index))
+            self._cur = memoryview(self._chunks.fetch(index, keep=False))
             self._cur_index = index
             self._cur_start = index * self._chunks.size
         return self._cur
@@ -571,14 +586,27 @@ class _Scan:
             rel = offset - self._cur_start
         if rel + n <= len(self._cur):
             return self._cur[rel : rel + n]
+        self._joined = {self._cur_index: self._cur.obj}  # type: ignore[dict-item]
         pieces = [self._cur[rel:]]
         got = len(pieces[0])
         while got < n:
             chunk = self._load(self._cur_index + 1)
+            self._joined[self._cur_index] = chunk.obj  # type: ignore[assignment]
             take = min(n - got, len(chunk))
             pieces.append(chunk[:take])
             got += take
         return memoryview(b"".join(pieces))
+
+    def keep(self, offset: int, n: int) -> None:
+        """Put the chunks holding ``[offset, offset + n)`` (an entry being returned) into the cache."""
+        cache = self._chunks.cache
+        if cache is None or not cache.max_bytes:
+            return
+        size = self._chunks.size
+        for index in range(offset // size, (offset + max(n, 1) - 1) // size + 1):
+            data = self._cur.obj if index == self._cur_index else self._joined.get(index)
+            if data is not None:
+                cache.put((*self._chunks._cache_prefix, index), data)  # type: ignore[arg-type]
 
 
 class _Stream:
@@ -611,26 +639,33 @@ class _Stream:
             return self._cur[rel : rel + n]
         return memoryview(self._chunks.read_range(offset, n))
 
+    def keep(self, offset: int, n: int) -> None:
+        """Sequential scans do not fill the cache."""
+
 
 # --- the read handle ------------------------------------------------------------------------------------
 
 
 class _Checkpoints:
-    """Learned entry offsets of one block: sorted entry ids and where their 12-byte headers start."""
+    """Learned entries of one block: sorted entry ids, where their 12-byte headers start, and their payload
+    lengths (so a learned entry is read back with one exact ranged GET)."""
 
-    __slots__ = ("ids", "last_entry_id", "offsets")
+    __slots__ = ("ids", "last_entry_id", "lengths", "offsets")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.offsets: list[int] = []
+        self.lengths: list[int] = []
         self.last_entry_id: int | None = None  # known once the block was read to its end
 
-    def learn(self, entry_id: int, offset: int, spacing: int) -> None:
+    def learn(self, entry_id: int, offset: int, length: int, spacing: int) -> None:
+        """Remember an entry if it starts at least ``spacing`` bytes from the learned ones around it."""
         ids = self.ids
         if not ids or entry_id > ids[-1]:
             if not ids or offset - self.offsets[-1] >= spacing:
                 ids.append(entry_id)
                 self.offsets.append(offset)
+                self.lengths.append(length)
             return
         i = bisect.bisect_left(ids, entry_id)
         if ids[i] == entry_id:
@@ -638,11 +673,19 @@ class _Checkpoints:
         if (i == 0 or offset - self.offsets[i - 1] >= spacing) and self.offsets[i] - offset >= spacing:
             ids.insert(i, entry_id)
             self.offsets.insert(i, offset)
+            self.lengths.insert(i, length)
 
     def best(self, entry_id: int) -> tuple[int, int] | None:
         """The learned (entry id, offset) closest at or before ``entry_id``."""
         i = bisect.bisect_right(self.ids, entry_id) - 1
         return None if i < 0 else (self.ids[i], self.offsets[i])
+
+    def exact(self, entry_id: int) -> tuple[int, int] | None:
+        """(offset of the entry's header, payload length) if this very entry was learned."""
+        i = bisect.bisect_left(self.ids, entry_id)
+        if i < len(self.ids) and self.ids[i] == entry_id:
+            return self.offsets[i], self.lengths[i]
+        return None
 
 
 class SegmentReadHandle:
@@ -882,8 +925,21 @@ class SegmentReadHandle:
         return out
 
     def read_entry(self, ledger_id: int, entry_id: int) -> OffloadedEntry:
-        """One entry by position: the nearest learned offset (or its block's head), then at most a chunk or
-        two of reading."""
+        """One entry by position. A learned entry is read with one exact ranged GET (or from cached chunks);
+        any other is found by walking from the nearest learned offset (or its block's head) through cached,
+        aligned chunks: a chunk or two once the handle has read nearby."""
+        if self._closed:
+            raise ReadError(f"read handle of {self.data_key} is closed")
+        i = bisect.bisect_right(self._block_positions, (ledger_id, entry_id)) - 1
+        if i >= 0 and self._blocks[i].ledger_id == ledger_id:
+            marks = self._checkpoints.get(self._blocks[i].offset)
+            known = marks.exact(entry_id) if marks is not None else None
+            if known is not None:
+                start, length = known[0] + ENTRY_HEADER_LENGTH, known[1]
+                self.stats.entries += 1
+                if self._chunks.all_cached(start, length):
+                    return OffloadedEntry(ledger_id, entry_id, _Scan(self._chunks).read(start, length))
+                return OffloadedEntry(ledger_id, entry_id, memoryview(self._chunks.read_range(start, length)))
         for entry in self._read((ledger_id, entry_id), (ledger_id, entry_id), sequential=False):
             return entry
         raise EntryNotFoundError(f"entry {ledger_id}:{entry_id} is not in segment {self.data_key}")
@@ -971,6 +1027,7 @@ class SegmentReadHandle:
         bi = block_index if block_index is not None else self._block_offsets.index(loc.offset)
         spacing = self._checkpoint_spacing
         unpack = _ENTRY_HEADER.unpack_from
+        keep = isinstance(scan, _Scan)
         manifest = self.manifest
         start_pos = start if start is not None else (-1, -1)
         offset, expect = self._resume(loc, start)
@@ -1056,7 +1113,7 @@ class SegmentReadHandle:
                     expect = None
                 previous = entry_id
                 if pos - last_mark >= spacing:
-                    marks.learn(entry_id, pos, spacing)
+                    marks.learn(entry_id, pos, length, spacing)
                     last_mark = pos
                 if entry_id > hi:
                     return
@@ -1072,6 +1129,8 @@ class SegmentReadHandle:
                         else:
                             payload = scan.read(pos + ENTRY_HEADER_LENGTH, length)
                             cur, cur_start, cur_len = scan._cur, scan._cur_start, len(scan._cur)
+                        if keep:
+                            scan.keep(pos + ENTRY_HEADER_LENGTH, length)
                         yield OffloadedEntry(ledger, entry_id, payload)
                 pos += ENTRY_HEADER_LENGTH + length
             if expect is not None:
