@@ -13,9 +13,10 @@ and its ``BlobStoreBackedReadHandleImpl``, without the mistakes SPEC 7 lists:
   dropping the iterator) and when the handle closes; its errors surface in the reader, in order. On the
   filesystem store the file is read through one held descriptor, which the kernel reads ahead itself,
   so the thread is off there by default (it only added hand-over costs; see bench/README.md).
-- **Learned offsets.** While reading, a handle remembers where entries start (one checkpoint about every
-  half read buffer, so memory stays proportional to the object size / read buffer size), so a later read
-  of a nearby entry starts there instead of at the head of its (64 MiB by default) block.
+- **Learned offsets.** While reading, a handle remembers where entries start and how long they are (one
+  about every eighth of a read buffer, so memory stays proportional to the object size / read buffer
+  size). A later read of a learned entry is one exact ranged GET; of another nearby entry, a walk from the
+  nearest learned one instead of from the head of its (64 MiB by default) block.
 - **A bounded cache** of aligned chunks (``ChunkCache``, an LRU bounded in bytes, with hit/miss counters)
   shared by every handle given it. Single-entry reads fill it; sequential scans only look it up (a
   catch-up read would evict everything else and never reuse its chunks).
@@ -729,7 +730,9 @@ class SegmentReadHandle:
         )
         self.cache = cache
         self.stats = ReadStats()
-        self._checkpoint_spacing = max(read_buffer_size // 2, 1)
+        # One learned entry per ~1/8 read buffer: entries that size or larger are read back exactly, others
+        # from at most 1/8 buffer before them; about 1 MB of offsets per GiB of data read, per open handle.
+        self._checkpoint_spacing = max(read_buffer_size // 8, 1)
         self._checkpoints: dict[int, _Checkpoints] = {}
         self._prefetchers: set[_Prefetcher] = set()
         self._closed = False

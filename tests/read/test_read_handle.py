@@ -85,6 +85,15 @@ def test_reads_everything_back_byte_for_byte_across_segments_ledgers_and_formats
     assert readahead_threads() == 0
 
 
+def test_readahead_defaults_to_a_thread_for_remote_stores_only(store: ObjectStore, offloaded: MetadataStore) -> None:
+    seg = offloaded.offloaded_segments(TOPIC)[0]
+    with SegmentReadHandle(store, seg) as handle:
+        # A filesystem object is read through one held descriptor, which the kernel reads ahead.
+        assert handle.readahead is not isinstance(store, FilesystemStore)
+    with SegmentReadHandle(store, seg, local_files=False) as handle:
+        assert handle.readahead is True
+
+
 def test_random_single_entry_reads(store: ObjectStore, history: History, offloaded: MetadataStore) -> None:
     rnd = random.Random(3)
     picks = rnd.sample(history.entries, 40)
@@ -341,19 +350,19 @@ def test_cache_is_shared_and_stays_within_its_bound(
         # A catch-up scan does not fill the cache (it would only evict what random reads use).
         assert read_all(reader) == history.expected
         assert cache.current_bytes == 0
-        # Single-entry reads fill it, within its bound.
+        # An entry the scan learned is read again with one GET of exactly its bytes.
+        target = history.entries[-5]
+        gets, fetched = reader.stats.gets, reader.stats.bytes_fetched
+        assert bytes(reader.read_entry(TOPIC, target.position).payload) == target.payload
+        assert (reader.stats.gets - gets, reader.stats.bytes_fetched - fetched) == (1, len(target.payload))
+    # Single-entry reads of a reader that has learned nothing walk through chunks and fill the cache, within
+    # its bound.
+    with TopicReader(store, read_buffer_size=BUF, cache=cache) as reader:
         for entry in random.Random(5).sample(history.entries, 60):
             assert bytes(reader.read_entry(TOPIC, entry.position).payload) == entry.payload
             assert cache.current_bytes <= bound
         stats = cache.stats()
         assert stats.evictions > 0 and 0 < stats.bytes <= bound and stats.misses > 0
-        # An entry the handle has learned is read again with one GET of exactly its bytes.
-        target = history.entries[-5]
-        reader.read_entry(TOPIC, target.position)
-        gets, fetched = reader.stats.gets, reader.stats.bytes_fetched
-        assert bytes(reader.read_entry(TOPIC, target.position).payload) == target.payload
-        assert reader.stats.gets - gets <= 1
-        assert reader.stats.bytes_fetched - fetched in (0, len(target.payload))
     # Readers share it: a new reader walks the target's block from its head (it has learned no offsets) and
     # caches the chunks it returns the entry from; a second new reader finds those in the cache.
     gets = []
