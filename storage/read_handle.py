@@ -5,9 +5,10 @@ and its ``BlobStoreBackedReadHandleImpl``, without the mistakes SPEC 7 lists:
 
 - **No seek per read.** Data is read with ranged GETs of ``read_buffer_size`` bytes
   (``managedLedgerOffloadReadBufferSizeInBytes``), never one per entry. A catch-up (sequential) read is
-  one forward stream of ranges planned so that each holds whole entries (``_RangePlanner``): no entry is
-  copied to be joined, block padding is skipped, and the only waste is re-reading the unfinished entry at
-  the end of each range. Single-entry reads use aligned chunks, which the cache can share.
+  one forward stream of ranges (``_RangePlanner``): from a remote store, back-to-back ranges, entries that
+  cross a range end joined in memory (nothing is fetched twice); from local files, ranges cut at entry
+  boundaries so nothing is joined (a page-cache re-read of the unfinished entry is cheaper than a copy),
+  with block padding skipped. Single-entry reads use aligned chunks, which the cache can share.
 - **Read-ahead.** A sequential read runs the range planner on a background thread, with at most
   ``readahead_bytes`` read but not yet consumed. It stops when the read ends or is abandoned (closing or
   dropping the iterator) and when the handle closes; its errors surface in the reader, in order. On the
@@ -374,6 +375,11 @@ class _Chunks:
             cache.put(ident, data)
         return data
 
+    @property
+    def remote(self) -> bool:
+        """Whether reads go over the network (not through a held local file descriptor)."""
+        return self._local is None and not isinstance(self.store, FilesystemStore)
+
     def all_cached(self, start: int, length: int) -> bool:
         """Whether every chunk holding ``[start, start + length)`` is in the cache."""
         cache = self.cache
@@ -392,33 +398,60 @@ Range = tuple[int, memoryview]
 
 
 class _RangePlanner:
-    """Plans the ranged reads of a sequential scan so that every range holds whole entries.
+    """Plans the ranged reads of a sequential scan.
 
-    Each read takes ``read_buffer_size`` bytes (more when the entry at its start is known to be larger) from
-    the first byte no earlier range holds whole; the range handed over ends at the last entry (or block
-    header) that fits, and the next read starts there. So no entry straddles two ranges and none is copied
-    to be joined; the price is re-reading the unfinished entry at the end of each read (a fraction of an
-    entry). Padding at the end of a block is skipped, not read. Only the framing needed to find entry
-    boundaries is looked at here; the reader checks everything when it decodes.
+    Entry-aligned (local files): each read takes ``read_buffer_size`` bytes (the known entry alone when a
+    full buffer would add only part of another, more when it is larger) from the first byte no earlier
+    range holds whole; the range handed over ends at the last entry (or block header) that fits, and the
+    next read starts there. No entry straddles two ranges and none is copied to be joined; the price is
+    re-reading the unfinished entry at the end of a read, which for a page-cache read costs what a join's
+    copy would, and less. Padding at the end of a block is skipped, not read. Only the framing needed to
+    find entry boundaries is looked at here; the reader checks everything when it decodes.
+
+    Contiguous (remote stores): back-to-back reads of ``read_buffer_size`` bytes; entries crossing a range
+    end are joined in memory, which is far cheaper than fetching their bytes twice over the network.
     """
 
-    def __init__(self, chunks: _Chunks, blocks: list[BlockLocation], block_index: int, begin: int, end: int) -> None:
+    def __init__(
+        self,
+        chunks: _Chunks,
+        blocks: list[BlockLocation],
+        block_index: int,
+        begin: int,
+        end: int,
+        *,
+        contiguous: bool = False,
+    ) -> None:
+        self._contiguous = contiguous
         self._chunks = chunks
         self._blocks = blocks
         self._bi = block_index  # the block holding _pos
         self._pos = begin
         self._end = end
-        self._need = 0  # bytes of the unit starting at _pos, when the previous read told us
+        self._need = 0  # bytes of the entry starting at _pos, when the previous read told us
+        self._seen_bytes = 0  # entries handed over so far, for their mean size
+        self._seen_entries = 0
 
     def next(self) -> Range | None:
         pos, end = self._pos, self._end
         if pos >= end:
             return None
-        want = max(self._chunks.size, self._need)
+        size, need = self._chunks.size, self._need
+        if self._contiguous:
+            view = memoryview(self._chunks.read_range(pos, min(size, end - pos)))
+            self._pos = pos + len(view)
+            return pos, view
+        want = max(size, need)
+        if need and self._seen_entries and size - need < self._seen_bytes / self._seen_entries:
+            # What a full buffer would add after the known entry is less than an average entry: most likely
+            # only part of one, to be read again. Read the known entry alone.
+            want = need
         while True:
             view = memoryview(self._chunks.read_range(pos, min(want, end - pos)))
-            cut, next_pos, bi, need = self._plan(pos, view)
+            cut, next_pos, bi, need, entries = self._plan(pos, view)
             if cut > pos:
+                self._seen_bytes += cut - pos
+                self._seen_entries += entries
                 break
             if need > len(view) and pos + need <= end:
                 want = need  # one unit larger than the read: read it whole
@@ -428,18 +461,20 @@ class _RangePlanner:
         self._pos, self._bi, self._need = next_pos, bi, need if next_pos == cut else 0
         return pos, view[: cut - pos]
 
-    def _plan(self, pos: int, view: memoryview) -> tuple[int, int, int, int]:
-        """(where the range ends, where the next read starts, block index there, size of the unit there)."""
+    def _plan(self, pos: int, view: memoryview) -> tuple[int, int, int, int, int]:
+        """(where the range ends, where the next read starts, block index there, size of the entry there if
+        known, entries in the range)."""
         blocks = self._blocks
         bi = self._bi
         data_end = pos + len(view)
         unpack = _U32.unpack_from
         q = pos
+        n = 0
         while q < data_end:
             block = blocks[bi]
             if q == block.offset:
                 if q + BLOCK_HEADER_LENGTH > data_end:
-                    return q, q, bi, BLOCK_HEADER_LENGTH
+                    return q, q, bi, 0, n
                 q += BLOCK_HEADER_LENGTH
                 continue
             block_end = block.offset + block.length
@@ -449,25 +484,26 @@ class _RangePlanner:
             remaining = block_end - q
             if remaining < ENTRY_HEADER_LENGTH:
                 if block_end > data_end:
-                    return q, q, bi, remaining
+                    return q, q, bi, 0, n
                 q = block_end
                 continue
             if q + ENTRY_HEADER_LENGTH > data_end:
-                return q, q, bi, 0
+                return q, q, bi, 0, n
             (length,) = unpack(view, q - pos)
             if length == _PADDING_WORD:
                 if block_end <= data_end:
                     q = block_end
                     continue
                 # The reader checks the first padding bytes; the rest of the block is skipped.
-                return q + ENTRY_HEADER_LENGTH, block_end, bi + 1, 0
+                return q + ENTRY_HEADER_LENGTH, block_end, bi + 1, 0, n
             if length > remaining - ENTRY_HEADER_LENGTH:
-                return data_end, data_end, bi, 0  # corrupt length: the reader reports it
+                return data_end, data_end, bi, 0, n  # corrupt length: the reader reports it
             entry_end = q + ENTRY_HEADER_LENGTH + length
             if entry_end > data_end:
-                return q, q, bi, ENTRY_HEADER_LENGTH + length
+                return q, q, bi, ENTRY_HEADER_LENGTH + length, n
             q = entry_end
-        return q, q, bi, 0
+            n += 1
+        return q, q, bi, 0, n
 
 
 class _Prefetcher:
@@ -611,8 +647,10 @@ class _Scan:
 
 
 class _Stream:
-    """Sequential access: the ranges of a planner (read ahead on a thread, or read when needed). Entries
-    lie whole in one range, so reads are views; anything else (corrupt framing) is read directly."""
+    """Sequential access: the ranges of a planner (read ahead on a thread, or read when needed). With an
+    entry-aligned planner every entry lies whole in one range and reads are views; with a contiguous one
+    an entry crossing a range end is joined from the two. Anything else (corrupt framing pointing
+    backwards, or past the ranges) is read directly."""
 
     __slots__ = ("_chunks", "_cur", "_cur_start", "_next", "_stats", "_threaded")
 
@@ -624,20 +662,37 @@ class _Stream:
         self._cur = memoryview(b"")
         self._cur_start = 0
 
+    def _advance(self) -> bool:
+        item = self._next()
+        if item is None:
+            return False
+        if self._threaded:
+            self._stats.readahead_chunks += 1
+        self._cur_start, self._cur = item
+        return True
+
     def read(self, offset: int, n: int) -> memoryview:
         rel = offset - self._cur_start
         if 0 <= rel <= len(self._cur) - n:
             return self._cur[rel : rel + n]
         while offset >= self._cur_start + len(self._cur):
-            item = self._next()
-            if item is None:
+            if not self._advance():
                 break
-            if self._threaded:
-                self._stats.readahead_chunks += 1
-            self._cur_start, self._cur = item
         rel = offset - self._cur_start
         if 0 <= rel <= len(self._cur) - n:
             return self._cur[rel : rel + n]
+        if 0 <= rel < len(self._cur):
+            # Crosses the end of this range: join it with the next ones (they follow without a gap).
+            pieces = [self._cur[rel:]]
+            got = len(pieces[0])
+            while got < n and self._advance():
+                if self._cur_start != offset + got:
+                    break
+                take = min(n - got, len(self._cur))
+                pieces.append(self._cur[:take])
+                got += take
+            if got == n:
+                return memoryview(b"".join(pieces))
         return memoryview(self._chunks.read_range(offset, n))
 
     def keep(self, offset: int, n: int) -> None:
@@ -969,7 +1024,14 @@ class SegmentReadHandle:
             yield from self._walk(loc, start, end, _Scan(self._chunks), emit=True, block_index=first)
             return
         begin = self._resume(loc, start)[0]
-        planner = _RangePlanner(self._chunks, self._blocks, first, begin, self._blocks[self._last_block(end)].end)
+        planner = _RangePlanner(
+            self._chunks,
+            self._blocks,
+            first,
+            begin,
+            self._blocks[self._last_block(end)].end,
+            contiguous=self._chunks.remote,
+        )
         prefetch = None
         if self.readahead:
             prefetch = _Prefetcher(planner.next, self.readahead_bytes, self.data_key)
