@@ -67,8 +67,9 @@ def _open_store(options: dict[str, str]) -> ObjectStore:
 
 class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
-        self.options = options
-        self.key_prefix = options.get("keyPrefix", "")
+        # Spark hands Python data sources their option names lowercased.
+        self.options = {k.lower(): v for k, v in options.items()}
+        self.key_prefix = self.options.get("keyprefix", "")
         self._store: ObjectStore | None = None
         self._available_now: str | None = None
 
