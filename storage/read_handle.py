@@ -42,8 +42,9 @@ import queue
 import re
 import struct
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -331,6 +332,7 @@ class _Chunks:
         self.stats = stats
         self.count = (length + chunk_size - 1) // chunk_size
         self._cache_prefix = (store.url, key, chunk_size)
+        self._stats_lock = threading.Lock()
 
     def read_range(self, start: int, length: int) -> bytes:
         """Bytes ``[start, start + length)`` with one ranged GET; a short or missing object raises an error
@@ -351,8 +353,9 @@ class _Chunks:
             raise MissingObjectError(
                 f"data object {self.key} disappeared while being read (deleted by retention or cleanup?)", self.key
             ) from None
-        self.stats.gets += 1
-        self.stats.bytes_fetched += len(data)
+        with self._stats_lock:  # read-ahead workers count too
+            self.stats.gets += 1
+            self.stats.bytes_fetched += len(data)
         if len(data) != length:
             raise TruncatedError(
                 f"data object ends after {start + len(data)} bytes, but its index says it has {self.length}",
@@ -588,6 +591,66 @@ class _Prefetcher:
         return self._thread.is_alive()
 
 
+class _ParallelPrefetcher:
+    """Read-ahead for remote stores: back-to-back ranges fetched by up to ``window / read_buffer_size``
+    worker threads at once (at most 8), handed to the reader in order. A remote GET is mostly waiting
+    (first-byte latency), so several in flight are what makes a catch-up read fast; one thread reading
+    ahead would only overlap the reader's decoding with one wait at a time."""
+
+    MAX_WORKERS = 8
+
+    def __init__(self, chunks: _Chunks, begin: int, end: int, window: int, name: str) -> None:
+        self._chunks = chunks
+        self._size = chunks.size
+        self._pos = begin
+        self._end = end
+        self._window = max(window, self._size)
+        self._depth = max(1, min(self.MAX_WORKERS, self._window // self._size))
+        self._pending: deque[tuple[int, Future[bytes]]] = deque()
+        self._pool = ThreadPoolExecutor(max_workers=self._depth, thread_name_prefix=f"streamoffload-readahead:{name}")
+        self._closed = False
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._pending) < self._depth and self._pos < self._end:
+            start, length = self._pos, min(self._size, self._end - self._pos)
+            self._pending.append((start, self._pool.submit(self._chunks.read_range, start, length)))
+            self._pos += length
+
+    @property
+    def window(self) -> int:
+        return self._depth * self._size
+
+    @property
+    def ready_bytes(self) -> int:
+        """Bytes fetched and not yet handed to the reader."""
+        total = 0
+        for _, future in list(self._pending):
+            if future.done() and not future.cancelled() and future.exception() is None:
+                total += len(future.result())
+        return total
+
+    def get(self) -> Range | None:
+        """The next range in order, None at the end; raises the error of the GET that failed."""
+        if self._closed or not self._pending:
+            return None
+        start, future = self._pending.popleft()
+        data = future.result()  # raises the GET's error here, in order
+        self._fill()
+        return start, memoryview(data)
+
+    def close(self) -> None:
+        self._closed = True
+        for _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+
 class _Scan:
     """Random access by absolute offset through aligned chunks (single-entry reads). Chunks come from the
     cache when it has them; only the chunks an entry is returned from are put into it (the chunks a walk
@@ -789,7 +852,7 @@ class SegmentReadHandle:
         # from at most 1/8 buffer before them; about 1 MB of offsets per GiB of data read, per open handle.
         self._checkpoint_spacing = max(read_buffer_size // 8, 1)
         self._checkpoints: dict[int, _Checkpoints] = {}
-        self._prefetchers: set[_Prefetcher] = set()
+        self._prefetchers: set[_Prefetcher | _ParallelPrefetcher] = set()
         self._closed = False
 
         self.manifest: SegmentManifest | None
@@ -1024,17 +1087,14 @@ class SegmentReadHandle:
             yield from self._walk(loc, start, end, _Scan(self._chunks), emit=True, block_index=first)
             return
         begin = self._resume(loc, start)[0]
-        planner = _RangePlanner(
-            self._chunks,
-            self._blocks,
-            first,
-            begin,
-            self._blocks[self._last_block(end)].end,
-            contiguous=self._chunks.remote,
-        )
-        prefetch = None
-        if self.readahead:
+        planner_end = self._blocks[self._last_block(end)].end
+        planner = _RangePlanner(self._chunks, self._blocks, first, begin, planner_end, contiguous=self._chunks.remote)
+        prefetch: _Prefetcher | _ParallelPrefetcher | None = None
+        if self.readahead and self._chunks.remote:
+            prefetch = _ParallelPrefetcher(self._chunks, begin, planner_end, self.readahead_bytes, self.data_key)
+        elif self.readahead:
             prefetch = _Prefetcher(planner.next, self.readahead_bytes, self.data_key)
+        if prefetch is not None:
             self._prefetchers.add(prefetch)
             stream = _Stream(self._chunks, prefetch.get, threaded=True)
         else:
@@ -1362,6 +1422,8 @@ class TopicReader:
         """Offloaded segments of ``topic`` holding any position in ``[start, end]``; TopicNotFoundError if
         the topic has none at all."""
         found = self.metadata.segments_for_range(topic, start, end)
+        if start is None and end is None:
+            self._known_segments[str(topic)] = found  # the full list: single-entry reads use it
         if not found and not self.metadata.offloaded_segments(topic):
             known = self.metadata.topics()
             shown = ", ".join(str(t) for t in known[:10]) + (", ..." if len(known) > 10 else "")

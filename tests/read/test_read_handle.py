@@ -100,7 +100,7 @@ def test_readahead_defaults_to_a_thread_for_remote_stores_only(store: ObjectStor
 
 def test_random_single_entry_reads(store: ObjectStore, history: History, offloaded: MetadataStore) -> None:
     rnd = random.Random(3)
-    picks = rnd.sample(history.entries, 40)
+    picks = rnd.sample(history.entries, 25)
     with TopicReader(store, read_buffer_size=BUF, cache=ChunkCache(0)) as cold:
         for entry in picks:
             got = cold.read_entry(TOPIC, entry.position)
@@ -362,7 +362,7 @@ def test_cache_is_shared_and_stays_within_its_bound(
     # Single-entry reads of a reader that has learned nothing walk through chunks and fill the cache, within
     # its bound.
     with TopicReader(store, read_buffer_size=BUF, cache=cache) as reader:
-        for entry in random.Random(5).sample(history.entries, 60):
+        for entry in random.Random(5).sample(history.entries, 30):
             assert bytes(reader.read_entry(TOPIC, entry.position).payload) == entry.payload
             assert cache.current_bytes <= bound
         stats = cache.stats()
