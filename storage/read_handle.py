@@ -9,18 +9,21 @@ and its ``BlobStoreBackedReadHandleImpl``, without the mistakes SPEC 7 lists:
   cross a range end joined in memory (nothing is fetched twice); from local files, ranges cut at entry
   boundaries so nothing is joined (a page-cache re-read of the unfinished entry is cheaper than a copy),
   with block padding skipped. Single-entry reads use aligned chunks, which the cache can share.
-- **Read-ahead.** A sequential read runs the range planner on a background thread, with at most
-  ``readahead_bytes`` read but not yet consumed. It stops when the read ends or is abandoned (closing or
-  dropping the iterator) and when the handle closes; its errors surface in the reader, in order. On the
-  filesystem store the file is read through one held descriptor, which the kernel reads ahead itself,
-  so the thread is off there by default (it only added hand-over costs; see bench/README.md).
+- **Read-ahead.** A sequential read from a remote store keeps up to ``readahead_bytes / read_buffer_size``
+  ranged GETs in flight on worker threads (at most 8), handed to the reader in order
+  (``_ParallelPrefetcher``): GETs are mostly waiting, so several at once is what makes replay fast. The
+  workers stop when the read ends or is abandoned (closing or dropping the iterator) and when the handle
+  closes; a GET's error surfaces in the reader where that range would have been read. From local files
+  the default is no thread: the file is read through one held descriptor, which the kernel reads ahead
+  itself, and a thread only added hand-over costs (``_Prefetcher`` runs the planner on one when asked).
 - **Learned offsets.** While reading, a handle remembers where entries start and how long they are (one
   about every eighth of a read buffer, so memory stays proportional to the object size / read buffer
   size). A later read of a learned entry is one exact ranged GET; of another nearby entry, a walk from the
   nearest learned one instead of from the head of its (64 MiB by default) block.
 - **A bounded cache** of aligned chunks (``ChunkCache``, an LRU bounded in bytes, with hit/miss counters)
-  shared by every handle given it. Single-entry reads fill it; sequential scans only look it up (a
-  catch-up read would evict everything else and never reuse its chunks).
+  shared by every handle given it. Single-entry reads put in it the chunks they return entries from;
+  sequential scans, and the chunks a walk only passes through, do not fill it (they would evict what is
+  reused, and retaining them made every later allocation fault its pages in).
 - **Checked as it goes.** Block headers are checked against the index (format, length, first entry id,
   ledger id), entry lengths against their block, entry ids for strict order, padding where it starts,
   and a full read of a segment against its manifest's start and end; corruption raises a
@@ -173,7 +176,7 @@ class ReadStats:
     """Ranged GETs issued to the store (cache hits excluded)."""
     bytes_fetched: int = 0
     readahead_chunks: int = 0
-    """Chunks the read-ahead thread delivered to a reader."""
+    """Ranges the read-ahead (thread or workers) had read before the reader asked for them."""
     entries: int = 0
 
     def add(self, other: ReadStats) -> None:
