@@ -713,22 +713,39 @@ class _Scan:
 
 
 class _Stream:
-    """Sequential access: the ranges of a planner (read ahead on a thread, or read when needed). With an
-    entry-aligned planner every entry lies whole in one range and reads are views; with a contiguous one
-    an entry crossing a range end is joined from the two. Anything else (corrupt framing pointing
-    backwards, or past the ranges) is read directly."""
+    """Sequential access for the walk, in one of two ways:
 
-    __slots__ = ("_chunks", "_cur", "_cur_start", "_next", "_stats", "_threaded")
+    - over ranges handed to it in order (``next_range``: a read-ahead, or a contiguous planner), joining an
+      entry that crosses the end of one range with the next;
+    - on demand (``next_range`` None; local files): when the walk needs bytes the current range does not
+      hold, the next range is read starting exactly there, ``read_buffer_size`` long or as long as the
+      entry. So a range never ends inside an entry the walk has to return: nothing is joined, block padding
+      is never read (the walk jumps over it), and the only bytes read twice are the part of an entry that
+      a previous range ended in. The walk parses each entry once (a planner would parse it a second time).
 
-    def __init__(self, chunks: _Chunks, next_range: Callable[[], Range | None], *, threaded: bool) -> None:
+    Anything else (corrupt framing pointing backwards) is read directly.
+    """
+
+    __slots__ = ("_chunks", "_cur", "_cur_start", "_limit", "_next", "_stats", "_threaded")
+
+    def __init__(
+        self,
+        chunks: _Chunks,
+        next_range: Callable[[], Range | None] | None,
+        *,
+        threaded: bool = False,
+        limit: int = 0,
+    ) -> None:
         self._chunks = chunks
         self._next = next_range
         self._threaded = threaded
+        self._limit = limit or chunks.length  # demand reads stop here (the end of the last block to read)
         self._stats = chunks.stats
         self._cur = memoryview(b"")
         self._cur_start = 0
 
     def _advance(self) -> bool:
+        assert self._next is not None
         item = self._next()
         if item is None:
             return False
@@ -741,6 +758,12 @@ class _Stream:
         rel = offset - self._cur_start
         if 0 <= rel <= len(self._cur) - n:
             return self._cur[rel : rel + n]
+        if self._next is None:
+            want = max(self._chunks.size, n)
+            limit = self._limit if offset + n <= self._limit else self._chunks.length
+            self._cur = memoryview(self._chunks.read_range(offset, min(want, max(limit - offset, n))))
+            self._cur_start = offset
+            return self._cur[:n]
         while offset >= self._cur_start + len(self._cur):
             if not self._advance():
                 break
@@ -1100,8 +1123,10 @@ class SegmentReadHandle:
         if prefetch is not None:
             self._prefetchers.add(prefetch)
             stream = _Stream(self._chunks, prefetch.get, threaded=True)
+        elif self._chunks.remote:
+            stream = _Stream(self._chunks, planner.next)
         else:
-            stream = _Stream(self._chunks, planner.next, threaded=False)
+            stream = _Stream(self._chunks, None, limit=planner_end)
         try:
             yield from self._walk(loc, start, end, stream, emit=True, block_index=first)
         finally:
