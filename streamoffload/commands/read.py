@@ -64,7 +64,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--ledger-id", type=int, metavar="N", help="ledger id of a v1 data object not named ...-ledger-<N>"
     )
-    parser.add_argument("--no-readahead", action="store_true", help="do not prefetch the next chunks in the background")
+    parser.add_argument(
+        "--no-readahead",
+        action="store_true",
+        help="never read ahead (default: several GETs in flight from remote stores; local files are read ahead "
+        "by the kernel)",
+    )
     parser.add_argument(
         "--readahead-bytes", type=int, metavar="N", help="bytes fetched ahead of the reader (default: 4 read buffers)"
     )
@@ -149,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         prefix,
         read_buffer_size=read_buffer,
         cache=ChunkCache(args.cache_bytes),
-        readahead=not args.no_readahead,
+        readahead=False if args.no_readahead else None,
         readahead_bytes=args.readahead_bytes,
     )
     try:
