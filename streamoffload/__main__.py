@@ -1,5 +1,8 @@
+"""``python -m streamoffload`` and ``spark-submit .../streamoffload/__main__.py``."""
+
 import sys
 
 from streamoffload.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

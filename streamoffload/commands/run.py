@@ -17,9 +17,10 @@ examples:
       --store file:///var/lib/streamoffload/store --checkpoint /var/lib/streamoffload/checkpoint
   streamoffload run --conf prod.toml --once     # drain, seal every open segment, exit
 
-On a cluster, submit the same job with spark-submit:
-  spark-submit --master yarn $(python -c 'import streamoffload.streaming.submit as s; print(s.__file__)') \\
-      --conf prod.toml
+On a cluster, submit the same job with spark-submit (the package installed on every node; the
+master and resources then come from spark-submit, not from [spark] master):
+  spark-submit --master yarn $(python -c 'import streamoffload.__main__ as m; print(m.__file__)') \\
+      run --conf prod.toml
 """
 
 
@@ -47,9 +48,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamoffload.streaming.faults import arm_for_this_job
     from streamoffload.streaming.job import OffloadJob
     from streamoffload.streaming.session import build_session
 
+    arm_for_this_job()  # crash-safety tests only: a no-op unless STREAMOFFLOAD_CRASH_AT is set
     config, path = config_from_args(args)
     logging.getLogger("streamoffload").setLevel(min(logging.getLogger().level, logging.INFO))
     job = OffloadJob(config, path)
