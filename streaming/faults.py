@@ -14,6 +14,14 @@ import signal
 from pathlib import Path
 
 POINTS = ("after-open", "after-part", "after-complete", "after-index")
+JOB_PGID = "STREAMOFFLOAD_JOB_PGID"
+
+
+def arm_for_this_job() -> None:
+    """Called by the job's main process: remember its process group for the workers, because
+    PySpark's worker daemon puts Python workers in process groups of their own."""
+    if os.environ.get("STREAMOFFLOAD_CRASH_AT"):
+        os.environ.setdefault(JOB_PGID, str(os.getpgrp()))
 
 
 def crash_point(name: str) -> None:
@@ -35,4 +43,4 @@ def crash_point(name: str) -> None:
         os.close(fd)
     if os.path.getsize(directory / f"count-{point}") >= int(nth or 1):
         (directory / "crashed").write_text(point)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.killpg(int(os.environ.get(JOB_PGID, os.getpgrp())), signal.SIGKILL)

@@ -21,7 +21,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.config import Config, PolicySource, StoreSettings
-from streamoffload.streaming.control import submit_requests
+from streamoffload.streaming.control import requests_prefix, submit_requests
 from streamoffload.streaming.segmenter import ACTION_SCHEMA, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
 
@@ -230,11 +230,16 @@ class OffloadJob:
         self._raise_if_failed()
         open_topics = self.open_segment_topics()
         if open_topics:
-            submit_requests(self.store_settings.open(), self.key_prefix, open_topics, CONTROL_SEAL)
+            store = self.store_settings.open()
+            ids = submit_requests(store, self.key_prefix, open_topics, CONTROL_SEAL)
             # No read limit: the data that arrived meanwhile and the seal land in one batch, so the
             # seal comes after every entry read.
             self.start(spark, once=True, read_limits=False).awaitTermination()
             self._raise_if_failed()
+            # Spark tells a source its batch is committed only when the next batch starts, which a
+            # finished run never does: remove the requests this run made and consumed.
+            for request_id in ids:
+                store.delete(requests_prefix(self.key_prefix) + request_id)
         self.maybe_apply_retention(force=True)
 
     def _raise_if_failed(self) -> None:

@@ -1,0 +1,260 @@
+"""End to end: publish with pulsar-client into the embedded broker, run the offload job on local Spark,
+read everything back from the store byte for byte."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.config import load_config
+from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
+from streamoffload.streaming.control import submit_requests
+from streamoffload.streaming.job import OffloadJob
+from tests.fixtures.broker import partition_names, unique_topic
+from tests.job.readback import read_entries, read_messages, referenced_keys, store_keys
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+SMALL_SEGMENTS = """
+[offload]
+managedLedgerOffloadMaxBlockSizeInBytes = 8192
+maxSizePerOffloadSegmentMbytes = 0.03
+maxOffloadSegmentRolloverTimeMinutes = 10
+"""
+
+
+def write_config(tmp_path: Path, service_url: str, topics: list[str], store: str, extra: str = SMALL_SEGMENTS) -> Path:
+    path = tmp_path / "offload.toml"
+    path.write_text(
+        f"""
+[pulsar]
+service_url = "{service_url}"
+topics = {topics!r}
+
+{store}
+
+[spark]
+checkpoint = "{tmp_path / "checkpoint"}"
+trigger_interval = "1 second"
+
+[metrics]
+address = ""
+{extra}
+""".replace("'", '"')
+    )
+    return path
+
+
+def fs_store(tmp_path: Path) -> str:
+    return f'[store]\nroot = "{tmp_path / "store"}"'
+
+
+def check_messages(store: Any, topic: str, count: int, *, keys: int, size: int, key_prefix: str = "") -> None:
+    """Every published message exactly once, in order, with its exact payload, key and properties."""
+    got = read_messages(store, topic, key_prefix)
+    assert len(got) == count, f"{topic}: {len(got)} messages offloaded, {count} published"
+    positions = [(m.ledger_id, m.entry_id, m.batch_index) for m in got]
+    assert positions == sorted(positions) and len(set(positions)) == count
+    for seq, message in enumerate(got):
+        assert message.payload == expected_payload(topic, seq, size), (topic, seq)
+        assert message.key == expected_key(seq, keys)
+        assert message.properties == expected_properties(seq)
+
+
+def poll(condition: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_once_offloads_batched_and_unbatched_traffic_across_a_ledger_rollover(
+    spark: Any, pulsar_broker: Any, rollover_topic: tuple[str, int], tmp_path: Path
+) -> None:
+    base = unique_topic("orders")
+    partitioned = partition_names(base, 3)
+    plain = unique_topic("audit")
+    rolled, rolled_count = rollover_topic  # 50,000+ unbatched entries: crosses a ledger rollover
+    produce(pulsar_broker.service_url, partitioned, count=300, payload_size=200, keys=7, batching=True, batch_size=20)
+    produce(pulsar_broker.service_url, plain, count=200, payload_size=300, batching=False)
+
+    extra = SMALL_SEGMENTS.replace("0.03", "0.25").replace("8192", "65536")
+    config_path = write_config(
+        tmp_path, pulsar_broker.service_url, [*partitioned, plain, rolled], fs_store(tmp_path), extra
+    )
+    config = load_config(config_path)
+    OffloadJob(config, str(config_path)).run_once(spark)
+
+    store = config.store.open()
+    meta = MetadataStore(store)
+    for topic in [*partitioned, plain, rolled]:
+        segments = meta.offloaded_segments(topic)
+        assert segments, topic
+        assert all(s.dataLength <= config.policy_for(topic).max_segment_bytes for s in segments)
+        assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
+    for topic in partitioned:
+        check_messages(store, topic, 300, keys=7, size=200)
+        assert any(m.batch_index > 0 for m in read_messages(store, topic)), "batched entries hold several messages"
+    check_messages(store, plain, 200, keys=0, size=300)
+    assert all(m.batch_index == -1 for m in read_messages(store, plain))
+
+    entries = read_entries(store, rolled)
+    assert len(entries) == rolled_count
+    ledgers = sorted({ledger for ledger, _, _ in entries})
+    assert len(ledgers) == 2, f"{rolled} should span a ledger rollover, got ledgers {ledgers}"
+    assert any(len(s.ledgers) == 2 for s in meta.offloaded_segments(rolled)), "a segment spans both ledgers"
+    check_messages(store, rolled, rolled_count, keys=0, size=16)
+
+    # Deletion: marking the first ledger deletes exactly the segments that hold only that ledger.
+    topic = rolled
+    first_ledger = ledgers[0]
+    before = meta.offloaded_segments(topic)
+    only_first = [s for s in before if {i.ledgerId for i in s.ledgers} == {first_ledger}]
+    assert only_first
+    meta.mark_ledger_deleted(topic, first_ledger, "test")
+    deleted = meta.apply_deletions(topic, lag_ms=0)
+    assert {mf.manifest_uuid(s) for s in deleted} == {mf.manifest_uuid(s) for s in only_first}
+    for seg in only_first:
+        assert not store.exists(seg.dataKey) and not store.exists(seg.indexKey)
+    remaining = meta.offloaded_segments(topic)
+    assert len(remaining) == len(before) - len(only_first)
+    assert any(first_ledger in {i.ledgerId for i in s.ledgers} for s in remaining), "mixed segment kept"
+
+
+@pytest.mark.s3
+def test_once_to_s3(spark: Any, pulsar_broker: Any, tmp_path: Path, moto_server: str, s3_bucket: str) -> None:
+    topic = unique_topic("s3")
+    produce(pulsar_broker.service_url, topic, count=400, payload_size=500, keys=3, batching=True, batch_size=25)
+    store = (
+        f'[store]\nmanagedLedgerOffloadDriver = "s3"\nbucket = "{s3_bucket}"\nprefix = "offload/v1"\n'
+        f'serviceEndpoint = "{moto_server}"\nregion = "us-east-1"\npathStyle = true'
+    )
+    extra = SMALL_SEGMENTS.replace("8192", "65536").replace("0.03", "0.1")
+    config_path = write_config(tmp_path, pulsar_broker.service_url, [topic], store, extra)
+    config = load_config(config_path)
+    OffloadJob(config, str(config_path)).run_once(spark)
+    s3 = config.store.open()
+    assert len(MetadataStore(s3, "offload/v1").offloaded_segments(topic)) >= 2
+    check_messages(s3, topic, 400, keys=3, size=500, key_prefix="offload/v1")
+    assert MetadataStore(s3, "offload/v1").cleanup(topic, grace_ms=0).total == 0
+    assert not list(s3.pending_multiparts(""))
+
+
+@pytest.fixture
+def running_job(spark: Any) -> Iterator[Callable[[Path], OffloadJob]]:
+    jobs: list[tuple[OffloadJob, threading.Thread]] = []
+
+    def start(config_path: Path) -> OffloadJob:
+        job = OffloadJob(load_config(config_path), str(config_path))
+        job.policies._min_interval_s = 0.0
+        thread = threading.Thread(target=job.run_forever, args=(spark,), daemon=True)
+        thread.start()
+        jobs.append((job, thread))
+        return job
+
+    yield start
+    for job, thread in jobs:
+        job.stop()
+        thread.join(60)
+
+
+def test_continuous_job_seals_by_time_on_request_and_on_method_switch(
+    running_job: Callable[[Path], OffloadJob], pulsar_broker: Any, tmp_path: Path
+) -> None:
+    quiet, busy = unique_topic("quiet"), unique_topic("busy")
+    policy = (
+        SMALL_SEGMENTS
+        + f"""
+[topics."{quiet}"]
+maxOffloadSegmentRolloverTimeSeconds = 3
+"""
+    )
+    config_path = write_config(tmp_path, pulsar_broker.service_url, [quiet, busy], fs_store(tmp_path), policy)
+    config = load_config(config_path)
+    meta = MetadataStore(config.store.open())
+    job = running_job(config_path)
+
+    # A quiet topic's open segment is sealed by time with no further traffic.
+    produce(pulsar_broker.service_url, quiet, count=20, payload_size=100, batching=False)
+    [sealed] = poll(lambda: meta.offloaded_segments(quiet), what="the quiet topic's segment sealed by time")
+    assert sealed.sealReason == "time" and sealed.entries == 20
+
+    # offload-now seals the busy topic's open segment at once (its rollover is 10 minutes).
+    produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)
+    poll(lambda: any(m.status == mf.ASSIGNED for m in meta.manifests(busy)), what="an open segment")
+    poll(lambda: sum(m.entries for m in meta.manifests(busy)) == 0 and _open_entries(job, busy) == 30)
+    submit_requests(config.store.open(), "", [busy])
+    [manual] = poll(lambda: meta.offloaded_segments(busy), what="the manual seal")
+    assert manual.sealReason == "manual" and manual.entries == 30
+
+    # Switching the topic to ledger-based offload completes the open streaming segment first.
+    produce(pulsar_broker.service_url, busy, count=10, payload_size=100, batching=False)
+    poll(lambda: _open_entries(job, busy) == 10, what="ten entries in a new open segment")
+    config_path.write_text(config_path.read_text() + f'\n[topics."{busy}"]\nmethod = "ledger"\n')
+    produce(pulsar_broker.service_url, busy, count=10, payload_size=100, batching=False)
+    switched = poll(
+        lambda: [s for s in meta.offloaded_segments(busy) if s.sealReason == "method-switch"],
+        what="the method-switch seal",
+    )
+    assert switched[0].formatVersion == 2 and switched[0].entries == 10
+    poll(lambda: _open_entries(job, busy) == 10, what="the ledger-mode segment")
+    submit_requests(config.store.open(), "", [busy])
+    poll(lambda: any(s.formatVersion == 1 for s in meta.offloaded_segments(busy)), what="a v1 segment")
+    # The mixed v2/v1 history reads back whole.
+    got = read_entries(config.store.open(), busy)
+    assert len(got) == 50
+    formats = [s.formatVersion for s in meta.offloaded_segments(busy)]
+    assert formats == [2, 2, 1]
+
+
+def _open_entries(job: OffloadJob, topic: str) -> int:
+    return int(getattr(job, "last_topic_stats", {}).get(topic, {}).get("open_segment_entries", -1))
+
+
+@pytest.mark.slow
+def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(pulsar_broker: Any, tmp_path: Path) -> None:
+    topics = [unique_topic("crash-a"), unique_topic("crash-b")]
+    for topic in topics:
+        produce(pulsar_broker.service_url, topic, count=300, payload_size=150, keys=5, batching=True, batch_size=10)
+    config_path = write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path))
+    env = {**os.environ, "STREAMOFFLOAD_CRASH_DIR": str(tmp_path / "crash")}
+    cmd = [sys.executable, "-m", "streamoffload", "run", "--once", "--conf", str(config_path)]
+
+    for point in ("after-part:3", "after-complete", "after-index", "after-open:2"):
+        crash_dir = tmp_path / "crash"
+        if crash_dir.exists():
+            for f in crash_dir.iterdir():
+                f.unlink()
+        proc = subprocess.run(
+            cmd, env={**env, "STREAMOFFLOAD_CRASH_AT": point}, start_new_session=True, capture_output=True, timeout=300
+        )
+        assert (crash_dir / "crashed").exists(), f"no crash at {point}: {proc.stderr.decode()[-2000:]}"
+        assert proc.returncode == -9, proc.returncode
+
+    proc = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+
+    config = load_config(config_path)
+    store = config.store.open()
+    meta = MetadataStore(store)
+    for topic in topics:
+        check_messages(store, topic, 300, keys=5, size=150)
+        meta.cleanup(topic, grace_ms=0)
+        assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
+    # Converged: besides metadata, the store holds exactly the offloaded segments' objects.
+    data_keys = {k for k in store_keys(store) if "/_" not in k}
+    assert data_keys == referenced_keys(store, topics)
+    assert not list(store.pending_multiparts(""))
