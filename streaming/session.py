@@ -51,10 +51,7 @@ def build_session(
 
 def _register_data_sources(session: Any) -> None:
     from streamoffload.streaming.control import ControlDataSource
+    from streamoffload.streaming.source import PulsarDataSource
 
-    session.dataSource.register(ControlDataSource)
-    try:
-        from streamoffload.streaming.source import PulsarDataSource
-    except ImportError:  # the Pulsar source is being built in parallel; remove this guard once it lands
-        return
     session.dataSource.register(PulsarDataSource)
+    session.dataSource.register(ControlDataSource)
