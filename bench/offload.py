@@ -1,0 +1,630 @@
+"""The offload job end to end: throughput on a backlog next to the source alone, and publish-to-readable lag.
+
+Run from the repository root:
+
+    .venv/bin/python bench/offload.py                                   # 500 MB backlog, 60 s at 500 msg/s
+    .venv/bin/python bench/offload.py --backlog-mb 20 --lag-seconds 20  # smoke test, about 2 min
+
+It starts the embedded pulsar-lite broker and one local Spark session (``local[2]``), and uses a
+filesystem store, a checkpoint and the broker's data under one temporary work directory (removed at
+the end unless ``--keep``).
+
+1. **Throughput.** It publishes a backlog of ``--backlog-mb`` MB of ``--payload-size`` messages,
+   batched (``--batch-size`` messages per entry), over ``--partitions`` topic-partitions, then drains
+   it two ways in the same run:
+
+   - ``source``: the Pulsar source alone -- ``spark.readStream.format("pulsar")`` with the job's own
+     source options (the same ``maxBytesPerTrigger``), ``Trigger.AvailableNow``, into Spark's ``noop``
+     sink (as ``bench/source.py`` does). Timed from ``start()`` to termination.
+   - ``job``: ``OffloadJob.run_once`` (the same query plus the segmenter and the sink, then the seal of
+     every open segment) into the filesystem store, segments of ``--segment-mb`` MiB, blocks of
+     ``--block-size`` bytes. Timed as the wall time of ``run_once``.
+
+   MB/s count entry bytes (10^6 bytes): the sum of ``entryBytes`` over the sealed segments' manifests,
+   the same bytes the source emits (its row count is checked against the manifests' entry count). The
+   figure that matters is the ratio job / source. Both sides first run once on a small warm-up topic,
+   so neither pays the session's JVM and Python worker start-up. With ``--repeat N`` the two alternate
+   and the best time of each is kept.
+
+2. **Lag.** It runs the job continuously (``run_forever`` in a thread; trigger every
+   ``--trigger-interval``, ``maxOffloadSegmentRolloverTimeSeconds = --rollover-seconds``), publishes
+   at a steady ``--rate`` messages/s for ``--lag-seconds`` seconds, waits until every message is in an
+   offloaded segment, then reads every segment back: for each message, lag = readable time - publish
+   time, where the publish time is the one in the message's metadata (set by the producer) and the
+   readable time is when the segment's manifest became ``Offloaded`` (the manifest file's mtime on the
+   filesystem store: readers only read Offloaded segments, and the manifest is written last). It prints
+   p50/p99 next to the rollover time (ratio). With a time-sealed segment the policy alone gives a
+   p50 near half the rollover time and a p99 near the whole of it; the rest is the job.
+
+Each part also prints the CPU seconds spent by the broker, the Spark JVM, the Python workers and this
+driver process (from /proc), which is what the "what limits it" line is drawn from: the 2 cores here
+are shared with other work, so wall times move by ±20% and CPU seconds are the steadier witness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.blocks import iter_blocks
+from streamoffload.codecs.entry import entry_messages
+from streamoffload.config import Config, parse_config
+from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.produce import produce
+from streamoffload.streaming.job import BatchReport, OffloadJob
+
+MIB = 1024 * 1024
+NAMESPACE = "persistent://public/default"
+# pulsar-client logs every producer's life at INFO on stdout; the bench's figures should stand out.
+_QUIET = logging.getLogger("bench.offload.pulsar")
+_QUIET.setLevel(logging.WARNING)
+QUIET_CLIENT = {"logger": _QUIET}
+
+
+# --- CPU seconds by process group, from /proc ------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> tuple[int, str, float, float] | None:
+    """(ppid, comm, own CPU seconds, reaped children's CPU seconds) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    # After "pid (comm)": state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based in stat(5).
+    ppid = int(fields[1])
+    own = (int(fields[11]) + int(fields[12])) / _TICK
+    children = (int(fields[13]) + int(fields[14])) / _TICK
+    return ppid, comm, own, children
+
+
+def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of: the broker, the Spark JVM, its Python workers, and this (driver) process.
+
+    Workers that exited were reaped by their parent (PySpark's daemon) and count in its children's
+    times, so differences of two snapshots are right even when workers come and go in between.
+    """
+    table: dict[int, tuple[int, str, float, float]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _proc_stat(int(name))
+            if stat is not None:
+                table[int(name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _comm, _own, _reaped) in table.items():
+        children.setdefault(ppid, []).append(pid)
+
+    def subtree(root: int) -> list[int]:
+        out, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children.get(pid, []))
+        return out
+
+    me = os.getpid()
+    groups = {"broker": 0.0, "jvm": 0.0, "python workers": 0.0, "driver": table[me][2] if me in table else 0.0}
+    if broker_pid is not None and broker_pid in table:
+        groups["broker"] = sum(table[p][2] + table[p][3] for p in subtree(broker_pid))
+    for pid in children.get(me, []):
+        if table[pid][1] == "java":
+            # The JVM's children are all Python (daemons, workers, data source planners); those that
+            # exited count in its children's times.
+            groups["jvm"] += table[pid][2]
+            groups["python workers"] += table[pid][3]
+            groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid) if p != pid)
+    return groups
+
+
+@dataclass
+class CpuMeter:
+    broker_pid: int | None
+    start: dict[str, float] = field(default_factory=dict)
+    used: dict[str, float] = field(default_factory=dict)
+
+    def __enter__(self) -> CpuMeter:
+        self.start = cpu_by_group(self.broker_pid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = cpu_by_group(self.broker_pid)
+        self.used = {k: max(end[k] - self.start.get(k, 0.0), 0.0) for k in end}
+
+    def render(self, wall: float) -> str:
+        total = sum(self.used.values())
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in self.used.items())
+        return f"CPU s: {parts} (total {total:.1f} in {wall:.1f} s wall = {total / wall:.2f} cores)"
+
+
+# --- configuration ----------------------------------------------------------------------------------
+
+
+def job_config(
+    args: argparse.Namespace,
+    work: Path,
+    name: str,
+    service_url: str,
+    topics: list[str],
+    rollover_seconds: float | None = None,
+) -> Config:
+    """The job's configuration; without ``rollover_seconds`` the default rollover (10 minutes) applies,
+    so a backlog's segments are sealed by size, and the last one by ``run_once``."""
+    offload: dict[str, Any] = {
+        "maxSizePerOffloadSegmentMbytes": args.segment_mb,
+        "managedLedgerOffloadMaxBlockSizeInBytes": args.block_size,
+    }
+    if rollover_seconds is not None:
+        offload["maxOffloadSegmentRolloverTimeSeconds"] = rollover_seconds
+    pulsar: dict[str, Any] = {"service_url": service_url, "topics": topics}
+    if args.max_bytes_per_trigger > 0:
+        pulsar["max_bytes_per_trigger"] = args.max_bytes_per_trigger
+    doc = {
+        "pulsar": pulsar,
+        "store": {"managedLedgerOffloadDriver": "filesystem", "root": str(work / f"store-{name}")},
+        "spark": {"checkpoint": str(work / f"checkpoint-{name}"), "trigger_interval": args.trigger_interval},
+        "metrics": {"address": ""},
+        "offload": offload,
+    }
+    return parse_config(doc, f"<bench {name}>")
+
+
+# --- the two drains ----------------------------------------------------------------------------------
+
+
+def drain_source(spark: Any, job: OffloadJob, checkpoint: Path) -> tuple[int, float, int]:
+    """(rows, wall seconds from start to termination, micro-batches) of the source alone into ``noop``."""
+    started = time.monotonic()
+    query = (
+        spark.readStream.format("pulsar")
+        .options(**job.source_options())
+        .load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    query.awaitTermination()
+    wall = time.monotonic() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"source-alone query failed: {query.exception()}")
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    return sum(p["numInputRows"] for p in progress), wall, len(progress)
+
+
+@dataclass
+class JobRun:
+    wall: float
+    entries: int
+    entry_bytes: int
+    segments: int
+    reasons: dict[str, int]
+    batches: int
+    batch_seconds: float
+    upload_seconds: float
+    queries: list[QueryTimes]
+    """Per query that ``run_once`` started: the drain, then the seal."""
+
+
+@dataclass
+class QueryTimes:
+    wall: float
+    """Seconds from the query's start to the next one's (or the end of ``run_once``)."""
+    batches: int
+    batch_s: float
+    """Seconds in its micro-batches (``triggerExecution``)."""
+    planning_s: float
+    """Of which query planning (``queryPlanning``)."""
+    segmenter_s: float
+    """Task seconds in the segmenter operator (``allUpdatesTimeMs`` of transformWithStateInPandas)."""
+
+    @classmethod
+    def of(cls, wall: float, progress: list[Any]) -> QueryTimes:
+        def ms(p: Any, key: str) -> float:
+            return p["durationMs"].get(key, 0) / 1000
+
+        segmenter = sum(op.get("allUpdatesTimeMs", 0) for p in progress for op in p["stateOperators"]) / 1000
+        return cls(
+            wall,
+            len(progress),
+            sum(ms(p, "triggerExecution") for p in progress),
+            sum(ms(p, "queryPlanning") for p in progress),
+            segmenter,
+        )
+
+    def render(self, name: str) -> str:
+        return (
+            f"{name} query {self.wall:.1f} s ({self.batches} micro-batches: {self.batch_s:.1f} s, of which "
+            f"planning {self.planning_s:.1f} s; segmenter operator {self.segmenter_s:.1f} task s)"
+        )
+
+
+def drain_job(spark: Any, config: Config) -> JobRun:
+    job = OffloadJob(config)
+    reports: list[BatchReport] = []
+    job.listeners.append(reports.append)
+    starts: list[tuple[float, Any]] = []
+    start_query = job.start
+
+    def timed_start(*args: Any, **kwargs: Any) -> Any:
+        starts.append((time.monotonic(), None))
+        query = start_query(*args, **kwargs)
+        starts[-1] = (starts[-1][0], query)
+        return query
+
+    job.start = timed_start  # type: ignore[method-assign]
+    started = time.monotonic()
+    job.run_once(spark)
+    wall = time.monotonic() - started
+    ended = time.monotonic()
+    queries = []
+    for i, (at, query) in enumerate(starts):
+        until = starts[i + 1][0] if i + 1 < len(starts) else ended
+        queries.append(QueryTimes.of(until - at, list(query.recentProgress)))
+    meta = MetadataStore(config.store.open(), config.store.key_prefix)
+    entries = entry_bytes = segments = 0
+    reasons: dict[str, int] = {}
+    for topic in config.pulsar.topics:
+        manifests = meta.manifests(topic)
+        stuck = [m for m in manifests if m.status != mf.OFFLOADED]
+        if stuck:
+            raise RuntimeError(f"{topic}: {len(stuck)} segment(s) not Offloaded after run_once")
+        for m in manifests:
+            entries += m.entries
+            entry_bytes += m.entryBytes
+            segments += 1
+            reasons[m.sealReason] = reasons.get(m.sealReason, 0) + 1
+    return JobRun(
+        wall,
+        entries,
+        entry_bytes,
+        segments,
+        reasons,
+        sum(1 for r in reports if r.parts or r.sealed),
+        sum(r.duration_s for r in reports),
+        sum(sum(r.upload_seconds) for r in reports),
+        queries,
+    )
+
+
+def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    messages = int(args.backlog_mb * 1e6 / args.payload_size)
+    base = f"{NAMESPACE}/bench-offload-backlog"
+    summary = produce(
+        broker.service_url,
+        base,
+        messages,
+        args.payload_size,
+        partitions=args.partitions,
+        batching=True,
+        batch_size=args.batch_size,
+        client_options=QUIET_CLIENT,
+    )
+    topics = list(summary.partitions)
+    print(
+        f"throughput: published {summary.messages:,} messages of {args.payload_size} B "
+        f"({summary.bytes / 1e6:.0f} MB of payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
+    )
+    best_source = best_job = None
+    source_cpu = job_cpu = None
+    for round_no in range(args.repeat):
+        config = job_config(args, work, f"backlog-{round_no}", broker.service_url, topics)
+        with CpuMeter(broker.pid) as meter:
+            rows, wall, batches = drain_source(spark, OffloadJob(config), work / f"checkpoint-source-{round_no}")
+        if best_source is None or wall < best_source[1]:
+            best_source, source_cpu = (rows, wall, batches), meter
+        with CpuMeter(broker.pid) as meter:
+            run = drain_job(spark, config)
+        if best_job is None or run.wall < best_job.wall:
+            best_job, job_cpu = run, meter
+        # The store of a round is measured; drop it so several rounds of 500 MB do not pile up.
+        shutil.rmtree(config.store.root, ignore_errors=True)
+    assert best_source is not None and best_job is not None and source_cpu is not None and job_cpu is not None
+    rows, source_wall, source_batches = best_source
+    if rows != best_job.entries:
+        raise RuntimeError(f"the source read {rows} entries but the job's segments hold {best_job.entries}")
+    mb = best_job.entry_bytes / 1e6
+    source_mbs = mb / source_wall
+    job_mbs = mb / best_job.wall
+    print(
+        f"  source  {rows:>9,} entries, {mb:8.1f} MB in {source_wall:7.2f} s: {source_mbs:7.1f} MB/s"
+        f"   ({source_batches} micro-batches)"
+    )
+    print(
+        f"  job     {best_job.entries:>9,} entries, {mb:8.1f} MB in {best_job.wall:7.2f} s: {job_mbs:7.1f} MB/s"
+        f"   ratio {job_mbs / source_mbs:.2f}   ({best_job.segments} segments sealed by "
+        + ", ".join(f"{k} {v}" for k, v in sorted(best_job.reasons.items()))
+        + f"; {best_job.batches} micro-batches)"
+    )
+    print(f"  source {source_cpu.render(source_wall)}")
+    print(f"  job    {job_cpu.render(best_job.wall)}")
+    # Wall times on shared cores move with the other work; CPU seconds per MB much less so.
+    source_per_cpu = mb / max(sum(source_cpu.used.values()), 1e-9)
+    job_per_cpu = mb / max(sum(job_cpu.used.values()), 1e-9)
+    print(
+        f"  per CPU second (all processes): source {source_per_cpu:.1f} MB, job {job_per_cpu:.1f} MB, "
+        f"ratio {job_per_cpu / source_per_cpu:.2f}"
+    )
+    print(
+        f"  job: foreachBatch (source + segmenter + sink per micro-batch) {best_job.batch_seconds:.1f} s, "
+        f"of which uploads to the store {best_job.upload_seconds:.1f} s (summed over tasks)"
+    )
+    names = ("drain", "seal", "other")
+    print("  job: run_once = " + " + ".join(q.render(n) for n, q in zip(names, best_job.queries, strict=False)))
+    limits(source_cpu.used, job_cpu.used, best_job, source_wall)
+
+
+def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_wall: float) -> None:
+    """One line on where the job's extra time goes, from what this run measured."""
+    extra = {k: job[k] - source[k] for k in job}
+    planning = sum(q.planning_s for q in run.queries)
+    segmenter = sum(q.segmenter_s for q in run.queries)
+    startup = sum(q.wall - q.batch_s for q in run.queries)
+    # The sink's tasks consume the segmenter's output in the same stage, so its time is inside the
+    # segmenter's; task seconds spread over the 2 task slots of local[2].
+    shares = {
+        "the segmenter + sink stage (transformWithStateInPandas: entries through Arrow to its Python worker, "
+        "blocks back, state commits; then the uploads)": segmenter / 2,
+        "query start-up and planning (two queries: drain, then seal)": startup + planning,
+    }
+    top = max(shares, key=lambda k: shares[k])
+    print(
+        f"  what limits it: the job takes {run.wall - source_wall:.1f} s longer than the source alone and "
+        f"{sum(extra.values()):.1f} CPU s more ({', '.join(f'{k} {v:+.1f}' for k, v in extra.items())}); "
+        f"~{shares[top]:.1f} s of wall time is {top} (segmenter stage {segmenter:.1f} task s, of which uploads "
+        f"{run.upload_seconds:.1f}; start-up and planning {startup + planning:.1f} s)"
+    )
+
+
+# --- lag ------------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def offloaded_through(meta: MetadataStore, topic: str) -> tuple[int, int] | None:
+    segments = meta.offloaded_segments(topic)
+    return mf.end_position(segments[-1]) if segments else None
+
+
+def wait_offloaded(meta: MetadataStore, last: dict[str, tuple[int, int]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all((offloaded_through(meta, t) or (-1, -1)) >= pos for t, pos in last.items()):
+            return
+        time.sleep(0.5)
+    behind = {t: offloaded_through(meta, t) for t, pos in last.items()}
+    raise RuntimeError(f"not everything offloaded after {timeout:.0f} s: offloaded through {behind}, want {last}")
+
+
+def lag(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    base = f"{NAMESPACE}/bench-offload-lag"
+    topics = [f"{base}-partition-{i}" for i in range(args.partitions)]
+    config = job_config(args, work, "lag", broker.service_url, topics, args.rollover_seconds)
+    store = config.store.open()
+    meta = MetadataStore(store, config.store.key_prefix)
+    job = OffloadJob(config)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run_forever(spark)
+        except BaseException as err:  # reported by the main thread
+            failure.append(err)
+
+    thread = threading.Thread(target=run, name="offload-job", daemon=True)
+    thread.start()
+    try:
+        # Warm-up: a little traffic, offloaded by time, so the query, its tasks and readers are running.
+        warm = produce(
+            broker.service_url,
+            base,
+            100,
+            args.payload_size,
+            partitions=args.partitions,
+            batch_size=args.batch_size,
+            client_options=QUIET_CLIENT,
+        )
+        wait_offloaded(meta, _last_positions(warm), args.rollover_seconds * 4 + 120)
+        steady_from_ms = int(time.time() * 1000)
+        with CpuMeter(broker.pid) as meter:
+            started = time.monotonic()
+            summary = produce(
+                broker.service_url,
+                base,
+                None,
+                args.payload_size,
+                partitions=args.partitions,
+                duration=args.lag_seconds,
+                rate=args.rate,
+                batching=True,
+                batch_size=args.batch_size,
+                client_options=QUIET_CLIENT,
+            )
+            wait_offloaded(meta, _last_positions(summary), args.rollover_seconds * 4 + 120)
+            wall = time.monotonic() - started
+        if failure:
+            raise RuntimeError(f"the offload job failed: {failure[0]}")
+        # The micro-batches of the steady phase (progress timestamps are UTC ISO strings, sortable).
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(steady_from_ms / 1000))
+        steady = [p for p in job.query.recentProgress if p["timestamp"] >= since]
+        batch_seconds = [p["durationMs"].get("triggerExecution", 0) / 1000 for p in steady]
+        parts = {
+            name: [p["durationMs"].get(key, 0) / 1000 for p in steady]
+            for name, key in (("addBatch", "addBatch"), ("planning", "queryPlanning"), ("offset log", "walCommit"))
+        }
+        parts["state commit"] = [sum(op.get("commitTimeMs", 0) for op in p["stateOperators"]) / 1000 for p in steady]
+        parts["segmenter task s"] = [
+            sum(op.get("allUpdatesTimeMs", 0) for op in p["stateOperators"]) / 1000 for p in steady
+        ]
+    finally:
+        job.stop()
+        thread.join(120)
+
+    lags: list[float] = []
+    seal_lags: list[float] = []
+    segments = 0
+    for topic in topics:
+        for manifest in meta.offloaded_segments(topic):
+            readable_ms = store.head(meta.manifest_key(manifest)).last_modified * 1000
+            counted = False
+            for block in iter_blocks(store.get(manifest.dataKey)):
+                for entry in block.entries:
+                    for message in entry_messages(entry.payload, verify_checksum=False):
+                        if message.publish_time < steady_from_ms:
+                            continue  # the warm-up traffic
+                        lags.append((readable_ms - message.publish_time) / 1000)
+                        seal_lags.append((manifest.offloadedTimestamp - message.publish_time) / 1000)
+                        counted = True
+            segments += counted
+    if len(lags) != summary.messages:
+        raise RuntimeError(f"read back {len(lags)} messages of the steady phase, {summary.messages} were published")
+    rollover = args.rollover_seconds
+    p50, p99 = percentile(lags, 0.50), percentile(lags, 0.99)
+    print(
+        f"lag: {summary.messages:,} messages at {summary.rate:,.0f} msg/s for {args.lag_seconds:g} s over "
+        f"{len(topics)} topic-partitions, {segments} segments; rollover {rollover:g} s, trigger {args.trigger_interval}"
+    )
+    print(
+        f"  publish-to-readable  p50 {p50:6.2f} s (ratio {p50 / rollover:.2f} of rollover)   "
+        f"p99 {p99:6.2f} s (ratio {p99 / rollover:.2f})   max {max(lags):.2f} s   mean {statistics.fmean(lags):.2f} s"
+    )
+    print(
+        f"  publish-to-seal      p50 {percentile(seal_lags, 0.5):6.2f} s   p99 {percentile(seal_lags, 0.99):6.2f} s"
+        f"   (the segmenter's seal decision; readable = seal + the sink's complete/index/manifest writes)"
+    )
+    print(f"  policy alone would give p50 ~{rollover / 2:g} s, p99 ~{rollover * 0.99:g} s (uniform over the rollover)")
+    print(f"  {meter.render(wall)}")
+    if batch_seconds:
+        batch_p50 = percentile(batch_seconds, 0.5)
+        print(
+            f"  micro-batches: {len(batch_seconds)} in {wall:.0f} s, each p50 {batch_p50:.2f} s, max "
+            f"{max(batch_seconds):.2f} s (the trigger asks for one every {args.trigger_interval}); p50 of its parts: "
+            + ", ".join(f"{name} {percentile(values, 0.5):.2f} s" for name, values in parts.items())
+        )
+        added = p50 - rollover / 2
+        mb_per_batch = summary.bytes / 1e6 / len(batch_seconds)
+        print(
+            f"  what limits it: beyond the rollover wait the job adds ~{added:.1f} s at p50, about "
+            f"{added / batch_p50:.1f} micro-batches of {batch_p50:.2f} s (read in one, sealed by the timer in a "
+            f"later one, made readable by the sink at the end of that one); a micro-batch carries only "
+            f"~{mb_per_batch:.1f} MB, so its duration is mostly per-batch cost, not traffic"
+        )
+
+
+def _last_positions(summary: Any) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name, part in summary.partitions.items():
+        if part.last_message_id is not None:
+            out[name] = (part.last_message_id[0], part.last_message_id[1])
+    return out
+
+
+# --- main -----------------------------------------------------------------------------------------------
+
+
+def warm_up(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    """The first queries of a session pay JVM warm-up, Python worker start and imports: spend that here."""
+    topics = list(
+        produce(
+            broker.service_url,
+            f"{NAMESPACE}/bench-offload-warmup",
+            400,
+            args.payload_size,
+            partitions=2,
+            batch_size=args.batch_size,
+            client_options=QUIET_CLIENT,
+        ).partitions
+    )
+    config = job_config(args, work, "warmup", broker.service_url, topics)
+    started = time.monotonic()
+    drain_source(spark, OffloadJob(config), work / "checkpoint-warmup-source")
+    drain_job(spark, config)
+    print(f"warm-up (source and job on a small topic): {time.monotonic() - started:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backlog-mb", type=float, default=500, help="backlog of payload, MB (default 500)")
+    parser.add_argument("--payload-size", type=int, default=4096, help="bytes per message (default 4096)")
+    parser.add_argument("--batch-size", type=int, default=32, help="messages per batched entry (default 32)")
+    parser.add_argument("--partitions", type=int, default=4, help="topic-partitions (default 4)")
+    parser.add_argument("--segment-mb", type=float, default=64, help="maxSizePerOffloadSegmentMbytes (default 64)")
+    parser.add_argument(
+        "--block-size", type=int, default=4 * MIB, help="managedLedgerOffloadMaxBlockSizeInBytes (default 4 MiB)"
+    )
+    parser.add_argument(
+        "--max-bytes-per-trigger",
+        type=int,
+        default=128 * MIB,
+        help="the source's admission control per micro-batch, both sides; 0: none (default 128 MiB)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="alternating throughput rounds, best of each")
+    parser.add_argument("--rate", type=float, default=500, help="steady publish rate for the lag, msg/s (default 500)")
+    parser.add_argument("--lag-seconds", type=float, default=60, help="how long to publish for the lag (default 60)")
+    parser.add_argument(
+        "--rollover-seconds", type=float, default=5, help="maxOffloadSegmentRolloverTimeSeconds (default 5)"
+    )
+    parser.add_argument("--trigger-interval", default="1 second", help="the job's trigger (default '1 second')")
+    parser.add_argument("--work-dir", help="parent of the temporary work directory (default: the system's)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-lag", action="store_true")
+    args = parser.parse_args(argv)
+
+    # On SIGTERM, unwind through the finally blocks below: they stop the broker and Spark and remove the work dir.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-offload-", dir=args.work_dir))
+    print(
+        f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], pulsar-lite, filesystem "
+        f"store; {args.payload_size} B messages batched by {args.batch_size}, {args.partitions} topic-partitions, "
+        f"segments {args.segment_mb:g} MiB, blocks {args.block_size:,} B, maxBytesPerTrigger "
+        f"{args.max_bytes_per_trigger:,}; work dir {work}"
+    )
+    from streamoffload.streaming.session import build_session
+
+    spark = build_session(
+        master="local[2]",
+        app_name="bench-offload",
+        work_dir=str(work / "spark"),
+        extra_conf={"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"},
+    )
+    try:
+        with EmbeddedBroker(work / "broker") as broker:
+            warm_up(args, spark, broker, work)
+            if not args.skip_throughput:
+                throughput(args, spark, broker, work)
+            if not args.skip_lag:
+                lag(args, spark, broker, work)
+    finally:
+        spark.stop()
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
