@@ -63,6 +63,23 @@ def _write_chunks(f: object, chunks: Iterable[bytes | memoryview]) -> int:
     return total
 
 
+def pread_exact(fd: int, start: int, length: int) -> bytes:
+    """``length`` bytes at ``start``, shorter only at the end of the file. Regular files return short
+    reads only at the end, but a reader must not depend on that (SPEC 7: short reads on streams)."""
+    data = os.pread(fd, length, start) if length else b""
+    if 0 < len(data) < length:
+        pieces = [data]
+        got = len(data)
+        while got < length:
+            more = os.pread(fd, length - got, start + got)
+            if not more:
+                break
+            pieces.append(more)
+            got += len(more)
+        data = b"".join(pieces)
+    return data
+
+
 def _check_part_number(number: int) -> int:
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_PART_NUMBER:
         raise ValueError(f"part numbers are integers in [1, {MAX_PART_NUMBER}], got {number!r}")
@@ -139,20 +156,7 @@ class FilesystemStore(ObjectStore):
             raise ValueError(f"get_range({key!r}, {start}, {length}): start and length must be >= 0")
         path = self._path(key)
         with self._errors("get_range", key, path), self._open_object(key, path) as f:
-            fd = f.fileno()
-            data = os.pread(fd, length, start) if length else b""
-            if len(data) < length and data:
-                # Regular files return short reads only at the end, but be exact anyway.
-                pieces = [data]
-                got = len(data)
-                while got < length:
-                    more = os.pread(fd, length - got, start + got)
-                    if not more:
-                        break
-                    pieces.append(more)
-                    got += len(more)
-                data = b"".join(pieces)
-            return data
+            return pread_exact(f.fileno(), start, length)
 
     def head(self, key: str) -> ObjectInfo:
         path = self._path(key)

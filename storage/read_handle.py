@@ -40,7 +40,6 @@ objects side by side) in one call, finding segments through the offload metadata
 from __future__ import annotations
 
 import bisect
-import os
 import queue
 import re
 import struct
@@ -72,7 +71,7 @@ from streamoffload.codecs.errors import (
 from streamoffload.codecs.index import V1_INDEX_MAGIC, BlockLocation, OffloadIndex
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
-from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.filesystem import FilesystemStore, pread_exact
 from streamoffload.storage.keys import check_key
 
 if TYPE_CHECKING:
@@ -290,19 +289,7 @@ class _LocalFile:
             return int(self._file.fileno())
 
     def read(self, start: int, length: int) -> bytes:
-        fd = self._fd()
-        data = os.pread(fd, length, start)
-        if 0 < len(data) < length:
-            pieces = [data]
-            got = len(data)
-            while got < length:
-                more = os.pread(fd, length - got, start + got)
-                if not more:
-                    break
-                pieces.append(more)
-                got += len(more)
-            data = b"".join(pieces)
-        return data
+        return pread_exact(self._fd(), start, length)
 
     def close(self) -> None:
         with self._lock:
