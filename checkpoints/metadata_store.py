@@ -196,16 +196,45 @@ class MetadataStore:
 
     # -- cleanup -----------------------------------------------------------------------------------
 
-    def supersede(self, sealed: SegmentManifest) -> list[str]:
-        """After ``sealed`` became Offloaded: remove Assigned/Failed attempts at the same positions
-        (left by a non-identical replay), with their uploads and objects. Returns the removed keys."""
-        removed = []
-        for other in self.manifests(sealed.topic):
-            if other.status == OFFLOADED or (other.uidMsb, other.uidLsb) == (sealed.uidMsb, sealed.uidLsb):
+    def manifest_entries(self, topic: TopicName | str) -> list[tuple[Position, str, str]]:
+        """``(start position, segment uuid, key)`` of every manifest, from the keys alone (no reads)."""
+        out = []
+        for info in self.store.list(keys.manifests_prefix(self.prefix, topic)):
+            try:
+                ledger, entry, seg_id = keys.parse_manifest_name(info.key)
+            except ValueError:
                 continue
-            if mf.start_position(sealed) <= mf.start_position(other) <= mf.end_position(sealed):
+            out.append(((ledger, entry), seg_id, info.key))
+        return out
+
+    def manifest_by_id(self, topic: TopicName | str, segment_id: str) -> SegmentManifest | None:
+        for _, seg_id, key in self.manifest_entries(topic):
+            if seg_id == segment_id:
+                try:
+                    return mf.decode_manifest(self.store.get(key), where=key)
+                except ObjectNotFoundError:
+                    return None
+        return None
+
+    def supersede(self, sealed: SegmentManifest, listed: list[tuple[Position, str, str]] | None = None) -> list[str]:
+        """After ``sealed`` became Offloaded: remove Assigned/Failed attempts at the same positions
+        (left by a non-identical replay), with their uploads and objects. Returns the removed keys.
+
+        Runs after every seal, so it picks candidates by the start position and uuid in the manifest
+        keys and reads only those, not the topic's whole history."""
+        removed = []
+        sealed_id = str(mf.manifest_uuid(sealed))
+        low, high = mf.start_position(sealed), mf.end_position(sealed)
+        for start, seg_id, key in self.manifest_entries(sealed.topic) if listed is None else listed:
+            if seg_id == sealed_id or not low <= start <= high:
+                continue
+            try:
+                other = mf.decode_manifest(self.store.get(key), where=key)
+            except ObjectNotFoundError:
+                continue
+            if other.status != OFFLOADED:
                 self._abandon(other)
-                removed.append(self.manifest_key(other))
+                removed.append(key)
         return removed
 
     def _abandon(self, manifest: SegmentManifest) -> None:
@@ -225,21 +254,22 @@ class MetadataStore:
         topic_dir = keys.topic_dir(self.prefix, topic)
 
         # 1. Finish deletions a crash interrupted.
-        for seg_id in self.deleted_segment_ids(topic):
-            for manifest in self.manifests(topic):
-                if str(mf.manifest_uuid(manifest)) == seg_id:
-                    self._delete_segment_objects(manifest)
-                    report.finished_deletions.append(seg_id)
+        deleted_ids = self.deleted_segment_ids(topic)
+        for manifest in self.manifests(topic):
+            seg_id = str(mf.manifest_uuid(manifest))
+            if seg_id in deleted_ids:
+                self._delete_segment_objects(manifest)
+                report.finished_deletions.append(seg_id)
 
         manifests = self.manifests(topic)
         # 2. Attempts superseded by an offloaded segment covering their start position.
+        listed = self.manifest_entries(topic)
         for sealed in (m for m in manifests if m.status == OFFLOADED):
-            report.superseded_manifests.extend(self.supersede(sealed))
+            report.superseded_manifests.extend(self.supersede(sealed, listed))
         manifests = self.manifests(topic)
 
         referenced = {k for m in manifests for k in (m.dataKey, m.indexKey) if k}
         live_uploads = {m.dataKey for m in manifests if m.status != OFFLOADED}
-        deleted_ids = self.deleted_segment_ids(topic)
 
         # 3. Unfinished uploads no open segment will complete.
         for upload in self.store.pending_multiparts(topic_dir):

@@ -182,9 +182,9 @@ class SegmentSink:
         if not action.get("segment"):
             return
         try:
-            for manifest in self.metadata.manifests(action["topic"]):
-                if str(mf.manifest_uuid(manifest)) == action["segment"] and manifest.status != mf.OFFLOADED:
-                    self.metadata.put_manifest(mf.failed_manifest(manifest, f"{type(err).__name__}: {err}"))
+            manifest = self.metadata.manifest_by_id(action["topic"], action["segment"])
+            if manifest is not None and manifest.status != mf.OFFLOADED:
+                self.metadata.put_manifest(mf.failed_manifest(manifest, f"{type(err).__name__}: {err}"))
         except Exception:  # the store itself may be what failed; the query's retry will retry this
             log.warning("could not mark segment %s failed", action["segment"], exc_info=True)
 
