@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
@@ -16,8 +17,10 @@ def register(subparsers: Any) -> None:
         "offload-now",
         help="seal the open segment of a topic now",
         description="Ask the running job to close and complete the open offload segment of TOPIC at once "
-        "(every partition of a partitioned topic). The job picks the request up at its next micro-batch.",
-        epilog="example:\n  streamoffload offload-now --conf conf/streamoffload.toml persistent://public/default/orders",
+        "(every partition of a partitioned topic). The job picks the request up at its next micro-batch. "
+        "Prints one request id per topic-partition; follow them with `streamoffload offload-status TOPIC --wait`.",
+        epilog="example:\n  streamoffload offload-now --conf conf/streamoffload.toml persistent://public/default/orders\n"
+        "  streamoffload offload-status --conf conf/streamoffload.toml persistent://public/default/orders --wait",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_args(parser)
@@ -34,6 +37,17 @@ def partitions_of(meta: MetadataStore, topic: str) -> list[str]:
     return sorted(str(t) for t in known) or [str(name)]
 
 
+def store_args_text(args: argparse.Namespace) -> str:
+    """The store options this command was given, to repeat in a suggested follow-up command."""
+    parts = []
+    flags = (("--conf", "conf"), ("--store", "store"), ("--s3-endpoint", "s3_endpoint"), ("--s3-region", "s3_region"))
+    for flag, name in flags:
+        value = getattr(args, name, None)
+        if value:
+            parts.append(f"{flag} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     config, _ = config_from_args(args)
     store = config.store.open()
@@ -41,4 +55,6 @@ def run(args: argparse.Namespace) -> int:
     ids = submit_requests(store, config.store.key_prefix, topics)
     for topic, request_id in zip(topics, ids, strict=True):
         print(f"requested offload of {topic} (request {request_id})")
+    follow = " ".join(p for p in ("streamoffload offload-status", store_args_text(args), shlex.quote(args.topic)) if p)
+    print(f"follow with: {follow} --wait")
     return 0

@@ -319,3 +319,35 @@ def test_concurrent_requests_from_two_processes_one_an_hour_behind_are_each_read
     assert Counter(seen) == Counter(submitted)  # every request read, exactly once
     assert pending_requests(store, PREFIX) == []
     assert batches >= 2
+
+
+def test_spark_reads_each_request_once_across_available_now_runs(spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path / "store")
+    store = settings.open()
+    checkpoint = str(tmp_path / "checkpoint")
+    seen: list[str] = []
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("streamoffload-control")  # type: ignore[attr-defined]
+            .option("store", json.dumps(asdict(settings)))
+            .option("keyPrefix", PREFIX)
+            .load()
+            .writeStream.option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .foreachBatch(lambda frame, _: seen.extend(json.loads(r.control)["id"] for r in frame.collect()))
+            .start()
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+
+    first = submit_requests(store, PREFIX, [TOPIC, TOPIC])
+    run()
+    assert sorted(seen) == sorted(first)
+    assert {request_status(store, PREFIX, i)["state"] for i in first} == {RUNNING}
+    # An hour-behind submitter: its id sorts before the ones already read, and is still read once.
+    [late] = submit_requests(store, PREFIX, [TOPIC], clock=lambda: time.time() - 3600)
+    run()
+    assert Counter(seen) == Counter([*first, late])
+    # Starting the second run's batch committed the first one: only its requests are gone.
+    assert pending_requests(store, PREFIX) == [late]

@@ -1,0 +1,188 @@
+"""``streamoffload offload-status``: what became of ``offload-now`` requests (like ``pulsar-admin topics
+offload-status [-w]``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.codecs.errors import ConfigError, StreamOffloadError
+from streamoffload.codecs.topics import TopicName
+from streamoffload.storage.base import ObjectStore
+from streamoffload.streaming.control import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
+
+EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
+NONE = "none"
+
+
+class NoOffloadRequestsError(StreamOffloadError):
+    """The topic has no offload requests at all in the store."""
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "offload-status",
+        help="state of the offload-now requests of a topic",
+        description="Show, per topic-partition of TOPIC, the state of its latest offload-now request: "
+        "'Offload has not been run', 'Offload in progress' (pending or running), 'Offload was a success "
+        "(segment UUID)' or 'Error in offload: WHY'. Finished requests are remembered for a day.\n\n"
+        "exit status with --wait: 0 when every request finished and the latest of each partition "
+        "succeeded, 1 when one failed, 2 on --timeout; 1 with an error when TOPIC has no requests at all.",
+        epilog="example:\n  streamoffload offload-now --store file:///data/offload orders\n"
+        "  streamoffload offload-status --store file:///data/offload orders --wait --timeout 300",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_store_args(parser)
+    parser.add_argument("topic", metavar="TOPIC", help="topic or topic-partition")
+    parser.add_argument(
+        "-w", "--wait", action="store_true", help="wait until no request of TOPIC is pending or running"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --wait, give up after SECONDS (exit status 2); default: wait for as long as it takes",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    parser.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """The requests of one topic-partition and the one its state is reported from."""
+
+    topic: str
+    requests: list[RequestState] = field(default_factory=list)
+
+    @property
+    def in_progress(self) -> list[RequestState]:
+        return [r for r in self.requests if r.state in (PENDING, RUNNING)]
+
+    @property
+    def latest(self) -> RequestState | None:
+        """The newest unfinished request, else the one that finished last."""
+        if self.in_progress:
+            return max(self.in_progress, key=lambda r: r.id)
+        finished = [r for r in self.requests if r.finished]
+        return max(finished, key=lambda r: (r.at_ms or 0, r.id)) if finished else None
+
+    @property
+    def state(self) -> str:
+        """none | pending | running | done | failed"""
+        if any(r.state == RUNNING for r in self.in_progress):
+            return RUNNING
+        latest = self.latest
+        return latest.state if latest is not None else NONE
+
+    @property
+    def message(self) -> str:
+        latest, state = self.latest, self.state
+        if latest is None:
+            return "Offload has not been run"
+        if state == PENDING:
+            return "Offload in progress (waiting for the job to pick the request up)"
+        if state == RUNNING:
+            return "Offload in progress"
+        if state == DONE:
+            what = f"segment {latest.segment}" if latest.segment else "no open segment to seal"
+            return f"Offload was a success ({what})"
+        if state == FAILED:
+            return f"Error in offload: {latest.error or 'no reason recorded'}"
+        return f"Offload request {latest.id} in unknown state {state!r}"
+
+    def as_dict(self) -> dict[str, Any]:
+        latest = self.latest
+        return {
+            "topic": self.topic,
+            "state": self.state,
+            "message": self.message,
+            "request": latest.id if latest else None,
+            "segment": latest.segment if latest else None,
+            "error": latest.error if latest else None,
+            "requests": [r.as_dict() for r in self.requests],
+        }
+
+
+def topic_status(store: ObjectStore, key_prefix: str, topic: str) -> list[PartitionStatus]:
+    """Per topic-partition of ``topic`` (known to the metadata, or named by a request), its requests."""
+    name = TopicName.parse(topic)
+    requests = list_requests(store, key_prefix, topic)
+    by_topic: dict[str, list[RequestState]] = {}
+    for request in requests:
+        by_topic.setdefault(str(TopicName.parse(request.topic)), []).append(request)
+    known = MetadataStore(store, key_prefix).topics()
+    names = {str(t) for t in known if t == name or (not name.is_partition and t.base == name)} | set(by_topic)
+    return [PartitionStatus(n, by_topic.get(n, [])) for n in sorted(names or {str(name)})]
+
+
+def render(partitions: list[PartitionStatus]) -> str:
+    return "\n".join(f"{p.topic}: {p.message}" for p in partitions)
+
+
+def wait_for(
+    fetch: Callable[[], list[PartitionStatus]],
+    *,
+    timeout: float | None,
+    interval: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[list[PartitionStatus], bool]:
+    """Poll until no request is pending or running; returns the last statuses and whether it timed out."""
+    deadline = None if timeout is None else clock() + timeout
+    while True:
+        partitions = fetch()
+        if not any(p.in_progress for p in partitions):
+            return partitions, False
+        if deadline is not None and clock() >= deadline:
+            return partitions, True
+        pause = interval if deadline is None else max(0.0, min(interval, deadline - clock()))
+        sleep(pause)
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None, interval: float = 1.0) -> int:
+    out = out or sys.stdout
+    if args.timeout is not None and not args.wait:
+        raise ConfigError("--timeout applies only with --wait")
+    if args.timeout is not None and args.timeout < 0:
+        raise ConfigError(f"--timeout {args.timeout}: must be zero or more seconds")
+    config, _ = config_from_args(args)
+    store = config.store.open()
+    key_prefix = config.store.key_prefix
+
+    def fetch() -> list[PartitionStatus]:
+        return topic_status(store, key_prefix, args.topic)
+
+    partitions = fetch()
+    if not any(p.requests for p in partitions):
+        raise NoOffloadRequestsError(
+            f"no offload requests for {args.topic} in {store.url} (none submitted with offload-now, "
+            "or all finished more than a day ago)"
+        )
+    timed_out = False
+    if args.wait:
+        partitions, timed_out = wait_for(fetch, timeout=args.timeout, interval=interval)
+    failed = any(p.state == FAILED for p in partitions)
+    if args.json:
+        doc = {"topic": args.topic, "timed_out": timed_out, "partitions": [p.as_dict() for p in partitions]}
+        print(json.dumps(doc, indent=2), file=out)
+    else:
+        print(render(partitions), file=out)
+    if timed_out:
+        left = sum(len(p.in_progress) for p in partitions)
+        print(
+            f"streamoffload offload-status: timed out after {args.timeout:g}s with {left} request(s) of "
+            f"{args.topic} still pending or running",
+            file=sys.stderr,
+        )
+        return EXIT_TIMEOUT
+    if args.wait and failed:
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,150 @@
+"""`streamoffload offload-now` and `streamoffload offload-status` on a real filesystem store (no Spark)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamoffload.cli import main
+from streamoffload.commands.offload_status import PartitionStatus, wait_for
+from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.keys import topic_dir
+from streamoffload.streaming.control import (
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    RequestState,
+    record_request_status,
+    requests_prefix,
+    submit_requests,
+)
+
+TOPIC = "persistent://public/default/orders"
+P0, P1 = f"{TOPIC}-partition-0", f"{TOPIC}-partition-1"
+
+
+@pytest.fixture()
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture()
+def store(root: Path) -> ObjectStore:
+    return FilesystemStore(root, fsync=False)
+
+
+def status(root: Path, *args: str) -> int:
+    return main(["offload-status", "--store", str(root), *args])
+
+
+def test_a_topic_without_requests_is_an_error_naming_it(
+    root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert status(root, TOPIC) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("streamoffload offload-status: error: no offload requests for persistent://")
+    assert err.count("\n") == 1
+
+
+def test_pending_then_running_then_done(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
+    [request_id] = submit_requests(store, "", [P0])
+    assert status(root, P0) == 0
+    assert capsys.readouterr().out == f"{P0}: Offload in progress (waiting for the job to pick the request up)\n"
+    record_request_status(store, "", request_id, RUNNING, topic=P0)
+    assert status(root, P0) == 0
+    assert capsys.readouterr().out == f"{P0}: Offload in progress\n"
+    record_request_status(store, "", request_id, DONE, topic=P0, segment="0f1e2d3c-aaaa-bbbb-cccc-0123456789ab")
+    store.delete(requests_prefix("") + request_id)  # committed by the source
+    assert status(root, P0, "--wait") == 0
+    assert capsys.readouterr().out == f"{P0}: Offload was a success (segment 0f1e2d3c-aaaa-bbbb-cccc-0123456789ab)\n"
+
+
+def test_done_with_nothing_open(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
+    [request_id] = submit_requests(store, "", [P0])
+    record_request_status(store, "", request_id, DONE, topic=P0)
+    assert status(root, P0) == 0
+    assert capsys.readouterr().out == f"{P0}: Offload was a success (no open segment to seal)\n"
+
+
+def test_failed_says_why_and_wait_exits_1(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
+    [request_id] = submit_requests(store, "", [P0])
+    record_request_status(store, "", request_id, FAILED, topic=P0, error="upload of part 3 failed: 503")
+    assert status(root, P0) == 0
+    assert capsys.readouterr().out == f"{P0}: Error in offload: upload of part 3 failed: 503\n"
+    assert status(root, P0, "--wait") == 1
+    assert capsys.readouterr().out == f"{P0}: Error in offload: upload of part 3 failed: 503\n"
+
+
+def test_a_partitioned_topic_reports_every_partition_and_the_latest_outcome(
+    root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The metadata knows partition 2 (it has offloaded data) but it was never asked to offload.
+    p2 = f"{TOPIC}-partition-2"
+    store.put(topic_dir("", p2) + "_meta/placeholder", b"x")
+    first, p1_id = submit_requests(store, "", [P0, P1])
+    record_request_status(store, "", first, FAILED, topic=P0, error="boom")
+    [second] = submit_requests(store, "", [P0])
+    record_request_status(store, "", second, DONE, topic=P0, segment="seg-2")
+    record_request_status(store, "", p1_id, RUNNING, topic=P1)
+    assert status(root, "orders") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{P0}: Offload was a success (segment seg-2)",
+        f"{P1}: Offload in progress",
+        f"{p2}: Offload has not been run",
+    ]
+    assert status(root, "orders", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["timed_out"] is False
+    assert [(p["topic"], p["state"], p["request"]) for p in doc["partitions"]] == [
+        (P0, DONE, second),
+        (P1, RUNNING, p1_id),
+        (p2, "none", None),
+    ]
+    assert [r["id"] for r in doc["partitions"][0]["requests"]] == sorted([first, second])
+
+
+def test_wait_times_out_with_exit_2(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
+    submit_requests(store, "", [P0])
+    assert status(root, P0, "--wait", "--timeout", "0.05", "--json") == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["timed_out"] is True and doc["partitions"][0]["state"] == PENDING
+    assert "timed out after 0.05s with 1 request(s) of" in captured.err
+
+
+def test_timeout_without_wait_is_refused(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
+    submit_requests(store, "", [P0])
+    assert status(root, P0, "--timeout", "5") == 1
+    assert "--timeout applies only with --wait" in capsys.readouterr().err
+
+
+def test_wait_polls_until_nothing_is_pending_or_running() -> None:
+    states = iter([PENDING, RUNNING, DONE])
+    polls: list[str] = []
+    slept: list[float] = []
+
+    def fetch() -> list[PartitionStatus]:
+        state = next(states)
+        polls.append(state)
+        return [PartitionStatus(P0, [RequestState("r1", P0, state, segment="s", at_ms=1)])]
+
+    partitions, timed_out = wait_for(fetch, timeout=None, interval=0.5, sleep=slept.append)
+    assert not timed_out and polls == [PENDING, RUNNING, DONE] and slept == [0.5, 0.5]
+    assert partitions[0].message == "Offload was a success (segment s)"
+
+
+def test_offload_now_prints_the_ids_and_how_to_follow_them(
+    root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["offload-now", "--store", str(root), P0]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"requested offload of {P0} (request ")
+    request_id = lines[0].rsplit(" ", 1)[1].rstrip(")")
+    assert store.exists(requests_prefix("") + request_id)
+    assert lines[1] == f"follow with: streamoffload offload-status --store {root} {P0} --wait"
+    assert status(root, P0) == 0
+    assert "Offload in progress" in capsys.readouterr().out
