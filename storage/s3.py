@@ -8,7 +8,10 @@ workers are forked) gets a fresh loop and fresh clients: sockets are never share
 
 Retries are ours, not botocore's, so they are the same for every call and tunable: up to
 ``max_attempts`` tries with full-jitter exponential backoff on throttling (SlowDown, 429, 503),
-other 5xx, request timeouts and connection errors. Credentials come from the arguments or the standard
+other 5xx, request timeouts, connection errors and 409 ConditionalRequestConflict (AWS's answer to concurrent
+conditional writes on one key). An answer that says the API does not exist on this endpoint (501 NotImplemented,
+405 MethodNotAllowed) is never retried: it raises ``UnsupportedOperationError`` at once, naming the S3 operation
+and the store (``storage.probe.check_store`` finds those at start). Credentials come from the arguments or the standard
 AWS chain; they are never logged, never in ``repr`` and scrubbed from error messages.
 """
 
@@ -81,9 +84,22 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,  # asyncio's too
     ConnectionError,
 )
+_CONFLICT_CODES = frozenset({"ConditionalRequestConflict"})
+"""409 answers worth retrying: AWS returns ConditionalRequestConflict when conditional writes on one key race."""
+_UNSUPPORTED_CODES = frozenset({"NotImplemented", "MethodNotAllowed"})
+_UNSUPPORTED_STATUSES = frozenset({501, 405})
+"""Answers meaning "this endpoint has no such API": retrying cannot help."""
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _MIN_UPLOAD_RATE = 512 * 1024
 """Bytes per second below which an upload attempt is given up (and retried)."""
+
+
+class UnsupportedOperationError(StorageError):
+    """The S3 endpoint does not implement an operation (501 NotImplemented, 405 MethodNotAllowed)."""
+
+    def __init__(self, message: str, operation: str) -> None:
+        self.operation = operation
+        super().__init__(message)
 
 
 class _AttemptTimeout(TimeoutError):
@@ -230,10 +246,19 @@ def _error_code(exc: botocore.exceptions.ClientError) -> tuple[str, int, str]:
     return str(error.get("Code", "") or status), status, str(error.get("Message", "") or "")
 
 
+def _unsupported(exc: BaseException) -> bool:
+    if not isinstance(exc, botocore.exceptions.ClientError):
+        return False
+    code, status, _ = _error_code(exc)
+    return code in _UNSUPPORTED_CODES or status in _UNSUPPORTED_STATUSES
+
+
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, botocore.exceptions.ClientError):
+        if _unsupported(exc):
+            return False
         code, status, _ = _error_code(exc)
-        return code in _THROTTLE_CODES or status == 429 or status >= 500
+        return code in _THROTTLE_CODES or code in _CONFLICT_CODES or status == 429 or status >= 500
     return isinstance(exc, _NETWORK_ERRORS)
 
 
@@ -305,12 +330,20 @@ class S3Store(ObjectStore):
             session_token=session_token,
         )
         self._closed = False
+        self._no_list_uploads = False
+        """Set once the endpoint answered ListMultipartUploads with "not implemented" (``resume_multipart``
+        then checks upload ids with ListParts)."""
 
     # --- plumbing ------------------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
         return self._url
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The S3-compatible endpoint, or None for AWS S3 itself."""
+        return self._endpoint_url
 
     @property
     def bucket(self) -> str:
@@ -405,6 +438,16 @@ class S3Store(ObjectStore):
                 return StorageError(f"{self._url}: bucket {self._bucket!r} does not exist ({op} {key!r})")
             if code in ("PreconditionFailed", "412"):
                 return ObjectExistsError(key)
+            if _unsupported(exc):
+                operation = exc.operation_name or op
+                where = f"the S3 endpoint at {self._endpoint_url}" if self._endpoint_url else "the S3 endpoint"
+                return UnsupportedOperationError(
+                    self._scrub(
+                        f"{self._url}: {where} does not implement {operation}, needed for {op} {key!r}: "
+                        f"{_describe(exc).rstrip('.')} (not retried)"
+                    ),
+                    operation,
+                )
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         where = f" at {self._endpoint_url}" if self._endpoint_url else ""
         return StorageError(self._scrub(f"{self._url}: S3 {op} {key!r} failed{tries}{where}: {_describe(exc)}"))
@@ -543,9 +586,18 @@ class S3Store(ObjectStore):
 
     def resume_multipart(self, key: str, upload_id: str) -> MultipartWrite:
         check_key(key)
-        # ListMultipartUploads rather than ListParts: some servers (moto) answer ListParts for any key.
-        if not any(u.key == key and u.upload_id == upload_id for u in self._pending(key)):
-            raise UploadNotFoundError(key, upload_id, self._url)
+        # ListMultipartUploads rather than ListParts where it exists: some servers (moto) answer ListParts
+        # for an upload id under any key. Endpoints without it get ListParts, which is what AWS checks.
+        if not self._no_list_uploads:
+            try:
+                found = any(u.key == key and u.upload_id == upload_id for u in self._pending(key))
+            except UnsupportedOperationError:
+                self._no_list_uploads = True
+            else:
+                if not found:
+                    raise UploadNotFoundError(key, upload_id, self._url)
+                return S3MultipartWrite(self, key, upload_id)
+        self._run(self._list_parts(key, upload_id, max_parts=1))
         return S3MultipartWrite(self, key, upload_id)
 
     def pending_multiparts(self, prefix: str) -> Iterator[PendingUpload]:
@@ -575,14 +627,17 @@ class S3Store(ObjectStore):
 
     # --- multipart internals -------------------------------------------------------------------------
 
-    async def _list_parts(self, key: str, upload_id: str) -> dict[int, tuple[str, int]]:
-        """``{part number: (etag, size)}`` of an upload, from ListParts (so resumed uploads work)."""
+    async def _list_parts(self, key: str, upload_id: str, max_parts: int = 0) -> dict[int, tuple[str, int]]:
+        """``{part number: (etag, size)}`` of an upload, from ListParts (so resumed uploads work); with
+        ``max_parts``, only the first page of at most that many (enough to know the upload exists)."""
         parts: dict[int, tuple[str, int]] = {}
         marker = 0
         while True:
 
             async def attempt(client: Any, number: int, marker: int = marker) -> dict[str, Any]:
                 extra: dict[str, Any] = {"PartNumberMarker": marker} if marker else {}
+                if max_parts:
+                    extra["MaxParts"] = max_parts
                 try:
                     return await client.list_parts(
                         Bucket=self._bucket, Key=self._full(key), UploadId=upload_id, **extra
@@ -595,7 +650,7 @@ class S3Store(ObjectStore):
             page = await self._call("list_parts", key, attempt)
             for part in page.get("Parts", []) or []:
                 parts[int(part["PartNumber"])] = (str(part["ETag"]), int(part.get("Size", 0)))
-            if not page.get("IsTruncated"):
+            if not page.get("IsTruncated") or max_parts:
                 return parts
             marker = int(page.get("NextPartNumberMarker") or 0)
 

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from streamoffload.storage import s3 as s3_module
-from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError, PartTooSmallError, StorageError
+from streamoffload.storage.base import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PartTooSmallError,
+    StorageError,
+    UploadNotFoundError,
+)
 from streamoffload.storage.s3 import MIN_PART_SIZE, S3Store
 from tests.fixtures.s3 import free_port
 
@@ -315,3 +321,85 @@ def test_if_absent_retry_recognises_its_own_earlier_write(scripted: Any, body: b
         with pytest.raises(ObjectExistsError):
             store.put("k", body, if_absent=True)
     assert [r.split()[0] for r in server.requests] == ["PUT", "PUT", "HEAD"]
+
+
+# --- APIs an endpoint lacks, and conflicts worth retrying ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "operation"),
+    [(501, "NotImplemented", "GetObject"), (405, "MethodNotAllowed", "GetObject"), (501, "", "GetObject")],
+)
+def test_an_api_the_endpoint_lacks_is_not_retried_and_is_named(
+    scripted: Any, caplog: pytest.LogCaptureFixture, status: int, code: str, operation: str
+) -> None:
+    server = scripted([(status, code, b"A parameter you provided implies functionality that is not implemented.")])
+    with caplog.at_level(logging.WARNING, logger="streamoffload.storage.s3"), pytest.raises(StorageError) as err:
+        _store(server.url).get("some/key")
+    assert len(server.requests) == 1
+    assert caplog.records == []  # no "retrying" warnings either
+    assert isinstance(err.value, s3_module.UnsupportedOperationError)
+    assert err.value.operation == operation
+    message = str(err.value)
+    assert message.startswith(f"s3://bucket/pfx: the S3 endpoint at {server.url} does not implement GetObject, ")
+    assert "needed for get 'some/key'" in message
+    assert "not retried" in message
+
+
+def test_conditional_request_conflict_is_retried(scripted: Any) -> None:
+    # AWS answers 409 ConditionalRequestConflict when conditional writes on one key race; a retry settles it.
+    server = scripted(
+        [(409, "ConditionalRequestConflict", b"A conflicting conditional operation is in progress."), (200, "", b"")]
+    )
+    assert _store(server.url).put("k", b"hello", if_absent=True).size == 5
+    assert [r.split()[0] for r in server.requests] == ["PUT", "PUT"]
+
+
+def test_other_409s_are_not_retried(scripted: Any) -> None:
+    server = scripted([(409, "OperationAborted", b"A conflicting operation is in progress.")])
+    with pytest.raises(StorageError, match="OperationAborted"):
+        _store(server.url).put("k", b"hello")
+    assert len(server.requests) == 1
+
+
+_LIST_PARTS = (
+    b"<?xml version='1.0' encoding='UTF-8'?><ListPartsResult><Bucket>bucket</Bucket><Key>pfx/mp</Key>"
+    b"<UploadId>u-1</UploadId><IsTruncated>false</IsTruncated></ListPartsResult>"
+)
+
+
+def test_resume_falls_back_to_list_parts_where_list_multipart_uploads_is_missing(scripted: Any) -> None:
+    server = scripted(
+        [
+            (501, "NotImplemented", b"not implemented"),
+            (200, "", _LIST_PARTS),
+            (200, "", _LIST_PARTS),
+            (404, "NoSuchUpload", b"The specified upload does not exist."),
+        ]
+    )
+    store = _store(server.url)
+    assert store.resume_multipart("mp", "u-1").upload_id == "u-1"
+    assert store.resume_multipart("mp", "u-1").upload_id == "u-1"  # ListMultipartUploads is not asked again
+    with pytest.raises(UploadNotFoundError):
+        store.resume_multipart("mp", "gone")
+    assert server.requests == [
+        "GET /bucket?uploads&prefix=pfx%2Fmp",
+        "GET /bucket/pfx/mp?uploadId=u-1&max-parts=1",
+        "GET /bucket/pfx/mp?uploadId=u-1&max-parts=1",
+        "GET /bucket/pfx/mp?uploadId=gone&max-parts=1",
+    ]
+
+
+def test_s3rver_list_multipart_uploads_is_not_retried(
+    s3rver_store: S3Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    # s3rver answers ListMultipartUploads with 501: one request, an error naming it, no five retries.
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="streamoffload.storage.s3"), pytest.raises(StorageError) as err:
+        list(s3rver_store.pending_multiparts("t/"))
+    assert time.monotonic() - started < 2
+    assert caplog.records == []
+    message = str(err.value)
+    assert message.startswith(f"{s3rver_store.url}: the S3 endpoint at {s3rver_store.endpoint_url} does not ")
+    assert "does not implement ListMultipartUploads, needed for pending_multiparts 't/'" in message
+    assert "NotImplemented (HTTP 501)" in message
