@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.broker",
     "tests.fixtures.s3",
+    "tests.fixtures.s3rver",
 ]

@@ -18,6 +18,20 @@ if ! command -v prometheus >/dev/null 2>&1 && [ ! -x /usr/bin/prometheus ]; then
     fi
 fi
 # --- end monitoring ---
+# --- s3rver: a second S3 implementation for tests/storage (npm, into .cache/s3rver; see tests/fixtures/s3rver.py) ---
+S3RVER_VERSION=3.7.1
+S3RVER_DIR="${STREAMOFFLOAD_S3RVER_DIR:-$ROOT/.cache/s3rver}"
+if ! grep -qs "\"version\": \"$S3RVER_VERSION\"" "$S3RVER_DIR/node_modules/s3rver/package.json"; then
+    if command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1; then
+        echo "== installing s3rver $S3RVER_VERSION into $S3RVER_DIR"
+        mkdir -p "$S3RVER_DIR"
+        npm install --prefix "$S3RVER_DIR" --no-audit --no-fund --no-save --loglevel=error \
+            "s3rver@$S3RVER_VERSION" >/dev/null
+    else
+        echo "note: node/npm are not installed; the s3rver tests in tests/storage will skip (or fail when CI is set)" >&2
+    fi
+fi
+# --- end s3rver ---
 echo "== ruff check"
 "$VENV/bin/ruff" check .
 echo "== pytest"
