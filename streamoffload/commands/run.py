@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from streamoffload.cli_common import add_job_args, config_from_args
+from streamoffload.config import Config
 
 EPILOG = """\
 examples:
@@ -47,6 +48,21 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def check_store_capabilities(config: Config) -> None:
+    """Refuse, before Spark starts, a store that lacks what the job relies on (``StoreCapabilityError``, one
+    line naming it); note on stderr what only ``cleanup`` misses."""
+    from streamoffload.storage.probe import check_store
+
+    with config.store.open() as store:
+        report = check_store(store, config.store.key_prefix)
+    if not report.stray_upload_listing:
+        print(
+            f"note: {report.url} cannot list unfinished multipart uploads (ListMultipartUploads); the job does not "
+            "need it, but 'streamoffload cleanup' cannot find stray uploads there",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from streamoffload.streaming.faults import arm_for_this_job
     from streamoffload.streaming.job import OffloadJob
@@ -54,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     arm_for_this_job()  # crash-safety tests only: a no-op unless STREAMOFFLOAD_CRASH_AT is set
     config, path = config_from_args(args)
+    check_store_capabilities(config)
     logging.getLogger("streamoffload").setLevel(min(logging.getLogger().level, logging.INFO))
     job = OffloadJob(config, path)
     spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
