@@ -299,3 +299,55 @@ def list_topic_dirs(store: ObjectStore, prefix: str) -> list[TopicName]:
         except TopicNameError:
             continue
     return sorted(found.values())
+
+
+# --- limits -----------------------------------------------------------------------------------------
+
+MAX_COMPONENT_BYTES = 255
+"""A directory name (each encoded topic-name component) on the filesystem store: NAME_MAX."""
+MAX_KEY_BYTES = 1024
+"""S3's key limit (``check_key`` enforces it for every store)."""
+
+
+class TopicTooLongError(TopicNameError):
+    """A topic whose objects the store cannot hold: its directory name or its keys are too long."""
+
+
+def longest_keys(prefix: str, topic: TopicName | str) -> list[str]:
+    """The longest keys the job writes for ``topic`` under ``prefix``: a manifest, a v1 index object and a
+    deleted-ledger mark with the largest ids (ids are Java longs, zero-padded to 20 digits in names)."""
+    sample = uuid_module.UUID(int=0)
+    biggest = _MAX_ID
+    return [
+        manifest_key(prefix, topic, biggest, biggest, sample),
+        index_key(prefix, topic, sample, ledger_id=biggest),
+        deleted_mark_key(prefix, topic, biggest),
+    ]
+
+
+def check_topic_fits(prefix: str, topic: TopicName | str) -> TopicName:
+    """``topic``, parsed, if the store can hold its objects under ``prefix``; else ``TopicTooLongError``.
+
+    Each encoded component of the topic directory must fit a directory name (255 bytes) and the longest
+    key written under it (see ``longest_keys``) S3's 1024 bytes. Call it for every topic before writing
+    any object of it: a topic that does not fit then fails alone, at once, with this message, instead of
+    failing every batch that holds one of its entries. Raises ``TopicNameError`` for non-persistent
+    topics and ``InvalidKeyError`` for a malformed ``prefix``.
+    """
+    name = _topic(topic)
+    for label, text in (("tenant", name.tenant), ("namespace", name.namespace), ("local name", name.local_name)):
+        size = len(encode_component(text).encode("ascii"))
+        if size > MAX_COMPONENT_BYTES:
+            raise TopicTooLongError(
+                f"topic {name}: its {label} is {size} bytes once encoded for the store (each byte outside "
+                f"[A-Za-z0-9-] takes 3), more than the {MAX_COMPONENT_BYTES} a directory name can hold"
+            )
+    longest = max(longest_keys(prefix, name), key=lambda k: len(k.encode("utf-8")))
+    size = len(longest.encode("utf-8"))
+    if size > MAX_KEY_BYTES:
+        where = f" under prefix {prefix.strip('/')!r}" if prefix.strip("/") else ""
+        raise TopicTooLongError(
+            f"topic {name}: its longest object key{where} would be {size} bytes, more than the "
+            f"{MAX_KEY_BYTES} S3 allows; use a shorter topic name or store prefix"
+        )
+    return name

@@ -38,7 +38,11 @@ def _check_options(url: str, options: dict[str, Any], allowed: frozenset[str]) -
     return options
 
 
-def open_store(url: str, **options: Any) -> ObjectStore:
+class StoreNotFoundError(ConfigError):
+    """``open_store(..., create=False)`` of a filesystem store whose directory does not exist."""
+
+
+def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:
     """The store at ``url``.
 
     - ``file:///abs/dir``, ``file://localhost/abs/dir``, ``/abs/dir`` or ``rel/dir``: a ``FilesystemStore``
@@ -49,12 +53,17 @@ def open_store(url: str, **options: Any) -> ObjectStore:
 
     Raises ``ConfigError`` for other schemes, unknown options and malformed URLs. Credentials are
     never accepted inside the URL (they would end up in logs); pass them as options or use the AWS chain.
+
+    ``create=False`` opens an existing store only: a filesystem store whose directory does not exist
+    raises ``StoreNotFoundError`` naming the path, and nothing is created (commands that only read or
+    mark an existing store use it, so a mistyped path is an error and not a new empty store). S3 stores
+    never create their bucket, so the flag changes nothing for them.
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("store URL is empty")
     options = {k: v for k, v in options.items() if v is not None}
     if "://" not in url:
-        return _filesystem(url, Path(url), options)
+        return _filesystem(url, Path(url), options, create)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -65,7 +74,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         path = unquote(parts.path)
         if not path.startswith("/"):
             raise ConfigError(f"store URL {url}: the path of a file URL must be absolute (file:///abs/dir)")
-        return _filesystem(url, Path(path), options)
+        return _filesystem(url, Path(path), options, create)
     if scheme == "s3":
         # urlsplit would put user:password@ into netloc; refuse without echoing it.
         if "@" in parts.netloc:
@@ -81,7 +90,16 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     raise ConfigError(f"store URL {url}: unsupported scheme {parts.scheme!r} (use file:///dir or s3://bucket/prefix)")
 
 
-def _filesystem(url: str, path: Path, options: dict[str, Any]) -> ObjectStore:
+def _filesystem(url: str, path: Path, options: dict[str, Any], create: bool = True) -> ObjectStore:
     from streamoffload.storage.filesystem import FilesystemStore
 
-    return FilesystemStore(os.path.abspath(path), **_check_options(url, options, FILESYSTEM_OPTIONS))
+    root = os.path.abspath(path)
+    checked = _check_options(url, options, FILESYSTEM_OPTIONS)
+    if not create:
+        # FilesystemStore creates its root; look first. (The directory may still vanish before it opens:
+        # then it is created, as with any store whose directory is removed under it.)
+        if not os.path.exists(root):
+            raise StoreNotFoundError(f"no store at {root}: the directory does not exist")
+        if not os.path.isdir(root):
+            raise StoreNotFoundError(f"no store at {root}: not a directory")
+    return FilesystemStore(root, **checked)

@@ -4,12 +4,18 @@ no file (``--service-url``, ``--topics``, ``--store URL``, ``--s3-endpoint``, ``
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from streamoffload.codecs.errors import ConfigError
-from streamoffload.config import Config, StoreSettings, load_config
+from streamoffload.codecs.errors import ConfigError, StreamOffloadError
+from streamoffload.codecs.topics import TopicName
+from streamoffload.config import MAX_JAVA_LONG, Config, StoreSettings, check_topics_fit, load_config
+
+if TYPE_CHECKING:
+    from streamoffload.storage.base import ObjectStore
 
 STORE_HELP = "object store as a URL: file:///abs/dir (or a plain directory) or s3://bucket/prefix"
 
@@ -73,4 +79,50 @@ def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = Tru
         spark = replace(spark, master=args.master)
     if getattr(args, "trigger_interval", None):
         spark = replace(spark, trigger_interval=args.trigger_interval)
-    return replace(config, pulsar=pulsar, spark=spark), path
+    config = replace(config, pulsar=pulsar, spark=spark)
+    check_topics_fit(config)  # --topics and --store (its prefix) may have changed what has to fit
+    return config, path
+
+
+def open_existing_store(settings: StoreSettings) -> ObjectStore:
+    """The configured store, which must exist: a filesystem store whose directory is missing is a
+    ``StoreNotFoundError`` ("no store at /x: the directory does not exist") and nothing is created. For
+    commands that read or mark a store (status, verify, read, delete-ledger, cleanup), where a mistyped
+    path must not become a new, empty store."""
+    from streamoffload.storage.urls import open_store
+
+    if settings.managedLedgerOffloadDriver == "filesystem":
+        return open_store(settings.url, create=False)
+    return settings.open()
+
+
+class ArgumentError(StreamOffloadError):
+    """A command-line value out of its range (printed as one line, exit status 1)."""
+
+
+def int_arg(value: int | None, flag: str, low: int = 0, high: int = MAX_JAVA_LONG, what: str = "") -> int | None:
+    """``value`` if it is ``None`` or in ``[low, high]``, else ``ArgumentError`` naming ``flag``."""
+    if value is None or low <= value <= high:
+        return value
+    raise ArgumentError(f"{flag} {value}: {what or 'must be an integer'} in [{low}, {high}]")
+
+
+def float_arg(value: float | None, flag: str, low: float, high: float, what: str = "") -> float | None:
+    """``value`` if it is ``None`` or a finite number in ``[low, high]`` (never nan or inf)."""
+    if value is None or (math.isfinite(value) and low <= value <= high):
+        return value
+    raise ArgumentError(f"{flag} {value:.15g}: {what or 'must be a finite number'} in [{low:.15g}, {high:.15g}]")
+
+
+def topic_arg(text: str, config: Config) -> TopicName:
+    """A topic-partition named on the command line, parsed; ``TopicNameError`` (one line) if the configured
+    store could not hold it (non-persistent, or a name too long for its directory or keys), rather than a
+    store error about a file name further on."""
+    from streamoffload.storage.keys import check_topic_fits
+
+    return check_topic_fits(config.store.key_prefix, text)
+
+
+def ledger_id_arg(value: int | None, flag: str) -> int | None:
+    """A ledger id: a Java long >= 0."""
+    return int_arg(value, flag, 0, MAX_JAVA_LONG, "ledger ids are integers")

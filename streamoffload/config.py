@@ -9,19 +9,43 @@ policy changes need no restart; connection, store and Spark settings are read on
 from __future__ import annotations
 
 import difflib
+import math
 import os
+import re
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.codecs.errors import ConfigError, StreamOffloadError
 from streamoffload.codecs.topics import TopicName, TopicNameError
 
 MIB = 1024 * 1024
 HEADER_AND_ONE_ENTRY = 128 + 12 + 1
+
+# Upper bounds (see conf/streamoffload.toml). Pulsar keeps sizes and times in Java ints and longs: every
+# bound keeps int(value in bytes or ms) far inside a Java long, so no arithmetic on them can overflow.
+MAX_JAVA_INT = 2**31 - 1
+MAX_JAVA_LONG = 2**63 - 1
+TIB = 1024**4
+MINUTE_MS = 60_000
+DAY_MS = 24 * 60 * MINUTE_MS
+MAX_BLOCK_BYTES = MAX_JAVA_INT
+"""managedLedgerOffloadMaxBlockSizeInBytes and ...ReadBufferSizeInBytes: Pulsar's int."""
+MAX_SEGMENT_MB = TIB // MIB
+"""maxSizePerOffloadSegmentMbytes: 1 TiB."""
+MAX_BUFFER_BYTES = TIB
+"""offloadBufferMaxBytes: 1 TiB."""
+MAX_ROLLOVER_MINUTES = 30 * 24 * 60
+"""maxOffloadSegmentRolloverTimeMinutes: 30 days."""
+MAX_RETENTION_MINUTES = 100 * 366 * 24 * 60
+"""retentionTimeInMinutes: 100 years (-1 keeps forever)."""
+MAX_RETENTION_MB = 2**40
+"""retentionSizeInMB: 1 EiB (-1 for no limit)."""
+MAX_DELETION_LAG_MS = 100 * 366 * DAY_MS
+"""managedLedgerOffloadDeletionLagMs: 100 years."""
 
 METHODS = ("streaming", "ledger")
 DRIVERS = ("filesystem", "aws-s3", "s3")
@@ -48,11 +72,12 @@ class OffloadPolicy:
 
     @property
     def max_segment_bytes(self) -> int:
-        return int(self.maxSizePerOffloadSegmentMbytes * MIB)
+        # round, not int: 24000 / MIB * MIB or "65s" in minutes * 60_000 may land a hair below the integer.
+        return round(self.maxSizePerOffloadSegmentMbytes * MIB)
 
     @property
     def rollover_ms(self) -> int:
-        return int(self.maxOffloadSegmentRolloverTimeMinutes * 60_000)
+        return round(self.maxOffloadSegmentRolloverTimeMinutes * 60_000)
 
     @property
     def block_size(self) -> int:
@@ -68,6 +93,45 @@ _POLICY_ALIASES = {
     "maxOffloadSegmentRolloverTimeSeconds": ("maxOffloadSegmentRolloverTimeMinutes", 1 / 60),
     "managedLedgerOffloadDriverBufferBytes": ("offloadBufferMaxBytes", 1),
 }
+_DURATION_KEYS: dict[str, int] = {
+    # Keys that also take a duration string ("90s", "4h", "1h30m"): milliseconds per unit of the key.
+    "maxOffloadSegmentRolloverTimeMinutes": MINUTE_MS,
+    "maxOffloadSegmentRolloverTimeSeconds": 1000,
+    "retentionTimeInMinutes": MINUTE_MS,
+    "managedLedgerOffloadDeletionLagMs": 1,
+}
+_SIZE_KEYS: dict[str, int] = {
+    # Keys that also take a size string ("64MiB", "1g", "512 KiB"): bytes per unit of the key.
+    "maxSizePerOffloadSegmentMbytes": MIB,
+    "retentionSizeInMB": MIB,
+    "managedLedgerOffloadMaxBlockSizeInBytes": 1,
+    "managedLedgerOffloadReadBufferSizeInBytes": 1,
+    "offloadBufferMaxBytes": 1,
+    "managedLedgerOffloadDriverBufferBytes": 1,
+}
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": MINUTE_MS, "min": MINUTE_MS, "h": 60 * MINUTE_MS, "d": DAY_MS}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)", re.IGNORECASE)
+_DURATION_RE = re.compile(rf"^\s*(?:{_DURATION_PART.pattern}\s*)+$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+
+
+def parse_duration_ms(text: str) -> float:
+    """Milliseconds in ``text``: ``500ms``, ``90s``, ``10m`` (or ``10min``), ``4h``, ``2d``, or a sum such
+    as ``1h30m``. Raises ``ValueError`` for anything else (no sign: durations are never negative)."""
+    if not _DURATION_RE.match(text):
+        raise ValueError(f"expected a duration like 90s, 10m, 4h, 2d or 500ms, got {text!r}")
+    return float(sum(float(n) * _DURATION_UNITS_MS[unit.lower()] for n, unit in _DURATION_PART.findall(text)))
+
+
+def parse_size_bytes(text: str) -> float:
+    """Bytes in ``text``: ``1048576``, ``512b``, ``64k``, ``64KiB``, ``64MB``, ``1.5g``, ``2TiB``. Units are
+    binary (k = 1024), as in Pulsar's ``...Mbytes`` keys. Raises ``ValueError`` for anything else."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"expected a size like 1048576, 64KiB, 64MiB or 1GiB, got {text!r}")
+    return float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
 
 
 @dataclass(frozen=True)
@@ -148,12 +212,15 @@ class Config:
     def policy_for(self, topic: TopicName | str) -> OffloadPolicy:
         """Broker defaults, then the namespace's, then the partitioned topic's, then the partition's."""
         name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        return _validated_policy(self._merged_policy(name), self.source, f"policy of {name}")
+
+    def _merged_policy(self, name: TopicName) -> dict[str, Any]:
         merged: dict[str, Any] = dict(self.broker_policy)
         merged.update(self.namespace_policies.get(name.namespace_name, {}))
         merged.update(self.topic_policies.get(str(name.base), {}))
         if name.is_partition:
             merged.update(self.topic_policies.get(str(name), {}))
-        return _validated_policy(merged, self.source, f"policy of {name}")
+        return merged
 
     def with_policy_source(self, other: Config) -> Config:
         """This configuration with the policy sections of ``other`` (a re-read file)."""
@@ -171,6 +238,8 @@ def _suggest(key: str, known: list[str]) -> str:
 
 
 def _check_type(value: Any, expected: type, key: str, source: str) -> Any:
+    if isinstance(value, float) and not math.isfinite(value) and expected in (int, float):
+        raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if expected is int and isinstance(value, float) and value.is_integer():
@@ -180,10 +249,28 @@ def _check_type(value: Any, expected: type, key: str, source: str) -> Any:
     return value
 
 
+def _parse_unit_string(value: str, key: str, where: str, source: str) -> float:
+    """A duration or size string as a number in ``key``'s own unit."""
+    try:
+        if key in _DURATION_KEYS:
+            return parse_duration_ms(value) / _DURATION_KEYS[key]
+        if key in _SIZE_KEYS:
+            return parse_size_bytes(value) / _SIZE_KEYS[key]
+    except ValueError as err:
+        raise ConfigError(f"{source}: {where}: {err}") from None
+    raise AssertionError(key)
+
+
 def _normalise_policy(table: Mapping[str, Any], source: str, section: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
         where = f"{section}.{key}"
+        if isinstance(value, str) and (key in _DURATION_KEYS or key in _SIZE_KEYS):
+            value = _parse_unit_string(value, key, where, source)
+            target_type = _POLICY_TYPES.get(_POLICY_ALIASES.get(key, (key, 1))[0])
+            if target_type is int and not value.is_integer():
+                unit = "ms" if key in _DURATION_KEYS else "bytes"
+                raise ConfigError(f"{source}: {where} must be a whole number of {unit}, got {table[key]!r}")
         if key in _POLICY_ALIASES:
             target, factor = _POLICY_ALIASES[key]
             value = _check_type(value, float, where, source) * factor
@@ -194,31 +281,79 @@ def _normalise_policy(table: Mapping[str, Any], source: str, section: str) -> di
     return out
 
 
+def _in_range(value: Any, low: float, high: float) -> bool:
+    """``low <= value <= high`` for a real number; False for nan, inf outside the range, and non-numbers."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+
+
 def _validated_policy(values: Mapping[str, Any], source: str, section: str) -> OffloadPolicy:
     policy = OffloadPolicy(**values)
-    checks = [
-        (policy.method in METHODS, "method", f"must be one of {', '.join(METHODS)}, got {policy.method!r}"),
+    p = policy
+    # Every check is written so that nan fails it (comparisons with nan are False), for values that did
+    # not come through _normalise_policy (policy documents built by code).
+    checks: list[tuple[Callable[[], bool], str, str]] = [
+        (lambda: isinstance(p.enabled, bool), "enabled", f"must be true or false, got {p.enabled!r}"),
+        (lambda: p.method in METHODS, "method", f"must be one of {', '.join(METHODS)}, got {p.method!r}"),
         (
-            policy.block_size >= HEADER_AND_ONE_ENTRY,
+            lambda: _in_range(p.managedLedgerOffloadMaxBlockSizeInBytes, HEADER_AND_ONE_ENTRY, MAX_BLOCK_BYTES),
             "managedLedgerOffloadMaxBlockSizeInBytes",
-            f"must be at least {HEADER_AND_ONE_ENTRY} (a 128-byte header and one framed entry)",
+            f"must be at least {HEADER_AND_ONE_ENTRY} (a 128-byte header and one framed entry) and at most "
+            f"{MAX_BLOCK_BYTES} (Pulsar's int), got {p.managedLedgerOffloadMaxBlockSizeInBytes!r}",
         ),
-        (policy.maxSizePerOffloadSegmentMbytes > 0, "maxSizePerOffloadSegmentMbytes", "must be positive"),
-        (policy.maxOffloadSegmentRolloverTimeMinutes > 0, "maxOffloadSegmentRolloverTimeMinutes", "must be positive"),
         (
-            policy.offloadBufferMaxBytes >= policy.block_size,
+            lambda: _in_range(p.maxSizePerOffloadSegmentMbytes, 0, MAX_SEGMENT_MB)
+            and p.maxSizePerOffloadSegmentMbytes > 0
+            and p.max_segment_bytes >= 1,
+            "maxSizePerOffloadSegmentMbytes",
+            f"must be positive (at least 1 byte) and at most {MAX_SEGMENT_MB} (1 TiB), "
+            f"got {p.maxSizePerOffloadSegmentMbytes!r}",
+        ),
+        (
+            lambda: _in_range(p.maxOffloadSegmentRolloverTimeMinutes, 0, MAX_ROLLOVER_MINUTES)
+            and p.rollover_ms >= 1,
+            "maxOffloadSegmentRolloverTimeMinutes",
+            f"must be positive (at least 1 ms) and at most {MAX_ROLLOVER_MINUTES} (30 days), "
+            f"got {p.maxOffloadSegmentRolloverTimeMinutes!r}",
+        ),
+        (
+            lambda: _in_range(p.offloadBufferMaxBytes, 0, MAX_BUFFER_BYTES),
             "offloadBufferMaxBytes",
-            f"({policy.offloadBufferMaxBytes}) must hold at least one block ({policy.block_size})",
+            f"must be at most {MAX_BUFFER_BYTES} (1 TiB), got {p.offloadBufferMaxBytes!r}",
         ),
         (
-            policy.managedLedgerOffloadReadBufferSizeInBytes > 0,
-            "managedLedgerOffloadReadBufferSizeInBytes",
-            "must be positive",
+            lambda: p.offloadBufferMaxBytes >= p.block_size,
+            "offloadBufferMaxBytes",
+            f"({p.offloadBufferMaxBytes}) must hold at least one block ({p.block_size})",
         ),
-        (policy.managedLedgerOffloadDeletionLagMs >= 0, "managedLedgerOffloadDeletionLagMs", "must be >= 0"),
+        (
+            lambda: _in_range(p.managedLedgerOffloadReadBufferSizeInBytes, 1, MAX_BLOCK_BYTES),
+            "managedLedgerOffloadReadBufferSizeInBytes",
+            f"must be positive and at most {MAX_BLOCK_BYTES} (Pulsar's int), "
+            f"got {p.managedLedgerOffloadReadBufferSizeInBytes!r}",
+        ),
+        (
+            lambda: p.retentionTimeInMinutes == -1 or _in_range(p.retentionTimeInMinutes, 0, MAX_RETENTION_MINUTES),
+            "retentionTimeInMinutes",
+            f"must be -1 (keep forever) or between 0 and {MAX_RETENTION_MINUTES} (100 years), "
+            f"got {p.retentionTimeInMinutes!r}",
+        ),
+        (
+            lambda: p.retentionSizeInMB == -1 or _in_range(p.retentionSizeInMB, 0, MAX_RETENTION_MB),
+            "retentionSizeInMB",
+            f"must be -1 (no limit) or between 0 and {MAX_RETENTION_MB} (1 EiB), got {p.retentionSizeInMB!r}",
+        ),
+        (
+            lambda: _in_range(p.managedLedgerOffloadDeletionLagMs, 0, MAX_DELETION_LAG_MS),
+            "managedLedgerOffloadDeletionLagMs",
+            f"must be between 0 and {MAX_DELETION_LAG_MS} (100 years), got {p.managedLedgerOffloadDeletionLagMs!r}",
+        ),
     ]
     for ok, key, problem in checks:
-        if not ok:
+        try:
+            good = ok()
+        except (TypeError, ValueError, OverflowError):  # a value of the wrong type from a policy document
+            good = False
+        if not good:
             raise ConfigError(f"{source}: {section}.{key} {problem}")
     return policy
 
@@ -228,6 +363,29 @@ def _section(doc: Mapping[str, Any], name: str, source: str) -> Mapping[str, Any
     if not isinstance(value, Mapping):
         raise ConfigError(f"{source}: [{name}] must be a table, got {type(value).__name__}")
     return value
+
+
+_COUNT_SETTINGS: dict[str, bool] = {
+    # Optional positive counts: key -> whether size strings ("256MiB") are accepted.
+    "pulsar.max_entries_per_trigger": False,
+    "pulsar.max_bytes_per_trigger": True,
+}
+
+
+def _count_setting(value: Any, where: str, source: str, sizes: bool) -> int:
+    """A positive whole number (at most a Java long), given as a number or, for sizes, a size string."""
+    number: Any = value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = parse_size_bytes(text) if sizes else float(int(text))
+        except ValueError:
+            expected = "a byte count like 268435456 or 256MiB" if sizes else "a whole number"
+            raise ConfigError(f"{source}: {where} must be {expected}, got {value!r}") from None
+    number = _check_type(number, int, where, source)
+    if not 1 <= number <= MAX_JAVA_LONG:
+        raise ConfigError(f"{source}: {where} must be between 1 and {MAX_JAVA_LONG}, got {value!r}")
+    return int(number)
 
 
 def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) -> Any:
@@ -249,9 +407,11 @@ def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) ->
                 value = tuple(value)
             else:
                 raise ConfigError(f"{source}: {where} must be a list of strings")
-        elif default is None:  # optional settings: a string or a number
-            if value is not None and not isinstance(value, str | int):
-                raise ConfigError(f"{source}: {where} has the wrong type {type(value).__name__}")
+        elif where in _COUNT_SETTINGS:
+            value = _count_setting(value, where, source, _COUNT_SETTINGS[where])
+        elif default is None:  # optional settings: a string
+            if not isinstance(value, str):
+                raise ConfigError(f"{source}: {where} must be a string, got {type(value).__name__} {value!r}")
         else:
             value = _check_type(value, type(default), where, source)
         kwargs[key] = value
@@ -314,7 +474,45 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
         _validated_policy({**broker_policy, **table}, source, f"namespaces.{ns!r}")
     for topic, table in topic_policies.items():
         _validated_policy({**broker_policy, **table}, source, f"topics.{topic!r}")
-    return Config(pulsar, store, spark, metrics, broker_policy, namespace_policies, topic_policies, source)
+    config = Config(pulsar, store, spark, metrics, broker_policy, namespace_policies, topic_policies, source)
+    # ... and the effective policy of every configured topic, which merges its namespace's (and, for a
+    # partition, its partitioned topic's) section: each may be valid alone and not together.
+    for topic in (*pulsar.topics, *topic_policies):
+        name = TopicName.parse(topic)
+        section = f"topics.{str(name)!r}" if str(name) in topic_policies else f"pulsar.topics[{topic!r}]"
+        try:
+            _validated_policy(config._merged_policy(name), source, section)
+        except ConfigError as err:
+            raise ConfigError(
+                f"{err} (in the effective policy of {name}: [offload], its namespace's and its topic's sections "
+                "merged)"
+            ) from None
+    check_topics_fit(config)
+    return config
+
+
+def check_topics_fit(config: Config) -> None:
+    """Refuse a configured topic (``pulsar.topics`` and ``[topics."..."]``) whose objects the store cannot
+    hold: non-persistent, a directory name over 255 bytes, or a key over 1024 bytes with the store prefix
+    (``storage.keys.check_topic_fits``). Called at load, and again after command-line overrides, so such a
+    topic fails at start and not in the sink. Topics found later by ``topics_pattern`` are the job's to
+    check, one by one, with ``check_topic_fits``."""
+    from streamoffload.storage.base import InvalidKeyError
+    from streamoffload.storage.keys import check_prefix, check_topic_fits
+
+    source = config.source
+    prefix = config.store.key_prefix
+    try:
+        check_prefix(prefix)
+    except InvalidKeyError as err:
+        raise ConfigError(f"{source}: store.prefix {config.store.prefix!r} cannot start an object key: {err}") from None
+    configured = [("pulsar.topics", t) for t in config.pulsar.topics]
+    configured += [(f"[topics.{t!r}]", t) for t in config.topic_policies]
+    for where, topic in configured:
+        try:
+            check_topic_fits(prefix, topic)
+        except (TopicNameError, InvalidKeyError) as err:
+            raise ConfigError(f"{source}: {where}: cannot offload {topic!r}: {err}") from None
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -325,6 +523,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"configuration file not found: {file}") from None
     except OSError as err:
         raise ConfigError(f"cannot read configuration file {file}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {err.start}): {err.reason}") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -366,8 +566,9 @@ class PolicySource:
                 try:
                     self._config = self._config.with_policy_source(load_config(self._path))
                     self.last_error = None
-                except ConfigError as err:
-                    self.last_error = str(err)
+                except (StreamOffloadError, ValueError, TypeError, OverflowError) as err:
+                    # ConfigError in practice; anything else a bad edit could raise keeps the last good policy too.
+                    self.last_error = str(err) if isinstance(err, ConfigError) else f"{self._path}: {err}"
         return self._config
 
     def policy_for(self, topic: TopicName | str) -> OffloadPolicy:

@@ -6,7 +6,10 @@ import argparse
 from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import add_store_args, config_from_args, float_arg, open_existing_store, topic_arg
+from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.config import MAX_RETENTION_MINUTES
+from streamoffload.storage import keys
 
 
 def register(subparsers: Any) -> None:
@@ -25,13 +28,25 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+class CleanupError(StreamOffloadError):
+    """A cleanup target that is not in the store."""
+
+
 def run(args: argparse.Namespace) -> int:
+    float_arg(args.grace_minutes, "--grace-minutes", 0, MAX_RETENTION_MINUTES, "the grace period is minutes")
     config, _ = config_from_args(args)
-    meta = MetadataStore(config.store.open(), config.store.key_prefix)
-    topics = [args.topic] if args.topic else [str(t) for t in meta.topics()]
+    topic = topic_arg(args.topic, config) if args.topic else None
+    store = open_existing_store(config.store)
+    meta = MetadataStore(store, config.store.key_prefix)
+    if topic is not None:
+        if next(iter(store.list(keys.topic_dir(meta.prefix, topic))), None) is None:
+            raise CleanupError(f"--topic {topic}: the store {store.url} holds no objects of this topic-partition")
+        topics = [str(topic)]
+    else:
+        topics = [str(t) for t in meta.topics()]
     total = 0
-    for topic in topics:
-        report = meta.cleanup(topic, grace_ms=int(args.grace_minutes * 60_000))
+    for name in topics:
+        report = meta.cleanup(name, grace_ms=round(args.grace_minutes * 60_000))
         total += report.total
         for label, items in (
             ("superseded attempt", report.superseded_manifests),
@@ -40,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
             ("finished deletion", report.finished_deletions),
         ):
             for item in items:
-                print(f"{topic}: removed {label} {item}")
+                print(f"{name}: removed {label} {item}")
     print(f"cleanup: {total} item(s) removed from {len(topics)} topic-partition(s)")
     return 0

@@ -9,9 +9,17 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import (
+    add_store_args,
+    config_from_args,
+    int_arg,
+    ledger_id_arg,
+    open_existing_store,
+    topic_arg,
+)
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.config import MAX_JAVA_LONG
 from streamoffload.storage import keys
 from streamoffload.storage.read_handle import (
     DEFAULT_CACHE_BYTES,
@@ -135,6 +143,10 @@ def write_lines(entries: Iterator[OffloadedEntry], out: TextIO, *, messages: boo
 
 
 def run(args: argparse.Namespace) -> int:
+    int_arg(args.cache_bytes, "--cache-bytes", 0, MAX_JAVA_LONG, "the cache bound is a byte count")
+    int_arg(args.readahead_bytes, "--readahead-bytes", 0, MAX_JAVA_LONG, "the read-ahead is a byte count")
+    int_arg(args.limit, "--limit", 0, MAX_JAVA_LONG, "the line limit is a count")
+    ledger_id_arg(args.ledger_id, "--ledger-id")
     config, _ = config_from_args(args)
     start = _position(args.start, "--from")
     end = _position(args.end, "--to")
@@ -144,11 +156,11 @@ def run(args: argparse.Namespace) -> int:
         raise ReadCommandError("--index-key needs --data-key")
     if not args.topic and not args.data_key:
         raise ReadCommandError("give a TOPIC (or --data-key KEY to read one segment's objects)")
-    topic = TopicName.parse(args.topic) if args.topic else None
+    topic = topic_arg(args.topic, config) if args.topic else None
     prefix = config.store.key_prefix
     policy_topic = topic or _topic_of_key(prefix, args.data_key)
     read_buffer = config.policy_for(policy_topic).managedLedgerOffloadReadBufferSizeInBytes
-    store = config.store.open()
+    store = open_existing_store(config.store)
     reader = TopicReader(
         store,
         prefix,
@@ -167,11 +179,10 @@ def run(args: argparse.Namespace) -> int:
             entries = reader.read(topic, start, end)
         entries = _check_start(entries, start, topic, reader)
         try:
+            # A reader of our output that goes away (`| head`) is a BrokenPipeError, which streamoffload.cli
+            # turns into a quiet exit for every command.
             write_lines(entries, sys.stdout, messages=args.messages, limit=args.limit)
             sys.stdout.flush()
-        except BrokenPipeError:
-            # The reader of our output went away (e.g. `| head`): stop quietly, as other CLI tools do.
-            _silence_stdout()
         finally:
             close = getattr(entries, "close", None)
             if close is not None:
@@ -216,9 +227,3 @@ def _check_start(
     yield first
     yield from iterator
 
-
-def _silence_stdout() -> None:
-    import os
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.codecs.errors import ConfigError
 from streamoffload.status import TopicStatus, store_status
 
@@ -144,12 +145,17 @@ def watch(
     return 0
 
 
+MAX_WATCH_SECONDS = 24 * 60 * 60.0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.watch is not None and not (math.isfinite(args.watch) and 0 < args.watch <= MAX_WATCH_SECONDS):
+        raise ConfigError(
+            f"--watch {args.watch:g}: the refresh interval must be positive and at most {MAX_WATCH_SECONDS:g} seconds"
+        )
     config, _ = config_from_args(args)
-    meta = MetadataStore(config.store.open(), config.store.key_prefix)
+    meta = MetadataStore(open_existing_store(config.store), config.store.key_prefix)
     if args.watch is not None:
-        if args.watch <= 0:
-            raise ConfigError(f"--watch {args.watch:g}: the refresh interval must be positive")
         return watch(lambda: store_status(meta), args.watch, config.store.url, as_json=args.json)
     rows = store_status(meta)
     if args.json:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import add_store_args, config_from_args, ledger_id_arg, open_existing_store, topic_arg
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER_LENGTH,
@@ -366,7 +366,18 @@ class _Checker:
                 mismatch(
                     f"v1 data object of ledger {manifest.startLedgerId} is not named -ledger-{manifest.startLedgerId}"
                 )
-        spans = {s.ledger_id: s for s in mf.spans_of(manifest)}
+        try:
+            spans = {s.ledger_id: s for s in mf.spans_of(manifest)}
+        except (ValueError, OverflowError) as err:  # e.g. a firstEntryId property that is not a number
+            bad = [
+                f"ledger {info.ledgerId} has firstEntryId {p.value!r}"
+                for info in manifest.ledgers
+                for p in info.properties
+                if p.key == "firstEntryId" and not re.fullmatch(r"\d+", p.value)
+            ]
+            detail = ", ".join(bad) if bad else str(err)
+            self.problem(where, None, "CorruptManifest", f"ledger spans do not decode: {detail}")
+            return
         if spans and sorted(spans) != sorted(self.tallies):
             mismatch(f"manifest lists ledgers {sorted(spans)}, the data holds {sorted(self.tallies)}")
         for ledger, span in spans.items():
@@ -495,11 +506,13 @@ def _segment_json(s: SegmentReport) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    ledger_id_arg(args.ledger_id, "--ledger-id")
     config, _ = config_from_args(args)
     prefix = config.store.key_prefix
     if args.index_key and not args.data_key:
         raise VerifyError("--index-key needs --data-key")
-    store = config.store.open()
+    names = [topic_arg(t, config) for t in args.topic_names]
+    store = open_existing_store(config.store)
     try:
         topics: list[TopicReport] = []
         loose: list[SegmentReport] = []
@@ -507,7 +520,6 @@ def run(args: argparse.Namespace) -> int:
             data_key = _under(prefix, args.data_key)
             index_key = _under(prefix, args.index_key) if args.index_key else keys.index_key_for(data_key)
             loose.append(verify_segment(store, data_key, index_key, crc=args.crc, ledger_id=args.ledger_id))
-        names = [TopicName.parse(t) for t in args.topic_names]
         if not names and not args.data_key:
             names = keys.list_topic_dirs(store, prefix)
             if not names:
