@@ -1,0 +1,44 @@
+"""The short chaos run: 5 SIGKILLs of the continuous job under steady traffic (bench/chaos.py), with an
+offline and a live policy edit and a checkpoint deletion among them; nothing may be lost or doubled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.chaos import run_chaos
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
+
+
+def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_double_nothing(
+    pulsar_broker: Any, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    report = run_chaos(
+        tmp_path / "chaos",
+        kills=5,
+        seed=7,
+        rate=150.0,
+        service_url=pulsar_broker.service_url,
+        min_delay=0.0,
+        max_delay=2.0,
+        startup_timeout=120.0,
+        converge_timeout=120.0,
+        log=lines.append,
+    )
+    summary = "\n".join(lines) + "\n" + report.render()
+    assert report.kills == 5, summary
+    events = " ".join(report.events)
+    assert "kill" in events and "policy edit" in events and "checkpoint deleted" in events, summary
+    assert "live policy edit to" in events, summary
+    assert report.published > 1000, summary
+    assert report.converged, summary
+    assert report.missing == 0, summary
+    assert report.duplicated == 0, summary
+    assert report.corrupt == 0, summary
+    assert report.kills_survived == 5, summary
+    assert report.orphans_after_cleanup == 0 and report.cleanup_dropped_segments == 0, summary
+    assert report.ok, summary
