@@ -4,9 +4,13 @@
 <prefix>/<tenant>/<namespace>/<local-name>/      the topic directory, each component encoded
     <uuid> | <uuid>-index                        v2 (streaming) data and index objects
     <uuid>-ledger-<id> | <uuid>-ledger-<id>-index  v1 (ledger-based) data and index objects
-    _meta/segments/<startLedger:020d>-<startEntry:020d>-<uuid>
+    _meta/segments/<startLedger:020d>-<startEntry:020d>-<uuid>   segment manifests
+    _meta/commits/<ordinal:020d>       the commit of the topic's n-th segment (create-only)
+    _meta/failures/<uuid>              the last failure of an unfinished segment attempt
     _meta/deleted/<ledgerId:020d>
     _control/<kind>/<requestId>
+<prefix>/_meta/writers/<epoch:020d>              the writer lease of the whole prefix (checkpoints.lease)
+<prefix>/_meta/policies/<effectiveMs:020d>       offload policy versions (streaming.policies)
 ```
 
 Each topic-name component is percent-encoded (UTF-8, uppercase hex) for every character outside
@@ -33,6 +37,8 @@ INDEX_SUFFIX = "-index"
 LEDGER_INFIX = "-ledger-"
 META_DIR = "_meta"
 SEGMENTS_DIR = f"{META_DIR}/segments"
+COMMITS_DIR = f"{META_DIR}/commits"
+FAILURES_DIR = f"{META_DIR}/failures"
 DELETED_DIR = f"{META_DIR}/deleted"
 CONTROL_DIR = "_control"
 
@@ -239,6 +245,41 @@ def parse_manifest_name(key: str) -> tuple[int, int, str]:
     if not match:
         raise ValueError(f"{key!r} is not a segment manifest key (<ledger:020d>-<entry:020d>-<uuid>)")
     return int(match.group(1)), int(match.group(2)), match.group(3)
+
+
+def commits_prefix(prefix: str, topic: TopicName | str) -> str:
+    """List prefix of a topic's segment commits (they list in ordinal, hence position, order)."""
+    return topic_dir(prefix, topic) + COMMITS_DIR + "/"
+
+
+def commit_key(prefix: str, topic: TopicName | str, ordinal: int) -> str:
+    """``.../_meta/commits/<ordinal:020d>``: written create-only, so one segment wins each place in a
+    topic's history whatever the number of writers."""
+    return commits_prefix(prefix, topic) + f"{_id(ordinal, 'segment ordinal'):020d}"
+
+
+def parse_commit_name(key: str) -> int:
+    """The ordinal of a commit key (or its last component)."""
+    name = key.rsplit("/", 1)[-1]
+    if not _DELETED_RE.match(name):
+        raise ValueError(f"{key!r} is not a segment commit key (<ordinal:020d>)")
+    return int(name)
+
+
+def failure_key(prefix: str, topic: TopicName | str, uuid: str | uuid_module.UUID) -> str:
+    """``.../_meta/failures/<uuid>``: why the last attempt at an unfinished segment failed."""
+    return topic_dir(prefix, topic) + f"{FAILURES_DIR}/{_uuid_text(uuid)}"
+
+
+def failures_prefix(prefix: str, topic: TopicName | str) -> str:
+    return topic_dir(prefix, topic) + FAILURES_DIR + "/"
+
+
+def prefix_meta_prefix(prefix: str, kind: str) -> str:
+    """``<prefix>/_meta/<kind>/``: metadata of the whole prefix (``writers``, ``policies``). Topic
+    directories are three encoded components deep and never start with ``_``, so these cannot collide."""
+    base = _norm_prefix(prefix)
+    return (base + "/" if base else "") + f"{META_DIR}/{_name(kind, 'metadata kind')}/"
 
 
 def deleted_marks_prefix(prefix: str, topic: TopicName | str) -> str:
