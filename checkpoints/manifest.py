@@ -29,8 +29,36 @@ _SEGMENT_NAMESPACE = uuid.UUID("6f1d3c1e-7a44-5d8e-9b0a-3c5e2f7d9a10")
 Position = tuple[int, int]
 
 
-def segment_uuid(topic: str, ordinal: int, start: Position) -> uuid.UUID:
-    return uuid.uuid5(_SEGMENT_NAMESPACE, f"{topic}|{ordinal}|{start[0]}:{start[1]}")
+def segment_uuid(topic: str, ordinal: int, start: Position, epoch: int = 0) -> uuid.UUID:
+    """The segment's id: a function of the writer's lease epoch and the segment's place, so a replayed
+    micro-batch reproduces it while no two writers (or two runs of one) ever share an id."""
+    return uuid.uuid5(_SEGMENT_NAMESPACE, f"{topic}|{epoch}|{ordinal}|{start[0]}:{start[1]}")
+
+
+# Driver metadata properties of our manifests (OffloadDriverMetadata, as Pulsar's offloaders keep theirs).
+PROP_METHOD = "method"
+PROP_EPOCH = "epoch"
+PROP_POLICY = "policy"
+"""The offload policy the segment was opened under (JSON): its replays use it, whatever the config says now."""
+PROP_UPLOAD_ID = "uploadId"
+"""The multipart upload that holds the segment's parts, recorded before the first part is written."""
+
+
+def driver_property(manifest: SegmentManifest, key: str) -> str | None:
+    for prop in manifest.driverMetadata.properties:
+        if prop.key == key:
+            return str(prop.value)
+    return None
+
+
+def with_driver_property(manifest: SegmentManifest, key: str, value: str) -> SegmentManifest:
+    out = SegmentManifest()
+    out.CopyFrom(manifest)
+    props = [(p.key, p.value) for p in out.driverMetadata.properties if p.key != key] + [(key, value)]
+    del out.driverMetadata.properties[:]
+    for k, v in sorted(props):
+        out.driverMetadata.properties.add(key=k, value=v)
+    return out
 
 
 @dataclass(frozen=True)

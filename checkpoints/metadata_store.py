@@ -1,11 +1,14 @@
 """The offload metadata store: segment manifests and ledger deletion marks, kept in the same object
 store as the data so a reader needs nothing but the store.
 
-Crash safety rests on three rules: manifests are written last (a segment is readable only once its
+Crash safety rests on four rules: manifests are written last (a segment is readable only once its
 manifest says Offloaded, after its data and index objects are durable); every write is idempotent
-(deterministic keys, whole-object puts); and cleanup converges (anything a crash can leave behind,
-an Assigned/Failed manifest that a later Offloaded one supersedes, an unfinished multipart upload, an
-object no manifest names, a half-done deletion, is found and removed by ``cleanup``).
+(deterministic keys, whole-object puts); every segment is **committed** create-only in its place in the
+topic's history (``_meta/commits/<ordinal>``, holding the sealed manifest) before its manifest says
+Offloaded, so two writers can never both commit a place and the store alone tells where a topic-partition
+continues (``resume_point``); and recovery converges (``recover`` at every run start publishes a commit a
+crash left unpublished and abandons every attempt past the last commit; ``cleanup`` removes superseded
+attempts, unfinished uploads, orphan objects and half-done deletions).
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.manifest import OFFLOADED, Position
-from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.errors import FormatError, StreamOffloadError
 from streamoffload.codecs.proto.managed_ledger_pb2 import ManagedLedgerInfo
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage import keys
-from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError, ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,20 @@ DELETED_SEGMENTS_DIR = "_meta/deleted-segments/"
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class CommitConflictError(StreamOffloadError):
+    """Another segment already holds this place in the topic's history (another writer committed it)."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a topic-partition continues, from the store alone."""
+
+    last: Position | None
+    """The last position of the last committed segment (None: nothing committed yet)."""
+    next_ordinal: int
+    """The place of the next segment in the topic's history."""
 
 
 @dataclass
@@ -68,14 +85,115 @@ class MetadataStore:
     def put_manifest(self, manifest: SegmentManifest) -> None:
         self.store.put(self.manifest_key(manifest), mf.encode_manifest(manifest))
 
-    def manifests(self, topic: TopicName | str) -> list[SegmentManifest]:
-        """Every manifest of the topic-partition (any status), in start-position order."""
+    def open_attempt(self, manifest: SegmentManifest) -> SegmentManifest:
+        """Write an Assigned manifest create-only; if the attempt exists already (a replay), return the
+        manifest that was written first, whose policy and upload id the replay must use."""
+        try:
+            self.store.put(self.manifest_key(manifest), mf.encode_manifest(manifest), if_absent=True)
+            return manifest
+        except ObjectExistsError:
+            key = self.manifest_key(manifest)
+            return mf.decode_manifest(self.store.get(key), where=key)
+
+    def _manifests(self, topic: TopicName | str) -> list[SegmentManifest]:
         out = []
         for info in self.store.list(keys.manifests_prefix(self.prefix, topic)):
             try:
                 out.append(mf.decode_manifest(self.store.get(info.key), where=info.key))
             except ObjectNotFoundError:
                 continue  # deleted between list and get
+        return out
+
+    def manifests(self, topic: TopicName | str) -> list[SegmentManifest]:
+        """Every manifest of the topic-partition (any status), in start-position order. An unfinished
+        attempt with a recorded failure is reported as Failed, with why."""
+        manifests = self._manifests(topic)
+        failures = self.failures(topic)
+        if not failures:
+            return manifests
+        return [
+            mf.failed_manifest(m, failures[str(mf.manifest_uuid(m))])
+            if m.status != OFFLOADED and str(mf.manifest_uuid(m)) in failures
+            else m
+            for m in manifests
+        ]
+
+    # -- commits: the topic's history, one create-only object per place --------------------------
+
+    def commit(self, sealed: SegmentManifest) -> None:
+        """Commit an offloaded segment in its place (``sealed.ordinal``) of the topic's history, then
+        publish its Offloaded manifest. Idempotent for the same segment; ``CommitConflictError`` when
+        another segment holds the place (a fenced writer, or a second instance)."""
+        key = keys.commit_key(self.prefix, sealed.topic, sealed.ordinal)
+        data = mf.encode_manifest(sealed)
+        try:
+            self.store.put(key, data, if_absent=True)
+        except ObjectExistsError:
+            holder = mf.decode_manifest(self.store.get(key), where=key)
+            if mf.manifest_uuid(holder) != mf.manifest_uuid(sealed):
+                raise CommitConflictError(
+                    f"{sealed.topic}: segment {sealed.ordinal} of the topic's history was already committed by "
+                    f"segment {mf.manifest_uuid(holder)} (epoch {mf.driver_property(holder, mf.PROP_EPOCH)}); "
+                    f"segment {mf.manifest_uuid(sealed)} is refused: another writer owns this store prefix"
+                ) from None
+        self.put_manifest(sealed)
+        self.store.delete(keys.failure_key(self.prefix, sealed.topic, str(mf.manifest_uuid(sealed))))
+
+    def last_commit(self, topic: TopicName | str) -> SegmentManifest | None:
+        names = [info.key for info in self.store.list(keys.commits_prefix(self.prefix, topic))]
+        for key in reversed(names):
+            try:
+                keys.parse_commit_name(key)
+                return mf.decode_manifest(self.store.get(key), where=key)
+            except (ValueError, ObjectNotFoundError):
+                continue
+        return None
+
+    def resume_point(self, topic: TopicName | str) -> ResumePoint:
+        last = self.last_commit(topic)
+        if last is None:
+            return ResumePoint(None, 0)
+        return ResumePoint(mf.end_position(last), last.ordinal + 1)
+
+    def recover(self, topic: TopicName | str) -> ResumePoint:
+        """Make the store agree with its commits; run by the lease holder before it writes the topic.
+
+        The last commit's manifest is published if a crash came between the two writes; every attempt
+        that starts after the last committed position (opened by an earlier run or a fenced writer) is
+        abandoned: its upload aborted, its objects and manifest deleted. Returns where to continue."""
+        last = self.last_commit(topic)
+        point = ResumePoint(None, 0) if last is None else ResumePoint(mf.end_position(last), last.ordinal + 1)
+        if last is not None:
+            key = self.manifest_key(last)
+            try:
+                published = mf.decode_manifest(self.store.get(key), where=key).status == OFFLOADED
+            except ObjectNotFoundError:
+                published = False
+            if not published:
+                self.put_manifest(last)
+        for start, _seg_id, key in self.manifest_entries(topic):
+            if point.last is not None and start <= point.last:
+                continue
+            try:
+                attempt = mf.decode_manifest(self.store.get(key), where=key)
+            except ObjectNotFoundError:
+                continue
+            if attempt.status != OFFLOADED:
+                self._abandon(attempt)
+        return point
+
+    def record_failure(self, topic: TopicName | str, segment_id: str, failure: str) -> None:
+        """Say why an attempt failed (for status); the attempt's manifest itself is never rewritten."""
+        self.store.put(keys.failure_key(self.prefix, topic, segment_id), failure[:4000].encode())
+
+    def failures(self, topic: TopicName | str) -> dict[str, str]:
+        prefix = keys.failures_prefix(self.prefix, topic)
+        out = {}
+        for info in self.store.list(prefix):
+            try:
+                out[info.key[len(prefix) :]] = self.store.get(info.key).decode(errors="replace")
+            except ObjectNotFoundError:
+                continue
         return out
 
     def offloaded_segments(self, topic: TopicName | str) -> list[SegmentManifest]:
@@ -85,7 +203,7 @@ class MetadataStore:
         the one with the lower ordinal wins and the other is skipped, so a reader never returns an
         entry twice."""
         out: list[SegmentManifest] = []
-        for manifest in self.manifests(topic):
+        for manifest in self._manifests(topic):
             if manifest.status != OFFLOADED:
                 continue
             if out and mf.start_position(manifest) <= mf.end_position(out[-1]):
@@ -238,11 +356,15 @@ class MetadataStore:
         return removed
 
     def _abandon(self, manifest: SegmentManifest) -> None:
-        for key in (manifest.dataKey,):
-            for upload in self.store.pending_multiparts(key):
-                if upload.key == key:
-                    self.store.resume_multipart(upload.key, upload.upload_id).abort()
+        """Remove an unfinished attempt: its upload (by the id its manifest recorded), objects, manifest."""
+        upload_id = mf.driver_property(manifest, mf.PROP_UPLOAD_ID)
+        if upload_id and manifest.dataKey:
+            try:
+                self.store.resume_multipart(manifest.dataKey, upload_id).abort()
+            except StorageError as err:  # completed, or already aborted
+                log.debug("abandoning %s: upload %s: %s", manifest.dataKey, upload_id, err)
         self._delete_segment_objects(manifest)
+        self.store.delete(keys.failure_key(self.prefix, manifest.topic, str(mf.manifest_uuid(manifest))))
 
     def cleanup(self, topic: TopicName | str, *, grace_ms: int = 3_600_000, at_ms: int | None = None) -> CleanupReport:
         """Converge the topic-partition's objects to exactly what its manifests describe.
@@ -269,11 +391,21 @@ class MetadataStore:
         manifests = self.manifests(topic)
 
         referenced = {k for m in manifests for k in (m.dataKey, m.indexKey) if k}
-        live_uploads = {m.dataKey for m in manifests if m.status != OFFLOADED}
+        # An open attempt's upload is the one its manifest recorded; any other upload of the same key is
+        # a stray (a retried create whose id was never recorded) and goes like every other stray.
+        recorded = {m.dataKey: mf.driver_property(m, mf.PROP_UPLOAD_ID) for m in manifests if m.status != OFFLOADED}
 
-        # 3. Unfinished uploads no open segment will complete.
-        for upload in self.store.pending_multiparts(topic_dir):
-            if upload.key in live_uploads or at - upload.initiated * 1000 < grace_ms:
+        # 3. Unfinished uploads no open segment will complete (stray uploads are never recorded in a
+        # manifest). Some S3-compatible stores cannot list uploads: then there is nothing to find.
+        try:
+            uploads = list(self.store.pending_multiparts(topic_dir))
+        except StorageError as err:
+            log.warning("cleanup: cannot list unfinished uploads of %s: %s", topic_dir, err)
+            uploads = []
+        for upload in uploads:
+            if upload.key in recorded and recorded[upload.key] in (None, upload.upload_id):
+                continue
+            if at - upload.initiated * 1000 < grace_ms:
                 continue
             self.store.resume_multipart(upload.key, upload.upload_id).abort()
             report.aborted_uploads.append(upload.key)
