@@ -89,12 +89,17 @@ def submit_requests(
     kind: str = "seal",
     *,
     clock: Callable[[], float] = time.time,
+    effective_ms: int | None = None,
 ) -> list[str]:
     """Write one request per topic-partition (create-only); returns the request ids, in ``topics`` order.
-    Also deletes status records older than a day whose request is gone (see ``expire_statuses``)."""
+    Also deletes status records older than a day whose request is gone (see ``expire_statuses``).
+    ``effective_ms`` goes with a ``policy`` request: when the new policy version takes effect."""
     ids = []
     for topic in topics:
-        body = json.dumps({"topic": topic, "kind": kind, "requested_ms": int(clock() * 1000), "pid": os.getpid()})
+        doc = {"topic": topic, "kind": kind, "requested_ms": int(clock() * 1000), "pid": os.getpid()}
+        if effective_ms is not None:
+            doc["effective_ms"] = effective_ms
+        body = json.dumps(doc)
         while True:
             request_id = new_request_id(clock)
             try:
@@ -218,7 +223,7 @@ def list_requests(store: ObjectStore, key_prefix: str, topic: str | None = None)
     out = []
     for request_id in sorted(ids | with_status):
         state = _state_of(store, key_prefix, request_id, has_status=request_id in with_status)
-        if state is not None and wanted(state.topic):
+        if state is not None and state.kind == "seal" and wanted(state.topic):
             out.append(state)
     return out
 
@@ -260,9 +265,12 @@ def expire_statuses(
 # --- the streaming source ---------------------------------------------------------------------------
 
 
-def control_value(kind: str, request_id: str) -> str:
+def control_value(kind: str, request_id: str, effective_ms: int | None = None) -> str:
     """The ``control`` column of a request's row."""
-    return json.dumps({"kind": kind, "id": request_id})
+    doc: dict[str, Any] = {"kind": kind, "id": request_id}
+    if effective_ms is not None:
+        doc["effective_ms"] = effective_ms
+    return json.dumps(doc)
 
 
 def _offset(ids: Iterable[str]) -> dict[str, Any]:
@@ -332,7 +340,8 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for request_id in ids:
             try:
                 request = _get_json(self.store, prefix + request_id)
-                if request is not None:
+                # Only what an operator asked for has a status (not the job's own policy wake-ups).
+                if request is not None and request.get("kind", "seal") == "seal":
                     record_request_status(
                         self.store,
                         self.key_prefix,
@@ -361,7 +370,8 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if request is None:
                 continue  # deleted meanwhile (e.g. by ``run --once`` after its own seal)
             kind = str(request.get("kind", "seal"))
-            yield (request["topic"], -1, -1, -1, None, 0, None, 0, control_value(kind, request_id))
+            value = control_value(kind, request_id, request.get("effective_ms"))
+            yield (request["topic"], -1, -1, -1, None, 0, None, 0, value)
 
     def commit(self, end: dict[str, Any]) -> None:
         # Only the requests this offset names: one submitted since is not named and survives.

@@ -1,28 +1,45 @@
 """The offload job: Pulsar source + control requests -> segmenter (transformWithStateInPandas) ->
 sink (foreachBatch, uploads on executors), with retention on the driver.
 
-``OffloadJob.run_forever`` is the continuously running service (restarting the query from its
-checkpoint after a failure); ``OffloadJob.run_once`` drains what is available, seals every open
-segment and returns (batch-style runs, tests, checks).
+``OffloadJob.run_forever`` is the continuously running service; ``OffloadJob.run_once`` drains what is
+available, seals every open segment and returns (batch-style runs, tests, checks).
+
+The store is the source of truth. Every **run** (a start, and every restart after a failure) takes the
+writer lease of the store prefix (a new epoch), publishes the policy in force, recovers each
+topic-partition from the store (``MetadataStore.recover``: continue after the last committed segment,
+abandon unfinished attempts) and starts its queries on a fresh Spark checkpoint under
+``<checkpoint>/run-<epoch>``: Spark's checkpoint is scratch space for one run, so losing it, replacing
+it or restoring an old one changes nothing. What a crash costs is the open segments' entries, read
+again from the broker.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.config import Config, PolicySource, StoreSettings
 from streamoffload.streaming.control import requests_prefix, submit_requests
-from streamoffload.streaming.segmenter import ACTION_SCHEMA, CONTROL_SEAL
+from streamoffload.streaming.policies import (
+    CLOCK_SKEW_MS,
+    DEFAULT_REFRESH_S,
+    PolicyLog,
+    policy_document,
+    write_versions_file,
+)
+from streamoffload.streaming.segmenter import ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
 
 log = logging.getLogger(__name__)
@@ -47,7 +64,7 @@ class BatchReport:
     errors: int = 0
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per topic-partition: buffered_bytes, open_segment, open_segment_entries, open_segment_bytes,
-    open_segment_assigned_ms, last_position, skipped_entries, now_ms (see Segmenter.stats)."""
+    open_segment_assigned_ms, last_position, now_ms (see Segmenter.stats)."""
 
 
 BatchListener = Callable[[BatchReport], None]
@@ -62,8 +79,20 @@ def _apply_partition(store: StoreSettings, key_prefix: str) -> Callable[[Any], A
     return apply
 
 
+@dataclass
+class Run:
+    """One run of the job: a lease epoch, where each topic-partition continues, a fresh checkpoint."""
+
+    epoch: int
+    resume: dict[str, tuple[list[int] | None, int]]
+    checkpoint: str
+    policy_log: PolicyLog
+    published: dict[str, Any]
+    """The policy document last published."""
+
+
 class OffloadJob:
-    def __init__(self, config: Config, config_path: str | None = None) -> None:
+    def __init__(self, config: Config, config_path: str | None = None, *, instance: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
         self.policies = PolicySource(config, config_path)
@@ -74,6 +103,17 @@ class OffloadJob:
         self.last_topic_stats: dict[str, dict[str, Any]] = {}
         """The segmenter's latest figures per topic-partition (see BatchReport.topics)."""
         self.retention_interval_s = 60.0
+        self.instance = instance or instance_id(config.spark.checkpoint)
+        """Who this job is to the writer lease: a restart of the same instance takes its lease at once."""
+        self.lease_ttl_ms = DEFAULT_TTL_MS
+        self.policy_refresh_s = DEFAULT_REFRESH_S
+        self.policy_clock_skew_ms = CLOCK_SKEW_MS
+        self.force_lease = False
+        self.run: Run | None = None
+        self.lease: WriterLease | None = None
+        self._fenced: FencedError | None = None
+        self._renewer: threading.Thread | None = None
+        self._run_ended = threading.Event()
 
     # -- the query ----------------------------------------------------------------------------------
 
@@ -89,9 +129,11 @@ class OffloadJob:
         pulsar = self.config.pulsar
         options = {
             "serviceUrl": pulsar.service_url,
-            "startingOffsets": pulsar.starting_offsets,
+            "startingOffsets": self._starting_offsets(),
             "failOnDataLoss": str(pulsar.fail_on_data_loss).lower(),
         }
+        if self.run is not None:
+            options["policyVersionsFile"] = self._versions_file()
         if pulsar.topics:
             options["topics"] = ",".join(pulsar.topics)
         elif pulsar.topics_pattern:
@@ -106,10 +148,33 @@ class OffloadJob:
             options[f"pulsar.client.{key}"] = value
         return options
 
+    def _starting_offsets(self) -> str:
+        """Where each topic-partition starts: after its last committed segment when the store has one
+        (whatever Spark's checkpoint holds), else the configured ``starting_offsets``."""
+        configured = self.config.pulsar.starting_offsets
+        resume = {tp: last for tp, (last, _ordinal) in (self.run.resume if self.run else {}).items() if last}
+        if not resume:
+            return configured
+        if configured.strip().lower() in ("earliest", "latest"):
+            doc: dict[str, Any] = {"*": configured.strip().lower()}
+        else:
+            doc = dict(json.loads(configured))
+        doc.update({tp: list(last) for tp, last in resume.items()})
+        return json.dumps(doc, sort_keys=True)
+
+    def _versions_file(self) -> str:
+        checkpoint = self.config.spark.checkpoint
+        base = Path(checkpoint) if "://" not in checkpoint else Path(tempfile.gettempdir()) / self.instance
+        return str(base / "policy-versions.json")
+
     def build(self, spark: Any, *, read_limits: bool = True) -> Any:
         from pyspark.sql import functions as F
 
         from streamoffload.streaming.segmenter_spark import SegmenterProcessor
+
+        run = self.run
+        if run is None:
+            raise StreamOffloadError("the job has no run: call begin_run() first")
 
         entries = (
             spark.readStream.format("pulsar")
@@ -123,7 +188,13 @@ class OffloadJob:
             .option("keyPrefix", self.key_prefix)
             .load()
         )
-        processor = SegmenterProcessor(self.policies, self.key_prefix, min_part_size(self.store_settings))
+        processor = SegmenterProcessor(
+            run.policy_log,
+            self.key_prefix,
+            min_part_size(self.store_settings),
+            epoch=run.epoch,
+            resume=run.resume,
+        )
         return (
             entries.unionByName(controls)
             .groupBy("topic")
@@ -167,11 +238,14 @@ class OffloadJob:
                 log.warning("batch listener failed", exc_info=True)
 
     def start(self, spark: Any, *, once: bool = False, read_limits: bool = True) -> Any:
+        if self.run is None:
+            self.begin_run()
+        assert self.run is not None
         writer = (
             self.build(spark, read_limits=read_limits)
             .writeStream.queryName(QUERY_NAME)
             .foreachBatch(self._foreach_batch)
-            .option("checkpointLocation", self.config.spark.checkpoint)
+            .option("checkpointLocation", self.run.checkpoint)
         )
         if not once:
             self.query = writer.trigger(processingTime=self.config.spark.trigger_interval).start()
@@ -214,33 +288,154 @@ class OffloadJob:
                 )
 
     def open_segment_topics(self) -> list[str]:
-        """Topic-partitions with an open (Assigned or Failed) segment, per the metadata."""
-        meta = self.metadata()
-        out = []
+        """Topic-partitions whose segmenter last reported an open segment (this run)."""
+        return sorted(tp for tp, stats in self.last_topic_stats.items() if stats.get("open_segment"))
+
+    # -- runs: lease, recovery, policy -----------------------------------------------------------------
+
+    def begin_run(self) -> Run:
+        """Take the writer lease (a new epoch), publish the policy, recover every topic-partition the
+        store holds, and choose a fresh checkpoint. Raises ``LeaseHeldError`` when another instance
+        writes the prefix."""
+        store = self.store_settings.open()
+        self.lease = WriterLease(store, self.key_prefix, self.instance, ttl_ms=self.lease_ttl_ms)
+        record = self.lease.acquire(force=self.force_lease)
+        self.force_lease = False
+        self._fenced = None
+        config = self.policies.current()
+        policy_log = PolicyLog(
+            self.store_settings.open, self.key_prefix, self.policy_refresh_s, self.policy_clock_skew_ms
+        )
+        versions = policy_log.start_run(config, int(time.time() * 1000))
+        meta = MetadataStore(store, self.key_prefix)
+        resume: dict[str, tuple[list[int] | None, int]] = {}
         for topic in meta.topics():
-            if any(m.status != mf.OFFLOADED for m in meta.manifests(topic)):
-                out.append(str(topic))
-        return out
+            point = meta.recover(topic)
+            if point.next_ordinal:
+                resume[str(topic)] = (list(point.last) if point.last else None, point.next_ordinal)
+        checkpoint = self._fresh_checkpoint(record.epoch)
+        self.run = Run(record.epoch, resume, checkpoint, policy_log, policy_document(config))
+        write_versions_file(self._versions_file(), versions)
+        self.last_topic_stats = {}
+        self._start_renewer()
+        log.info("run %d: writer lease taken; %d topic-partitions resume from the store", record.epoch, len(resume))
+        return self.run
+
+    def _fresh_checkpoint(self, epoch: int) -> str:
+        """``<checkpoint>/run-<epoch>``, removing earlier runs' (local) checkpoints: they hold nothing
+        the store does not."""
+        base = self.config.spark.checkpoint
+        if "://" in base and not base.startswith("file://"):
+            return f"{base.rstrip('/')}/run-{epoch:08d}"
+        root = Path(base.removeprefix("file://"))
+        if root.is_dir():
+            for child in root.iterdir():
+                if child.name.startswith("run-") or child.name in ("offsets", "commits", "state", "sources"):
+                    shutil.rmtree(child, ignore_errors=True)
+            for name in ("metadata",):
+                if (root / name).is_file():
+                    (root / name).unlink()
+        root.mkdir(parents=True, exist_ok=True)
+        return str(root / f"run-{epoch:08d}")
+
+    def _start_renewer(self) -> None:
+        self._run_ended.clear()
+        lease = self.lease
+        assert lease is not None
+
+        def renew() -> None:
+            interval = max(lease.ttl_ms / 3000, 0.2)
+            failing_since: float | None = None
+            while not self._run_ended.wait(interval):
+                try:
+                    lease.renew()
+                    failing_since = None
+                except FencedError as err:
+                    self._fence(err)
+                    return
+                except Exception as err:  # the store is unreachable: we cannot know we still hold it
+                    failing_since = failing_since or time.monotonic()
+                    if time.monotonic() - failing_since > lease.ttl_ms / 1000 * 0.8:
+                        self._fence(FencedError(f"cannot renew the writer lease: {err}"))
+                        return
+                    log.warning("renewing the writer lease failed (%s); retrying", err)
+
+        self._renewer = threading.Thread(target=renew, name="streamoffload-lease", daemon=True)
+        self._renewer.start()
+
+    def _fence(self, err: FencedError) -> None:
+        log.error("%s", err)
+        self._fenced = err
+        if self.query is not None:
+            try:
+                self.query.stop()
+            except Exception:
+                log.debug("stopping the fenced query failed", exc_info=True)
+
+    def end_run(self, *, release: bool = True) -> None:
+        self._run_ended.set()
+        if self._renewer is not None:
+            self._renewer.join(5)
+            self._renewer = None
+        if release and self.lease is not None and self._fenced is None:
+            try:
+                self.lease.release()
+            except Exception:
+                log.warning("releasing the writer lease failed", exc_info=True)
+        self.run = None
+
+    def watch_policy(self) -> bool:
+        """Publish the policy again if the configuration file changed; True when it did."""
+        run = self.run
+        if run is None:
+            return False
+        config = self.policies.current()
+        doc = policy_document(config)
+        if doc == run.published:
+            return False
+        effective = run.policy_log.publish(config, int(time.time() * 1000))
+        run.published = doc
+        write_versions_file(self._versions_file(), run.policy_log.versions())
+        # Open segments see a new version when their topic is next processed; without traffic that
+        # could be the rollover time. A wake-up request makes the segmenter look again when it applies.
+        open_topics = self.open_segment_topics()
+        if open_topics:
+            store = self.store_settings.open()
+            submit_requests(store, self.key_prefix, open_topics, CONTROL_POLICY, effective_ms=effective)
+        when = time.strftime("%H:%M:%S", time.localtime(effective / 1000))
+        log.info("offload policy changed: in force from %s", when)
+        return True
 
     # -- running -------------------------------------------------------------------------------------
 
     def run_once(self, spark: Any) -> None:
         """Drain everything available, then seal every open segment."""
-        self.start(spark, once=True).awaitTermination()
+        if self.run is None:
+            self.begin_run()
+        try:
+            self._await(self.start(spark, once=True))
+            open_topics = self.open_segment_topics()
+            if open_topics:
+                store = self.store_settings.open()
+                ids = submit_requests(store, self.key_prefix, open_topics, CONTROL_SEAL)
+                # No read limit: the data that arrived meanwhile and the seal land in one batch, so the
+                # seal comes after every entry read.
+                self._await(self.start(spark, once=True, read_limits=False))
+                # Spark tells a source its batch is committed only when the next batch starts, which a
+                # finished run never does: remove the requests this run made and consumed.
+                for request_id in ids:
+                    store.delete(requests_prefix(self.key_prefix) + request_id)
+            self.maybe_apply_retention(force=True)
+        finally:
+            self.end_run()
+
+    def _await(self, query: Any) -> None:
+        while query.isActive:
+            self.watch_policy()
+            query.awaitTermination(1.0)
+        if self._fenced is not None:
+            raise self._fenced
         self._raise_if_failed()
-        open_topics = self.open_segment_topics()
-        if open_topics:
-            store = self.store_settings.open()
-            ids = submit_requests(store, self.key_prefix, open_topics, CONTROL_SEAL)
-            # No read limit: the data that arrived meanwhile and the seal land in one batch, so the
-            # seal comes after every entry read.
-            self.start(spark, once=True, read_limits=False).awaitTermination()
-            self._raise_if_failed()
-            # Spark tells a source its batch is committed only when the next batch starts, which a
-            # finished run never does: remove the requests this run made and consumed.
-            for request_id in ids:
-                store.delete(requests_prefix(self.key_prefix) + request_id)
-        self.maybe_apply_retention(force=True)
 
     def _raise_if_failed(self) -> None:
         if self.query is not None and self.query.exception() is not None:
@@ -252,22 +447,33 @@ class OffloadJob:
             self.query.stop()
 
     def run_forever(self, spark: Any, *, max_restarts: int = 10, backoff_s: float = 5.0) -> None:
-        """Run until ``stop``; after a query failure, restart from the checkpoint with backoff (the
-        replay finishes any failed segment first). Gives up after ``max_restarts`` failures in a row."""
+        """Run until ``stop``; after a query failure, start a new run (recovering from the store) with
+        backoff. Gives up after ``max_restarts`` failures in a row; stops at once when fenced."""
         failures = 0
-        while not self._stop.is_set():
-            query = self.start(spark)
-            started = time.monotonic()
-            while not self._stop.is_set() and query.isActive:
-                query.awaitTermination(1.0)
-            if self._stop.is_set():
-                break
-            error = query.exception()
-            if error is None:
-                break
-            failures = failures + 1 if time.monotonic() - started < 300 else 1
-            if failures > max_restarts:
-                raise StreamOffloadError(f"offload query failed {failures} times in a row; last error: {error}")
-            delay = min(backoff_s * 2 ** (failures - 1), 300.0)
-            log.error("offload query failed (%s); restarting from the checkpoint in %.0f s", error, delay)
-            self._stop.wait(delay)
+        try:
+            while not self._stop.is_set():
+                if self.run is None:
+                    self.begin_run()
+                query = self.start(spark)
+                started = time.monotonic()
+                while not self._stop.is_set() and query.isActive:
+                    self.watch_policy()
+                    query.awaitTermination(1.0)
+                if self._fenced is not None:
+                    raise self._fenced
+                if self._stop.is_set():
+                    break
+                error = query.exception()
+                if error is None:
+                    break
+                self.end_run(release=False)
+                if "CommitConflictError" in str(error) or "FencedError" in str(error):
+                    log.warning("a segment commit was refused (%s); recovering from the store", error)
+                failures = failures + 1 if time.monotonic() - started < 300 else 1
+                if failures > max_restarts:
+                    raise StreamOffloadError(f"offload query failed {failures} times in a row; last error: {error}")
+                delay = min(backoff_s * 2 ** (failures - 1), 300.0)
+                log.error("offload query failed (%s); recovering from the store in %.0f s", error, delay)
+                self._stop.wait(delay)
+        finally:
+            self.end_run()

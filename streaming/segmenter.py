@@ -10,9 +10,16 @@ Per topic-partition it keeps (PIP-76):
   minimum part, whatever the traffic.
 
 It emits actions for the sink, in order: ``open`` (write the Assigned manifest), ``part`` (upload
-one multipart part of the data object), ``seal`` (complete the data object, write the index, then
-the Offloaded manifest). Everything it emits is a deterministic function of its state, its input
-and the batch time, so a replayed micro-batch reproduces the same names, part numbers and bytes.
+one multipart part of the data object), ``seal`` (complete the data object, write the index, commit
+the segment and write the Offloaded manifest), ``requests`` (manual requests with nothing to seal).
+Everything it emits is a deterministic function of its state, its input, the batch time and the policy
+version in force at that time, so a replayed micro-batch reproduces the same names, part numbers and bytes.
+
+Where a topic-partition starts is the store's business (``ResumePoint``: the position after its last
+committed segment, and that segment's ordinal + 1); segment ids include the writer's lease epoch. The
+policy of a segment is fixed when it opens (recorded in its manifest and state): the batch's policy only
+decides new segments, and seals the open one at once when the topic is disabled or switches method.
+A disabled topic is paused, never skipped: entries that still arrive are offloaded, then sealed.
 """
 
 from __future__ import annotations
@@ -44,6 +51,25 @@ SEAL_METHOD_SWITCH = "method-switch"
 SEAL_DISABLED = "disabled"
 
 CONTROL_SEAL = "seal"
+CONTROL_POLICY = "policy"
+"""The job published a policy version: look at the open segment again when it takes effect."""
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    kind: str
+    request_id: str | None = None
+    effective_ms: int | None = None
+    """For ``policy``: when the new policy version takes effect (the segmenter wakes up then)."""
+
+    @classmethod
+    def parse(cls, text: str) -> ControlRequest:
+        """A control row's value: JSON ``{"kind": ..., "id": ..., "effective_ms": ...}`` or a bare kind."""
+        if text.startswith("{"):
+            doc = json.loads(text)
+            effective = doc.get("effective_ms")
+            return cls(str(doc.get("kind", CONTROL_SEAL)), doc.get("id"), None if effective is None else int(effective))
+        return cls(text)
 
 
 @dataclass
@@ -91,6 +117,8 @@ class OpenSegment:
     assigned_ms: int
     manifest: str
     """The Assigned manifest, hex, so the sealed one is derived from exactly what was written."""
+    policy: dict[str, Any] = field(default_factory=dict)
+    """The policy the segment was opened under (``OffloadPolicy.to_json``); it governs the segment."""
     data_key: str = ""
     data_bytes: int = 0
     """Bytes of the blocks already cut: the data-object offset of the open block."""
@@ -121,7 +149,8 @@ class TopicState:
     method: str | None = None
     open: OpenSegment | None = None
     sealed_count: int = 0
-    skipped_entries: int = 0
+    wake_ms: int | None = None
+    """When a published policy version takes effect (a timer re-runs the topic then, traffic or not)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -191,14 +220,24 @@ class Segmenter:
         key_prefix: str = "",
         min_part_size: int = 1,
         now_ms: int,
+        epoch: int = 0,
+        resume: tuple[list[int] | None, int] | None = None,
     ) -> None:
+        """``policy`` is the batch's policy version for the topic; ``resume`` (last committed position,
+        next ordinal) seeds a topic-partition the state does not know yet."""
         self.topic = topic
         self.policy = policy
         self.store = state
         self.key_prefix = key_prefix
         self.min_part_size = max(1, min_part_size)
         self.now_ms = now_ms
-        self.state = state.load() or TopicState(topic=topic)
+        self.epoch = epoch
+        loaded = state.load()
+        if loaded is None:
+            last, ordinal = resume or (None, 0)
+            loaded = TopicState(topic=topic, next_ordinal=ordinal, last=list(last) if last else None)
+        self.state = loaded
+        self.requests: list[str] = []
         self.actions: list[Action] = []
         # Entries/blocks of this batch not yet in the state store (written once, at the end).
         self._new_block_entries: list[tuple[int, int, bytes]] = []
@@ -221,27 +260,48 @@ class Segmenter:
             if self.state.last is not None and entry.position <= tuple(self.state.last):
                 continue
             self.state.last = [entry.ledger_id, entry.entry_id]
-            if not policy.enabled:
-                self.state.skipped_entries += 1
-                continue
             self._add(entry)
         self.state.method = policy.method
-        if any(c == CONTROL_SEAL for c in controls):
-            self.seal(SEAL_MANUAL)
+        requests = [ControlRequest.parse(c) for c in controls]
+        if self.state.wake_ms is not None and self.now_ms >= self.state.wake_ms:
+            self.state.wake_ms = None
+        for wake in (r.effective_ms for r in requests if r.kind == CONTROL_POLICY and r.effective_ms):
+            if wake > self.now_ms:
+                self.state.wake_ms = wake if self.state.wake_ms is None else min(self.state.wake_ms, wake)
+        manual = [r for r in requests if r.kind == CONTROL_SEAL]
+        if manual:
+            self.requests = [r.request_id for r in manual if r.request_id]
+            if self.state.open is not None:
+                self.seal(SEAL_MANUAL)
+            elif self.requests:
+                # Nothing open: the requests are done with no segment to show for them.
+                self.actions.append(Action(self.topic, "", "requests", info=json.dumps({"requests": self.requests})))
+            self.requests = []
+        if not policy.enabled:
+            # Paused: what was read before the pause took effect is offloaded, not held open.
+            self.seal(SEAL_DISABLED)
         self.check_rollover()
         return self.actions
 
+    def _seg_policy(self, seg: OpenSegment) -> OffloadPolicy:
+        return OffloadPolicy(**seg.policy) if seg.policy else self.policy
+
     def check_rollover(self) -> None:
-        seg = self.state.open
-        if seg is not None and seg.method == "streaming" and self.now_ms >= seg.assigned_ms + self.policy.rollover_ms:
+        deadline = self.rollover_deadline()
+        if deadline is not None and self.now_ms >= deadline:
             self.seal(SEAL_TIME)
+
+    def next_deadline(self) -> int | None:
+        """When the processing-time timer must fire: the rollover deadline or a policy wake-up."""
+        times = [t for t in (self.rollover_deadline(), self.state.wake_ms) if t is not None]
+        return min(times) if times else None
 
     def rollover_deadline(self) -> int | None:
         """When the open segment must be sealed by time (for a processing-time timer), if any."""
         seg = self.state.open
         if seg is None or seg.method != "streaming":
             return None
-        return seg.assigned_ms + self.policy.rollover_ms
+        return seg.assigned_ms + self._seg_policy(seg).rollover_ms
 
     def buffered_bytes(self) -> int:
         seg = self.state.open
@@ -257,7 +317,6 @@ class Segmenter:
             "open_segment_bytes": (seg.data_bytes + seg.block_bytes) if seg else 0,
             "open_segment_assigned_ms": seg.assigned_ms if seg else None,
             "last_position": self.state.last,
-            "skipped_entries": self.state.skipped_entries,
             "now_ms": self.now_ms,
         }
 
@@ -280,15 +339,7 @@ class Segmenter:
     # -- assigning entries ------------------------------------------------------------------------------
 
     def _add(self, entry: Entry) -> None:
-        policy = self.policy
         framed = framed_entry_size(len(entry.payload))
-        if BLOCK_HEADER_LENGTH + framed > policy.block_size:
-            raise EntryTooLargeError(
-                f"{self.topic}: entry {entry.ledger_id}:{entry.entry_id} of {len(entry.payload)} bytes does not "
-                f"fit in a block of managedLedgerOffloadMaxBlockSizeInBytes = {policy.block_size} "
-                f"(needs {BLOCK_HEADER_LENGTH + framed}); raise it and restart: nothing was offloaded past "
-                "the previous entry"
-            )
         seg = self.state.open
         if seg is not None:
             if seg.method == "ledger" and entry.ledger_id != seg.last[0]:
@@ -296,9 +347,17 @@ class Segmenter:
             elif (
                 seg.method == "streaming"
                 and seg.entries
-                and self._size_if_added(seg, entry, framed) > (policy.max_segment_bytes)
+                and self._size_if_added(seg, entry, framed) > self._seg_policy(seg).max_segment_bytes
             ):
                 self.seal(SEAL_SIZE)
+        policy = self.policy if self.state.open is None else self._seg_policy(self.state.open)
+        if BLOCK_HEADER_LENGTH + framed > policy.block_size:
+            raise EntryTooLargeError(
+                f"{self.topic}: entry {entry.ledger_id}:{entry.entry_id} of {len(entry.payload)} bytes does not "
+                f"fit in a block of managedLedgerOffloadMaxBlockSizeInBytes = {policy.block_size} "
+                f"(needs {BLOCK_HEADER_LENGTH + framed}); raise it and restart: nothing was offloaded past "
+                "the previous entry"
+            )
         if self.state.open is None:
             self._open(entry)
         seg = self.state.open
@@ -325,23 +384,21 @@ class Segmenter:
 
     def _size_if_added(self, seg: OpenSegment, entry: Entry, framed: int) -> int:
         """The data object's size if ``entry`` were the last entry of the segment."""
-        if (
-            seg.block_bytes
-            and entry.ledger_id == seg.block_ledger
-            and seg.block_bytes + framed <= self.policy.block_size
-        ):
+        block_size = self._seg_policy(seg).block_size
+        if seg.block_bytes and entry.ledger_id == seg.block_ledger and seg.block_bytes + framed <= block_size:
             return seg.data_bytes + seg.block_bytes + framed
         # The open block is cut first: padded to the block size if full, exact at a ledger change.
         open_block = 0
         if seg.block_bytes:
-            open_block = self.policy.block_size if entry.ledger_id == seg.block_ledger else seg.block_bytes
+            open_block = block_size if entry.ledger_id == seg.block_ledger else seg.block_bytes
         return seg.data_bytes + open_block + BLOCK_HEADER_LENGTH + framed
 
     def _open(self, entry: Entry) -> None:
         method = self.policy.method
         version = FormatVersion.V2 if method == "streaming" else FormatVersion.V1
         ordinal = self.state.next_ordinal
-        seg_id = mf.segment_uuid(self.topic, ordinal, entry.position)
+        seg_id = mf.segment_uuid(self.topic, ordinal, entry.position, self.epoch)
+        policy_json = self.policy.to_json()
         ledger = entry.ledger_id if version == FormatVersion.V1 else None
         data_key = keys.data_key(self.key_prefix, self.topic, str(seg_id), ledger_id=ledger)
         index_key = keys.index_key(self.key_prefix, self.topic, str(seg_id), ledger_id=ledger)
@@ -354,7 +411,11 @@ class Segmenter:
             assigned_ms=self.now_ms,
             data_key=data_key,
             index_key=index_key,
-            driver_properties={"method": method},
+            driver_properties={
+                mf.PROP_METHOD: method,
+                mf.PROP_EPOCH: str(self.epoch),
+                mf.PROP_POLICY: json.dumps(policy_json, sort_keys=True, separators=(",", ":")),
+            },
         )
         manifest_bytes = mf.encode_manifest(manifest)
         self.state.open = OpenSegment(
@@ -366,6 +427,7 @@ class Segmenter:
             last=list(entry.position),
             assigned_ms=self.now_ms,
             manifest=manifest_bytes.hex(),
+            policy=policy_json,
             data_key=data_key,
         )
         self.state.next_ordinal += 1
@@ -396,7 +458,7 @@ class Segmenter:
             FormatVersion(seg.version),
             seg.block_ledger,
             [(entry_id, payload) for _, entry_id, payload in entries],
-            self.policy.block_size if padded else None,
+            self._seg_policy(seg).block_size if padded else None,
         )
         seg.blocks.append([seg.block_ledger, seg.block_first_entry, len(seg.blocks) + 1, seg.data_bytes])
         seg.data_bytes += len(data)
@@ -420,8 +482,17 @@ class Segmenter:
         if not data:
             return
         seg.parts += 1
+        manifest_key = keys.manifest_key(self.key_prefix, self.topic, seg.start[0], seg.start[1], seg.uuid)
         self.actions.append(
-            Action(self.topic, seg.uuid, "part", part_number=seg.parts, data=data, data_key=seg.data_key)
+            Action(
+                self.topic,
+                seg.uuid,
+                "part",
+                part_number=seg.parts,
+                data=data,
+                data_key=seg.data_key,
+                info=json.dumps({"manifest_key": manifest_key}),
+            )
         )
 
     def seal(self, reason: str) -> None:
@@ -470,6 +541,8 @@ class Segmenter:
                         "entry_bytes": sealed.entryBytes,
                         "ordinal": seg.ordinal,
                         "format": seg.version,
+                        "epoch": self.epoch,
+                        "requests": self.requests if reason == SEAL_MANUAL else [],
                     }
                 ),
             )
@@ -502,10 +575,21 @@ def run_segmenter(
     now_ms: int,
     key_prefix: str = "",
     min_part_size: int = 1,
+    epoch: int = 0,
+    resume: tuple[list[int] | None, int] | None = None,
     on_segmenter: Callable[[Segmenter], Any] | None = None,
 ) -> list[Action]:
     """One micro-batch for one topic-partition: process, save state, return the actions."""
-    segmenter = Segmenter(topic, policy, state, key_prefix=key_prefix, min_part_size=min_part_size, now_ms=now_ms)
+    segmenter = Segmenter(
+        topic,
+        policy,
+        state,
+        key_prefix=key_prefix,
+        min_part_size=min_part_size,
+        now_ms=now_ms,
+        epoch=epoch,
+        resume=resume,
+    )
     segmenter.process(entries, controls)
     actions = segmenter.finish()
     if on_segmenter is not None:

@@ -18,7 +18,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from streamoffload.config import PolicySource
+from streamoffload.streaming.policies import PolicyLog
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, Entry, Segmenter, TopicState
 
 
@@ -61,10 +61,22 @@ class SparkState:
 
 
 class SegmenterProcessor(StatefulProcessor):
-    def __init__(self, policies: PolicySource, key_prefix: str, min_part_size: int) -> None:
+    def __init__(
+        self,
+        policies: PolicyLog,
+        key_prefix: str,
+        min_part_size: int,
+        *,
+        epoch: int,
+        resume: dict[str, tuple[list[int] | None, int]],
+    ) -> None:
+        """``resume``: per topic-partition with history in the store, its last committed position and
+        next ordinal (a topic-partition not named starts with ordinal 0)."""
         self.policies = policies
         self.key_prefix = key_prefix
         self.min_part_size = min_part_size
+        self.epoch = epoch
+        self.resume = resume
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -105,15 +117,17 @@ class SegmenterProcessor(StatefulProcessor):
         now = timer_values.getCurrentProcessingTimeInMs()
         segmenter = Segmenter(
             topic,
-            self.policies.policy_for(topic),
+            self.policies.policy_for(topic, now),
             SparkState(self.topic_state, self.block, self.held),
             key_prefix=self.key_prefix,
             min_part_size=self.min_part_size,
             now_ms=now,
+            epoch=self.epoch,
+            resume=self.resume.get(topic),
         )
         segmenter.process(entries, controls)
         actions = segmenter.finish()
-        self._set_timer(segmenter.rollover_deadline())
+        self._set_timer(segmenter.next_deadline())
         if actions:
             yield pd.DataFrame([[getattr(a, c) for c in ACTION_COLUMNS] for a in actions], columns=ACTION_COLUMNS)
 

@@ -1,18 +1,20 @@
 """The sink: carries out the segmenter's actions against the object store, on Spark executors.
 
-Order within a segment is the crash-safety argument: ``open`` writes the Assigned manifest (only if
-absent: a replay must not hide a segment that the failed attempt already finished); ``part`` uploads
-a numbered multipart part (rewriting a part is harmless); ``seal`` completes the data object with the
-exact part list, then writes the index, then the Offloaded manifest, last. A replayed micro-batch
-therefore converges on the same objects, and a reader never sees half a segment.
+Order within a segment is the crash-safety argument: ``open`` starts the multipart upload and writes
+the Assigned manifest recording its id (create-only: a replay keeps to what was written first);
+``part`` uploads a numbered part into that upload (rewriting a part is harmless); ``seal`` completes
+the data object with the exact part list, writes the index, checks the writer still holds the lease,
+commits the segment create-only in its place in the topic's history, and writes the Offloaded manifest,
+last. A replayed micro-batch therefore converges on the same objects, a reader never sees half a
+segment, and a fenced writer's commit is refused. No manifest is ever read and then overwritten.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +22,13 @@ from urllib.parse import quote
 
 from streamoffload import __version__
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.lease import FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
-from streamoffload.storage.base import MultipartWrite, ObjectExistsError, ObjectStore
+from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
+from streamoffload.streaming.control import record_request_status
 from streamoffload.streaming.faults import crash_point
 
 log = logging.getLogger(__name__)
@@ -66,14 +71,29 @@ class SinkStats:
     """Per topic-partition figures from the segmenter (buffer, open segment, last position)."""
 
 
+class _Bounded(OrderedDict[str, Any]):
+    """A small LRU map: per-executor caches must not grow with the number of segments ever written."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def remember(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
 class SegmentSink:
     """Applies actions (rows with the segmenter's ``ACTION_COLUMNS``) in order."""
 
     def __init__(self, store: ObjectStore, key_prefix: str = "") -> None:
         self.store = store
+        self.key_prefix = key_prefix
         self.metadata = MetadataStore(store, key_prefix)
-        self._uploads: dict[str, MultipartWrite] = {}
-        self._done: set[str] = set()  # data keys whose object already exists (a replay after success)
+        self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
+        self._done = _Bounded()  # data keys whose object already exists (a replay after success)
 
     def apply(self, actions: Iterable[Mapping[str, Any]]) -> SinkStats:
         stats = SinkStats()
@@ -91,10 +111,7 @@ class SegmentSink:
         if kind == "stats":
             stats.topics[action["topic"]] = json.loads(action["info"])
         elif kind == "open":
-            manifest = mf.decode_manifest(bytes(action["manifest"]))
-            # A replay: the failed attempt already opened (or even finished) this segment.
-            with contextlib.suppress(ObjectExistsError):
-                self.store.put(self.metadata.manifest_key(manifest), bytes(action["manifest"]), if_absent=True)
+            self._open(mf.decode_manifest(bytes(action["manifest"])))
             crash_point("after-open")
             stats.opened += 1
         elif kind == "part":
@@ -102,7 +119,7 @@ class SegmentSink:
             if self._object_exists(data_key):
                 return
             started = time.monotonic()
-            upload = self._upload_for(data_key, action["topic"], action["segment"])
+            upload = self._upload_for(data_key, json.loads(action["info"])["manifest_key"])
             data = action["data"]
             upload.write_part(int(action["part_number"]), data)
             crash_point("after-part")
@@ -111,12 +128,15 @@ class SegmentSink:
             stats.part_bytes += len(data)
         elif kind == "seal":
             started = time.monotonic()
-            self._seal(action)
-            stats.upload_seconds.append(time.monotonic() - started)
             info = json.loads(action["info"])
+            self._seal(action, info)
+            stats.upload_seconds.append(time.monotonic() - started)
+            self._requests_done(action["topic"], info.get("requests", []), action["segment"])
             info["topic"] = action["topic"]
             info["segment"] = action["segment"]
             stats.sealed.append(info)
+        elif kind == "requests":
+            self._requests_done(action["topic"], json.loads(action["info"])["requests"], None)
         else:
             raise ValueError(f"unknown sink action {kind!r}")
 
@@ -124,47 +144,74 @@ class SegmentSink:
         if key in self._done:
             return True
         if self.store.exists(key):
-            self._done.add(key)
+            self._done.remember(key, True)
             return True
         return False
 
-    def _upload_for(self, data_key: str, topic: str, segment: str) -> MultipartWrite:
+    def _open(self, manifest: SegmentManifest) -> None:
+        """Start the segment's multipart upload and record its id in the Assigned manifest, written
+        create-only. A replay finds the manifest written first and keeps to its upload; an upload this
+        attempt started in vain is aborted at once (never the one holding parts)."""
+        key = self.metadata.manifest_key(manifest)
+        if self.store.exists(key):
+            written = mf.decode_manifest(self.store.get(key), where=key)
+            if written.status != mf.OFFLOADED:
+                self._resume(written)
+            return
+        segment = str(mf.manifest_uuid(manifest))
+        upload = self.store.start_multipart(manifest.dataKey, object_metadata(manifest.topic, segment))
+        recorded = mf.with_driver_property(manifest, mf.PROP_UPLOAD_ID, upload.upload_id)
+        written = self.metadata.open_attempt(recorded)
+        if mf.driver_property(written, mf.PROP_UPLOAD_ID) != upload.upload_id:
+            upload.abort()
+            if written.status != mf.OFFLOADED:
+                self._resume(written)
+            return
+        self._uploads.remember(manifest.dataKey, upload)
+
+    def _resume(self, written: SegmentManifest) -> MultipartWrite:
+        upload_id = mf.driver_property(written, mf.PROP_UPLOAD_ID)
+        if not upload_id:
+            raise StreamOffloadError(
+                f"{written.topic}: segment {mf.manifest_uuid(written)} has no recorded upload id "
+                "(written by an older version); run `streamoffload cleanup` and restart"
+            )
+        upload = self.store.resume_multipart(written.dataKey, upload_id)
+        self._uploads.remember(written.dataKey, upload)
+        return upload
+
+    def _upload_for(self, data_key: str, manifest_key: str) -> MultipartWrite:
         upload = self._uploads.get(data_key)
         if upload is not None:
             return upload
-        pending = sorted(
-            (p for p in self.store.pending_multiparts(data_key) if p.key == data_key), key=lambda p: p.initiated
-        )
-        if pending:
-            # The earliest upload holds the parts of earlier micro-batches; later ones are leftovers
-            # of attempts that crashed before writing anything useful.
-            upload = self.store.resume_multipart(data_key, pending[0].upload_id)
-            for extra in pending[1:]:
-                self.store.resume_multipart(data_key, extra.upload_id).abort()
-        else:
-            upload = self.store.start_multipart(data_key, object_metadata(topic, segment))
-        self._uploads[data_key] = upload
-        return upload
+        # Another executor opened the segment: its manifest says which upload holds the parts.
+        try:
+            written = self.store.get(manifest_key)
+        except ObjectNotFoundError:
+            raise FencedError(
+                f"the manifest {manifest_key} of this open segment is gone: a newer writer recovered the topic "
+                "and abandoned the segment, so this writer must stop"
+            ) from None
+        return self._resume(mf.decode_manifest(written, where=manifest_key))
 
-    def _seal(self, action: Mapping[str, Any]) -> None:
-        info = json.loads(action["info"])
+    def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any]) -> None:
         data_key = action["data_key"]
         topic, segment = action["topic"], action["segment"]
         expected = int(info["data_length"])
         parts = int(action["part_number"])
+        sealed = mf.decode_manifest(bytes(action["manifest"]))
         if self._object_exists(data_key):
             size = self.store.head(data_key).size
             if size != expected:
                 raise ReplayMismatchError(
                     f"{topic}: segment {segment}: data object {data_key} has {size} bytes but the replayed seal "
-                    f"expects {expected}; the policy changed between a crash and its replay. Delete the object "
-                    "and its index (streamoffload cleanup) and restart."
+                    f"expects {expected}; the replay differs from the attempt that completed it"
                 )
         else:
-            upload = self._upload_for(data_key, topic, segment)
+            upload = self._upload_for(data_key, self.metadata.manifest_key(sealed))
             written = upload.complete(list(range(1, parts + 1)))
             self._uploads.pop(data_key, None)
-            self._done.add(data_key)
+            self._done.remember(data_key, True)
             if written.size != expected:
                 raise ReplayMismatchError(
                     f"{topic}: segment {segment}: completed data object {data_key} has {written.size} bytes, "
@@ -173,20 +220,28 @@ class SegmentSink:
         crash_point("after-complete")
         self.store.put(action["index_key"], bytes(action["data"]), object_metadata(topic, segment))
         crash_point("after-index")
-        sealed = mf.decode_manifest(bytes(action["manifest"]))
-        self.metadata.put_manifest(sealed)
-        # A replay that differed from its failed attempt may have left another attempt behind.
-        self.metadata.supersede(sealed)
+        # Fencing: a writer whose lease was taken over commits nothing; and the commit itself is
+        # create-only in the segment's place in the topic's history, so two writers never both win.
+        check_epoch(self.store, self.key_prefix, int(info.get("epoch", 0)))
+        self.metadata.commit(sealed)
+
+    def _requests_done(self, topic: str, request_ids: Iterable[str], segment: str | None) -> None:
+        for request_id in request_ids:
+            record_request_status(self.store, self.key_prefix, request_id, "done", topic=topic, segment=segment)
 
     def _record_failure(self, action: Mapping[str, Any], err: BaseException) -> None:
         if not action.get("segment"):
             return
+        why = f"{type(err).__name__}: {err}"
         try:
-            manifest = self.metadata.manifest_by_id(action["topic"], action["segment"])
-            if manifest is not None and manifest.status != mf.OFFLOADED:
-                self.metadata.put_manifest(mf.failed_manifest(manifest, f"{type(err).__name__}: {err}"))
-        except Exception:  # the store itself may be what failed; the query's retry will retry this
-            log.warning("could not mark segment %s failed", action["segment"], exc_info=True)
+            self.metadata.record_failure(action["topic"], action["segment"], why)
+            if action["action"] == "seal":
+                for request_id in json.loads(action["info"]).get("requests", []):
+                    record_request_status(
+                        self.store, self.key_prefix, request_id, "failed", topic=action["topic"], error=why
+                    )
+        except Exception:  # the store itself may be what failed; the next run retries the segment
+            log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
 
 
 _SINKS: dict[tuple[str, str], SegmentSink] = {}

@@ -33,7 +33,8 @@ Options (names are case-insensitive, as Spark makes them):
     topic-partition names to ``[ledgerId, entryId]`` -- the last position already processed, so
     reading starts after it (``[L, -1]`` starts at ledger L's first entry) -- or to ``"earliest"`` /
     ``"latest"``. Topic-partitions the JSON does not name start at the earliest position.
-    Only used when a query starts without a checkpoint.
+    The key ``"*"`` (``"earliest"`` or ``"latest"``) sets the start of topic-partitions the JSON does
+    not name. Only used when a query starts without a checkpoint.
 ``failOnDataLoss``
     ``true`` (default): fail when entries that should exist are gone (a gap of entry ids within a
     ledger, a ledger not starting at entry 0, the range's known last entry missing, or a
@@ -50,6 +51,10 @@ Options (names are case-insensitive, as Spark makes them):
     Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
     long a read (or the driver's position lookups) keeps retrying without progress before failing.
 ``discoveryIntervalSeconds`` (10), ``arrowBatchEntries`` (2000), ``arrowBatchBytes`` (32 MiB)
+``policyVersionsFile``
+    A JSON file of offload policy versions (written by the offload job, ``streaming.policies``): a
+    topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not
+    advance, so nothing is read (or skipped) until it is enabled again.
 ``backlogFile``
     When set, a JSON file rewritten (atomically) at every trigger and commit with the backlog below,
     for a dashboard running in another process.
@@ -94,6 +99,7 @@ from pyspark.sql.types import StructType
 from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming.policies import VersionsFile
 from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, DataLossError, Position, PulsarIOError
 
 log = logging.getLogger(__name__)
@@ -166,6 +172,7 @@ class SourceOptions:
     arrow_batch_entries: int = 2000
     arrow_batch_bytes: int = 32 << 20
     backlog_file: str | None = None
+    policy_versions_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -215,6 +222,7 @@ class SourceOptions:
             or 2000,
             arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: _parse_size(t, "arrowBatchBytes")) or 32 << 20,
             backlog_file=get("backlogFile"),
+            policy_versions_file=get("policyVersionsFile"),
         )
 
     @property
@@ -251,6 +259,11 @@ def parse_starting_offsets(text: str) -> StartSpec:
         )
     spec: dict[str, Position | str] = {}
     for key, value in doc.items():
+        if key == "*":
+            if not (isinstance(value, str) and value.lower() in ("earliest", "latest")):
+                raise ConfigError(f"option startingOffsets: '*' must be 'earliest' or 'latest', got {value!r}")
+            spec["*"] = value.lower()
+            continue
         name = _topic(key, "startingOffsets")
         if isinstance(value, str) and value.lower() in ("earliest", "latest"):
             spec[name] = value.lower()
@@ -393,6 +406,7 @@ class SourcePlanner:
         self._entry_size: dict[str, float] = {}
         self._known_ends: dict[str, Position] = {}
         self._round = 0
+        self._policies = VersionsFile(options.policy_versions_file) if options.policy_versions_file else None
         self._lock = threading.Lock()
 
     @property
@@ -500,7 +514,7 @@ class SourcePlanner:
             latest = self.latest_positions(partitions)
         start: dict[str, Position] = {}
         for tp in partitions:
-            choice: Position | str = spec if isinstance(spec, str) else spec.get(tp, "earliest")
+            choice: Position | str = spec if isinstance(spec, str) else spec.get(tp, spec.get("*", "earliest"))
             if choice == "earliest":
                 start[tp] = BEFORE_EARLIEST
             elif choice == "latest":
@@ -508,7 +522,7 @@ class SourcePlanner:
             else:
                 start[tp] = choice  # type: ignore[assignment]
         if isinstance(spec, dict):
-            unknown = sorted(set(spec) - set(partitions))
+            unknown = sorted(set(spec) - set(partitions) - {"*"})
             if unknown:
                 log.warning("pulsar source: startingOffsets names topic-partitions not read: %s", unknown)
         self._consumed = dict(start)
@@ -533,8 +547,14 @@ class SourcePlanner:
         partitions = self.topic_partitions()
         if self._target is not None:
             partitions = [tp for tp in partitions if tp in self._target]
+        if self._policies is not None:
+            now_ms = int(time.time() * 1000)
+            paused = [tp for tp in partitions if not self._policies.enabled(tp, now_ms)]
+            partitions = [tp for tp in partitions if tp not in paused]
+            for tp in paused:  # disabled: the offset stays where it is, nothing is read or skipped
+                start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
         latest = self.latest_positions(partitions)
-        end = dict(start)  # topic-partitions no longer discovered keep their position
+        end = dict(start)  # topic-partitions no longer discovered (or paused) keep their position
         pending: list[str] = []
         for tp in partitions:
             s = start.get(tp, BEFORE_EARLIEST)

@@ -41,6 +41,12 @@ def register(subparsers: Any) -> None:
         help="process everything available now, seal all open segments, and exit",
     )
     parser.add_argument(
+        "--take-over",
+        action="store_true",
+        help="take the store prefix's writer lease even while another instance holds it (when you know that "
+        "instance is gone and do not want to wait for its lease to expire); the other instance is fenced",
+    )
+    parser.add_argument(
         "--metrics-address",
         metavar="HOST:PORT",
         help="serve Prometheus metrics here (default: [metrics] address, 127.0.0.1:9464; '' disables)",
@@ -73,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     check_store_capabilities(config)
     logging.getLogger("streamoffload").setLevel(min(logging.getLogger().level, logging.INFO))
     job = OffloadJob(config, path)
+    job.force_lease = args.take_over
+    # The writer lease before Spark: a second instance is told at once who writes the store prefix.
+    job.begin_run()
     spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
     metrics = None
     try:
