@@ -17,7 +17,7 @@ What it does, in one work directory (a temporary one, removed at the end unless 
 2. Runs the job as ``python -m streamoffload run --conf FILE`` in its own session (small segments:
    ``maxSizePerOffloadSegmentMbytes`` 0.05, blocks of 8192 bytes, rollover 3 s, trigger every second,
    metrics off, Spark UI off), and ``--kills`` times: waits until the job has made progress (a new
-   micro-batch commit in the checkpoint, or a new Offloaded segment in the store) and then a random
+   micro-batch commit in the checkpoint's ``commits`` directory) and then a random
    delay (``--min-delay``..``--max-delay`` s; about one kill in five instead lands during the Spark
    start-up, before any progress), SIGKILLs the whole process group (the Spark JVM and its Python
    workers are children of the job), waits until no process of the group is left, and restarts at once.
@@ -38,7 +38,9 @@ What it does, in one work directory (a temporary one, removed at the end unless 
 It prints a table: kills (and survived: the job made progress again after the kill), messages published
 (acknowledged), stored, missing, duplicated, corrupt, the time to converge after the last kill, cleanup
 and wall time. The exit status is 1 when a message is missing, duplicated or corrupt, when convergence
-timed out, or when cleanup left orphans behind; 2 on bad arguments.
+timed out, or when cleanup failed, left orphans behind or removed an Offloaded segment; 2 on bad
+arguments. The job's distinct error lines (last lines of tracebacks) and runs that ended on their own are
+listed under the table; the job logs are kept in the work directory when the result is not OK.
 
 ``run_chaos`` is the same as a function (the suite runs it with 5 kills: tests/job/test_chaos.py).
 """
@@ -117,6 +119,8 @@ class ChaosReport:
     converge_seconds: float | None = None
     """From the last kill until every acknowledged message's position was in an Offloaded segment."""
     cleanup_removed: int | None = None
+    """Items ``streamoffload cleanup --grace-minutes 0`` removed; None when it failed (``cleanup_error``)."""
+    cleanup_error: str | None = None
     orphans_after_cleanup: int | None = None
     cleanup_dropped_segments: int = 0
     wall_seconds: float = 0.0
@@ -159,6 +163,7 @@ class ChaosReport:
             and self.missing == 0
             and self.duplicated == 0
             and self.corrupt == 0
+            and self.cleanup_removed is not None
             and not self.orphans_after_cleanup
             and self.cleanup_dropped_segments == 0
         )
@@ -178,7 +183,7 @@ class ChaosReport:
             ("converge after last kill", converge),
             (
                 "cleanup",
-                "not run"
+                f"FAILED ({self.cleanup_error})"
                 if self.cleanup_removed is None
                 else f"removed {self.cleanup_removed}, orphans left {self.orphans_after_cleanup}, "
                 f"Offloaded segments lost {self.cleanup_dropped_segments}",
@@ -506,13 +511,15 @@ def _moto_server(log_dir: Path) -> Iterator[str]:
 # --- progress and convergence ---------------------------------------------------------------------------
 
 
-def _latest_commit(checkpoint: Path) -> float:
-    """The newest micro-batch commit's mtime in the job's checkpoint (0 when none): Spark's ``commits``
-    directory, at the checkpoint's top or one level down (the job may keep one query checkpoint per run)."""
-    latest = 0.0
+def _latest_commit(checkpoint: Path) -> float | None:
+    """The newest micro-batch commit's mtime in the job's checkpoint: Spark's ``commits`` directory, at the
+    checkpoint's top or one level down (the job may keep one query checkpoint per run). 0 when the directory
+    is empty, None when there is none."""
+    latest: float | None = None
     for commits in (checkpoint / "commits", *checkpoint.glob("*/commits")):
         with contextlib.suppress(OSError):
             for entry in os.scandir(commits):
+                latest = latest or 0.0
                 if not entry.name.startswith("."):
                     latest = max(latest, entry.stat().st_mtime)
     return latest
@@ -705,9 +712,17 @@ def _run(
         runs += 1
         return JobProcess(conf, logs / f"job-{runs:03d}.log", env)
 
+    seen_commits = False
+
     def progressed(run: JobProcess, manifests_at_start: int) -> bool:
-        """A micro-batch committed, or a manifest written, since this run started."""
-        return _latest_commit(checkpoint) > run.started_wall or _manifest_count(meta, topic_list) > manifests_at_start
+        """A micro-batch committed since this run started. Only if the checkpoint never showed a ``commits``
+        directory (another layout), a manifest written since (the job's start-up recovery also writes some)."""
+        nonlocal seen_commits
+        latest = _latest_commit(checkpoint)
+        seen_commits = seen_commits or latest is not None
+        if latest is not None and latest > run.started_wall:
+            return True
+        return not seen_commits and _manifest_count(meta, topic_list) > manifests_at_start
 
     def note_exit(run: JobProcess) -> None:
         text = f"exit {run.proc.returncode}: {run.last_line()}"
@@ -817,7 +832,8 @@ def _run(
     )
     removed = re.search(r"cleanup: (\d+) item\(s\) removed", cleanup.stdout)
     if cleanup.returncode != 0 or removed is None:
-        report.events.append(f"cleanup failed (exit {cleanup.returncode}): {cleanup.stderr.strip()[-300:]}")
+        last = [x for x in (cleanup.stderr + cleanup.stdout).splitlines() if x.strip()] or ["(no output)"]
+        report.cleanup_error = f"exit {cleanup.returncode}: {last[-1][:400]}"
     else:
         report.cleanup_removed = int(removed.group(1))
         offloaded = _offloaded(meta, topic_list)

@@ -21,7 +21,7 @@ def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_doub
         tmp_path / "chaos",
         kills=5,
         seed=7,
-        rate=150.0,
+        rate=100.0,
         service_url=pulsar_broker.service_url,
         min_delay=0.0,
         max_delay=2.0,
@@ -30,6 +30,7 @@ def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_doub
         log=lines.append,
     )
     summary = "\n".join(lines) + "\n" + report.render()
+    print(summary)  # shown with -s or -rA: the kill moments, events and counts
     assert report.kills == 5, summary
     events = " ".join(report.events)
     assert "kill" in events and "policy edit" in events and "checkpoint deleted" in events, summary
@@ -40,5 +41,6 @@ def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_doub
     assert report.duplicated == 0, summary
     assert report.corrupt == 0, summary
     assert report.kills_survived == 5, summary
+    assert report.cleanup_removed is not None, summary  # cleanup ran and succeeded
     assert report.orphans_after_cleanup == 0 and report.cleanup_dropped_segments == 0, summary
     assert report.ok, summary
