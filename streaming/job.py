@@ -126,6 +126,12 @@ class OffloadJob:
         return self.config.store.key_prefix
 
     def source_options(self, *, read_limits: bool = True) -> dict[str, str]:
+        """The Pulsar source's options. Memory is bounded by configuration: ``maxBytesPerTrigger`` (default
+        64 MiB) per micro-batch, and per topic-partition the offload buffer bound through ``bufferFile``.
+        ``read_limits=False`` is ``run_once``'s seal query: it reads no entries (``stopAtStart``), so what
+        arrived during the drain is left for the next run instead of landing unbounded in one batch."""
+        from streamoffload.streaming.source import buffer_file_path
+
         pulsar = self.config.pulsar
         options = {
             "serviceUrl": pulsar.service_url,
@@ -134,6 +140,9 @@ class OffloadJob:
         }
         if self.run is not None:
             options["policyVersionsFile"] = self._versions_file()
+            options["bufferFile"] = buffer_file_path(self._versions_file(), self.run.epoch)
+        if not read_limits:
+            options["stopAtStart"] = "true"
         if pulsar.topics:
             options["topics"] = ",".join(pulsar.topics)
         elif pulsar.topics_pattern:

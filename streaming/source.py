@@ -45,6 +45,8 @@ Options (names are case-insensitive, as Spark makes them):
     micro-batch, split max-min fairly across the topic-partitions with data, leftovers rotating.
     A single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls.
     ``Trigger.AvailableNow`` stops at the positions that were latest when the query started.
+    Without either (and without ``bufferFile``) a micro-batch takes everything available; the offload
+    job always passes ``maxBytesPerTrigger`` (``pulsar.max_bytes_per_trigger``, default 64 MiB).
 ``pulsar.client.*``
     Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``pulsar_io.client_kwargs``).
 ``stallTimeoutMs`` (200), ``receiverQueueSize`` (2000), ``retryTimeoutSeconds`` (60)
@@ -55,6 +57,19 @@ Options (names are case-insensitive, as Spark makes them):
     A JSON file of offload policy versions (written by the offload job, ``streaming.policies``): a
     topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not
     advance, so nothing is read (or skipped) until it is enabled again.
+``bufferFile``
+    A JSON file the offload job rewrites after every micro-batch (:func:`write_buffer_file`): each
+    topic-partition's offload buffer (``buffered_bytes``: bytes the segmenter accepted but has not
+    uploaded) and the store's minimum part size. With it, admission control enforces the buffer bound
+    of the policy in force (``offloadBufferMaxBytes``, from ``policyVersionsFile``, else the default):
+    a topic-partition is admitted at most ``bound - buffered_bytes`` more bytes per micro-batch (at
+    least one entry while below the bound), and none at or above it. The bound used is at least one
+    block plus one minimum part, the most the segmenter can hold between micro-batches (a full block
+    waiting for the entry that does not fit, and complete blocks short of a part), so a topic-partition
+    is never refused for a buffer that only drains when new entries arrive.
+``stopAtStart``
+    ``true``: the query reads no entries at all; every trigger ends where it starts. For a query that
+    only carries the offload job's control requests (``run --once`` seals its open segments with one).
 ``backlogFile``
     When set, a JSON file rewritten (atomically) at every trigger and commit with the backlog below,
     for a dashboard running in another process.
@@ -98,6 +113,7 @@ from pyspark.sql.types import StructType
 
 from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.config import OffloadPolicy
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming.policies import VersionsFile
 from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, DataLossError, Position, PulsarIOError
@@ -173,6 +189,8 @@ class SourceOptions:
     arrow_batch_bytes: int = 32 << 20
     backlog_file: str | None = None
     policy_versions_file: str | None = None
+    buffer_file: str | None = None
+    stop_at_start: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -223,6 +241,8 @@ class SourceOptions:
             arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: _parse_size(t, "arrowBatchBytes")) or 32 << 20,
             backlog_file=get("backlogFile"),
             policy_versions_file=get("policyVersionsFile"),
+            buffer_file=get("bufferFile"),
+            stop_at_start=_parse_bool(get("stopAtStart") or "false", "stopAtStart"),
         )
 
     @property
@@ -374,6 +394,83 @@ def read_backlog_file(path: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# offload buffers: written by the job's driver after each micro-batch, read by admission control
+
+BUFFER_FILE_PREFIX = "offload-buffers-"
+
+
+def buffer_file_path(versions_file: str, epoch: int) -> str:
+    """The ``bufferFile`` of run ``epoch``: beside the run's policy versions file, one per run (a new run's
+    segmenter starts with empty buffers, so an earlier run's figures must not hold it back)."""
+    directory = os.path.dirname(os.path.abspath(versions_file))
+    return os.path.join(directory, f"{BUFFER_FILE_PREFIX}{epoch:08d}.json")
+
+
+def write_buffer_file(path: str, topic_stats: Mapping[str, Mapping[str, Any]], min_part_size: int) -> None:
+    """Write (atomically) each topic-partition's ``buffered_bytes`` from the segmenter's stats (the job's
+    ``last_topic_stats``) and the store's minimum part size, for the source's admission control; remove
+    earlier runs' files beside it. A failure is logged, never raised: the next micro-batch writes again."""
+    doc = {
+        "updated": time.time(),
+        "min_part_size": int(min_part_size),
+        "buffered_bytes": {tp: int(stats.get("buffered_bytes") or 0) for tp, stats in sorted(topic_stats.items())},
+    }
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = ""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".buffers-", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+        for name in os.listdir(directory):
+            if name.startswith(BUFFER_FILE_PREFIX) and name != os.path.basename(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+    except OSError as err:
+        log.warning("cannot write the offload buffer file %s: %s", path, err)
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def buffer_bound(policy: OffloadPolicy, min_part_size: int) -> int:
+    """The offload buffer bound admission control enforces for a topic-partition: ``offloadBufferMaxBytes``,
+    but at least one block plus one minimum part. Between micro-batches the segmenter holds at most the
+    open block (cut only when an entry does not fit) plus complete blocks short of a part, so below this
+    the bound could refuse the very entries that would drain the buffer."""
+    return max(policy.offloadBufferMaxBytes, policy.block_size + max(1, min_part_size))
+
+
+class BufferFile:
+    """Reads :func:`write_buffer_file`'s file again when it changes; missing or unreadable: empty buffers."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._min_part = 1
+        self._buffered: dict[str, int] = {}
+
+    def current(self) -> tuple[int, dict[str, int]]:
+        """``(min_part_size, {topic-partition: buffered_bytes})``."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return self._min_part, self._buffered
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            try:
+                with open(self.path, encoding="utf-8") as fh:
+                    doc = json.load(fh)
+                self._min_part = int(doc.get("min_part_size", 1))
+                self._buffered = {str(tp): int(b) for tp, b in dict(doc.get("buffered_bytes", {})).items()}
+                self._stamp = stamp
+            except (OSError, ValueError, TypeError, AttributeError) as err:
+                log.warning("pulsar source: cannot read bufferFile %s: %s", self.path, err)
+        return self._min_part, self._buffered
+
+
+# ---------------------------------------------------------------------------------------------
 # the driver side: discovery, positions, admission control
 
 
@@ -407,6 +504,7 @@ class SourcePlanner:
         self._known_ends: dict[str, Position] = {}
         self._round = 0
         self._policies = VersionsFile(options.policy_versions_file) if options.policy_versions_file else None
+        self._buffers = BufferFile(options.buffer_file) if options.buffer_file else None
         self._lock = threading.Lock()
 
     @property
@@ -544,11 +642,13 @@ class SourcePlanner:
     ) -> dict[str, list[int]]:
         self._round += 1
         start = {tp: _position(v) for tp, v in start_doc.items()}
+        if self.options.stop_at_start:
+            return _offsets(start)
         partitions = self.topic_partitions()
         if self._target is not None:
             partitions = [tp for tp in partitions if tp in self._target]
+        now_ms = int(time.time() * 1000)
         if self._policies is not None:
-            now_ms = int(time.time() * 1000)
             paused = [tp for tp in partitions if not self._policies.enabled(tp, now_ms)]
             partitions = [tp for tp in partitions if tp not in paused]
             for tp in paused:  # disabled: the offset stays where it is, nothing is read or skipped
@@ -574,12 +674,18 @@ class SourcePlanner:
                 pending.append(tp)
         self._latest.update(latest)
         self._known_ends = {}
-        if max_entries is None and max_bytes is None:
+        rooms = self.buffer_rooms(pending, now_ms)
+        full = [tp for tp in pending if rooms.get(tp, 1) <= 0]
+        if full:
+            # At its buffer bound: nothing new this micro-batch; the others still get entries.
+            log.info("pulsar source: offload buffer at its bound, not admitted this trigger: %s", full)
+            pending = [tp for tp in pending if tp not in full]
+        if max_entries is None and max_bytes is None and not rooms:
             for tp in pending:
                 end[tp] = latest[tp]  # type: ignore[assignment]
                 self._known_ends[tp] = end[tp]
         else:
-            self._admit(pending, start, latest, end, max_entries, max_bytes)
+            self._admit(pending, start, latest, end, max_entries, max_bytes, rooms)
         for tp in partitions:
             self._consumed[tp] = start.get(tp, BEFORE_EARLIEST)
         self._write_backlog()
@@ -593,7 +699,12 @@ class SourcePlanner:
         end: dict[str, Position],
         max_entries: int | None,
         max_bytes: int | None,
+        rooms: Mapping[str, int] | None = None,
     ) -> None:
+        """Set ``end`` for the ``pending`` topic-partitions: at most ``max_entries`` / about ``max_bytes``
+        in all, split max-min fairly, and at most ``rooms[tp]`` bytes (but one entry) for a
+        topic-partition with a buffer room (see :meth:`buffer_rooms`)."""
+        rooms = rooms or {}
         firsts: dict[str, Position] = {}
         available: dict[str, int | None] = {}
         for tp in pending:
@@ -603,7 +714,7 @@ class SourcePlanner:
             if s[0] == last[0]:
                 firsts[tp] = (s[0], s[1] + 1)
                 available[tp] = last[1] - s[1]
-                if max_bytes is not None and tp not in self._entry_size:
+                if (max_bytes is not None or tp in rooms) and tp not in self._entry_size:
                     self._probe(tp, s)
             else:
                 # The next entry is in a later ledger than the last one consumed (or the first ever):
@@ -617,12 +728,21 @@ class SourcePlanner:
         admitted = list(firsts)
         if not admitted:
             return
-        demands = [available[tp] for tp in admitted]
-        allowed: list[int | None] = [None] * len(admitted)
+        sizes = [max(self._entry_size.get(tp, 1.0), 1.0) for tp in admitted]
+        demands: list[int | None] = []
+        for tp, size in zip(admitted, sizes, strict=True):
+            demand = available[tp]
+            room = rooms.get(tp)
+            if room is not None:
+                # What fits in the buffer's room, but at least one entry: below the bound a topic-partition
+                # always moves (a room smaller than one entry would otherwise stall it for good).
+                fits = max(1, int(room // size))
+                demand = fits if demand is None else min(demand, fits)
+            demands.append(demand)
+        allowed: list[int | None] = list(demands)
         if max_entries is not None:
             allowed = list(fair_shares(demands, max_entries, self._round))
         if max_bytes is not None:
-            sizes = [max(self._entry_size.get(tp, 1.0), 1.0) for tp in admitted]
             byte_demands = [None if d is None else int(d * size) for d, size in zip(demands, sizes, strict=True)]
             by_bytes = [
                 int(b // size) for b, size in zip(fair_shares(byte_demands, max_bytes, self._round), sizes, strict=True)
@@ -632,7 +752,11 @@ class SourcePlanner:
                 allowed[self._round % len(admitted)] = 1  # an entry over the byte limit goes alone
         for tp, count in zip(admitted, allowed, strict=True):
             last = latest[tp]
-            assert last is not None and count is not None
+            assert last is not None
+            if count is None:  # no limit for this one (a buffer room only bounds the others)
+                end[tp] = last
+                self._known_ends[tp] = last
+                continue
             if count <= 0:
                 continue
             first = firsts[tp]
@@ -642,6 +766,20 @@ class SourcePlanner:
                 self._known_ends[tp] = end[tp]  # an entry of the latest ledger at or before latest
             else:
                 end[tp] = cap  # may pass the end of its ledger: the range then ends there
+
+    def buffer_rooms(self, partitions: Sequence[str], now_ms: int) -> dict[str, int]:
+        """With ``bufferFile``: per topic-partition, the bytes it may still be admitted before its offload
+        buffer reaches :func:`buffer_bound` (the policy in force now; 0 or less: at the bound). Empty
+        without ``bufferFile``."""
+        if self._buffers is None:
+            return {}
+        min_part, buffered = self._buffers.current()
+        versions = self._policies.current() if self._policies is not None else None
+        rooms: dict[str, int] = {}
+        for tp in partitions:
+            policy = versions.policy_for(tp, now_ms) if versions is not None and len(versions) else OffloadPolicy()
+            rooms[tp] = buffer_bound(policy, min_part) - buffered.get(tp, 0)
+        return rooms
 
     def _probe(self, tp: str, after: Position) -> pio.Probe | None:
         probe = pio.probe_after(self.client, tp, after, settings=self.options.reader_settings())
@@ -879,15 +1017,19 @@ class PulsarDataSource(DataSource):
 
 __all__ = [
     "SCHEMA",
+    "BufferFile",
     "PartitionBacklog",
     "PulsarDataSource",
     "PulsarRangePartition",
     "PulsarStreamReader",
     "SourceOptions",
     "SourcePlanner",
+    "buffer_bound",
+    "buffer_file_path",
     "entries_between",
     "fair_shares",
     "parse_pattern",
     "parse_starting_offsets",
     "read_backlog_file",
+    "write_buffer_file",
 ]

@@ -134,6 +134,10 @@ def parse_size_bytes(text: str) -> float:
     return float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
 
 
+DEFAULT_MAX_BYTES_PER_TRIGGER = 64 * MIB
+"""pulsar.max_bytes_per_trigger by default (bench/README.md "memory" for the measurements behind it)."""
+
+
 @dataclass(frozen=True)
 class PulsarSettings:
     service_url: str = "pulsar://127.0.0.1:6650"
@@ -141,7 +145,11 @@ class PulsarSettings:
     topics_pattern: str | None = None
     starting_offsets: str = "earliest"
     max_entries_per_trigger: int | None = None
-    max_bytes_per_trigger: int | None = None
+    """At most this many entries per micro-batch, split fairly over the topic-partitions; none by default."""
+    max_bytes_per_trigger: int | None = DEFAULT_MAX_BYTES_PER_TRIGGER
+    """About this many entry bytes per micro-batch (split fairly over the topic-partitions), so a backlog of
+    any size is read in bounded micro-batches: with the offload buffer bound, it sets what the job's
+    memory holds (README "Memory"). Always on; a larger figure trades memory for fewer, cheaper batches."""
     fail_on_data_loss: bool = True
     client: Mapping[str, str] = field(default_factory=dict)
     """Passed to the source as ``pulsar.client.<key>`` (auth, TLS)."""

@@ -1,0 +1,259 @@
+"""Admission control bounds memory by configuration alone: a default bound per micro-batch, and the offload
+buffer bound per topic-partition (``bufferFile``), in plain Python.
+
+The planner is the real ``SourcePlanner``; only its three broker look-ups (discovery, latest positions, the
+probe of the next entry) answer from an in-memory topic model. The closed loop runs the real ``Segmenter``
+on what the planner admits and feeds its ``buffered_bytes`` back through the real buffer file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadMaxBytes
+
+from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, MIB, OffloadPolicy, parse_config
+from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming.job import OffloadJob, Run
+from streamoffload.streaming.policies import policy_document, write_versions_file
+from streamoffload.streaming.pulsar_io import Position
+from streamoffload.streaming.segmenter import Entry, MemoryState, run_segmenter
+from streamoffload.streaming.source import (
+    BufferFile,
+    PulsarStreamReader,
+    SourceOptions,
+    SourcePlanner,
+    buffer_bound,
+    buffer_file_path,
+    write_buffer_file,
+)
+
+LEDGER = 7
+A = "persistent://public/default/adm-partition-0"
+B = "persistent://public/default/adm-partition-1"
+C = "persistent://public/default/adm-partition-2"
+
+
+class ModelPlanner(SourcePlanner):
+    """``SourcePlanner`` over topics of ``count`` entries of ``size`` bytes each, all in one ledger."""
+
+    def __init__(self, options: SourceOptions, topics: dict[str, tuple[int, int]]) -> None:
+        super().__init__(options, client_factory=lambda: None)
+        self.model = topics
+        self.probes = 0
+
+    def topic_partitions(self, force: bool = False) -> list[str]:
+        return sorted(self.model)
+
+    def latest_positions(self, partitions: Sequence[str]) -> dict[str, Position | None]:
+        return {tp: (LEDGER, self.model[tp][0] - 1) if self.model[tp][0] else None for tp in partitions}
+
+    def _probe(self, tp: str, after: Position) -> pio.Probe | None:
+        self.probes += 1
+        count, size = self.model[tp]
+        nxt = 0 if after[0] < LEDGER else after[1] + 1
+        if nxt >= count:
+            return None
+        self._entry_size[tp] = float(size)
+        return pio.Probe((LEDGER, nxt), 1, size)
+
+
+def options(**extra: str) -> SourceOptions:
+    return SourceOptions.parse({"serviceUrl": "pulsar://127.0.0.1:6650", "topics": f"{A},{B},{C}", **extra})
+
+
+def admitted(start: dict[str, list[int]], end: dict[str, list[int]]) -> dict[str, int]:
+    """Entries admitted per topic-partition (one ledger)."""
+    return {tp: end[tp][1] - start.get(tp, [-1, -1])[1] for tp in end}
+
+
+def versions_file(tmp_path: Path, doc: dict) -> str:
+    path = str(tmp_path / "policy-versions.json")
+    write_versions_file(path, [(0, policy_document(parse_config(doc)))])
+    return path
+
+
+# --- the default bound per micro-batch ---------------------------------------------------------------
+
+
+def test_the_job_bounds_every_micro_batch_by_default(tmp_path: Path) -> None:
+    config = parse_config(
+        {"pulsar": {"topics": [A]}, "spark": {"checkpoint": str(tmp_path / "cp")}, "metrics": {"address": ""}}
+    )
+    assert config.pulsar.max_bytes_per_trigger == DEFAULT_MAX_BYTES_PER_TRIGGER == 64 * MIB
+    job = OffloadJob(config)
+    opts = job.source_options()
+    assert opts["maxBytesPerTrigger"] == str(64 * MIB)
+    reader = PulsarStreamReader(opts)
+    limit = reader.getDefaultReadLimit()
+    assert isinstance(limit, ReadMaxBytes) and limit.max_bytes == 64 * MIB
+
+    # 600 MB of 128 KiB entries over 4 topic-partitions: the first micro-batch takes 64 MiB, not 600 MB.
+    size = 128 * 1024
+    model = {f"persistent://public/default/big-partition-{i}": (1200, size) for i in range(4)}
+    planner = ModelPlanner(SourceOptions.parse({**opts, "topics": ",".join(model)}), model)
+    start = planner.initial_offset()
+    end = planner.latest_offset(start, None, limit.max_bytes)
+    counts = admitted(start, end)
+    assert sum(counts.values()) * size <= 64 * MIB
+    assert sorted(counts.values()) == [128] * 4  # split fairly: 16 MiB each
+
+
+def test_the_seal_query_of_run_once_reads_no_entries(tmp_path: Path) -> None:
+    config = parse_config({"pulsar": {"topics": [A]}, "spark": {"checkpoint": str(tmp_path / "cp")}})
+    job = OffloadJob(config)
+    job.run = Run(epoch=3, resume={}, checkpoint=str(tmp_path / "cp" / "run-3"), policy_log=None, published={})  # type: ignore[arg-type]
+    drain = job.source_options()
+    seal = job.source_options(read_limits=False)
+    assert "stopAtStart" not in drain and seal["stopAtStart"] == "true"
+    assert drain["bufferFile"] == seal["bufferFile"] == buffer_file_path(job._versions_file(), 3)
+
+    planner = ModelPlanner(SourceOptions.parse({**seal, "topics": A}), {A: (1000, 4096)})
+    start = {A: [LEDGER, 10]}
+    assert planner.latest_offset(start, None, None) == start
+    assert planner.latest_offset({}, None, None) == {}
+
+
+# --- the offload buffer bound ---------------------------------------------------------------------------
+
+
+def test_bound_is_at_least_one_block_plus_one_minimum_part() -> None:
+    policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096, offloadBufferMaxBytes=4096)
+    assert buffer_bound(policy, 1) == 4097
+    assert buffer_bound(policy, 5 * MIB) == 4096 + 5 * MIB
+    assert buffer_bound(OffloadPolicy(), 5 * MIB) == 128 * MIB  # the defaults: 64 MiB blocks, 128 MiB bound
+
+
+def test_a_topic_at_its_buffer_bound_gets_nothing_while_others_do(tmp_path: Path) -> None:
+    bound = 1 * MIB
+    doc = {"offload": {"managedLedgerOffloadMaxBlockSizeInBytes": 256 * 1024, "offloadBufferMaxBytes": bound}}
+    buffers = str(tmp_path / "buffers.json")
+    write_buffer_file(buffers, {A: {"buffered_bytes": bound}, B: {"buffered_bytes": 0}, C: {}}, 1)
+    planner = ModelPlanner(
+        options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, doc)),
+        {A: (1000, 4096), B: (1000, 4096), C: (1000, 4096)},
+    )
+    start = planner.initial_offset()
+    end = planner.latest_offset(start, None, 64 * MIB)
+    counts = admitted(start, end)
+    assert counts[A] == 0
+    # B and C get what fits their room (the bound: their buffers are empty), not the 32 MiB per-trigger share.
+    assert counts[B] == counts[C] == bound // 4096
+
+    # Once A's buffer drained below the bound, A is read again, at most its room (but one entry).
+    write_buffer_file(buffers, {A: {"buffered_bytes": bound - 3 * 4096}}, 1)
+    end2 = planner.latest_offset(end, None, 64 * MIB)
+    assert admitted(end, end2)[A] == 3
+    write_buffer_file(buffers, {A: {"buffered_bytes": bound - 10}}, 1)
+    end3 = planner.latest_offset(end2, None, 64 * MIB)
+    assert admitted(end2, end3)[A] == 1  # a room smaller than one entry still admits one
+
+
+def test_the_buffer_bound_applies_without_other_limits_and_per_topic_policy(tmp_path: Path) -> None:
+    doc = {
+        "offload": {"managedLedgerOffloadMaxBlockSizeInBytes": 65536, "offloadBufferMaxBytes": 1 * MIB},
+        "topics": {B: {"offloadBufferMaxBytes": 2 * MIB}},
+    }
+    buffers = str(tmp_path / "buffers.json")
+    planner = ModelPlanner(
+        options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, doc)),
+        {A: (5000, 1024), B: (5000, 1024), C: (10, 1024)},
+    )
+    start = planner.initial_offset()  # no file yet: empty buffers, each topic-partition bounded by its policy
+    counts = admitted(start, planner.latest_offset(start, None, None))
+    assert counts == {A: 1024, B: 2048, C: 10}
+
+
+def test_a_small_configured_bound_is_raised_to_what_the_segmenter_can_hold(tmp_path: Path) -> None:
+    """bound = block size on S3 (5 MiB parts): complete blocks wait for a part, so the buffer can pass
+    the configured bound between batches. Refusing the topic then would stall it until the rollover."""
+    doc = {"offload": {"managedLedgerOffloadMaxBlockSizeInBytes": 65536, "offloadBufferMaxBytes": 65536}}
+    buffers = str(tmp_path / "buffers.json")
+    write_buffer_file(buffers, {A: {"buffered_bytes": 3 * 65536}}, 5 * MIB)
+    planner = ModelPlanner(
+        options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, doc)), {A: (10_000, 1024)}
+    )
+    start = planner.initial_offset()
+    counts = admitted(start, planner.latest_offset(start, None, 64 * MIB))
+    assert counts[A] == (65536 + 5 * MIB - 3 * 65536) // 1024
+
+
+@pytest.mark.parametrize(
+    ("block", "bound", "min_part", "sizes"),
+    [
+        (4096, 4096, 1, [1000, 1000, 3000]),  # filesystem, bound = block: the issue's 4096
+        (65536, 65536, 256 * 1024, [5000, 700, 20_000]),  # S3-like parts bigger than the bound
+        (65536, 200_000, 1, [60_000, 1024, 4096]),  # entries near the block size
+        (1 * MIB, 4 * MIB, 5 * MIB, [130_000, 130_000, 4096]),
+    ],
+)
+def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_bound(
+    tmp_path: Path, block: int, bound: int, min_part: int, sizes: list[int]
+) -> None:
+    """Planner -> segmenter -> buffer file -> planner, until every entry is offloaded: every trigger
+    admits something while entries remain (no deadlock, no topic starves), and what a topic-partition's
+    segmenter holds after a batch never passes the bound plus one entry."""
+    policy_doc = {
+        "offload": {
+            "managedLedgerOffloadMaxBlockSizeInBytes": block,
+            "offloadBufferMaxBytes": bound,
+            "maxSizePerOffloadSegmentMbytes": 64,
+        }
+    }
+    policy = parse_config(policy_doc).policy_for(A)
+    effective = buffer_bound(policy, min_part)
+    topics = [A, B, C]
+    model = {tp: (150, size) for tp, size in zip(topics, sizes, strict=True)}
+    buffers = str(tmp_path / "buffers.json")
+    planner = ModelPlanner(
+        options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, policy_doc)), model
+    )
+    states = {tp: MemoryState() for tp in topics}
+    stats: dict[str, dict] = {}
+    offset = planner.initial_offset()
+    budget = 3 * 256 * 1024  # a per-trigger bound smaller than the buffers, so both limits take turns
+    for trigger in range(2000):
+        if all(offset[tp][1] == model[tp][0] - 1 for tp in topics):
+            break
+        end = planner.latest_offset(offset, None, budget)
+        counts = admitted(offset, end)
+        assert sum(counts.values()) > 0, f"trigger {trigger}: nothing admitted with entries left: {offset}"
+        for tp in topics:
+            size = model[tp][1]
+            before = int(stats.get(tp, {}).get("buffered_bytes", 0))
+            assert before < effective  # between batches a buffer stays below the bound: never stuck
+            # The batch's own bytes count against the room: before + batch <= bound + one entry.
+            assert before + counts[tp] * size <= effective + size + 64 * counts[tp]
+            entries = [
+                Entry(LEDGER, e, b"x" * size, 1) for e in range(offset[tp][1] + 1, offset[tp][1] + 1 + counts[tp])
+            ]
+            actions = run_segmenter(tp, policy, states[tp], entries, now_ms=1000, min_part_size=min_part)
+            stats[tp] = json.loads(actions[-1].info)
+        write_buffer_file(buffers, stats, min_part)
+        planner.commit(end)
+        offset = end
+    else:
+        pytest.fail("the backlog was not drained in 2000 triggers")
+    assert all(offset[tp][1] == model[tp][0] - 1 for tp in topics)
+
+
+def test_buffer_file_per_run_replaces_earlier_runs(tmp_path: Path) -> None:
+    versions = str(tmp_path / "policy-versions.json")
+    first, second = buffer_file_path(versions, 1), buffer_file_path(versions, 2)
+    assert first != second and os.path.dirname(first) == str(tmp_path)
+    write_buffer_file(first, {A: {"buffered_bytes": 10}}, 1)
+    write_buffer_file(second, {A: {"buffered_bytes": 20, "open_segment": "x"}}, 5 * MIB)
+    assert not os.path.exists(first)
+    assert BufferFile(second).current() == (5 * MIB, {A: 20})
+    assert BufferFile(str(tmp_path / "missing.json")).current() == (1, {})
+    (tmp_path / "bad.json").write_text("{not json")
+    assert BufferFile(str(tmp_path / "bad.json")).current() == (1, {})
+
+
+def test_bad_stop_at_start_names_the_option() -> None:
+    with pytest.raises(Exception, match="stopAtStart"):
+        options(stopAtStart="sometimes")
