@@ -74,7 +74,6 @@ from streamoffload.codecs.entry import entry_messages
 from streamoffload.config import Config, load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_payload
-from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 
 NAMESPACE = "persistent://public/default"
@@ -534,11 +533,6 @@ def _segment_count(meta: MetadataStore, topics: list[str]) -> int:
     return sum(len(s) for s in _offloaded(meta, topics).values())
 
 
-def _manifest_count(meta: MetadataStore, topics: list[str]) -> int:
-    """Manifests of any status (a listing only, cheap enough to poll): grows when the job writes."""
-    return sum(sum(1 for _ in meta.store.list(keys.manifests_prefix(meta.prefix, t))) for t in topics)
-
-
 def _caught_up(meta: MetadataStore, last_ids: dict[str, tuple[int, int] | None]) -> bool:
     for topic, last in last_ids.items():
         if last is None:
@@ -712,23 +706,17 @@ def _run(
         runs += 1
         return JobProcess(conf, logs / f"job-{runs:03d}.log", env)
 
-    seen_commits = False
-
-    def progressed(run: JobProcess, manifests_at_start: int) -> bool:
-        """A micro-batch committed since this run started. Only if the checkpoint never showed a ``commits``
-        directory (another layout), a manifest written since (the job's start-up recovery also writes some)."""
-        nonlocal seen_commits
+    def progressed(run: JobProcess) -> bool:
+        """A micro-batch committed since this run started (manifests are no sign: a batch writes them before
+        its commit, and the job's start-up recovery writes some too)."""
         latest = _latest_commit(checkpoint)
-        seen_commits = seen_commits or latest is not None
-        if latest is not None and latest > run.started_wall:
-            return True
-        return not seen_commits and _manifest_count(meta, topic_list) > manifests_at_start
+        return latest is not None and latest > run.started_wall
 
     def note_exit(run: JobProcess) -> None:
         text = f"exit {run.proc.returncode}: {run.last_line()}"
         report.job_exits[text] = report.job_exits.get(text, 0) + 1
 
-    def watch(until: float, manifests_at_start: int, *, stop_on_progress: bool) -> bool:
+    def watch(until: float, *, stop_on_progress: bool) -> bool:
         """Wait until ``until`` (or the first progress); a job that ended on its own is noted and restarted."""
         nonlocal job
         made = False
@@ -739,7 +727,7 @@ def _run(
                 time.sleep(2.0)
                 job = spawn()
                 continue
-            if not made and progressed(job, manifests_at_start):
+            if not made and progressed(job):
                 made = True
                 if stop_on_progress:
                     break
@@ -749,23 +737,22 @@ def _run(
     try:
         job = spawn()
         for kill in range(kills):
-            manifests_at_start = _manifest_count(meta, topic_list)
             # The run with the live policy edit is always killed after progress (the edit needs a running job).
             during_startup = rng.random() < startup_kill_chance and kill != live_run
             if during_startup:
-                made_progress = watch(job.started + rng.uniform(2.0, 8.0), manifests_at_start, stop_on_progress=False)
+                made_progress = watch(job.started + rng.uniform(2.0, 8.0), stop_on_progress=False)
             else:
-                made_progress = watch(job.started + startup_timeout, manifests_at_start, stop_on_progress=True)
+                made_progress = watch(job.started + startup_timeout, stop_on_progress=True)
                 if made_progress and kill == live_run:
                     policy = POLICIES[2]
                     write_config(conf, service_url, topic_list, checkpoint, store_toml, policy)
                     report.events.append(f"run {kill}: live policy edit to {policy[0]} MB / {policy[1]} B blocks")
                     # The job re-reads the file at most every second, then a trigger applies it.
-                    watch(time.monotonic() + 3.0, manifests_at_start, stop_on_progress=False)
+                    watch(time.monotonic() + 3.0, stop_on_progress=False)
                 elif kill == live_run:
                     report.events.append(f"run {kill}: live policy edit skipped (the job made no progress)")
-                watch(time.monotonic() + rng.uniform(*delays), manifests_at_start, stop_on_progress=False)
-                made_progress = made_progress or progressed(job, manifests_at_start)
+                watch(time.monotonic() + rng.uniform(*delays), stop_on_progress=False)
+                made_progress = made_progress or progressed(job)
             if progress_after_kill and made_progress:
                 # The previous kills are survived: the job came back and made progress after them.
                 progress_after_kill = [True] * len(progress_after_kill)
@@ -795,15 +782,14 @@ def _run(
         producer.stop()
         last_ids = {t: tr.last_id for t, tr in producer.traffic.items()}
         log(f"  producer stopped: {producer.acked_total():,} messages acked; waiting for the store to converge")
-        manifests_at_start = _manifest_count(meta, topic_list)
         deadline = last_kill_at + converge_timeout
         while time.monotonic() < deadline:
             if _caught_up(meta, last_ids):
                 report.converged = True
                 report.converge_seconds = time.monotonic() - last_kill_at
                 break
-            watch(time.monotonic() + 1.0, manifests_at_start, stop_on_progress=False)
-        if progressed(job, manifests_at_start) or report.converged:
+            watch(time.monotonic() + 1.0, stop_on_progress=False)
+        if progressed(job) or report.converged:
             progress_after_kill = [True] * len(progress_after_kill)
         report.kills_survived = sum(progress_after_kill)
         log(
