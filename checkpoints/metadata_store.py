@@ -13,19 +13,30 @@ attempts, unfinished uploads, orphan objects and half-done deletions).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.manifest import OFFLOADED, Position
 from streamoffload.codecs.errors import FormatError, StreamOffloadError
+from streamoffload.codecs.metadata import msb_lsb_to_uuid
 from streamoffload.codecs.proto.managed_ledger_pb2 import ManagedLedgerInfo
-from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
+from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage import keys
-from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError, ObjectStore, StorageError
+from streamoffload.storage.base import (
+    ObjectExistsError,
+    ObjectInfo,
+    ObjectNotFoundError,
+    ObjectStore,
+    StorageError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -252,11 +263,15 @@ class MetadataStore:
     def mark_ledger_deleted(
         self, topic: TopicName | str, ledger_id: int, reason: str, at_ms: int | None = None
     ) -> bool:
-        """Mark a ledger deleted; False if it already was (the first mark's time is kept)."""
+        """Mark a ledger deleted; False if it already was (the first mark's time is kept: the mark is
+        created create-only, so of two marking at once one wins)."""
         key = keys.deleted_mark_key(self.prefix, topic, ledger_id)
-        if self.store.exists(key):
+        try:
+            self.store.put(
+                key, mf.encode_deleted_ledger(ledger_id, now_ms() if at_ms is None else at_ms, reason), if_absent=True
+            )
+        except ObjectExistsError:
             return False
-        self.store.put(key, mf.encode_deleted_ledger(ledger_id, now_ms() if at_ms is None else at_ms, reason))
         return True
 
     def deleted_ledgers(self, topic: TopicName | str) -> dict[int, DeletedLedger]:
@@ -275,22 +290,16 @@ class MetadataStore:
     ) -> list[SegmentManifest]:
         """Offloaded segments whose ledgers are ALL marked deleted, the newest mark older than the lag."""
         at = now_ms() if at_ms is None else at_ms
-        deleted = self.deleted_ledgers(topic)
-        out = []
-        for manifest in self.offloaded_segments(topic):
-            ledger_ids = [info.ledgerId for info in manifest.ledgers]
-            if ledger_ids and all(
-                lid in deleted and deleted[lid].deletedTimestamp + lag_ms <= at for lid in ledger_ids
-            ):
-                out.append(manifest)
-        return out
+        return select_deletable(self.offloaded_segments(topic), self.deleted_ledgers(topic), lag_ms, at)
 
-    def delete_segment(self, manifest: SegmentManifest, at_ms: int | None = None) -> None:
-        """Delete a segment: record the deletion, drop the manifest (readers stop seeing it), then the
-        objects. A crash midway is finished by ``cleanup`` from the record."""
-        record_key = self._deleted_segment_key(manifest)
-        self.store.put(record_key, mf.deleted_segment_record(manifest, now_ms() if at_ms is None else at_ms))
+    def delete_segment(self, manifest: SegmentManifest, at_ms: int | None = None) -> DeletedRecord:
+        """Delete a segment: record the deletion (with its entry and byte counts, so totals survive it),
+        drop the manifest (readers stop seeing it), then the objects. A crash midway is finished by
+        ``cleanup`` from the record. Returns the record."""
+        record = DeletedRecord.of(manifest, now_ms() if at_ms is None else at_ms)
+        self.store.put(self._deleted_segment_key(manifest), record.encode())
         self._delete_segment_objects(manifest)
+        return record
 
     def _deleted_segment_key(self, manifest: SegmentManifest) -> str:
         return keys.topic_dir(self.prefix, manifest.topic) + DELETED_SEGMENTS_DIR + str(mf.manifest_uuid(manifest))
@@ -426,3 +435,513 @@ class MetadataStore:
         for info in self.store.list(topic_dir):
             if "/" not in info.key[len(topic_dir) :]:
                 yield info
+
+
+# -- deleted-segment records, their summary, and the incremental view ----------------------------------
+
+DELETED_SUMMARY_DIR = "_meta/deleted-summary/"
+"""``<topic>/_meta/deleted-summary/<seq:020d>``: create-only versions of the totals of the deleted-segment
+records compaction folded away (the newest version counts; older ones are removed)."""
+_META = keys.META_DIR + "/"
+
+
+@dataclass(frozen=True)
+class DeletedRecord:
+    """What ``_meta/deleted-segments/<uuid>`` says of a segment retention (or ``delete-ledger``) deleted.
+
+    Records are JSON (the ``DeletedSegment`` protobuf has no counts and ``offload_manifest.proto`` is not
+    regenerated here); records written before are protobuf and decode with the counts unknown (None)."""
+
+    segment_id: str
+    start: Position
+    end: Position
+    deleted_ms: int
+    ordinal: int | None = None
+    entries: int | None = None
+    entry_bytes: int | None = None
+    data_length: int | None = None
+    seal_reason: str = ""
+    data_key: str = ""
+    index_key: str = ""
+
+    @classmethod
+    def of(cls, manifest: SegmentManifest, deleted_ms: int) -> DeletedRecord:
+        return cls(
+            segment_id=str(mf.manifest_uuid(manifest)),
+            start=mf.start_position(manifest),
+            end=mf.end_position(manifest),
+            deleted_ms=deleted_ms,
+            ordinal=manifest.ordinal,
+            entries=manifest.entries,
+            entry_bytes=manifest.entryBytes,
+            data_length=manifest.dataLength,
+            seal_reason=manifest.sealReason,
+            data_key=manifest.dataKey,
+            index_key=manifest.indexKey,
+        )
+
+    def encode(self) -> bytes:
+        doc = {
+            "segment": self.segment_id,
+            "ordinal": self.ordinal,
+            "start": list(self.start),
+            "end": list(self.end),
+            "deletedTimestamp": self.deleted_ms,
+            "entries": self.entries,
+            "entryBytes": self.entry_bytes,
+            "dataLength": self.data_length,
+            "sealReason": self.seal_reason,
+            "dataKey": self.data_key,
+            "indexKey": self.index_key,
+        }
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> DeletedRecord:
+        if data[:1] == b"{":
+            try:
+                doc = json.loads(data)
+                return cls(
+                    segment_id=str(doc["segment"]),
+                    start=(int(doc["start"][0]), int(doc["start"][1])),
+                    end=(int(doc["end"][0]), int(doc["end"][1])),
+                    deleted_ms=int(doc["deletedTimestamp"]),
+                    ordinal=_opt_int(doc.get("ordinal")),
+                    entries=_opt_int(doc.get("entries")),
+                    entry_bytes=_opt_int(doc.get("entryBytes")),
+                    data_length=_opt_int(doc.get("dataLength")),
+                    seal_reason=str(doc.get("sealReason") or ""),
+                    data_key=str(doc.get("dataKey") or ""),
+                    index_key=str(doc.get("indexKey") or ""),
+                )
+            except (ValueError, KeyError, TypeError, IndexError) as err:
+                raise FormatError(f"not a deleted-segment record: {err}", where=where) from None
+        record = DeletedSegment()
+        try:
+            record.ParseFromString(data)
+        except DecodeError as err:
+            raise FormatError(f"not a deleted-segment record: {err}", where=where) from None
+        return cls(
+            segment_id=str(msb_lsb_to_uuid(record.uidMsb, record.uidLsb)),
+            start=(record.startLedgerId, record.startEntryId),
+            end=(record.endLedgerId, record.endEntryId),
+            deleted_ms=record.deletedTimestamp,
+        )
+
+    @property
+    def has_counts(self) -> bool:
+        return self.entries is not None and self.entry_bytes is not None and self.data_length is not None
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+@dataclass
+class DeletedTotals:
+    """Counts of deleted segments: what metrics need to keep their totals across restarts."""
+
+    segments: int = 0
+    entries: int = 0
+    entry_bytes: int = 0
+    data_length: int = 0
+    seals: dict[str, int] = field(default_factory=dict)
+    size_log2: dict[int, int] = field(default_factory=dict)
+    """Data object sizes by ``ceil(log2(size))`` (a size ``s`` is <= ``2**k`` for every ``k`` >= its class)."""
+
+    def add(self, entries: int, entry_bytes: int, data_length: int, reason: str) -> None:
+        self.segments += 1
+        self.entries += entries
+        self.entry_bytes += entry_bytes
+        self.data_length += data_length
+        reason = reason or "unknown"
+        self.seals[reason] = self.seals.get(reason, 0) + 1
+        klass = size_class(data_length)
+        self.size_log2[klass] = self.size_log2.get(klass, 0) + 1
+
+    def add_record(self, record: DeletedRecord) -> None:
+        if record.has_counts:
+            self.add(record.entries or 0, record.entry_bytes or 0, record.data_length or 0, record.seal_reason)
+
+    def copy(self) -> DeletedTotals:
+        return DeletedTotals(
+            self.segments, self.entries, self.entry_bytes, self.data_length, dict(self.seals), dict(self.size_log2)
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "segments": self.segments,
+            "entries": self.entries,
+            "entryBytes": self.entry_bytes,
+            "dataLength": self.data_length,
+            "seals": dict(sorted(self.seals.items())),
+            "sizeLog2": {str(k): v for k, v in sorted(self.size_log2.items())},
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, object]) -> DeletedTotals:
+        seals = doc.get("seals") or {}
+        sizes = doc.get("sizeLog2") or {}
+        return cls(
+            int(doc.get("segments", 0)),  # type: ignore[call-overload]
+            int(doc.get("entries", 0)),  # type: ignore[call-overload]
+            int(doc.get("entryBytes", 0)),  # type: ignore[call-overload]
+            int(doc.get("dataLength", 0)),  # type: ignore[call-overload]
+            {str(k): int(v) for k, v in seals.items()},  # type: ignore[attr-defined]
+            {int(k): int(v) for k, v in sizes.items()},  # type: ignore[attr-defined]
+        )
+
+
+def size_class(size: int) -> int:
+    """``ceil(log2(size))`` (0 for sizes up to 1)."""
+    return max(0, (int(size) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class DeletedSummary:
+    """One version of ``_meta/deleted-summary/``: the totals of every folded record, and the ids folded by
+    the compaction that wrote it (``pending``: a record still listed with one of those ids is already
+    counted here, its removal was interrupted)."""
+
+    seq: int
+    totals: DeletedTotals
+    pending: frozenset[str]
+
+    def encode(self) -> bytes:
+        doc = {"seq": self.seq, "totals": self.totals.to_json(), "pending": sorted(self.pending)}
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> DeletedSummary:
+        try:
+            doc = json.loads(data)
+            return cls(int(doc["seq"]), DeletedTotals.from_json(doc["totals"]), frozenset(map(str, doc["pending"])))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise FormatError(f"not a deleted-segment summary: {err}", where=where) from None
+
+
+@dataclass
+class TopicMeta:
+    """A topic-partition's metadata as one listing of its ``_meta/`` found it (objects read once, cached)."""
+
+    topic: str
+    manifests: dict[str, SegmentManifest] = field(default_factory=dict)
+    """Manifest key -> manifest (as written: Assigned, Offloaded or Failed), in key (position) order."""
+    marks: dict[int, DeletedLedger] = field(default_factory=dict)
+    failures: dict[str, ObjectInfo] = field(default_factory=dict)
+    """Segment uuid -> the failure note's listing (its text is not read)."""
+    commits: dict[int, ObjectInfo] = field(default_factory=dict)
+    deleted: dict[str, DeletedRecord] = field(default_factory=dict)
+    """Segment uuid -> its deleted-segment record."""
+    summaries: dict[int, DeletedSummary] = field(default_factory=dict)
+    corrupt: list[str] = field(default_factory=list)
+    """Keys of objects that did not decode (skipped; reported by status/verify)."""
+
+    def offloaded(self) -> list[SegmentManifest]:
+        """The readable segments in position order (the lower ordinal wins an overlap, as in
+        ``MetadataStore.offloaded_segments``)."""
+        out: list[SegmentManifest] = []
+        for manifest in self.manifests.values():
+            if manifest.status != OFFLOADED:
+                continue
+            if out and mf.start_position(manifest) <= mf.end_position(out[-1]):
+                continue
+            out.append(manifest)
+        return out
+
+    def segment_ids(self) -> set[str]:
+        return {str(mf.manifest_uuid(m)) for m in self.manifests.values()}
+
+    @property
+    def summary(self) -> DeletedSummary | None:
+        return self.summaries[max(self.summaries)] if self.summaries else None
+
+    def status_name(self, manifest: SegmentManifest) -> str:
+        """Assigned, Offloaded or Failed (an unfinished attempt with a failure note is Failed)."""
+        if manifest.status != OFFLOADED and str(mf.manifest_uuid(manifest)) in self.failures:
+            return mf.STATUS_NAMES[mf.FAILED]
+        return mf.STATUS_NAMES[manifest.status]
+
+    def deleted_totals(self) -> DeletedTotals:
+        """Counts of every deleted segment that no manifest still shows: the summary plus the records it
+        does not hold (legacy records without counts add nothing)."""
+        summary = self.summary
+        totals = summary.totals.copy() if summary is not None else DeletedTotals()
+        pending = summary.pending if summary is not None else frozenset()
+        live = self.segment_ids()
+        for seg_id, record in self.deleted.items():
+            if seg_id not in pending and seg_id not in live:
+                totals.add_record(record)
+        return totals
+
+
+@dataclass
+class CompactionReport:
+    folded_records: list[str] = field(default_factory=list)
+    removed_commits: list[int] = field(default_factory=list)
+    removed_failures: list[str] = field(default_factory=list)
+    removed_summaries: list[int] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.folded_records) + len(self.removed_commits) + len(self.removed_failures)
+
+
+@dataclass
+class _Cached:
+    size: int
+    modified: float
+    value: object
+    final: bool
+    """Never re-read while listed (Offloaded manifests, create-only marks, records and summaries)."""
+
+
+def select_deletable(
+    segments: list[SegmentManifest], marks: dict[int, DeletedLedger], lag_ms: int, at_ms: int
+) -> list[SegmentManifest]:
+    """Offloaded segments whose ledgers are ALL marked deleted, the newest mark older than the lag."""
+    out = []
+    for manifest in segments:
+        ledger_ids = [info.ledgerId for info in manifest.ledgers]
+        if ledger_ids and all(lid in marks and marks[lid].deletedTimestamp + lag_ms <= at_ms for lid in ledger_ids):
+            out.append(manifest)
+    return out
+
+
+class MetadataView:
+    """An incremental view of the metadata under a ``MetadataStore``: what a periodic pass costs is
+    proportional to what changed, not to the history.
+
+    * ``refresh(topic)`` lists the topic's ``_meta/`` once (manifests, commits, failure notes, deletion
+      marks, deleted-segment records and their summary come in that one listing) and reads only objects it
+      has not read before: Offloaded manifests, marks, records and summaries never change once written,
+      so they are cached by key for as long as they are listed; an Assigned manifest is read again only
+      when its listed size or time changed (it is rewritten once, as Offloaded).
+    * ``topics()`` lists every key of the store (``keys.list_topic_dirs``) only at the first call and then
+      every ``rediscover_s``; in between it returns the topics found then plus those it was told of
+      (``add_topics``: configured topics, topics of the job's batches).
+
+    Writes made through the view (``mark_ledger_deleted``, ``apply_deletions``, ``compact``) update the
+    cache, so the next pass does not read back what this process wrote. Not thread-safe: one per thread.
+    """
+
+    def __init__(
+        self, meta: MetadataStore, *, rediscover_s: float = 3600.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.meta = meta
+        self.rediscover_s = rediscover_s
+        self.clock = clock
+        self._known: set[str] = set()
+        self._discovered_at: float | None = None
+        self._cache: dict[str, dict[str, _Cached]] = {}
+        self._snapshots: dict[str, TopicMeta] = {}
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def add_topics(self, topics: Iterable[TopicName | str]) -> None:
+        self._known.update(str(t) for t in topics)
+
+    def topics(self, extra: Iterable[TopicName | str] = ()) -> list[str]:
+        """Known topic-partitions: rediscovered from the whole store at the first call and every
+        ``rediscover_s`` (0: every call), plus ``extra`` and those added."""
+        now = self.clock()
+        if self._discovered_at is None or now - self._discovered_at >= self.rediscover_s:
+            self._known = {str(t) for t in self.meta.topics()} | {t for t in self._known if t in self._snapshots}
+            self._discovered_at = now
+        self.add_topics(extra)
+        return sorted(self._known)
+
+    def rediscover(self) -> None:
+        """Make the next ``topics()`` list the whole store."""
+        self._discovered_at = None
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def snapshot(self, topic: TopicName | str) -> TopicMeta | None:
+        """The topic's metadata as the last ``refresh`` (and this view's writes since) left it."""
+        return self._snapshots.get(str(topic))
+
+    def refresh(self, topic: TopicName | str) -> TopicMeta:
+        """List the topic's ``_meta/`` once and read what is new or changed."""
+        name = str(topic)
+        prefix = keys.topic_dir(self.meta.prefix, name) + _META
+        store = self.meta.store
+        old = self._cache.get(name, {})
+        cache: dict[str, _Cached] = {}
+        snap = TopicMeta(name)
+        for info in store.list(prefix):
+            kind, _, rest = info.key[len(prefix) :].partition("/")
+            if not rest or "/" in rest:
+                continue
+            if kind == "failures":
+                snap.failures[rest] = info
+                continue
+            if kind == "commits":
+                with contextlib.suppress(ValueError):
+                    snap.commits[keys.parse_commit_name(rest)] = info
+                continue
+            if kind not in ("segments", "deleted", "deleted-segments", "deleted-summary"):
+                continue
+            entry = old.get(info.key)
+            if entry is None or not (entry.final or (entry.size, entry.modified) == (info.size, info.last_modified)):
+                entry = self._read(kind, info)
+                if entry is None:
+                    continue
+            cache[info.key] = entry
+            value = entry.value
+            if value is None:
+                snap.corrupt.append(info.key)
+            elif kind == "segments":
+                snap.manifests[info.key] = value  # type: ignore[assignment]
+            elif kind == "deleted":
+                snap.marks[value.ledgerId] = value  # type: ignore[attr-defined]
+            elif kind == "deleted-segments":
+                snap.deleted[rest] = value  # type: ignore[assignment]
+            else:
+                snap.summaries[value.seq] = value  # type: ignore[attr-defined]
+        self._cache[name] = cache
+        self._snapshots[name] = snap
+        self._known.add(name)
+        return snap
+
+    def _read(self, kind: str, info: ObjectInfo) -> _Cached | None:
+        try:
+            data = self.meta.store.get(info.key)
+        except ObjectNotFoundError:
+            return None  # deleted between the listing and the read
+        try:
+            if kind == "segments":
+                manifest = mf.decode_manifest(data, where=info.key)
+                return _Cached(info.size, info.last_modified, manifest, manifest.status == OFFLOADED)
+            if kind == "deleted":
+                value: object = mf.decode_deleted_ledger(data, where=info.key)
+            elif kind == "deleted-segments":
+                value = DeletedRecord.decode(data, where=info.key)
+            else:
+                value = DeletedSummary.decode(data, where=info.key)
+        except FormatError as err:
+            log.warning("skipping unreadable metadata object: %s", err)
+            return _Cached(info.size, info.last_modified, None, False)  # read again only once it changes
+        return _Cached(info.size, info.last_modified, value, True)
+
+    def _current(self, topic: TopicName | str) -> TopicMeta:
+        snap = self._snapshots.get(str(topic))
+        return snap if snap is not None else self.refresh(topic)
+
+    def _remember(self, topic: str, key: str, value: object) -> None:
+        self._cache.setdefault(topic, {})[key] = _Cached(-1, -1.0, value, True)
+
+    def _forget(self, topic: str, key: str) -> None:
+        self._cache.get(topic, {}).pop(key, None)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def mark_ledger_deleted(
+        self, topic: TopicName | str, ledger_id: int, reason: str, at_ms: int | None = None
+    ) -> bool:
+        """``MetadataStore.mark_ledger_deleted``, without a read when the view knows the mark exists."""
+        name = str(topic)
+        snap = self._current(name)
+        if ledger_id in snap.marks:
+            return False
+        at = now_ms() if at_ms is None else at_ms
+        if not self.meta.mark_ledger_deleted(name, ledger_id, reason, at):
+            return False
+        mark = DeletedLedger(ledgerId=ledger_id, deletedTimestamp=at, reason=reason)
+        snap.marks[ledger_id] = mark
+        self._remember(name, keys.deleted_mark_key(self.meta.prefix, name, ledger_id), mark)
+        return True
+
+    def apply_deletions(self, topic: TopicName | str, lag_ms: int, at_ms: int | None = None) -> list[SegmentManifest]:
+        """Delete the segments whose ledgers are all marked deleted past the lag (from the view)."""
+        name = str(topic)
+        at = now_ms() if at_ms is None else at_ms
+        snap = self._current(name)
+        done = []
+        for manifest in select_deletable(snap.offloaded(), snap.marks, lag_ms, at):
+            record = self.meta.delete_segment(manifest, at)
+            key = self.meta.manifest_key(manifest)
+            snap.manifests.pop(key, None)
+            self._forget(name, key)
+            snap.deleted[record.segment_id] = record
+            self._remember(name, self.meta._deleted_segment_key(manifest), record)
+            done.append(manifest)
+        return done
+
+    def compact(
+        self, topic: TopicName | str, *, grace_ms: int = 3_600_000, at_ms: int | None = None
+    ) -> CompactionReport:
+        """Remove the metadata nothing needs any more (from the view; no reads unless it folds records):
+
+        * deleted-segment records whose deletion finished (no manifest left), except the newest of the
+          topic (status tells "deleted by retention" from it): their counts are folded first into a new
+          create-only version of ``_meta/deleted-summary/`` (metrics totals survive restarts), then the
+          records and older summary versions are removed; their data and index objects are deleted again
+          (a no-op unless a crash interrupted the deletion);
+        * ``_meta/commits/<ordinal>`` of deleted segments, except the topic's newest commit, which tells
+          where the topic continues;
+        * failure notes of attempts that no longer exist, older than ``grace_ms``.
+
+        Safe beside another compaction (the cleanup command beside the job): of two writing the same
+        summary version, the second stops."""
+        name = str(topic)
+        at = now_ms() if at_ms is None else at_ms
+        snap = self._current(name)
+        report = CompactionReport()
+        store = self.meta.store
+        live_ids = snap.segment_ids()
+        live_ordinals = {m.ordinal for m in snap.manifests.values() if m.status == OFFLOADED}
+
+        for seg_id, info in list(snap.failures.items()):
+            if seg_id not in live_ids and at - info.last_modified * 1000 >= grace_ms:
+                store.delete(info.key)
+                del snap.failures[seg_id]
+                report.removed_failures.append(seg_id)
+
+        finished = [r for seg_id, r in snap.deleted.items() if seg_id not in live_ids]
+        newest_commit = max(snap.commits) if snap.commits else None
+        for record in finished:
+            ordinal = record.ordinal
+            if ordinal is None or ordinal == newest_commit or ordinal in live_ordinals or ordinal not in snap.commits:
+                continue
+            store.delete(snap.commits.pop(ordinal).key)
+            report.removed_commits.append(ordinal)
+
+        if not finished:
+            return report
+        keep = max(finished, key=lambda r: (r.deleted_ms, -1 if r.ordinal is None else r.ordinal, r.end))
+        summary = snap.summary
+        pending = summary.pending if summary is not None else frozenset()
+        counted = [r for r in finished if r is not keep and r.segment_id in pending]
+        fold = [r for r in finished if r is not keep and r.segment_id not in pending]
+        if fold:
+            totals = summary.totals.copy() if summary is not None else DeletedTotals()
+            for record in fold:
+                totals.add_record(record)
+            seq = max(snap.summaries, default=0) + 1
+            new = DeletedSummary(seq, totals, frozenset(r.segment_id for r in [*counted, *fold]))
+            key = self._summary_key(name, seq)
+            try:
+                store.put(key, new.encode(), if_absent=True)
+            except ObjectExistsError:
+                log.info("compaction of %s: summary %d was written by another compaction; next pass", name, seq)
+                return report
+            snap.summaries[seq] = new
+            self._remember(name, key, new)
+        for old_seq in [s for s in snap.summaries if s < max(snap.summaries, default=0)]:
+            store.delete(self._summary_key(name, old_seq))
+            del snap.summaries[old_seq]
+            report.removed_summaries.append(old_seq)
+        for record in [*counted, *fold]:
+            for key in (record.data_key, record.index_key):
+                if key:
+                    store.delete(key)
+            record_key = keys.topic_dir(self.meta.prefix, name) + DELETED_SEGMENTS_DIR + record.segment_id
+            store.delete(record_key)
+            snap.deleted.pop(record.segment_id, None)
+            self._forget(name, record_key)
+            report.folded_records.append(record.segment_id)
+        return report
+
+    def _summary_key(self, topic: str, seq: int) -> str:
+        return keys.topic_dir(self.meta.prefix, topic) + DELETED_SUMMARY_DIR + f"{seq:020d}"

@@ -9,6 +9,11 @@ starting with ``.`` belong to the store and never collide with keys (``check_key
 - ``<root>/.multipart/<upload-id>/``: a multipart upload's ``manifest.json`` and ``part-NNNNN`` files;
 - ``<root>/.locks/NN``: striped ``flock`` locks that order writers of the same key across processes.
 
+Files are created with ``file_mode`` (0600 by default) and directories with ``dir_mode`` (0700), whatever
+the umask: the store holds other people's messages. ``remove_stale_temporaries`` sweeps what killed
+writers leave (temporary files, metadata files without their object, staging directories of uploads that
+never got a manifest); ``streamoffload cleanup`` and the job's retention runner call it.
+
 Metadata lives beside the object rather than in xattrs so that copying the directory tree (``cp -r``,
 ``rsync -a``) keeps it. The price: an overwrite that *changes* the metadata of an existing key is two
 renames, so a concurrent ``head`` (or a crash between them) can pair the new metadata with the old
@@ -51,6 +56,28 @@ _MANIFEST = "manifest.json"
 _UPLOAD_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _COPY_CHUNK = 8 * 1024 * 1024
 MAX_PART_NUMBER = 10_000
+DEFAULT_FILE_MODE = 0o600
+DEFAULT_DIR_MODE = 0o700
+
+
+def dir_mode_for(file_mode: int) -> int:
+    """The directory mode that goes with a file mode: each class that may read files may also enter
+    directories (0600 -> 0700, 0640 -> 0750, 0644 -> 0755)."""
+    mode = file_mode & 0o777
+    for shift in (6, 3, 0):
+        if mode & (0o4 << shift):
+            mode |= 0o1 << shift
+    return mode | 0o700
+
+
+def check_mode(mode: int, what: str) -> int:
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        raise StorageError(f"{what} must be a permission mode between 0o000 and 0o777, got {mode!r}")
+    if what == "file_mode" and mode & 0o600 != 0o600:
+        raise StorageError(f"file_mode {mode:04o} must let the owner read and write (0600 at least)")
+    if what == "dir_mode" and mode & 0o700 != 0o700:
+        raise StorageError(f"dir_mode {mode:04o} must give the owner rwx (0700 at least)")
+    return mode
 
 
 def _write_chunks(f: object, chunks: Iterable[bytes | memoryview]) -> int:
@@ -97,15 +124,25 @@ def check_part_list(part_numbers: Sequence[int]) -> list[int]:
 
 
 class FilesystemStore(ObjectStore):
-    """Objects as files under ``root``. ``fsync=False`` skips the fsyncs (tests, scratch data)."""
+    """Objects as files under ``root``. ``fsync=False`` skips the fsyncs (tests, scratch data).
+
+    ``file_mode``/``dir_mode``: permissions of the files and directories the store creates (exactly,
+    whatever the umask); ``dir_mode`` defaults to the one that goes with ``file_mode`` (``dir_mode_for``).
+    An existing root keeps its mode."""
 
     min_part_size = 1
 
-    def __init__(self, root: str | Path, *, fsync: bool = True) -> None:
+    def __init__(
+        self, root: str | Path, *, fsync: bool = True, file_mode: int = DEFAULT_FILE_MODE, dir_mode: int | None = None
+    ) -> None:
         self._root = Path(os.path.abspath(os.fspath(root)))
         self._fsync = fsync
+        self.file_mode = check_mode(file_mode, "file_mode")
+        self.dir_mode = check_mode(dir_mode_for(file_mode) if dir_mode is None else dir_mode, "dir_mode")
         try:
-            self._root.mkdir(parents=True, exist_ok=True)
+            if not self._root.is_dir():
+                self._root.mkdir(parents=True, exist_ok=True, mode=self.dir_mode)
+                os.chmod(self._root, self.dir_mode)
         except OSError as exc:
             raise StorageError(f"cannot create filesystem store root {self._root}: {exc.strerror}") from exc
         if not self._root.is_dir():
@@ -122,7 +159,7 @@ class FilesystemStore(ObjectStore):
         return self._root
 
     def __repr__(self) -> str:
-        return f"FilesystemStore({str(self._root)!r}, fsync={self._fsync})"
+        return f"FilesystemStore({str(self._root)!r}, fsync={self._fsync}, file_mode=0o{self.file_mode:03o})"
 
     def put(
         self,
@@ -199,7 +236,7 @@ class FilesystemStore(ObjectStore):
         staging = self._staging(upload_id)
         with self._errors("start_multipart", key, staging):
             parent = self._ensure_dir(staging.parent)
-            staging.mkdir()
+            self._mkdir(staging)
             manifest = {"key": key, "metadata": meta, "initiated": time.time()}
             tmp = self._write_temp(staging / _MANIFEST, [json.dumps(manifest).encode()])
             os.replace(tmp, staging / _MANIFEST)
@@ -233,22 +270,47 @@ class FilesystemStore(ObjectStore):
         return iter(found)
 
     def remove_stale_temporaries(self, older_than: float = 3600.0) -> int:
-        """Delete temporary files that writers killed mid-write left behind (``.<name>.tmp-*`` not modified
-        for ``older_than`` seconds, including in multipart staging); return how many were removed.
+        """Delete what writers killed mid-write left behind, untouched for ``older_than`` seconds; return
+        how many files and directories were removed:
 
-        A live writer keeps its temporary file for as long as one write takes, so keep ``older_than`` well
-        above that."""
+        - temporary files ``.<name>.tmp-*`` (also in multipart staging);
+        - metadata files ``.<name>.meta.json`` whose object does not exist (a put killed between the two
+          renames);
+        - multipart staging directories without a manifest (a ``start_multipart`` killed before writing
+          it: such an upload was never handed out, so nobody can complete or abort it);
+        - directories left empty by the above.
+
+        Uploads that have a manifest are left to ``MetadataStore.cleanup``, which knows whether a segment
+        still needs them. A live writer keeps its temporary file for as long as one write takes, so keep
+        ``older_than`` well above that. The sweep walks the whole tree: run it rarely."""
         cutoff = time.time() - older_than
         removed = 0
+        staging_root = self._root / MULTIPART_DIR
+        try:
+            uploads = list(os.scandir(staging_root))
+        except FileNotFoundError:
+            uploads = []
+        for entry in uploads:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                if not entry.is_dir(follow_symlinks=False) or os.path.exists(os.path.join(entry.path, _MANIFEST)):
+                    continue
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    shutil.rmtree(entry.path)
+                    removed += 1
         for dirpath, dirnames, filenames in os.walk(self._root):
             dirnames[:] = [d for d in dirnames if d != LOCKS_DIR]
             for name in filenames:
+                path = os.path.join(dirpath, name)
                 if name.startswith(".") and ".tmp-" in name:
-                    path = os.path.join(dirpath, name)
-                    with contextlib.suppress(FileNotFoundError):
-                        if os.stat(path).st_mtime < cutoff:
-                            os.unlink(path)
-                            removed += 1
+                    stale = True
+                elif name.startswith(".") and name.endswith(".meta.json") and dirpath != str(staging_root):
+                    stale = not os.path.lexists(os.path.join(dirpath, name[1 : -len(".meta.json")]))
+                else:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    if stale and os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
         return removed
 
     # --- internals -----------------------------------------------------------------------------------
@@ -306,8 +368,10 @@ class FilesystemStore(ObjectStore):
         are renamed as a pair, and ``if_absent`` checks and creates under the same lock."""
         stripe = zlib.crc32(key.encode("utf-8")) % _LOCK_STRIPES
         lock_dir = self._root / LOCKS_DIR
-        lock_dir.mkdir(exist_ok=True)
-        fd = os.open(lock_dir / f"{stripe:02d}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        if not lock_dir.is_dir():
+            with contextlib.suppress(FileExistsError):
+                self._mkdir(lock_dir)
+        fd = os.open(lock_dir / f"{stripe:02d}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.file_mode)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -325,7 +389,7 @@ class FilesystemStore(ObjectStore):
             current = current.parent
         for new in reversed(missing):
             try:
-                new.mkdir()
+                self._mkdir(new)
             except FileExistsError:
                 if not new.is_dir():
                     raise NotADirectoryError(errno.ENOTDIR, "an object is in the way", str(new)) from None
@@ -341,12 +405,19 @@ class FilesystemStore(ObjectStore):
                 self._ensure_dir(path.parent)
             tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
             except FileNotFoundError:
                 if attempt == 4 or not create_dirs:
                     raise
                 continue  # a concurrent delete pruned the (empty) directory: create it again
             break
+        try:
+            os.fchmod(fd, self.file_mode)  # exactly the mode asked for, whatever the umask
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         try:
             with open(fd, "wb", closefd=True) as f:
                 _write_chunks(f, chunks)
@@ -450,6 +521,11 @@ class FilesystemStore(ObjectStore):
             except OSError:
                 return  # not empty (or already gone): stop
             current = current.parent
+
+    def _mkdir(self, directory: Path) -> None:
+        """Create one directory with ``dir_mode`` exactly (``FileExistsError`` if it exists)."""
+        directory.mkdir(mode=self.dir_mode)
+        os.chmod(directory, self.dir_mode)
 
     @staticmethod
     def _fsync_dir(directory: Path) -> None:

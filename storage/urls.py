@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 from streamoffload.codecs.errors import ConfigError
 from streamoffload.storage.base import ObjectStore
 
-FILESYSTEM_OPTIONS = frozenset({"fsync"})
+FILESYSTEM_OPTIONS = frozenset({"fsync", "file_mode", "dir_mode"})
 S3_OPTIONS = frozenset(
     {
         "endpoint_url",
@@ -46,7 +46,7 @@ def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:
     """The store at ``url``.
 
     - ``file:///abs/dir``, ``file://localhost/abs/dir``, ``/abs/dir`` or ``rel/dir``: a ``FilesystemStore``
-      (option ``fsync``);
+      (options ``fsync``, ``file_mode`` and ``dir_mode``: permissions of what it creates, 0600/0700 by default);
     - ``s3://bucket`` or ``s3://bucket/prefix``: an ``S3Store`` (options ``endpoint_url``, ``region``,
       ``path_style``, ``access_key``, ``secret_key``, ``session_token``, ``profile``, ``max_attempts``, ...).
       Options that are ``None`` are dropped, so config values can be passed through as they are.

@@ -165,6 +165,33 @@ class StoreSettings:
     serviceEndpoint: str | None = None
     region: str | None = None
     pathStyle: bool = False
+    fileMode: str = "0600"
+    """Filesystem driver: permissions of the files the store creates (octal text, at least "0600")."""
+    dirMode: str | None = None
+    """Filesystem driver: permissions of its directories; by default the one that goes with ``fileMode``
+    (each class that may read files may enter directories: "0600" -> "0700", "0640" -> "0750")."""
+
+    def __post_init__(self) -> None:
+        self.modes()  # refuse a malformed mode when the configuration is read, not at the first write
+
+    def modes(self) -> tuple[int, int | None]:
+        """``(file_mode, dir_mode)`` of the filesystem driver; ``ConfigError`` naming the key if malformed."""
+        out: list[int | None] = []
+        for key, text, least in (("fileMode", self.fileMode, 0o600), ("dirMode", self.dirMode, 0o700)):
+            if text is None:
+                out.append(None)
+                continue
+            if not isinstance(text, str) or not re.fullmatch(r"0?o?[0-7]{3}", text.strip()):
+                raise ConfigError(f'store.{key} must be an octal permission mode such as "{least:04o}", got {text!r}')
+            mode = int(text.strip().replace("o", "")[-3:], 8)
+            if mode & least != least:
+                raise ConfigError(
+                    f"store.{key} {text!r} must give the store's owner at least {least:04o}"
+                    f" (the job reads and writes what it creates)"
+                )
+            out.append(mode)
+        assert out[0] is not None
+        return out[0], out[1]
 
     @property
     def url(self) -> str:
@@ -177,7 +204,8 @@ class StoreSettings:
         from streamoffload.storage.urls import open_store
 
         if self.managedLedgerOffloadDriver == "filesystem":
-            return open_store(self.url)
+            file_mode, dir_mode = self.modes()
+            return open_store(self.url, file_mode=file_mode, dir_mode=dir_mode)
         return open_store(
             f"s3://{self.bucket}",
             endpoint_url=self.serviceEndpoint,

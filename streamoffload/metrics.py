@@ -12,11 +12,16 @@ derived from the store's metadata and kept per segment UUID:
   at once (no wait for the next refresh). A segment is counted once, by UUID, whichever of the two
   sees it first, so a replayed micro-batch or a refresh racing a batch never counts twice.
 * The store is re-read every ``store_refresh_s`` (and the topic of every seal right after it, for
-  the publish time the lag needs). Offloaded manifests never change, so they are cached by key and
-  a refresh costs one listing per topic-partition plus GETs of new or still-open manifests only.
+  the publish time the lag needs) through a ``checkpoints.metadata_store.MetadataView``: a refresh
+  costs one listing of each topic-partition's ``_meta/`` plus reads of what changed since (Offloaded
+  manifests never change and are cached by key); the whole store is listed only to discover
+  topic-partitions, at the first refresh and every ``topic_rediscovery_s`` (the job's batches name
+  new ones in between).
 * Counters never go down while the process runs: a segment deleted by retention stays counted.
-  After a restart they restart from what the store then holds (a deleted segment's record has no
-  entry counts), which Prometheus' ``rate``/``increase`` treat as a counter reset.
+  After a restart they continue from what the store holds, deleted segments included: a deleted
+  segment's record keeps its entry, byte and size figures, and compaction folds old records into
+  a per-topic summary that keeps them too. Of the two views (what this process counted, segment by
+  segment, and what the store says), the one that knows more segments is exported.
 
 Lag: ``streamoffload_offload_lag_seconds`` is 0 when the newest offloaded position is at or past
 the latest position of the topic-partition (nothing published waits), and otherwise now minus the
@@ -133,6 +138,38 @@ def _float_text(value: float) -> str:
 
 
 @dataclass
+class _Totals:
+    segments: int
+    entries: int
+    bytes: int
+    seals: dict[str, int]
+    sizes: _SizeHistogram
+
+
+def _store_totals(snap: Any) -> _Totals:
+    """The totals of a topic-partition from its metadata (``TopicMeta``): deleted segments (summary and
+    records) plus the live Offloaded manifests."""
+    deleted = snap.deleted_totals()
+    sizes = _SizeHistogram(SEGMENT_SIZE_BUCKETS)
+    for klass, n in deleted.size_log2.items():
+        # A size in (2**(klass-1), 2**klass] falls in the first bucket bounded by at least 2**klass.
+        index = next((i for i, bound in enumerate(sizes.buckets) if 2**klass <= bound), None)
+        if index is not None:
+            sizes.counts[index] += n
+        sizes.count += n
+    sizes.total += deleted.data_length
+    totals = _Totals(deleted.segments, deleted.entries, deleted.entry_bytes, dict(deleted.seals), sizes)
+    for manifest in snap.offloaded():
+        totals.segments += 1
+        totals.entries += manifest.entries
+        totals.bytes += manifest.entryBytes
+        reason = manifest.sealReason or "unknown"
+        totals.seals[reason] = totals.seals.get(reason, 0) + 1
+        sizes.observe(manifest.dataLength)
+    return totals
+
+
+@dataclass
 class _Open:
     status: str
     assigned_ms: int
@@ -156,6 +193,17 @@ class _TopicState:
     # From the segmenter (last batch that carried this topic-partition) and the backlog provider.
     stats: dict[str, Any] | None = None
     backlog: Backlog | None = None
+
+    store_totals: _Totals | None = None
+    """The totals as the store tells them (live manifests, deleted-segment records and their summary)."""
+
+    def exported(self) -> _Totals:
+        """The totals to export: this process's own count, or the store's when it knows more segments
+        (after a restart: segments deleted before it are counted only there)."""
+        own = _Totals(len(self.counted), self.entries_total, self.bytes_total, self.seals, self.sizes)
+        if self.store_totals is not None and self.store_totals.segments > own.segments:
+            return self.store_totals
+        return own
 
     def count_offloaded(
         self,
@@ -237,8 +285,14 @@ class JobMetrics(Collector):
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
         read_cache: bool = True,
+        topic_rediscovery_s: float = 3600.0,
     ) -> None:
         self.metadata = metadata
+        self._view: Any = None
+        if metadata is not None:
+            from streamoffload.checkpoints.metadata_store import MetadataView
+
+            self._view = MetadataView(metadata, rediscover_s=topic_rediscovery_s)
         self.backlog_provider = backlog
         self.store_refresh_s = store_refresh_s
         self.backlog_interval_s = backlog_interval_s
@@ -248,7 +302,6 @@ class JobMetrics(Collector):
         self._refresh_lock = threading.Lock()
         self._on_stop: list[Callable[[], None]] = []
         self._topics: dict[str, _TopicState] = {}
-        self._manifest_cache: dict[str, Any] = {}
         self._read_caches: list[CacheCounterSource] = [shared_read_cache] if read_cache else []
         self._dirty: set[str] = set()
         self._wake = threading.Event()
@@ -416,39 +469,28 @@ class JobMetrics(Collector):
     # -- the store -------------------------------------------------------------------------------
 
     def refresh_store(self, topics: Iterable[str] | None = None) -> None:
-        """Re-read the segment manifests (of ``topics``, or of every topic-partition in the store)."""
-        if self.metadata is None:
+        """Re-read the metadata of ``topics``, or of every topic-partition known (the store's, found at
+        the first refresh and every ``topic_rediscovery_s``, and those the job's batches named): one
+        listing per topic-partition, reads of changed objects only."""
+        if self._view is None:
             return
         from streamoffload.checkpoints import manifest as mf
-        from streamoffload.storage import keys
 
-        meta = self.metadata
-        names = sorted({str(t) for t in meta.topics()} if topics is None else set(topics))
+        view = self._view
+        if topics is None:
+            with self._lock:
+                known = list(self._topics)
+            names = view.topics(known)
+        else:
+            names = sorted({str(t) for t in topics})
         for topic in names:
-            prefix = keys.manifests_prefix(meta.prefix, topic)
-            manifests = []
-            listed = set()
-            for info in meta.store.list(prefix):
-                listed.add(info.key)
-                cached = self._manifest_cache.get(info.key)
-                if cached is not None:
-                    manifests.append(cached)
-                    continue
-                try:
-                    manifest = mf.decode_manifest(meta.store.get(info.key), where=info.key)
-                except Exception as err:  # deleted between list and get, or unreadable: next refresh
-                    log.debug("metrics: skipping manifest %s: %s", info.key, err)
-                    continue
-                if manifest.status == mf.OFFLOADED:
-                    self._manifest_cache[info.key] = manifest  # final: never rewritten, only deleted
-                manifests.append(manifest)
-            for key in [k for k in self._manifest_cache if k.startswith(prefix) and k not in listed]:
-                del self._manifest_cache[key]
+            snap = view.refresh(topic)
+            totals = _store_totals(snap)
             with self._lock:
                 state = self._topic(topic)
                 offloaded: dict[str, int] = {}
                 opened: dict[str, _Open] = {}
-                for m in manifests:
+                for m in snap.manifests.values():
                     uuid = str(mf.manifest_uuid(m))
                     if m.status == mf.OFFLOADED:
                         offloaded[uuid] = m.dataLength
@@ -462,9 +504,11 @@ class JobMetrics(Collector):
                             publish_last_ms=m.publishTimeLast,
                         )
                     else:
-                        opened[uuid] = _Open(mf.STATUS_NAMES[m.status], m.assignedTimestamp)
+                        opened[uuid] = _Open(snap.status_name(m), m.assignedTimestamp)
                 state.offloaded = offloaded
                 state.open = opened
+                if state.store_totals is None or totals.segments >= state.store_totals.segments:
+                    state.store_totals = totals
         with self._lock:
             self._last_refresh_time = self.clock()
 
@@ -544,11 +588,12 @@ class JobMetrics(Collector):
         )
         with self._lock:
             for topic, st in sorted(self._topics.items()):
-                entries.add_metric([topic], st.entries_total)
-                nbytes.add_metric([topic], st.bytes_total)
-                for reason, n in sorted(st.seals.items()):
+                totals = st.exported()
+                entries.add_metric([topic], totals.entries)
+                nbytes.add_metric([topic], totals.bytes)
+                for reason, n in sorted(totals.seals.items()):
                     sealed.add_metric([topic, reason], n)
-                sizes.add_metric([topic], st.sizes.cumulative(), st.sizes.total)
+                sizes.add_metric([topic], totals.sizes.cumulative(), totals.sizes.total)
                 counts = {status: 0 for status in STATUSES}
                 counts["Offloaded"] = len(st.offloaded)
                 for seg in st.open.values():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_store import MetadataStore, MetadataView
 from streamoffload.cli_common import add_store_args, config_from_args, float_arg, open_existing_store, topic_arg
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.config import MAX_RETENTION_MINUTES
@@ -19,6 +19,10 @@ def register(subparsers: Any) -> None:
         description="Converge every topic-partition's objects to what its manifests describe: remove "
         "Assigned/Failed attempts superseded by an offloaded segment, abort multipart uploads no open "
         "segment will complete, delete objects no manifest names, and finish interrupted deletions. "
+        "Then drop the metadata nothing needs any more: deleted-segment records (their counts are kept in a "
+        "summary; the newest record of each topic-partition stays), commits of deleted segments (never the "
+        "newest) and failure notes of attempts that no longer exist; and, on a filesystem store, the "
+        "temporary files, orphan metadata files and unfinished upload directories killed writers left. "
         "Safe beside a running job: anything younger than --grace-minutes is left alone.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -44,17 +48,29 @@ def run(args: argparse.Namespace) -> int:
         topics = [str(topic)]
     else:
         topics = [str(t) for t in meta.topics()]
+    grace_ms = round(args.grace_minutes * 60_000)
+    view = MetadataView(meta)
     total = 0
     for name in topics:
-        report = meta.cleanup(name, grace_ms=round(args.grace_minutes * 60_000))
-        total += report.total
+        report = meta.cleanup(name, grace_ms=grace_ms)
+        compaction = view.compact(name, grace_ms=grace_ms)
+        total += report.total + compaction.total
         for label, items in (
             ("superseded attempt", report.superseded_manifests),
             ("aborted upload", report.aborted_uploads),
             ("orphan object", report.orphan_objects),
             ("finished deletion", report.finished_deletions),
+            ("deleted-segment record (counts kept in the summary)", compaction.folded_records),
+            ("commit of deleted segment", compaction.removed_commits),
+            ("failure note of a gone attempt", compaction.removed_failures),
         ):
             for item in items:
                 print(f"{name}: removed {label} {item}")
+    sweep = getattr(store, "remove_stale_temporaries", None)
+    if sweep is not None:
+        swept = int(sweep(older_than=grace_ms / 1000))
+        if swept:
+            print(f"{store.url}: removed {swept} stale temporary file(s) and unfinished upload director(ies)")
+        total += swept
     print(f"cleanup: {total} item(s) removed from {len(topics)} topic-partition(s)")
     return 0
