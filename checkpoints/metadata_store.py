@@ -79,6 +79,27 @@ class CleanupReport:
         )
 
 
+@dataclass(frozen=True)
+class CorruptManifest:
+    """A segment manifest that does not decode: its key, what is wrong, and what its key alone tells."""
+
+    key: str
+    error: str
+    """The decoding error, one line (names the key and the byte offset)."""
+    offset: int | None = None
+    start: Position | None = None
+    """The segment's start position, from the key (None if the key is not a manifest key)."""
+    segment_id: str | None = None
+
+    @classmethod
+    def of(cls, key: str, err: FormatError) -> CorruptManifest:
+        try:
+            ledger, entry, seg_id = keys.parse_manifest_name(key)
+        except ValueError:
+            return cls(key, str(err), err.offset)
+        return cls(key, str(err), err.offset, (ledger, entry), seg_id)
+
+
 class MetadataStore:
     """Offload metadata of every topic-partition under ``prefix`` in ``store``."""
 
@@ -106,19 +127,38 @@ class MetadataStore:
             key = self.manifest_key(manifest)
             return mf.decode_manifest(self.store.get(key), where=key)
 
-    def _manifests(self, topic: TopicName | str) -> list[SegmentManifest]:
+    def _manifests(
+        self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None
+    ) -> list[SegmentManifest]:
+        """Every manifest that decodes, in key (start-position) order. One that does not decode is logged
+        and skipped, so it cannot stop every other topic's status, cleanup or reads; it is appended to
+        ``corrupt`` when given (``corrupt_manifests`` reports them)."""
         out = []
         for info in self.store.list(keys.manifests_prefix(self.prefix, topic)):
             try:
                 out.append(mf.decode_manifest(self.store.get(info.key), where=info.key))
             except ObjectNotFoundError:
                 continue  # deleted between list and get
+            except FormatError as err:
+                log.warning("skipping corrupt segment manifest: %s", err)
+                if corrupt is not None:
+                    corrupt.append(CorruptManifest.of(info.key, err))
         return out
 
-    def manifests(self, topic: TopicName | str) -> list[SegmentManifest]:
+    def corrupt_manifests(self, topic: TopicName | str) -> list[CorruptManifest]:
+        """The manifests of the topic-partition that do not decode (bad checksum, missing fields...): the
+        readers and ``cleanup`` skip them, ``status`` and ``verify`` report them."""
+        corrupt: list[CorruptManifest] = []
+        self._manifests(topic, corrupt)
+        return corrupt
+
+    def manifests(
+        self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None
+    ) -> list[SegmentManifest]:
         """Every manifest of the topic-partition (any status), in start-position order. An unfinished
-        attempt with a recorded failure is reported as Failed, with why."""
-        manifests = self._manifests(topic)
+        attempt with a recorded failure is reported as Failed, with why. Manifests that do not decode are
+        skipped (and appended to ``corrupt`` when given)."""
+        manifests = self._manifests(topic, corrupt)
         failures = self.failures(topic)
         if not failures:
             return manifests
@@ -207,14 +247,17 @@ class MetadataStore:
                 continue
         return out
 
-    def offloaded_segments(self, topic: TopicName | str) -> list[SegmentManifest]:
+    def offloaded_segments(
+        self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None
+    ) -> list[SegmentManifest]:
         """The readable segments of the topic-partition, in position order.
 
         Should two Offloaded manifests ever overlap (they cannot when replays are deterministic),
         the one with the lower ordinal wins and the other is skipped, so a reader never returns an
-        entry twice."""
+        entry twice. A manifest that does not decode is skipped (and appended to ``corrupt`` when given):
+        a reader that must not miss entries checks ``corrupt_manifests``."""
         out: list[SegmentManifest] = []
-        for manifest in self._manifests(topic):
+        for manifest in self._manifests(topic, corrupt):
             if manifest.status != OFFLOADED:
                 continue
             if out and mf.start_position(manifest) <= mf.end_position(out[-1]):
@@ -379,25 +422,33 @@ class MetadataStore:
         """Converge the topic-partition's objects to exactly what its manifests describe.
 
         ``grace_ms`` protects work in flight: uploads and objects younger than that are left alone,
-        so cleanup can run beside a live job."""
+        so cleanup can run beside a live job. A manifest that does not decode is logged and left alone
+        with its objects (its key names the segment; what they hold is for ``verify`` and a human), so
+        one corrupt manifest neither stops the cleanup nor turns its segment's objects into orphans."""
         at = now_ms() if at_ms is None else at_ms
         report = CleanupReport()
         topic_dir = keys.topic_dir(self.prefix, topic)
+        corrupt: list[CorruptManifest] = []
 
         # 1. Finish deletions a crash interrupted.
         deleted_ids = self.deleted_segment_ids(topic)
-        for manifest in self.manifests(topic):
+        for manifest in self.manifests(topic, corrupt):
             seg_id = str(mf.manifest_uuid(manifest))
             if seg_id in deleted_ids:
                 self._delete_segment_objects(manifest)
                 report.finished_deletions.append(seg_id)
 
-        manifests = self.manifests(topic)
+        manifests = self.manifests(topic, corrupt)
+        corrupt_keys = {c.key for c in corrupt}
+        protected_ids = {c.segment_id for c in corrupt if c.segment_id}
         # 2. Attempts superseded by an offloaded segment covering their start position.
-        listed = self.manifest_entries(topic)
+        listed = [entry for entry in self.manifest_entries(topic) if entry[2] not in corrupt_keys]
         for sealed in (m for m in manifests if m.status == OFFLOADED):
             report.superseded_manifests.extend(self.supersede(sealed, listed))
-        manifests = self.manifests(topic)
+        manifests = self.manifests(topic, corrupt)
+        protected_ids |= {c.segment_id for c in corrupt if c.segment_id}
+        for key in sorted({c.key for c in corrupt}):
+            log.warning("cleanup: %s: leaving corrupt segment manifest %s and its objects alone", topic, key)
 
         referenced = {k for m in manifests for k in (m.dataKey, m.indexKey) if k}
         # An open attempt's upload is the one its manifest recorded; any other upload of the same key is
@@ -414,6 +465,8 @@ class MetadataStore:
         for upload in uploads:
             if upload.key in recorded and recorded[upload.key] in (None, upload.upload_id):
                 continue
+            if _segment_of(upload.key[len(topic_dir) :]) in protected_ids:
+                continue
             if at - upload.initiated * 1000 < grace_ms:
                 continue
             self.store.resume_multipart(upload.key, upload.upload_id).abort()
@@ -424,7 +477,9 @@ class MetadataStore:
             name = info.key[len(topic_dir) :]
             if info.key in referenced or name.startswith("_"):
                 continue
-            seg_id = name.split("-ledger-")[0].removesuffix("-index")
+            seg_id = _segment_of(name)
+            if seg_id in protected_ids:
+                continue
             if seg_id not in deleted_ids and at - info.last_modified * 1000 < grace_ms:
                 continue
             self.store.delete(info.key)
@@ -435,6 +490,11 @@ class MetadataStore:
         for info in self.store.list(topic_dir):
             if "/" not in info.key[len(topic_dir) :]:
                 yield info
+
+
+def _segment_of(name: str) -> str:
+    """The segment uuid of a data or index object name (``<uuid>[-ledger-<id>][-index]``)."""
+    return name.split("-ledger-")[0].removesuffix("-index")
 
 
 # -- deleted-segment records, their summary, and the incremental view ----------------------------------

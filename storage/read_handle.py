@@ -29,6 +29,10 @@ and its ``BlobStoreBackedReadHandleImpl``, without the mistakes SPEC 7 lists:
   and a full read of a segment against its manifest's start and end; corruption raises a
   ``FormatError`` naming the object key and the absolute byte offset. The objects' user metadata
   ``s3managedledgeroffloaderformatversion`` must be ``1`` when present, as Pulsar's readers require.
+- **No entry whose checksum fails is returned.** Every entry carries Pulsar's CRC-32C (magic 0x0e01, the
+  checksum of everything after it); it is checked before the entry is handed out, in every read mode
+  (``verify_checksums=False`` turns this off for payloads that are not Pulsar entries, e.g. benchmarks).
+  A mismatch raises ``ChecksumError`` naming the data object and the byte offset of the stored CRC.
 
 Payloads come back as read-only ``memoryview``s into the range read (zero-copy; a single-entry read of an
 entry straddling two cached chunks joins them). ``bytes(entry.payload)`` makes an owned copy.
@@ -60,9 +64,10 @@ from streamoffload.codecs.blocks import (
     InvalidFieldError,
     OrderingError,
 )
-from streamoffload.codecs.entry import EntryMessage, entry_messages
+from streamoffload.codecs.entry import EntryMessage, crc32c, decode_entry, entry_messages
 from streamoffload.codecs.errors import (
     BadMagicError,
+    ChecksumError,
     FormatError,
     LengthMismatchError,
     StreamOffloadError,
@@ -92,6 +97,33 @@ _ENTRY_HEADER = struct.Struct(">IQ")
 _U32 = struct.Struct(">I")
 _PADDING_WORD = int.from_bytes(PADDING_PATTERN, "big")
 _LEDGER_IN_KEY = re.compile(r"-ledger-(\d+)$")
+_CRC_HEADER = 6  # u16 magic 0x0e01, u32 CRC-32C
+
+
+def check_entry_checksum(payload: memoryview, where: str, at: int, ledger_id: int, entry_id: int) -> None:
+    """Raise a ``FormatError`` naming ``where`` and the absolute offset unless ``payload`` (an entry whose
+    bytes start at offset ``at`` of object ``where``) is a Pulsar entry whose CRC-32C matches.
+
+    The common entry (checksum first) is checked here directly; one with broker entry metadata ahead of the
+    checksum, or written without one, goes through the full entry decoder."""
+    if len(payload) >= _CRC_HEADER and payload[0] == 0x0E and payload[1] == 0x01:
+        stored = _U32.unpack_from(payload, 2)[0]
+        actual = crc32c(payload[_CRC_HEADER:])
+        if actual != stored:
+            raise ChecksumError(
+                f"entry {ledger_id}:{entry_id} checksum mismatch: stored CRC-32C 0x{stored:08x}, computed "
+                f"0x{actual:08x} over {len(payload) - _CRC_HEADER} bytes (corrupt entry)",
+                offset=at + 2,
+                where=where,
+            )
+        return
+    try:
+        decode_entry(payload, verify_checksum=True)
+    except FormatError as err:
+        located = err.located(where, at)
+        raise type(located)(
+            f"entry {ledger_id}:{entry_id}: {located.reason}", offset=located.offset, where=where
+        ) from None
 
 
 # --- errors ---------------------------------------------------------------------------------------------
@@ -853,11 +885,13 @@ class SegmentReadHandle:
         readahead_bytes: int | None = None,
         check_metadata: bool = True,
         local_files: bool = True,
+        verify_checksums: bool = True,
     ) -> None:
         if read_buffer_size < BLOCK_HEADER_LENGTH:
             raise ValueError(f"read buffer size {read_buffer_size} is smaller than a block header")
         self.store = store
         self.read_buffer_size = read_buffer_size
+        self.verify_checksums = verify_checksums
         local = local_files and isinstance(store, FilesystemStore)
         # Auto: a thread for remote stores. A local file read through one descriptor gets the kernel's own
         # read-ahead, and a Python thread would only add hand-over costs (see bench/README.md).
@@ -1078,8 +1112,12 @@ class SegmentReadHandle:
                 start, length = known[0] + ENTRY_HEADER_LENGTH, known[1]
                 self.stats.entries += 1
                 if self._chunks.all_cached(start, length):
-                    return OffloadedEntry(ledger_id, entry_id, _Scan(self._chunks).read(start, length))
-                return OffloadedEntry(ledger_id, entry_id, memoryview(self._chunks.read_range(start, length)))
+                    payload = _Scan(self._chunks).read(start, length)
+                else:
+                    payload = memoryview(self._chunks.read_range(start, length))
+                if self.verify_checksums:
+                    check_entry_checksum(payload, self.data_key, start, ledger_id, entry_id)
+                return OffloadedEntry(ledger_id, entry_id, payload)
         for entry in self._read((ledger_id, entry_id), (ledger_id, entry_id), sequential=False):
             return entry
         raise EntryNotFoundError(f"entry {ledger_id}:{entry_id} is not in segment {self.data_key}")
@@ -1179,6 +1217,7 @@ class SegmentReadHandle:
         offset, expect = self._resume(loc, start)
         from_head = bi == 0 and offset == loc.offset and start_pos <= (loc.ledger_id, loc.first_entry_id)
         stats = self.stats
+        verify = self.verify_checksums
         previous_block_last: tuple[int, int] | None = None
         first_seen: Position | None = None
         last_ledger = last_entry = -1
@@ -1277,6 +1316,8 @@ class SegmentReadHandle:
                             cur, cur_start, cur_len = scan._cur, scan._cur_start, len(scan._cur)
                         if keep:
                             scan.keep(pos + ENTRY_HEADER_LENGTH, length)
+                        if verify:
+                            check_entry_checksum(payload, key, pos + ENTRY_HEADER_LENGTH, ledger, entry_id)
                         yield OffloadedEntry(ledger, entry_id, payload)
                 pos += ENTRY_HEADER_LENGTH + length
             if expect is not None:
@@ -1416,6 +1457,7 @@ class TopicReader:
         max_open_segments: int = 16,
         check_metadata: bool = True,
         local_files: bool = True,
+        verify_checksums: bool = True,
     ) -> None:
         from streamoffload.checkpoints.metadata_store import MetadataStore
 
@@ -1428,6 +1470,7 @@ class TopicReader:
         self.readahead_bytes = readahead_bytes
         self.check_metadata = check_metadata
         self.local_files = local_files
+        self.verify_checksums = verify_checksums
         self.max_open_segments = max(1, max_open_segments)
         self._handles: OrderedDict[str, SegmentReadHandle] = OrderedDict()
         self._closed_stats = ReadStats()
@@ -1471,6 +1514,7 @@ class TopicReader:
             readahead_bytes=self.readahead_bytes,
             check_metadata=self.check_metadata,
             local_files=self.local_files,
+            verify_checksums=self.verify_checksums,
         )
         self._handles[ident] = handle
         while len(self._handles) > self.max_open_segments:
@@ -1612,6 +1656,7 @@ __all__ = [
     "TopicNotFoundError",
     "TopicReader",
     "UnsupportedFormatVersionError",
+    "check_entry_checksum",
     "parse_position",
     "shared_cache",
 ]

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
+from streamoffload.codecs.errors import StreamOffloadError
 
 
 @dataclass
@@ -27,6 +28,10 @@ class TopicStatus:
     deleted_ledgers: int = 0
     failures: list[str] = field(default_factory=list)
     seal_reasons: dict[str, int] = field(default_factory=dict)
+    corrupt_manifests: list[str] = field(default_factory=list)
+    """One line per manifest that does not decode (its key and the error); it is skipped, not counted."""
+    error: str | None = None
+    """Why this topic-partition's status could not be read (the other topics are still shown)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -35,7 +40,9 @@ class TopicStatus:
 def topic_status(meta: MetadataStore, topic: str, now_ms: int | None = None) -> TopicStatus:
     now = int(time.time() * 1000) if now_ms is None else now_ms
     status = TopicStatus(topic=topic)
-    manifests = meta.manifests(topic)
+    corrupt: list[CorruptManifest] = []
+    manifests = meta.manifests(topic, corrupt)
+    status.corrupt_manifests = [c.error for c in corrupt]
     for manifest in manifests:
         name = mf.STATUS_NAMES[manifest.status]
         status.segments[name] = status.segments.get(name, 0) + 1
@@ -60,4 +67,12 @@ def topic_status(meta: MetadataStore, topic: str, now_ms: int | None = None) -> 
 
 
 def store_status(meta: MetadataStore, now_ms: int | None = None) -> list[TopicStatus]:
-    return [topic_status(meta, str(topic), now_ms) for topic in meta.topics()]
+    """Every topic-partition's status; one whose metadata cannot be read is shown with its error instead
+    of stopping the others."""
+    out = []
+    for topic in meta.topics():
+        try:
+            out.append(topic_status(meta, str(topic), now_ms))
+        except StreamOffloadError as err:
+            out.append(TopicStatus(topic=str(topic), error=f"{type(err).__name__}: {err}"))
+    return out

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from streamoffload.checkpoints import manifest as mf
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -44,8 +45,11 @@ of the entry bytes (Pulsar's headers-and-payload format). With --messages, per m
 "entry_id", "batch_index", "key", "properties", "publish_time", "event_time", "payload"} where payload is
 the base64 of the message payload and batch_index is -1 for a non-batched entry.
 
-Segments are found through the offload metadata in the store. --data-key/--index-key read one segment
-by its object keys instead (no metadata needed); keys are relative to the store (and to --conf's prefix)."""
+Segments are found through the offload metadata in the store. Every entry's CRC-32C is checked before it
+is printed (in both modes); a mismatch, or a segment manifest that does not decode where the range may
+need it, stops the read with an error naming the object (and the byte offset) and exit status 1.
+--data-key/--index-key read one segment by its object keys instead (no metadata needed); keys are relative
+to the store (and to --conf's prefix)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,6 +97,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 class ReadCommandError(StreamOffloadError):
     """Arguments that do not make a read."""
+
+
+class CorruptManifestError(StreamOffloadError):
+    """A segment manifest that may cover the requested range does not decode: reading around it would
+    silently leave its entries out."""
+
+
+def _refuse_corrupt(reader: TopicReader, topic: TopicName, start: Position | None, end: Position | None) -> None:
+    """Raise ``CorruptManifestError`` if a manifest of ``topic`` that does not decode may hold a position in
+    ``[start, end]``: it starts at or before ``end`` (its key tells where it starts) and no readable segment
+    starts between it and ``start`` (segments do not overlap, so such a segment would end it before ``start``)."""
+    corrupt = reader.metadata.corrupt_manifests(topic)
+    if not corrupt:
+        return
+    starts = sorted(mf.start_position(m) for m in reader.metadata.offloaded_segments(topic))
+    for bad in corrupt:
+        if bad.start is not None and end is not None and bad.start > end:
+            continue
+        if bad.start is not None and start is not None and any(bad.start < s <= start for s in starts):
+            continue
+        why = bad.error.removeprefix(bad.key + ": ")
+        raise CorruptManifestError(
+            f"topic {topic}: the segment manifest {bad.key} does not decode ({why}); "
+            "its entries may be in the requested range, so nothing is read (run `streamoffload verify`)"
+        )
 
 
 def _position(text: str | None, flag: str) -> Position | None:
@@ -176,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
             entries = reader.read_objects(data_key, index_key, start, end, ledger_id=args.ledger_id)
         else:
             assert topic is not None
+            _refuse_corrupt(reader, topic, start, end)
             entries = reader.read(topic, start, end)
         entries = _check_start(entries, start, topic, reader)
         try:

@@ -73,6 +73,9 @@ def render_table(rows: list[TopicStatus], rates: dict[str, float | None] | None 
         if s.open_segment_age_seconds is not None and rates is not None:
             lines.append(f"    open segment for {s.open_segment_age_seconds:.0f}s")
         lines.extend(f"    failed: {f}" for f in s.failures)
+        lines.extend(f"    corrupt manifest (skipped): {c}" for c in s.corrupt_manifests)
+        if s.error:
+            lines.append(f"    error: {s.error}")
     return "\n".join(lines)
 
 
