@@ -28,7 +28,7 @@ from typing import Any
 
 from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.checkpoints.retention import apply_retention
+from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.config import Config, PolicySource, StoreSettings
 from streamoffload.streaming.control import requests_prefix, submit_requests
@@ -99,7 +99,7 @@ class OffloadJob:
         self.listeners: list[BatchListener] = []
         self.query: Any = None
         self._stop = threading.Event()
-        self._last_retention = 0.0
+        self.retention: RetentionRunner | None = None
         self.last_topic_stats: dict[str, dict[str, Any]] = {}
         """The segmenter's latest figures per topic-partition (see BatchReport.topics)."""
         self.retention_interval_s = 60.0
@@ -239,7 +239,6 @@ class OffloadJob:
                 seal["data_length"],
                 seal["reason"],
             )
-        self.maybe_apply_retention()
         for listener in self.listeners:
             try:
                 listener(report)
@@ -258,6 +257,7 @@ class OffloadJob:
         )
         if not once:
             self.query = writer.trigger(processingTime=self.config.spark.trigger_interval).start()
+            self.retention_runner().start()
             return self.query
         # A pending rollover timer makes Spark run no-data batches until it fires, so an AvailableNow
         # run would not end before the rollover time: batch runs turn them off (the query copies the
@@ -276,25 +276,16 @@ class OffloadJob:
     def metadata(self) -> MetadataStore:
         return MetadataStore(self.store_settings.open(), self.key_prefix)
 
-    def maybe_apply_retention(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self._last_retention < self.retention_interval_s:
-            return
-        self._last_retention = time.monotonic()
-        meta = self.metadata()
-        for topic in meta.topics():
-            name = str(topic)
-            try:
-                report = apply_retention(meta, name, self.policies.policy_for(name))
-            except Exception:
-                log.warning("retention failed for %s", name, exc_info=True)
-                continue
-            if report.marked_ledgers or report.deleted_segments:
-                log.info(
-                    "retention on %s: marked ledgers %s deleted, deleted segments %s",
-                    name,
-                    report.marked_ledgers,
-                    report.deleted_segments,
-                )
+    def retention_runner(self) -> RetentionRunner:
+        """Retention and metadata compaction, off the batch path (a thread of the lease holder)."""
+        if self.retention is None:
+            self.retention = RetentionRunner(
+                self.metadata(),
+                self.policies.policy_for,
+                interval_s=self.retention_interval_s,
+                topics=lambda: list(self.last_topic_stats),
+            )
+        return self.retention
 
     def open_segment_topics(self) -> list[str]:
         """Topic-partitions whose segmenter last reported an open segment (this run)."""
@@ -382,6 +373,8 @@ class OffloadJob:
                 log.debug("stopping the fenced query failed", exc_info=True)
 
     def end_run(self, *, release: bool = True) -> None:
+        if self.retention is not None:
+            self.retention.stop()
         self._run_ended.set()
         if self._renewer is not None:
             self._renewer.join(5)
@@ -434,7 +427,7 @@ class OffloadJob:
                 # finished run never does: remove the requests this run made and consumed.
                 for request_id in ids:
                     store.delete(requests_prefix(self.key_prefix) + request_id)
-            self.maybe_apply_retention(force=True)
+            self.retention_runner().run_pass()
         finally:
             self.end_run()
 

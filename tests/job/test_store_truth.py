@@ -1,0 +1,248 @@
+"""The store is the source of truth, without Spark: the writer lease, fenced commits, recovery from the
+store, uploads bound to their segment. The segmenter and sink run here as plain Python against a real
+filesystem store (and moto S3 for the phantom-upload case), exactly as Spark runs them."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.lease import FencedError, LeaseHeldError, WriterLease
+from streamoffload.checkpoints.metadata_store import CommitConflictError, MetadataStore
+from streamoffload.codecs.entry import Message, build_entry
+from streamoffload.config import OffloadPolicy
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.streaming.segmenter import CONTROL_SEAL, Action, Entry, MemoryState, run_segmenter
+from streamoffload.streaming.sink import SegmentSink
+from tests.job.readback import read_entries
+
+TOPIC = "persistent://public/default/truth-partition-0"
+POLICY = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096, maxSizePerOffloadSegmentMbytes=0.02)
+
+
+def entries(first: int, count: int, ledger: int = 3) -> list[Entry]:
+    return [
+        Entry(
+            ledger,
+            i,
+            build_entry([Message(f"m{i}".encode() * 20)], producer_name="p", sequence_id=i, publish_time=1000 + i),
+            1000 + i,
+        )
+        for i in range(first, first + count)
+    ]
+
+
+def rows(actions: list[Action]) -> list[dict[str, Any]]:
+    return [a.__dict__ for a in actions]
+
+
+def offload(
+    store: FilesystemStore,
+    batch: list[Entry],
+    *,
+    state: MemoryState,
+    epoch: int,
+    resume: tuple[list[int] | None, int] | None = None,
+    controls: tuple[str, ...] = (),
+    now_ms: int = 10_000,
+) -> list[Action]:
+    actions = run_segmenter(
+        TOPIC, POLICY, state, batch, controls, now_ms=now_ms, epoch=epoch, resume=resume, min_part_size=1
+    )
+    SegmentSink(store).apply(rows(actions))
+    return actions
+
+
+# -- the lease -----------------------------------------------------------------------------------------
+
+
+def test_two_instances_started_at_once_one_wins_and_the_other_is_told_who_holds_it(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    results: dict[str, Any] = {}
+    barrier = threading.Barrier(2)
+
+    def start(name: str) -> None:
+        lease = WriterLease(FilesystemStore(tmp_path), "", f"instance-{name}")
+        barrier.wait()
+        try:
+            results[name] = lease.acquire()
+        except LeaseHeldError as err:
+            results[name] = err
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [v for v in results.values() if isinstance(v, LeaseHeldError)]
+    winners = [v for v in results.values() if not isinstance(v, LeaseHeldError)]
+    assert len(errors) == 1 and len(winners) == 1
+    assert winners[0].holder in str(errors[0]) and "expires" in str(errors[0])
+    assert WriterLease(store, "", "x").current() == winners[0]
+
+
+def test_a_restart_of_the_same_instance_takes_its_lease_at_once_others_wait_for_expiry(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    first = WriterLease(store, "p", "host-a", ttl_ms=60_000)
+    assert first.acquire(now_ms=1_000).epoch == 1
+    with pytest.raises(LeaseHeldError, match="host-a"):
+        WriterLease(store, "p", "host-b").acquire(now_ms=2_000)
+    # The same instance after a crash: no waiting.
+    again = WriterLease(store, "p", "host-a")
+    assert again.acquire(now_ms=3_000).epoch == 2
+    with pytest.raises(FencedError, match="epoch 2"):
+        first.renew()
+    # Another instance takes over once the lease has expired, and fences the old holder.
+    taker = WriterLease(store, "p", "host-b")
+    assert taker.acquire(now_ms=3_000 + 60_001).epoch == 3
+    with pytest.raises(FencedError, match="host-b"):
+        again.check()
+    taker.renew()
+
+
+# -- fenced commits --------------------------------------------------------------------------------------
+
+
+def test_a_zombie_writer_cannot_commit_after_it_was_fenced(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    meta = MetadataStore(store)
+    zombie_lease = WriterLease(store, "", "zombie")
+    zombie_lease.acquire()
+    zombie_state = MemoryState()
+    offload(store, entries(0, 30), state=zombie_state, epoch=zombie_lease.epoch)
+    assert not meta.offloaded_segments(TOPIC), "nothing sealed yet: the zombie's segment is open"
+
+    # A new instance takes over (forced), recovers from the store, and offloads the same entries.
+    owner = WriterLease(store, "", "owner")
+    owner.acquire(force=True)
+    point = meta.recover(TOPIC)
+    assert point.last is None and point.next_ordinal == 0
+    assert not meta.manifests(TOPIC), "the zombie's attempt was abandoned"
+    owner_state = MemoryState()
+    offload(store, entries(0, 40), state=owner_state, epoch=owner.epoch, resume=(point.last, point.next_ordinal))
+    offload(store, [], state=owner_state, epoch=owner.epoch, controls=(CONTROL_SEAL,))
+
+    # The zombie wakes up and seals: its lease check refuses the commit ...
+    with pytest.raises(FencedError):
+        offload(store, entries(30, 10), state=zombie_state, epoch=zombie_lease.epoch, controls=(CONTROL_SEAL,))
+    # ... and even a writer that skipped the check cannot take the committed place.
+    seal = run_segmenter(TOPIC, POLICY, MemoryState(), entries(0, 40), (CONTROL_SEAL,), now_ms=10_000, epoch=99)
+    sealed = mf.decode_manifest(next(a for a in seal if a.action == "seal").manifest)
+    with pytest.raises(CommitConflictError, match="already committed"):
+        meta.commit(sealed)
+
+    got = read_entries(store, TOPIC)
+    assert [(lid, eid) for lid, eid, _ in got] == [(3, i) for i in range(40)]
+    assert [e.payload for e in entries(0, 40)] == [p for _, _, p in got]
+
+
+def test_recovery_resumes_after_the_last_commit_and_publishes_a_commit_a_crash_left_unpublished(
+    tmp_path: Path,
+) -> None:
+    store = FilesystemStore(tmp_path)
+    meta = MetadataStore(store)
+    state = MemoryState()
+    epoch = WriterLease(store, "", "me").acquire().epoch
+    offload(store, entries(0, 25), state=state, epoch=epoch)
+    offload(store, [], state=state, epoch=epoch, controls=(CONTROL_SEAL,))
+    [first] = meta.offloaded_segments(TOPIC)
+    # A crash between the commit and the Offloaded manifest leaves the manifest Assigned.
+    store.put(meta.manifest_key(first), mf.encode_manifest(_assigned(first)))
+    assert not meta.offloaded_segments(TOPIC)
+    # An unfinished attempt after it, from the crashed run.
+    offload(store, entries(25, 10), state=state, epoch=epoch)
+    assert len(meta.manifests(TOPIC)) == 2
+
+    point = meta.recover(TOPIC)
+    assert point.last == (3, 24) and point.next_ordinal == 1
+    assert [mf.manifest_uuid(m) for m in meta.offloaded_segments(TOPIC)] == [mf.manifest_uuid(first)]
+    assert len(meta.manifests(TOPIC)) == 1, "the unfinished attempt is gone"
+    assert not list(store.pending_multiparts("")), "and its upload aborted (by the id its manifest recorded)"
+
+    # The next run continues exactly there, with a new epoch: nothing is written twice or skipped.
+    state2 = MemoryState()
+    epoch2 = WriterLease(store, "", "me").acquire().epoch
+    offload(store, entries(25, 20), state=state2, epoch=epoch2, resume=(list(point.last or ()), point.next_ordinal))
+    offload(store, [], state=state2, epoch=epoch2, controls=(CONTROL_SEAL,))
+    assert [(lid, eid) for lid, eid, _ in read_entries(store, TOPIC)] == [(3, i) for i in range(45)]
+    assert [m.ordinal for m in meta.offloaded_segments(TOPIC)] == [0, 1]
+
+
+def _assigned(sealed: Any) -> Any:
+    out = mf.SegmentManifest()
+    out.CopyFrom(sealed)
+    out.status = mf.ASSIGNED
+    return out
+
+
+# -- uploads bound to their segment ---------------------------------------------------------------------
+
+
+def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_cleanup(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    meta = MetadataStore(store)
+    state = MemoryState()
+    actions = offload(store, entries(0, 30), state=state, epoch=0)
+    data_key = next(a.data_key for a in actions if a.action == "open")
+    # A retried create (or anything else) starts a second upload of the same key after the parts.
+    phantom = store.start_multipart(data_key)
+    phantom.write_part(1, b"junk")
+    # Another executor (a fresh sink: no cached upload) writes the next parts and seals.
+    offload(store, entries(30, 30), state=state, epoch=0, controls=(CONTROL_SEAL,))
+    got = read_entries(store, TOPIC)
+    assert [(lid, eid) for lid, eid, _ in got] == [(3, i) for i in range(60)]
+    [pending] = list(store.pending_multiparts(""))
+    assert pending.upload_id == phantom.upload_id, "the upload that held the parts was completed, not aborted"
+    report = meta.cleanup(TOPIC, grace_ms=0)
+    assert report.aborted_uploads == [data_key]
+    assert not list(store.pending_multiparts(""))
+
+
+def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    state = MemoryState()
+    actions = run_segmenter(TOPIC, POLICY, state, entries(0, 30), (), now_ms=10_000, epoch=0)
+    open_row = next(a for a in actions if a.action == "open").__dict__
+    first, second = SegmentSink(store), SegmentSink(store)
+    first.apply([open_row])
+    second.apply([open_row])  # a speculative or retried task: its own create is aborted at once
+    [pending] = list(store.pending_multiparts(""))
+    manifest = mf.decode_manifest(
+        store.get(MetadataStore(store).manifest_key(mf.decode_manifest(open_row["manifest"])))
+    )
+    assert mf.driver_property(manifest, mf.PROP_UPLOAD_ID) == pending.upload_id
+    second.apply(rows([a for a in actions if a.action != "open"]))
+    SegmentSink(store).apply(rows(run_segmenter(TOPIC, POLICY, state, [], (CONTROL_SEAL,), now_ms=10_000, epoch=0)))
+    assert len(read_entries(store, TOPIC)) == 30
+
+
+def test_a_segment_keeps_the_policy_it_was_opened_under(tmp_path: Path) -> None:
+    state = MemoryState()
+    run_segmenter(TOPIC, POLICY, state, entries(0, 5), (), now_ms=10_000, epoch=0)
+    bigger = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=1 << 20, maxSizePerOffloadSegmentMbytes=64)
+    actions = run_segmenter(TOPIC, bigger, state, entries(5, 400), (), now_ms=10_001, epoch=0)
+    # The old (small) policy still governs the open segment: it is sealed by size ...
+    seals = [a for a in actions if a.action == "seal"]
+    assert seals and all(mf.decode_manifest(a.manifest).dataLength <= POLICY.max_segment_bytes for a in seals)
+    recorded = mf.driver_property(mf.decode_manifest(seals[0].manifest), mf.PROP_POLICY)
+    assert recorded is not None and '"managedLedgerOffloadMaxBlockSizeInBytes":4096' in recorded
+    # ... and the next segment opens under the new one.
+    opens = [mf.decode_manifest(a.manifest) for a in actions if a.action == "open"]
+    assert opens and '"managedLedgerOffloadMaxBlockSizeInBytes":1048576' in str(
+        mf.driver_property(opens[-1], mf.PROP_POLICY)
+    )
+
+
+def test_a_disabled_topic_offloads_what_it_already_read_and_then_seals(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    state = MemoryState()
+    disabled = OffloadPolicy(enabled=False, managedLedgerOffloadMaxBlockSizeInBytes=4096)
+    actions = run_segmenter(TOPIC, disabled, state, entries(0, 12), (), now_ms=10_000, epoch=0)
+    SegmentSink(store).apply(rows(actions))
+    [seal] = [a for a in actions if a.action == "seal"]
+    assert mf.decode_manifest(seal.manifest).sealReason == "disabled"
+    assert len(read_entries(store, TOPIC)) == 12, "paused, never skipped"
