@@ -25,7 +25,7 @@ from streamoffload.codecs.errors import ChecksumError
 from streamoffload.status import store_status
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read_handle import TopicReader
+from streamoffload.storage.read_handle import ChunkCache, TopicReader
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries
 
 OTHER = "persistent://public/default/other-partition-0"
@@ -195,14 +195,14 @@ def test_a_flipped_payload_bit_fails_the_read_in_both_modes(
 
 
 def _entries(store: FilesystemStore, seg: Any) -> list[Any]:
-    with TopicReader(store) as reader:
+    with TopicReader(store, cache=ChunkCache()) as reader:
         return list(reader.open_segment(seg).read_range())
 
 
 def test_single_entry_reads_check_the_checksum_too(store: FilesystemStore, meta: MetadataStore) -> None:
     seg = meta.offloaded_segments(TOPIC)[0]
     # local_files=False: a held descriptor would keep reading the object as it was before the rewrite.
-    with TopicReader(store, local_files=False) as reader:
+    with TopicReader(store, cache=ChunkCache(), local_files=False) as reader:
         list(reader.read(TOPIC))  # learn offsets: the next read of the entry is one exact GET
         at, crc_at = _payload_byte(store, seg)
         flip_byte(store, seg.dataKey, at)
@@ -210,7 +210,7 @@ def test_single_entry_reads_check_the_checksum_too(store: FilesystemStore, meta:
         with pytest.raises(ChecksumError) as err:
             reader.read_entry(TOPIC, (seg.startLedgerId, seg.startEntryId))
         assert (err.value.where, err.value.offset) == (seg.dataKey, crc_at)
-    with TopicReader(store) as reader, pytest.raises(ChecksumError):
+    with TopicReader(store, cache=ChunkCache()) as reader, pytest.raises(ChecksumError):
         reader.read_entry(TOPIC, (seg.startLedgerId, seg.startEntryId))  # walked to, not learned
 
 
