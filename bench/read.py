@@ -150,7 +150,9 @@ def raw_read(paths: list[Path], buffer: int) -> int:
 def our_read(
     store: ObjectStore, buffer: int, *, readahead: bool | None, cache_bytes: int
 ) -> tuple[int, int, TopicReader]:
-    reader = TopicReader(store, read_buffer_size=buffer, readahead=readahead, cache=ChunkCache(cache_bytes))
+    reader = TopicReader(
+        store, read_buffer_size=buffer, readahead=readahead, cache=ChunkCache(cache_bytes), verify_checksums=False
+    )
     entries = payload = 0
     for entry in reader.read(TOPIC):
         entries += 1
@@ -265,14 +267,14 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
             os.close(fd)
 
     raw_lat = latencies(raw_entry, sample)
-    warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB))
+    warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=False)
     for _ in warm.read(TOPIC):
         pass
     warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
     warm.close()
     cold_lat = []
     for position in sample[: args.cold_reads]:
-        cold = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB))
+        cold = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=False)
         cold.segments(TOPIC)  # listing the manifests is not the read being measured
         start = time.perf_counter()
         cold.read_entry(TOPIC, position)
@@ -339,7 +341,9 @@ def bench_latency(args: argparse.Namespace, store: FilesystemStore, meta: Metada
     buf = args.read_buffer_kib * 1024
     results = {}
     for label, readahead in (("read-ahead (default)", None), ("no read-ahead", False)):
-        reader = TopicReader(remote, read_buffer_size=buf, readahead=readahead, cache=ChunkCache(0))
+        reader = TopicReader(
+            remote, read_buffer_size=buf, readahead=readahead, cache=ChunkCache(0), verify_checksums=False
+        )
         start = time.perf_counter()
         n = sum(len(e.payload) for e in reader.read(TOPIC, None, end))
         results[label] = (time.perf_counter() - start, n, reader.stats.gets)
@@ -475,7 +479,7 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
                 f"{mbps(data_bytes, best_get):,.0f} MB/s ({len(keys)} GETs) (ratio {best_get / secs:.2f})"
             )
         sample = random.Random(3).sample(_positions(store), min(args.s3_random_reads, count))
-        warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB))
+        warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=False)
         for _ in warm.read(TOPIC):
             pass
         warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
@@ -487,7 +491,7 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
 
 
 def _positions(store: ObjectStore) -> list[tuple[int, int]]:
-    reader = TopicReader(store, cache=ChunkCache(0), readahead=True)
+    reader = TopicReader(store, cache=ChunkCache(0), readahead=True, verify_checksums=False)
     try:
         return [e.position for e in reader.read(TOPIC)]
     finally:

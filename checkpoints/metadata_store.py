@@ -229,6 +229,9 @@ class MetadataStore:
                 attempt = mf.decode_manifest(self.store.get(key), where=key)
             except ObjectNotFoundError:
                 continue
+            except FormatError as err:  # unreadable: leave it (and its objects) to cleanup and verify
+                log.warning("recovering %s: skipping an unreadable attempt: %s", topic, err)
+                continue
             if attempt.status != OFFLOADED:
                 self._abandon(attempt)
         return point
