@@ -21,12 +21,13 @@ def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_doub
         tmp_path / "chaos",
         kills=5,
         seed=7,
-        rate=100.0,
+        rate=50.0,  # a small backlog per restart: the first micro-batch after one is the slow part
         service_url=pulsar_broker.service_url,
         min_delay=0.0,
-        max_delay=2.0,
-        startup_timeout=120.0,
-        converge_timeout=120.0,
+        max_delay=1.0,
+        # Generous bounds: Spark's start-up alone takes 15 s on a quiet machine and over a minute on a loaded one.
+        startup_timeout=240.0,
+        converge_timeout=300.0,
         log=lines.append,
     )
     summary = "\n".join(lines) + "\n" + report.render()
@@ -35,7 +36,7 @@ def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_doub
     events = " ".join(report.events)
     assert "kill" in events and "policy edit" in events and "checkpoint deleted" in events, summary
     assert "live policy edit to" in events, summary
-    assert report.published > 1000, summary
+    assert report.published > 500, summary
     assert report.converged, summary
     assert report.missing == 0, summary
     assert report.duplicated == 0, summary
