@@ -9,13 +9,14 @@ Layout (big-endian), as Pulsar's ``Commands.serializeMetadataAndPayload`` writes
 A batched entry (``num_messages_in_batch`` present in the metadata) has a payload of repeated
 ``[u32 k][k bytes SingleMessageMetadata][payload_size bytes]``, one per message.
 
-Decoding hands out memoryviews into the caller's buffer, so payloads are never copied.
+Decoding hands out memoryviews into the caller's buffer, so payloads are never copied (except a
+compressed payload, which is inflated with :mod:`streamoffload.codecs.compression`: LZ4, ZLIB, ZSTD
+and SNAPPY as Pulsar frames them).
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -24,6 +25,7 @@ import crc32c as _crc32c
 from google.protobuf.message import DecodeError, EncodeError
 from google.protobuf.message import Message as _ProtoMessage
 
+from streamoffload.codecs.compression import decompress
 from streamoffload.codecs.errors import (
     BadMagicError,
     ChecksumError,
@@ -54,6 +56,7 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "entry_messages",
+    "metadata_num_messages",
     "parse_broker_entry_metadata",
     "split_messages",
 ]
@@ -70,9 +73,6 @@ _M = TypeVar("_M", bound=_ProtoMessage)
 
 _U32_MAX = 0xFFFFFFFF
 _INT32_MAX = 0x7FFFFFFF
-# Pulsar's default maxMessageSize is 5 MiB and brokers cap it far below this; a larger inflated size
-# is taken as corruption rather than allocated.
-_MAX_UNCOMPRESSED = 1 << 30
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -124,6 +124,16 @@ class DecodedEntry:
     @property
     def is_batch(self) -> bool:
         return self.metadata.HasField("num_messages_in_batch")
+
+    @property
+    def num_messages(self) -> int:
+        """How many messages the entry holds, from its metadata alone (nothing is decompressed or split)."""
+        return metadata_num_messages(self.metadata)
+
+
+def metadata_num_messages(metadata: MessageMetadata) -> int:
+    """The message count of an entry with this metadata: ``num_messages_in_batch`` for a batch, else 1."""
+    return metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,35 +351,11 @@ def decode_entry(
 
 def _uncompressed(decoded: DecodedEntry, where: str | None) -> memoryview:
     md = decoded.metadata
-    codec = md.compression
-    if codec == CompressionType.NONE:
+    if md.compression == CompressionType.NONE:
         return decoded.payload
-    if codec != CompressionType.ZLIB:
-        name = CompressionType.Name(codec) if codec in CompressionType.values() else str(codec)
-        raise FormatError(
-            f"entry payload is compressed with {name}, which streamoffload does not decompress "
-            "(supported: NONE, ZLIB); the raw entry bytes are still readable",
-            offset=decoded.payload_offset,
-            where=where,
-        )
-    expected = md.uncompressed_size
-    if expected > _MAX_UNCOMPRESSED:
-        raise LengthMismatchError(
-            f"uncompressed_size {expected} is implausibly large", offset=decoded.payload_offset, where=where
-        )
-    inflater = zlib.decompressobj()
-    try:
-        out = inflater.decompress(decoded.payload, expected + 1)
-    except zlib.error as exc:
-        raise FormatError(f"ZLIB payload does not inflate: {exc}", offset=decoded.payload_offset, where=where) from None
-    if len(out) != expected or not inflater.eof:
-        raise LengthMismatchError(
-            f"ZLIB payload inflates to {len(out)}{'+' if not inflater.eof else ''} bytes, "
-            f"metadata says uncompressed_size {expected}",
-            offset=decoded.payload_offset,
-            where=where,
-        )
-    return memoryview(out)
+    return memoryview(
+        decompress(md.compression, decoded.payload, md.uncompressed_size, offset=decoded.payload_offset, where=where)
+    )
 
 
 def _text(value: str | bytes, what: str, offset: int, where: str | None) -> str:

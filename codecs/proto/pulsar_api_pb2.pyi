@@ -14,11 +14,75 @@ class CompressionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ZLIB: _ClassVar[CompressionType]
     ZSTD: _ClassVar[CompressionType]
     SNAPPY: _ClassVar[CompressionType]
+
+class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UnknownError: _ClassVar[ServerError]
+    MetadataError: _ClassVar[ServerError]
+    PersistenceError: _ClassVar[ServerError]
+    AuthenticationError: _ClassVar[ServerError]
+    AuthorizationError: _ClassVar[ServerError]
+    ConsumerBusy: _ClassVar[ServerError]
+    ServiceNotReady: _ClassVar[ServerError]
+    ProducerBlockedQuotaExceededError: _ClassVar[ServerError]
+    ProducerBlockedQuotaExceededException: _ClassVar[ServerError]
+    ChecksumError: _ClassVar[ServerError]
+    UnsupportedVersionError: _ClassVar[ServerError]
+    TopicNotFound: _ClassVar[ServerError]
+    SubscriptionNotFound: _ClassVar[ServerError]
+    ConsumerNotFound: _ClassVar[ServerError]
+    TooManyRequests: _ClassVar[ServerError]
+    TopicTerminatedError: _ClassVar[ServerError]
+    ProducerBusy: _ClassVar[ServerError]
+    InvalidTopicName: _ClassVar[ServerError]
+    IncompatibleSchema: _ClassVar[ServerError]
+    ConsumerAssignError: _ClassVar[ServerError]
+    TransactionCoordinatorNotFound: _ClassVar[ServerError]
+    InvalidTxnStatus: _ClassVar[ServerError]
+    NotAllowedError: _ClassVar[ServerError]
+    TransactionConflict: _ClassVar[ServerError]
+    TransactionNotFound: _ClassVar[ServerError]
+    ProducerFenced: _ClassVar[ServerError]
+
+class AuthMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AuthMethodNone: _ClassVar[AuthMethod]
+    AuthMethodYcaV1: _ClassVar[AuthMethod]
+    AuthMethodAthens: _ClassVar[AuthMethod]
 NONE: CompressionType
 LZ4: CompressionType
 ZLIB: CompressionType
 ZSTD: CompressionType
 SNAPPY: CompressionType
+UnknownError: ServerError
+MetadataError: ServerError
+PersistenceError: ServerError
+AuthenticationError: ServerError
+AuthorizationError: ServerError
+ConsumerBusy: ServerError
+ServiceNotReady: ServerError
+ProducerBlockedQuotaExceededError: ServerError
+ProducerBlockedQuotaExceededException: ServerError
+ChecksumError: ServerError
+UnsupportedVersionError: ServerError
+TopicNotFound: ServerError
+SubscriptionNotFound: ServerError
+ConsumerNotFound: ServerError
+TooManyRequests: ServerError
+TopicTerminatedError: ServerError
+ProducerBusy: ServerError
+InvalidTopicName: ServerError
+IncompatibleSchema: ServerError
+ConsumerAssignError: ServerError
+TransactionCoordinatorNotFound: ServerError
+InvalidTxnStatus: ServerError
+NotAllowedError: ServerError
+TransactionConflict: ServerError
+TransactionNotFound: ServerError
+ProducerFenced: ServerError
+AuthMethodNone: AuthMethod
+AuthMethodYcaV1: AuthMethod
+AuthMethodAthens: AuthMethod
 
 class KeyValue(_message.Message):
     __slots__ = ("key", "value")
@@ -28,8 +92,44 @@ class KeyValue(_message.Message):
     value: str
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
+class KeyLongValue(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+
+class EncryptionKeys(_message.Message):
+    __slots__ = ("key", "value", "metadata")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    metadata: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., metadata: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ...) -> None: ...
+
+class MessageIdData(_message.Message):
+    __slots__ = ("ledgerId", "entryId", "partition", "batch_index", "ack_set", "batch_size", "first_chunk_message_id")
+    LEDGERID_FIELD_NUMBER: _ClassVar[int]
+    ENTRYID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ACK_SET_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_CHUNK_MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    ledgerId: int
+    entryId: int
+    partition: int
+    batch_index: int
+    ack_set: _containers.RepeatedScalarFieldContainer[int]
+    batch_size: int
+    first_chunk_message_id: MessageIdData
+    def __init__(self, ledgerId: _Optional[int] = ..., entryId: _Optional[int] = ..., partition: _Optional[int] = ..., batch_index: _Optional[int] = ..., ack_set: _Optional[_Iterable[int]] = ..., batch_size: _Optional[int] = ..., first_chunk_message_id: _Optional[_Union[MessageIdData, _Mapping]] = ...) -> None: ...
+
 class MessageMetadata(_message.Message):
-    __slots__ = ("producer_name", "sequence_id", "publish_time", "properties", "replicated_from", "partition_key", "replicate_to", "compression", "uncompressed_size", "num_messages_in_batch", "event_time", "schema_version", "partition_key_b64_encoded", "ordering_key", "deliver_at_time", "marker_type", "txnid_least_bits", "txnid_most_bits", "highest_sequence_id", "null_value", "uuid", "num_chunks_from_msg", "total_chunk_msg_size", "chunk_id", "null_partition_key")
+    __slots__ = ("producer_name", "sequence_id", "publish_time", "properties", "replicated_from", "partition_key", "replicate_to", "compression", "uncompressed_size", "num_messages_in_batch", "event_time", "encryption_keys", "encryption_algo", "encryption_param", "schema_version", "partition_key_b64_encoded", "ordering_key", "deliver_at_time", "marker_type", "txnid_least_bits", "txnid_most_bits", "highest_sequence_id", "null_value", "uuid", "num_chunks_from_msg", "total_chunk_msg_size", "chunk_id", "null_partition_key")
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLISH_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +141,9 @@ class MessageMetadata(_message.Message):
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_MESSAGES_IN_BATCH_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTION_KEYS_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTION_ALGO_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTION_PARAM_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_B64_ENCODED_FIELD_NUMBER: _ClassVar[int]
     ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +169,9 @@ class MessageMetadata(_message.Message):
     uncompressed_size: int
     num_messages_in_batch: int
     event_time: int
+    encryption_keys: _containers.RepeatedCompositeFieldContainer[EncryptionKeys]
+    encryption_algo: str
+    encryption_param: bytes
     schema_version: bytes
     partition_key_b64_encoded: bool
     ordering_key: bytes
@@ -80,7 +186,7 @@ class MessageMetadata(_message.Message):
     total_chunk_msg_size: int
     chunk_id: int
     null_partition_key: bool
-    def __init__(self, producer_name: _Optional[str] = ..., sequence_id: _Optional[int] = ..., publish_time: _Optional[int] = ..., properties: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., replicated_from: _Optional[str] = ..., partition_key: _Optional[str] = ..., replicate_to: _Optional[_Iterable[str]] = ..., compression: _Optional[_Union[CompressionType, str]] = ..., uncompressed_size: _Optional[int] = ..., num_messages_in_batch: _Optional[int] = ..., event_time: _Optional[int] = ..., schema_version: _Optional[bytes] = ..., partition_key_b64_encoded: bool = ..., ordering_key: _Optional[bytes] = ..., deliver_at_time: _Optional[int] = ..., marker_type: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., highest_sequence_id: _Optional[int] = ..., null_value: bool = ..., uuid: _Optional[str] = ..., num_chunks_from_msg: _Optional[int] = ..., total_chunk_msg_size: _Optional[int] = ..., chunk_id: _Optional[int] = ..., null_partition_key: bool = ...) -> None: ...
+    def __init__(self, producer_name: _Optional[str] = ..., sequence_id: _Optional[int] = ..., publish_time: _Optional[int] = ..., properties: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., replicated_from: _Optional[str] = ..., partition_key: _Optional[str] = ..., replicate_to: _Optional[_Iterable[str]] = ..., compression: _Optional[_Union[CompressionType, str]] = ..., uncompressed_size: _Optional[int] = ..., num_messages_in_batch: _Optional[int] = ..., event_time: _Optional[int] = ..., encryption_keys: _Optional[_Iterable[_Union[EncryptionKeys, _Mapping]]] = ..., encryption_algo: _Optional[str] = ..., encryption_param: _Optional[bytes] = ..., schema_version: _Optional[bytes] = ..., partition_key_b64_encoded: bool = ..., ordering_key: _Optional[bytes] = ..., deliver_at_time: _Optional[int] = ..., marker_type: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., highest_sequence_id: _Optional[int] = ..., null_value: bool = ..., uuid: _Optional[str] = ..., num_chunks_from_msg: _Optional[int] = ..., total_chunk_msg_size: _Optional[int] = ..., chunk_id: _Optional[int] = ..., null_partition_key: bool = ...) -> None: ...
 
 class SingleMessageMetadata(_message.Message):
     __slots__ = ("properties", "partition_key", "payload_size", "compacted_out", "event_time", "partition_key_b64_encoded", "ordering_key", "sequence_id", "null_value", "null_partition_key")
@@ -113,3 +219,463 @@ class BrokerEntryMetadata(_message.Message):
     broker_timestamp: int
     index: int
     def __init__(self, broker_timestamp: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class FeatureFlags(_message.Message):
+    __slots__ = ("supports_auth_refresh", "supports_broker_entry_metadata", "supports_partial_producer", "supports_topic_watchers")
+    SUPPORTS_AUTH_REFRESH_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_BROKER_ENTRY_METADATA_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_PARTIAL_PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_TOPIC_WATCHERS_FIELD_NUMBER: _ClassVar[int]
+    supports_auth_refresh: bool
+    supports_broker_entry_metadata: bool
+    supports_partial_producer: bool
+    supports_topic_watchers: bool
+    def __init__(self, supports_auth_refresh: bool = ..., supports_broker_entry_metadata: bool = ..., supports_partial_producer: bool = ..., supports_topic_watchers: bool = ...) -> None: ...
+
+class CommandConnect(_message.Message):
+    __slots__ = ("client_version", "auth_method", "auth_method_name", "auth_data", "protocol_version", "proxy_to_broker_url", "original_principal", "original_auth_data", "original_auth_method", "feature_flags")
+    CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUTH_METHOD_FIELD_NUMBER: _ClassVar[int]
+    AUTH_METHOD_NAME_FIELD_NUMBER: _ClassVar[int]
+    AUTH_DATA_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROXY_TO_BROKER_URL_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_AUTH_DATA_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_AUTH_METHOD_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    client_version: str
+    auth_method: AuthMethod
+    auth_method_name: str
+    auth_data: bytes
+    protocol_version: int
+    proxy_to_broker_url: str
+    original_principal: str
+    original_auth_data: str
+    original_auth_method: str
+    feature_flags: FeatureFlags
+    def __init__(self, client_version: _Optional[str] = ..., auth_method: _Optional[_Union[AuthMethod, str]] = ..., auth_method_name: _Optional[str] = ..., auth_data: _Optional[bytes] = ..., protocol_version: _Optional[int] = ..., proxy_to_broker_url: _Optional[str] = ..., original_principal: _Optional[str] = ..., original_auth_data: _Optional[str] = ..., original_auth_method: _Optional[str] = ..., feature_flags: _Optional[_Union[FeatureFlags, _Mapping]] = ...) -> None: ...
+
+class CommandConnected(_message.Message):
+    __slots__ = ("server_version", "protocol_version", "max_message_size", "feature_flags")
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    protocol_version: int
+    max_message_size: int
+    feature_flags: FeatureFlags
+    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_message_size: _Optional[int] = ..., feature_flags: _Optional[_Union[FeatureFlags, _Mapping]] = ...) -> None: ...
+
+class AuthData(_message.Message):
+    __slots__ = ("auth_method_name", "auth_data")
+    AUTH_METHOD_NAME_FIELD_NUMBER: _ClassVar[int]
+    AUTH_DATA_FIELD_NUMBER: _ClassVar[int]
+    auth_method_name: str
+    auth_data: bytes
+    def __init__(self, auth_method_name: _Optional[str] = ..., auth_data: _Optional[bytes] = ...) -> None: ...
+
+class CommandAuthResponse(_message.Message):
+    __slots__ = ("client_version", "response", "protocol_version")
+    CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    client_version: str
+    response: AuthData
+    protocol_version: int
+    def __init__(self, client_version: _Optional[str] = ..., response: _Optional[_Union[AuthData, _Mapping]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class CommandAuthChallenge(_message.Message):
+    __slots__ = ("server_version", "challenge", "protocol_version")
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    challenge: AuthData
+    protocol_version: int
+    def __init__(self, server_version: _Optional[str] = ..., challenge: _Optional[_Union[AuthData, _Mapping]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class CommandSubscribe(_message.Message):
+    __slots__ = ("topic", "subscription", "subType", "consumer_id", "request_id", "consumer_name", "priority_level", "durable", "start_message_id", "metadata", "read_compacted", "initialPosition", "replicate_subscription_state", "force_topic_creation", "start_message_rollback_duration_sec", "subscription_properties", "consumer_epoch")
+    class SubType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        Exclusive: _ClassVar[CommandSubscribe.SubType]
+        Shared: _ClassVar[CommandSubscribe.SubType]
+        Failover: _ClassVar[CommandSubscribe.SubType]
+        Key_Shared: _ClassVar[CommandSubscribe.SubType]
+    Exclusive: CommandSubscribe.SubType
+    Shared: CommandSubscribe.SubType
+    Failover: CommandSubscribe.SubType
+    Key_Shared: CommandSubscribe.SubType
+    class InitialPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        Latest: _ClassVar[CommandSubscribe.InitialPosition]
+        Earliest: _ClassVar[CommandSubscribe.InitialPosition]
+    Latest: CommandSubscribe.InitialPosition
+    Earliest: CommandSubscribe.InitialPosition
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SUBTYPE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_NAME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    START_MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    READ_COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    INITIALPOSITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICATE_SUBSCRIPTION_STATE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_TOPIC_CREATION_FIELD_NUMBER: _ClassVar[int]
+    START_MESSAGE_ROLLBACK_DURATION_SEC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    subscription: str
+    subType: CommandSubscribe.SubType
+    consumer_id: int
+    request_id: int
+    consumer_name: str
+    priority_level: int
+    durable: bool
+    start_message_id: MessageIdData
+    metadata: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    read_compacted: bool
+    initialPosition: CommandSubscribe.InitialPosition
+    replicate_subscription_state: bool
+    force_topic_creation: bool
+    start_message_rollback_duration_sec: int
+    subscription_properties: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    consumer_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subType: _Optional[_Union[CommandSubscribe.SubType, str]] = ..., consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., consumer_name: _Optional[str] = ..., priority_level: _Optional[int] = ..., durable: bool = ..., start_message_id: _Optional[_Union[MessageIdData, _Mapping]] = ..., metadata: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., read_compacted: bool = ..., initialPosition: _Optional[_Union[CommandSubscribe.InitialPosition, str]] = ..., replicate_subscription_state: bool = ..., force_topic_creation: bool = ..., start_message_rollback_duration_sec: _Optional[int] = ..., subscription_properties: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., consumer_epoch: _Optional[int] = ...) -> None: ...
+
+class CommandLookupTopic(_message.Message):
+    __slots__ = ("topic", "request_id", "authoritative", "original_principal", "original_auth_data", "original_auth_method", "advertised_listener_name")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTHORITATIVE_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_AUTH_DATA_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_AUTH_METHOD_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISED_LISTENER_NAME_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    request_id: int
+    authoritative: bool
+    original_principal: str
+    original_auth_data: str
+    original_auth_method: str
+    advertised_listener_name: str
+    def __init__(self, topic: _Optional[str] = ..., request_id: _Optional[int] = ..., authoritative: bool = ..., original_principal: _Optional[str] = ..., original_auth_data: _Optional[str] = ..., original_auth_method: _Optional[str] = ..., advertised_listener_name: _Optional[str] = ...) -> None: ...
+
+class CommandLookupTopicResponse(_message.Message):
+    __slots__ = ("brokerServiceUrl", "brokerServiceUrlTls", "response", "request_id", "authoritative", "error", "message", "proxy_through_service_url")
+    class LookupType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        Redirect: _ClassVar[CommandLookupTopicResponse.LookupType]
+        Connect: _ClassVar[CommandLookupTopicResponse.LookupType]
+        Failed: _ClassVar[CommandLookupTopicResponse.LookupType]
+    Redirect: CommandLookupTopicResponse.LookupType
+    Connect: CommandLookupTopicResponse.LookupType
+    Failed: CommandLookupTopicResponse.LookupType
+    BROKERSERVICEURL_FIELD_NUMBER: _ClassVar[int]
+    BROKERSERVICEURLTLS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTHORITATIVE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PROXY_THROUGH_SERVICE_URL_FIELD_NUMBER: _ClassVar[int]
+    brokerServiceUrl: str
+    brokerServiceUrlTls: str
+    response: CommandLookupTopicResponse.LookupType
+    request_id: int
+    authoritative: bool
+    error: ServerError
+    message: str
+    proxy_through_service_url: bool
+    def __init__(self, brokerServiceUrl: _Optional[str] = ..., brokerServiceUrlTls: _Optional[str] = ..., response: _Optional[_Union[CommandLookupTopicResponse.LookupType, str]] = ..., request_id: _Optional[int] = ..., authoritative: bool = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., proxy_through_service_url: bool = ...) -> None: ...
+
+class CommandMessage(_message.Message):
+    __slots__ = ("consumer_id", "message_id", "redelivery_count", "ack_set", "consumer_epoch")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ACK_SET_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    message_id: MessageIdData
+    redelivery_count: int
+    ack_set: _containers.RepeatedScalarFieldContainer[int]
+    consumer_epoch: int
+    def __init__(self, consumer_id: _Optional[int] = ..., message_id: _Optional[_Union[MessageIdData, _Mapping]] = ..., redelivery_count: _Optional[int] = ..., ack_set: _Optional[_Iterable[int]] = ..., consumer_epoch: _Optional[int] = ...) -> None: ...
+
+class CommandFlow(_message.Message):
+    __slots__ = ("consumer_id", "messagePermits")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGEPERMITS_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    messagePermits: int
+    def __init__(self, consumer_id: _Optional[int] = ..., messagePermits: _Optional[int] = ...) -> None: ...
+
+class CommandReachedEndOfTopic(_message.Message):
+    __slots__ = ("consumer_id",)
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    def __init__(self, consumer_id: _Optional[int] = ...) -> None: ...
+
+class CommandCloseConsumer(_message.Message):
+    __slots__ = ("consumer_id", "request_id")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    request_id: int
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
+
+class CommandSuccess(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
+
+class CommandError(_message.Message):
+    __slots__ = ("request_id", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: ServerError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandPing(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CommandPong(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CommandActiveConsumerChange(_message.Message):
+    __slots__ = ("consumer_id", "is_active")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    is_active: bool
+    def __init__(self, consumer_id: _Optional[int] = ..., is_active: bool = ...) -> None: ...
+
+class CommandGetLastMessageId(_message.Message):
+    __slots__ = ("consumer_id", "request_id")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    request_id: int
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
+
+class CommandGetLastMessageIdResponse(_message.Message):
+    __slots__ = ("last_message_id", "request_id", "consumer_mark_delete_position")
+    LAST_MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_MARK_DELETE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    last_message_id: MessageIdData
+    request_id: int
+    consumer_mark_delete_position: MessageIdData
+    def __init__(self, last_message_id: _Optional[_Union[MessageIdData, _Mapping]] = ..., request_id: _Optional[int] = ..., consumer_mark_delete_position: _Optional[_Union[MessageIdData, _Mapping]] = ...) -> None: ...
+
+class CommandGetTopicsOfNamespace(_message.Message):
+    __slots__ = ("request_id", "namespace", "mode", "topics_pattern", "topics_hash")
+    class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PERSISTENT: _ClassVar[CommandGetTopicsOfNamespace.Mode]
+        NON_PERSISTENT: _ClassVar[CommandGetTopicsOfNamespace.Mode]
+        ALL: _ClassVar[CommandGetTopicsOfNamespace.Mode]
+    PERSISTENT: CommandGetTopicsOfNamespace.Mode
+    NON_PERSISTENT: CommandGetTopicsOfNamespace.Mode
+    ALL: CommandGetTopicsOfNamespace.Mode
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_HASH_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    namespace: str
+    mode: CommandGetTopicsOfNamespace.Mode
+    topics_pattern: str
+    topics_hash: str
+    def __init__(self, request_id: _Optional[int] = ..., namespace: _Optional[str] = ..., mode: _Optional[_Union[CommandGetTopicsOfNamespace.Mode, str]] = ..., topics_pattern: _Optional[str] = ..., topics_hash: _Optional[str] = ...) -> None: ...
+
+class CommandGetTopicsOfNamespaceResponse(_message.Message):
+    __slots__ = ("request_id", "topics", "filtered", "topics_hash", "changed")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_HASH_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    filtered: bool
+    topics_hash: str
+    changed: bool
+    def __init__(self, request_id: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., filtered: bool = ..., topics_hash: _Optional[str] = ..., changed: bool = ...) -> None: ...
+
+class BaseCommand(_message.Message):
+    __slots__ = ("type", "connect", "connected", "subscribe", "message", "flow", "success", "error", "close_consumer", "ping", "pong", "lookupTopic", "lookupTopicResponse", "reachedEndOfTopic", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "authChallenge", "authResponse")
+    class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CONNECT: _ClassVar[BaseCommand.Type]
+        CONNECTED: _ClassVar[BaseCommand.Type]
+        SUBSCRIBE: _ClassVar[BaseCommand.Type]
+        PRODUCER: _ClassVar[BaseCommand.Type]
+        SEND: _ClassVar[BaseCommand.Type]
+        SEND_RECEIPT: _ClassVar[BaseCommand.Type]
+        SEND_ERROR: _ClassVar[BaseCommand.Type]
+        MESSAGE: _ClassVar[BaseCommand.Type]
+        ACK: _ClassVar[BaseCommand.Type]
+        FLOW: _ClassVar[BaseCommand.Type]
+        UNSUBSCRIBE: _ClassVar[BaseCommand.Type]
+        SUCCESS: _ClassVar[BaseCommand.Type]
+        ERROR: _ClassVar[BaseCommand.Type]
+        CLOSE_PRODUCER: _ClassVar[BaseCommand.Type]
+        CLOSE_CONSUMER: _ClassVar[BaseCommand.Type]
+        PRODUCER_SUCCESS: _ClassVar[BaseCommand.Type]
+        PING: _ClassVar[BaseCommand.Type]
+        PONG: _ClassVar[BaseCommand.Type]
+        REDELIVER_UNACKNOWLEDGED_MESSAGES: _ClassVar[BaseCommand.Type]
+        PARTITIONED_METADATA: _ClassVar[BaseCommand.Type]
+        PARTITIONED_METADATA_RESPONSE: _ClassVar[BaseCommand.Type]
+        LOOKUP: _ClassVar[BaseCommand.Type]
+        LOOKUP_RESPONSE: _ClassVar[BaseCommand.Type]
+        CONSUMER_STATS: _ClassVar[BaseCommand.Type]
+        CONSUMER_STATS_RESPONSE: _ClassVar[BaseCommand.Type]
+        REACHED_END_OF_TOPIC: _ClassVar[BaseCommand.Type]
+        SEEK: _ClassVar[BaseCommand.Type]
+        GET_LAST_MESSAGE_ID: _ClassVar[BaseCommand.Type]
+        GET_LAST_MESSAGE_ID_RESPONSE: _ClassVar[BaseCommand.Type]
+        ACTIVE_CONSUMER_CHANGE: _ClassVar[BaseCommand.Type]
+        GET_TOPICS_OF_NAMESPACE: _ClassVar[BaseCommand.Type]
+        GET_TOPICS_OF_NAMESPACE_RESPONSE: _ClassVar[BaseCommand.Type]
+        GET_SCHEMA: _ClassVar[BaseCommand.Type]
+        GET_SCHEMA_RESPONSE: _ClassVar[BaseCommand.Type]
+        AUTH_CHALLENGE: _ClassVar[BaseCommand.Type]
+        AUTH_RESPONSE: _ClassVar[BaseCommand.Type]
+        ACK_RESPONSE: _ClassVar[BaseCommand.Type]
+        GET_OR_CREATE_SCHEMA: _ClassVar[BaseCommand.Type]
+        GET_OR_CREATE_SCHEMA_RESPONSE: _ClassVar[BaseCommand.Type]
+        NEW_TXN: _ClassVar[BaseCommand.Type]
+        NEW_TXN_RESPONSE: _ClassVar[BaseCommand.Type]
+        ADD_PARTITION_TO_TXN: _ClassVar[BaseCommand.Type]
+        ADD_PARTITION_TO_TXN_RESPONSE: _ClassVar[BaseCommand.Type]
+        ADD_SUBSCRIPTION_TO_TXN: _ClassVar[BaseCommand.Type]
+        ADD_SUBSCRIPTION_TO_TXN_RESPONSE: _ClassVar[BaseCommand.Type]
+        END_TXN: _ClassVar[BaseCommand.Type]
+        END_TXN_RESPONSE: _ClassVar[BaseCommand.Type]
+        END_TXN_ON_PARTITION: _ClassVar[BaseCommand.Type]
+        END_TXN_ON_PARTITION_RESPONSE: _ClassVar[BaseCommand.Type]
+        END_TXN_ON_SUBSCRIPTION: _ClassVar[BaseCommand.Type]
+        END_TXN_ON_SUBSCRIPTION_RESPONSE: _ClassVar[BaseCommand.Type]
+        TC_CLIENT_CONNECT_REQUEST: _ClassVar[BaseCommand.Type]
+        TC_CLIENT_CONNECT_RESPONSE: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_LIST: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_LIST_SUCCESS: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_UPDATE: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_LIST_CLOSE: _ClassVar[BaseCommand.Type]
+    CONNECT: BaseCommand.Type
+    CONNECTED: BaseCommand.Type
+    SUBSCRIBE: BaseCommand.Type
+    PRODUCER: BaseCommand.Type
+    SEND: BaseCommand.Type
+    SEND_RECEIPT: BaseCommand.Type
+    SEND_ERROR: BaseCommand.Type
+    MESSAGE: BaseCommand.Type
+    ACK: BaseCommand.Type
+    FLOW: BaseCommand.Type
+    UNSUBSCRIBE: BaseCommand.Type
+    SUCCESS: BaseCommand.Type
+    ERROR: BaseCommand.Type
+    CLOSE_PRODUCER: BaseCommand.Type
+    CLOSE_CONSUMER: BaseCommand.Type
+    PRODUCER_SUCCESS: BaseCommand.Type
+    PING: BaseCommand.Type
+    PONG: BaseCommand.Type
+    REDELIVER_UNACKNOWLEDGED_MESSAGES: BaseCommand.Type
+    PARTITIONED_METADATA: BaseCommand.Type
+    PARTITIONED_METADATA_RESPONSE: BaseCommand.Type
+    LOOKUP: BaseCommand.Type
+    LOOKUP_RESPONSE: BaseCommand.Type
+    CONSUMER_STATS: BaseCommand.Type
+    CONSUMER_STATS_RESPONSE: BaseCommand.Type
+    REACHED_END_OF_TOPIC: BaseCommand.Type
+    SEEK: BaseCommand.Type
+    GET_LAST_MESSAGE_ID: BaseCommand.Type
+    GET_LAST_MESSAGE_ID_RESPONSE: BaseCommand.Type
+    ACTIVE_CONSUMER_CHANGE: BaseCommand.Type
+    GET_TOPICS_OF_NAMESPACE: BaseCommand.Type
+    GET_TOPICS_OF_NAMESPACE_RESPONSE: BaseCommand.Type
+    GET_SCHEMA: BaseCommand.Type
+    GET_SCHEMA_RESPONSE: BaseCommand.Type
+    AUTH_CHALLENGE: BaseCommand.Type
+    AUTH_RESPONSE: BaseCommand.Type
+    ACK_RESPONSE: BaseCommand.Type
+    GET_OR_CREATE_SCHEMA: BaseCommand.Type
+    GET_OR_CREATE_SCHEMA_RESPONSE: BaseCommand.Type
+    NEW_TXN: BaseCommand.Type
+    NEW_TXN_RESPONSE: BaseCommand.Type
+    ADD_PARTITION_TO_TXN: BaseCommand.Type
+    ADD_PARTITION_TO_TXN_RESPONSE: BaseCommand.Type
+    ADD_SUBSCRIPTION_TO_TXN: BaseCommand.Type
+    ADD_SUBSCRIPTION_TO_TXN_RESPONSE: BaseCommand.Type
+    END_TXN: BaseCommand.Type
+    END_TXN_RESPONSE: BaseCommand.Type
+    END_TXN_ON_PARTITION: BaseCommand.Type
+    END_TXN_ON_PARTITION_RESPONSE: BaseCommand.Type
+    END_TXN_ON_SUBSCRIPTION: BaseCommand.Type
+    END_TXN_ON_SUBSCRIPTION_RESPONSE: BaseCommand.Type
+    TC_CLIENT_CONNECT_REQUEST: BaseCommand.Type
+    TC_CLIENT_CONNECT_RESPONSE: BaseCommand.Type
+    WATCH_TOPIC_LIST: BaseCommand.Type
+    WATCH_TOPIC_LIST_SUCCESS: BaseCommand.Type
+    WATCH_TOPIC_UPDATE: BaseCommand.Type
+    WATCH_TOPIC_LIST_CLOSE: BaseCommand.Type
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONNECT_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FLOW_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPTOPIC_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPTOPICRESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REACHEDENDOFTOPIC_FIELD_NUMBER: _ClassVar[int]
+    GETLASTMESSAGEID_FIELD_NUMBER: _ClassVar[int]
+    GETLASTMESSAGEIDRESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONSUMER_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    GETTOPICSOFNAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    GETTOPICSOFNAMESPACERESPONSE_FIELD_NUMBER: _ClassVar[int]
+    AUTHCHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    AUTHRESPONSE_FIELD_NUMBER: _ClassVar[int]
+    type: BaseCommand.Type
+    connect: CommandConnect
+    connected: CommandConnected
+    subscribe: CommandSubscribe
+    message: CommandMessage
+    flow: CommandFlow
+    success: CommandSuccess
+    error: CommandError
+    close_consumer: CommandCloseConsumer
+    ping: CommandPing
+    pong: CommandPong
+    lookupTopic: CommandLookupTopic
+    lookupTopicResponse: CommandLookupTopicResponse
+    reachedEndOfTopic: CommandReachedEndOfTopic
+    getLastMessageId: CommandGetLastMessageId
+    getLastMessageIdResponse: CommandGetLastMessageIdResponse
+    active_consumer_change: CommandActiveConsumerChange
+    getTopicsOfNamespace: CommandGetTopicsOfNamespace
+    getTopicsOfNamespaceResponse: CommandGetTopicsOfNamespaceResponse
+    authChallenge: CommandAuthChallenge
+    authResponse: CommandAuthResponse
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., reachedEndOfTopic: _Optional[_Union[CommandReachedEndOfTopic, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., authChallenge: _Optional[_Union[CommandAuthChallenge, _Mapping]] = ..., authResponse: _Optional[_Union[CommandAuthResponse, _Mapping]] = ...) -> None: ...
