@@ -1,0 +1,634 @@
+"""The raw-entry reader (streaming/raw_reader.py): entries byte for byte as pulsar-client's producer
+wrote them and the broker stores them, read over the binary protocol from the real embedded broker;
+the exactness tests of test_pulsar_io.py on the raw reader; scripted faults; and the connection
+features against a scripted broker (auth, redirects, proxies) and a TLS terminator in front of the
+real broker.
+
+What is tested against what:
+- the real pulsar-lite broker: connect, lookup (answered with Connect to itself), non-durable
+  subscription, flow, messages, GetLastMessageId, close; duplicates, stalls, restart, rollover;
+- a TLS terminator (Python ssl, self-signed certificate) in front of the real broker: pulsar+ssl://;
+- a scripted broker on a socket: token and basic auth data in CONNECT, AUTH_CHALLENGE, lookup
+  Redirect, proxy_through_service_url, and a corrupt entry (CRC-32C) on receipt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+
+from streamoffload.codecs.compression import compress
+from streamoffload.codecs.entry import CompressionType, MessageMetadata, decode_entry, encode_entry, entry_messages
+from streamoffload.codecs.errors import ConfigError
+from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
+from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.produce import produce
+from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming import raw_reader as rr
+from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, DataLossError, PulsarIOError, ReaderSettings, ReadStats
+from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
+from tests.source.test_pulsar_io import assert_strictly_increasing, check_messages
+
+FAST = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=400, retry_timeout_s=20.0)
+T = BaseCommand.Type
+
+
+@pytest.fixture(scope="module")
+def raw(pulsar_broker: EmbeddedBroker) -> rr.RawClient:
+    return rr.RawClient(pulsar_broker.service_url)
+
+
+def read_all(client: Any, topic: str, **kwargs: Any) -> list[pio.Entry]:
+    end = rr.latest_position_raw(client, topic)
+    assert end is not None
+    return list(rr.read_range_raw(client, topic, BEFORE_EARLIEST, end, settings=FAST, **kwargs))
+
+
+# --- fidelity ----------------------------------------------------------------------------------
+
+CODECS = {
+    "NONE": (pulsar.CompressionType.NONE, CompressionType.NONE),
+    "LZ4": (pulsar.CompressionType.LZ4, CompressionType.LZ4),
+    "ZLIB": (pulsar.CompressionType.ZLib, CompressionType.ZLIB),
+    "ZSTD": (pulsar.CompressionType.ZSTD, CompressionType.ZSTD),
+    "SNAPPY": (pulsar.CompressionType.SNAPPY, CompressionType.SNAPPY),
+}
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_entries_are_the_producers_bytes(pulsar_broker: EmbeddedBroker, raw: rr.RawClient, codec: str,
+                                         batched: bool) -> None:
+    client_codec, wire_codec = CODECS[codec]
+    topic = unique_topic(f"raw-{codec}-{batched}")
+    count = 24
+    sent: list[dict[str, Any]] = []
+    client = pulsar.Client(pulsar_broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(
+            topic,
+            producer_name=f"producer-{codec}",
+            compression_type=client_codec,
+            batching_enabled=batched,
+            batching_max_messages=8,
+            batching_max_publish_delay_ms=50,
+        )
+        for i in range(count):
+            msg = {
+                "payload": (f"message {i} of {topic} ".encode() * 6) if i != 5 else None,  # one null value
+                "key": f"key-{i % 3}" if i % 4 else None,
+                "properties": {"i": str(i), "codec": codec},
+                "event_time": 1_700_000_000_000 + i,
+                "sequence_id": 5000 + 2 * i,  # explicit, and not consecutive
+            }
+            sent.append(msg)
+            kwargs: dict[str, Any] = {
+                "properties": msg["properties"],
+                "event_timestamp": msg["event_time"],
+                "sequence_id": msg["sequence_id"],
+            }
+            if msg["key"] is not None:
+                kwargs["partition_key"] = msg["key"]
+            producer.send_async(msg["payload"], None, **kwargs)
+        producer.flush()
+        producer.close()
+    finally:
+        client.close()
+
+    stats = ReadStats()
+    entries = read_all(raw, topic, stats=stats)
+    assert_strictly_increasing(entries)
+    assert stats.messages == count and stats.entries == len(entries)
+    received = []
+    for entry in entries:
+        decoded = decode_entry(entry.data)  # the CRC-32C holds: the bytes are the producer's
+        md = decoded.metadata
+        assert md.producer_name == f"producer-{codec}"
+        assert decoded.num_messages == entry.num_messages and md.publish_time == entry.publish_time
+        assert md.compression == wire_codec
+        if batched:
+            assert md.HasField("num_messages_in_batch")
+        if wire_codec != CompressionType.NONE and entry.num_messages > 1:
+            assert len(decoded.payload) < md.uncompressed_size, "a compressed batch must stay compressed"
+        messages = entry_messages(entry.data)
+        assert md.sequence_id == messages[0].sequence_id  # the producer's, not renumbered from 0
+        received += messages
+    assert len(received) == count
+    for msg, got in zip(sent, received, strict=True):
+        expected = msg["payload"] if msg["payload"] is not None else b""
+        assert bytes(got.payload) == expected
+        assert got.null_value == (msg["payload"] is None)
+        assert got.key == msg["key"]
+        assert got.properties == msg["properties"]
+        assert got.event_time == msg["event_time"]
+        assert got.sequence_id == msg["sequence_id"]
+        assert got.producer_name == f"producer-{codec}"
+    if not batched:
+        assert len(entries) == count
+
+
+# --- the exactness tests of test_pulsar_io, on the raw reader ----------------------------------
+
+
+def test_latest_position_matches_the_client(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
+    topic = unique_topic("raw-latest")
+    assert rr.latest_position_raw(raw, topic) is None
+    summary = produce(pulsar_broker.service_url, topic, 10, 8, batching=False)
+    last = summary.partitions[topic].last_message_id
+    assert last is not None
+    assert rr.latest_position_raw(raw, topic) == (last[0], last[1])
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
+def test_reads_every_entry_once_with_exact_messages(pulsar_broker: EmbeddedBroker, raw: rr.RawClient,
+                                                    batching: bool) -> None:
+    topic = unique_topic("raw-io")
+    produce(pulsar_broker.service_url, topic, 600, 200, keys=3, properties={"src": "io"}, batching=batching,
+            batch_size=25)
+    stats = ReadStats()
+    entries = read_all(raw, topic, stats=stats)
+    assert_strictly_increasing(entries)
+    assert entries[-1].position == rr.latest_position_raw(raw, topic)
+    assert check_messages(entries, topic, 200, keys=3) == 600
+    assert stats.entries == len(entries) and stats.messages == 600
+    assert stats.bytes == sum(len(e.data) for e in entries)
+    if batching:
+        assert len(entries) < 600 and any(e.num_messages > 1 for e in entries)
+    else:
+        assert len(entries) == 600
+
+
+def test_same_positions_and_messages_as_the_client_reader(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
+    topic = unique_topic("raw-vs-client")
+    produce(pulsar_broker.service_url, topic, 200, 40, keys=2, properties={"src": "io"}, batching=True, batch_size=9)
+    client = pio.make_client(pulsar_broker.service_url)
+    try:
+        end = pio.latest_position(client, topic)
+        assert end is not None
+        via_client = list(pio.read_range(client, topic, BEFORE_EARLIEST, end, settings=FAST))
+    finally:
+        client.close()
+    via_raw = read_all(raw, topic)
+    assert [(e.position, e.num_messages, e.publish_time) for e in via_raw] == [
+        (e.position, e.num_messages, e.publish_time) for e in via_client
+    ]
+    for a, b in zip(via_raw, via_client, strict=True):
+        assert [bytes(m.payload) for m in entry_messages(a.data)] == [bytes(m.payload) for m in entry_messages(b.data)]
+
+
+def test_sub_ranges_partition_the_topic_exactly(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
+    topic = unique_topic("raw-subrange")
+    produce(pulsar_broker.service_url, topic, 300, 50, properties={"src": "io"}, batching=True, batch_size=7)
+    end = rr.latest_position_raw(raw, topic)
+    assert end is not None
+    whole = list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end, settings=FAST))
+    cut_a, cut_b = whole[10].position, whole[25].position
+    parts = [
+        list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, cut_a, settings=FAST)),
+        list(rr.read_range_raw(raw, topic, cut_a, cut_b, settings=FAST)),
+        list(rr.read_range_raw(raw, topic, cut_b, end, settings=FAST)),
+    ]
+    assert [len(p) for p in parts] == [11, 15, len(whole) - 26]
+    assert [e for p in parts for e in p] == whole
+    assert list(rr.read_range_raw(raw, topic, end, end, settings=FAST)) == []
+
+
+def test_reads_across_a_ledger_rollover(raw: rr.RawClient, rollover_topic: tuple[str, int]) -> None:
+    topic, count = rollover_topic
+    entries = read_all(raw, topic)
+    assert len(entries) == count
+    assert_strictly_increasing(entries)
+    ledgers = sorted({e.ledger_id for e in entries})
+    assert len(ledgers) == 2, ledgers
+    first_ledger = [e for e in entries if e.ledger_id == ledgers[0]]
+    assert len(first_ledger) == ROLLOVER_ENTRIES and first_ledger[-1].entry_id == ROLLOVER_ENTRIES - 1
+    assert entries[ROLLOVER_ENTRIES].position == (ledgers[1], 0)
+    tail = list(rr.read_range_raw(raw, topic, first_ledger[-2].position, (ledgers[1], 1), settings=FAST))
+    assert [e.position for e in tail] == [first_ledger[-1].position, (ledgers[1], 0), (ledgers[1], 1)]
+
+
+def test_survives_a_broker_restart_mid_read(make_broker: Callable[..., EmbeddedBroker]) -> None:
+    broker = make_broker()
+    topic = unique_topic("raw-restart")
+    produce(broker.service_url, topic, 2000, 100, properties={"src": "io"}, batching=False)
+    raw = rr.RawClient(broker.service_url, {"operationTimeoutSeconds": "5"})
+    end = rr.latest_position_raw(raw, topic)
+    assert end is not None
+    stats = ReadStats()
+    it = rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end, settings=FAST, stats=stats)
+    entries = [next(it) for _ in range(500)]
+    broker.restart()
+    entries += list(it)
+    assert_strictly_increasing(entries)
+    assert check_messages(entries, topic, 100) == 2000
+    assert stats.reopens >= 1
+    produce(broker.service_url, topic, 50, 100, properties={"src": "io"}, batching=False)
+    new_end = rr.latest_position_raw(raw, topic)
+    assert new_end is not None and new_end > end
+    more = list(rr.read_range_raw(raw, topic, end, new_end, settings=FAST))
+    assert check_messages(more, topic, 100) == 50
+
+
+def test_broker_gone_is_a_clear_error_after_the_retry_budget(make_broker: Callable[..., EmbeddedBroker]) -> None:
+    broker = make_broker()
+    topic = unique_topic("raw-gone")
+    produce(broker.service_url, topic, 20, 10, batching=False)
+    raw = rr.RawClient(broker.service_url, {"operationTimeoutSeconds": "2", "connectionTimeoutMs": "500"})
+    end = rr.latest_position_raw(raw, topic)
+    assert end is not None
+    broker.stop()
+    budget = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=200, retry_timeout_s=1.5, max_backoff_s=0.3)
+    with pytest.raises(PulsarIOError, match=rf"{topic}: no progress reading positions \(-1:-1, .*subscribing"):
+        list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end, settings=budget))
+
+
+def test_probe_finds_the_next_entry_with_its_exact_size(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
+    topic = unique_topic("raw-probe")
+    produce(pulsar_broker.service_url, topic, 30, 100, batching=True, batch_size=10)
+    entries = read_all(raw, topic)
+    probe = rr.probe_after_raw(raw, topic, BEFORE_EARLIEST, settings=FAST)
+    assert probe == pio.Probe(entries[0].position, entries[0].num_messages, len(entries[0].data))
+    after_first = rr.probe_after_raw(raw, topic, entries[0].position, settings=FAST)
+    assert after_first is not None and after_first.position == entries[1].position
+    assert rr.probe_after_raw(raw, topic, entries[-1].position, settings=FAST, attempts=1) is None
+
+
+# --- scripted faults (the read loop, without a broker) -----------------------------------------
+
+
+def _entry_bytes(ledger: int, entry: int) -> bytes:
+    md = MessageMetadata(producer_name="fake", sequence_id=entry, publish_time=1000 + entry)
+    return encode_entry(md, f"{ledger}:{entry}".encode())
+
+
+STALL = object()
+
+
+def plain(ledger: int, *entries: int) -> list[rr.RawMessage]:
+    return [rr.RawMessage(ledger, e, 1000 + e, 1, _entry_bytes(ledger, e)) for e in entries]
+
+
+@dataclass
+class FakeConsumer:
+    script: list[Any]
+    closed: bool = False
+
+    def receive(self, timeout_ms: int) -> rr.RawMessage | None:
+        if not self.script:
+            return None
+        item = self.script.pop(0)
+        if item is STALL:
+            return None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeRawClient:
+    """Each subscription plays the next script whatever its start position, like a broker replaying too much."""
+
+    scripts: list[list[Any]]
+    opened_at: list[tuple[int, int]] = field(default_factory=list)
+
+    def open_consumer(self, topic: str, after: tuple[int, int], queue_size: int) -> FakeConsumer:
+        self.opened_at.append(after)
+        if self.scripts and isinstance(self.scripts[0], Exception):
+            raise self.scripts.pop(0)
+        return FakeConsumer(list(self.scripts.pop(0)) if self.scripts else [])
+
+
+QUICK = ReaderSettings(stall_timeout_ms=1, max_stall_timeout_ms=2, retry_timeout_s=5.0, initial_backoff_s=0.0)
+
+
+def test_duplicates_stalls_and_errors_are_absorbed() -> None:
+    client = FakeRawClient(
+        [
+            [*plain(1, 0, 1, 1, 0, 2), STALL],  # duplicates, then a stall with 3..5 still due
+            ConnectionRefusedError("broker down"),  # a failed subscription: retried
+            [*plain(1, 1, 2, 3), PulsarIOError("the broker closed the consumer")],
+            plain(1, 3, 4, 5),
+        ]
+    )
+    stats = ReadStats()
+    entries = list(rr.read_range_raw(client, "t", BEFORE_EARLIEST, (1, 5), settings=QUICK, stats=stats))
+    assert [e.position for e in entries] == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]
+    assert [e.data for e in entries] == [_entry_bytes(1, i) for i in range(6)]
+    assert stats.duplicates == 5 and stats.stalls == 1 and stats.errors == 2
+    assert client.opened_at == [BEFORE_EARLIEST, (1, 2), (1, 2), (1, 3)]
+
+
+def test_gap_is_data_loss_once_confirmed_and_skipped_when_allowed() -> None:
+    client = FakeRawClient([plain(1, 0, 1, 3, 4), plain(1, 3, 4)])
+    with pytest.raises(DataLossError, match="t: entries between 1:1 and 1:3 are missing"):
+        list(rr.read_range_raw(client, "t", BEFORE_EARLIEST, (1, 4), settings=QUICK))
+    lenient = ReaderSettings(**{**QUICK.__dict__, "fail_on_data_loss": False})
+    stats = ReadStats()
+    client = FakeRawClient([plain(1, 0, 1) + plain(2, 5, 6), plain(2, 5, 6)])
+    entries = list(rr.read_range_raw(client, "t", BEFORE_EARLIEST, (2, 6), settings=lenient, stats=stats))
+    assert [e.position for e in entries] == [(1, 0), (1, 1), (2, 5), (2, 6)]
+    assert stats.lost == [((1, 1), (2, 5))]
+
+
+def test_range_ends_known_and_capped() -> None:
+    client = FakeRawClient([plain(1, 5, 9), plain(1, 9)])
+    with pytest.raises(DataLossError, match=r"entries after 1:5 up to 1:7 are missing \(the next entry"):
+        list(rr.read_range_raw(client, "t", (1, 4), (1, 7), settings=QUICK))
+    client = FakeRawClient([plain(1, 5, 6) + plain(3, 0, 1)])
+    entries = list(rr.read_range_raw(client, "t", (1, 4), (1, 10), settings=QUICK, end_is_known=False))
+    assert [e.position for e in entries] == [(1, 5), (1, 6)]
+
+
+def test_endless_stalls_give_up_with_a_clear_error() -> None:
+    client = FakeRawClient([plain(1, 0)])
+    budget = ReaderSettings(stall_timeout_ms=1, max_stall_timeout_ms=1, retry_timeout_s=0.2, initial_backoff_s=0.0)
+    with pytest.raises(PulsarIOError, match=r"t: no progress reading positions \(1:0, 1:3\] for 0.2 s"):
+        list(rr.read_range_raw(client, "t", BEFORE_EARLIEST, (1, 3), settings=budget))
+
+
+# --- a scripted broker on a socket: auth, lookups, proxies, corrupt entries ---------------------
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 5.0) -> Any:
+    """Poll ``condition`` until it is truthy (the scripted broker records commands on its own thread)."""
+    deadline = time.monotonic() + timeout
+    while not (result := condition()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return result
+
+
+def _frame(cmd: BaseCommand, payload: bytes = b"") -> bytes:
+    body = cmd.SerializeToString()
+    return struct.pack(">II", len(body) + 4 + len(payload), len(body)) + body + payload
+
+
+def _read_command(conn: socket.socket) -> BaseCommand | None:
+    head = conn.recv(8, socket.MSG_WAITALL)
+    if len(head) < 8:
+        return None
+    total, size = struct.unpack(">II", head)
+    body = conn.recv(total - 4, socket.MSG_WAITALL)
+    return BaseCommand.FromString(body[:size])
+
+
+class ScriptedBroker:
+    """Answers CONNECT, LOOKUP (with ``lookup`` deciding the answer), SUBSCRIBE, FLOW (by pushing
+    ``entries``), GET_LAST_MESSAGE_ID and CLOSE_CONSUMER; records every command it receives."""
+
+    def __init__(self, lookup: Callable[[BaseCommand], CommandLookupTopicResponse] | None = None,
+                 entries: list[tuple[int, int, bytes]] | None = None, challenge: bool = False) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.url = f"pulsar://127.0.0.1:{self.port}"
+        self.lookup = lookup
+        self.entries = entries or []
+        self.challenge = challenge
+        self.seen: list[BaseCommand] = []
+        self._stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            readable, _, _ = select.select([self.server], [], [], 0.05)
+            if readable:
+                conn, _ = self.server.accept()
+                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while (cmd := _read_command(conn)) is not None:
+                self.seen.append(cmd)
+                if cmd.type == T.CONNECT:
+                    if self.challenge:
+                        conn.sendall(_frame(BaseCommand(type=T.AUTH_CHALLENGE, authChallenge={
+                            "server_version": "scripted", "challenge": {"auth_method_name": "basic"}})))
+                        continue
+                    conn.sendall(_frame(BaseCommand(type=T.CONNECTED, connected={"server_version": "scripted"})))
+                elif cmd.type == T.AUTH_RESPONSE:
+                    conn.sendall(_frame(BaseCommand(type=T.CONNECTED, connected={"server_version": "scripted"})))
+                elif cmd.type == T.LOOKUP:
+                    resp = CommandLookupTopicResponse(response=CommandLookupTopicResponse.Connect,
+                                                      brokerServiceUrl=self.url)
+                    if self.lookup is not None:
+                        resp = self.lookup(cmd)
+                    resp.request_id = cmd.lookupTopic.request_id
+                    reply = BaseCommand(type=T.LOOKUP_RESPONSE)
+                    reply.lookupTopicResponse.CopyFrom(resp)
+                    conn.sendall(_frame(reply))
+                elif cmd.type == T.SUBSCRIBE:
+                    conn.sendall(_frame(BaseCommand(type=T.SUCCESS, success={"request_id": cmd.subscribe.request_id})))
+                elif cmd.type == T.FLOW:
+                    for ledger, entry, data in self.entries:
+                        msg = BaseCommand(type=T.MESSAGE)
+                        msg.message.consumer_id = cmd.flow.consumer_id
+                        msg.message.message_id.ledgerId = ledger
+                        msg.message.message_id.entryId = entry
+                        conn.sendall(_frame(BaseCommand(type=T.PING, ping={})))
+                        conn.sendall(_frame(msg, data))
+                elif cmd.type == T.GET_LAST_MESSAGE_ID:
+                    reply = BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE)
+                    reply.getLastMessageIdResponse.request_id = cmd.getLastMessageId.request_id
+                    reply.getLastMessageIdResponse.last_message_id.ledgerId = 7
+                    reply.getLastMessageIdResponse.last_message_id.entryId = 3
+                    conn.sendall(_frame(reply))
+
+    def close(self) -> None:
+        self._stop = True
+        self.thread.join(2)
+        self.server.close()
+
+    def commands(self, kind: int) -> list[BaseCommand]:
+        return [c for c in self.seen if c.type == kind]
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., ScriptedBroker]]:
+    brokers: list[ScriptedBroker] = []
+
+    def make(**kwargs: Any) -> ScriptedBroker:
+        brokers.append(ScriptedBroker(**kwargs))
+        return brokers[-1]
+
+    yield make
+    for b in brokers:
+        b.close()
+
+
+def test_protocol_steps_and_auth_token(scripted: Callable[..., ScriptedBroker]) -> None:
+    good = [(7, i, _entry_bytes(7, i)) for i in range(4)]
+    broker = scripted(entries=good)
+    raw = rr.RawClient(broker.url, {"authToken": "secret-token"})
+    assert rr.latest_position_raw(raw, "persistent://public/default/x") == (7, 3)
+    entries = list(rr.read_range_raw(raw, "persistent://public/default/x", (7, 0), (7, 3), settings=FAST))
+    assert [e.position for e in entries] == [(7, 1), (7, 2), (7, 3)]
+    connect = broker.commands(T.CONNECT)[0].connect
+    assert connect.auth_method_name == "token" and connect.auth_data == b"secret-token"
+    assert connect.protocol_version == 19 and connect.feature_flags.supports_broker_entry_metadata
+    sub = broker.commands(T.SUBSCRIBE)[-1].subscribe
+    assert sub.durable is False and sub.subType == 0 and sub.topic == "persistent://public/default/x"
+    assert (sub.start_message_id.ledgerId, sub.start_message_id.entryId) == (7, 0)
+    assert broker.commands(T.FLOW)[-1].flow.messagePermits == FAST.receiver_queue_size
+    assert wait_for(lambda: broker.commands(T.PONG)), "pings must be answered"
+    assert wait_for(lambda: broker.commands(T.CLOSE_CONSUMER))
+
+
+def test_basic_auth_and_auth_challenge(scripted: Callable[..., ScriptedBroker]) -> None:
+    broker = scripted(challenge=True)
+    raw = rr.RawClient(broker.url, {
+        "authPluginClassName": "org.apache.pulsar.client.impl.auth.AuthenticationBasic",
+        "authParams": '{"userId": "alice", "password": "pw"}',
+    })
+    assert rr.latest_position_raw(raw, "t") == (7, 3)
+    connect = broker.commands(T.CONNECT)[0].connect
+    assert (connect.auth_method_name, connect.auth_data) == ("basic", b"alice:pw")
+    answer = broker.commands(T.AUTH_RESPONSE)[0].authResponse.response
+    assert (answer.auth_method_name, answer.auth_data) == ("basic", b"alice:pw")
+
+
+def test_lookup_redirect_and_proxy(scripted: Callable[..., ScriptedBroker]) -> None:
+    owner = scripted(entries=[(7, 0, _entry_bytes(7, 0))])
+
+    def redirect(cmd: BaseCommand) -> CommandLookupTopicResponse:
+        return CommandLookupTopicResponse(response=CommandLookupTopicResponse.Redirect, brokerServiceUrl=owner.url,
+                                          authoritative=True)
+
+    front = scripted(lookup=redirect)
+    raw = rr.RawClient(front.url)
+    assert [e.position for e in rr.read_range_raw(raw, "t", BEFORE_EARLIEST, (7, 0), settings=FAST)] == [(7, 0)]
+    assert owner.commands(T.LOOKUP)[0].lookupTopic.authoritative is True
+    assert owner.commands(T.SUBSCRIBE) and not front.commands(T.SUBSCRIBE)
+
+    def via_proxy(cmd: BaseCommand) -> CommandLookupTopicResponse:
+        return CommandLookupTopicResponse(response=CommandLookupTopicResponse.Connect,
+                                          brokerServiceUrl="pulsar://10.9.9.9:6650", proxy_through_service_url=True)
+
+    proxy = scripted(lookup=via_proxy, entries=[(7, 0, _entry_bytes(7, 0))])
+    raw = rr.RawClient(proxy.url)
+    assert [e.position for e in rr.read_range_raw(raw, "t", BEFORE_EARLIEST, (7, 0), settings=FAST)] == [(7, 0)]
+    assert [c.connect.proxy_to_broker_url for c in proxy.commands(T.CONNECT)] == ["", "10.9.9.9:6650"]
+
+    def failed(cmd: BaseCommand) -> CommandLookupTopicResponse:
+        return CommandLookupTopicResponse(response=CommandLookupTopicResponse.Failed, error=11, message="no topic")
+
+    with pytest.raises(PulsarIOError, match=r"lookup of t at 127.0.0.1:\d+ failed: no topic \(TopicNotFound\)"):
+        rr.latest_position_raw(rr.RawClient(scripted(lookup=failed).url), "t")
+
+
+def test_a_corrupt_entry_is_refused_and_read_again(scripted: Callable[..., ScriptedBroker]) -> None:
+    good = _entry_bytes(7, 1)
+    bad = bytearray(good)
+    bad[-1] ^= 0x40
+    broker = scripted(entries=[(7, 0, _entry_bytes(7, 0)), (7, 1, bytes(bad))])
+    stats = ReadStats()
+    it = rr.read_range_raw(rr.RawClient(broker.url), "t", BEFORE_EARLIEST, (7, 1), settings=QUICK, stats=stats)
+    assert next(it).position == (7, 0)
+    broker.entries[1] = (7, 1, good)  # the broker's next delivery is intact
+    assert [e.data for e in it] == [good]
+    assert stats.errors == 1 and "checksum mismatch" in (stats.last_error or "")
+
+
+def test_compressed_entry_bytes_pass_through_untouched(scripted: Callable[..., ScriptedBroker]) -> None:
+    payload = b"abc" * 100
+    md = MessageMetadata(producer_name="p", sequence_id=1, publish_time=5, compression=CompressionType.ZSTD,
+                         uncompressed_size=len(payload))
+    data = encode_entry(md, compress(CompressionType.ZSTD, payload))
+    broker = scripted(entries=[(7, 0, data)])
+    (entry,) = rr.read_range_raw(rr.RawClient(broker.url), "t", BEFORE_EARLIEST, (7, 0), settings=FAST)
+    assert entry.data == data and entry.publish_time == 5 and entry.num_messages == 1
+
+
+def test_unsupported_auth_plugin_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="authPluginClassName: the raw-entry reader supports token, basic and TLS"):
+        rr.RawClient("pulsar://h:1", {"authPluginClassName": "org.apache.pulsar.client.impl.auth.oauth2.X"})
+    with pytest.raises(ConfigError, match="AuthenticationBasic needs userId and password"):
+        rr.RawClient("pulsar://h:1", {"authPluginClassName": "AuthenticationBasic", "authParams": "{}"})
+
+
+# --- TLS: a terminator in front of the real broker ---------------------------------------------
+
+
+def _self_signed(tmp: Path) -> tuple[str, str]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def _tls_terminator(cert: str, key: str, backend: tuple[str, int]) -> tuple[socket.socket, int]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = server.accept()
+                tls = context.wrap_socket(client, server_side=True)
+                upstream = socket.create_connection(backend)
+                threading.Thread(target=pipe, args=(tls, upstream), daemon=True).start()
+                threading.Thread(target=pipe, args=(upstream, tls), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def test_tls_service_url(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    topic = unique_topic("raw-tls")
+    produce(pulsar_broker.service_url, topic, 40, 30, properties={"src": "io"}, batching=True, batch_size=8)
+    cert, key = _self_signed(tmp_path)
+    host, port = pulsar_broker.service_url.removeprefix("pulsar://").rsplit(":", 1)
+    server, tls_port = _tls_terminator(cert, key, (host, int(port)))
+    try:
+        raw = rr.RawClient(f"pulsar+ssl://localhost:{tls_port}", {"tlsTrustCertsFilePath": cert})
+        entries = read_all(raw, topic)
+        assert check_messages(entries, topic, 30) == 40
+        untrusted = rr.RawClient(f"pulsar+ssl://localhost:{tls_port}", {"connectionTimeoutMs": "2000"})
+        with pytest.raises(PulsarIOError, match="CERTIFICATE_VERIFY_FAILED"):
+            rr.latest_position_raw(untrusted, topic)
+    finally:
+        server.close()
