@@ -4,6 +4,7 @@ Run from the repository root:
 
     .venv/bin/python bench/offload.py                                   # 500 MB backlog, 60 s at 500 msg/s
     .venv/bin/python bench/offload.py --backlog-mb 20 --lag-seconds 20  # smoke test, about 2 min
+    .venv/bin/python bench/offload.py --backlog-mb 2000 --defaults      # memory on the default config
 
 It starts the embedded pulsar-lite broker and one local Spark session (``local[2]``), and uses a
 filesystem store, a checkpoint and the broker's data under one temporary work directory (removed at
@@ -35,6 +36,15 @@ the end unless ``--keep``).
    filesystem store: readers only read Offloaded segments, and the manifest is written last). It prints
    p50/p99 next to the rollover time (ratio). With a time-sealed segment the policy alone gives a
    p50 near half the rollover time and a p99 near the whole of it; the rest is the job.
+
+3. **Memory** (``--defaults``, alone: no source-alone drain, no lag). The job on the *default*
+   configuration (``maxBytesPerTrigger``, block, segment and buffer sizes as shipped; only the store,
+   checkpoint and topics are set) drains a ``--backlog-mb`` backlog with ``run_once`` while a thread
+   samples the resident set (VmRSS, /proc) of every process of the tree every 0.2 s: this driver Python,
+   the Spark JVM (driver and executor in one, ``local[2]``), its Python workers, and the broker. It prints
+   each peak beside the configured bounds, the JVM heap's peak use (per pool, from its MemoryPoolMXBeans)
+   and the largest micro-batch and offload buffer seen. The job's ``bufferFile`` is written by a batch
+   listener here (``streaming.source.write_buffer_file``, what the job's foreachBatch does).
 
 Each part also prints the CPU seconds spent by the broker, the Spark JVM, the Python workers and this
 driver process (from /proc), which is what the "what limits it" line is drawn from: the 2 cores here
@@ -156,6 +166,134 @@ class CpuMeter:
 # --- configuration ----------------------------------------------------------------------------------
 
 
+# --- resident memory by process, from /proc --------------------------------------------------------
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size: forked Python workers share the daemon's pages, which RSS counts in each."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return _rss_bytes(pid)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class RssSampler:
+    """Peak RSS of this process, the Spark JVM, each of its Python workers (and their sum at one moment)
+    and the broker, sampled every ``interval`` seconds in a thread."""
+
+    def __init__(self, broker_pid: int | None, interval: float = 0.2) -> None:
+        self.broker_pid = broker_pid
+        self.interval = interval
+        self.peaks: dict[str, int] = {"driver python": 0, "jvm": 0, "python workers (sum of PSS)": 0, "broker": 0}
+        self.worker_peaks: dict[int, tuple[int, str]] = {}
+        self.kinds: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        parents: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                stat = _proc_stat(int(name))
+                if stat is not None:
+                    parents.setdefault(stat[0], []).append(int(name))
+        me = os.getpid()
+        self._peak("driver python", _rss_bytes(me))
+        if self.broker_pid is not None:
+            self._peak("broker", sum(_rss_bytes(p) for p in _subtree(parents, self.broker_pid)))
+        for pid in parents.get(me, []):
+            if "java" not in _cmdline(pid).split(" ")[0]:
+                continue
+            self._peak("jvm", _rss_bytes(pid))
+            total = 0
+            for worker in _subtree(parents, pid):
+                if worker == pid:
+                    continue
+                rss = _rss_bytes(worker)
+                total += _pss_bytes(worker)
+                if worker not in self.kinds:  # named at first sight: an exiting process has no cmdline
+                    self.kinds[worker] = _worker_kind(_cmdline(worker))
+                if rss > self.worker_peaks.get(worker, (0, ""))[0]:
+                    self.worker_peaks[worker] = (rss, self.kinds[worker])
+            self._peak("python workers (sum of PSS)", total)
+
+    def _peak(self, name: str, value: int) -> None:
+        self.peaks[name] = max(self.peaks.get(name, 0), value)
+
+    def largest_workers(self) -> dict[str, int]:
+        """Per kind of Python worker (daemon, worker, source runner...), the largest peak of one process."""
+        out: dict[str, int] = {}
+        for rss, kind in self.worker_peaks.values():
+            out[kind] = max(out.get(kind, 0), rss)
+        return out
+
+
+def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
+
+
+def _worker_kind(cmdline: str) -> str:
+    for word in cmdline.split():
+        if word.startswith("pyspark.") or word.startswith("streamoffload"):
+            return word
+    return cmdline.split(" ")[0].rsplit("/", 1)[-1] or "?"
+
+
+def jvm_heap_pools(spark: Any, reset: bool = False) -> dict[str, tuple[int, int]]:
+    """Per JVM heap pool: (peak used, max) in bytes since the last reset."""
+    management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    out: dict[str, tuple[int, int]] = {}
+    for pool in management.getMemoryPoolMXBeans():
+        if str(pool.getType().toString()) != "Heap memory":
+            continue
+        if reset:
+            pool.resetPeakUsage()
+        peak = pool.getPeakUsage()
+        out[str(pool.getName())] = (int(peak.getUsed()), int(peak.getMax()))
+    return out
+
+
 def job_config(
     args: argparse.Namespace,
     work: Path,
@@ -166,14 +304,14 @@ def job_config(
 ) -> Config:
     """The job's configuration; without ``rollover_seconds`` the default rollover (10 minutes) applies,
     so a backlog's segments are sealed by size, and the last one by ``run_once``."""
-    offload: dict[str, Any] = {
-        "maxSizePerOffloadSegmentMbytes": args.segment_mb,
-        "managedLedgerOffloadMaxBlockSizeInBytes": args.block_size,
-    }
+    offload: dict[str, Any] = {}
+    if not args.defaults:
+        offload["maxSizePerOffloadSegmentMbytes"] = args.segment_mb
+        offload["managedLedgerOffloadMaxBlockSizeInBytes"] = args.block_size
     if rollover_seconds is not None:
         offload["maxOffloadSegmentRolloverTimeSeconds"] = rollover_seconds
     pulsar: dict[str, Any] = {"service_url": service_url, "topics": topics}
-    if args.max_bytes_per_trigger > 0:
+    if args.max_bytes_per_trigger > 0 and not args.defaults:
         pulsar["max_bytes_per_trigger"] = args.max_bytes_per_trigger
     doc = {
         "pulsar": pulsar,
@@ -392,6 +530,113 @@ def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_
     )
 
 
+# --- memory on the default configuration -----------------------------------------------------------
+
+
+def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    from streamoffload.streaming.job import min_part_size
+    from streamoffload.streaming.source import SourceOptions, buffer_bound, buffer_file_path, write_buffer_file
+
+    messages = int(args.backlog_mb * 1e6 / args.payload_size)
+    summary = produce(
+        broker.service_url,
+        f"{NAMESPACE}/bench-offload-memory",
+        messages,
+        args.payload_size,
+        partitions=args.partitions,
+        batching=True,
+        batch_size=args.batch_size,
+        client_options=QUIET_CLIENT,
+    )
+    topics = list(summary.partitions)
+    print(
+        f"memory: published {summary.messages:,} messages of {args.payload_size} B ({summary.bytes / 1e6:,.0f} MB of "
+        f"payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
+    )
+    config = job_config(args, work, "memory", broker.service_url, topics)
+    job = OffloadJob(config)
+    buffered_peak = 0
+
+    def on_batch(report: BatchReport) -> None:  # what the job's foreachBatch does with its stats
+        nonlocal buffered_peak
+        assert job.run is not None
+        write_buffer_file(
+            buffer_file_path(job._versions_file(), job.run.epoch), job.last_topic_stats, min_part_size(config.store)
+        )
+        for stats in report.topics.values():
+            buffered_peak = max(buffered_peak, int(stats.get("buffered_bytes") or 0))
+
+    job.listeners.append(on_batch)
+    reports: list[BatchReport] = []
+    job.listeners.append(reports.append)
+    starts: list[Any] = []
+    start_query = job.start
+
+    def keep_query(*a: Any, **kw: Any) -> Any:
+        starts.append(start_query(*a, **kw))
+        return starts[-1]
+
+    job.start = keep_query  # type: ignore[method-assign]
+    jvm_heap_pools(spark, reset=True)
+    with RssSampler(broker.pid) as rss, CpuMeter(broker.pid) as meter:
+        started = time.monotonic()
+        job.run_once(spark)
+        wall = time.monotonic() - started
+    heap = jvm_heap_pools(spark)
+    meta = MetadataStore(config.store.open(), config.store.key_prefix)
+    entries = sum(m.entries for t in topics for m in meta.manifests(t) if m.status == mf.OFFLOADED)
+    entry_bytes = sum(m.entryBytes for t in topics for m in meta.manifests(t) if m.status == mf.OFFLOADED)
+    behind = {
+        t: offloaded_through(meta, t)
+        for t, pos in _last_positions(summary).items()
+        if (offloaded_through(meta, t) or (-1, -1)) < pos
+    }
+    if behind:
+        raise RuntimeError(f"run_once left entries unoffloaded: offloaded through {behind}")
+    progress = [p for q in starts for p in q.recentProgress if p["numInputRows"] > 0]
+    rows = [p["numInputRows"] for p in progress]
+    entry_size = entry_bytes / max(entries, 1)
+    pulsar = config.pulsar
+    policy = config.policy_for(topics[0])
+    options = SourceOptions.parse({"serviceUrl": pulsar.service_url, "topics": topics[0]})
+    bound = buffer_bound(policy, min_part_size(config.store))
+    driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", "1g")
+    mib = 1 << 20
+    print(
+        f"  offloaded {entries:,} entries (everything published), "
+        f"{entry_bytes / 1e6:,.0f} MB in {wall:.1f} s ({entry_bytes / 1e6 / wall:.1f} MB/s), "
+        f"{len(progress)} micro-batches with data"
+    )
+    print(
+        f"  configured: spark.driver.memory {driver_memory} (JVM heap max {_heap_max(heap) / mib:,.0f} MiB), "
+        f"max_bytes_per_trigger {pulsar.max_bytes_per_trigger / mib:g} MiB, arrowBatchBytes "
+        f"{options.arrow_batch_bytes / mib:g} MiB, block {policy.block_size / mib:g} MiB, segment "
+        f"{policy.max_segment_bytes / mib:g} MiB, offload buffer bound {bound / mib:g} MiB per topic-partition "
+        f"(offloadBufferMaxBytes {policy.offloadBufferMaxBytes / mib:g} MiB), {len(topics)} topic-partitions"
+    )
+    if rows:
+        print(
+            f"  largest micro-batch {max(rows):,} entries = ~{max(rows) * entry_size / mib:,.1f} MiB "
+            f"(entries of ~{entry_size / 1024:,.0f} KiB); largest offload buffer after a batch "
+            f"{buffered_peak / mib:,.1f} MiB"
+        )
+    print(
+        "  peak RSS: "
+        + ", ".join(f"{name} {value / mib:,.0f} MiB" for name, value in rss.peaks.items())
+        + "; largest single Python worker by kind: "
+        + ", ".join(f"{kind} {value / mib:,.0f} MiB" for kind, value in sorted(rss.largest_workers().items()))
+    )
+    print(
+        "  JVM heap peak used by pool: "
+        + ", ".join(f"{name} {used / mib:,.0f} MiB" for name, (used, _max) in sorted(heap.items()))
+    )
+    print(f"  {meter.render(wall)}")
+
+
+def _heap_max(heap: dict[str, tuple[int, int]]) -> int:
+    return sum(m for _used, m in heap.values() if m > 0)
+
+
 # --- lag ------------------------------------------------------------------------------------------------
 
 
@@ -588,6 +833,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="memory on the default configuration only: run_once over the backlog, peak RSS per process",
+    )
     args = parser.parse_args(argv)
 
     # On SIGTERM, unwind through the finally blocks below: they stop the broker and Spark and remove the work dir.
@@ -596,11 +846,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.work_dir:
         os.makedirs(args.work_dir, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-offload-", dir=args.work_dir))
+    sizes = (
+        "the default configuration"
+        if args.defaults
+        else f"segments {args.segment_mb:g} MiB, blocks {args.block_size:,} B, maxBytesPerTrigger "
+        f"{args.max_bytes_per_trigger:,}"
+    )
     print(
         f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], pulsar-lite, filesystem "
         f"store; {args.payload_size} B messages batched by {args.batch_size}, {args.partitions} topic-partitions, "
-        f"segments {args.segment_mb:g} MiB, blocks {args.block_size:,} B, maxBytesPerTrigger "
-        f"{args.max_bytes_per_trigger:,}; work dir {work}"
+        f"{sizes}; work dir {work}"
     )
     from streamoffload.streaming.session import build_session
 
@@ -613,10 +868,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with EmbeddedBroker(work / "broker") as broker:
             warm_up(args, spark, broker, work)
-            if not args.skip_throughput:
-                throughput(args, spark, broker, work)
-            if not args.skip_lag:
-                lag(args, spark, broker, work)
+            if args.defaults:
+                memory(args, spark, broker, work)
+            else:
+                if not args.skip_throughput:
+                    throughput(args, spark, broker, work)
+                if not args.skip_lag:
+                    lag(args, spark, broker, work)
     finally:
         spark.stop()
         if args.keep:
