@@ -433,6 +433,9 @@ class OffloadJob:
 
     def _await(self, query: Any) -> None:
         while query.isActive:
+            if self._stop.is_set():
+                query.stop()
+                raise StreamOffloadError("stopped before the run finished; the next run continues from the store")
             self.watch_policy()
             query.awaitTermination(1.0)
         if self._fenced is not None:
@@ -444,9 +447,9 @@ class OffloadJob:
             raise StreamOffloadError(f"offload query failed: {self.query.exception()}")
 
     def stop(self) -> None:
+        """Ask the job to stop: safe from a signal handler (it only sets a flag); the running loop stops
+        the query, since calling into Spark from a handler re-enters the py4j call the main thread is in."""
         self._stop.set()
-        if self.query is not None:
-            self.query.stop()
 
     def run_forever(self, spark: Any, *, max_restarts: int = 10, backoff_s: float = 5.0) -> None:
         """Run until ``stop``; after a query failure, start a new run (recovering from the store) with
@@ -464,6 +467,7 @@ class OffloadJob:
                 if self._fenced is not None:
                     raise self._fenced
                 if self._stop.is_set():
+                    query.stop()
                     break
                 error = query.exception()
                 if error is None:
