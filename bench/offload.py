@@ -274,10 +274,11 @@ def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
 
 
 def _worker_kind(cmdline: str) -> str:
-    for word in cmdline.split():
-        if word.startswith("pyspark.") or word.startswith("streamoffload"):
-            return word
-    return cmdline.split(" ")[0].rsplit("/", 1)[-1] or "?"
+    """The module a worker runs: ``python -m pyspark.daemon pyspark.worker`` is a ``pyspark.worker``."""
+    words = [w for w in cmdline.split() if w.startswith("pyspark.") or w.startswith("streamoffload")]
+    if words:
+        return words[-1]
+    return cmdline.split(" ")[0].rsplit("/", 1)[-1] or "(exited before it was named)"
 
 
 def jvm_heap_pools(spark: Any, reset: bool = False) -> dict[str, tuple[int, int]]:
