@@ -30,7 +30,8 @@ followed, ``Connect`` to the owning broker, ``proxy_through_service_url`` honour
 the service URL with ``proxy_to_broker_url``), ``SUBSCRIBE`` (Exclusive, non-durable, a unique
 subscription name, ``start_message_id`` = the last emitted position or earliest), ``FLOW`` permits
 (counted in messages, topped up as they are used), ``MESSAGE`` frames, ``GET_LAST_MESSAGE_ID``,
-``CLOSE_CONSUMER``; ``PING`` is answered with ``PONG``.
+cumulative ``ACK`` of what arrived (as Pulsar's own readers do), ``CLOSE_CONSUMER``; ``PING`` is
+answered with ``PONG``.
 
 Connection options (the source's ``pulsar.client.*`` options, prefix removed, names as
 :func:`pulsar_io.client_kwargs` takes them): ``authToken`` or ``authPluginClassName`` +
@@ -59,6 +60,7 @@ from streamoffload.codecs.entry import decode_entry, metadata_num_messages
 from streamoffload.codecs.errors import ConfigError, FormatError
 from streamoffload.codecs.proto.pulsar_api_pb2 import (
     BaseCommand,
+    CommandAck,
     CommandLookupTopicResponse,
     CommandSubscribe,
     MessageIdData,
@@ -100,6 +102,7 @@ _MAX_FRAME = 128 << 20  # Pulsar's maxMessageSize is 5 MiB by default; a larger 
 _RECV_CHUNK = 1 << 18
 _U64 = (1 << 64) - 1  # MessageId.earliest's -1, as the uint64 the protocol carries
 _MAX_LOOKUP_HOPS = 8
+_ACK_EVERY = 16  # entries between cumulative acks (brokers redeliver what a consumer never acks)
 
 T = BaseCommand.Type
 
@@ -469,6 +472,8 @@ class RawConsumer:
         self.consumer_id = 1
         self._queue = max(int(queue_size), 1)
         self._used = 0
+        self._unacked = 0
+        self._acked_to: Position = BEFORE_EARLIEST
         self._closed = False
         try:
             rid = self.conn.next_request_id()
@@ -493,6 +498,19 @@ class RawConsumer:
         except BaseException:
             self.conn.close()
             raise
+
+    def _ack(self) -> None:
+        """Acknowledge cumulatively up to the highest position received, as Pulsar's readers do for
+        their non-durable subscriptions: the broker then neither keeps nor redelivers those entries
+        (pulsar-lite redelivers unacknowledged entries over and over)."""
+        self._unacked = 0
+        if self._acked_to < (0, 0):
+            return
+        cmd = BaseCommand(type=T.ACK)
+        cmd.ack.consumer_id = self.consumer_id
+        cmd.ack.ack_type = CommandAck.Cumulative
+        cmd.ack.message_id.add(ledgerId=self._acked_to[0], entryId=self._acked_to[1])
+        self.conn.send(cmd)
 
     def _flow(self, permits: int) -> None:
         cmd = BaseCommand(type=T.FLOW)
@@ -520,6 +538,11 @@ class RawConsumer:
                 decoded = decode_entry(payload, where=where)  # checks the CRC-32C and the metadata
                 count = metadata_num_messages(decoded.metadata)
                 self._used += count
+                self._unacked += 1
+                if (mid.ledgerId, mid.entryId) > self._acked_to:
+                    self._acked_to = (mid.ledgerId, mid.entryId)
+                if self._unacked >= _ACK_EVERY or self._used >= (self._queue + 1) // 2:
+                    self._ack()
                 if self._used >= (self._queue + 1) // 2:
                     self._flow(self._used)
                     self._used = 0

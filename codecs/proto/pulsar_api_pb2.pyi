@@ -410,6 +410,44 @@ class CommandMessage(_message.Message):
     consumer_epoch: int
     def __init__(self, consumer_id: _Optional[int] = ..., message_id: _Optional[_Union[MessageIdData, _Mapping]] = ..., redelivery_count: _Optional[int] = ..., ack_set: _Optional[_Iterable[int]] = ..., consumer_epoch: _Optional[int] = ...) -> None: ...
 
+class CommandAck(_message.Message):
+    __slots__ = ("consumer_id", "ack_type", "message_id", "validation_error", "properties", "txnid_least_bits", "txnid_most_bits", "request_id")
+    class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        Individual: _ClassVar[CommandAck.AckType]
+        Cumulative: _ClassVar[CommandAck.AckType]
+    Individual: CommandAck.AckType
+    Cumulative: CommandAck.AckType
+    class ValidationError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        UncompressedSizeCorruption: _ClassVar[CommandAck.ValidationError]
+        DecompressionError: _ClassVar[CommandAck.ValidationError]
+        ChecksumMismatch: _ClassVar[CommandAck.ValidationError]
+        BatchDeSerializeError: _ClassVar[CommandAck.ValidationError]
+        DecryptionError: _ClassVar[CommandAck.ValidationError]
+    UncompressedSizeCorruption: CommandAck.ValidationError
+    DecompressionError: CommandAck.ValidationError
+    ChecksumMismatch: CommandAck.ValidationError
+    BatchDeSerializeError: CommandAck.ValidationError
+    DecryptionError: CommandAck.ValidationError
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    ack_type: CommandAck.AckType
+    message_id: _containers.RepeatedCompositeFieldContainer[MessageIdData]
+    validation_error: CommandAck.ValidationError
+    properties: _containers.RepeatedCompositeFieldContainer[KeyLongValue]
+    txnid_least_bits: int
+    txnid_most_bits: int
+    request_id: int
+    def __init__(self, consumer_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., message_id: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ..., validation_error: _Optional[_Union[CommandAck.ValidationError, str]] = ..., properties: _Optional[_Iterable[_Union[KeyLongValue, _Mapping]]] = ..., txnid_least_bits: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
+
 class CommandFlow(_message.Message):
     __slots__ = ("consumer_id", "messagePermits")
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -519,7 +557,7 @@ class CommandGetTopicsOfNamespaceResponse(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., filtered: bool = ..., topics_hash: _Optional[str] = ..., changed: bool = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "subscribe", "message", "flow", "success", "error", "close_consumer", "ping", "pong", "lookupTopic", "lookupTopicResponse", "reachedEndOfTopic", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "authChallenge", "authResponse")
+    __slots__ = ("type", "connect", "connected", "subscribe", "message", "ack", "flow", "success", "error", "close_consumer", "ping", "pong", "lookupTopic", "lookupTopicResponse", "reachedEndOfTopic", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "authChallenge", "authResponse")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         CONNECT: _ClassVar[BaseCommand.Type]
@@ -641,6 +679,7 @@ class BaseCommand(_message.Message):
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     FLOW_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -662,6 +701,7 @@ class BaseCommand(_message.Message):
     connected: CommandConnected
     subscribe: CommandSubscribe
     message: CommandMessage
+    ack: CommandAck
     flow: CommandFlow
     success: CommandSuccess
     error: CommandError
@@ -678,4 +718,4 @@ class BaseCommand(_message.Message):
     getTopicsOfNamespaceResponse: CommandGetTopicsOfNamespaceResponse
     authChallenge: CommandAuthChallenge
     authResponse: CommandAuthResponse
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., reachedEndOfTopic: _Optional[_Union[CommandReachedEndOfTopic, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., authChallenge: _Optional[_Union[CommandAuthChallenge, _Mapping]] = ..., authResponse: _Optional[_Union[CommandAuthResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., reachedEndOfTopic: _Optional[_Union[CommandReachedEndOfTopic, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., authChallenge: _Optional[_Union[CommandAuthChallenge, _Mapping]] = ..., authResponse: _Optional[_Union[CommandAuthResponse, _Mapping]] = ...) -> None: ...
