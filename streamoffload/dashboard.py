@@ -26,10 +26,28 @@ DASHBOARD_TITLE = "streamoffload: Pulsar offload"
 DATASOURCE_UID = "streamoffload-prometheus"
 DATASOURCE_NAME = "streamoffload Prometheus"
 TOPIC_VARIABLE_QUERY = "label_values(streamoffload_entries_offloaded_total, topic)"
+JOB_VARIABLE_QUERY = "label_values(streamoffload_build_info, job)"
+INSTANCE_VARIABLE_QUERY = 'label_values(streamoffload_build_info{job=~"$job"}, instance)'
+NAMESPACE_VARIABLE_QUERY = "label_values(streamoffload_entries_offloaded_total, topic)"
+NAMESPACE_VARIABLE_REGEX = "/^persistent://([^/]+/[^/]+)/.*/"
+"""The namespace variable's values: the tenant/namespace part of every topic label (metrics carry no namespace
+label; the topic name has it)."""
+
+VARIABLE_ALL_VALUES = {"job": ".*", "instance": ".*", "namespace": ".*", "topic": ".*"}
+"""What each query variable's "All" stands for (``substitute_variables`` uses it for a variable not given)."""
 
 _DS = {"type": "prometheus", "uid": "${datasource}"}
-_T = '{topic=~"$topic"}'
+_J = 'job=~"$job",instance=~"$instance"'
+_S = "{" + _J + "}"
+_T = "{" + _J + ',topic=~"persistent://$namespace/.*",topic=~"$topic"}'
 _RI = "$__rate_interval"
+
+# Thresholds: green below, then amber, then red (Grafana "absolute" steps; the first step's value is null).
+LAG_WARN_S = 2 * 600.0
+"""Two default rollover times (maxOffloadSegmentRolloverTimeMinutes = 10): a job that keeps up stays below."""
+LAG_CRIT_S = 3 * 600.0
+STALE_BATCH_WARN_S = 300.0
+STALE_BATCH_CRIT_S = 900.0
 
 
 class GrafanaPushError(StreamOffloadError):
@@ -83,11 +101,23 @@ class _Layout:
         height: int = 8,
         stack: bool = False,
         options: dict[str, Any] | None = None,
+        thresholds: tuple[float, float] | None = None,
+        overrides: list[dict[str, Any]] | None = None,
     ) -> None:
         if self.x + width > 24:
             self.y += self.row_height
             self.x, self.row_height = 0, 0
         defaults: dict[str, Any] = {"unit": unit}
+        if thresholds is not None:
+            warn, crit = thresholds
+            defaults["thresholds"] = {
+                "mode": "absolute",
+                "steps": [
+                    {"color": "green", "value": None},
+                    {"color": "orange", "value": warn},
+                    {"color": "red", "value": crit},
+                ],
+            }
         if kind == "timeseries":
             defaults["custom"] = {
                 "drawStyle": "line",
@@ -96,6 +126,8 @@ class _Layout:
                 "showPoints": "never",
                 "spanNulls": True,
                 "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+                # Thresholds show as dashed lines on graphs that have them.
+                "thresholdsStyle": {"mode": "dashed" if thresholds is not None else "off"},
             }
         panel_options: dict[str, Any] = (
             {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}, "tooltip": {"mode": "multi"}}
@@ -121,12 +153,20 @@ class _Layout:
                     }
                     for i, t in enumerate(targets)
                 ],
-                "fieldConfig": {"defaults": defaults, "overrides": []},
+                "fieldConfig": {"defaults": defaults, "overrides": list(overrides or [])},
                 "options": panel_options,
             }
         )
         self.x += width
         self.row_height = max(self.row_height, height)
+
+
+def _unit_override(ref_id: str, unit: str, *, right_axis: bool = False) -> dict[str, Any]:
+    """A field override giving the series of query ``ref_id`` its own unit (and, on a graph, the right axis)."""
+    properties: list[dict[str, Any]] = [{"id": "unit", "value": unit}]
+    if right_axis:
+        properties.append({"id": "custom.axisPlacement", "value": "right"})
+    return {"matcher": {"id": "byFrameRefID", "options": ref_id}, "properties": properties}
 
 
 def _quantile(q: float, bucket: str, by_rate: bool = True, selector: str = "") -> str:
@@ -146,6 +186,7 @@ def build_dashboard() -> dict[str, Any]:
         "the newest offloaded entry. Bounded by maxOffloadSegmentRolloverTimeMinutes when the job keeps up.",
         [Target(f"max by (topic) (streamoffload_offload_lag_seconds{_T})", "{{topic}}")],
         unit="s",
+        thresholds=(LAG_WARN_S, LAG_CRIT_S),
     )
     lay.panel(
         "Entries behind the latest position",
@@ -157,6 +198,7 @@ def build_dashboard() -> dict[str, Any]:
         "Age of the open (Assigned or Failed) segment; a time rollover seals it at the configured rollover time.",
         [Target(f"max by (topic) (streamoffload_open_segment_age_seconds{_T})", "{{topic}}")],
         unit="s",
+        thresholds=(LAG_WARN_S, LAG_CRIT_S),
     )
 
     lay.row("Throughput")
@@ -184,6 +226,7 @@ def build_dashboard() -> dict[str, Any]:
         ],
         kind="stat",
         options={"textMode": "value_and_name", "colorMode": "none"},
+        overrides=[_unit_override("A", "short"), _unit_override("B", "bytes"), _unit_override("C", "bytes")],
     )
 
     lay.row("Segments")
@@ -219,29 +262,31 @@ def build_dashboard() -> dict[str, Any]:
         "Failed sink actions, failed queries (restarted from the checkpoint), Failed segments, and whether "
         "the store's metadata could be read (1 = yes).",
         [
-            Target(f"sum(increase(streamoffload_upload_errors_total[{_RI}]))", "upload errors"),
-            Target(f"sum(increase(streamoffload_query_failures_total[{_RI}]))", "query failures"),
-            Target('sum(streamoffload_segments{status="Failed",topic=~"$topic"})', "failed segments"),
-            Target("min(streamoffload_metadata_refresh_ok)", "metadata readable"),
+            Target(f"sum(increase(streamoffload_upload_errors_total{_S}[{_RI}]))", "upload errors"),
+            Target(f"sum(increase(streamoffload_query_failures_total{_S}[{_RI}]))", "query failures"),
+            Target(f"sum(streamoffload_segments{{{_T[1:-1]},status=\"Failed\"}})", "failed segments"),
+            Target(f"min(streamoffload_metadata_refresh_ok{_S})", "metadata readable"),
         ],
+        overrides=[_unit_override("D", "bool_yes_no")],
     )
     lay.panel(
         "Upload latency",
         "Time to upload a part or to seal a segment (complete the data object, put the index and manifest).",
         [
-            Target(_quantile(0.5, "streamoffload_upload_duration_seconds_bucket"), "p50"),
-            Target(_quantile(0.99, "streamoffload_upload_duration_seconds_bucket"), "p99"),
+            Target(_quantile(0.5, "streamoffload_upload_duration_seconds_bucket", selector=_S), "p50"),
+            Target(_quantile(0.99, "streamoffload_upload_duration_seconds_bucket", selector=_S), "p99"),
         ],
         unit="s",
     )
     lay.panel(
         "Upload rate",
-        "Multipart parts uploaded per second and their bytes.",
+        "Multipart parts uploaded per second (right axis) and their bytes per second (left axis).",
         [
-            Target(f"sum(rate(streamoffload_part_bytes_uploaded_total[{_RI}]))", "part bytes/s"),
-            Target(f"sum(rate(streamoffload_parts_uploaded_total[{_RI}]))", "parts/s"),
+            Target(f"sum(rate(streamoffload_part_bytes_uploaded_total{_S}[{_RI}]))", "part bytes/s"),
+            Target(f"sum(rate(streamoffload_parts_uploaded_total{_S}[{_RI}]))", "parts/s"),
         ],
         unit="Bps",
+        overrides=[_unit_override("B", "reqps", right_axis=True)],
     )
 
     lay.row("Buffer")
@@ -255,13 +300,14 @@ def build_dashboard() -> dict[str, Any]:
     )
     lay.panel(
         "Open segment size",
-        "Bytes and entries assigned to each open segment.",
+        "Bytes (left axis) and entries (right axis) assigned to each open segment.",
         [
             Target(f"sum by (topic) (streamoffload_open_segment_bytes{_T})", "{{topic}} bytes"),
             Target(f"sum by (topic) (streamoffload_open_segment_entries{_T})", "{{topic}} entries"),
         ],
         unit="bytes",
         width=12,
+        overrides=[_unit_override("B", "short", right_axis=True)],
     )
 
     lay.row("Spark micro-batches")
@@ -269,9 +315,9 @@ def build_dashboard() -> dict[str, Any]:
         "Micro-batch duration",
         "Spark's triggerExecution time per micro-batch, and the sink's share (foreachBatch).",
         [
-            Target(_quantile(0.5, "streamoffload_batch_duration_seconds_bucket"), "batch p50"),
-            Target(_quantile(0.95, "streamoffload_batch_duration_seconds_bucket"), "batch p95"),
-            Target(_quantile(0.95, "streamoffload_sink_duration_seconds_bucket"), "sink p95"),
+            Target(_quantile(0.5, "streamoffload_batch_duration_seconds_bucket", selector=_S), "batch p50"),
+            Target(_quantile(0.95, "streamoffload_batch_duration_seconds_bucket", selector=_S), "batch p95"),
+            Target(_quantile(0.95, "streamoffload_sink_duration_seconds_bucket", selector=_S), "sink p95"),
         ],
         unit="s",
     )
@@ -280,18 +326,20 @@ def build_dashboard() -> dict[str, Any]:
         "Rows (entries and control requests) per second: Spark's input and processing rates of the last "
         "micro-batch, and the rate averaged over the interval.",
         [
-            Target("sum(streamoffload_input_rows_per_second)", "input rows/s (last batch)"),
-            Target("sum(streamoffload_processed_rows_per_second)", "processed rows/s (last batch)"),
-            Target(f"sum(rate(streamoffload_input_rows_total[{_RI}]))", "input rows/s"),
+            Target(f"sum(streamoffload_input_rows_per_second{_S})", "input rows/s (last batch)"),
+            Target(f"sum(streamoffload_processed_rows_per_second{_S})", "processed rows/s (last batch)"),
+            Target(f"sum(rate(streamoffload_input_rows_total{_S}[{_RI}]))", "input rows/s"),
         ],
-        unit="ops",
+        unit="rowsps",
     )
     lay.panel(
         "Since the last micro-batch",
         "Seconds since the sink last finished a micro-batch: a stuck job grows here.",
-        [Target("time() - max(streamoffload_last_batch_timestamp_seconds)", "seconds")],
+        [Target(f"time() - max(streamoffload_last_batch_timestamp_seconds{_S})", "seconds")],
         unit="s",
         kind="stat",
+        thresholds=(STALE_BATCH_WARN_S, STALE_BATCH_CRIT_S),
+        options={"colorMode": "background"},
     )
 
     return {
@@ -318,6 +366,9 @@ def build_dashboard() -> dict[str, Any]:
                     "hide": 0,
                     "current": {},
                 },
+                _query_variable("job", "Job", JOB_VARIABLE_QUERY),
+                _query_variable("instance", "Instance", INSTANCE_VARIABLE_QUERY),
+                _query_variable("namespace", "Namespace", NAMESPACE_VARIABLE_QUERY, regex=NAMESPACE_VARIABLE_REGEX),
                 {
                     "name": "topic",
                     "label": "Topic-partition",
@@ -336,6 +387,26 @@ def build_dashboard() -> dict[str, Any]:
             ]
         },
         "panels": lay.panels,
+    }
+
+
+def _query_variable(name: str, label: str, query: str, *, regex: str = "") -> dict[str, Any]:
+    """A multi-select query variable whose "All" matches everything (``.*``), like ``topic``."""
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": dict(_DS),
+        "definition": query,
+        "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "regex": regex,
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": VARIABLE_ALL_VALUES[name],
+        "sort": 1,
+        "hide": 0,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
     }
 
 
@@ -358,7 +429,9 @@ def expressions(dashboard: dict[str, Any]) -> list[str]:
 
 
 def substitute_variables(expr: str, variables: dict[str, str]) -> str:
-    """``$name`` / ``${name}`` replaced as Grafana would (longest names first, so $__rate_interval wins)."""
+    """``$name`` / ``${name}`` replaced as Grafana would (longest names first, so $__rate_interval wins). The
+    dashboard's query variables not in ``variables`` take their "All" value (:data:`VARIABLE_ALL_VALUES`)."""
+    variables = {**VARIABLE_ALL_VALUES, **variables}
     for name in sorted(variables, key=len, reverse=True):
         expr = re.sub(r"\$\{" + re.escape(name) + r"\}|\$" + re.escape(name) + r"\b", variables[name], expr)
     return expr
@@ -491,3 +564,139 @@ def push_dashboard(
         datasource_uid=ds_uid,
         datasource_created=created,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# alert rules
+
+
+ALERT_GROUP = "streamoffload"
+
+
+def alert_rules(
+    *,
+    rollover_minutes: float = 10.0,
+    lag_rollovers: float = 3.0,
+    stale_batch_s: float = STALE_BATCH_CRIT_S,
+    job: str = "streamoffload",
+) -> dict[str, Any]:
+    """Prometheus alerting rules (a rule file's document) for the offload job scraped under ``job``:
+
+    * ``StreamoffloadLagHigh``: the lag (``streamoffload_offload_lag_seconds``, the definition ``status`` shows)
+      is above ``lag_rollovers`` rollover times: segments are not sealed when they should be;
+    * ``StreamoffloadUploadsFailing``: sink actions keep failing (the query restarts and retries them);
+    * ``StreamoffloadFailedSegments``: a segment stays Failed;
+    * ``StreamoffloadBatchesStale``: no micro-batch finished for ``stale_batch_s`` seconds (a stuck job);
+    * ``StreamoffloadStoreMetadataUnreadable``: the job cannot read the store's metadata;
+    * ``StreamoffloadJobDown``: the job is not scraped (stopped, crashed, or fenced: a fenced instance stops).
+    """
+    lag_s = rollover_minutes * 60 * lag_rollovers
+    selector = f'{{job="{job}"}}'
+    rules = [
+        {
+            "alert": "StreamoffloadLagHigh",
+            "expr": f"max by (job, instance, topic) (streamoffload_offload_lag_seconds{selector}) > {lag_s:g}",
+            "for": "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "offload lag of {{ $labels.topic }} is {{ $value | humanizeDuration }}",
+                "description": f"The newest offloaded entry of {{{{ $labels.topic }}}} is older than {lag_rollovers:g} "
+                f"rollover times ({lag_s:g} s) while newer entries wait. Check the job's log and "
+                "`streamoffload status`.",
+            },
+        },
+        {
+            "alert": "StreamoffloadUploadsFailing",
+            "expr": f"sum by (job, instance) (increase(streamoffload_upload_errors_total{selector}[10m])) > 0",
+            "for": "10m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "uploads to the object store keep failing on {{ $labels.instance }}",
+                "description": "Part uploads or seals failed in each of the last 10 minutes; the query restarts "
+                "and retries them. Check the store's credentials, quota and reachability.",
+            },
+        },
+        {
+            "alert": "StreamoffloadFailedSegments",
+            "expr": f'sum by (job, instance, topic) (streamoffload_segments{{job="{job}",status="Failed"}}) > 0',
+            "for": "15m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.topic }} has a Failed segment",
+                "description": "A segment stays Failed: it is retried before any new segment opens, so the topic "
+                "does not progress. See `streamoffload status`.",
+            },
+        },
+        {
+            "alert": "StreamoffloadBatchesStale",
+            "expr": f"time() - max by (job, instance) (streamoffload_last_batch_timestamp_seconds{selector}) "
+            f"> {stale_batch_s:g}",
+            "for": "5m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "no micro-batch finished on {{ $labels.instance }} for {{ $value | humanizeDuration }}",
+                "description": "The job runs but its query makes no progress (stuck Spark, an unreachable broker).",
+            },
+        },
+        {
+            "alert": "StreamoffloadStoreMetadataUnreadable",
+            "expr": f"min by (job, instance) (streamoffload_metadata_refresh_ok{selector}) == 0",
+            "for": "10m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.instance }} cannot read the store's metadata",
+                "description": "The metrics' store refresh fails: offload totals and the lag may be stale.",
+            },
+        },
+        {
+            "alert": "StreamoffloadJobDown",
+            "expr": f'up{selector} == 0 or absent(up{{job="{job}"}})',
+            "for": "2m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "the offload job {{ $labels.instance }} is down",
+                "description": "Prometheus cannot scrape the job: it stopped, crashed or was fenced by another "
+                "instance (a fenced job exits). Nothing is offloaded meanwhile.",
+            },
+        },
+    ]
+    return {"groups": [{"name": ALERT_GROUP, "rules": rules}]}
+
+
+def alert_rules_yaml(rules: dict[str, Any] | None = None) -> str:
+    """The rule file ``dashboard export --alerts`` writes: YAML, block style, every string double-quoted (a
+    JSON string is a valid YAML double-quoted scalar), so no YAML library is needed."""
+    doc = rules if rules is not None else alert_rules()
+    header = "# Prometheus alerting rules for streamoffload (generated: streamoffload dashboard export --alerts)\n"
+    return header + "\n".join(_yaml_lines(doc, 0)) + "\n"
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _yaml_lines(value: Any, indent: int) -> list[str]:
+    pad = " " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, dict | list) and item:
+                lines.append(f"{pad}{key}:")
+                lines.extend(_yaml_lines(item, indent + 2))
+            else:
+                lines.append(f"{pad}{key}: {_yaml_scalar(item) if not isinstance(item, dict | list) else '[]'}")
+    elif isinstance(value, list):
+        for item in value:
+            sub = _yaml_lines(item, indent + 2)
+            if isinstance(item, dict | list) and item:
+                lines.append(f"{pad}- {sub[0].lstrip()}")
+                lines.extend(sub[1:])
+            else:
+                lines.append(f"{pad}- {_yaml_scalar(item)}")
+    else:
+        lines.append(pad + _yaml_scalar(value))
+    return lines

@@ -8,11 +8,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from streamoffload.dashboard import DATASOURCE_NAME, connect, dashboard_json, push_dashboard
+from streamoffload.dashboard import (
+    DATASOURCE_NAME,
+    alert_rules,
+    alert_rules_yaml,
+    connect,
+    dashboard_json,
+    push_dashboard,
+)
 
 EPILOG = """\
 examples:
   streamoffload dashboard export -o docker/grafana/dashboards/streamoffload.json
+  streamoffload dashboard export --alerts -o docker/prometheus-alerts.yml   # then: promtool check rules FILE
+  streamoffload dashboard export --alerts --rollover-minutes 5 --prometheus-job offload
   streamoffload dashboard push --grafana-url http://127.0.0.1:3000 --token "$GRAFANA_TOKEN" \\
       --datasource-url http://prometheus:9090
   GRAFANA_PASSWORD=admin streamoffload dashboard push --grafana-url http://127.0.0.1:3000 --user admin
@@ -34,10 +43,32 @@ def register(subparsers: Any) -> None:
 
     export = actions.add_parser(
         "export",
-        help="write the dashboard JSON",
-        description="Write the dashboard JSON (for Grafana's file provisioning or the import dialog).",
+        help="write the dashboard JSON, or the Prometheus alert rules",
+        description="Write the dashboard JSON (for Grafana's file provisioning or the import dialog), or with "
+        "--alerts the Prometheus alerting rules (lag over N rollover times, failing uploads, Failed segments, "
+        "stale micro-batches, unreadable store metadata, a stopped or fenced job).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    export.add_argument("--alerts", action="store_true", help="write the Prometheus alert rule file (YAML) instead")
+    export.add_argument(
+        "--rollover-minutes",
+        type=float,
+        default=10.0,
+        help="--alerts: the job's maxOffloadSegmentRolloverTimeMinutes (default: %(default)s)",
+    )
+    export.add_argument(
+        "--lag-rollovers",
+        type=float,
+        default=3.0,
+        help="--alerts: alert when the lag exceeds this many rollover times (default: %(default)s)",
+    )
+    export.add_argument(
+        "--prometheus-job",
+        default="streamoffload",
+        help="--alerts: the Prometheus job name the offload job is scraped under (default: %(default)s)",
+    )
     export.set_defaults(func=run_export)
 
     push = actions.add_parser(
@@ -73,7 +104,17 @@ def register(subparsers: Any) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    text = dashboard_json()
+    from streamoffload.cli_common import float_arg
+
+    if args.alerts:
+        float_arg(args.rollover_minutes, "--rollover-minutes", 1e-3, 43200.0)
+        float_arg(args.lag_rollovers, "--lag-rollovers", 1e-3, 1e6)
+        rules = alert_rules(
+            rollover_minutes=args.rollover_minutes, lag_rollovers=args.lag_rollovers, job=args.prometheus_job
+        )
+        text = alert_rules_yaml(rules)
+    else:
+        text = dashboard_json()
     if args.output:
         path = Path(args.output)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -88,10 +88,14 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
     for i, (x1, y1, w1, h1) in enumerate(boxes):
         for x2, y2, w2, h2 in boxes[i + 1 :]:
             assert x1 + w1 <= x2 or x2 + w2 <= x1 or y1 + h1 <= y2 or y2 + h2 <= y1
-    # Every per-topic series is filtered by the topic variable.
+    # Every series is filtered by the job and instance variables; every per-topic one by namespace and topic too.
+    per_topic = {"offload_lag", "backlog", "open_segment", "entries_offloaded", "bytes_offloaded", "stored_bytes",
+                 "segments", "segment_size", "offload_buffer"}
     for expr in expressions(dash):
-        for selector in re.findall(r"streamoffload_\w+(\{[^}]*\})?", expr):
-            assert not selector or 'topic=~"$topic"' in selector, expr
+        for name, selector in re.findall(r"(streamoffload_\w+)(\{[^}]*\})?", expr):
+            assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, expr
+            if any(name.startswith(f"streamoffload_{p}") for p in per_topic):
+                assert 'topic=~"$topic"' in selector and 'topic=~"persistent://$namespace/.*"' in selector, expr
 
 
 def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
@@ -348,3 +352,141 @@ def test_push_errors_name_the_problem(
         closed = sock.getsockname()[1]
     assert main(["dashboard", "push", "--grafana-url", f"http://127.0.0.1:{closed}", "--token", TOKEN]) == 1
     assert "cannot reach Grafana" in capsys.readouterr().err
+
+
+# --- units, variables, thresholds, alert rules (issue 13) ----------------------------------------------------
+
+
+def panel(dash: dict[str, Any], title: str) -> dict[str, Any]:
+    [found] = [p for p in all_panels(dash) if p["title"] == title]
+    return found
+
+
+def unit_of(p: dict[str, Any], ref_id: str) -> str:
+    """The unit Grafana shows for query ``ref_id`` of a panel: its override's, else the panel default."""
+    for override in p["fieldConfig"]["overrides"]:
+        if override["matcher"] == {"id": "byFrameRefID", "options": ref_id}:
+            for prop in override["properties"]:
+                if prop["id"] == "unit":
+                    return str(prop["value"])
+    return str(p["fieldConfig"]["defaults"]["unit"])
+
+
+def test_every_series_has_the_unit_of_what_it_counts() -> None:
+    dash = build_dashboard()
+    byte_units, count_units = {"bytes", "decbytes"}, {"short", "none"}
+    for p in (p for p in all_panels(dash) if p["type"] != "row"):
+        for target in p["targets"]:
+            unit, expr = unit_of(p, target["refId"]), target["expr"]
+            metric = re.findall(r"streamoffload_(\w+)", expr)[0]
+            if "rate(" in expr and "histogram_quantile" not in expr:
+                expected = {"Bps"} if "bytes" in metric else {"ops", "reqps", "rowsps", "cps"}
+            elif "bytes" in metric and "histogram_quantile" not in expr:
+                expected = byte_units
+            elif metric.endswith("_seconds") or "duration_seconds" in metric or "time() -" in expr:
+                expected = {"s"}
+            elif metric.endswith("rows_per_second"):
+                expected = {"rowsps", "ops"}
+            elif metric.endswith("_refresh_ok"):
+                expected = {"bool_yes_no"}
+            elif "histogram_quantile" in expr or metric.startswith("segment_size_bytes"):
+                expected = byte_units if "bytes" in metric else {"s"}
+            else:
+                expected = count_units
+            assert unit in expected, f"{p['title']} / {target['legendFormat']}: unit {unit}, expected {expected}"
+    # The three the issue named.
+    assert unit_of(panel(dash, "Offloaded so far"), "B") == "bytes"
+    assert unit_of(panel(dash, "Offloaded so far"), "A") == "short"
+    assert unit_of(panel(dash, "Open segment size"), "B") == "short"
+    assert unit_of(panel(dash, "Upload rate"), "B") == "reqps"
+
+
+def test_job_instance_and_namespace_variables() -> None:
+    dash = build_dashboard()
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert list(variables) == ["datasource", "job", "instance", "namespace", "topic"]
+    for name in ("job", "instance", "namespace"):
+        v = variables[name]
+        assert v["type"] == "query" and v["multi"] and v["includeAll"] and v["allValue"] == ".*"
+        assert v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    assert variables["instance"]["query"]["query"] == 'label_values(streamoffload_build_info{job=~"$job"}, instance)'
+    # The namespace is the tenant/namespace part of the topic label.
+    regex = variables["namespace"]["regex"].strip("/")
+    assert re.fullmatch(regex, "persistent://acme/orders/t-partition-3").group(1) == "acme/orders"
+    expr = substitute_variables('x{topic=~"persistent://$namespace/.*",job=~"$job"}', {"namespace": "acme/orders"})
+    assert expr == 'x{topic=~"persistent://acme/orders/.*",job=~".*"}'
+
+
+def test_lag_age_and_staleness_panels_have_thresholds() -> None:
+    dash = build_dashboard()
+    for title in ("Offload lag", "Open segment age", "Since the last micro-batch"):
+        steps = panel(dash, title)["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert [s["color"] for s in steps] == ["green", "orange", "red"], title
+        assert steps[0]["value"] is None and 0 < steps[1]["value"] < steps[2]["value"], title
+
+
+def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import time
+    import urllib.request
+
+    from streamoffload.dashboard import alert_rules
+    from streamoffload.embedded_broker import free_port
+
+    out = tmp_path / "alerts.yml"
+    assert main(["dashboard", "export", "--alerts", "--rollover-minutes", "5", "-o", str(out)]) == 0
+    rules = {r["alert"]: r for r in alert_rules(rollover_minutes=5)["groups"][0]["rules"]}
+    assert set(rules) == {
+        "StreamoffloadLagHigh",
+        "StreamoffloadUploadsFailing",
+        "StreamoffloadFailedSegments",
+        "StreamoffloadBatchesStale",
+        "StreamoffloadStoreMetadataUnreadable",
+        "StreamoffloadJobDown",
+    }
+    assert rules["StreamoffloadLagHigh"]["expr"].endswith("> 900")  # 3 rollovers of 5 minutes
+    promtool, prometheus = shutil.which("promtool"), shutil.which("prometheus")
+    if promtool is None or prometheus is None:
+        pytest.skip("promtool/prometheus not installed (Debian: apt-get install prometheus)")
+    check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "6 rules found" in check.stdout, check.stdout + check.stderr
+    broken = tmp_path / "broken.yml"
+    broken.write_text(out.read_text().replace("> 900", "> > 900"))
+    assert subprocess.run([promtool, "check", "rules", str(broken)], capture_output=True, timeout=60).returncode != 0
+
+    # The real Prometheus loads them and evaluates them (the job is not running: StreamoffloadJobDown fires).
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        f"global:\n  evaluation_interval: 1s\nrule_files:\n  - {out}\n"
+        f"scrape_configs:\n  - job_name: streamoffload\n    scrape_interval: 1s\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{free_port()}']\n"
+    )
+    with (tmp_path / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        loaded: list[str] = []
+        pending: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=2) as response:
+                    groups = json.load(response)["data"]["groups"]
+                loaded = [r["name"] for g in groups for r in g["rules"]]
+                pending = [r["name"] for g in groups for r in g["rules"] if r.get("state") in ("pending", "firing")]
+            except OSError:
+                pass
+            if len(loaded) == 6 and "StreamoffloadJobDown" in pending:
+                break
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            time.sleep(0.2)
+        assert sorted(loaded) == sorted(rules)
+        assert "StreamoffloadJobDown" in pending
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
