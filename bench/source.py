@@ -4,16 +4,21 @@ Run from the repository root:
 
     .venv/bin/python bench/source.py                        # 200,000 messages of 1 KiB, unbatched and batched
     .venv/bin/python bench/source.py --messages 20000       # smaller and quicker
+    .venv/bin/python bench/source.py --readers plain,raw --no-spark   # the raw reader against the plain client
+    .venv/bin/python bench/source.py --spark-reader raw     # the Spark source with option reader=raw
 
 For each mode (unbatched: one message per entry; batched: up to 100 messages per entry) it starts
 the embedded pulsar-lite broker, publishes the backlog with ``streamoffload.produce``, then drains
-it three ways, in the same run, from the same broker:
+it several ways, in the same run, from the same broker:
 
 - ``plain``: a ``pulsar-client`` Reader loop reading every message and its payload -- the minimum a
   correct client does on pulsar-lite: skip what it already saw and re-open the reader at the last
   message when it stalls (SPEC 6), nothing else;
 - ``pulsar_io``: ``streaming.pulsar_io.read_range``, the source's reading without Spark: regrouping
   batches, rebuilding every entry's bytes with ``codecs.entry.build_entry``, the exactness checks;
+- ``raw``: ``streaming.raw_reader.read_range_raw``, the raw-entry reader: the stored entries byte
+  for byte over the binary protocol (CRC-32C checked, message count from the metadata; no
+  unpacking, no rebuilding), with the same exactness checks;
 - ``spark``: ``spark.readStream.format("pulsar")`` with ``Trigger.AvailableNow`` into Spark's
   ``noop`` sink (rows built and dropped in the JVM), ``local[2]``. Timed as the sum of the
   micro-batches' trigger times (query start-up, a few seconds, is printed apart), after a warm-up
@@ -38,6 +43,7 @@ import pulsar
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming import raw_reader as rr
 
 
 def drain_plain(client: Any, topic: str, end: pio.Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
@@ -78,18 +84,36 @@ def drain_io(client: Any, topic: str, end: pio.Position, stall_ms: int, queue: i
     return stats.messages, stats.bytes, stats.entries
 
 
+def drain_raw(client: rr.RawClient, topic: str, end: pio.Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
+    stats = pio.ReadStats()
+    settings = pio.ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
+    for _entry in rr.read_range_raw(client, topic, pio.BEFORE_EARLIEST, end, settings=settings, stats=stats):
+        pass
+    return stats.messages, stats.bytes, stats.entries
+
+
 def drain_spark(
-    spark: Any, service_url: str, topics: list[str], checkpoint: str, stall_ms: int, queue: int
+    spark: Any,
+    service_url: str,
+    topics: list[str],
+    checkpoint: str,
+    stall_ms: int,
+    queue: int,
+    reader: str | None = None,
 ) -> tuple[int, float, float]:
     """(rows, seconds in micro-batches, wall seconds including query start-up)."""
     started = time.monotonic()
-    query = (
+    stream = (
         spark.readStream.format("pulsar")
         .option("serviceUrl", service_url)
         .option("topics", ",".join(topics))
         .option("stallTimeoutMs", str(stall_ms))
         .option("receiverQueueSize", str(queue))
-        .load()
+    )
+    if reader:
+        stream = stream.option("reader", reader)
+    query = (
+        stream.load()
         .writeStream.format("noop")
         .trigger(availableNow=True)
         .option("checkpointLocation", checkpoint)
@@ -125,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", type=int, default=2000, help="reader receiver queue size (both sides)")
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds; best time of each (default 2)")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark run")
+    parser.add_argument(
+        "--readers", default="plain,pulsar_io,raw", help="comma list of plain,pulsar_io,raw (plain always runs)"
+    )
+    parser.add_argument(
+        "--spark-reader", default=None, help="the Spark source's 'reader' option (raw|client), when it has one"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -146,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with EmbeddedBroker(os.path.join(work, "broker")) as broker:
             client = pio.make_client(broker.service_url)
+            raw_client = rr.RawClient(broker.service_url)
             try:
                 if spark is not None:
                     # The first query of a session pays for JVM warm-up, Python worker start and imports
@@ -153,7 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                     warm = "persistent://public/default/bench-warmup"
                     produce(broker.service_url, warm, 2000, args.payload_size, batching=False)
                     _rows, _batch_s, wall = drain_spark(
-                        spark, broker.service_url, [warm], os.path.join(work, "cp-warmup"), args.stall_ms, args.queue
+                        spark,
+                        broker.service_url,
+                        [warm],
+                        os.path.join(work, "cp-warmup"),
+                        args.stall_ms,
+                        args.queue,
+                        args.spark_reader,
                     )
                     print(f"spark warm-up query: {wall:.1f} s")
                 for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
@@ -171,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     topics = list(summary.partitions)
                     ends = {t: pio.latest_position(client, t) for t in topics}
                     print(f"{mode}: published in {summary.seconds:.1f} s ({summary.rate:,.0f} msg/s)")
-                    best = {"plain": float("inf"), "pulsar_io": float("inf"), "spark": float("inf")}
+                    readers = {r.strip() for r in args.readers.split(",") if r.strip()}
+                    best = {name: float("inf") for name in ("plain", "pulsar_io", "raw", "spark")}
                     wall = 0.0
                     entries = payload = 0
                     # Alternating rounds, best time of each: the broker's caches and the other jobs on
@@ -186,26 +224,45 @@ def main(argv: list[str] | None = None) -> int:
                         messages, payload, entries = totals
                         assert messages == args.messages, f"plain reader saw {messages} messages"
 
-                        started = time.monotonic()
-                        io_entries = io_messages = 0
-                        for t in topics:
-                            m, _b, e = drain_io(client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
-                            io_messages += m
-                            io_entries += e
-                        best["pulsar_io"] = min(best["pulsar_io"], time.monotonic() - started)
-                        assert io_messages == args.messages and io_entries == entries, (io_messages, io_entries)
+                        if "pulsar_io" in readers:
+                            started = time.monotonic()
+                            io_entries = io_messages = 0
+                            for t in topics:
+                                m, _b, e = drain_io(client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
+                                io_messages += m
+                                io_entries += e
+                            best["pulsar_io"] = min(best["pulsar_io"], time.monotonic() - started)
+                            assert io_messages == args.messages and io_entries == entries, (io_messages, io_entries)
+
+                        if "raw" in readers:
+                            started = time.monotonic()
+                            raw_entries = raw_messages = 0
+                            for t in topics:
+                                m, _b, e = drain_raw(raw_client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
+                                raw_messages += m
+                                raw_entries += e
+                            best["raw"] = min(best["raw"], time.monotonic() - started)
+                            assert raw_messages == args.messages and raw_entries == entries, (raw_messages, raw_entries)
 
                         if spark is not None:
                             checkpoint = os.path.join(work, f"cp-{mode}-{round_no}")
                             rows, batch_s, wall_s = drain_spark(
-                                spark, broker.service_url, topics, checkpoint, args.stall_ms, args.queue
+                                spark,
+                                broker.service_url,
+                                topics,
+                                checkpoint,
+                                args.stall_ms,
+                                args.queue,
+                                args.spark_reader,
                             )
                             assert rows == entries, f"spark read {rows} rows, {entries} entries exist"
                             if batch_s < best["spark"]:
                                 best["spark"], wall = batch_s, wall_s
                     base_rates = (entries / best["plain"], payload / 1e6 / best["plain"])
                     print(line("plain", entries, payload, best["plain"], None))
-                    print(line("pulsar_io", entries, payload, best["pulsar_io"], base_rates))
+                    for name in ("pulsar_io", "raw"):
+                        if name in readers:
+                            print(line(name, entries, payload, best[name], base_rates))
                     if spark is not None:
                         print(line("spark", entries, payload, best["spark"], base_rates) + f"   (wall {wall:.1f} s)")
             finally:

@@ -632,3 +632,15 @@ def test_tls_service_url(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> None:
             rr.latest_position_raw(untrusted, topic)
     finally:
         server.close()
+
+
+def test_received_entries_are_acknowledged_cumulatively(scripted: Callable[..., ScriptedBroker]) -> None:
+    broker = scripted(entries=[(7, i, _entry_bytes(7, i)) for i in range(6)])
+    small = ReaderSettings(**{**FAST.__dict__, "receiver_queue_size": 4})
+    entries = list(rr.read_range_raw(rr.RawClient(broker.url), "t", BEFORE_EARLIEST, (7, 5), settings=small))
+    assert len(entries) == 6
+    acks = wait_for(lambda: broker.commands(T.ACK))
+    assert acks and all(a.ack.ack_type == 1 for a in acks)  # Cumulative
+    assert (acks[0].ack.message_id[0].ledgerId, acks[0].ack.message_id[0].entryId) == (7, 1)
+    flows = broker.commands(T.FLOW)
+    assert [f.flow.messagePermits for f in flows][:2] == [4, 2]  # the queue, then topped up by half
