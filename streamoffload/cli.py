@@ -7,11 +7,13 @@ import importlib
 import logging
 import os
 import pkgutil
+import re
 import select
 import sys
 from collections.abc import Sequence
 
 from streamoffload import __version__, commands
+from streamoffload.cli_common import LOG_LEVELS, LogSettings, configure_logging, log_settings
 from streamoffload.codecs.errors import StreamOffloadError
 
 DESCRIPTION = """\
@@ -28,12 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default="WARNING",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging verbosity on stderr (default: %(default)s)",
-    )
+    add_logging_args(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
@@ -43,10 +40,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_logging_args(parser: argparse.ArgumentParser) -> None:
+    """The logging options. They are accepted anywhere on the command line (``split_logging_args`` takes
+    them out before the subcommand's parser sees the rest); they are declared here for ``--help``."""
+    group = parser.add_argument_group("logging (anywhere on the command line)")
+    group.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="threshold of the Python loggers, pulsar-client and Spark's log4j (default: WARNING; INFO into a "
+        "--log-file)",
+    )
+    group.add_argument("-q", "--quiet", action="store_true", help="errors only on the terminal")
+    group.add_argument("--log-file", metavar="FILE", help="write every log line here (the terminal shows errors)")
+
+
+def split_logging_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(logging options, the rest)``: ``--log-level L``/``--log-level=L``, ``--log-file F``/``--log-file=F``
+    and ``-q``/``--quiet`` wherever they are (before the subcommand or after it), up to a ``--``."""
+    taken: list[str] = []
+    rest: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item == "--":
+            rest.extend(items[i:])
+            break
+        if item in ("-q", "--quiet"):
+            taken.append(item)
+        elif item in ("--log-level", "--log-file"):
+            taken.extend(items[i : i + 2])
+            i += 1
+        elif item.startswith(("--log-level=", "--log-file=")):
+            taken.append(item)
+        else:
+            rest.append(item)
+        i += 1
+    return taken, rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging_argv, rest = split_logging_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
+    parser.parse_args(logging_argv, namespace=args)
+    command = getattr(args, "command", None) or "streamoffload"
+    try:
+        configure_logging(LogSettings(args.log_level, args.quiet, args.log_file))
+    except StreamOffloadError as err:
+        print(f"streamoffload {command}: error: {err}", file=sys.stderr)
+        return 1
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -61,11 +105,99 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except StreamOffloadError as err:
-        print(f"streamoffload {args.command}: error: {err}", file=sys.stderr)
+        message = one_line(err)
+        hint = ""
+        if message != str(err).strip():  # shortened: the whole text goes to the log file, if there is one
+            _log_details(f"{args.command} failed: {err}")
+            hint = _log_hint()
+        print(f"streamoffload {args.command}: error: {message}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"streamoffload {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if not is_spark_error(err):
+            raise
+        # A failed Spark query or call: pages of Java and Python frames, of which one line says what happened.
+        _log_details(f"{args.command} failed", err)
+        print(f"streamoffload {args.command}: error: {root_cause(err)}{_log_hint()}", file=sys.stderr)
+        return 1
+
+
+def is_spark_error(err: BaseException) -> bool:
+    """Whether ``err`` comes from Spark or Py4J (a ``StreamingQueryException``, a ``Py4JJavaError``, ...)."""
+    module = type(err).__module__ or ""
+    return module.startswith(("pyspark", "py4j"))
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): (?P<message>\S.*)$")
+_JAVA_CAUSE = re.compile(r"^Caused by: (?P<name>[\w.$]+): (?P<message>.+)$")
+
+
+def root_cause(err: BaseException | str) -> str:
+    """One line naming the cause of a Spark/Py4J failure: the exception that ended the innermost Python
+    traceback in the text (what a Python data source or UDF raised), else the last Java ``Caused by:``,
+    else the first line. The class is shown by its short name (``EntryTooLargeError: entry 2:1 ...``)."""
+    text = err if isinstance(err, str) else _error_text(err)
+    lines = text.splitlines()
+    last_tb = max((i for i, line in enumerate(lines) if line.rstrip().endswith(_TRACEBACK)), default=None)
+    if last_tb is not None:
+        for line in lines[last_tb + 1 :]:
+            match = _EXCEPTION_LINE.match(line.strip()) if not line.startswith((" ", "\t")) else None
+            if match:
+                return f"{match['name'].rsplit('.', 1)[-1]}: {match['message'].strip()}"
+    causes = [m for m in (_JAVA_CAUSE.match(line.strip()) for line in lines) if m]
+    if causes:
+        return f"{causes[-1]['name'].rsplit('.', 1)[-1]}: {causes[-1]['message'].strip()}"
+    fallback = "" if isinstance(err, str) else type(err).__name__
+    return next((line.strip() for line in lines if line.strip()), fallback)
+
+
+def one_line(err: BaseException) -> str:
+    """The message of a ``StreamOffloadError`` as one line: a message that carries a Spark failure's text
+    (``offload query failed: <pages>``) keeps its first words and the root cause."""
+    text = str(err)
+    if "\n" not in text.strip():
+        return text.strip()
+    head = text.split(":", 1)[0].strip()
+    return f"{head}: {root_cause(text)}"
+
+
+def _error_text(err: BaseException) -> str:
+    """The whole text of a Spark/Py4J error, without asking the JVM when the message is already in Python (a
+    ``CapturedException``'s ``str()`` needs the JVM, which may be gone)."""
+    parts: list[str] = []
+    for attr in ("_desc", "desc", "_stackTrace", "stackTrace"):
+        value = getattr(err, attr, None)
+        if isinstance(value, str) and value and value not in parts:
+            parts.append(value)
+    if not parts:
+        try:
+            parts.append(str(err))
+        except Exception:
+            parts.append(type(err).__name__)
+    return "\n".join(parts)
+
+
+def _log_details(message: str, err: BaseException | None = None) -> None:
+    """Write the full text of an error to the log file (never to the terminal, which gets the one line)."""
+    if not log_settings().log_file:
+        return
+    text = message
+    if err is not None:
+        import traceback
+
+        where = "".join(traceback.format_tb(err.__traceback__))
+        text = f"{message}: {type(err).__name__}\n{_error_text(err)}\nPython traceback:\n{where}"
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(logging.LogRecord("streamoffload", logging.ERROR, __file__, 0, text, None, None))
+
+
+def _log_hint() -> str:
+    settings = log_settings()
+    return f" (details in {settings.log_file})" if settings.log_file else ""
 
 
 EXIT_BROKEN_PIPE = 128 + 13

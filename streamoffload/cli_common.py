@@ -4,8 +4,10 @@ no file (``--service-url``, ``--topics``, ``--store URL``, ``--s3-endpoint``, ``
 from __future__ import annotations
 
 import argparse
+import logging
 import math
-from dataclasses import replace
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -126,3 +128,100 @@ def topic_arg(text: str, config: Config) -> TopicName:
 def ledger_id_arg(value: int | None, flag: str) -> int | None:
     """A ledger id: a Java long >= 0."""
     return int_arg(value, flag, 0, MAX_JAVA_LONG, "ledger ids are integers")
+
+
+# --- logging: one place that decides where log lines go -------------------------------------------------
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Where log lines go. ``level``: the threshold of the Python loggers, pulsar-client's logger and Spark's
+    log4j (``None``: WARNING, or INFO for Python's loggers in a log file; Spark stays at WARN unless a level is
+    given). ``log_file``: every log line goes there, the terminal then shows errors only; without one, log lines
+    at the level and above go to stderr. ``quiet``: the terminal shows errors only."""
+
+    level: str | None = None
+    quiet: bool = False
+    log_file: str | None = None
+
+    @property
+    def python_level(self) -> int:
+        if self.level is not None:
+            return int(logging.getLevelName(self.level))
+        return logging.INFO if self.log_file else logging.WARNING
+
+    @property
+    def spark_level(self) -> str:
+        return {"WARNING": "WARN"}.get(self.level or "WARNING", self.level or "WARN")
+
+    @property
+    def terminal_level(self) -> int:
+        if self.quiet or self.log_file:
+            return logging.ERROR
+        return self.python_level
+
+
+_current = LogSettings()
+
+
+def log_settings() -> LogSettings:
+    """The settings ``configure_logging`` applied last (the defaults before)."""
+    return _current
+
+
+def configure_logging(settings: LogSettings) -> LogSettings:
+    """Apply ``settings`` to the Python root logger, pulsar-client's logger (``pulsar_logger``) and Spark (through
+    ``streaming.session.configure_spark_logging``, used by the next ``build_session``). Idempotent: replaces the
+    handlers it installed before."""
+    global _current
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_streamoffload", False):
+            root.removeHandler(handler)
+            handler.close()
+    level = settings.python_level
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.setLevel(settings.terminal_level)
+    terminal.setFormatter(logging.Formatter(LOG_FORMAT))
+    terminal._streamoffload = True  # type: ignore[attr-defined]
+    root.addHandler(terminal)
+    if settings.log_file:
+        path = Path(settings.log_file)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            file_handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"--log-file {settings.log_file}: cannot write it: {err.strerror or err}") from None
+        file_handler.setLevel(level)
+        file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        file_handler._streamoffload = True  # type: ignore[attr-defined]
+        root.addHandler(file_handler)
+        root.setLevel(level)
+    else:
+        root.setLevel(max(level, settings.terminal_level))
+    # py4j logs every callback from the JVM at INFO: only with DEBUG asked for.
+    logging.getLogger("py4j").setLevel(logging.DEBUG if level <= logging.DEBUG else max(level, logging.WARNING))
+    # pulsar-client copies its logger's level into the C++ client when the client is created.
+    logging.getLogger(PULSAR_LOGGER).setLevel(level)
+    from streamoffload.streaming.session import configure_spark_logging
+
+    configure_spark_logging(settings.spark_level, settings.log_file, quiet=settings.quiet)
+    _current = settings
+    return settings
+
+
+PULSAR_LOGGER = "streamoffload.pulsar"
+
+
+def pulsar_logger() -> logging.Logger:
+    """The Python logger to give ``pulsar.Client(logger=...)``: the C++ client's lines then go where every other
+    log line goes (never to stdout, where they would break ``produce --json | jq``)."""
+    return logging.getLogger(PULSAR_LOGGER)
+
+
+def default_log_file(work_dir: str | Path, name: str = "streamoffload.log") -> Path:
+    """Where a command that owns a work directory keeps its log: ``<work_dir>/logs/<name>``."""
+    return Path(work_dir).resolve() / "logs" / name

@@ -218,8 +218,14 @@ def produce(
     errors: list[str] = []
     acked = [0]
 
+    options = dict(client_options or {})
+    if "logger" not in options:
+        # Without a logger the C++ client prints its INFO lines on stdout (breaking `produce --json | jq`).
+        from streamoffload.cli_common import pulsar_logger
+
+        options["logger"] = pulsar_logger()
     try:
-        client = pulsar.Client(service_url, **dict(client_options or {}))
+        client = pulsar.Client(service_url, **options)
     except Exception as err:  # the C++ client raises plain exceptions with the reason
         raise ProduceError(f"cannot create a Pulsar client for {service_url}: {err}") from err
     producers: dict[str, Any] = {}

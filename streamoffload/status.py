@@ -1,14 +1,45 @@
-"""Per topic-partition offload status, computed from the metadata in the store (no job needed)."""
+"""Per topic-partition offload status, computed from the metadata in the store (no job needed).
+
+Lag, one definition everywhere (``status``, the ``streamoffload_offload_lag_seconds`` metric, the dashboard):
+0 when the newest offloaded position is at or past the topic-partition's latest position (nothing
+published waits: "caught up"), otherwise now minus the publish time of the newest offloaded entry, an upper
+bound of the age of the oldest entry not yet offloaded. :func:`offload_lag_seconds` computes it. The latest
+position comes from the broker (``status`` asks it when it knows the service URL) or from Spark's progress
+(the metric); when it is unknown the second branch applies, and ``caught_up`` is ``None``.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.errors import StreamOffloadError
+
+Position = tuple[int, int]
+
+
+def is_caught_up(last_offloaded: Sequence[int] | None, latest: Sequence[int] | None, latest_known: bool) -> bool | None:
+    """Whether nothing published waits: ``None`` when the latest position is not known; an empty
+    topic-partition (``latest`` ``None`` but known) is caught up."""
+    if not latest_known:
+        return None
+    if latest is None:
+        return True
+    return last_offloaded is not None and tuple(latest) <= tuple(last_offloaded)
+
+
+def offload_lag_seconds(caught_up: bool | None, last_publish_time_ms: int, now_ms: int) -> float | None:
+    """The lag (module docstring): 0 when caught up, else now minus the newest offloaded publish time (``None``
+    when nothing has been offloaded yet)."""
+    if caught_up:
+        return 0.0
+    if not last_publish_time_ms:
+        return None
+    return max(0.0, (now_ms - last_publish_time_ms) / 1000)
 
 
 @dataclass
@@ -22,8 +53,12 @@ class TopicStatus:
     first_position: list[int] | None = None
     last_offloaded_position: list[int] | None = None
     last_publish_time_ms: int = 0
+    latest_position: list[int] | None = None
+    """The topic-partition's latest position, when the broker was asked (``None`` also for an empty one)."""
+    caught_up: bool | None = None
+    """Nothing published waits to be offloaded; ``None`` when the latest position is unknown."""
     lag_seconds: float | None = None
-    """Now minus the publish time of the newest offloaded entry."""
+    """See :func:`offload_lag_seconds`: 0 when caught up, else now minus the newest offloaded publish time."""
     open_segment_age_seconds: float | None = None
     deleted_ledgers: int = 0
     failures: list[str] = field(default_factory=list)
@@ -37,7 +72,11 @@ class TopicStatus:
         return asdict(self)
 
 
-def topic_status(meta: MetadataStore, topic: str, now_ms: int | None = None) -> TopicStatus:
+def topic_status(
+    meta: MetadataStore, topic: str, now_ms: int | None = None, latest: Mapping[str, Position | None] | None = None
+) -> TopicStatus:
+    """``latest``: the latest position of each topic-partition whose broker was asked (``None`` for an empty one);
+    a topic-partition not in it has an unknown latest position."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     status = TopicStatus(topic=topic)
     corrupt: list[CorruptManifest] = []
@@ -60,19 +99,55 @@ def topic_status(meta: MetadataStore, topic: str, now_ms: int | None = None) -> 
             status.open_segment_age_seconds = max(status.open_segment_age_seconds or 0.0, age)
             if manifest.status == mf.FAILED:
                 status.failures.append(f"{mf.manifest_uuid(manifest)}: {manifest.failure}")
-    if status.last_publish_time_ms:
-        status.lag_seconds = max(0.0, (now - status.last_publish_time_ms) / 1000)
+    known = latest is not None and topic in latest
+    position = latest.get(topic) if latest is not None else None
+    status.latest_position = list(position) if position is not None else None
+    status.caught_up = is_caught_up(status.last_offloaded_position, position, known)
+    status.lag_seconds = offload_lag_seconds(status.caught_up, status.last_publish_time_ms, now)
     status.deleted_ledgers = len(meta.deleted_ledgers(topic))
     return status
 
 
-def store_status(meta: MetadataStore, now_ms: int | None = None) -> list[TopicStatus]:
+def store_status(
+    meta: MetadataStore, now_ms: int | None = None, latest: Mapping[str, Position | None] | None = None
+) -> list[TopicStatus]:
     """Every topic-partition's status; one whose metadata cannot be read is shown with its error instead
-    of stopping the others."""
+    of stopping the others. ``latest`` as for :func:`topic_status`."""
     out = []
     for topic in meta.topics():
         try:
-            out.append(topic_status(meta, str(topic), now_ms))
+            out.append(topic_status(meta, str(topic), now_ms, latest))
         except StreamOffloadError as err:
             out.append(TopicStatus(topic=str(topic), error=f"{type(err).__name__}: {err}"))
+    return out
+
+
+def latest_positions(
+    service_url: str, topics: Sequence[str], client_options: Mapping[str, str] | None = None
+) -> dict[str, Position | None]:
+    """Ask the broker for each topic-partition's latest position (``None``: it has no entries). Topic-partitions
+    the broker cannot answer for are left out (their latest position stays unknown); a broker that cannot be
+    reached gives an empty mapping. Bounded: a few seconds per call at most."""
+    import logging
+
+    from streamoffload.streaming import pulsar_io
+
+    log = logging.getLogger(__name__)
+    options = {"operationTimeoutSeconds": "5", "connectionTimeoutMs": "3000", **dict(client_options or {})}
+    try:
+        client = pulsar_io.make_client(service_url, options)
+    except Exception as err:
+        log.warning("status: cannot reach %s for the latest positions (%s); lag without them", service_url, err)
+        return {}
+    out: dict[str, Position | None] = {}
+    try:
+        for topic in topics:
+            try:
+                out[topic] = pulsar_io.latest_position(client, topic)
+            except Exception as err:
+                log.warning("status: latest position of %s unknown: %s", topic, err)
+                if not out:  # the first one failed: the broker is not there; do not wait once per topic
+                    break
+    finally:
+        client.close()
     return out

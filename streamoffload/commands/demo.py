@@ -11,10 +11,25 @@ import argparse
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from streamoffload.cli_common import configure_logging, default_log_file, log_settings
+from streamoffload.limits import check_config_block_sizes, min_block_size
+
 DEMO_TOPICS = ("persistent://public/default/demo-orders", "persistent://public/default/demo-audit")
+DEMO_BLOCK_SIZE = 6 * 1024 * 1024
+"""Holds the largest entry pulsar-lite or Pulsar accepts (maxMessageSize, 5 MiB), so the demo never depends on
+how full produce's batches get (``streamoffload.limits``)."""
+assert min_block_size() <= DEMO_BLOCK_SIZE
+
+EPILOG = """\
+examples:
+  streamoffload demo                          # everything under var/demo, logs in var/demo/logs/
+  streamoffload demo --messages 500 --work-dir /tmp/so-demo
+  streamoffload demo --log-level INFO         # more detail in the log file (the terminal stays quiet)
+"""
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +39,7 @@ def register(subparsers: Any) -> None:
         description="Start the embedded pulsar-lite broker, publish sample traffic (a 3-partition topic with "
         "batching, a plain topic without), run the offload job on local Spark into a filesystem store, "
         "show status, read entries back and verify them, then stop cleanly.",
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--work-dir", default="var/demo", help="where the broker, store and checkpoint live")
@@ -43,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from streamoffload.config import load_config
     from streamoffload.embedded_broker import EmbeddedBroker
     from streamoffload.produce import expected_payload, partition_topics, produce
-    from streamoffload.status import store_status
+    from streamoffload.status import latest_positions, store_status
     from streamoffload.storage.read_handle import TopicReader
     from streamoffload.streaming.job import BatchReport, OffloadJob
     from streamoffload.streaming.session import build_session
@@ -52,12 +68,16 @@ def run(args: argparse.Namespace) -> int:
     if work.exists() and not args.keep:
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
+    settings = log_settings()
+    if not settings.log_file:
+        settings = configure_logging(replace(settings, log_file=str(default_log_file(work, "demo.log"))))
     orders = partition_topics(DEMO_TOPICS[0], 3)
     audit = DEMO_TOPICS[1]
+    print(f"logs: {settings.log_file}")
 
     _say("starting the embedded Pulsar broker (pulsar-lite)")
     with EmbeddedBroker(work / "broker", default_partitions=0) as broker:
-        print(f"broker at {broker.service_url}")
+        print(f"broker at {broker.service_url} (its log: {work / 'broker' / 'pulsar-lite.log'})")
         _say(f"publishing {args.messages} messages to each of {len(orders)} partitions (batched) and to {audit}")
         produce(
             broker.service_url,
@@ -87,12 +107,13 @@ checkpoint = "checkpoint"
 address = ""
 
 [offload]
-managedLedgerOffloadMaxBlockSizeInBytes = 262144
+managedLedgerOffloadMaxBlockSizeInBytes = {DEMO_BLOCK_SIZE}
 maxSizePerOffloadSegmentMbytes = 0.5
 maxOffloadSegmentRolloverTimeMinutes = 1
 """.replace("'", '"')
         )
         config = load_config(config_path)
+        check_config_block_sizes(config)
         _say(f"running the offload job (local Spark) into {config.store.url}")
         started = time.monotonic()
         spark = build_session(master=config.spark.master, work_dir=str(work / "spark"))
@@ -111,10 +132,12 @@ maxOffloadSegmentRolloverTimeMinutes = 1
         finally:
             spark.stop()
         print(f"job finished in {time.monotonic() - started:.0f} s")
+        store = config.store.open()
+        meta = MetadataStore(store, config.store.key_prefix)
+        latest = latest_positions(broker.service_url, [str(t) for t in meta.topics()])
 
-    store = config.store.open()
     _say("status")
-    print(render_table(store_status(MetadataStore(store, config.store.key_prefix))))
+    print(render_table(store_status(meta, latest=latest)))
 
     _say("reading back from the store and checking every payload")
     reader = TopicReader(store, config.store.key_prefix)
@@ -130,4 +153,5 @@ maxOffloadSegmentRolloverTimeMinutes = 1
     print(f"  e.g. {orders[0]} entry {first.ledger_id}:{first.entry_id}, {len(first.payload)} bytes")
     print(f"\ntry: streamoffload status --store {config.store.url}")
     print(f"     streamoffload read --store {config.store.url} {orders[0]} --messages --limit 3")
+    print(f"logs: {settings.log_file}")
     return 1 if failures else 0

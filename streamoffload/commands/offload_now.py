@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
+from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName
 from streamoffload.streaming.control import submit_requests
 
@@ -28,13 +30,32 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def partitions_of(meta: MetadataStore, topic: str) -> list[str]:
-    """The topic-partitions of TOPIC the store knows, or TOPIC itself."""
+class UnknownTopicError(StreamOffloadError):
+    """The topic is neither in the store nor among the configured topics (a typo, most likely)."""
+
+
+def partitions_of(meta: MetadataStore, topic: str, configured: Sequence[str] = ()) -> list[str]:
+    """The topic-partitions of TOPIC the store knows, or TOPIC itself when it is one of the ``configured``
+    topics (or a partition of one) the job has not offloaded yet. ``UnknownTopicError`` otherwise: a request
+    for a topic no job offloads would wait forever."""
     name = TopicName.parse(topic)
-    if name.is_partition:
+    stored = list(meta.topics())
+    known = [t for t in stored if t == name or (not name.is_partition and t.base == name)]
+    if known:
+        return sorted(str(t) for t in known)
+    wanted = {TopicName.parse(t) for t in configured}
+    if name in wanted or name.base in wanted:
         return [str(name)]
-    known = [t for t in meta.topics() if t.base == name or t == name]
-    return sorted(str(t) for t in known) or [str(name)]
+    where = f"the store {meta_url(meta)}" if not configured else f"the store {meta_url(meta)} or the configuration"
+    raise UnknownTopicError(
+        f"unknown topic {str(name)!r}: not in {where} ({len(stored)} topic-partitions offloaded there"
+        f"{', configured: ' + ', '.join(configured) if configured else ''}); check the name"
+    )
+
+
+def meta_url(meta: MetadataStore) -> str:
+    store = getattr(meta, "store", None)
+    return str(getattr(store, "url", None) or "")
 
 
 def store_args_text(args: argparse.Namespace) -> str:
@@ -50,8 +71,8 @@ def store_args_text(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config, _ = config_from_args(args)
-    store = config.store.open()
-    topics = partitions_of(MetadataStore(store, config.store.key_prefix), args.topic)
+    store = open_existing_store(config.store)
+    topics = partitions_of(MetadataStore(store, config.store.key_prefix), args.topic, config.pulsar.topics)
     ids = submit_requests(store, config.store.key_prefix, topics)
     for topic, request_id in zip(topics, ids, strict=True):
         print(f"requested offload of {topic} (request {request_id})")

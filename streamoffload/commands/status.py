@@ -14,7 +14,24 @@ from typing import Any, TextIO
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.codecs.errors import ConfigError
-from streamoffload.status import TopicStatus, store_status
+from streamoffload.status import TopicStatus, latest_positions, store_status
+
+EPILOG = """\
+examples:
+  streamoffload status --store var/demo/store
+  streamoffload status --conf conf/streamoffload.toml             # asks [pulsar] service_url for the lag
+  streamoffload status --store s3://bucket/prefix --s3-endpoint http://127.0.0.1:9000 --json | jq .
+  streamoffload status --conf conf/streamoffload.toml --watch 5
+"""
+
+
+def lag_text(s: TopicStatus) -> str:
+    """The LAG column: "caught up", seconds, or seconds and "?" when the latest position is unknown."""
+    if s.caught_up:
+        return "caught up"
+    if s.lag_seconds is None:
+        return "-"
+    return f"{s.lag_seconds:.0f}s" + ("?" if s.caught_up is None else "")
 
 
 def register(subparsers: Any) -> None:
@@ -22,11 +39,20 @@ def register(subparsers: Any) -> None:
         "status",
         help="segments, positions, bytes and lag per topic-partition",
         description="Show, per topic-partition, segments by status, the last offloaded position, bytes "
-        "offloaded and the lag (now minus the publish time of the newest offloaded entry). Reads only "
-        "the store's metadata, so it works with or without a running job.",
+        "offloaded and the lag. Reads the store's metadata, so it works with or without a running job.\n\n"
+        "LAG has the definition of the streamoffload_offload_lag_seconds metric: 'caught up' (0) when the "
+        "newest offloaded position is at or past the topic-partition's latest position, otherwise now minus "
+        "the publish time of the newest offloaded entry. The latest positions are asked from the broker "
+        "(--service-url, or [pulsar] service_url of --conf); without one LAG is followed by '?' (latest "
+        "position unknown: the figure is the second branch).",
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_args(parser)
+    parser.add_argument(
+        "--service-url", metavar="URL", help="Pulsar service URL to ask for the latest positions (lag, caught up)"
+    )
+    parser.add_argument("--no-broker", action="store_true", help="do not ask the broker (LAG then shows '?')")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     parser.add_argument(
         "--watch",
@@ -56,19 +82,19 @@ def render_table(rows: list[TopicStatus], rates: dict[str, float | None] | None 
     rate_header = f" {'ENTRIES/S':>10}" if rates is not None else ""
     header = (
         f"{'TOPIC-PARTITION':<56} {'OFFLOADED':>9} {'OPEN':>4} {'FAILED':>6} {'ENTRIES':>10} {'BYTES':>10} "
-        f"{'LAST POSITION':>16} {'LAG':>8}{rate_header}"
+        f"{'LAST POSITION':>16} {'LAG':>9}{rate_header}"
     )
     lines = [header]
     for s in rows:
         last = f"{s.last_offloaded_position[0]}:{s.last_offloaded_position[1]}" if s.last_offloaded_position else "-"
-        lag = f"{s.lag_seconds:.0f}s" if s.lag_seconds is not None else "-"
+        lag = lag_text(s)
         rate = ""
         if rates is not None:
             value = rates.get(s.topic)
             rate = f" {value:>10.1f}" if value is not None else f" {'-':>10}"
         lines.append(
             f"{s.topic:<56} {s.segments.get('Offloaded', 0):>9} {s.segments.get('Assigned', 0):>4} "
-            f"{s.segments.get('Failed', 0):>6} {s.entries:>10} {_human(s.data_bytes):>10} {last:>16} {lag:>8}{rate}"
+            f"{s.segments.get('Failed', 0):>6} {s.entries:>10} {_human(s.data_bytes):>10} {last:>16} {lag:>9}{rate}"
         )
         if s.open_segment_age_seconds is not None and rates is not None:
             lines.append(f"    open segment for {s.open_segment_age_seconds:.0f}s")
@@ -156,11 +182,20 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--watch {args.watch:g}: the refresh interval must be positive and at most {MAX_WATCH_SECONDS:g} seconds"
         )
-    config, _ = config_from_args(args)
+    config, path = config_from_args(args)
     meta = MetadataStore(open_existing_store(config.store), config.store.key_prefix)
+    service_url = None if args.no_broker else (args.service_url or (config.pulsar.service_url if path else None))
+
+    def fetch() -> list[TopicStatus]:
+        if service_url is None:
+            return store_status(meta)
+        topics = [str(t) for t in meta.topics()]
+        client_options = {str(k): str(v) for k, v in config.pulsar.client.items()}
+        return store_status(meta, latest=latest_positions(service_url, topics, client_options))
+
     if args.watch is not None:
-        return watch(lambda: store_status(meta), args.watch, config.store.url, as_json=args.json)
-    rows = store_status(meta)
+        return watch(fetch, args.watch, config.store.url, as_json=args.json)
+    rows = fetch()
     if args.json:
         print(json.dumps({"store": config.store.url, "topics": [r.to_json() for r in rows]}, indent=2))
     else:
