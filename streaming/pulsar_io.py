@@ -21,12 +21,14 @@ and stalls with data still due; real Pulsar redelivers after reconnects):
   range's known last entry missing -- is confirmed by re-reading once, then raises
   :class:`DataLossError` (``fail_on_data_loss``) or is logged, counted and skipped.
 
-The ``entry`` bytes are rebuilt in Pulsar's headers-and-payload format with
-:func:`streamoffload.codecs.entry.build_entry` from the messages of the entry: payloads, keys,
-properties, event times, ordering keys, producer name and publish time are exact. What the Python
-client does not expose is not carried: sequence ids (rebuilt entries number from 0), compression
-(payloads are stored uncompressed), encryption, schema versions, and the difference between an
-empty and a missing key.
+This is the ``pulsar-client`` reader, the Spark source's fallback (option ``reader=client``); the
+source's default is the raw-entry reader (``streaming/raw_reader.py``, same contract), which emits
+each stored entry byte for byte. Here the ``entry`` bytes are rebuilt in Pulsar's headers-and-payload
+format with :func:`streamoffload.codecs.entry.build_entry` from the messages of the entry: payloads,
+keys, properties, event times, ordering keys, producer name and publish time are exact. What the
+Python client does not expose is not carried, and only this reader loses it: sequence ids (rebuilt
+entries number from 0), compression (the client decompresses, so payloads are stored uncompressed),
+encryption, schema versions, and the difference between an empty and a missing key.
 
 Also here: the latest position of a topic-partition (:func:`latest_position`), a probe for the
 first entry after a position (:func:`probe_after`, for admission control), topic listing through

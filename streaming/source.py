@@ -5,9 +5,11 @@ One row per Pulsar **entry**::
     topic string, partition int, ledger_id long, entry_id long, publish_time timestamp,
     num_messages int, entry binary, size int
 
-``entry`` holds the entry in Pulsar's headers-and-payload format (rebuilt from the messages the
-client delivers; see ``streaming/pulsar_io.py`` for what is exact and what the Python client
-cannot carry), ``size`` is ``len(entry)``, ``partition`` the partition index (-1 for a topic that is
+``entry`` holds the entry in Pulsar's headers-and-payload format: with ``reader=raw`` (the default)
+the stored entry byte for byte, as the broker sends it (compression, sequence ids, encryption, schema
+versions stay as the producer wrote them; ``streaming/raw_reader.py``); with ``reader=client`` rebuilt
+from the messages ``pulsar-client`` delivers (see ``streaming/pulsar_io.py`` for what is exact and what
+the Python client cannot carry). ``size`` is ``len(entry)``, ``partition`` the partition index (-1 for a topic that is
 not a partition) and ``publish_time`` the entry's publish time. ``streamoffload.codecs.entry.
 entry_messages(entry)`` splits an entry into its messages.
 
@@ -47,8 +49,17 @@ Options (names are case-insensitive, as Spark makes them):
     ``Trigger.AvailableNow`` stops at the positions that were latest when the query started.
     Without either (and without ``bufferFile``) a micro-batch takes everything available; the offload
     job always passes ``maxBytesPerTrigger`` (``pulsar.max_bytes_per_trigger``, default 64 MiB).
+``reader``
+    ``raw`` (default): entries are read over Pulsar's binary protocol and stored as the broker sends
+    them (``raw_reader.read_range_raw``); the driver's position lookups and probes use the same
+    protocol. ``client``: the ``pulsar-client`` reader, which rebuilds each entry from its messages
+    (``pulsar_io.read_range``; compression is dropped, sequence ids renumbered), for clusters whose
+    authentication the raw reader does not speak (OAuth2, custom plugins). Topic discovery uses
+    ``pulsar-client`` and the binary protocol's topic listing either way.
 ``pulsar.client.*``
-    Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``pulsar_io.client_kwargs``).
+    Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``pulsar_io.client_kwargs``) and, with
+    ``reader=raw``, to the raw reader's connections (token, basic and TLS auth, ``pulsar+ssl://``
+    settings, timeouts; see ``raw_reader.ConnectionConfig``).
 ``stallTimeoutMs`` (200), ``receiverQueueSize`` (2000), ``retryTimeoutSeconds`` (60)
     Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
     long a read (or the driver's position lookups) keeps retrying without progress before failing.
@@ -76,7 +87,8 @@ Options (names are case-insensitive, as Spark makes them):
 
 Offsets are JSON objects ``{topic-partition: [ledgerId, entryId]}``: the last position emitted, or
 ``[-1, -1]`` before the first entry. A micro-batch has one input partition per topic-partition with
-new data, reading exactly the range ``(start, end]`` (see ``pulsar_io.read_range``).
+new data, reading exactly the range ``(start, end]`` (see ``pulsar_io.read_range``, whose contract
+``raw_reader.read_range_raw`` shares).
 
 Backlog metrics (for the dashboard): :meth:`PulsarStreamReader.backlog` returns, per
 topic-partition, the latest position, the position consumed (the start of the current micro-batch,
@@ -115,6 +127,7 @@ from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.config import OffloadPolicy
 from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.policies import VersionsFile
 from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, DataLossError, Position, PulsarIOError
 
@@ -125,6 +138,7 @@ SCHEMA = (
     "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
     "num_messages int, entry binary, size int"
 )
+READERS = ("raw", "client")
 
 # ---------------------------------------------------------------------------------------------
 # options
@@ -191,6 +205,7 @@ class SourceOptions:
     policy_versions_file: str | None = None
     buffer_file: str | None = None
     stop_at_start: bool = False
+    reader: str = "raw"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -218,6 +233,11 @@ class SourceOptions:
         )
         client = tuple(sorted(pio.client_options(options).items()))
         pio.client_kwargs(dict(client))  # fail now, on the driver, not in a task
+        reader = (get("reader") or "raw").lower()
+        if reader not in READERS:
+            raise ConfigError(f"option reader: expected raw or client, got {get('reader')!r}")
+        if reader == "raw":
+            rr.ConnectionConfig.parse(service_url, dict(client))  # e.g. an auth plugin it does not speak
         return cls(
             service_url=service_url,
             topics=topics,
@@ -243,6 +263,7 @@ class SourceOptions:
             policy_versions_file=get("policyVersionsFile"),
             buffer_file=get("bufferFile"),
             stop_at_start=_parse_bool(get("stopAtStart") or "false", "stopAtStart"),
+            reader=reader,
         )
 
     @property
@@ -494,6 +515,7 @@ class SourcePlanner:
         self.options = options
         self._client_factory = client_factory or (lambda: pio.shared_client(options.service_url, options.client_opts))
         self._client: Any = None
+        self._raw: rr.RawClient | None = None
         self._partitions: list[str] = []
         self._discovered_at = float("-inf")
         self._listing_supported: bool | None = None
@@ -509,9 +531,23 @@ class SourcePlanner:
 
     @property
     def client(self) -> Any:
+        """The ``pulsar-client`` client: topic discovery, and positions with ``reader=client``."""
         if self._client is None:
             self._client = self._client_factory()
         return self._client
+
+    @property
+    def raw_client(self) -> rr.RawClient:
+        """One raw-protocol client for the planner's lifetime (configuration only: each position
+        lookup or probe opens and closes its own connection)."""
+        if self._raw is None:
+            self._raw = rr.RawClient(self.options.service_url, self.options.client_opts)
+        return self._raw
+
+    def _latest_position(self, tp: str) -> Position | None:
+        if self.options.reader == "raw":
+            return rr.latest_position_raw(self.raw_client, tp)
+        return pio.latest_position(self.client, tp)
 
     # --- discovery --------------------------------------------------------------------------
 
@@ -583,7 +619,7 @@ class SourcePlanner:
 
     def latest_positions(self, partitions: Sequence[str]) -> dict[str, Position | None]:
         latest = {
-            tp: self._retrying(f"latest position of {tp}", lambda tp=tp: pio.latest_position(self.client, tp))
+            tp: self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
             for tp in partitions
         }
         if self._target is not None:
@@ -782,7 +818,11 @@ class SourcePlanner:
         return rooms
 
     def _probe(self, tp: str, after: Position) -> pio.Probe | None:
-        probe = pio.probe_after(self.client, tp, after, settings=self.options.reader_settings())
+        settings = self.options.reader_settings()
+        if self.options.reader == "raw":
+            probe = rr.probe_after_raw(self.raw_client, tp, after, settings=settings)
+        else:
+            probe = pio.probe_after(self.client, tp, after, settings=settings)
         if probe is not None:
             old = self._entry_size.get(tp)
             self._entry_size[tp] = probe.approx_bytes if old is None else 0.7 * old + 0.3 * probe.approx_bytes
@@ -833,6 +873,9 @@ class SourcePlanner:
                 os.unlink(tmp)
 
     def close(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
         if self._client is not None:
             pio.close_shared_clients()
             self._client = None
@@ -859,7 +902,8 @@ class PulsarRangePartition(InputPartition):
 
 class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Spark's view of the source; the work is done by :class:`SourcePlanner` (driver) and
-    :func:`pulsar_io.read_range` (tasks). Constructed on executors too, so ``__init__`` only parses."""
+    :func:`raw_reader.read_range_raw` or :func:`pulsar_io.read_range` (tasks). Constructed on executors
+    too, so ``__init__`` only parses."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType | None = None) -> None:
         self.options = SourceOptions.parse(options)
@@ -938,7 +982,13 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
     import pyarrow as pa
 
     pa_schema = arrow_schema(schema)
-    client = pio.shared_client(options.service_url, options.client_opts)
+    if options.reader == "raw":
+        # Each consumer has its own connection, so nothing is shared between tasks.
+        client: Any = rr.RawClient(options.service_url, options.client_opts)
+        read_range: Callable[..., Iterator[pio.Entry]] = rr.read_range_raw
+    else:
+        client = pio.shared_client(options.service_url, options.client_opts)
+        read_range = pio.read_range
     stats = pio.ReadStats()
     started = time.monotonic()
     ledger_ids: list[int] = []
@@ -963,7 +1013,7 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
         ]
         return pa.RecordBatch.from_arrays(columns, schema=pa_schema)
 
-    for entry in pio.read_range(
+    for entry in read_range(
         client,
         partition.topic,
         partition.start,
@@ -987,8 +1037,9 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
     if datas:
         yield batch()
     log.info(
-        "pulsar source: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
+        "pulsar source: %s reader: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
         "%d stalls, %d reader re-opens, %d errors",
+        options.reader,
         partition,
         time.monotonic() - started,
         stats.entries,
