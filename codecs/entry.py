@@ -24,6 +24,7 @@ from typing import TypeVar
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError, EncodeError
 from google.protobuf.message import Message as _ProtoMessage
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from streamoffload.codecs.compression import decompress
 from streamoffload.codecs.errors import (
@@ -56,6 +57,7 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "entry_messages",
+    "metadata_encrypted",
     "metadata_num_messages",
     "parse_broker_entry_metadata",
     "split_messages",
@@ -70,6 +72,10 @@ _CHECKSUM_HEADER = struct.Struct(">HI")  # magic, crc32c
 _BROKER_HEADER = struct.Struct(">HI")  # magic, size
 
 _M = TypeVar("_M", bound=_ProtoMessage)
+
+# MessageMetadata's encryption fields in upstream PulsarApi.proto: 13 encryption_keys, 14 encryption_algo,
+# 15 encryption_param. Deliberately undeclared in pulsar_api.proto, so they stay unknown fields, byte for byte.
+_ENCRYPTION_FIELDS = frozenset((13, 14, 15))
 
 _U32_MAX = 0xFFFFFFFF
 _INT32_MAX = 0x7FFFFFFF
@@ -129,6 +135,17 @@ class DecodedEntry:
     def num_messages(self) -> int:
         """How many messages the entry holds, from its metadata alone (nothing is decompressed or split)."""
         return metadata_num_messages(self.metadata)
+
+    @property
+    def encrypted(self) -> bool:
+        """True for an end-to-end encrypted entry (MessageMetadata carries encryption keys, algorithm or
+        parameters): its payload is ciphertext, which cannot be inflated or split into messages here."""
+        return metadata_encrypted(self.metadata)
+
+
+def metadata_encrypted(metadata: MessageMetadata) -> bool:
+    """Whether ``metadata`` has any of the encryption fields 13-15 (kept as unknown fields)."""
+    return any(field.field_number in _ENCRYPTION_FIELDS for field in UnknownFieldSet(metadata))
 
 
 def metadata_num_messages(metadata: MessageMetadata) -> int:

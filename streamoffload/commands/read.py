@@ -18,6 +18,7 @@ from streamoffload.cli_common import (
     open_existing_store,
     topic_arg,
 )
+from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.config import MAX_JAVA_LONG
@@ -43,7 +44,10 @@ examples:
 Each line is one JSON object. Per entry: {"ledger_id", "entry_id", "payload"} where payload is the base64
 of the entry bytes (Pulsar's headers-and-payload format). With --messages, per message: {"ledger_id",
 "entry_id", "batch_index", "key", "properties", "publish_time", "event_time", "payload"} where payload is
-the base64 of the message payload and batch_index is -1 for a non-batched entry.
+the base64 of the message payload and batch_index is -1 for a non-batched entry. An end-to-end encrypted
+entry holds ciphertext, which is not split into messages: --messages prints one line for it,
+{"ledger_id", "entry_id", "encrypted": true, "num_messages", "publish_time", "producer_name"}, without
+payloads (read it without --messages for its bytes, stored as the producer wrote them).
 
 Segments are found through the offload metadata in the store. Every entry's CRC-32C is checked before it
 is printed (in both modes); a mismatch, or a segment manifest that does not decode where the range may
@@ -142,7 +146,20 @@ def _entry_line(entry: OffloadedEntry) -> dict[str, Any]:
 
 
 def _message_lines(entry: OffloadedEntry) -> Iterator[dict[str, Any]]:
-    for msg in entry.messages():
+    where = f"entry {entry.ledger_id}:{entry.entry_id}"
+    decoded = decode_entry(entry.payload, where=where)  # checks the CRC-32C
+    if decoded.encrypted:
+        md = decoded.metadata
+        yield {
+            "ledger_id": entry.ledger_id,
+            "entry_id": entry.entry_id,
+            "encrypted": True,
+            "num_messages": decoded.num_messages,
+            "publish_time": md.publish_time,
+            "producer_name": md.producer_name,
+        }
+        return
+    for msg in split_messages(decoded, where=where):
         yield {
             "ledger_id": entry.ledger_id,
             "entry_id": entry.entry_id,

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamoffload.codecs.compression import compress
 from streamoffload.codecs.entry import (
     MAGIC_BROKER_ENTRY_METADATA,
     MAGIC_CRC32C,
@@ -22,6 +23,7 @@ from streamoffload.codecs.entry import (
     decode_entry,
     encode_entry,
     entry_messages,
+    metadata_encrypted,
     parse_broker_entry_metadata,
 )
 from streamoffload.codecs.errors import (
@@ -415,10 +417,70 @@ def test_zlib_batch_is_inflated() -> None:
         entry_messages(encode_entry(md, b"not zlib"))
 
 
-@pytest.mark.parametrize("codec", ["LZ4", "ZSTD", "SNAPPY"])
-def test_unsupported_compression_names_the_codec(codec: str) -> None:
-    md = MessageMetadata(producer_name="p", sequence_id=0, publish_time=0, compression=CompressionType.Value(codec))
-    entry = encode_entry(md, b"\x00\x01\x02")
-    assert bytes(decode_entry(entry).payload) == b"\x00\x01\x02"  # the raw entry stays readable
-    with pytest.raises(FormatError, match=f"compressed with {codec}"):
-        entry_messages(entry)
+@pytest.mark.parametrize("codec", ["LZ4", "ZLIB", "ZSTD", "SNAPPY"])
+def test_compressed_batches_decode_and_bad_payloads_name_the_codec(codec: str) -> None:
+    # All four of Pulsar's codecs are supported: a batch compressed as a producer compresses it splits into
+    # its messages; a payload that is not valid for the codec is a FormatError naming the codec.
+    messages = [Message(f"payload {i} ".encode() * 20, key=f"k{i}", properties={"i": str(i)}) for i in range(5)]
+    plain = decode_entry(build_entry(messages, producer_name="p", sequence_id=7, publish_time=9, batched=True))
+    md = MessageMetadata()
+    md.CopyFrom(plain.metadata)
+    md.compression = CompressionType.Value(codec)
+    md.uncompressed_size = len(plain.payload)
+    compressed = compress(md.compression, plain.payload)
+    assert len(compressed) < len(plain.payload)
+    entry = encode_entry(md, compressed)
+    assert bytes(decode_entry(entry).payload) == compressed  # the stored entry stays compressed
+    got = entry_messages(entry)
+    assert [bytes(m.payload) for m in got] == [m.payload for m in messages]
+    assert [m.key for m in got] == [m.key for m in messages]
+    garbage = encode_entry(md, b"\xff\x00\x01\x02" * 3)
+    assert bytes(decode_entry(garbage).payload) == b"\xff\x00\x01\x02" * 3  # the raw entry stays readable
+    with pytest.raises(FormatError, match=codec):
+        entry_messages(garbage)
+
+
+def _encrypted_metadata() -> MessageMetadata:
+    """MessageMetadata with upstream's encryption fields (13 encryption_keys {1 key, 2 value}, 14
+    encryption_algo, 15 encryption_param), which pulsar_api.proto leaves undeclared."""
+    md = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, num_messages_in_batch=3)
+    keys = b"\x0a\x04rsa1\x12\x03\x01\x02\x03"
+    extra = bytes([13 << 3 | 2, len(keys)]) + keys + bytes([14 << 3 | 2, 3]) + b"aes" + bytes([15 << 3 | 2, 2]) + b"iv"
+    return MessageMetadata.FromString(md.SerializeToString() + extra)
+
+
+def test_encrypted_flag_from_the_encryption_fields() -> None:
+    md = _encrypted_metadata()
+    entry = encode_entry(md, b"\x13\x37 ciphertext, not a batch")
+    decoded = decode_entry(entry)
+    assert decoded.encrypted and metadata_encrypted(decoded.metadata)
+    assert decoded.num_messages == 3
+    assert decoded.metadata.SerializeToString() == md.SerializeToString()  # carried byte for byte
+    for number in (13, 14, 15):  # any one of them marks the entry
+        only = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2)
+        alone = MessageMetadata.FromString(only.SerializeToString() + bytes([number << 3 | 2, 1]) + b"x")
+        assert decode_entry(encode_entry(alone, b"c")).encrypted
+    plain = decode_entry(build_entry([Message(b"x", properties={"13": "14"})], producer_name="p", sequence_id=0,
+                                     publish_time=0))
+    assert not plain.encrypted
+
+
+def test_read_messages_says_an_entry_is_encrypted() -> None:
+    # `streamoffload read --messages` prints one line for an encrypted entry instead of ciphertext payloads.
+    import io
+    import json
+
+    from streamoffload.commands.read import write_lines
+    from streamoffload.storage.read_handle import OffloadedEntry
+
+    secret = encode_entry(_encrypted_metadata(), b"\x13\x37 ciphertext")
+    clear = build_entry([Message(b"hello", key="k")], producer_name="q", sequence_id=0, publish_time=5)
+    out = io.StringIO()
+    entries = iter([OffloadedEntry(3, 0, memoryview(secret)), OffloadedEntry(3, 1, memoryview(clear))])
+    assert write_lines(entries, out, messages=True, limit=None) == 2
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first == {
+        "ledger_id": 3, "entry_id": 0, "encrypted": True, "num_messages": 3, "publish_time": 2, "producer_name": "p"
+    }
+    assert "payload" not in first
+    assert second["payload"] == "aGVsbG8=" and second["key"] == "k" and "encrypted" not in second
