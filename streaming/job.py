@@ -41,6 +41,7 @@ from streamoffload.streaming.policies import (
 )
 from streamoffload.streaming.segmenter import ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
+from streamoffload.streaming.source import buffer_file_path, write_buffer_file
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,12 @@ class OffloadJob:
             report.topics.update(stats["topics"])
         report.duration_s = time.monotonic() - started
         self.last_topic_stats.update(report.topics)
+        if self.run is not None:  # the source's admission control reads each topic-partition's buffer here
+            write_buffer_file(
+                buffer_file_path(self._versions_file(), self.run.epoch),
+                self.last_topic_stats,
+                min_part_size(self.store_settings),
+            )
         for seal in report.sealed:
             log.info(
                 "sealed segment %s of %s: %d entries, %d bytes (%s)",
@@ -420,8 +427,8 @@ class OffloadJob:
             if open_topics:
                 store = self.store_settings.open()
                 ids = submit_requests(store, self.key_prefix, open_topics, CONTROL_SEAL)
-                # No read limit: the data that arrived meanwhile and the seal land in one batch, so the
-                # seal comes after every entry read.
+                # The seal query reads no entries (what arrived since the drain waits for the next run), so
+                # its batch holds only the seals.
                 self._await(self.start(spark, once=True, read_limits=False))
                 # Spark tells a source its batch is committed only when the next batch starts, which a
                 # finished run never does: remove the requests this run made and consumed.
