@@ -334,6 +334,25 @@ def test_push_reuses_a_datasource_of_the_same_name(grafana: tuple[FakeGrafana, s
     assert variable["current"]["value"] == "handmade"
 
 
+def test_push_needs_no_third_party_http_client(grafana: tuple[FakeGrafana, str]) -> None:
+    """grafana-client brought urllib3-future, whose .pth file replaces urllib3 for the whole environment: the
+    push uses the standard library instead, so neither is imported (nor needed)."""
+    import subprocess
+    import sys
+
+    _fake, url = grafana
+    code = (
+        "import sys\nfrom streamoffload.cli import main\n"
+        f"assert main(['dashboard', 'push', '--grafana-url', {url!r}, '--token', {TOKEN!r}]) == 0\n"
+        "third = ('grafana_client', 'niquests', 'urllib3_future')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in third)\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "dashboard saved" in result.stdout
+
+
 def test_push_errors_name_the_problem(
     grafana: tuple[FakeGrafana, str], capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
