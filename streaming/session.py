@@ -41,6 +41,7 @@ NOISY_LOGGERS = (
     "org.apache.hadoop.util.NativeCodeLoader",
     "org.apache.hadoop.fs",
     "org.apache.spark.sql.internal.SharedState",
+    "org.apache.spark.util.Utils",  # "Your hostname resolves to a loopback address", at every start
 )
 """Quieted to ERROR on the terminal (a log file keeps them at the chosen level)."""
 

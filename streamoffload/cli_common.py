@@ -187,6 +187,10 @@ def configure_logging(settings: LogSettings) -> LogSettings:
     terminal.setLevel(settings.terminal_level)
     terminal.setFormatter(logging.Formatter(LOG_FORMAT))
     terminal._streamoffload = True  # type: ignore[attr-defined]
+    if level > logging.DEBUG:
+        # py4j logs the traceback of a failed foreachBatch at ERROR; the same failure ends the command with its
+        # one-line error, so the terminal does not need the pages (a log file keeps them).
+        terminal.addFilter(lambda record: not record.name.startswith("py4j"))
     root.addHandler(terminal)
     if settings.log_file:
         path = Path(settings.log_file)
