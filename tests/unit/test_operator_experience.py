@@ -243,3 +243,15 @@ def test_offload_now_refuses_a_topic_neither_stored_nor_configured(
     assert main(["offload-now", "--conf", str(conf), "fresh"]) == 0
     assert "requested offload of persistent://public/default/fresh" in capsys.readouterr().out
     assert main(["offload-now", "--store", str(tmp_path / "missing"), TOPIC]) == 1
+
+
+def test_py4j_tracebacks_stay_off_the_terminal(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    configure_logging(LogSettings())
+    logging.getLogger("py4j.clientserver").error("There was an exception while executing the Python Proxy")
+    logging.getLogger("streamoffload.x").error("a real error")
+    err = capsys.readouterr().err
+    assert "Python Proxy" not in err and "a real error" in err
+    log_file = tmp_path / "so.log"
+    configure_logging(LogSettings(log_file=str(log_file)))
+    logging.getLogger("py4j.clientserver").error("There was an exception while executing the Python Proxy")
+    assert "Python Proxy" in log_file.read_text() and "Python Proxy" not in capsys.readouterr().err
