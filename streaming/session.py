@@ -114,8 +114,7 @@ def _pump(stream: IO[bytes], settings: SparkLogging) -> None:
                 if out is not None:
                     out.write(line)
                 elif terminal_line(line, settings):
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
+                    os.write(2, raw)  # file descriptor 2, where the JVM itself would have written it
             except (OSError, ValueError):  # stderr closed (a pipe's reader left): keep draining the JVM
                 pass
     finally:
