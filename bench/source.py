@@ -5,7 +5,7 @@ Run from the repository root:
     .venv/bin/python bench/source.py                        # 200,000 messages of 1 KiB, unbatched and batched
     .venv/bin/python bench/source.py --messages 20000       # smaller and quicker
     .venv/bin/python bench/source.py --readers plain,raw --no-spark   # the raw reader against the plain client
-    .venv/bin/python bench/source.py --spark-reader raw     # the Spark source with option reader=raw
+    .venv/bin/python bench/source.py --spark-reader client  # the Spark source on its pulsar-client fallback
 
 For each mode (unbatched: one message per entry; batched: up to 100 messages per entry) it starts
 the embedded pulsar-lite broker, publishes the backlog with ``streamoffload.produce``, then drains
@@ -20,7 +20,8 @@ it several ways, in the same run, from the same broker:
   for byte over the binary protocol (CRC-32C checked, message count from the metadata; no
   unpacking, no rebuilding), with the same exactness checks;
 - ``spark``: ``spark.readStream.format("pulsar")`` with ``Trigger.AvailableNow`` into Spark's
-  ``noop`` sink (rows built and dropped in the JVM), ``local[2]``. Timed as the sum of the
+  ``noop`` sink (rows built and dropped in the JVM), ``local[2]``, on the source's default reader
+  (``raw``) unless ``--spark-reader`` says otherwise. Timed as the sum of the
   micro-batches' trigger times (query start-up, a few seconds, is printed apart), after a warm-up
   query on a small topic (the session's first query pays ~10 s of JVM and Python worker start-up).
 
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         "--readers", default="plain,pulsar_io,raw", help="comma list of plain,pulsar_io,raw (plain always runs)"
     )
     parser.add_argument(
-        "--spark-reader", default=None, help="the Spark source's 'reader' option (raw|client), when it has one"
+        "--spark-reader",
+        default=None,
+        choices=("raw", "client"),
+        help="the Spark source's 'reader' option (default: the source's default, raw)",
     )
     args = parser.parse_args(argv)
 
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"source bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.messages:,} messages of "
         f"{args.payload_size} B per mode over {args.partitions} topic-partition(s), pulsar-lite, work dir {work}"
+        + ("" if args.no_spark else f", Spark source reader={args.spark_reader or 'raw (default)'}")
     )
     spark = None
     if not args.no_spark:
