@@ -130,6 +130,8 @@ def _launch_gateway(conf: dict[str, str], settings: SparkLogging) -> None:
 
     if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
         return
+    if os.environ.get("STREAMOFFLOAD_SPARK_OUTPUT") == "inherit":  # debugging: the JVM writes to our stdout/stderr
+        return
     fd, path = tempfile.mkstemp(prefix="streamoffload-log4j2-", suffix=".properties")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(log4j_properties(settings))
