@@ -749,7 +749,9 @@ def read_range_raw(
             stats.messages += msg.num_messages
             stats.bytes += len(msg.data)
             progress_at = time.monotonic()
-            timeout = settings.stall_timeout_ms
+            # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
+            # pulsar-lite does) would otherwise cost a re-subscription each time. Once raised, it stays
+            # raised for the rest of this read.
             backoff = settings.initial_backoff_s
             yield entry
     finally:
