@@ -33,8 +33,15 @@ setup_venv() {
     local stamp="$VENV/.streamoffload-installed-$extras"
     if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
         echo "== installing streamoffload[$extras] into $VENV"
-        "$VENV/bin/python" -m pip install -q --upgrade pip
-        "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+        # pip's output (pages of build warnings on a new machine) goes to a log, shown only on failure.
+        mkdir -p "$ROOT/var/logs"
+        local install_log="$ROOT/var/logs/install.log"
+        if ! { "$VENV/bin/python" -m pip install -q --upgrade pip \
+            && "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"; } >"$install_log" 2>&1; then
+            cat "$install_log" >&2
+            echo "streamoffload: installing streamoffload[$extras] failed (log: $install_log)" >&2
+            exit 1
+        fi
         touch "$stamp"
     fi
     PY="$VENV/bin/python"

@@ -71,7 +71,8 @@ def find_binary() -> str:
             return str(candidate)
     raise BrokerError(
         f"cannot find the {BINARY_NAME} executable (looked at: {', '.join(str(c) for c in candidates)}); "
-        "install it with `pip install pulsar-lite` or set PULSAR_LITE_BINARY"
+        "it comes with the demo extra: `pip install 'streamoffload[demo]'` (or `pip install pulsar-lite`), "
+        "or set PULSAR_LITE_BINARY"
     )
 
 

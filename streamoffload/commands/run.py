@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 from typing import Any
@@ -77,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
     arm_for_this_job()  # crash-safety tests only: a no-op unless STREAMOFFLOAD_CRASH_AT is set
     config, path = config_from_args(args)
     check_store_capabilities(config)
-    logging.getLogger("streamoffload").setLevel(min(logging.getLogger().level, logging.INFO))
     job = OffloadJob(config, path)
     job.force_lease = args.take_over
     # The writer lease before Spark: a second instance is told at once who writes the store prefix.
