@@ -28,7 +28,7 @@ from streamoffload.dashboard import TOPIC_VARIABLE_QUERY, build_dashboard, expre
 from streamoffload.embedded_broker import free_port
 from streamoffload.metrics import install_metrics
 from streamoffload.produce import produce
-from streamoffload.streaming import pulsar_io
+from streamoffload.streaming import pulsar_io, raw_reader
 from streamoffload.streaming.job import OffloadJob
 from tests.fixtures.broker import unique_topic
 
@@ -148,12 +148,13 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Callable[[str], Prometheus]]:
 
 
 def published_entries(service_url: str, topic: str) -> tuple[int, int, tuple[int, int]]:
-    """Entries, entry bytes and the latest position of a topic-partition, read straight from the broker."""
-    client = pulsar_io.shared_client(service_url)
-    latest = pulsar_io.latest_position(client, topic)
+    """Entries, entry bytes and the latest position of a topic-partition, read straight from the broker
+    as the job reads it (the raw-entry reader: entries byte for byte as the broker stores them)."""
+    client = raw_reader.RawClient(service_url)
+    latest = raw_reader.latest_position_raw(client, topic)
     assert latest is not None, f"nothing published to {topic}"
     count = size = 0
-    for entry in pulsar_io.read_range(client, topic, pulsar_io.BEFORE_EARLIEST, latest):
+    for entry in raw_reader.read_range_raw(client, topic, pulsar_io.BEFORE_EARLIEST, latest):
         count += 1
         size += len(entry.data)
     return count, size, latest
