@@ -148,6 +148,8 @@ class OffloadJob:
             options["topics"] = ",".join(pulsar.topics)
         elif pulsar.topics_pattern:
             options["topicsPattern"] = pulsar.topics_pattern
+            if pulsar.topics_pattern_candidates:
+                options["topicsPatternCandidates"] = ",".join(pulsar.topics_pattern_candidates)
         else:
             raise StreamOffloadError("no topics to offload: set pulsar.topics or pulsar.topics_pattern (or --topics)")
         if read_limits and pulsar.max_entries_per_trigger:

@@ -17,6 +17,8 @@ Options (names are case-insensitive, as Spark makes them):
 
 ``serviceUrl`` (required)
     ``pulsar://host:port`` or ``pulsar+ssl://host:port``.
+``topic`` (pulsar-spark's name, one topic), ``service.url`` (for ``serviceUrl``), ``admin.url`` (accepted,
+    unused: nothing here needs the admin API)
 ``topics``
     Comma-separated topic names (short names mean ``persistent://public/default/NAME``). A
     partitioned topic is expanded to its partitions through the broker's partition metadata, and
@@ -216,11 +218,16 @@ class SourceOptions:
             value = opts.get(name.lower())
             return None if value is None or str(value).strip() == "" else str(value).strip()
 
-        service_url = get("serviceUrl")
+        # streamnative/pulsar-spark's names are accepted too, so its users' options carry over:
+        # service.url, topic (one topic) and admin.url (no admin API is needed: accepted, unused).
+        service_url = get("serviceUrl") or get("service.url")
         if not service_url:
-            raise ConfigError("option serviceUrl is required (e.g. pulsar://127.0.0.1:6650)")
+            raise ConfigError("option serviceUrl (or service.url) is required (e.g. pulsar://127.0.0.1:6650)")
         pio.ServiceAddress.parse(service_url)
-        topics_text, pattern = get("topics"), get("topicsPattern")
+        single = get("topic")
+        if single and get("topics"):
+            raise ConfigError("give the option topic or topics, not both")
+        topics_text, pattern = get("topics") or single, get("topicsPattern")
         if bool(topics_text) == bool(pattern):
             raise ConfigError("give exactly one of the options topics (a comma list) and topicsPattern (a regex)")
         topics = tuple(dict.fromkeys(_topic(t, "topics") for t in (topics_text or "").split(",") if t.strip()))

@@ -143,6 +143,8 @@ class PulsarSettings:
     service_url: str = "pulsar://127.0.0.1:6650"
     topics: tuple[str, ...] = ()
     topics_pattern: str | None = None
+    topics_pattern_candidates: tuple[str, ...] = ()
+    """For a broker that cannot list a namespace's topics (pulsar-lite): the names the pattern filters."""
     starting_offsets: str = "earliest"
     max_entries_per_trigger: int | None = None
     """At most this many entries per micro-batch, split fairly over the topic-partitions; none by default."""
