@@ -140,7 +140,9 @@ class MetadataStore:
             except ObjectNotFoundError:
                 continue  # deleted between list and get
             except FormatError as err:
-                log.warning("skipping corrupt segment manifest: %s", err)
+                # INFO, not WARNING: callers report corrupt manifests themselves (status, verify, read,
+                # metrics), so the terminal gets one line for one problem.
+                log.info("skipping corrupt segment manifest: %s", err)
                 if corrupt is not None:
                     corrupt.append(CorruptManifest.of(info.key, err))
         return out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli import main
 from streamoffload.commands.offload_status import PartitionStatus, wait_for
 from streamoffload.storage.base import ObjectStore
@@ -140,6 +141,8 @@ def test_wait_polls_until_nothing_is_pending_or_running() -> None:
 def test_offload_now_prints_the_ids_and_how_to_follow_them(
     root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # offload-now refuses a topic neither the store nor the configuration knows: the store knows this one.
+    MetadataStore(store).mark_ledger_deleted(P0, 1, "test")
     assert main(["offload-now", "--store", str(root), P0]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"requested offload of {P0} (request ")
