@@ -222,7 +222,7 @@ class SourceOptions:
         # service.url, topic (one topic) and admin.url (no admin API is needed: accepted, unused).
         service_url = get("serviceUrl") or get("service.url")
         if not service_url:
-            raise ConfigError("option serviceUrl (or service.url) is required (e.g. pulsar://127.0.0.1:6650)")
+            raise ConfigError("option serviceUrl is required (pulsar-spark's service.url too), e.g. pulsar://127.0.0.1:6650")
         pio.ServiceAddress.parse(service_url)
         single = get("topic")
         if single and get("topics"):
