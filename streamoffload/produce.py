@@ -18,6 +18,7 @@ topics, the only way its partitions can be read one by one (SPEC 6).
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import math
 import threading
@@ -317,6 +318,12 @@ def produce(
             with contextlib.suppress(Exception):
                 producer.close()
         client.close()
+        # Destroy the C++ client (and join its threads) now, while the interpreter is whole: left to
+        # interpreter shutdown, its destructor has been seen to abort the process ("terminate called
+        # without an active exception") after everything was published.
+        producers.clear()
+        del client
+        gc.collect()
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ProduceError(f"publishing to {service_url} failed: {errors[0]}{more}")
