@@ -15,6 +15,7 @@ again from the broker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -39,6 +40,7 @@ from streamoffload.streaming.policies import (
     policy_document,
     write_versions_file,
 )
+from streamoffload.streaming.quarantine import Quarantine, failed_topics, failure_reason
 from streamoffload.streaming.segmenter import ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
 from streamoffload.streaming.source import buffer_file_path, write_buffer_file
@@ -80,6 +82,16 @@ def _apply_partition(store: StoreSettings, key_prefix: str) -> Callable[[Any], A
     return apply
 
 
+def _wait(query: Any, seconds: float) -> None:
+    """Wait for the query to end, at most ``seconds``. A failure is not raised here: Spark raises it from
+    ``awaitTermination`` only when the wait overlaps the failure, so callers read ``query.exception()``
+    after the loop instead, every time."""
+    from pyspark.errors import StreamingQueryException
+
+    with contextlib.suppress(StreamingQueryException):
+        query.awaitTermination(seconds)
+
+
 @dataclass
 class Run:
     """One run of the job: a lease epoch, where each topic-partition continues, a fresh checkpoint."""
@@ -115,6 +127,9 @@ class OffloadJob:
         self._fenced: FencedError | None = None
         self._renewer: threading.Thread | None = None
         self._run_ended = threading.Event()
+        self.quarantine: Quarantine | None = None
+        self.failed_topics: dict[str, str] = {}
+        """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
 
     # -- the query ----------------------------------------------------------------------------------
 
@@ -139,9 +154,11 @@ class OffloadJob:
             "startingOffsets": self._starting_offsets(),
             "failOnDataLoss": str(pulsar.fail_on_data_loss).lower(),
         }
+        options["keyPrefix"] = self.key_prefix
         if self.run is not None:
             options["policyVersionsFile"] = self._versions_file()
             options["bufferFile"] = buffer_file_path(self._versions_file(), self.run.epoch)
+            options["quarantineFile"] = self._pause_file()
         if not read_limits:
             options["stopAtStart"] = "true"
         if pulsar.topics:
@@ -178,6 +195,9 @@ class OffloadJob:
         checkpoint = self.config.spark.checkpoint
         base = Path(checkpoint) if "://" not in checkpoint else Path(tempfile.gettempdir()) / self.instance
         return str(base / "policy-versions.json")
+
+    def _pause_file(self) -> str:
+        return str(Path(self._versions_file()).with_name("quarantine.json"))
 
     def build(self, spark: Any, *, read_limits: bool = True) -> Any:
         from pyspark.sql import functions as F
@@ -233,6 +253,9 @@ class OffloadJob:
             report.topics.update(stats["topics"])
         report.duration_s = time.monotonic() - started
         self.last_topic_stats.update(report.topics)
+        if self.quarantine is not None and report.sealed:
+            for topic in self.quarantine.clear({seal["topic"] for seal in report.sealed}):
+                log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
         if self.run is not None:  # the source's admission control reads each topic-partition's buffer here
             write_buffer_file(
                 buffer_file_path(self._versions_file(), self.run.epoch),
@@ -316,6 +339,11 @@ class OffloadJob:
             self.store_settings.open, self.key_prefix, self.policy_refresh_s, self.policy_clock_skew_ms
         )
         versions = policy_log.start_run(config, int(time.time() * 1000))
+        self.quarantine = Quarantine(store, self.key_prefix, self._pause_file())
+        self.quarantine.load()
+        for topic, until_ms in sorted(self.quarantine.paused().items()):
+            until = time.strftime("%H:%M:%S", time.localtime(until_ms / 1000))
+            log.warning("%s: set aside after failing again and again; not offloaded until %s", topic, until)
         meta = MetadataStore(store, self.key_prefix)
         resume: dict[str, tuple[list[int] | None, int]] = {}
         for topic in meta.topics():
@@ -420,25 +448,69 @@ class OffloadJob:
     # -- running -------------------------------------------------------------------------------------
 
     def run_once(self, spark: Any) -> None:
-        """Drain everything available, then seal every open segment."""
-        if self.run is None:
-            self.begin_run()
-        try:
-            self._await(self.start(spark, once=True))
-            open_topics = self.open_segment_topics()
-            if open_topics:
-                store = self.store_settings.open()
-                ids = submit_requests(store, self.key_prefix, open_topics, CONTROL_SEAL)
-                # The seal query reads no entries (what arrived since the drain waits for the next run), so
-                # its batch holds only the seals.
-                self._await(self.start(spark, once=True, read_limits=False))
-                # Spark tells a source its batch is committed only when the next batch starts, which a
-                # finished run never does: remove the requests this run made and consumed.
-                for request_id in ids:
-                    store.delete(requests_prefix(self.key_prefix) + request_id)
-            self.retention_runner().run_pass()
-        finally:
-            self.end_run()
+        """Drain everything available, then seal every open segment. A topic-partition whose offload fails
+        is set aside (``streaming.quarantine``) and the run starts again without it, so the other topics are
+        offloaded; the run then fails, naming it."""
+        self.failed_topics = {}
+        while True:
+            if self.run is None:
+                self.begin_run()
+            try:
+                self._drain_and_seal(spark)
+                break
+            except Exception as err:  # Spark's StreamingQueryException carries the executor's message
+                held = self._set_aside(str(err), at_once=True)
+                if not held or any(topic in self.failed_topics for topic in held):
+                    raise
+                self.failed_topics.update({t: failure_reason(str(err), t) for t in held})
+            finally:
+                self.end_run()
+        if self.failed_topics:
+            listed = "; ".join(f"{topic}: {why}" for topic, why in sorted(self.failed_topics.items()))
+            raise StreamOffloadError(
+                f"the other topics were offloaded, but {len(self.failed_topics)} topic-partition(s) failed and were "
+                f"set aside (see `streamoffload status`): {listed}"
+            )
+
+    def _set_aside(self, error_text: str, *, at_once: bool = False) -> list[str]:
+        """Count a failure against the topic-partitions the error names (``TopicFailedError``); returns those
+        now set aside. ``at_once``: without waiting for a second failure (a batch run will not retry)."""
+        if self.quarantine is None:
+            return []
+        held: list[str] = []
+        for topic in failed_topics(error_text):
+            reason = failure_reason(error_text, topic)
+            record = self.quarantine.note_failure(topic, reason)
+            while at_once and not record.quarantined:
+                record = self.quarantine.note_failure(topic, reason)
+            if record.quarantined:
+                held.append(topic)
+                until = time.strftime("%H:%M:%S", time.localtime(record.until_ms / 1000))
+                log.error(
+                    "%s: offload failed %d time(s) in a row (%s); set aside until %s, the other topics go on",
+                    topic,
+                    record.failures,
+                    reason,
+                    until,
+                )
+            else:
+                log.warning("%s: offload failed (%s); trying again", topic, reason)
+        return held
+
+    def _drain_and_seal(self, spark: Any) -> None:
+        self._await(self.start(spark, once=True))
+        open_topics = self.open_segment_topics()
+        if open_topics:
+            store = self.store_settings.open()
+            ids = submit_requests(store, self.key_prefix, open_topics, CONTROL_SEAL)
+            # The seal query reads no entries (what arrived since the drain waits for the next run), so
+            # its batch holds only the seals.
+            self._await(self.start(spark, once=True, read_limits=False))
+            # Spark tells a source its batch is committed only when the next batch starts, which a
+            # finished run never does: remove the requests this run made and consumed.
+            for request_id in ids:
+                store.delete(requests_prefix(self.key_prefix) + request_id)
+        self.retention_runner().run_pass()
 
     def _await(self, query: Any) -> None:
         while query.isActive:
@@ -446,7 +518,7 @@ class OffloadJob:
                 query.stop()
                 raise StreamOffloadError("stopped before the run finished; the next run continues from the store")
             self.watch_policy()
-            query.awaitTermination(1.0)
+            _wait(query, 1.0)
         if self._fenced is not None:
             raise self._fenced
         self._raise_if_failed()
@@ -472,7 +544,7 @@ class OffloadJob:
                 started = time.monotonic()
                 while not self._stop.is_set() and query.isActive:
                     self.watch_policy()
-                    query.awaitTermination(1.0)
+                    _wait(query, 1.0)
                 if self._fenced is not None:
                     raise self._fenced
                 if self._stop.is_set():
@@ -481,14 +553,22 @@ class OffloadJob:
                 error = query.exception()
                 if error is None:
                     break
+                held = self._set_aside(str(error))
                 self.end_run(release=False)
+                if held:  # isolated: the next run goes on without them, at once
+                    failures = 0
+                    continue
                 if "CommitConflictError" in str(error) or "FencedError" in str(error):
                     log.warning("a segment commit was refused (%s); recovering from the store", error)
                 failures = failures + 1 if time.monotonic() - started < 300 else 1
                 if failures > max_restarts:
                     raise StreamOffloadError(f"offload query failed {failures} times in a row; last error: {error}")
                 delay = min(backoff_s * 2 ** (failures - 1), 300.0)
-                log.error("offload query failed (%s); recovering from the store in %.0f s", error, delay)
+                named = failed_topics(str(error))
+                if named:  # the first failure of these topics: retried before they are set aside
+                    log.error("offload of %s failed; recovering from the store in %.0f s", ", ".join(named), delay)
+                else:
+                    log.error("offload query failed (%s); recovering from the store in %.0f s", error, delay)
                 self._stop.wait(delay)
         finally:
             self.end_run()

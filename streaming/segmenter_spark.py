@@ -19,6 +19,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from streamoffload.streaming.policies import PolicyLog
+from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, Entry, Segmenter, TopicState
 
 
@@ -115,18 +116,23 @@ class SegmenterProcessor(StatefulProcessor):
         self, topic: str, entries: list[Entry], controls: list[str], timer_values: TimerValues
     ) -> Iterator[pd.DataFrame]:
         now = timer_values.getCurrentProcessingTimeInMs()
-        segmenter = Segmenter(
-            topic,
-            self.policies.policy_for(topic, now),
-            SparkState(self.topic_state, self.block, self.held),
-            key_prefix=self.key_prefix,
-            min_part_size=self.min_part_size,
-            now_ms=now,
-            epoch=self.epoch,
-            resume=self.resume.get(topic),
-        )
-        segmenter.process(entries, controls)
-        actions = segmenter.finish()
+        try:
+            segmenter = Segmenter(
+                topic,
+                self.policies.policy_for(topic, now),
+                SparkState(self.topic_state, self.block, self.held),
+                key_prefix=self.key_prefix,
+                min_part_size=self.min_part_size,
+                now_ms=now,
+                epoch=self.epoch,
+                resume=self.resume.get(topic),
+            )
+            segmenter.process(entries, controls)
+            actions = segmenter.finish()
+        except Exception as err:
+            if is_topic_specific(err):  # e.g. an entry larger than a block: this topic only
+                raise TopicFailedError(topic, err) from err
+            raise
         self._set_timer(segmenter.next_deadline())
         if actions:
             yield pd.DataFrame([[getattr(a, c) for c in ACTION_COLUMNS] for a in actions], columns=ACTION_COLUMNS)

@@ -30,6 +30,7 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
 from streamoffload.streaming.control import record_request_status
 from streamoffload.streaming.faults import crash_point
+from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class SegmentSink:
             except Exception as err:
                 stats.errors += 1
                 self._record_failure(action, err)
+                if is_topic_specific(err):  # the job sets this topic aside instead of stopping every topic
+                    raise TopicFailedError(str(action["topic"]), err) from err
                 raise
         return stats
 

@@ -128,10 +128,12 @@ from pyspark.sql.types import StructType
 from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.config import OffloadPolicy
+from streamoffload.storage import keys
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.policies import VersionsFile
 from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, DataLossError, Position, PulsarIOError
+from streamoffload.streaming.quarantine import PauseFile, TopicFailedError, is_topic_specific
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +208,9 @@ class SourceOptions:
     backlog_file: str | None = None
     policy_versions_file: str | None = None
     buffer_file: str | None = None
+    quarantine_file: str | None = None
+    key_prefix: str | None = None
+    """The store's key prefix: a topic found by ``topicsPattern`` whose keys the store cannot hold is skipped."""
     stop_at_start: bool = False
     reader: str = "raw"
 
@@ -269,6 +274,8 @@ class SourceOptions:
             backlog_file=get("backlogFile"),
             policy_versions_file=get("policyVersionsFile"),
             buffer_file=get("bufferFile"),
+            quarantine_file=get("quarantineFile"),
+            key_prefix=opts.get("keyprefix"),
             stop_at_start=_parse_bool(get("stopAtStart") or "false", "stopAtStart"),
             reader=reader,
         )
@@ -534,6 +541,8 @@ class SourcePlanner:
         self._round = 0
         self._policies = VersionsFile(options.policy_versions_file) if options.policy_versions_file else None
         self._buffers = BufferFile(options.buffer_file) if options.buffer_file else None
+        self._quarantine = PauseFile(options.quarantine_file) if options.quarantine_file else None
+        self._unfit: set[str] = set()
         self._lock = threading.Lock()
 
     @property
@@ -575,13 +584,28 @@ class SourcePlanner:
                 parsed = TopicName.parse(name)
                 if parsed.namespace_name != namespace or parsed.domain != "persistent":
                     continue
-                if regex.fullmatch(parsed.local_name) or regex.fullmatch(parsed.base.local_name):
+                matches = regex.fullmatch(parsed.local_name) or regex.fullmatch(parsed.base.local_name)
+                if matches and self._fits(parsed):
                     found.add(str(parsed))
         if self._partitions and set(self._partitions) != found:
             log.info("pulsar source: topic-partitions now %s (were %s)", sorted(found), self._partitions)
         self._partitions = sorted(found)
         self._discovered_at = now
         return self._partitions
+
+    def _fits(self, topic: TopicName) -> bool:
+        """Configured topics are checked at config load; one a pattern finds later is checked here, and
+        skipped (with one warning) rather than failing in the sink."""
+        if self.options.key_prefix is None:
+            return True
+        try:
+            keys.check_topic_fits(self.options.key_prefix, topic)
+            return True
+        except TopicNameError as err:
+            if str(topic) not in self._unfit:
+                self._unfit.add(str(topic))
+                log.warning("pulsar source: %s matches topicsPattern but is not offloaded: %s", topic, err)
+            return False
 
     def _expand(self, topic: str) -> list[str]:
         return [str(TopicName.parse(p)) for p in pio.topic_partitions(self.client, topic)]
@@ -696,6 +720,12 @@ class SourcePlanner:
             partitions = [tp for tp in partitions if tp not in paused]
             for tp in paused:  # disabled: the offset stays where it is, nothing is read or skipped
                 start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
+        if self._quarantine is not None:
+            # Set aside after failing again and again (streaming.quarantine): paused like a disabled topic.
+            held = [tp for tp in partitions if self._quarantine.paused(tp, now_ms)]
+            partitions = [tp for tp in partitions if tp not in held]
+            for tp in held:
+                start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
         latest = self.latest_positions(partitions)
         end = dict(start)  # topic-partitions no longer discovered (or paused) keep their position
         pending: list[str] = []
@@ -709,7 +739,8 @@ class SourcePlanner:
                 what = "is empty now" if last is None else f"ends at {last[0]}:{last[1]}"
                 message = f"{tp}: the source read up to {s[0]}:{s[1]} but the topic {what}: entries were lost"
                 if self.options.fail_on_data_loss:
-                    raise DataLossError(message + " (set failOnDataLoss=false to go on from the broker's position)")
+                    lost = DataLossError(message + " (set failOnDataLoss=false to go on from the broker's position)")
+                    raise TopicFailedError(tp, lost) from lost
                 log.warning("%s; going on from there (failOnDataLoss=false)", message)
                 end[tp] = last or BEFORE_EARLIEST
                 continue
@@ -961,7 +992,16 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, PulsarRangePartition)
-        return read_partition(self.options, partition, self.schema)
+        try:
+            yield from read_partition(self.options, partition, self.schema)
+        except Exception as err:
+            # Lost or corrupt entries belong to this topic-partition: the job sets it aside (quarantine).
+            # A broker that cannot be reached is everyone's problem and fails the batch as before.
+            if isinstance(err, pio.PulsarIOError) and not isinstance(err, DataLossError):
+                raise
+            if not is_topic_specific(err):
+                raise
+            raise TopicFailedError(partition.topic, err) from err
 
     def commit(self, end: dict) -> None:
         self.planner.commit(end)

@@ -695,6 +695,17 @@ def alert_rules(
             },
         },
         {
+            "alert": "StreamoffloadTopicSetAside",
+            "expr": f"max by (job, instance, topic) (streamoffload_topic_set_aside{selector}) > 0",
+            "for": "1m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.topic }} keeps failing and is set aside",
+                "description": "Its offload failed again and again, so the job pauses it (retrying after a "
+                "backoff) while the other topics go on. `streamoffload status` shows why.",
+            },
+        },
+        {
             "alert": "StreamoffloadBatchesStale",
             "expr": f"time() - max by (job, instance) (streamoffload_last_batch_timestamp_seconds{selector}) "
             f"> {stale_batch_s:g}",

@@ -313,6 +313,8 @@ class JobMetrics(Collector):
         self.last_refresh_error: str | None = None
         self._last_refresh_time = 0.0
         self._last_batch_time = 0.0
+        self._failing: dict[str, tuple[int, int]] = {}
+        """Topic-partitions failing in a row (streaming.quarantine): failures and until when set aside."""
 
         reg = self.registry
         self.upload_duration = Histogram(
@@ -509,6 +511,12 @@ class JobMetrics(Collector):
                 state.open = opened
                 if state.store_totals is None or totals.segments >= state.store_totals.segments:
                     state.store_totals = totals
+        if topics is None:  # one LIST (records exist only while a topic is failing)
+            from streamoffload.streaming.quarantine import read_records
+
+            failing = read_records(view.meta.store, view.meta.prefix)
+            with self._lock:
+                self._failing = {r.topic: (r.failures, r.until_ms) for r in failing}
         with self._lock:
             self._last_refresh_time = self.clock()
 
@@ -627,6 +635,7 @@ class JobMetrics(Collector):
                 hits += counters.hits
                 misses += counters.misses
             refreshed, batch_time = self._last_refresh_time, self._last_batch_time
+            failing = dict(self._failing)
             refresh_error = self.last_refresh_error
         yield from (entries, nbytes, sealed, sizes, segments, stored, lag, last_publish, backlog, backlog_bytes)
         yield from (open_age, open_entries, open_bytes, buffer)
@@ -651,6 +660,21 @@ class JobMetrics(Collector):
         yield GaugeMetricFamily(
             f"{p}_last_batch_timestamp_seconds", "When the sink last finished a micro-batch.", value=batch_time
         )
+        in_a_row = GaugeMetricFamily(
+            f"{p}_topic_failures_in_a_row",
+            "Offload failures of a topic-partition since its last committed segment (absent when none).",
+            labels=["topic"],
+        )
+        set_aside = GaugeMetricFamily(
+            f"{p}_topic_set_aside",
+            "1 while a topic-partition that kept failing is set aside so the other topics go on.",
+            labels=["topic"],
+        )
+        for topic, (failures, until_ms) in sorted(failing.items()):
+            in_a_row.add_metric([topic], failures)
+            set_aside.add_metric([topic], 1.0 if until_ms > now_ms else 0.0)
+        yield in_a_row
+        yield set_aside
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.streaming.quarantine import read_records
 
 Position = tuple[int, int]
 
@@ -67,6 +68,9 @@ class TopicStatus:
     """One line per manifest that does not decode (its key and the error); it is skipped, not counted."""
     error: str | None = None
     """Why this topic-partition's status could not be read (the other topics are still shown)."""
+    set_aside: dict[str, Any] | None = None
+    """The job's record of this topic-partition's failures in a row (``streaming.quarantine``): failures,
+    reason, and ``until_ms`` while it is set aside so the other topics go on."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,13 +117,17 @@ def store_status(
 ) -> list[TopicStatus]:
     """Every topic-partition's status; one whose metadata cannot be read is shown with its error instead
     of stopping the others. ``latest`` as for :func:`topic_status`."""
-    out = []
+    out: dict[str, TopicStatus] = {}
     for topic in meta.topics():
         try:
-            out.append(topic_status(meta, str(topic), now_ms, latest))
+            out[str(topic)] = topic_status(meta, str(topic), now_ms, latest)
         except StreamOffloadError as err:
-            out.append(TopicStatus(topic=str(topic), error=f"{type(err).__name__}: {err}"))
-    return out
+            out[str(topic)] = TopicStatus(topic=str(topic), error=f"{type(err).__name__}: {err}")
+    # A failing topic may have nothing in the store yet (a name the store cannot hold, say): shown all the same.
+    for record in read_records(meta.store, meta.prefix):
+        status = out.setdefault(record.topic, TopicStatus(topic=record.topic))
+        status.set_aside = asdict(record)
+    return list(out.values())
 
 
 def latest_positions(

@@ -100,6 +100,13 @@ def render_table(rows: list[TopicStatus], rates: dict[str, float | None] | None 
             lines.append(f"    open segment for {s.open_segment_age_seconds:.0f}s")
         lines.extend(f"    failed: {f}" for f in s.failures)
         lines.extend(f"    corrupt manifest (skipped): {c}" for c in s.corrupt_manifests)
+        if s.set_aside:
+            record = s.set_aside
+            if record["until_ms"] > time.time() * 1000:
+                until = time.strftime("%H:%M:%S", time.localtime(record["until_ms"] / 1000))
+                lines.append(f"    SET ASIDE until {until} after {record['failures']} failures: {record['reason']}")
+            else:
+                lines.append(f"    failing ({record['failures']} in a row): {record['reason']}")
         if s.error:
             lines.append(f"    error: {s.error}")
     return "\n".join(lines)

@@ -460,6 +460,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
         "StreamoffloadLagHigh",
         "StreamoffloadUploadsFailing",
         "StreamoffloadFailedSegments",
+        "StreamoffloadTopicSetAside",
         "StreamoffloadBatchesStale",
         "StreamoffloadStoreMetadataUnreadable",
         "StreamoffloadJobDown",
@@ -469,7 +470,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
     if promtool is None or prometheus is None:
         pytest.skip("promtool/prometheus not installed (Debian: apt-get install prometheus)")
     check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and "6 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "7 rules found" in check.stdout, check.stdout + check.stderr
     broken = tmp_path / "broken.yml"
     broken.write_text(out.read_text().replace("> 900", "> > 900"))
     assert subprocess.run([promtool, "check", "rules", str(broken)], capture_output=True, timeout=60).returncode != 0
@@ -500,7 +501,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
                 pending = [r["name"] for g in groups for r in g["rules"] if r.get("state") in ("pending", "firing")]
             except OSError:
                 pass
-            if len(loaded) == 6 and "StreamoffloadJobDown" in pending:
+            if len(loaded) == 7 and "StreamoffloadJobDown" in pending:
                 break
             assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
             time.sleep(0.2)
