@@ -39,6 +39,11 @@ Options (names are case-insensitive, as Spark makes them):
     ``"latest"``. Topic-partitions the JSON does not name start at the earliest position.
     The key ``"*"`` (``"earliest"`` or ``"latest"``) sets the start of topic-partitions the JSON does
     not name. Only used when a query starts without a checkpoint.
+``endingOffsets`` (batch reads only, as in pulsar-spark)
+    ``spark.read.format("pulsar")`` reads each topic-partition from ``startingOffsets`` up to and
+    including ``endingOffsets``: ``latest`` (default: what the broker holds when the read is planned) or
+    JSON mapping topic-partitions to ``[ledgerId, entryId]`` or ``"latest"``, with ``"*"`` for those not
+    named. A streaming query refuses it: it reads on as data arrives.
 ``failOnDataLoss``
     ``true`` (default): fail when entries that should exist are gone (a gap of entry ids within a
     ledger, a ledger not starting at entry 0, the range's known last entry missing, or a
@@ -62,6 +67,11 @@ Options (names are case-insensitive, as Spark makes them):
     Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``pulsar_io.client_kwargs``) and, with
     ``reader=raw``, to the raw reader's connections (token, basic and TLS auth, ``pulsar+ssl://``
     settings, timeouts; see ``raw_reader.ConnectionConfig``).
+``pulsar.reader.*``
+    pulsar-spark's reader settings: ``pulsar.reader.receiverQueueSize`` sets ``receiverQueueSize``;
+    ``readerName``, ``subscriptionRolePrefix`` and ``cryptoFailureAction`` are accepted and have no
+    effect (no subscription is named; encrypted entries are carried as the broker stores them);
+    ``readCompacted = true`` is refused (an offloader reads the whole log). Other names are refused.
 ``stallTimeoutMs`` (200), ``receiverQueueSize`` (2000), ``retryTimeoutSeconds`` (60)
     Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
     long a read (or the driver's position lookups) keeps retrying without progress before failing.
@@ -115,7 +125,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -195,6 +205,8 @@ class SourceOptions:
     topics_pattern: str | None = None
     pattern_candidates: tuple[str, ...] = ()
     starting_offsets: StartSpec = "earliest"
+    ending_offsets: StartSpec | None = None
+    """Batch reads only: where each topic-partition's read ends (``None`` in a streaming query)."""
     fail_on_data_loss: bool = True
     max_entries_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
@@ -243,6 +255,7 @@ class SourceOptions:
         candidates = tuple(
             _topic(t, "topicsPatternCandidates") for t in (get("topicsPatternCandidates") or "").split(",") if t.strip()
         )
+        reader_settings = _reader_options(opts)
         client = tuple(sorted(pio.client_options(options).items()))
         pio.client_kwargs(dict(client))  # fail now, on the driver, not in a task
         reader = (get("reader") or "raw").lower()
@@ -256,6 +269,7 @@ class SourceOptions:
             topics_pattern=pattern,
             pattern_candidates=candidates,
             starting_offsets=parse_starting_offsets(get("startingOffsets") or "earliest"),
+            ending_offsets=_opt(get("endingOffsets"), lambda t: parse_starting_offsets(t, "endingOffsets")),
             fail_on_data_loss=_parse_bool(get("failOnDataLoss") or "true", "failOnDataLoss"),
             max_entries_per_trigger=_opt(
                 get("maxEntriesPerTrigger"), lambda t: _parse_positive(t, "maxEntriesPerTrigger")
@@ -263,7 +277,10 @@ class SourceOptions:
             max_bytes_per_trigger=_opt(get("maxBytesPerTrigger"), lambda t: _parse_size(t, "maxBytesPerTrigger")),
             client_options=client,
             stall_timeout_ms=_opt(get("stallTimeoutMs"), lambda t: _parse_positive(t, "stallTimeoutMs")) or 200,
-            receiver_queue_size=_opt(get("receiverQueueSize"), lambda t: _parse_positive(t, "receiverQueueSize"))
+            receiver_queue_size=_opt(
+                get("receiverQueueSize") or reader_settings.get("receiverqueuesize"),
+                lambda t: _parse_positive(t, "receiverQueueSize"),
+            )
             or 2000,
             retry_timeout_s=_opt(get("retryTimeoutSeconds"), lambda t: _parse_positive(t, "retryTimeoutSeconds", float))
             or 60.0,
@@ -297,29 +314,54 @@ def _opt(text: str | None, parse: Callable[[str], Any]) -> Any:
     return None if text is None else parse(text)
 
 
-def parse_starting_offsets(text: str) -> StartSpec:
+_READER_IGNORED = ("readername", "subscriptionroleprefix", "subscriptionname", "cryptofailureaction")
+
+
+def _reader_options(opts: Mapping[str, str]) -> dict[str, str]:
+    """pulsar-spark's ``pulsar.reader.*`` settings (lower-cased names without the prefix), checked."""
+    prefix = "pulsar.reader."
+    found = {k.removeprefix(prefix): str(v).strip() for k, v in opts.items() if k.startswith(prefix)}
+    for name, value in found.items():
+        if name == "readcompacted":
+            if _parse_bool(value, "pulsar.reader.readCompacted"):
+                raise ConfigError(
+                    "option pulsar.reader.readCompacted = true is refused: a compacted read skips entries, and an "
+                    "offloader must carry the whole log"
+                )
+        elif name != "receiverqueuesize" and name not in _READER_IGNORED:
+            raise ConfigError(
+                f"option pulsar.reader.{name}: not supported; supported: receiverQueueSize, readCompacted (false), "
+                "and (accepted, no effect) readerName, subscriptionRolePrefix, subscriptionName, cryptoFailureAction"
+            )
+    return found
+
+
+def parse_starting_offsets(text: str, option: str = "startingOffsets") -> StartSpec:
+    """``startingOffsets`` (or, with ``option``, ``endingOffsets``): a word or JSON of positions."""
     lowered = text.strip().lower()
+    if option == "endingOffsets" and lowered == "earliest":
+        raise ConfigError("option endingOffsets: expected latest or a JSON object of positions, got 'earliest'")
     if lowered in ("earliest", "latest"):
         return lowered
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(
-            f"option startingOffsets: expected earliest, latest or a JSON object of topic-partition -> "
+            f"option {option}: expected earliest, latest or a JSON object of topic-partition -> "
             f"[ledgerId, entryId]; not valid JSON: {err}"
         ) from err
     if not isinstance(doc, dict):
         raise ConfigError(
-            "option startingOffsets: the JSON must be an object of topic-partition -> [ledgerId, entryId]"
+            f"option {option}: the JSON must be an object of topic-partition -> [ledgerId, entryId]"
         )
     spec: dict[str, Position | str] = {}
     for key, value in doc.items():
         if key == "*":
             if not (isinstance(value, str) and value.lower() in ("earliest", "latest")):
-                raise ConfigError(f"option startingOffsets: '*' must be 'earliest' or 'latest', got {value!r}")
+                raise ConfigError(f"option {option}: '*' must be 'earliest' or 'latest', got {value!r}")
             spec["*"] = value.lower()
             continue
-        name = _topic(key, "startingOffsets")
+        name = _topic(key, option)
         if isinstance(value, str) and value.lower() in ("earliest", "latest"):
             spec[name] = value.lower()
         elif (
@@ -332,7 +374,7 @@ def parse_starting_offsets(text: str) -> StartSpec:
             spec[name] = (value[0], value[1])
         else:
             raise ConfigError(
-                f"option startingOffsets: {key!r}: expected [ledgerId, entryId] (integers >= -1), "
+                f"option {option}: {key!r}: expected [ledgerId, entryId] (integers >= -1), "
                 f"'earliest' or 'latest', got {value!r}"
             )
     return spec
@@ -945,6 +987,11 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: Mapping[str, str], schema: StructType | None = None) -> None:
         self.options = SourceOptions.parse(options)
+        if self.options.ending_offsets is not None:
+            raise ConfigError(
+                "option endingOffsets applies to batch reads (spark.read.format('pulsar')); a streaming query "
+                "reads on as data arrives"
+            )
         self.schema = schema
         self._planner: SourcePlanner | None = None
 
@@ -1099,8 +1146,49 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
     )
 
 
+class PulsarBatchReader(DataSourceReader):
+    """``spark.read.format("pulsar")``: each topic-partition from ``startingOffsets`` to ``endingOffsets``
+    (inclusive; default ``latest`` as the read is planned), one input partition per topic-partition."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType | None = None) -> None:
+        self.options = SourceOptions.parse(options)
+        self.schema = schema
+
+    def plan(self, planner: SourcePlanner) -> list[PulsarRangePartition]:
+        start = {tp: _position(v) for tp, v in planner.initial_offset().items()}
+        ending = self.options.ending_offsets or "latest"
+        latest = planner.latest_positions(sorted(start))
+        ranges: list[PulsarRangePartition] = []
+        for tp in sorted(start):
+            choice = ending if isinstance(ending, str) else ending.get(tp, ending.get("*", "latest"))
+            last = latest[tp]
+            end = last if choice == "latest" else choice
+            if end is None:
+                continue  # an empty topic-partition
+            if last is None or end > last:  # type: ignore[operator]
+                raise ConfigError(
+                    f"option endingOffsets: {tp} ends at {end[0]}:{end[1]} (a position it does not hold yet; "  # type: ignore[index]
+                    f"its latest is {'none: it is empty' if last is None else f'{last[0]}:{last[1]}'})"
+                )
+            if end > start[tp]:  # type: ignore[operator]
+                ranges.append(PulsarRangePartition(tp, start[tp], end, end == last))  # type: ignore[arg-type]
+        return ranges
+
+    def partitions(self) -> Sequence[InputPartition]:
+        planner = SourcePlanner(self.options)
+        try:
+            return self.plan(planner)
+        finally:
+            planner.close()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, PulsarRangePartition)
+        yield from read_partition(self.options, partition, self.schema)
+
+
 class PulsarDataSource(DataSource):
-    """``spark.readStream.format("pulsar")``: see the module docstring for options and rows."""
+    """``spark.readStream.format("pulsar")`` and ``spark.read.format("pulsar")``: see the module docstring
+    for options and rows."""
 
     @classmethod
     def name(cls) -> str:
@@ -1112,11 +1200,15 @@ class PulsarDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return PulsarStreamReader(self.options, schema)
 
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PulsarBatchReader(self.options, schema)
+
 
 __all__ = [
     "SCHEMA",
     "BufferFile",
     "PartitionBacklog",
+    "PulsarBatchReader",
     "PulsarDataSource",
     "PulsarRangePartition",
     "PulsarStreamReader",
