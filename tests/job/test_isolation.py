@@ -1,9 +1,11 @@
 """One bad topic-partition does not stop the others (``streaming.quarantine``), end to end: a topic whose
-entries do not fit its blocks fails in the segmenter on Spark; the job sets it aside and every other topic
-is offloaded, byte for byte."""
+offload fails (here: data loss, the source was told to continue past what the broker holds, as after a
+topic was deleted and re-created) fails Spark's micro-batch; the job sets it aside and every other topic is
+offloaded, byte for byte."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,9 +28,12 @@ from tests.job.test_store_truth_e2e import published, stored
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
-def _bad_topic_policy(topic: str) -> str:
-    # The bad topic's blocks are smaller than its entries: its segmenter fails on every batch.
-    return SMALL_SEGMENTS + f'\n[topics."{topic}"]\nmanagedLedgerOffloadMaxBlockSizeInBytes = 1024\n'
+def _config(tmp_path: Path, service_url: str, bad: str, good: str, policy: str = SMALL_SEGMENTS) -> Path:
+    # The store knows nothing of the bad topic, so it starts where startingOffsets says: past its end.
+    path = write_config(tmp_path, service_url, [bad, good], fs_store(tmp_path), policy)
+    past_the_end = json.dumps({bad: [999_999, 0]})
+    path.write_text(path.read_text().replace("[pulsar]", f"[pulsar]\nstarting_offsets = '{past_the_end}'"))
+    return path
 
 
 def test_run_once_offloads_the_other_topics_and_names_the_bad_one(
@@ -37,15 +42,14 @@ def test_run_once_offloads_the_other_topics_and_names_the_bad_one(
     monkeypatch.setattr(quarantine, "FIRST_BACKOFF_MS", 600_000)  # set aside for the whole test
     bad, good = unique_topic("bad"), unique_topic("good")
     produce(pulsar_broker.service_url, good, count=80, payload_size=300, batching=True, batch_size=10)
-    produce(pulsar_broker.service_url, bad, count=5, payload_size=4000, batching=False)
-    policy = _bad_topic_policy(bad)
-    config_path = write_config(tmp_path, pulsar_broker.service_url, [bad, good], fs_store(tmp_path), policy)
+    produce(pulsar_broker.service_url, bad, count=5, payload_size=100, batching=False)
+    config_path = _config(tmp_path, pulsar_broker.service_url, bad, good)
     store = load_config(config_path).store.open()
 
     with pytest.raises(StreamOffloadError) as failure:
         OffloadJob(load_config(config_path), str(config_path)).run_once(spark)
     message = str(failure.value)
-    assert bad in message and "EntryTooLargeError" in message and good not in message
+    assert bad in message and "DataLossError" in message and good not in message
     assert "[streamoffload:" not in message.split(bad, 1)[1], "the marker is not shown to people"
 
     assert stored(store, good) == published(good, 80, size=300)
@@ -53,7 +57,7 @@ def test_run_once_offloads_the_other_topics_and_names_the_bad_one(
     [record] = read_records(store, "")
     assert record.topic == bad and record.quarantined and record.until_ms > time.time() * 1000
     rows = {s.topic: s for s in store_status(MetadataStore(store))}
-    assert rows[bad].set_aside is not None and "EntryTooLargeError" in rows[bad].set_aside["reason"]
+    assert rows[bad].set_aside is not None and "entries were lost" in rows[bad].set_aside["reason"]
 
     # While it is set aside, a later run leaves it alone (no failure) and the others go on.
     produce(pulsar_broker.service_url, good, count=20, payload_size=300, batching=True, batch_size=10)
@@ -65,15 +69,15 @@ def test_the_running_job_sets_a_failing_topic_aside_and_keeps_the_others_going(
     running_job: Callable[[Path], OffloadJob], pulsar_broker: Any, tmp_path: Path
 ) -> None:
     bad, good = unique_topic("bad-live"), unique_topic("good-live")
-    policy = _bad_topic_policy(bad).replace(
+    policy = SMALL_SEGMENTS.replace(
         "maxOffloadSegmentRolloverTimeMinutes = 10", "maxOffloadSegmentRolloverTimeSeconds = 2"
     )
-    config_path = write_config(tmp_path, pulsar_broker.service_url, [bad, good], fs_store(tmp_path), policy)
+    config_path = _config(tmp_path, pulsar_broker.service_url, bad, good, policy)
     store = load_config(config_path).store.open()
     meta = MetadataStore(store)
     job = running_job(config_path)
 
-    produce(pulsar_broker.service_url, bad, count=3, payload_size=4000, batching=False)
+    produce(pulsar_broker.service_url, bad, count=3, payload_size=100, batching=False)
     produce(pulsar_broker.service_url, good, count=50, payload_size=100, batching=False)
     poll(lambda: any(r.quarantined for r in read_records(store, "")), what="the bad topic set aside")
     produce(pulsar_broker.service_url, good, count=30, payload_size=100, batching=False)
