@@ -432,6 +432,7 @@ def write_config(
 [pulsar]
 service_url = "{service_url}"
 topics = [{topic_list}]
+max_message_size = 4096  # lets the small blocks below through (the harness's entries are smaller)
 
 {store_toml}
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from streamoffload.codecs.errors import ConfigError, StreamOffloadError
 from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
 
 MIB = 1024 * 1024
 HEADER_AND_ONE_ENTRY = 128 + 12 + 1
@@ -153,6 +154,10 @@ class PulsarSettings:
     any size is read in bounded micro-batches: with the offload buffer bound, it sets what the job's
     memory holds (README "Memory"). Always on; a larger figure trades memory for fewer, cheaper batches."""
     fail_on_data_loss: bool = True
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    """The broker's ``maxMessageSize`` (Pulsar's default 5 MiB): the largest entry it accepts. Every block size
+    the policies can apply must hold such an entry, or the job would stop at the first one
+    (``streamoffload.limits``); a broker configured for smaller messages lets smaller blocks through."""
     client: Mapping[str, str] = field(default_factory=dict)
     """Passed to the source as ``pulsar.client.<key>`` (auth, TLS)."""
 
@@ -407,6 +412,7 @@ _COUNT_SETTINGS: dict[str, bool] = {
     # Optional positive counts: key -> whether size strings ("256MiB") are accepted.
     "pulsar.max_entries_per_trigger": False,
     "pulsar.max_bytes_per_trigger": True,
+    "pulsar.max_message_size": True,
 }
 
 
@@ -526,6 +532,12 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
                 "merged)"
             ) from None
     check_topics_fit(config)
+    if not 0 < pulsar.max_message_size <= MAX_BLOCK_BYTES:
+        raise ConfigError(
+            f"{source}: pulsar.max_message_size must be between 1 and {MAX_BLOCK_BYTES} bytes, got "
+            f"{pulsar.max_message_size!r}"
+        )
+    check_config_block_sizes(config, pulsar.max_message_size)
     return config
 
 

@@ -71,9 +71,14 @@ def admitted(start: dict[str, list[int]], end: dict[str, list[int]]) -> dict[str
     return {tp: end[tp][1] - start.get(tp, [-1, -1])[1] for tp in end}
 
 
+def small_messages(doc: dict) -> dict:
+    """The document for a broker taking messages of at most 1 KiB, so blocks of 4 KiB are accepted."""
+    return {**doc, "pulsar": {**doc.get("pulsar", {}), "max_message_size": 1024}}
+
+
 def versions_file(tmp_path: Path, doc: dict) -> str:
     path = str(tmp_path / "policy-versions.json")
-    write_versions_file(path, [(0, policy_document(parse_config(doc)))])
+    write_versions_file(path, [(0, policy_document(parse_config(small_messages(doc))))])
     return path
 
 
@@ -204,7 +209,7 @@ def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_b
             "maxSizePerOffloadSegmentMbytes": 64,
         }
     }
-    policy = parse_config(policy_doc).policy_for(A)
+    policy = parse_config(small_messages(policy_doc)).policy_for(A)
     effective = buffer_bound(policy, min_part)
     topics = [A, B, C]
     model = {tp: (150, size) for tp, size in zip(topics, sizes, strict=True)}
