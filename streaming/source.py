@@ -290,7 +290,9 @@ def _opt(text: str | None, parse: Callable[[str], Any]) -> Any:
     return None if text is None else parse(text)
 
 
-def parse_starting_offsets(text: str) -> StartSpec:
+def parse_starting_offsets(text: str, option: str = "startingOffsets") -> StartSpec:
+    """``earliest``, ``latest`` or JSON of topic-partition -> ``[ledgerId, entryId]`` (or a word); errors name
+    ``option`` (the batch source parses its ``endingOffsets`` with it too)."""
     lowered = text.strip().lower()
     if lowered in ("earliest", "latest"):
         return lowered
@@ -298,21 +300,21 @@ def parse_starting_offsets(text: str) -> StartSpec:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(
-            f"option startingOffsets: expected earliest, latest or a JSON object of topic-partition -> "
+            f"option {option}: expected earliest, latest or a JSON object of topic-partition -> "
             f"[ledgerId, entryId]; not valid JSON: {err}"
         ) from err
     if not isinstance(doc, dict):
         raise ConfigError(
-            "option startingOffsets: the JSON must be an object of topic-partition -> [ledgerId, entryId]"
+            f"option {option}: the JSON must be an object of topic-partition -> [ledgerId, entryId]"
         )
     spec: dict[str, Position | str] = {}
     for key, value in doc.items():
         if key == "*":
             if not (isinstance(value, str) and value.lower() in ("earliest", "latest")):
-                raise ConfigError(f"option startingOffsets: '*' must be 'earliest' or 'latest', got {value!r}")
+                raise ConfigError(f"option {option}: '*' must be 'earliest' or 'latest', got {value!r}")
             spec["*"] = value.lower()
             continue
-        name = _topic(key, "startingOffsets")
+        name = _topic(key, option)
         if isinstance(value, str) and value.lower() in ("earliest", "latest"):
             spec[name] = value.lower()
         elif (
@@ -325,7 +327,7 @@ def parse_starting_offsets(text: str) -> StartSpec:
             spec[name] = (value[0], value[1])
         else:
             raise ConfigError(
-                f"option startingOffsets: {key!r}: expected [ledgerId, entryId] (integers >= -1), "
+                f"option {option}: {key!r}: expected [ledgerId, entryId] (integers >= -1), "
                 f"'earliest' or 'latest', got {value!r}"
             )
     return spec
