@@ -5,9 +5,11 @@ key, properties and publish time."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
-from streamoffload.codecs.entry import Message, build_entry
+from streamoffload.codecs.entry import Message, MessageMetadata, build_entry, decode_entry, encode_entry
 from streamoffload.config import OffloadPolicy
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
@@ -47,9 +49,12 @@ def build_topic(
     keys: int = 5,
     seed: int = 1,
     keep: bool = True,
+    encrypted: frozenset[int] = frozenset(),
 ) -> tuple[list[Sent], int]:
     """Offload ``entries`` entries of ``batch`` messages each (batch 1: not batched); publish times grow by
-    ``publish_step_ms`` per entry. Returns the messages (when ``keep``) and the entry bytes written."""
+    ``publish_step_ms`` per entry. Entries numbered in ``encrypted`` carry an encryption algorithm (field 14
+    of MessageMetadata), as end-to-end encrypted ones do. Returns the messages (when ``keep``) and the
+    entry bytes written."""
     rnd = random.Random(seed)
     pool = rnd.randbytes(payload_size + 4096)
     state = MemoryState()
@@ -88,6 +93,10 @@ def build_topic(
         data = build_entry(
             messages, producer_name="synthetic", sequence_id=seq, publish_time=publish, batched=batch > 1
         )
+        if i in encrypted:
+            decoded = decode_entry(data)
+            md = MessageMetadata.FromString(decoded.metadata.SerializeToString() + bytes([14 << 3 | 2, 3]) + b"aes")
+            data = encode_entry(md, decoded.payload)
         if keep:
             for b, m in enumerate(messages):
                 sent.append(
@@ -105,3 +114,47 @@ def build_topic(
             flush([])
     flush([CONTROL_SEAL])
     return sent, written
+
+
+@dataclass
+class CountingStore:
+    """A view of a store that counts what is read from it: bytes per key (GET and ranged GET) and HEADs.
+    Not an ``ObjectStore`` subclass on purpose: reads of a filesystem store then go through ``get_range``
+    too, so every byte is counted."""
+
+    inner: ObjectStore
+    read: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def min_part_size(self) -> int:
+        return self.inner.min_part_size
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(self.read.values())
+
+    def get(self, key: str) -> bytes:
+        data = self.inner.get(key)
+        self.read[key] = self.read.get(key, 0) + len(data)
+        return data
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        data = self.inner.get_range(key, start, length)
+        self.read[key] = self.read.get(key, 0) + len(data)
+        return data
+
+    def list(self, prefix: str) -> Iterator[Any]:
+        return self.inner.list(prefix)
+
+    def head(self, key: str) -> Any:
+        return self.inner.head(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def close(self) -> None:
+        pass
