@@ -15,7 +15,11 @@ every entry's CRC-32C is checked, corruption names the object and offset) and re
 A position bound starts the read at the index's block holding it. A publish-time bound starts it at the
 block holding the first entry at or after the bound, and ends it after the last block starting at or
 before the end bound: blocks are located by a binary search over the publish time of each block's first
-entry (a few hundred bytes read per probe). Every row is still checked against the bounds exactly.
+entry (a few KB read per probe). The read stops at the first entry published at or after the end bound
+(plus the skew below). Every row is still checked against the bounds exactly. A time window therefore
+reads about one block per topic-partition beyond the entries inside it (the block holding its start),
+plus what the read-ahead fetched: blocks of a few MiB suit a tier queried by time (Pulsar's default
+``managedLedgerOffloadMaxBlockSizeInBytes`` is 64 MiB).
 
 **Publish time order.** Pruning assumes that publish times grow with position, as they do for one
 producer (a publish time is the producer's clock at send time). Several producers on one topic with
@@ -520,11 +524,17 @@ def read_task(
             if start is not None and end is not None and start > end:
                 return
         emit = _message_rows if output == OUTPUT_MESSAGES else _entry_rows
-        yield from emit(handle, task.topic, start, end, times, batch_rows, batch_bytes)
+        yield from emit(handle, task.topic, start, end, times, skew_ms, batch_rows, batch_bytes)
     finally:
         handle.close()
         if owned:
             store.close()
+
+
+def _stop_time(times: TimeBounds, skew_ms: int) -> int | None:
+    """A publish time at which a read stops: with publish times growing with position (within ``skew_ms``),
+    nothing after an entry published at ``hi + skew_ms`` or later is inside ``times``."""
+    return None if times.hi is None else times.hi + skew_ms
 
 
 def _entry_rows(
@@ -533,17 +543,21 @@ def _entry_rows(
     start: Position | None,
     end: Position | None,
     times: TimeBounds,
+    skew_ms: int,
     batch_rows: int,
     batch_bytes: int,
 ) -> Iterator[list[list[Any]]]:
     columns: list[list[Any]] = [[] for _ in ENTRY_COLUMNS]
     topics, ledgers, entries, datas, counts, publish = columns
     pending = 0
+    stop = _stop_time(times, skew_ms)
     for entry in handle.read_range(start, end):
         where = f"{handle.data_key}: entry {entry.ledger_id}:{entry.entry_id}"
         decoded = decode_entry(entry.payload, verify_checksum=False, where=where)  # the read checked the CRC
         md = decoded.metadata
         if not times.contains(md.publish_time):
+            if stop is not None and md.publish_time >= stop:
+                break
             continue
         topics.append(topic)
         ledgers.append(entry.ledger_id)
@@ -579,17 +593,21 @@ def _message_rows(
     start: Position | None,
     end: Position | None,
     times: TimeBounds,
+    skew_ms: int,
     batch_rows: int,
     batch_bytes: int,
 ) -> Iterator[list[list[Any]]]:
     partition = TopicName.parse(topic).partition
     columns: list[list[Any]] = [[] for _ in MESSAGE_COLUMNS]
     pending = 0
+    stop = _stop_time(times, skew_ms)
     for entry in handle.read_range(start, end):
         where = f"{handle.data_key}: entry {entry.ledger_id}:{entry.entry_id} of {topic}"
         decoded = decode_entry(entry.payload, verify_checksum=False, where=where)  # the read checked the CRC
         md = decoded.metadata
         if not times.contains(md.publish_time):
+            if stop is not None and md.publish_time >= stop:
+                break
             continue
         if decoded.encrypted:
             raise EncryptedEntryError(
