@@ -168,17 +168,38 @@ class PushedBounds:
 
     times: ofr.TimeBounds = field(default_factory=ofr.TimeBounds)
     topics: set[str] | None = None
-    positions: ofr.PositionBounds = field(default_factory=ofr.PositionBounds)
+    _positions: ofr.PositionBounds = field(default_factory=ofr.PositionBounds)
+    _ledger_eq: int | None = None
+    _entry_filters: list[Filter] = field(default_factory=list)
+
+    @property
+    def positions(self) -> ofr.PositionBounds:
+        """Position bounds: from ledger id filters, and entry id filters when the ledger id is fixed."""
+        bounds = self._positions
+        if self._ledger_eq is None:
+            return bounds
+        ledger = self._ledger_eq
+        for f in self._entry_filters:
+            entry = f.value  # type: ignore[attr-defined]
+            if isinstance(f, EqualTo):
+                bounds = bounds.narrowed((ledger, entry), (ledger, entry))
+            elif isinstance(f, GreaterThan):
+                bounds = bounds.narrowed((ledger, entry + 1), None)
+            elif isinstance(f, GreaterThanOrEqual):
+                bounds = bounds.narrowed((ledger, entry), None)
+            elif isinstance(f, LessThan):
+                bounds = bounds.narrowed(None, (ledger, entry - 1) if entry > 0 else (ledger - 1, MAX_ID))
+            elif isinstance(f, LessThanOrEqual):
+                bounds = bounds.narrowed(None, (ledger, entry))
+        return bounds
 
     def add(self, f: Filter, columns: Sequence[str]) -> None:
         name = f.attribute[0] if isinstance(getattr(f, "attribute", None), tuple) and len(f.attribute) == 1 else None
         if name is None:
             return
-        publish, topic, ledger = ("__publishTime", "__topic", "__ledgerId") if "value" in columns else (
-            "publish_time",
-            "topic",
-            "ledger_id",
-        )
+        messages = "value" in columns
+        publish, topic = ("__publishTime", "__topic") if messages else ("publish_time", "topic")
+        ledger, entry = ("__ledgerId", "__entryId") if messages else ("ledger_id", "entry_id")
         if name == publish:
             self._time(f)
         elif name == topic:
@@ -188,12 +209,14 @@ class PushedBounds:
                 self._topics(set(f.value))
         elif name == ledger and isinstance(getattr(f, "value", None), int):
             self._ledger(f, f.value)  # type: ignore[attr-defined]
+        elif name == entry and isinstance(getattr(f, "value", None), int):
+            self._entry_filters.append(f)
         elif name == "__messageId" and isinstance(f, EqualTo) and isinstance(f.value, (bytes, bytearray)):
             try:
                 mid = MessageIdData.FromString(bytes(f.value))
             except DecodeError:  # not a message id: nothing to prune with
                 return
-            self.positions = self.positions.narrowed((mid.ledgerId, mid.entryId), (mid.ledgerId, mid.entryId))
+            self._positions = self._positions.narrowed((mid.ledgerId, mid.entryId), (mid.ledgerId, mid.entryId))
 
     def _topics(self, names: set[str]) -> None:
         self.topics = names if self.topics is None else self.topics & names
@@ -212,15 +235,16 @@ class PushedBounds:
 
     def _ledger(self, f: Filter, ledger: int) -> None:
         if isinstance(f, EqualTo):
-            self.positions = self.positions.narrowed((ledger, 0), (ledger, MAX_ID))
+            self._ledger_eq = ledger
+            self._positions = self._positions.narrowed((ledger, 0), (ledger, MAX_ID))
         elif isinstance(f, GreaterThan):
-            self.positions = self.positions.narrowed((ledger + 1, 0), None)
+            self._positions = self._positions.narrowed((ledger + 1, 0), None)
         elif isinstance(f, GreaterThanOrEqual):
-            self.positions = self.positions.narrowed((ledger, 0), None)
+            self._positions = self._positions.narrowed((ledger, 0), None)
         elif isinstance(f, LessThan):
-            self.positions = self.positions.narrowed(None, (ledger - 1, MAX_ID))
+            self._positions = self._positions.narrowed(None, (ledger - 1, MAX_ID))
         elif isinstance(f, LessThanOrEqual):
-            self.positions = self.positions.narrowed(None, (ledger, MAX_ID))
+            self._positions = self._positions.narrowed(None, (ledger, MAX_ID))
 
 
 # --- the source ------------------------------------------------------------------------------------------

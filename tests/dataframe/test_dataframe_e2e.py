@@ -205,6 +205,12 @@ def test_time_and_position_bounds(spark: Any, offloaded: dict[str, Any]) -> None
     one = read(spark, store, base).where(F.col("__messageId") == target["__messageId"])
     assert [(r["__topic"], r["value"]) for r in rows_of(one)] == [(p0, target["value"])]
     assert one.rdd.getNumPartitions() == 1
+    by_position = read(spark, store, base).where(
+        (F.col("__ledgerId") == target["__ledgerId"])
+        & (F.col("__entryId") == target["__entryId"])
+        & (F.col("__batchIndex") == target["__batchIndex"])
+    )
+    assert [r["__messageId"] for r in rows_of(by_position)] == [target["__messageId"]]
 
 
 def test_missing_store_and_topic_are_clear_errors(spark: Any, offloaded: dict[str, Any], tmp_path: Path) -> None:

@@ -219,3 +219,37 @@ def test_option_errors_name_the_option() -> None:
             OffloadedOptions.parse(options)
     parsed = OffloadedOptions.parse({**good, "STARTINGTIME": "2026-03-01T00:00:00Z", "endingTime": "1772409600000"})
     assert parsed.times == ofr.TimeBounds(1772323200000, 1772409600000)
+
+
+def test_pushed_filters_become_pruning_bounds() -> None:
+    pytest.importorskip("pyspark")
+    from datetime import UTC, datetime
+
+    from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan
+
+    from streamoffload.streaming.offloaded_source import PushedBounds
+
+    pushed = PushedBounds()
+    columns = ofr.MESSAGE_COLUMNS
+    noon = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    for f in [
+        GreaterThanOrEqual(("__publishTime",), noon),
+        LessThan(("__publishTime",), datetime(2026, 3, 1, 13, tzinfo=UTC)),
+        In(("__topic",), ("a", "b")),
+        EqualTo(("__topic",), "b"),
+        EqualTo(("__ledgerId",), 12),
+        GreaterThan(("__entryId",), 4),
+        LessThan(("__entryId",), 9),
+        IsNotNull(("__key",)),
+    ]:
+        pushed.add(f, columns)
+    assert pushed.times == ofr.TimeBounds(1772366400000, 1772370000001)  # whole ms, Spark re-checks the rows
+    assert pushed.topics == {"b"}
+    assert pushed.positions == ofr.PositionBounds((12, 5), (12, 8))
+    by_id = PushedBounds()
+    by_id.add(EqualTo(("__messageId",), ofr.message_id(7, 3, 0, 2, 10)), columns)
+    assert by_id.positions == ofr.PositionBounds((7, 3), (7, 3))
+    entries = PushedBounds()
+    entries.add(GreaterThan(("ledger_id",), 4), ofr.ENTRY_COLUMNS)
+    entries.add(GreaterThan(("__ledgerId",), 9), ofr.ENTRY_COLUMNS)  # not a column of entries: ignored
+    assert entries.positions == ofr.PositionBounds((5, 0), None)
