@@ -85,7 +85,9 @@ MESSAGE_SCHEMA = (
 ENTRY_COLUMNS = ("topic", "ledger_id", "entry_id", "entry", "num_messages", "publish_time")
 ENTRY_SCHEMA = "topic string, ledger_id long, entry_id long, entry binary, num_messages int, publish_time timestamp"
 
-DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024  # Spark's spark.sql.files.maxPartitionBytes default
+# A quarter of Spark's spark.sql.files.maxPartitionBytes: a Python task decodes some tens of MB/s, so
+# smaller tasks keep the cores evenly busy (the cost per task is one index read).
+DEFAULT_MAX_PARTITION_BYTES = 32 * 1024 * 1024
 DEFAULT_SKEW_MS = 1000
 DEFAULT_BATCH_ROWS = 4096
 DEFAULT_BATCH_BYTES = 32 << 20

@@ -26,7 +26,7 @@ Options (names are case-insensitive, as Spark makes them):
     ``__ledgerId``, ``__entryId``, ``__batchIndex``, ``__sequenceId``, ``__producerName``.
     ``entries``: one row per stored entry (``topic``, ``ledger_id``, ``entry_id``, ``entry``,
     ``num_messages``, ``publish_time``); encrypted entries come back as stored (they fail ``messages``).
-``maxPartitionBytes`` (128 MiB), ``publishTimeSkewMs`` (1000), ``readBufferSize`` (1 MiB)
+``maxPartitionBytes`` (32 MiB), ``publishTimeSkewMs`` (1000), ``readBufferSize`` (1 MiB)
     A segment larger than ``maxPartitionBytes`` is read by several tasks, each a run of whole blocks;
     the publish-time slack of pruning (see ``offloaded_read``); the ranged-GET size.
 

@@ -236,3 +236,25 @@ def test_s3_store(spark: Any, pulsar_broker: Any, tmp_path: Path, moto_server: s
     OffloadJob(config, str(config_path)).run_once(spark)
     df = read(spark, f"s3://{s3_bucket}/tier/v1", topic, **{"s3.endpoint": moto_server, "s3.region": "us-east-1"})
     check_rows(topic, by_topic(rows_of(df))[topic], sent)
+
+
+def test_a_corrupt_object_fails_the_query_naming_object_and_offset(spark: Any, tmp_path: Path) -> None:
+    from streamoffload.checkpoints.metadata_store import MetadataStore
+    from streamoffload.storage.filesystem import FilesystemStore
+    from tests.dataframe.synthetic import build_topic
+
+    store = FilesystemStore(str(tmp_path))
+    topic = "persistent://public/default/df-corrupt"
+    build_topic(store, topic, entries=200, batch=3)
+    segments = MetadataStore(store).offloaded_segments(topic)
+    victim = segments[len(segments) // 2]
+    path = tmp_path / victim.dataKey
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    df = read(spark, f"file://{tmp_path}", topic)
+    with pytest.raises(Exception, match=rf"{victim.dataKey}.*offset \d+|offset \d+.*{victim.dataKey}"):
+        df.count()
+    # Bounds that leave the corrupt segment out read the rest.
+    before = f'{{"{topic}": [{victim.startLedgerId}, {victim.startEntryId - 1}]}}'
+    assert read(spark, f"file://{tmp_path}", topic, endingOffsets=before).count() > 0
