@@ -283,8 +283,7 @@ class OffloadedReader(DataSourceReader):
             pattern = parse_pattern(opts.topics_pattern) if opts.topics_pattern else None
             topics = ofr.resolve_topics(metadata, opts.topics, pattern)
             if self.pushed.topics is not None:
-                wanted = {_topic(t, "__topic filter") for t in self.pushed.topics}
-                topics = [t for t in topics if t in wanted]
+                topics = [t for t in topics if t in self.pushed.topics]
             positions = {
                 t: ofr.PositionBounds(
                     ofr.start_bound(ofr.spec_for(opts.starting, t), t), ofr.end_bound(ofr.spec_for(opts.ending, t), t)
