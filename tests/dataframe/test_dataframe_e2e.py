@@ -200,9 +200,9 @@ def test_time_and_position_bounds(spark: Any, offloaded: dict[str, Any]) -> None
     want0 = [k for k in keys(everything) if k[0] != p0 or after < (k[1], k[2]) <= last]
     assert keys(bounded) == want0
 
-    # One message by its id (pushed down to a position: one segment read).
+    # One message by its id (pushed down to a topic-partition and a position: one segment read).
     target = rows0[len(rows0) // 2]
-    one = read(spark, store, base).where(F.col("__messageId") == target["__messageId"])
+    one = read(spark, store, base).where((F.col("__topic") == p0) & (F.col("__messageId") == target["__messageId"]))
     assert [(r["__topic"], r["value"]) for r in rows_of(one)] == [(p0, target["value"])]
     assert one.rdd.getNumPartitions() == 1
     by_position = read(spark, store, base).where(
