@@ -1,2 +1,25 @@
 """Spark Structured Streaming pieces: the Pulsar source, the segmenter, the sink and the job. Spark
 code is kept thin over plain Python that tests can call without Spark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(spark: Any) -> None:
+    """Register streamoffload's Python data sources with a SparkSession: the live ``pulsar`` source, the
+    offload job's control source and the ``pulsar-offloaded`` batch source. Also turns on Python data
+    source filter pushdown (``spark.sql.python.filterPushdown.enabled``; PySpark >= 4.1), which the batch
+    source uses to prune by publish time, topic and position: with it off, Spark refuses a source that
+    implements ``pushFilters``."""
+    from streamoffload.streaming.control import ControlDataSource
+    from streamoffload.streaming.offloaded_source import OffloadedDataSource
+    from streamoffload.streaming.source import PulsarDataSource
+
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.dataSource.register(PulsarDataSource)
+    spark.dataSource.register(ControlDataSource)
+    spark.dataSource.register(OffloadedDataSource)
+
+
+__all__ = ["register"]

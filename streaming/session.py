@@ -21,6 +21,8 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any
 
+from streamoffload.streaming import register
+
 SPARK_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
 NOISY_LOGGERS = (
@@ -161,7 +163,7 @@ def build_session(
 ) -> Any:
     """A SparkSession with the RocksDB state store (transformWithState needs it), few shuffle
     partitions (one key per topic-partition; the default 200 would mostly run empty tasks), and
-    the Python data source registered."""
+    streamoffload's Python data sources registered (``streaming.register``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -191,13 +193,5 @@ def build_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.level)
-    _register_data_sources(session)
+    register(session)
     return session
-
-
-def _register_data_sources(session: Any) -> None:
-    from streamoffload.streaming.control import ControlDataSource
-    from streamoffload.streaming.source import PulsarDataSource
-
-    session.dataSource.register(PulsarDataSource)
-    session.dataSource.register(ControlDataSource)

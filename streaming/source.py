@@ -337,7 +337,8 @@ def _reader_options(opts: Mapping[str, str]) -> dict[str, str]:
 
 
 def parse_starting_offsets(text: str, option: str = "startingOffsets") -> StartSpec:
-    """``startingOffsets`` (or, with ``option``, ``endingOffsets``): a word or JSON of positions."""
+    """``earliest``, ``latest`` or JSON of topic-partition -> ``[ledgerId, entryId]`` (or a word); errors name
+    ``option`` (the batch sources parse their ``endingOffsets`` with it too, where ``earliest`` is refused)."""
     lowered = text.strip().lower()
     if option == "endingOffsets" and lowered == "earliest":
         raise ConfigError("option endingOffsets: expected latest or a JSON object of positions, got 'earliest'")

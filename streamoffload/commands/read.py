@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.offloaded_read import refuse_corrupt
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -103,29 +103,11 @@ class ReadCommandError(StreamOffloadError):
     """Arguments that do not make a read."""
 
 
-class CorruptManifestError(StreamOffloadError):
-    """A segment manifest that may cover the requested range does not decode: reading around it would
-    silently leave its entries out."""
-
-
 def _refuse_corrupt(reader: TopicReader, topic: TopicName, start: Position | None, end: Position | None) -> None:
-    """Raise ``CorruptManifestError`` if a manifest of ``topic`` that does not decode may hold a position in
-    ``[start, end]``: it starts at or before ``end`` (its key tells where it starts) and no readable segment
-    starts between it and ``start`` (segments do not overlap, so such a segment would end it before ``start``)."""
+    """Refuse a read that a manifest of ``topic`` that does not decode may cover (``CorruptManifestError``)."""
     corrupt = reader.metadata.corrupt_manifests(topic)
-    if not corrupt:
-        return
-    starts = sorted(mf.start_position(m) for m in reader.metadata.offloaded_segments(topic))
-    for bad in corrupt:
-        if bad.start is not None and end is not None and bad.start > end:
-            continue
-        if bad.start is not None and start is not None and any(bad.start < s <= start for s in starts):
-            continue
-        why = bad.error.removeprefix(bad.key + ": ")
-        raise CorruptManifestError(
-            f"topic {topic}: the segment manifest {bad.key} does not decode ({why}); "
-            "its entries may be in the requested range, so nothing is read (run `streamoffload verify`)"
-        )
+    if corrupt:
+        refuse_corrupt(str(topic), corrupt, reader.metadata.offloaded_segments(topic), start, end)
 
 
 def _position(text: str | None, flag: str) -> Position | None:

@@ -1,0 +1,225 @@
+"""The ``pulsar-offloaded`` DataFrame reader next to plain reads of the same objects, in the same run.
+
+Run from the repository root:
+
+    .venv/bin/python bench/dataframe.py                   # a 1 GB filesystem store
+    .venv/bin/python bench/dataframe.py --store-mb 200    # smaller, on a shared machine
+
+It builds a filesystem store of --store-mb MB of entries (--partitions topic-partitions, batches of
+--batch messages of --message-bytes bytes, publish times spread evenly over one day, blocks of
+--block-mib MiB, segments of --segment-mib MiB) with the real segmenter and sink, then prints:
+
+Each figure is the best of --runs (2) runs.
+
+- raw: a sequential read of every data object file (``f.read`` of 1 MiB), the reference; it runs first
+  once to warm the page cache, so all figures read from memory;
+- ``count()`` and a full scan of ``value`` (``sum(length(value))``) through ``spark.read.format(
+  "pulsar-offloaded")`` on local[2], as MB/s of data objects, with the ratio to raw;
+- the same scan through ``TopicReader`` (one Python process: every entry checked, split into messages);
+- a 1% publish-time window (``startingTime``/``endingTime``): bytes read from the store (data, index and
+  manifest objects, counted by running the source's planner and reader over a counting view of the
+  store) beside the store size, and the Spark query's time and row count (checked equal).
+
+The store is written under --work-dir (default /tmp) and deleted afterwards unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# The synthetic store builder is shared with tests/dataframe; run from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from streamoffload.checkpoints import offloaded_read as ofr
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.entry import entry_messages
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.read_handle import ChunkCache, TopicReader
+from tests.dataframe.synthetic import CountingStore, build_topic
+
+MIB = 1024 * 1024
+DAY_MS = 86_400_000
+FIRST_MS = 1_772_323_200_000  # 2026-03-01T00:00:00Z
+BASE = "persistent://public/bench/df"
+
+
+def build(root: Path, args: argparse.Namespace) -> tuple[list[str], int]:
+    store = FilesystemStore(str(root))
+    per_entry = args.batch * (args.message_bytes + 40) + 60
+    entries = max(args.store_mb * 1_000_000 // per_entry // args.partitions, 1)
+    topics = [f"{BASE}-partition-{p}" for p in range(args.partitions)]
+    written = 0
+    for p, topic in enumerate(topics):
+        _, n = build_topic(
+            store,
+            topic,
+            entries=entries,
+            batch=args.batch,
+            payload_size=args.message_bytes,
+            first_publish_ms=FIRST_MS,
+            publish_step_ms=max(DAY_MS // entries, 1),
+            block_bytes=args.block_mib * MIB,
+            segment_bytes=args.segment_mib * MIB,
+            keys=100,
+            seed=p,
+            keep=False,
+        )
+        written += n
+    return topics, written
+
+
+def data_files(root: Path, store: FilesystemStore, topics: list[str]) -> list[Path]:
+    meta = MetadataStore(store)
+    return [root / m.dataKey for t in topics for m in meta.offloaded_segments(t)]
+
+
+def raw_read(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(MIB):
+                total += len(chunk)
+    return total
+
+
+def timed(fn: Any, runs: int = 1) -> tuple[float, Any]:
+    """Best time of ``runs`` calls, and the result."""
+    best = float("inf")
+    out = None
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def topic_reader_scan(store: FilesystemStore, topics: list[str]) -> tuple[int, int]:
+    messages = value_bytes = 0
+    with TopicReader(store, cache=ChunkCache(64 * MIB)) as reader:
+        for topic in topics:
+            for entry in reader.read(topic):
+                for msg in entry_messages(entry.payload, verify_checksum=False):  # the read checked the CRC
+                    messages += 1
+                    value_bytes += len(msg.payload)
+    return messages, value_bytes
+
+
+def window_bytes(store: FilesystemStore, topics: list[str], times: ofr.TimeBounds) -> tuple[int, int]:
+    """What the source's planner and reader read for ``times``: (bytes read from the store, rows)."""
+    counting = CountingStore(store)
+    tasks = ofr.plan(counting, "", topics, {}, times)  # type: ignore[arg-type]
+    rows = 0
+    for task in tasks:
+        for batch in ofr.read_task((counting, ""), task, times=times):  # type: ignore[arg-type]
+            rows += len(batch[0])
+    return counting.bytes_read, rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store-mb", type=int, default=1000, help="store size in MB (default 1000)")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=10, help="messages per entry")
+    parser.add_argument("--message-bytes", type=int, default=1024)
+    parser.add_argument("--block-mib", type=int, default=2)
+    parser.add_argument("--segment-mib", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=2, help="each figure is the best of this many runs")
+    parser.add_argument(
+        "--window-only", action="store_true", help="only the 1%% window's bytes read (no Spark, no scans)"
+    )
+    parser.add_argument("--work-dir", default=tempfile.gettempdir())
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="bench-dataframe-", dir=args.work_dir))
+    spark = None
+    try:
+        started = time.perf_counter()
+        topics, _ = build(root, args)
+        store = FilesystemStore(str(root))
+        files = data_files(root, store, topics)
+        data_bytes = sum(p.stat().st_size for p in files)
+        store_bytes = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+        print(
+            f"dataframe bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+            f"store of {store_bytes / 1e6:,.0f} MB "
+            f"({len(files)} data objects, {data_bytes / 1e6:,.0f} MB; {args.partitions} topic-partitions; "
+            f"{args.batch} x {args.message_bytes} B messages per entry; blocks {args.block_mib} MiB, segments "
+            f"{args.segment_mib} MiB), built in {time.perf_counter() - started:.0f} s"
+        )
+
+        lo = FIRST_MS + DAY_MS // 2
+        times = ofr.TimeBounds(lo, lo + DAY_MS // 100)
+        if args.window_only:
+            read_bytes, rows = window_bytes(store, topics, times)
+            print(
+                f"1% publish-time window: read {read_bytes / 1e6:,.1f} MB of the {store_bytes / 1e6:,.0f} MB store "
+                f"({100 * read_bytes / store_bytes:.2f}%, must be < 3%), {rows:,} messages"
+            )
+            return 0
+
+        raw_read(files)  # warm the page cache
+        raw_s, _ = timed(lambda: raw_read(files), args.runs)
+        raw_mbps = data_bytes / 1e6 / raw_s
+        print(f"raw sequential read of the data objects: {raw_s:6.2f} s  {raw_mbps:8.1f} MB/s  (reference)")
+
+        from pyspark.sql import functions as F
+
+        from streamoffload.streaming.session import build_session
+
+        spark = build_session(master="local[2]", app_name="bench-dataframe", work_dir=str(root / "_spark"))
+
+        def df(**options: str) -> Any:
+            reader = spark.read.format("pulsar-offloaded").option("store", f"file://{root}").option("topics", BASE)
+            for key, value in options.items():
+                reader = reader.option(key, value)
+            return reader.load()
+
+        # Best of --runs: the first query of a session also starts a Python worker per core (seconds of
+        # imports on a loaded machine), which a long-running session pays once.
+        count_s, count = timed(lambda: df().count(), args.runs)
+        print(
+            f"spark count():                         {count_s:6.2f} s  {data_bytes / 1e6 / count_s:8.1f} MB/s  "
+            f"ratio {data_bytes / 1e6 / count_s / raw_mbps:.2f}  ({count:,} messages)"
+        )
+        scan_s, scanned = timed(lambda: df().agg(F.sum(F.length("value"))).collect()[0][0], args.runs)
+        print(
+            f"spark scan of value:                   {scan_s:6.2f} s  {data_bytes / 1e6 / scan_s:8.1f} MB/s  "
+            f"ratio {data_bytes / 1e6 / scan_s / raw_mbps:.2f}  ({scanned / 1e6:,.0f} MB of values)"
+        )
+        tr_s, (tr_messages, tr_bytes) = timed(lambda: topic_reader_scan(store, topics), args.runs)
+        assert (tr_messages, tr_bytes) == (count, scanned), ((tr_messages, tr_bytes), (count, scanned))
+        print(
+            f"TopicReader scan of value (1 process): {tr_s:6.2f} s  {data_bytes / 1e6 / tr_s:8.1f} MB/s  "
+            f"ratio {data_bytes / 1e6 / tr_s / raw_mbps:.2f}"
+        )
+
+        read_bytes, rows = window_bytes(store, topics, times)
+        window_s, window_rows = timed(
+            lambda: df(startingTime=str(times.lo), endingTime=str(times.hi)).count(), args.runs
+        )
+        assert window_rows == rows, (window_rows, rows)
+        print(
+            f"1% publish-time window: read {read_bytes / 1e6:,.1f} MB of the {store_bytes / 1e6:,.0f} MB store "
+            f"({100 * read_bytes / store_bytes:.2f}%, must be < 3%); spark count() {window_s:.2f} s, {rows:,} messages "
+            f"({100 * rows / count:.2f}% of them)"
+        )
+    finally:
+        if spark is not None:
+            spark.stop()
+        if args.keep:
+            print(f"store kept at {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

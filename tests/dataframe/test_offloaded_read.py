@@ -1,0 +1,255 @@
+"""The planner and reader behind ``pulsar-offloaded`` (``checkpoints.offloaded_read``), without Spark, on
+stores of known messages (``tests.dataframe.synthetic``); and the Spark source's option errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamoffload.checkpoints import offloaded_read as ofr
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.errors import ChecksumError, ConfigError, FormatError
+from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.read_handle import TopicNotFoundError
+from tests.dataframe.synthetic import CountingStore, Sent, build_topic
+
+BASE = "persistent://public/default/orders"
+P0, P1 = f"{BASE}-partition-0", f"{BASE}-partition-1"
+AUDIT = "persistent://public/default/audit"
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[Sent]]]:
+    root = tmp_path_factory.mktemp("offloaded")
+    store = FilesystemStore(str(root))
+    sent = {
+        # batches of 4 across two ledgers, several segments of several blocks
+        P0: build_topic(store, P0, entries=600, batch=4, entries_per_ledger=250, seed=1)[0],
+        P1: build_topic(store, P1, entries=300, batch=4, entries_per_ledger=1000, seed=2)[0],
+        AUDIT: build_topic(store, AUDIT, entries=400, batch=1, seed=3, first_publish_ms=1_700_000_100_000)[0],
+    }
+    return root, sent
+
+
+def read_all(store: Any, tasks: list[ofr.ReadTask], **kwargs: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    names = ofr.ENTRY_COLUMNS if kwargs.get("output") == ofr.OUTPUT_ENTRIES else ofr.MESSAGE_COLUMNS
+    for task in tasks:
+        for batch in ofr.read_task((store, ""), task, **kwargs):
+            out += ofr.rows(batch, names)
+    return out
+
+
+def expected_row(topic: str, s: Sent, batch: int) -> dict[str, Any]:
+    partition = int(topic.rsplit("-", 1)[1]) if "-partition-" in topic else -1
+    return {
+        "value": s.payload,
+        "__key": None if s.key is None else s.key.encode(),
+        "__topic": topic,
+        "__messageId": ofr.message_id(s.ledger_id, s.entry_id, partition, s.batch_index, batch),
+        "__publishTime": s.publish_time,
+        "__eventTime": s.event_time or None,
+        "__messageProperties": list(s.properties.items()),
+        "__ledgerId": s.ledger_id,
+        "__entryId": s.entry_id,
+        "__batchIndex": s.batch_index,
+        "__sequenceId": s.sequence_id,
+        "__producerName": "synthetic",
+    }
+
+
+def test_every_message_and_column_across_split_segments(store_dir: tuple[Path, dict[str, list[Sent]]]) -> None:
+    root, sent = store_dir
+    store = FilesystemStore(str(root))
+    topics = ofr.resolve_topics(MetadataStore(store), [BASE, AUDIT])
+    assert topics == [AUDIT, P0, P1]  # the partitioned topic expands to its partitions in the store
+    whole = ofr.plan(store, "", topics, {})
+    split = ofr.plan(store, "", topics, {}, max_partition_bytes=20_000)
+    assert len(split) > len(whole)  # large segments are read by several tasks, a run of blocks each
+    assert any(t.first_block > 0 for t in split)
+    for tasks in (whole, split):
+        got = read_all(store, tasks)
+        want = [expected_row(t, s, 4 if t != AUDIT else 0) for t in topics for s in sent[t]]
+        assert got == want
+
+
+def test_message_id_is_pulsars_serialized_message_id_data() -> None:
+    batched = MessageIdData.FromString(ofr.message_id(7, 9, 2, 3, 10))
+    assert (batched.ledgerId, batched.entryId, batched.partition, batched.batch_index, batched.batch_size) == (
+        7, 9, 2, 3, 10,
+    )
+    single = MessageIdData.FromString(ofr.message_id(7, 9, -1, -1, 0))
+    assert not single.HasField("partition") and not single.HasField("batch_index")
+    assert not single.HasField("batch_size")
+    # Field numbers of upstream PulsarApi.proto: ledgerId 1, entryId 2, partition 3, batch_index 4, batch_size 6.
+    assert ofr.message_id(1, 2, 3, 4, 5) == bytes([0x08, 1, 0x10, 2, 0x18, 3, 0x20, 4, 0x30, 5])
+
+
+@pytest.mark.parametrize("lo_i, hi_i", [(0, 1), (130, 410), (598, 600), (250, 251)])
+def test_time_bounds_return_exactly_the_messages_inside(
+    store_dir: tuple[Path, dict[str, list[Sent]]], lo_i: int, hi_i: int
+) -> None:
+    root, sent = store_dir
+    store = CountingStore(FilesystemStore(str(root)))
+    entries = sorted({s.publish_time for s in sent[P0]})
+    times = ofr.TimeBounds(entries[lo_i], entries[hi_i] if hi_i < len(entries) else None)
+    tasks = ofr.plan(store, "", [P0], {}, times, skew_ms=0, max_partition_bytes=20_000)
+    got = read_all(store, tasks, times=times, skew_ms=0)
+    want = [expected_row(P0, s, 4) for s in sent[P0] if times.contains(s.publish_time)]
+    assert got == want
+
+
+def test_pruned_segments_are_never_opened_and_reads_start_at_the_bound_block(
+    store_dir: tuple[Path, dict[str, list[Sent]]],
+) -> None:
+    root, sent = store_dir
+    fs = FilesystemStore(str(root))
+    segments = MetadataStore(fs).offloaded_segments(P0)
+    total = sum(s.dataLength for s in segments)
+    middle = segments[len(segments) // 2]
+    store = CountingStore(fs)
+    # A window of ten entries in the middle of one segment, past its first block.
+    inside = sorted({s.publish_time for s in sent[P0] if mf_contains(middle, s)})
+    lo = inside[len(inside) // 2]
+    times = ofr.TimeBounds(lo, inside[len(inside) // 2 + 10])
+    tasks = ofr.plan(store, "", [P0], {}, times, skew_ms=0)
+    assert [t.segment.dataKey for t in tasks] == [middle.dataKey]
+    got = read_all(store, tasks, times=times, skew_ms=0)
+    assert len(got) == 40  # ten entries of four messages
+    opened = {key for key in store.read if not key.split("/")[-1].startswith("_") and "/_meta/" not in key}
+    assert opened == {middle.dataKey, middle.indexKey}
+    data_read = store.read[middle.dataKey]
+    assert data_read < middle.dataLength / 2, (data_read, middle.dataLength)
+    assert data_read < total / 10
+
+
+def mf_contains(segment: Any, s: Sent) -> bool:
+    return (
+        (segment.startLedgerId, segment.startEntryId) <= (s.ledger_id, s.entry_id)
+        <= (segment.endLedgerId, segment.endEntryId)
+    )
+
+
+def test_position_bounds_as_the_live_source_offsets(store_dir: tuple[Path, dict[str, list[Sent]]]) -> None:
+    root, sent = store_dir
+    store = FilesystemStore(str(root))
+    ledgers = sorted({s.ledger_id for s in sent[P0]})
+    # startingOffsets: the last position already processed; endingOffsets: the last position read.
+    start = ofr.start_bound((ledgers[0], 100), P0)
+    end = ofr.end_bound((ledgers[1], 20), P0)
+    assert (start, end) == ((ledgers[0], 101), (ledgers[1], 20))
+    bounds = {P0: ofr.PositionBounds(start, end)}
+    got = read_all(store, ofr.plan(store, "", [P0], bounds, max_partition_bytes=20_000))
+    assert got == [expected_row(P0, s, 4) for s in sent[P0] if start <= (s.ledger_id, s.entry_id) <= end]
+    # [L, -1] starts at ledger L's first entry; an end [L, -1] ends before ledger L.
+    assert ofr.start_bound((ledgers[1], -1), P0) == (ledgers[1], 0)
+    before_second = ofr.PositionBounds(None, ofr.end_bound((ledgers[1], -1), P0))
+    got = read_all(store, ofr.plan(store, "", [P0], {P0: before_second}))
+    assert {r["__ledgerId"] for r in got} == {ledgers[0]}
+    assert ofr.spec_for({"*": "earliest", BASE: (3, 4)}, P1) == (3, 4)  # a partitioned topic's entry applies
+
+
+def test_entries_output_and_encrypted_entries(tmp_path: Path) -> None:
+    store = FilesystemStore(str(tmp_path))
+    topic = "persistent://public/default/secret"
+    sent, _ = build_topic(store, topic, entries=50, batch=2, encrypted=frozenset({30}))
+    tasks = ofr.plan(store, "", [topic], {})
+    entries = read_all(store, tasks, output=ofr.OUTPUT_ENTRIES)
+    assert [(r["ledger_id"], r["entry_id"]) for r in entries] == sorted({(s.ledger_id, s.entry_id) for s in sent})
+    assert all(r["num_messages"] == 2 and r["topic"] == topic for r in entries)
+    assert entries[30]["publish_time"] == sent[60].publish_time
+    encrypted = r"entry 3:30 of .*secret is end-to-end encrypted.*output=entries"
+    with pytest.raises(ofr.EncryptedEntryError, match=encrypted):
+        read_all(store, tasks)
+    # Bounds that leave the encrypted entry out read fine.
+    ok = read_all(store, ofr.plan(store, "", [topic], {topic: ofr.PositionBounds(None, (3, 29))}))
+    assert len(ok) == 60
+
+
+def test_a_corrupt_data_object_fails_naming_object_and_offset(tmp_path: Path) -> None:
+    store = FilesystemStore(str(tmp_path))
+    topic = "persistent://public/default/corrupt"
+    build_topic(store, topic, entries=100, batch=1, segment_bytes=1 << 20)
+    [segment] = MetadataStore(store).offloaded_segments(topic)
+    path = tmp_path / segment.dataKey
+    data = bytearray(path.read_bytes())
+    data[5000] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError) as err:
+        read_all(store, ofr.plan(store, "", [topic], {}))
+    assert isinstance(err.value, ChecksumError) or "offset" in str(err.value)
+    assert segment.dataKey in str(err.value)
+
+
+def test_a_missing_store_or_topic_is_a_clear_error(
+    store_dir: tuple[Path, dict[str, list[Sent]]], tmp_path: Path
+) -> None:
+    root, _ = store_dir
+    with pytest.raises(ConfigError, match=r"no store at .*nowhere: the directory does not exist"):
+        ofr.StoreLocation(f"file://{tmp_path}/nowhere").open()
+    metadata = MetadataStore(FilesystemStore(str(root)))
+    with pytest.raises(TopicNotFoundError, match=r"topic persistent://public/default/nope has no offloaded data in "
+                       r".*\(topics with offloaded data: .*audit"):
+        ofr.resolve_topics(metadata, ["nope"])
+    assert ofr.resolve_topics(metadata, [], ("public/default", re.compile("ord.*"))) == [P0, P1]
+    with pytest.raises(TopicNotFoundError, match=r"topicsPattern public/default/x.* has no offloaded data"):
+        ofr.resolve_topics(metadata, [], ("public/default", re.compile("x.*")))
+
+
+def test_option_errors_name_the_option() -> None:
+    pytest.importorskip("pyspark")
+    from streamoffload.streaming.offloaded_source import OffloadedOptions
+
+    good = {"store": "/tmp/x", "topics": "a"}
+    cases = [
+        ({"topics": "a"}, "option store is required"),
+        ({"store": "/x"}, "give exactly one of the options topics"),
+        ({**good, "startingOffsets": "latest"}, "option startingOffsets: 'latest' is not a start"),
+        ({**good, "endingOffsets": '{"a": [1]}'}, "option endingOffsets: 'a': expected \\[ledgerId, entryId\\]"),
+        ({**good, "startingTime": "yesterday"}, "option startingTime: expected milliseconds since the epoch"),
+        ({**good, "output": "rows"}, "option output: expected messages or entries"),
+        ({**good, "publishTimeSkewMs": "-1"}, "option publishTimeSkewMs"),
+    ]
+    for options, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            OffloadedOptions.parse(options)
+    parsed = OffloadedOptions.parse({**good, "STARTINGTIME": "2026-03-01T00:00:00Z", "endingTime": "1772409600000"})
+    assert parsed.times == ofr.TimeBounds(1772323200000, 1772409600000)
+
+
+def test_pushed_filters_become_pruning_bounds() -> None:
+    pytest.importorskip("pyspark")
+    from datetime import UTC, datetime
+
+    from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan
+
+    from streamoffload.streaming.offloaded_source import PushedBounds
+
+    pushed = PushedBounds()
+    columns = ofr.MESSAGE_COLUMNS
+    noon = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    for f in [
+        GreaterThanOrEqual(("__publishTime",), noon),
+        LessThan(("__publishTime",), datetime(2026, 3, 1, 13, tzinfo=UTC)),
+        In(("__topic",), ("a", "b")),
+        EqualTo(("__topic",), "b"),
+        EqualTo(("__ledgerId",), 12),
+        GreaterThan(("__entryId",), 4),
+        LessThan(("__entryId",), 9),
+        IsNotNull(("__key",)),
+    ]:
+        pushed.add(f, columns)
+    assert pushed.times == ofr.TimeBounds(1772366400000, 1772370000001)  # whole ms, Spark re-checks the rows
+    assert pushed.topics == {"b"}
+    assert pushed.positions == ofr.PositionBounds((12, 5), (12, 8))
+    by_id = PushedBounds()
+    by_id.add(EqualTo(("__messageId",), ofr.message_id(7, 3, 0, 2, 10)), columns)
+    assert by_id.positions == ofr.PositionBounds((7, 3), (7, 3))
+    entries = PushedBounds()
+    entries.add(GreaterThan(("ledger_id",), 4), ofr.ENTRY_COLUMNS)
+    entries.add(GreaterThan(("__ledgerId",), 9), ofr.ENTRY_COLUMNS)  # not a column of entries: ignored
+    assert entries.positions == ofr.PositionBounds((5, 0), None)
