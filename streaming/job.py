@@ -46,11 +46,15 @@ from streamoffload.streaming.source import buffer_file_path, write_buffer_file
 log = logging.getLogger(__name__)
 
 S3_MIN_PART = 5 * 1024 * 1024
+FILESYSTEM_MIN_PART = 1
+"""A filesystem store takes parts of any size, so nothing needs to wait in state: every micro-batch's
+bytes go out at its end (for trickle traffic, a small block and part file per batch)."""
 QUERY_NAME = "streamoffload"
 
 
 def min_part_size(store: StoreSettings) -> int:
-    return 1 if store.managedLedgerOffloadDriver == "filesystem" else S3_MIN_PART
+    """The segmenter's minimum part: what a topic-partition may keep in the state store between batches."""
+    return FILESYSTEM_MIN_PART if store.managedLedgerOffloadDriver == "filesystem" else S3_MIN_PART
 
 
 @dataclass
