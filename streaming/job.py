@@ -50,6 +50,13 @@ FILESYSTEM_MIN_PART = 1
 """A filesystem store takes parts of any size, so nothing needs to wait in state: every micro-batch's
 bytes go out at its end (for trickle traffic, a small block and part file per batch)."""
 QUERY_NAME = "streamoffload"
+STATE_STORE_CONF = {
+    # Per micro-batch, commit the state's changes as a changelog instead of a RocksDB checkpoint
+    # (a flush, hard links and a copy of the new files): the fixed cost of a batch's state commit.
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+"""Session settings the job's queries need (a query copies them when it starts; each run's checkpoint
+is fresh, so they never meet a checkpoint written without them)."""
 
 
 def min_part_size(store: StoreSettings) -> int:
@@ -280,6 +287,8 @@ class OffloadJob:
         if self.run is None:
             self.begin_run()
         assert self.run is not None
+        for key, value in STATE_STORE_CONF.items():
+            spark.conf.set(key, value)
         writer = (
             self.build(spark, read_limits=read_limits)
             .writeStream.queryName(QUERY_NAME)
