@@ -867,6 +867,19 @@ def warm_up(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: 
     print(f"warm-up (source and job on a small topic): {time.monotonic() - started:.1f} s")
 
 
+def use_min_part(size: int) -> None:
+    """Give the segmenter ``size`` as its minimum part whatever the store (the job reads it from
+    ``streaming.job.min_part_size`` when it builds the query), e.g. S3's 5 MiB on the filesystem store."""
+    global min_part_size
+    import streamoffload.streaming.job as job_module
+
+    def fixed(_store: Any) -> int:
+        return size
+
+    job_module.min_part_size = fixed
+    min_part_size = fixed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlog-mb", type=float, default=500, help="backlog of payload, MB (default 500)")
@@ -892,6 +905,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger-interval", default="1 second", help="the job's trigger (default '1 second')")
     parser.add_argument("--work-dir", help="parent of the temporary work directory (default: the system's)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--min-part-mb",
+        type=float,
+        help="the segmenter's minimum part, MiB, instead of the store's (1 B on a filesystem): 5 shows S3's remainder",
+    )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
     parser.add_argument(
@@ -900,6 +918,8 @@ def main(argv: list[str] | None = None) -> int:
         help="memory on the default configuration only: run_once over the backlog, peak RSS per process",
     )
     args = parser.parse_args(argv)
+    if args.min_part_mb is not None:
+        use_min_part(int(args.min_part_mb * MIB))
 
     # On SIGTERM, unwind through the finally blocks below: they stop the broker and Spark and remove the work dir.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
