@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,18 +41,29 @@ from streamoffload.streaming.policies import (
     write_versions_file,
 )
 from streamoffload.streaming.quarantine import Quarantine, failed_topics, failure_reason
-from streamoffload.streaming.segmenter import ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
+from streamoffload.streaming.segmenter import ACTION_COLUMNS, ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
 from streamoffload.streaming.source import buffer_file_path, write_buffer_file
 
 log = logging.getLogger(__name__)
 
 S3_MIN_PART = 5 * 1024 * 1024
+FILESYSTEM_MIN_PART = 1
+"""A filesystem store takes parts of any size, so nothing needs to wait in state: every micro-batch's
+bytes go out at its end (for trickle traffic, a small block and part file per batch)."""
 QUERY_NAME = "streamoffload"
+STATE_STORE_CONF = {
+    # Per micro-batch, commit the state's changes as a changelog instead of a RocksDB checkpoint
+    # (a flush, hard links and a copy of the new files): the fixed cost of a batch's state commit.
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+"""Session settings the job's queries need (a query copies them when it starts; each run's checkpoint
+is fresh, so they never meet a checkpoint written without them)."""
 
 
 def min_part_size(store: StoreSettings) -> int:
-    return 1 if store.managedLedgerOffloadDriver == "filesystem" else S3_MIN_PART
+    """The segmenter's minimum part: what a topic-partition may keep in the state store between batches."""
+    return FILESYSTEM_MIN_PART if store.managedLedgerOffloadDriver == "filesystem" else S3_MIN_PART
 
 
 @dataclass
@@ -73,11 +84,28 @@ class BatchReport:
 BatchListener = Callable[[BatchReport], None]
 
 
-def _apply_partition(store: StoreSettings, key_prefix: str) -> Callable[[Any], Any]:
-    def apply(rows: Any) -> Any:
+SINK_STATS_SCHEMA = "stats STRING"
+
+
+def _arrow_actions(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    """The action rows of Arrow record batches, one at a time (a part's bytes are copied out of the
+    batch only when its row is applied)."""
+    for batch in batches:
+        columns = [batch.column(name) for name in ACTION_COLUMNS]
+        for i in range(batch.num_rows):
+            yield {name: column[i].as_py() for name, column in zip(ACTION_COLUMNS, columns, strict=True)}
+
+
+def _apply_arrow(store: StoreSettings, key_prefix: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The sink as a ``mapInArrow`` function: the actions (with the parts' bytes) reach the executor's
+    Python worker as Arrow batches, never as pickled rows; it returns one row of ``SinkStats``."""
+
+    def apply(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
         sink = sink_for(store.open, key_prefix)
-        stats: SinkStats = sink.apply(row.asDict() for row in rows)
-        yield json.dumps(asdict(stats))
+        stats: SinkStats = sink.apply(_arrow_actions(batches))
+        yield pa.RecordBatch.from_pydict({"stats": [json.dumps(asdict(stats))]})
 
     return apply
 
@@ -240,8 +268,9 @@ class OffloadJob:
 
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        apply = _apply_partition(self.store_settings, self.key_prefix)
-        results = [json.loads(r) for r in batch_df.rdd.mapPartitions(apply).collect()]
+        apply = _apply_arrow(self.store_settings, self.key_prefix)
+        # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
+        results = [json.loads(r.stats) for r in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect()]
         report = BatchReport(batch_id, 0.0)
         for stats in results:
             report.parts += stats["parts"]
@@ -281,6 +310,8 @@ class OffloadJob:
         if self.run is None:
             self.begin_run()
         assert self.run is not None
+        for key, value in STATE_STORE_CONF.items():
+            spark.conf.set(key, value)
         writer = (
             self.build(spark, read_limits=read_limits)
             .writeStream.queryName(QUERY_NAME)

@@ -5,9 +5,10 @@ state in Spark's RocksDB state store, and tests call it directly with in-memory 
 
 Per topic-partition it keeps (PIP-76):
 - the open segment (UUID, start position, blocks written so far, per-ledger spans);
-- the offload buffer: the entries of the open block, plus complete blocks held back until they
-  make a part of at least the store's minimum multipart size. It is bounded by one block plus one
-  minimum part, whatever the traffic.
+- the offload buffer, only the **remainder**: at the end of each micro-batch the segment's pending
+  bytes go out as a part once they make the store's minimum part (the open v2 block ends at the batch
+  boundary), so between batches the state holds less than one minimum part of entries and blocks, and
+  under a backlog none (v1, whose blocks stay full, up to one block plus one minimum part).
 
 It emits actions for the sink, in order: ``open`` (write the Assigned manifest), ``part`` (upload
 one multipart part of the data object), ``seal`` (complete the data object, write the index, commit
@@ -321,7 +322,11 @@ class Segmenter:
         }
 
     def finish(self) -> list[Action]:
-        """Persist state; returns all actions of this batch, ending with a ``stats`` action."""
+        """Persist state; returns all actions of this batch, ending with a ``stats`` action.
+
+        Only the remainder reaches the state store: what is left of the open segment once the batch's
+        bytes went out as parts (``_flush_batch``), less than one minimum part."""
+        self._flush_batch()
         if self._new_block_entries:
             self.store.append_block_entries(self._new_block_entries)
             if self.state.open is not None:
@@ -335,6 +340,40 @@ class Segmenter:
         self.store.save(self.state)
         self.actions.append(Action(self.topic, "", "stats", info=json.dumps(self.stats())))
         return self.actions
+
+    def _flush_batch(self) -> None:
+        """Send out the open segment's pending bytes at the end of the micro-batch, so that the state
+        store keeps only a remainder smaller than one minimum part (plus nothing of a backlog).
+
+        v2 blocks are self-describing (the header holds the block length, the index its offset), and
+        Pulsar's own streaming offloader sizes blocks from its buffer, so the open block may end here,
+        at the batch boundary, once the pending bytes make a part (``min_part_size``). If this batch
+        already sent a part of the segment, the tail joins that part instead: any size is fine then.
+        A v1 (ledger method) block keeps PIP-17's shape, full except a ledger's last, so its open block
+        stays in state; only its complete blocks are flushed. Deterministic: a replayed batch starts
+        from the same state with the same entries, so it cuts and sends the same bytes."""
+        seg = self.state.open
+        if seg is None or not (seg.held_bytes or seg.block_bytes):
+            return
+        merge = self._batch_part(seg)
+        pending = seg.held_bytes + seg.block_bytes
+        if pending < self.min_part_size and merge is None:
+            return  # the remainder: below one part, it waits in state for the next batch
+        if seg.block_bytes and seg.version == FormatVersion.V2:
+            self._cut_block(padded=False)  # sends the part itself once the held blocks make one
+        if not seg.held_bytes:
+            return
+        if seg.held_bytes >= self.min_part_size or merge is None:
+            self._emit_part()
+            return
+        merge.data = merge.data + self._take_held()
+
+    def _batch_part(self, seg: OpenSegment) -> Action | None:
+        """The last part of ``seg`` this batch sent, if any (its tail may join it)."""
+        for action in reversed(self.actions):
+            if action.segment == seg.uuid and action.action == "part":
+                return action
+        return None
 
     # -- assigning entries ------------------------------------------------------------------------------
 
@@ -469,7 +508,8 @@ class Segmenter:
         if seg.held_bytes >= self.min_part_size:
             self._emit_part()
 
-    def _emit_part(self) -> None:
+    def _take_held(self) -> bytes:
+        """The complete blocks not yet sent (from state and from this batch), removed from both."""
         seg = self.state.open
         assert seg is not None
         stored = self.store.held_blocks() if seg.held_stored else []
@@ -479,6 +519,12 @@ class Segmenter:
         self._new_held = []
         seg.held_stored = 0
         seg.held_bytes = 0
+        return data
+
+    def _emit_part(self) -> None:
+        seg = self.state.open
+        assert seg is not None
+        data = self._take_held()
         if not data:
             return
         seg.parts += 1

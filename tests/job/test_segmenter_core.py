@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -178,3 +179,81 @@ def test_deletion_waits_for_every_ledger_of_a_segment(env: tuple) -> None:
     assert not store.exists(first.dataKey) and not store.exists(first.indexKey)
     assert store.exists(second.dataKey)
     assert [mf.manifest_uuid(m) for m in meta.offloaded_segments(TOPIC)] == [mf.manifest_uuid(second)]
+
+
+def state_bytes(state: MemoryState) -> int:
+    """Entry and block bytes in the segmenter's state store (the JSON record aside)."""
+    return sum(len(payload) for _, _, payload in state.block) + sum(len(b) for b in state.held)
+
+
+def test_under_a_backlog_entry_bytes_never_reach_the_state_store(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({1: 150, 2: 150})
+    pol = policy(maxSizePerOffloadSegmentMbytes=1.0)
+    min_part = 10_000
+    for start in range(0, len(entries), 60):  # every batch carries more than one minimum part
+        actions = run_segmenter(TOPIC, pol, state, entries[start : start + 60], now_ms=start, min_part_size=min_part)
+        apply(sink, actions)
+        assert state_bytes(state) == 0, f"batch at {start}: entry bytes were written to state"
+        assert any(a.action == "part" for a in actions)
+    apply(sink, run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=10_000, min_part_size=min_part))
+    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+
+
+def test_state_holds_less_than_one_minimum_part_and_parts_meet_the_minimum(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({1: 300}, seed=7)
+    pol = policy(maxSizePerOffloadSegmentMbytes=1.0)
+    min_part = 6_000
+    rnd = random.Random(3)
+    parts: list = []
+    now, start = 0, 0
+    while start < len(entries):
+        size = rnd.choice([1, 2, 5, 30])  # a trickle, with the odd larger batch
+        actions = run_segmenter(TOPIC, pol, state, entries[start : start + size], now_ms=now, min_part_size=min_part)
+        apply(sink, actions)
+        parts += [a for a in actions if a.action == "part"]
+        assert state_bytes(state) < min_part
+        assert json.loads(actions[-1].info)["buffered_bytes"] < min_part
+        start, now = start + size, now + 10
+    sealing = run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=now, min_part_size=min_part)
+    apply(sink, sealing)
+    parts += [a for a in sealing if a.action == "part"]
+    assert state_bytes(state) == 0
+    [segment] = meta.offloaded_segments(TOPIC)
+    assert segment.partCount == len(parts) > 2
+    assert all(len(p.data) >= min_part for p in parts[:-1])
+    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+
+
+def test_replay_of_a_batch_boundary_cut_sends_the_same_parts(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({1: 90}, seed=5)
+    pol, min_part = policy(), 8_000
+    apply(sink, run_segmenter(TOPIC, pol, state, entries[:7], now_ms=0, min_part_size=min_part))
+    assert 0 < state_bytes(state) < min_part  # a remainder from the first batch
+    saved = (state.state, list(state.block), list(state.held))
+    actions = run_segmenter(TOPIC, pol, state, entries[7:40], now_ms=5, min_part_size=min_part)
+    apply(sink, actions[:1])
+    state.state, state.block, state.held = saved
+    replay = run_segmenter(TOPIC, pol, state, entries[7:40], now_ms=5, min_part_size=min_part)
+    assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
+        (a.action, a.segment, a.part_number, a.data) for a in actions
+    ]
+    apply(SegmentSink(store), replay)
+    apply(sink, run_segmenter(TOPIC, pol, state, entries[40:], [CONTROL_SEAL], now_ms=9, min_part_size=min_part))
+    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+
+
+def test_ledger_method_keeps_pip17_blocks_full_and_holds_only_the_open_block(env: tuple) -> None:
+    store, meta, sink, state = env
+    entries = entries_for({1: 60}, seed=9)
+    pol = policy(method="ledger")
+    for start in range(0, len(entries), 4):
+        apply(sink, run_segmenter(TOPIC, pol, state, entries[start : start + 4], now_ms=start, min_part_size=1))
+        assert state.held == [] and state_bytes(state) < pol.block_size
+    apply(sink, run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=100, min_part_size=1))
+    [segment] = meta.offloaded_segments(TOPIC)
+    blocks = list(iter_blocks(store.get(segment.dataKey)))
+    assert all(b.header.block_length == pol.block_size for b in blocks[:-1])
+    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
