@@ -80,6 +80,7 @@ from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.config import Config, parse_config
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.limits import min_block_size
 from streamoffload.produce import produce
 from streamoffload.streaming.job import BatchReport, OffloadJob, min_part_size
 
@@ -319,6 +320,10 @@ def job_config(
     if rollover_seconds is not None:
         offload["maxOffloadSegmentRolloverTimeSeconds"] = rollover_seconds
     pulsar: dict[str, Any] = {"service_url": service_url, "topics": topics}
+    if not args.defaults:
+        # Its entries (batches of a few KiB messages) stay far below 1 MiB; declaring so lets blocks smaller
+        # than Pulsar's 5 MiB maxMessageSize through the configuration check (streamoffload.limits).
+        pulsar["max_message_size"] = min(1 << 20, args.block_size - min_block_size(0))
     if args.max_bytes_per_trigger > 0 and not args.defaults:
         pulsar["max_bytes_per_trigger"] = args.max_bytes_per_trigger
     doc = {

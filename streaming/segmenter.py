@@ -240,6 +240,9 @@ class Segmenter:
         self.state = loaded
         self.requests: list[str] = []
         self.actions: list[Action] = []
+        self.batch_entries = 0
+        self.batch_bytes = 0
+        """Entries (and their bytes) this micro-batch brought: the source sizes the next one by them."""
         # Entries/blocks of this batch not yet in the state store (written once, at the end).
         self._new_block_entries: list[tuple[int, int, bytes]] = []
         self._new_held: list[bytes] = []
@@ -261,6 +264,8 @@ class Segmenter:
             if self.state.last is not None and entry.position <= tuple(self.state.last):
                 continue
             self.state.last = [entry.ledger_id, entry.entry_id]
+            self.batch_entries += 1
+            self.batch_bytes += len(entry.payload)
             self._add(entry)
         self.state.method = policy.method
         requests = [ControlRequest.parse(c) for c in controls]
@@ -319,6 +324,8 @@ class Segmenter:
             "open_segment_assigned_ms": seg.assigned_ms if seg else None,
             "last_position": self.state.last,
             "now_ms": self.now_ms,
+            "batch_entries": self.batch_entries,
+            "batch_bytes": self.batch_bytes,
         }
 
     def finish(self) -> list[Action]:

@@ -492,6 +492,14 @@ def write_buffer_file(path: str, topic_stats: Mapping[str, Mapping[str, Any]], m
         "updated": time.time(),
         "min_part_size": int(min_part_size),
         "buffered_bytes": {tp: int(stats.get("buffered_bytes") or 0) for tp, stats in sorted(topic_stats.items())},
+        # The mean entry size of each topic-partition's last micro-batch with entries: the planner sizes
+        # micro-batches by it (a single sampled entry can be far from the mean: a producer's first batch
+        # is often small, and the byte limit would then admit several times too many entries).
+        "entry_bytes": {
+            tp: stats["batch_bytes"] / stats["batch_entries"]
+            for tp, stats in sorted(topic_stats.items())
+            if stats.get("batch_entries")
+        },
     }
     directory = os.path.dirname(os.path.abspath(path))
     tmp = ""
@@ -528,6 +536,8 @@ class BufferFile:
         self._stamp: tuple[int, int] | None = None
         self._min_part = 1
         self._buffered: dict[str, int] = {}
+        self.entry_bytes: dict[str, float] = {}
+        """Measured mean entry size per topic-partition (see :func:`write_buffer_file`)."""
 
     def current(self) -> tuple[int, dict[str, int]]:
         """``(min_part_size, {topic-partition: buffered_bytes})``."""
@@ -542,6 +552,7 @@ class BufferFile:
                     doc = json.load(fh)
                 self._min_part = int(doc.get("min_part_size", 1))
                 self._buffered = {str(tp): int(b) for tp, b in dict(doc.get("buffered_bytes", {})).items()}
+                self.entry_bytes = {str(tp): float(b) for tp, b in dict(doc.get("entry_bytes", {})).items() if b > 0}
                 self._stamp = stamp
             except (OSError, ValueError, TypeError, AttributeError) as err:
                 log.warning("pulsar source: cannot read bufferFile %s: %s", self.path, err)
@@ -792,6 +803,8 @@ class SourcePlanner:
         self._latest.update(latest)
         self._known_ends = {}
         rooms = self.buffer_rooms(pending, now_ms)
+        if self._buffers is not None:  # measured sizes (refreshed by buffer_rooms) beat one sampled entry
+            self._entry_size.update(self._buffers.entry_bytes)
         full = [tp for tp in pending if rooms.get(tp, 1) <= 0]
         if full:
             # At its buffer bound: nothing new this micro-batch; the others still get entries.

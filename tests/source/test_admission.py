@@ -262,3 +262,21 @@ def test_buffer_file_per_run_replaces_earlier_runs(tmp_path: Path) -> None:
 def test_bad_stop_at_start_names_the_option() -> None:
     with pytest.raises(Exception, match="stopAtStart"):
         options(stopAtStart="sometimes")
+
+
+def test_micro_batches_are_sized_by_the_measured_entry_size_not_one_sample(tmp_path: Path) -> None:
+    """A producer's first batch is often small: sized by that one sampled entry, a 64 MiB micro-batch of
+    entries 100 times larger would take 6 GiB. The job reports what each topic-partition's entries really
+    weigh (the segmenter's batch figures, through the buffer file) and the planner sizes by that."""
+    buffers = str(tmp_path / "buffers.json")
+    planner = ModelPlanner(options(bufferFile=buffers, topics=A), {A: (100_000, 1024)})  # the probe says 1 KiB
+    start = planner.initial_offset()
+    after_first = planner.latest_offset(start, None, 10 * MIB)
+    assert admitted(start, after_first)[A] == 10 * 1024  # 10 MiB of what the sample says
+
+    # The segmenter saw those entries weigh 100 KiB on average.
+    write_buffer_file(buffers, {A: {"buffered_bytes": 0, "batch_entries": 10, "batch_bytes": 10 * 100 * 1024}}, 1)
+    os.utime(buffers, (1, 1))  # a new stamp even within the file system's time resolution
+    end = planner.latest_offset(after_first, None, 10 * MIB)
+    assert admitted(after_first, end)[A] == 102  # 10 MiB of 100 KiB entries
+    assert json.loads(Path(buffers).read_text())["entry_bytes"] == {A: 100 * 1024}
