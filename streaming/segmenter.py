@@ -425,8 +425,10 @@ class Segmenter:
         seg.last = [entry.ledger_id, entry.entry_id]
         seg.entries += 1
         if entry.publish_time_ms:
-            seg.publish_first = seg.publish_first or entry.publish_time_ms
-            seg.publish_last = entry.publish_time_ms
+            # The earliest and latest publish time, not the first and last entry's: producers' clocks
+            # differ, and readers prune whole segments by this range (pulsar-offloaded, retention).
+            seg.publish_first = min(seg.publish_first or entry.publish_time_ms, entry.publish_time_ms)
+            seg.publish_last = max(seg.publish_last, entry.publish_time_ms)
 
     def _size_if_added(self, seg: OpenSegment, entry: Entry, framed: int) -> int:
         """The data object's size if ``entry`` were the last entry of the segment."""

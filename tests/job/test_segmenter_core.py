@@ -257,3 +257,14 @@ def test_ledger_method_keeps_pip17_blocks_full_and_holds_only_the_open_block(env
     blocks = list(iter_blocks(store.get(segment.dataKey)))
     assert all(b.header.block_length == pol.block_size for b in blocks[:-1])
     assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+
+
+def test_a_segment_records_its_earliest_and_latest_publish_time(env: tuple) -> None:
+    """Producers' clocks differ: the manifest's range is the min and max publish time, not the first and
+    last entry's, so a reader pruning segments by time never drops one holding a message in its window."""
+    _store, meta, sink, state = env
+    times = [5_000, 3_000, 9_000, 7_000]
+    entries = [Entry(3, i, b"x" * 10, t) for i, t in enumerate(times)]
+    apply(sink, run_segmenter(TOPIC, policy(), state, entries, [CONTROL_SEAL], now_ms=10_000))
+    [segment] = meta.offloaded_segments(TOPIC)
+    assert (segment.publishTimeFirst, segment.publishTimeLast) == (3_000, 9_000)
