@@ -54,7 +54,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
 from streamoffload.codecs.errors import ConfigError, FormatError
@@ -69,7 +69,6 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
 from streamoffload.streaming.pulsar_io import (
     BEFORE_EARLIEST,
     CLIENT_OPTION_PREFIX,
-    DataLossError,
     Entry,
     Position,
     Probe,
@@ -77,11 +76,11 @@ from streamoffload.streaming.pulsar_io import (
     ReaderSettings,
     ReadStats,
     ServiceAddress,
-    _gap,
     _normalized,
     _parse_bool,
     _token_from_options,
 )
+from streamoffload.streaming.ranges import RangeConsumer, read_exactly_once
 
 log = logging.getLogger(__name__)
 
@@ -400,12 +399,6 @@ class RawMessage(NamedTuple):
     data: bytes
 
 
-class Consumer(Protocol):
-    def receive(self, timeout_ms: int) -> RawMessage | None: ...
-
-    def close(self) -> None: ...
-
-
 class RawClient:
     """A cluster to read raw entries from: configuration only (each consumer has its own connection,
     so a stalled or broken consumer is dropped with its connection and nothing stale is read later)."""
@@ -654,107 +647,16 @@ def read_range_raw(
     """The stored entries of ``topic`` with positions in ``(start, end]``, in order, once each.
 
     ``client`` is a :class:`RawClient` (or anything with ``open_consumer(topic, after, queue_size)``
-    returning an object with ``receive(timeout_ms)`` and ``close()``). The contract, including
-    ``end_is_known`` and the fault handling, is :func:`pulsar_io.read_range`'s.
+    returning a :class:`~streamoffload.streaming.ranges.RangeConsumer`). The contract, including
+    ``end_is_known`` and the fault handling, is
+    :func:`~streamoffload.streaming.ranges.read_exactly_once`'s, which this is.
     """
     settings = settings or ReaderSettings()
-    stats = stats if stats is not None else ReadStats()
-    start = (int(start[0]), int(start[1]))
-    end = (int(end[0]), int(end[1]))
-    last = start
-    if end <= last:
-        return
-    consumer: Any = None
-    timeout = settings.stall_timeout_ms
-    backoff = settings.initial_backoff_s
-    progress_at = time.monotonic()
-    suspect: tuple[Position, Position] | None = None  # a gap seen once, confirmed if seen again
-    accepted_gap: Position | None = None
 
-    def drop_consumer(reason: str) -> None:
-        nonlocal consumer
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
-            consumer = None
-            stats.reopens += 1
-        if time.monotonic() - progress_at > settings.retry_timeout_s:
-            raise PulsarIOError(
-                f"{topic}: no progress reading positions ({last[0]}:{last[1]}, {end[0]}:{end[1]}] for "
-                f"{settings.retry_timeout_s:g} s ({stats.stalls} stalls, {stats.errors} errors); "
-                f"last problem: {reason}"
-            )
+    def open_consumer(after: Position) -> RangeConsumer:
+        return client.open_consumer(topic, after, settings.receiver_queue_size)
 
-    def lost(what: str, next_pos: Position) -> None:
-        message = f"{topic}: {what}"
-        if settings.fail_on_data_loss:
-            raise DataLossError(message + " (set failOnDataLoss=false to skip lost entries)")
-        log.warning("%s; skipping (failOnDataLoss=false)", message)
-        stats.lost.append((last, next_pos))
-
-    try:
-        while last < end:
-            if consumer is None:
-                try:
-                    consumer = client.open_consumer(topic, last, settings.receiver_queue_size)
-                except (OSError, PulsarIOError) as err:
-                    stats.errors += 1
-                    stats.last_error = f"subscribing: {err}"
-                    drop_consumer(stats.last_error)
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, settings.max_backoff_s)
-                    continue
-            try:
-                msg = consumer.receive(timeout)
-            except (OSError, PulsarIOError, FormatError) as err:
-                # connection lost, broker closed the consumer, or an entry that fails its checksum
-                stats.errors += 1
-                stats.last_error = f"receiving: {err}"
-                drop_consumer(stats.last_error)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, settings.max_backoff_s)
-                continue
-            if msg is None:
-                stats.stalls += 1
-                drop_consumer(f"no entry within {timeout} ms while entries up to {end[0]}:{end[1]} are due")
-                timeout = min(timeout * 2, settings.max_stall_timeout_ms)
-                continue
-            pos = (msg.ledger_id, msg.entry_id)
-            if pos <= last:
-                stats.duplicates += 1
-                continue
-            if pos > end:
-                if not end_is_known:
-                    break  # the capped range ended before its cap
-                if suspect != (last, end):
-                    suspect = (last, end)
-                    drop_consumer("an entry after the range's end arrived before its end")
-                    continue
-                lost(
-                    f"entries after {last[0]}:{last[1]} up to {end[0]}:{end[1]} are missing "
-                    f"(the next entry the broker has is {pos[0]}:{pos[1]})",
-                    pos,
-                )
-                break
-            if _gap(last, pos) and accepted_gap != pos:
-                if suspect != (last, pos):
-                    suspect = (last, pos)
-                    drop_consumer(f"gap between {last[0]}:{last[1]} and {pos[0]}:{pos[1]}")
-                    continue
-                lost(f"entries between {last[0]}:{last[1]} and {pos[0]}:{pos[1]} are missing", pos)
-                accepted_gap = pos
-            entry = Entry(topic, pos[0], pos[1], msg.publish_time, msg.num_messages, msg.data)
-            last = pos
-            stats.entries += 1
-            stats.messages += msg.num_messages
-            stats.bytes += len(msg.data)
-            progress_at = time.monotonic()
-            # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
-            # pulsar-lite does) would otherwise cost a re-subscription each time. Once raised, it stays
-            # raised for the rest of this read.
-            backoff = settings.initial_backoff_s
-            yield entry
-    finally:
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
+    # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
+    # pulsar-lite does) would otherwise cost a re-subscription each time.
+    return read_exactly_once(open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known,
+                             stats=stats)
