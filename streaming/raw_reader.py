@@ -80,7 +80,7 @@ from streamoffload.streaming.pulsar_io import (
     _parse_bool,
     _token_from_options,
 )
-from streamoffload.streaming.ranges import RangeConsumer, read_exactly_once
+from streamoffload.streaming.ranges import RangeConsumer, ReaderUnusable, read_exactly_once
 
 log = logging.getLogger(__name__)
 
@@ -246,10 +246,11 @@ class _Connection:
                 c.auth_data = config.auth_data
             if proxy_to_broker_url:
                 c.proxy_to_broker_url = proxy_to_broker_url
-            self.send(connect)
             deadline = time.monotonic() + config.operation_timeout_s
+            request: BaseCommand | None = connect
             while True:
-                got = self.read(deadline)
+                got = self._connect_step(request, deadline)
+                request = None
                 if got is None:
                     raise PulsarIOError(f"{self.name}: no answer to CONNECT within {config.operation_timeout_s:g} s")
                 cmd, _payload = got
@@ -265,17 +266,62 @@ class _Connection:
                 sock.close()
             raise
 
+    def _connect_step(self, connect: BaseCommand | None, deadline: float) -> tuple[BaseCommand, bytes | None] | None:
+        """Send CONNECT (when given) and read the next answer. A TLS server that wants a client
+        certificate may refuse only now (TLS 1.3 sends its alert after the handshake)."""
+        try:
+            if connect is not None:
+                self.send(connect)
+            return self.read(deadline)
+        except (ssl.SSLError, ConnectionError) as err:  # an alert, a reset, a broken pipe or a bare close
+            if not self.address.tls:
+                raise
+            raise self._tls_refused(err) from err
+
+    def _tls_refused(self, err: OSError) -> PulsarIOError:
+        reason = str(err) or type(err).__name__
+        how = (f"{CLIENT_OPTION_PREFIX}authPluginClassName=AuthenticationTls with "
+               f"{CLIENT_OPTION_PREFIX}authParams=tlsCertFile:...,tlsKeyFile:...")
+        if "CERTIFICATE_REQUIRED" in reason:
+            # Configuration, not a passing fault: retrying would only delay the same refusal.
+            return ReaderUnusable(f"TLS: {self.name} refused the connection: {reason}; "
+                                  f"the server requires a client certificate ({how})")
+        if not self.config.tls_cert_file:
+            # The refusal may reach us as a bare close (the alert lost to a reset): a hint, and retried.
+            return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}; "
+                                 f"if the server requires a client certificate, give one ({how})")
+        return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}")
+
     def _wrap_tls(self, sock: socket.socket) -> socket.socket:
         cfg = self.config
-        context = ssl.create_default_context(cafile=cfg.tls_trust_certs_file)
+        try:
+            context = ssl.create_default_context(cafile=cfg.tls_trust_certs_file)
+        except (OSError, ssl.SSLError) as err:
+            raise ConfigError(
+                f"option {CLIENT_OPTION_PREFIX}tlsTrustCertsFilePath: cannot load {cfg.tls_trust_certs_file}: {err}"
+            ) from err
         if cfg.tls_allow_insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         elif not cfg.tls_validate_hostname:
             context.check_hostname = False
         if cfg.tls_cert_file and cfg.tls_key_file:
-            context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-        return context.wrap_socket(sock, server_hostname=self.address.host)
+            try:
+                context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+            except (OSError, ssl.SSLError) as err:
+                raise ConfigError(
+                    f"option {CLIENT_OPTION_PREFIX}authParams: cannot load tlsCertFile {cfg.tls_cert_file} / "
+                    f"tlsKeyFile {cfg.tls_key_file}: {err}"
+                ) from err
+        try:
+            return context.wrap_socket(sock, server_hostname=self.address.host)
+        except ssl.SSLCertVerificationError as err:
+            trust = (f"tlsTrustCertsFilePath={cfg.tls_trust_certs_file}" if cfg.tls_trust_certs_file
+                     else "system trust store")
+            # A server the configuration does not trust stays untrusted: fail now, not after the retry budget.
+            raise ReaderUnusable(f"TLS: the certificate of {self.name} is not trusted ({trust}): {err}") from err
+        except ssl.SSLError as err:
+            raise self._tls_refused(err) from err
 
     def next_request_id(self) -> int:
         self._request_id += 1
