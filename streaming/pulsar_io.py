@@ -5,21 +5,15 @@ directly. Positions are ``(ledger_id, entry_id)`` tuples and compare as tuples, 
 them. :data:`BEFORE_EARLIEST` ``(-1, -1)`` sorts before every real position.
 
 :func:`read_range` yields the complete entries of a topic-partition in ``(start, end]`` exactly
-once and in order, even from a broker that misbehaves (SPEC 6: pulsar-lite delivers entries twice
-and stalls with data still due; real Pulsar redelivers after reconnects):
-
-* anything at or before the last emitted position is dropped;
-* when no message arrives within ``stall_timeout_ms`` while entries are still due, the reader is
-  closed and re-opened at the last emitted position (the timeout doubles while nothing progresses);
-* the messages the client unpacks from a batched entry are regrouped by ``(ledger, entry)``: the
-  batch size comes from ``MessageId.serialize()`` (Pulsar's ``MessageIdData``, field 6), and an
-  entry is emitted only when all its messages arrived in order; anything else re-opens the reader;
-* broker outages (restart, connection loss) are retried with exponential backoff until
-  ``retry_timeout_s`` passes without progress, then :class:`PulsarIOError` names the topic, range
-  and last error;
-* data loss -- a gap in entry ids within a ledger, a ledger whose first entry is not 0, or the
-  range's known last entry missing -- is confirmed by re-reading once, then raises
-  :class:`DataLossError` (``fail_on_data_loss``) or is logged, counted and skipped.
+once and in order, even from a broker that misbehaves: the loop that guarantees it (duplicates
+dropped, stalled readers re-opened, outages retried with backoff, data loss confirmed by one re-read)
+is :func:`streamoffload.streaming.ranges.read_exactly_once`, shared with the raw-entry reader. What
+is particular to this reader is :class:`_ClientEntries`, its consumer: the messages the client unpacks
+from a batched entry are regrouped by ``(ledger, entry)`` (the batch size comes from
+``MessageId.serialize()``, Pulsar's ``MessageIdData`` field 6) and an entry is handed over only when
+all its messages arrived in order; anything else re-opens the reader. Positions, :class:`Entry`,
+:class:`ReaderSettings`, :class:`ReadStats` and the errors live in ``streaming/ranges.py`` and are
+re-exported here.
 
 This is the ``pulsar-client`` reader, the Spark source's fallback (option ``reader=client``); the
 source's default is the raw-entry reader (``streaming/raw_reader.py``, same contract), which emits

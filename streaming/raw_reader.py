@@ -1,10 +1,10 @@
 """Reading topic-partitions as the broker stores them: entries byte for byte, over Pulsar's binary protocol.
 
-:func:`read_range_raw` has the contract of :func:`streamoffload.streaming.pulsar_io.read_range`
-(same :class:`~streamoffload.streaming.pulsar_io.Entry`, :class:`ReaderSettings`, :class:`ReadStats`,
-:class:`DataLossError`, :class:`PulsarIOError`; exact ``(start, end]`` ranges, once each and in order,
-duplicates dropped, stalled readers re-opened at the last emitted position, reconnects with
-backoff, data loss confirmed by one re-read), but it does not rebuild entries: each
+:func:`read_range_raw` is :func:`streamoffload.streaming.ranges.read_exactly_once` -- the loop the
+``pulsar-client`` reader (:func:`streamoffload.streaming.pulsar_io.read_range`) uses too: exact
+``(start, end]`` ranges, once each and in order, duplicates dropped, stalled readers re-opened at the
+last emitted position, reconnects with backoff, data loss confirmed by one re-read -- over
+:class:`RawConsumer`. It does not rebuild entries: each
 ``CommandMessage`` frame the broker pushes carries one stored entry as headers-and-payload::
 
     [u32 totalSize][u32 commandSize][BaseCommand{MESSAGE}]
@@ -13,7 +13,9 @@ backoff, data loss confirmed by one re-read), but it does not rebuild entries: e
 and everything after the command is the entry, emitted untouched: compression, sequence ids,
 encryption, schema versions, chunking fields, null values and keys stay as the producer wrote them.
 The CRC-32C is verified on receipt (a mismatch re-opens the reader, like any error) and the message
-count comes from the metadata (``num_messages_in_batch``), without unpacking anything.
+count comes from the metadata (``num_messages_in_batch``), without unpacking anything. pulsar-lite
+hands entries out without their ``0x0e01`` checksum section (a pre-v6 layout ``decode_entry`` accepts,
+as Pulsar does): there nothing can be verified, and the entries are the producer's bytes after it.
 
 Broker entry metadata (``0x0e02``, PIP-70): a broker with ``brokerEntryMetadataInterceptors`` stores
 it in front of every entry, so Pulsar's offloaders, which copy the stored ledger entries, keep it.
@@ -40,6 +42,13 @@ or ``userId:..,password:..``) and TLS (``tlsCertFile:..,tlsKeyFile:..``) plugins
 with ``tlsTrustCertsFilePath``, ``tlsAllowInsecureConnection``, ``tlsValidateHostname``;
 ``connectionTimeoutMs`` and ``operationTimeoutSeconds``. Other plugins (OAuth2, custom) raise
 :class:`ConfigError`: read such clusters with the ``pulsar-client`` reader.
+
+TLS failures that configuration causes are not retried: a server certificate the trust settings do
+not accept, or a server that requires a client certificate the options do not give, raise
+:class:`~streamoffload.streaming.ranges.ReaderUnusable` naming the address and option; unreadable
+certificate, key or trust files raise :class:`ConfigError`. What is tested against what:
+``tests/source/test_raw_tls.py`` (TLS, through a TLS-terminating proxy in front of pulsar-lite) and
+the module docstring of ``tests/source/test_raw_reader.py``.
 """
 
 from __future__ import annotations
