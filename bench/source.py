@@ -101,8 +101,9 @@ def drain_spark(
     stall_ms: int,
     queue: int,
     reader: str | None = None,
-) -> tuple[int, float, float]:
-    """(rows, seconds in micro-batches, wall seconds including query start-up)."""
+) -> tuple[int, float, float, str]:
+    """(rows, seconds in micro-batches, wall seconds including query start-up, where the micro-batch
+    time went: Spark's ``durationMs`` phases summed over the micro-batches with rows)."""
     started = time.monotonic()
     stream = (
         spark.readStream.format("pulsar")
@@ -127,7 +128,13 @@ def drain_spark(
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = sum(p["numInputRows"] for p in progress)
     batch_seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
-    return rows, batch_seconds, wall
+    phases: dict[str, int] = {}
+    for p in progress:
+        for phase, ms in p["durationMs"].items():
+            if phase != "triggerExecution":
+                phases[phase] = phases.get(phase, 0) + int(ms)
+    listed = ", ".join(f"{k} {v / 1000:.2f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v >= 10)
+    return rows, batch_seconds, wall, f"{len(progress)} micro-batch(es): {listed} s"
 
 
 def line(name: str, entries: int, payload_bytes: int, seconds: float, base: tuple[float, float] | None) -> str:
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                     # (about 10 s here): spend that on a small topic, so the figures below are steady state.
                     warm = "persistent://public/default/bench-warmup"
                     produce(broker.service_url, warm, 2000, args.payload_size, batching=False)
-                    _rows, _batch_s, wall = drain_spark(
+                    _rows, _batch_s, wall, _phases = drain_spark(
                         spark,
                         broker.service_url,
                         [warm],
@@ -216,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                     readers = {r.strip() for r in args.readers.split(",") if r.strip()}
                     best = {name: float("inf") for name in ("plain", "pulsar_io", "raw", "spark")}
                     wall = 0.0
+                    phases = ""
                     entries = payload = 0
                     # Alternating rounds, best time of each: the broker's caches and the other jobs on
                     # this machine treat every reader alike.
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
                         if spark is not None:
                             checkpoint = os.path.join(work, f"cp-{mode}-{round_no}")
-                            rows, batch_s, wall_s = drain_spark(
+                            rows, batch_s, wall_s, phases_s = drain_spark(
                                 spark,
                                 broker.service_url,
                                 topics,
@@ -262,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                             )
                             assert rows == entries, f"spark read {rows} rows, {entries} entries exist"
                             if batch_s < best["spark"]:
-                                best["spark"], wall = batch_s, wall_s
+                                best["spark"], wall, phases = batch_s, wall_s, phases_s
                     base_rates = (entries / best["plain"], payload / 1e6 / best["plain"])
                     print(line("plain", entries, payload, best["plain"], None))
                     for name in ("pulsar_io", "raw"):
@@ -270,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(line(name, entries, payload, best[name], base_rates))
                     if spark is not None:
                         print(line("spark", entries, payload, best["spark"], base_rates) + f"   (wall {wall:.1f} s)")
+                        print(f"            {phases}")
             finally:
                 client.close()
     finally:

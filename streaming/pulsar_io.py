@@ -5,21 +5,15 @@ directly. Positions are ``(ledger_id, entry_id)`` tuples and compare as tuples, 
 them. :data:`BEFORE_EARLIEST` ``(-1, -1)`` sorts before every real position.
 
 :func:`read_range` yields the complete entries of a topic-partition in ``(start, end]`` exactly
-once and in order, even from a broker that misbehaves (SPEC 6: pulsar-lite delivers entries twice
-and stalls with data still due; real Pulsar redelivers after reconnects):
-
-* anything at or before the last emitted position is dropped;
-* when no message arrives within ``stall_timeout_ms`` while entries are still due, the reader is
-  closed and re-opened at the last emitted position (the timeout doubles while nothing progresses);
-* the messages the client unpacks from a batched entry are regrouped by ``(ledger, entry)``: the
-  batch size comes from ``MessageId.serialize()`` (Pulsar's ``MessageIdData``, field 6), and an
-  entry is emitted only when all its messages arrived in order; anything else re-opens the reader;
-* broker outages (restart, connection loss) are retried with exponential backoff until
-  ``retry_timeout_s`` passes without progress, then :class:`PulsarIOError` names the topic, range
-  and last error;
-* data loss -- a gap in entry ids within a ledger, a ledger whose first entry is not 0, or the
-  range's known last entry missing -- is confirmed by re-reading once, then raises
-  :class:`DataLossError` (``fail_on_data_loss``) or is logged, counted and skipped.
+once and in order, even from a broker that misbehaves: the loop that guarantees it (duplicates
+dropped, stalled readers re-opened, outages retried with backoff, data loss confirmed by one re-read)
+is :func:`streamoffload.streaming.ranges.read_exactly_once`, shared with the raw-entry reader. What
+is particular to this reader is :class:`_ClientEntries`, its consumer: the messages the client unpacks
+from a batched entry are regrouped by ``(ledger, entry)`` (the batch size comes from
+``MessageId.serialize()``, Pulsar's ``MessageIdData`` field 6) and an entry is handed over only when
+all its messages arrived in order; anything else re-opens the reader. Positions, :class:`Entry`,
+:class:`ReaderSettings`, :class:`ReadStats` and the errors live in ``streaming/ranges.py`` and are
+re-exported here.
 
 This is the ``pulsar-client`` reader, the Spark source's fallback (option ``reader=client``); the
 source's default is the raw-entry reader (``streaming/raw_reader.py``, same contract), which emits
@@ -49,29 +43,26 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from streamoffload.codecs.entry import Message, build_entry
-from streamoffload.codecs.errors import ConfigError, StreamOffloadError
+from streamoffload.codecs.errors import ConfigError
+from streamoffload.streaming.ranges import BEFORE_EARLIEST as BEFORE_EARLIEST
+from streamoffload.streaming.ranges import DataLossError as DataLossError
+from streamoffload.streaming.ranges import Entry as Entry
+from streamoffload.streaming.ranges import Position as Position
+from streamoffload.streaming.ranges import PulsarIOError as PulsarIOError
+from streamoffload.streaming.ranges import ReaderSettings as ReaderSettings
+from streamoffload.streaming.ranges import ReaderUnusable, Resync, read_exactly_once
+from streamoffload.streaming.ranges import ReadStats as ReadStats
 
 log = logging.getLogger(__name__)
-
-Position = tuple[int, int]
-BEFORE_EARLIEST: Position = (-1, -1)
 
 # A batch index past any real one: a reader started after (L, E, this) skips every message of
 # entry (L, E), batched or not, instead of delivering a batched entry again.
 _AFTER_ALL_BATCH_INDEXES = 2**31 - 1
-
-
-class PulsarIOError(StreamOffloadError):
-    """Reading from Pulsar failed: broker unreachable, reader stalled past the retry budget, bad data."""
-
-
-class DataLossError(PulsarIOError):
-    """Entries that should exist in a range cannot be read: the broker no longer has them."""
 
 
 class TopicListingUnsupported(PulsarIOError):
@@ -566,58 +557,6 @@ def latest_position(client: Any, topic: str) -> Position | None:
 # reading ranges
 
 
-class Entry(NamedTuple):
-    """One entry of a topic-partition: its position, publish time (ms), message count and bytes.
-
-    A named tuple: millions are made while draining a backlog, and tuples are the cheapest."""
-
-    topic: str
-    ledger_id: int
-    entry_id: int
-    publish_time: int
-    num_messages: int
-    data: bytes
-
-    @property
-    def position(self) -> Position:
-        return (self.ledger_id, self.entry_id)
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-
-@dataclass(frozen=True)
-class ReaderSettings:
-    """How a range is read. ``stall_timeout_ms`` is the silence after which a reader with entries
-    still due counts as stalled and is re-opened (doubling up to ``max_stall_timeout_ms`` while
-    nothing progresses); ``retry_timeout_s`` bounds the time without progress (broker down,
-    endless stalls) before giving up with :class:`PulsarIOError`."""
-
-    receiver_queue_size: int = 2000
-    stall_timeout_ms: int = 200
-    max_stall_timeout_ms: int = 5000
-    retry_timeout_s: float = 60.0
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    fail_on_data_loss: bool = True
-
-
-@dataclass
-class ReadStats:
-    """What happened while reading: for tests, logs and metrics."""
-
-    entries: int = 0
-    messages: int = 0
-    bytes: int = 0
-    duplicates: int = 0
-    stalls: int = 0
-    reopens: int = 0
-    errors: int = 0
-    lost: list[tuple[Position, Position]] = field(default_factory=list)
-    last_error: str | None = None
-
-
 def _open_reader(client: Any, topic: str, after: Position, settings: ReaderSettings) -> Any:
     import pulsar
 
@@ -626,20 +565,6 @@ def _open_reader(client: Any, topic: str, after: Position, settings: ReaderSetti
     else:
         start = pulsar.MessageId(-1, after[0], after[1], _AFTER_ALL_BATCH_INDEXES)
     return client.create_reader(topic, start, receiver_queue_size=settings.receiver_queue_size)
-
-
-def _gap(last: Position, pos: Position) -> bool:
-    """Whether entries are provably missing between the last emitted position and the next one.
-
-    Within a ledger entry ids are consecutive; a later ledger starts at entry 0. A ledger skipped
-    entirely cannot be seen (ledger ids are not consecutive per topic), nor anything before the
-    first entry read from the earliest position.
-    """
-    if last <= BEFORE_EARLIEST:
-        return False
-    if pos[0] == last[0]:
-        return pos[1] != last[1] + 1
-    return pos[1] != 0
 
 
 def _message_fields(msg: Any) -> Message:
@@ -666,6 +591,89 @@ def _build(topic: str, pos: Position, msgs: list[Any], batched: bool) -> Entry:
     return Entry(topic, pos[0], pos[1], publish_time, len(msgs), data)
 
 
+class _ClientEntries:
+    """The ``pulsar-client`` reader as a :class:`~streamoffload.streaming.ranges.RangeConsumer`: it
+    regroups the messages the client unpacks from a batched entry by ``(ledger, entry)`` and hands
+    over whole entries, rebuilt with :func:`build_entry`.
+
+    The batch size comes from ``MessageId.serialize()`` (Pulsar's ``MessageIdData``, field 6). An
+    entry is handed over only when all its messages arrived in order; anything else raises
+    :class:`Resync`. Messages at or before the last entry handed over are duplicates (counted in
+    ``stats``); an entry past ``end`` is handed over at its first message (the loop only needs its
+    position there)."""
+
+    def __init__(self, client: Any, topic: str, after: Position, end: Position, settings: ReaderSettings,
+                 stats: ReadStats) -> None:
+        import pulsar
+
+        self._timeout_error = pulsar.Timeout
+        self.topic = topic
+        self.end = end
+        self.after = after
+        self.stats = stats
+        try:
+            self.reader = _open_reader(client, topic, after, settings)
+        except Exception as err:
+            raise PulsarIOError(f"opening a reader: {err}") from err
+        # The C++ binding's reader, without the Python wrapper's per-message object: same methods,
+        # a few microseconds less per message.
+        self._read_next = getattr(self.reader, "_reader", self.reader).read_next
+
+    def _next(self, timeout_ms: int) -> Any:
+        try:
+            return self._read_next(timeout_ms)
+        except self._timeout_error:
+            return None
+        except Exception as err:
+            raise PulsarIOError(str(err)) from err
+
+    def receive(self, timeout_ms: int) -> Entry | None:
+        pending: list[Any] = []
+        pending_pos: Position = BEFORE_EARLIEST
+        pending_size = 0
+        while True:
+            msg = self._next(timeout_ms)
+            if msg is None:
+                return None
+            mid = msg.message_id()
+            pos = (mid.ledger_id(), mid.entry_id())
+            if pos <= self.after:
+                self.stats.duplicates += 1
+                continue
+            if pos > self.end:
+                return Entry(self.topic, pos[0], pos[1], msg.publish_timestamp(), 1, b"")
+            batch_index = mid.batch_index()
+            if pending and pos != pending_pos:
+                raise Resync(f"batched entry {pending_pos[0]}:{pending_pos[1]} arrived incomplete")
+            if not pending:
+                if batch_index < 0:
+                    return self._handed_over(pos, [msg], batched=False)
+                if batch_index != 0:
+                    raise Resync(f"entry {pos[0]}:{pos[1]} started at batch index {batch_index}")
+                pending_size = batch_size_of(mid.serialize())
+                if pending_size <= 0:
+                    raise ReaderUnusable(
+                        f"{self.topic}: message {pos[0]}:{pos[1]}:{batch_index} is batched but its id "
+                        "carries no batch size; this pulsar-client is too old to regroup batches"
+                    )
+                pending_pos = pos
+            elif batch_index < len(pending):
+                self.stats.duplicates += 1
+                continue
+            elif batch_index > len(pending):
+                raise Resync(f"entry {pos[0]}:{pos[1]} skipped batch index {len(pending)}")
+            pending.append(msg)
+            if len(pending) == pending_size:
+                return self._handed_over(pos, pending, batched=True)
+
+    def _handed_over(self, pos: Position, msgs: list[Any], batched: bool) -> Entry:
+        self.after = pos
+        return _build(self.topic, pos, msgs, batched)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 def read_range(
     client: Any,
     topic: str,
@@ -676,156 +684,19 @@ def read_range(
     end_is_known: bool = True,
     stats: ReadStats | None = None,
 ) -> Iterator[Entry]:
-    """The complete entries of ``topic`` with positions in ``(start, end]``, in order, once each.
-
-    ``end_is_known`` says that ``end`` is the position of an entry that exists (the latest position
-    observed): then an entry after ``end`` arriving before ``end`` was read means the rest of the
-    range is lost. When ``end`` is only a cap (admission control may cap a range inside a ledger that
-    ended earlier), the range simply ends there. See the module docstring for the fault handling.
-    """
+    """The complete entries of ``topic`` with positions in ``(start, end]``, in order, once each,
+    read with ``pulsar-client`` and rebuilt: :func:`streamoffload.streaming.ranges.read_exactly_once`
+    (which has the contract, ``end_is_known`` included) over :class:`_ClientEntries`."""
     settings = settings or ReaderSettings()
     stats = stats if stats is not None else ReadStats()
-    start = (int(start[0]), int(start[1]))
     end = (int(end[0]), int(end[1]))
-    last = start
-    if end <= last:
-        return
-    reader: Any = None
-    timeout = settings.stall_timeout_ms
-    backoff = settings.initial_backoff_s
-    progress_at = time.monotonic()
-    suspect: tuple[Position, Position] | None = None  # a gap seen once, confirmed if seen again
-    accepted_gap: Position | None = None
-    pending: list[Any] = []
-    pending_pos: Position = BEFORE_EARLIEST
-    pending_size = 0
 
-    def drop_reader(reason: str) -> None:
-        nonlocal reader, pending
-        if reader is not None:
-            with contextlib.suppress(Exception):
-                reader.close()
-            reader = None
-            stats.reopens += 1
-        pending = []
-        if time.monotonic() - progress_at > settings.retry_timeout_s:
-            raise PulsarIOError(
-                f"{topic}: no progress reading positions ({last[0]}:{last[1]}, {end[0]}:{end[1]}] for "
-                f"{settings.retry_timeout_s:g} s ({stats.stalls} stalls, {stats.errors} errors); "
-                f"last problem: {reason}"
-            )
+    def open_consumer(after: Position) -> _ClientEntries:
+        return _ClientEntries(client, topic, after, end, settings, stats)
 
-    def lost(what: str, next_pos: Position) -> None:
-        message = f"{topic}: {what}"
-        if settings.fail_on_data_loss:
-            raise DataLossError(message + " (set failOnDataLoss=false to skip lost entries)")
-        log.warning("%s; skipping (failOnDataLoss=false)", message)
-        stats.lost.append((last, next_pos))
-
-    import pulsar
-
-    try:
-        while last < end:
-            if reader is None:
-                try:
-                    reader = _open_reader(client, topic, last, settings)
-                    # The C++ binding's reader, without the Python wrapper's per-message object:
-                    # same methods, a few microseconds less per message.
-                    read_next = getattr(reader, "_reader", reader).read_next
-                except Exception as err:
-                    stats.errors += 1
-                    stats.last_error = f"opening a reader: {err}"
-                    drop_reader(stats.last_error)
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, settings.max_backoff_s)
-                    continue
-            try:
-                msg = read_next(timeout)
-            except pulsar.Timeout:
-                stats.stalls += 1
-                drop_reader(f"no message within {timeout} ms while entries up to {end[0]}:{end[1]} are due")
-                timeout = min(timeout * 2, settings.max_stall_timeout_ms)
-                continue
-            except Exception as err:
-                stats.errors += 1
-                stats.last_error = f"reading: {err}"
-                drop_reader(stats.last_error)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, settings.max_backoff_s)
-                continue
-            mid = msg.message_id()
-            pos = (mid.ledger_id(), mid.entry_id())
-            if pos <= last:
-                stats.duplicates += 1
-                continue
-            if pos > end:
-                if not end_is_known:
-                    break  # the capped range ended before its cap
-                if suspect != (last, end):
-                    suspect = (last, end)
-                    drop_reader("an entry after the range's end arrived before its end")
-                    continue
-                lost(
-                    f"entries after {last[0]}:{last[1]} up to {end[0]}:{end[1]} are missing "
-                    f"(the next entry the broker has is {pos[0]}:{pos[1]})",
-                    pos,
-                )
-                break
-            batch_index = mid.batch_index()
-            if pending and pos != pending_pos:
-                drop_reader(f"batched entry {pending_pos[0]}:{pending_pos[1]} arrived incomplete")
-                continue
-            if not pending:
-                if _gap(last, pos) and accepted_gap != pos:
-                    if suspect != (last, pos):
-                        suspect = (last, pos)
-                        drop_reader(f"gap between {last[0]}:{last[1]} and {pos[0]}:{pos[1]}")
-                        continue
-                    lost(f"entries between {last[0]}:{last[1]} and {pos[0]}:{pos[1]} are missing", pos)
-                    accepted_gap = pos
-                if batch_index < 0:
-                    entry = _build(topic, pos, [msg], batched=False)
-                else:
-                    if batch_index != 0:
-                        drop_reader(f"entry {pos[0]}:{pos[1]} started at batch index {batch_index}")
-                        continue
-                    pending_size = batch_size_of(mid.serialize())
-                    if pending_size <= 0:
-                        raise PulsarIOError(
-                            f"{topic}: message {pos[0]}:{pos[1]}:{batch_index} is batched but its id "
-                            "carries no batch size; this pulsar-client is too old to regroup batches"
-                        )
-                    pending = [msg]
-                    pending_pos = pos
-                    if pending_size > 1:
-                        continue
-                    entry = _build(topic, pos, pending, batched=True)
-                    pending = []
-            else:
-                if batch_index < len(pending):
-                    stats.duplicates += 1
-                    continue
-                if batch_index > len(pending):
-                    drop_reader(f"entry {pos[0]}:{pos[1]} skipped batch index {len(pending)}")
-                    continue
-                pending.append(msg)
-                if len(pending) < pending_size:
-                    continue
-                entry = _build(topic, pos, pending, batched=True)
-                pending = []
-            last = pos
-            stats.entries += 1
-            stats.messages += entry.num_messages
-            stats.bytes += entry.size
-            progress_at = time.monotonic()
-            timeout = settings.stall_timeout_ms
-            backoff = settings.initial_backoff_s
-            yield entry
-    finally:
-        if reader is not None:
-            with contextlib.suppress(Exception):
-                reader.close()
-
+    # The C++ client's re-subscription is cheap and its stalls short: start every wait afresh.
+    return read_exactly_once(open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known,
+                             stats=stats, reset_stall_timeout=True)
 
 @dataclass(frozen=True)
 class Probe:

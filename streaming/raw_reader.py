@@ -1,10 +1,10 @@
 """Reading topic-partitions as the broker stores them: entries byte for byte, over Pulsar's binary protocol.
 
-:func:`read_range_raw` has the contract of :func:`streamoffload.streaming.pulsar_io.read_range`
-(same :class:`~streamoffload.streaming.pulsar_io.Entry`, :class:`ReaderSettings`, :class:`ReadStats`,
-:class:`DataLossError`, :class:`PulsarIOError`; exact ``(start, end]`` ranges, once each and in order,
-duplicates dropped, stalled readers re-opened at the last emitted position, reconnects with
-backoff, data loss confirmed by one re-read), but it does not rebuild entries: each
+:func:`read_range_raw` is :func:`streamoffload.streaming.ranges.read_exactly_once` -- the loop the
+``pulsar-client`` reader (:func:`streamoffload.streaming.pulsar_io.read_range`) uses too: exact
+``(start, end]`` ranges, once each and in order, duplicates dropped, stalled readers re-opened at the
+last emitted position, reconnects with backoff, data loss confirmed by one re-read -- over
+:class:`RawConsumer`. It does not rebuild entries: each
 ``CommandMessage`` frame the broker pushes carries one stored entry as headers-and-payload::
 
     [u32 totalSize][u32 commandSize][BaseCommand{MESSAGE}]
@@ -13,7 +13,9 @@ backoff, data loss confirmed by one re-read), but it does not rebuild entries: e
 and everything after the command is the entry, emitted untouched: compression, sequence ids,
 encryption, schema versions, chunking fields, null values and keys stay as the producer wrote them.
 The CRC-32C is verified on receipt (a mismatch re-opens the reader, like any error) and the message
-count comes from the metadata (``num_messages_in_batch``), without unpacking anything.
+count comes from the metadata (``num_messages_in_batch``), without unpacking anything. pulsar-lite
+hands entries out without their ``0x0e01`` checksum section (a pre-v6 layout ``decode_entry`` accepts,
+as Pulsar does): there nothing can be verified, and the entries are the producer's bytes after it.
 
 Broker entry metadata (``0x0e02``, PIP-70): a broker with ``brokerEntryMetadataInterceptors`` stores
 it in front of every entry, so Pulsar's offloaders, which copy the stored ledger entries, keep it.
@@ -40,6 +42,13 @@ or ``userId:..,password:..``) and TLS (``tlsCertFile:..,tlsKeyFile:..``) plugins
 with ``tlsTrustCertsFilePath``, ``tlsAllowInsecureConnection``, ``tlsValidateHostname``;
 ``connectionTimeoutMs`` and ``operationTimeoutSeconds``. Other plugins (OAuth2, custom) raise
 :class:`ConfigError`: read such clusters with the ``pulsar-client`` reader.
+
+TLS failures that configuration causes are not retried: a server certificate the trust settings do
+not accept, or a server that requires a client certificate the options do not give, raise
+:class:`~streamoffload.streaming.ranges.ReaderUnusable` naming the address and option; unreadable
+certificate, key or trust files raise :class:`ConfigError`. What is tested against what:
+``tests/source/test_raw_tls.py`` (TLS, through a TLS-terminating proxy in front of pulsar-lite) and
+the module docstring of ``tests/source/test_raw_reader.py``.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
 from streamoffload.codecs.errors import ConfigError, FormatError
@@ -69,7 +78,6 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
 from streamoffload.streaming.pulsar_io import (
     BEFORE_EARLIEST,
     CLIENT_OPTION_PREFIX,
-    DataLossError,
     Entry,
     Position,
     Probe,
@@ -77,11 +85,11 @@ from streamoffload.streaming.pulsar_io import (
     ReaderSettings,
     ReadStats,
     ServiceAddress,
-    _gap,
     _normalized,
     _parse_bool,
     _token_from_options,
 )
+from streamoffload.streaming.ranges import RangeConsumer, ReaderUnusable, read_exactly_once
 
 log = logging.getLogger(__name__)
 
@@ -247,10 +255,11 @@ class _Connection:
                 c.auth_data = config.auth_data
             if proxy_to_broker_url:
                 c.proxy_to_broker_url = proxy_to_broker_url
-            self.send(connect)
             deadline = time.monotonic() + config.operation_timeout_s
+            request: BaseCommand | None = connect
             while True:
-                got = self.read(deadline)
+                got = self._connect_step(request, deadline)
+                request = None
                 if got is None:
                     raise PulsarIOError(f"{self.name}: no answer to CONNECT within {config.operation_timeout_s:g} s")
                 cmd, _payload = got
@@ -266,17 +275,62 @@ class _Connection:
                 sock.close()
             raise
 
+    def _connect_step(self, connect: BaseCommand | None, deadline: float) -> tuple[BaseCommand, bytes | None] | None:
+        """Send CONNECT (when given) and read the next answer. A TLS server that wants a client
+        certificate may refuse only now (TLS 1.3 sends its alert after the handshake)."""
+        try:
+            if connect is not None:
+                self.send(connect)
+            return self.read(deadline)
+        except (ssl.SSLError, ConnectionError) as err:  # an alert, a reset, a broken pipe or a bare close
+            if not self.address.tls:
+                raise
+            raise self._tls_refused(err) from err
+
+    def _tls_refused(self, err: OSError) -> PulsarIOError:
+        reason = str(err) or type(err).__name__
+        how = (f"{CLIENT_OPTION_PREFIX}authPluginClassName=AuthenticationTls with "
+               f"{CLIENT_OPTION_PREFIX}authParams=tlsCertFile:...,tlsKeyFile:...")
+        if "CERTIFICATE_REQUIRED" in reason:
+            # Configuration, not a passing fault: retrying would only delay the same refusal.
+            return ReaderUnusable(f"TLS: {self.name} refused the connection: {reason}; "
+                                  f"the server requires a client certificate ({how})")
+        if not self.config.tls_cert_file:
+            # The refusal may reach us as a bare close (the alert lost to a reset): a hint, and retried.
+            return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}; "
+                                 f"if the server requires a client certificate, give one ({how})")
+        return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}")
+
     def _wrap_tls(self, sock: socket.socket) -> socket.socket:
         cfg = self.config
-        context = ssl.create_default_context(cafile=cfg.tls_trust_certs_file)
+        try:
+            context = ssl.create_default_context(cafile=cfg.tls_trust_certs_file)
+        except (OSError, ssl.SSLError) as err:
+            raise ConfigError(
+                f"option {CLIENT_OPTION_PREFIX}tlsTrustCertsFilePath: cannot load {cfg.tls_trust_certs_file}: {err}"
+            ) from err
         if cfg.tls_allow_insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         elif not cfg.tls_validate_hostname:
             context.check_hostname = False
         if cfg.tls_cert_file and cfg.tls_key_file:
-            context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-        return context.wrap_socket(sock, server_hostname=self.address.host)
+            try:
+                context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+            except (OSError, ssl.SSLError) as err:
+                raise ConfigError(
+                    f"option {CLIENT_OPTION_PREFIX}authParams: cannot load tlsCertFile {cfg.tls_cert_file} / "
+                    f"tlsKeyFile {cfg.tls_key_file}: {err}"
+                ) from err
+        try:
+            return context.wrap_socket(sock, server_hostname=self.address.host)
+        except ssl.SSLCertVerificationError as err:
+            trust = (f"tlsTrustCertsFilePath={cfg.tls_trust_certs_file}" if cfg.tls_trust_certs_file
+                     else "system trust store")
+            # A server the configuration does not trust stays untrusted: fail now, not after the retry budget.
+            raise ReaderUnusable(f"TLS: the certificate of {self.name} is not trusted ({trust}): {err}") from err
+        except ssl.SSLError as err:
+            raise self._tls_refused(err) from err
 
     def next_request_id(self) -> int:
         self._request_id += 1
@@ -398,12 +452,6 @@ class RawMessage(NamedTuple):
     publish_time: int
     num_messages: int
     data: bytes
-
-
-class Consumer(Protocol):
-    def receive(self, timeout_ms: int) -> RawMessage | None: ...
-
-    def close(self) -> None: ...
 
 
 class RawClient:
@@ -654,107 +702,16 @@ def read_range_raw(
     """The stored entries of ``topic`` with positions in ``(start, end]``, in order, once each.
 
     ``client`` is a :class:`RawClient` (or anything with ``open_consumer(topic, after, queue_size)``
-    returning an object with ``receive(timeout_ms)`` and ``close()``). The contract, including
-    ``end_is_known`` and the fault handling, is :func:`pulsar_io.read_range`'s.
+    returning a :class:`~streamoffload.streaming.ranges.RangeConsumer`). The contract, including
+    ``end_is_known`` and the fault handling, is
+    :func:`~streamoffload.streaming.ranges.read_exactly_once`'s, which this is.
     """
     settings = settings or ReaderSettings()
-    stats = stats if stats is not None else ReadStats()
-    start = (int(start[0]), int(start[1]))
-    end = (int(end[0]), int(end[1]))
-    last = start
-    if end <= last:
-        return
-    consumer: Any = None
-    timeout = settings.stall_timeout_ms
-    backoff = settings.initial_backoff_s
-    progress_at = time.monotonic()
-    suspect: tuple[Position, Position] | None = None  # a gap seen once, confirmed if seen again
-    accepted_gap: Position | None = None
 
-    def drop_consumer(reason: str) -> None:
-        nonlocal consumer
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
-            consumer = None
-            stats.reopens += 1
-        if time.monotonic() - progress_at > settings.retry_timeout_s:
-            raise PulsarIOError(
-                f"{topic}: no progress reading positions ({last[0]}:{last[1]}, {end[0]}:{end[1]}] for "
-                f"{settings.retry_timeout_s:g} s ({stats.stalls} stalls, {stats.errors} errors); "
-                f"last problem: {reason}"
-            )
+    def open_consumer(after: Position) -> RangeConsumer:
+        return client.open_consumer(topic, after, settings.receiver_queue_size)
 
-    def lost(what: str, next_pos: Position) -> None:
-        message = f"{topic}: {what}"
-        if settings.fail_on_data_loss:
-            raise DataLossError(message + " (set failOnDataLoss=false to skip lost entries)")
-        log.warning("%s; skipping (failOnDataLoss=false)", message)
-        stats.lost.append((last, next_pos))
-
-    try:
-        while last < end:
-            if consumer is None:
-                try:
-                    consumer = client.open_consumer(topic, last, settings.receiver_queue_size)
-                except (OSError, PulsarIOError) as err:
-                    stats.errors += 1
-                    stats.last_error = f"subscribing: {err}"
-                    drop_consumer(stats.last_error)
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, settings.max_backoff_s)
-                    continue
-            try:
-                msg = consumer.receive(timeout)
-            except (OSError, PulsarIOError, FormatError) as err:
-                # connection lost, broker closed the consumer, or an entry that fails its checksum
-                stats.errors += 1
-                stats.last_error = f"receiving: {err}"
-                drop_consumer(stats.last_error)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, settings.max_backoff_s)
-                continue
-            if msg is None:
-                stats.stalls += 1
-                drop_consumer(f"no entry within {timeout} ms while entries up to {end[0]}:{end[1]} are due")
-                timeout = min(timeout * 2, settings.max_stall_timeout_ms)
-                continue
-            pos = (msg.ledger_id, msg.entry_id)
-            if pos <= last:
-                stats.duplicates += 1
-                continue
-            if pos > end:
-                if not end_is_known:
-                    break  # the capped range ended before its cap
-                if suspect != (last, end):
-                    suspect = (last, end)
-                    drop_consumer("an entry after the range's end arrived before its end")
-                    continue
-                lost(
-                    f"entries after {last[0]}:{last[1]} up to {end[0]}:{end[1]} are missing "
-                    f"(the next entry the broker has is {pos[0]}:{pos[1]})",
-                    pos,
-                )
-                break
-            if _gap(last, pos) and accepted_gap != pos:
-                if suspect != (last, pos):
-                    suspect = (last, pos)
-                    drop_consumer(f"gap between {last[0]}:{last[1]} and {pos[0]}:{pos[1]}")
-                    continue
-                lost(f"entries between {last[0]}:{last[1]} and {pos[0]}:{pos[1]} are missing", pos)
-                accepted_gap = pos
-            entry = Entry(topic, pos[0], pos[1], msg.publish_time, msg.num_messages, msg.data)
-            last = pos
-            stats.entries += 1
-            stats.messages += msg.num_messages
-            stats.bytes += len(msg.data)
-            progress_at = time.monotonic()
-            # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
-            # pulsar-lite does) would otherwise cost a re-subscription each time. Once raised, it stays
-            # raised for the rest of this read.
-            backoff = settings.initial_backoff_s
-            yield entry
-    finally:
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
+    # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
+    # pulsar-lite does) would otherwise cost a re-subscription each time.
+    return read_exactly_once(open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known,
+                             stats=stats)

@@ -7,7 +7,8 @@ real broker.
 What is tested against what:
 - the real pulsar-lite broker: connect, lookup (answered with Connect to itself), non-durable
   subscription, flow, messages, GetLastMessageId, close; duplicates, stalls, restart, rollover;
-- a TLS terminator (Python ssl, self-signed certificate) in front of the real broker: pulsar+ssl://;
+- a TLS-terminating proxy in front of the real broker: pulsar+ssl:// and client certificates, in
+  test_raw_tls.py;
 - a scripted broker on a socket: token and basic auth data in CONNECT, AUTH_CHALLENGE, lookup
   Redirect, proxy_through_service_url, and a corrupt entry (CRC-32C) on receipt.
 """
@@ -15,16 +16,13 @@ What is tested against what:
 from __future__ import annotations
 
 import contextlib
-import datetime
 import select
 import socket
-import ssl
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pulsar
@@ -559,79 +557,6 @@ def test_unsupported_auth_plugin_is_a_config_error() -> None:
         rr.RawClient("pulsar://h:1", {"authPluginClassName": "org.apache.pulsar.client.impl.auth.oauth2.X"})
     with pytest.raises(ConfigError, match="AuthenticationBasic needs userId and password"):
         rr.RawClient("pulsar://h:1", {"authPluginClassName": "AuthenticationBasic", "authParams": "{}"})
-
-
-# --- TLS: a terminator in front of the real broker ---------------------------------------------
-
-
-def _self_signed(tmp: Path) -> tuple[str, str]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
-
-
-def _tls_terminator(cert: str, key: str, backend: tuple[str, int]) -> tuple[socket.socket, int]:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = server.accept()
-                tls = context.wrap_socket(client, server_side=True)
-                upstream = socket.create_connection(backend)
-                threading.Thread(target=pipe, args=(tls, upstream), daemon=True).start()
-                threading.Thread(target=pipe, args=(upstream, tls), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return server, server.getsockname()[1]
-
-
-def test_tls_service_url(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> None:
-    topic = unique_topic("raw-tls")
-    produce(pulsar_broker.service_url, topic, 40, 30, properties={"src": "io"}, batching=True, batch_size=8)
-    cert, key = _self_signed(tmp_path)
-    host, port = pulsar_broker.service_url.removeprefix("pulsar://").rsplit(":", 1)
-    server, tls_port = _tls_terminator(cert, key, (host, int(port)))
-    try:
-        raw = rr.RawClient(f"pulsar+ssl://localhost:{tls_port}", {"tlsTrustCertsFilePath": cert})
-        entries = read_all(raw, topic)
-        assert check_messages(entries, topic, 30) == 40
-        untrusted = rr.RawClient(f"pulsar+ssl://localhost:{tls_port}", {"connectionTimeoutMs": "2000"})
-        with pytest.raises(PulsarIOError, match="CERTIFICATE_VERIFY_FAILED"):
-            rr.latest_position_raw(untrusted, topic)
-    finally:
-        server.close()
 
 
 def test_received_entries_are_acknowledged_cumulatively(scripted: Callable[..., ScriptedBroker]) -> None:
