@@ -201,7 +201,7 @@ def test_second_passes_with_no_change_list_once_per_topic_and_read_nothing(tmp_p
     # The metrics refresher sees the deletions and keeps its totals.
     counting.calls.clear()
     metrics.refresh_store()
-    assert counting.calls["list"] == TOPICS
+    assert counting.calls["list"] == TOPICS + 1
     # What is new in each topic's metadata: 5 deletion marks, the deleted-segment record kept, the summary.
     assert counting.calls["get"] == TOPICS * (5 + 1 + 1)
     assert metrics.registry.get_sample_value("streamoffload_entries_offloaded_total", {"topic": topic}) == 1000
