@@ -258,3 +258,37 @@ def test_py4j_tracebacks_stay_off_the_terminal(capsys: pytest.CaptureFixture[str
     configure_logging(LogSettings(log_file=str(log_file)))
     logging.getLogger("py4j.clientserver").error("There was an exception while executing the Python Proxy")
     assert "Python Proxy" in log_file.read_text() and "Python Proxy" not in capsys.readouterr().err
+
+
+# --- help texts ----------------------------------------------------------------------------------------------
+
+
+def _all_parsers() -> dict[str, object]:
+    """Every parser of the command line by its command (``""`` for the top level), subcommands included."""
+    import argparse
+
+    from streamoffload.cli import build_parser
+
+    found: dict[str, object] = {}
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> None:
+        found[name] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    walk(f"{name} {sub}".strip(), child)
+
+    walk("", build_parser())
+    return found
+
+
+def test_every_help_text_has_a_description_and_an_example() -> None:
+    """The README promises `--help` with examples for every command: a newcomer learns from them."""
+    lacking = []
+    for name, parser in _all_parsers().items():
+        text = parser.format_help()  # type: ignore[attr-defined]
+        described = bool((parser.description or "").strip())  # type: ignore[attr-defined]
+        shows = f"streamoffload {name}".strip() + " " in text.replace("\n", " ")
+        if not (described and "example" in text and shows):
+            lacking.append(name or "(top level)")
+    assert not lacking, f"--help without a description or an example: {lacking}"
