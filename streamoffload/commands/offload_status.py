@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.codecs.errors import ConfigError, StreamOffloadError
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage.base import ObjectStore
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, interval: float 
     if args.timeout is not None and args.timeout < 0:
         raise ConfigError(f"--timeout {args.timeout}: must be zero or more seconds")
     config, _ = config_from_args(args)
-    store = config.store.open()
+    store = open_existing_store(config.store)  # a mistyped path is an error, not a new empty store
     key_prefix = config.store.key_prefix
 
     def fetch() -> list[PartitionStatus]:

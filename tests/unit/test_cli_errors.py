@@ -126,6 +126,9 @@ def test_a_reader_that_went_away_is_a_quiet_exit(root: Path, argv: list[str]) ->
         ["read", TOPIC],
         ["delete-ledger", TOPIC, "3"],
         ["cleanup"],
+        ["offload-now", TOPIC],
+        ["offload-status", TOPIC],
+        ["offload-status", TOPIC, "--wait", "--timeout", "1"],
     ],
 )
 def test_a_missing_store_directory_is_refused_and_not_created(
