@@ -292,3 +292,19 @@ def test_every_help_text_has_a_description_and_an_example() -> None:
         if not (described and "example" in text and shows):
             lacking.append(name or "(top level)")
     assert not lacking, f"--help without a description or an example: {lacking}"
+
+
+def test_the_demo_suggests_commands_the_user_can_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """scripts/demo.sh does not activate the venv, so `streamoffload ...` alone would be 'command not found'."""
+    from streamoffload.commands import demo
+
+    script = tmp_path / ".venv" / "bin" / "streamoffload"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert demo._program() == ".venv/bin/streamoffload"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    assert demo._program() == "streamoffload"
