@@ -308,3 +308,13 @@ def test_the_demo_suggests_commands_the_user_can_run(monkeypatch: pytest.MonkeyP
     assert demo._program() == ".venv/bin/streamoffload"
     monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
     assert demo._program() == "streamoffload"
+
+
+def test_the_readme_lists_every_command() -> None:
+    """README's command table is where a newcomer finds what exists; a new command must appear there."""
+    import re
+
+    listed = set(re.findall(r"^\| `([a-z-]+)", (REPO / "README.md").read_text(), flags=re.M))
+    listed |= set(re.findall(r"^\| `produce`, `([a-z-]+)`", (REPO / "README.md").read_text(), flags=re.M))
+    commands = {name.split()[0] for name in _all_parsers() if name}
+    assert commands - listed == set()
