@@ -22,11 +22,18 @@ format, read them back by position, and watch the job on a dashboard.
 
 Run `streamoffload COMMAND --help` for the options of one command."""
 
+EPILOG = """\
+examples:
+  streamoffload demo                                   # the whole pipeline on the embedded default
+  streamoffload run --conf conf/streamoffload.toml     # the continuously running job
+  streamoffload status --store var/demo/store"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamoffload",
         description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -24,6 +24,10 @@ def register(subparsers: Any) -> None:
         "newest) and failure notes of attempts that no longer exist; and, on a filesystem store, the "
         "temporary files, orphan metadata files and unfinished upload directories killed writers left. "
         "Safe beside a running job: anything younger than --grace-minutes is left alone.",
+        epilog="examples:\n"
+        "  streamoffload cleanup --store var/demo/store\n"
+        "  streamoffload cleanup --conf conf/streamoffload.toml --grace-minutes 120\n"
+        "  streamoffload cleanup --store file:///data/store --topic persistent://public/default/t-partition-0",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_args(parser)

@@ -26,8 +26,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_args(parser)
-    parser.add_argument("topic", metavar="TOPIC_PARTITION")
-    parser.add_argument("ledgers", metavar="LEDGER_ID", type=int, nargs="+")
+    parser.add_argument("topic", metavar="TOPIC_PARTITION", help="e.g. persistent://public/default/t-partition-0")
+    parser.add_argument("ledgers", metavar="LEDGER_ID", type=int, nargs="+", help="ledger ids to mark deleted")
     parser.add_argument("--now", action="store_true", help="delete eligible segments now, ignoring the lag")
     parser.add_argument(
         "--force",

@@ -8,6 +8,7 @@ them byte for byte, then stops everything.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -151,7 +152,32 @@ maxOffloadSegmentRolloverTimeMinutes = 1
         print(f"  {topic}: {len(messages)} messages read back, {'all identical' if ok else f'{bad} differ'}")
     first = next(iter(reader.read(orders[0])))
     print(f"  e.g. {orders[0]} entry {first.ledger_id}:{first.entry_id}, {len(first.payload)} bytes")
-    print(f"\ntry: streamoffload status --store {config.store.url}")
-    print(f"     streamoffload read --store {config.store.url} {orders[0]} --messages --limit 3")
+    program = _program()
+    print(f"\ntry: {program} status --store {config.store.url}")
+    print(f"     {program} read --store {config.store.url} {orders[0]} --messages --limit 3")
+    print(f"     {program} verify --store {config.store.url} --crc")
     print(f"logs: {settings.log_file}")
     return 1 if failures else 0
+
+
+def _program() -> str:
+    """How the user can run this command again: ``streamoffload`` when that is on PATH and is this one, else
+    the script's path (``.venv/bin/streamoffload`` after scripts/demo.sh, whose venv is not activated)."""
+    invoked = Path(sys.argv[0])
+    if invoked.name == "__main__.py":
+        return f"{_shown(Path(sys.executable))} -m streamoffload"
+    if invoked.name != "streamoffload":
+        return "streamoffload"
+    on_path = shutil.which("streamoffload")
+    if on_path and Path(on_path).resolve() == invoked.resolve():
+        return "streamoffload"
+    return _shown(invoked)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when under it (no symlinks resolved: a venv's python is one)."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)

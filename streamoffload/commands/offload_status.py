@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.codecs.errors import ConfigError, StreamOffloadError
 from streamoffload.codecs.topics import TopicName
+from streamoffload.commands.offload_now import partitions_of
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.control import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, interval: float 
     if args.timeout is not None and args.timeout < 0:
         raise ConfigError(f"--timeout {args.timeout}: must be zero or more seconds")
     config, _ = config_from_args(args)
-    store = config.store.open()
+    store = open_existing_store(config.store)  # a mistyped path is an error, not a new empty store
     key_prefix = config.store.key_prefix
 
     def fetch() -> list[PartitionStatus]:
@@ -162,6 +163,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, interval: float 
 
     partitions = fetch()
     if not any(p.requests for p in partitions):
+        # A mistyped name has no requests either: say so, as offload-now does, rather than "none submitted".
+        partitions_of(MetadataStore(store, key_prefix), args.topic, config.pulsar.topics)
         raise NoOffloadRequestsError(
             f"no offload requests for {args.topic} in {store.url} (none submitted with offload-now, "
             "or all finished more than a day ago)"

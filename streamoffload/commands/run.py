@@ -79,7 +79,13 @@ def run(args: argparse.Namespace) -> int:
     job = OffloadJob(config, path)
     job.force_lease = args.take_over
     # The writer lease before Spark: a second instance is told at once who writes the store prefix.
-    job.begin_run()
+    from streamoffload.checkpoints.lease import LeaseHeldError
+
+    try:
+        job.begin_run()
+    except LeaseHeldError as err:
+        # The way out the lease itself cannot name: this command's option (README "Operating").
+        raise LeaseHeldError(f"{err} If it is gone, `run --take-over` takes the lease now.") from err
     spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
     metrics = None
     try:

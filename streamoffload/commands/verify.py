@@ -776,6 +776,21 @@ def _segment_json(s: SegmentReport) -> dict[str, Any]:
     }
 
 
+def _refuse_unknown_topics(store: ObjectStore, prefix: str, names: list[TopicName]) -> None:
+    """A named topic-partition with no object at all in the store is a mistyped name: one error line listing
+    what the store holds (as ``read`` says), not a report of one problem. One with objects but no manifest
+    stays a problem of the report."""
+    stored = keys.list_topic_dirs(store, prefix)
+    missing = [str(n) for n in names if n not in stored]
+    if missing:
+        shown = ", ".join(str(t) for t in stored[:10]) + (", ..." if len(stored) > 10 else "")
+        raise VerifyError(
+            f"no offloaded data for topic {', '.join(missing)} in {store.url}"
+            + (f" under prefix {prefix!r}" if prefix else "")
+            + (f" (topics with offloaded data: {shown})" if stored else " (no topic has offloaded data there)")
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     ledger_id_arg(args.ledger_id, "--ledger-id")
     float_arg(args.stale_minutes, "--stale-minutes", 0, MAX_RETENTION_MINUTES, "the staleness age is minutes")
@@ -792,7 +807,9 @@ def run(args: argparse.Namespace) -> int:
             data_key = _under(prefix, args.data_key)
             index_key = _under(prefix, args.index_key) if args.index_key else keys.index_key_for(data_key)
             loose.append(verify_segment(store, data_key, index_key, crc=args.crc, ledger_id=args.ledger_id))
-        if not names and not args.data_key:
+        if names:
+            _refuse_unknown_topics(store, prefix, names)
+        elif not args.data_key:
             names = keys.list_topic_dirs(store, prefix)
             if not names:
                 raise VerifyError(

@@ -43,11 +43,23 @@ def status(root: Path, *args: str) -> int:
 
 
 def test_a_topic_without_requests_is_an_error_naming_it(
-    root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
+    root: Path, store: ObjectStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert status(root, TOPIC) == 1
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[pulsar]\ntopics = ["{TOPIC}"]\n[store]\nroot = "{root}"\n')
+    assert main(["offload-status", "--conf", str(conf), TOPIC]) == 1
     err = capsys.readouterr().err
     assert err.startswith("streamoffload offload-status: error: no offload requests for persistent://")
+    assert err.count("\n") == 1
+
+
+def test_a_mistyped_topic_is_an_error_saying_so(
+    root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "no requests": the name is neither stored nor configured, as offload-now says."""
+    assert status(root, "persistent://public/default/ordres") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("streamoffload offload-status: error: unknown topic 'persistent://public/default/ordres'")
     assert err.count("\n") == 1
 
 

@@ -257,4 +257,4 @@ def test_prometheus_loads_the_committed_alert_rules(compose: dict[str, Any], tmp
     )
     result = subprocess.run([promtool, "check", "config", str(local)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "6 rules found" in result.stdout + result.stderr
+    assert "7 rules found" in result.stdout + result.stderr

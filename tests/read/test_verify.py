@@ -180,9 +180,12 @@ def test_objects_by_key_without_metadata(
     assert code == 1 and (problem["object"], problem["offset"]) == (seg.dataKey, 0)
 
 
-def test_unknown_topic_is_a_problem(
+def test_unknown_topic_is_one_error_line(
     capsys: pytest.CaptureFixture[str], target: tuple, offloaded: MetadataStore
 ) -> None:
-    code, doc = verify(capsys, target[1], "persistent://public/default/nothing-here")
-    problem = only_problem(doc)
-    assert code == 1 and problem["error"] == "NoSegments" and "nothing-here" in problem["object"]
+    """A name the store holds nothing of is a typo, said in one line naming what the store holds."""
+    code = main(["verify", *target[1], "--json", "persistent://public/default/nothing-here"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("streamoffload verify: error: no offloaded data for topic persistent://public/default/nothing")
+    assert "topics with offloaded data: persistent://" in err

@@ -126,6 +126,9 @@ def test_a_reader_that_went_away_is_a_quiet_exit(root: Path, argv: list[str]) ->
         ["read", TOPIC],
         ["delete-ledger", TOPIC, "3"],
         ["cleanup"],
+        ["offload-now", TOPIC],
+        ["offload-status", TOPIC],
+        ["offload-status", TOPIC, "--wait", "--timeout", "1"],
     ],
 )
 def test_a_missing_store_directory_is_refused_and_not_created(
@@ -235,3 +238,17 @@ def test_topics_on_the_command_line_must_fit_the_store(tmp_path: Path) -> None:
         config_from_args(args)
     args = build_parser().parse_args(["run", "--store", str(tmp_path), "--topics", "ok," + "é" * 42])
     assert config_from_args(args)[0].pulsar.topics == ("ok", "é" * 42)
+
+
+def test_a_second_instance_is_refused_with_the_way_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README "Operating": a second instance on the store prefix is refused before Spark starts, in one line
+    that names the holder and `run --take-over` (the lease alone cannot name the command's option)."""
+    from streamoffload.checkpoints.lease import WriterLease
+
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    WriterLease(FilesystemStore(str(store_dir)), "", "other-instance").acquire()
+    argv = ["run", "--store", str(store_dir), "--service-url", "pulsar://127.0.0.1:1", "--topics", "t"]
+    assert main([*argv, "--checkpoint", str(tmp_path / "ckpt"), "--once", "--metrics-address", ""]) == 1
+    line = one_error_line(capsys.readouterr().err, "run")
+    assert "is being written by instance other-instance" in line and "`run --take-over`" in line
