@@ -180,7 +180,9 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
         broker_policy={
             "managedLedgerOffloadMaxBlockSizeInBytes": 16384,
             "maxSizePerOffloadSegmentMbytes": 0.04,  # several segments sealed by size per partition
-            "maxOffloadSegmentRolloverTimeMinutes": 0.05,  # 3 s: the last segments seal by time, no traffic needed
+            # 8 s: the last segments seal by time, no traffic needed; long enough after the size seals for
+            # several 1 s scrapes to see the lag above 0 (the first micro-batch alone can take 3 s).
+            "maxOffloadSegmentRolloverTimeMinutes": 0.13,
         },
     )
     job = OffloadJob(config)
