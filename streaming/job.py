@@ -511,9 +511,7 @@ class OffloadJob:
         held: list[str] = []
         for topic in failed_topics(error_text):
             reason = failure_reason(error_text, topic)
-            record = self.quarantine.note_failure(topic, reason)
-            while at_once and not record.quarantined:
-                record = self.quarantine.note_failure(topic, reason)
+            record = self.quarantine.note_failure(topic, reason, at_once=at_once)
             if record.quarantined:
                 held.append(topic)
                 until = time.strftime("%H:%M:%S", time.localtime(record.until_ms / 1000))

@@ -38,6 +38,7 @@ from streamoffload.checkpoints.metadata_store import CommitConflictError
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import InvalidKeyError, ObjectNotFoundError, ObjectStore, StorageError
+from streamoffload.streaming.ranges import DataLossError, PulsarIOError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ def is_topic_specific(err: BaseException) -> bool:
         return False  # already attributed
     if isinstance(err, (FencedError, CommitConflictError, ConnectionError, TimeoutError)):
         return False
+    if isinstance(err, PulsarIOError):  # a broker that cannot be reached; lost entries are the topic's own
+        return isinstance(err, DataLossError)
     if isinstance(err, StorageError):
         return isinstance(err, InvalidKeyError)
     if isinstance(err, OSError):
@@ -146,12 +149,17 @@ class Quarantine:
         self._write_pause_file()
         return self.records
 
-    def note_failure(self, topic: str, reason: str, now_ms: int | None = None) -> QuarantineRecord:
+    def note_failure(
+        self, topic: str, reason: str, now_ms: int | None = None, *, at_once: bool = False
+    ) -> QuarantineRecord:
+        """Count one failure; ``at_once``: set the topic aside now, without waiting for a second one."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         record = self.records.get(topic)
         if record is None:
             record = QuarantineRecord(topic, 0, reason, now, now, 0)
         record.failures += 1
+        if at_once:
+            record.failures = max(record.failures, FAILURES_BEFORE_QUARANTINE)
         record.reason = reason
         record.last_failed_ms = now
         if record.failures >= FAILURES_BEFORE_QUARANTINE:

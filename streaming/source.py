@@ -1058,8 +1058,6 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except Exception as err:
             # Lost or corrupt entries belong to this topic-partition: the job sets it aside (quarantine).
             # A broker that cannot be reached is everyone's problem and fails the batch as before.
-            if isinstance(err, pio.PulsarIOError) and not isinstance(err, DataLossError):
-                raise
             if not is_topic_specific(err):
                 raise
             raise TopicFailedError(partition.topic, err) from err

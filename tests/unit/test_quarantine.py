@@ -23,6 +23,7 @@ from streamoffload.streaming.quarantine import (
     is_topic_specific,
     read_records,
 )
+from streamoffload.streaming.ranges import DataLossError, PulsarIOError
 from streamoffload.streaming.source import SourceOptions
 from tests.source.test_admission import LEDGER, A, B, C, ModelPlanner
 
@@ -45,6 +46,8 @@ def test_only_errors_of_one_topic_set_it_aside() -> None:
     assert not is_topic_specific(StorageError("S3 is down"))  # everyone's problem: restart with backoff
     assert not is_topic_specific(ConnectionError("reset"))
     assert not is_topic_specific(TopicFailedError(A, "already attributed"))
+    assert not is_topic_specific(PulsarIOError("broker unreachable"))
+    assert is_topic_specific(DataLossError("entries were lost"))
 
 
 def test_failures_in_a_row_set_a_topic_aside_with_a_doubling_backoff(tmp_path: Path) -> None:
@@ -57,6 +60,8 @@ def test_failures_in_a_row_set_a_topic_aside_with_a_doubling_backoff(tmp_path: P
     assert second.quarantined and second.until_ms == 2_000 + FIRST_BACKOFF_MS
     assert q.note_failure(ODD, "again", now_ms=3_000).until_ms == 3_000 + 2 * FIRST_BACKOFF_MS
     assert backoff_ms(100) == MAX_BACKOFF_MS
+    batch = Quarantine(store, "batch-runs")  # a batch run sets a topic aside at its first failure
+    assert batch.note_failure(A, "x", now_ms=4_000, at_once=True).until_ms == 4_000 + FIRST_BACKOFF_MS
 
     # Kept in the store: a restarted job (or `status`) sees it, with a name no topic directory could hold.
     [record] = read_records(store, "pfx")
