@@ -20,8 +20,6 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +30,7 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, OffloadPolicy
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+from streamoffload.streaming.side_files import WatchedJsonFile, write_json_file
 
 log = logging.getLogger(__name__)
 
@@ -208,12 +207,7 @@ class PolicyLog:
 
 def write_versions_file(path: str, versions: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
     """The versions for the Pulsar source (which pauses disabled topics), written atomically."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".policies-", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump([[e, d] for e, d in versions], fh)
-    os.replace(tmp, path)
+    write_json_file(path, [[e, d] for e, d in versions], temp_prefix=".policies-")
 
 
 class VersionsFile:
@@ -221,23 +215,12 @@ class VersionsFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self._versions = PolicyVersions()
+        self._file = WatchedJsonFile(
+            path, lambda doc: PolicyVersions([(int(e), d) for e, d in doc]), PolicyVersions(), "policy versions"
+        )
 
     def current(self) -> PolicyVersions:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return self._versions
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            try:
-                with open(self.path, encoding="utf-8") as fh:
-                    self._versions = PolicyVersions([(int(e), d) for e, d in json.load(fh)])
-                self._stamp = stamp
-            except (OSError, ValueError, ConfigError) as err:
-                log.warning("cannot read policy versions from %s: %s", self.path, err)
-        return self._versions
+        return self._file.current()
 
     def enabled(self, topic: str, at_ms: int) -> bool:
         versions = self.current()

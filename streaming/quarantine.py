@@ -26,9 +26,7 @@ import errno
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -39,6 +37,7 @@ from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import InvalidKeyError, ObjectNotFoundError, ObjectStore, StorageError
 from streamoffload.streaming.ranges import DataLossError, PulsarIOError
+from streamoffload.streaming.side_files import WatchedJsonFile, write_json_file
 
 log = logging.getLogger(__name__)
 
@@ -197,12 +196,7 @@ def read_records(store: ObjectStore, prefix: str) -> list[QuarantineRecord]:
 
 def write_pause_file(path: str, until: Mapping[str, int]) -> None:
     """``{topic: until_ms}`` for the Pulsar source, written atomically."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".quarantine-", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(dict(until), fh, sort_keys=True)
-    os.replace(tmp, path)
+    write_json_file(path, dict(until), temp_prefix=".quarantine-")
 
 
 class PauseFile:
@@ -210,23 +204,12 @@ class PauseFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self._until: dict[str, int] = {}
+        self._file = WatchedJsonFile(
+            path, lambda doc: {str(t): int(u) for t, u in doc.items()}, {}, "quarantined topics"
+        )
 
     def until(self) -> dict[str, int]:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return self._until
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            try:
-                with open(self.path, encoding="utf-8") as fh:
-                    self._until = {str(t): int(u) for t, u in json.load(fh).items()}
-                self._stamp = stamp
-            except (OSError, ValueError, AttributeError) as err:
-                log.warning("cannot read quarantined topics from %s: %s", self.path, err)
-        return self._until
+        return self._file.current()
 
     def paused(self, topic: str, now_ms: int) -> bool:
         return self.until().get(topic, 0) > now_ms
