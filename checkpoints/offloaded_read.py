@@ -539,6 +539,28 @@ def _stop_time(times: TimeBounds, skew_ms: int) -> int | None:
     return None if times.hi is None else times.hi + skew_ms
 
 
+def _entries_in_window(
+    handle: SegmentReadHandle,
+    start: Position | None,
+    end: Position | None,
+    times: TimeBounds,
+    skew_ms: int,
+    where_suffix: str,
+) -> Iterator[tuple[Any, Any, str]]:
+    """The entries of ``(start, end]`` whose publish time is inside ``times``, decoded, each with the place
+    to name in errors; stops at the first entry past the end bound (publish times grow with position)."""
+    stop = _stop_time(times, skew_ms)
+    for entry in handle.read_range(start, end):
+        where = f"{handle.data_key}: entry {entry.ledger_id}:{entry.entry_id}{where_suffix}"
+        decoded = decode_entry(entry.payload, verify_checksum=False, where=where)  # the read checked the CRC
+        publish_time = decoded.metadata.publish_time
+        if not times.contains(publish_time):
+            if stop is not None and publish_time >= stop:
+                break
+            continue
+        yield entry, decoded, where
+
+
 def _entry_rows(
     handle: SegmentReadHandle,
     topic: str,
@@ -552,15 +574,8 @@ def _entry_rows(
     columns: list[list[Any]] = [[] for _ in ENTRY_COLUMNS]
     topics, ledgers, entries, datas, counts, publish = columns
     pending = 0
-    stop = _stop_time(times, skew_ms)
-    for entry in handle.read_range(start, end):
-        where = f"{handle.data_key}: entry {entry.ledger_id}:{entry.entry_id}"
-        decoded = decode_entry(entry.payload, verify_checksum=False, where=where)  # the read checked the CRC
+    for entry, decoded, _where in _entries_in_window(handle, start, end, times, skew_ms, ""):
         md = decoded.metadata
-        if not times.contains(md.publish_time):
-            if stop is not None and md.publish_time >= stop:
-                break
-            continue
         topics.append(topic)
         ledgers.append(entry.ledger_id)
         entries.append(entry.entry_id)
@@ -602,15 +617,7 @@ def _message_rows(
     partition = TopicName.parse(topic).partition
     columns: list[list[Any]] = [[] for _ in MESSAGE_COLUMNS]
     pending = 0
-    stop = _stop_time(times, skew_ms)
-    for entry in handle.read_range(start, end):
-        where = f"{handle.data_key}: entry {entry.ledger_id}:{entry.entry_id} of {topic}"
-        decoded = decode_entry(entry.payload, verify_checksum=False, where=where)  # the read checked the CRC
-        md = decoded.metadata
-        if not times.contains(md.publish_time):
-            if stop is not None and md.publish_time >= stop:
-                break
-            continue
+    for entry, decoded, where in _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}"):
         if decoded.encrypted:
             raise EncryptedEntryError(
                 f"{where} is end-to-end encrypted: its messages cannot be read here "
