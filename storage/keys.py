@@ -42,6 +42,11 @@ FAILURES_DIR = f"{META_DIR}/failures"
 DELETED_DIR = f"{META_DIR}/deleted"
 CONTROL_DIR = "_control"
 
+# Object user metadata: Pulsar's readers require this key, when present, to say format version 1.
+FORMAT_VERSION_METADATA_KEY = "s3managedledgeroffloaderformatversion"
+SUPPORTED_FORMAT_VERSION = "1"
+_LEDGER_IN_KEY = re.compile(r"-ledger-(\d+)(?:-index)?$")
+
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 _ENCODED_RE = re.compile(r"^(?:[A-Za-z0-9-]|%[0-9A-F]{2})+$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -343,6 +348,12 @@ def list_topic_dirs(store: ObjectStore, prefix: str) -> list[TopicName]:
 
 
 # --- limits -----------------------------------------------------------------------------------------
+
+def ledger_id_in_key(key: str | None) -> int | None:
+    """The ledger id a v1 object key or file name carries (``<uuid>-ledger-<N>`` or ``...-index``), if any."""
+    match = _LEDGER_IN_KEY.search(key) if key else None
+    return int(match.group(1)) if match else None
+
 
 MAX_COMPONENT_BYTES = 255
 """A directory name (each encoded topic-name component) on the filesystem store: NAME_MAX."""

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import bisect
 import queue
-import re
 import struct
 import threading
 from collections import OrderedDict, deque
@@ -77,7 +76,12 @@ from streamoffload.codecs.index import V1_INDEX_MAGIC, BlockLocation, OffloadInd
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore, pread_exact
-from streamoffload.storage.keys import check_key
+from streamoffload.storage.keys import (
+    FORMAT_VERSION_METADATA_KEY,
+    SUPPORTED_FORMAT_VERSION,
+    check_key,
+    ledger_id_in_key,
+)
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
@@ -90,13 +94,10 @@ DEFAULT_READ_BUFFER_SIZE = 1 * MIB
 """Pulsar's default ``managedLedgerOffloadReadBufferSizeInBytes``."""
 DEFAULT_CACHE_BYTES = 64 * MIB
 DEFAULT_READAHEAD_CHUNKS = 4
-FORMAT_VERSION_METADATA_KEY = "s3managedledgeroffloaderformatversion"
-SUPPORTED_FORMAT_VERSION = "1"
 
 _ENTRY_HEADER = struct.Struct(">IQ")
 _U32 = struct.Struct(">I")
 _PADDING_WORD = int.from_bytes(PADDING_PATTERN, "big")
-_LEDGER_IN_KEY = re.compile(r"-ledger-(\d+)$")
 _CRC_HEADER = 6  # u16 magic 0x0e01, u32 CRC-32C
 
 
@@ -914,8 +915,7 @@ class SegmentReadHandle:
             self.data_key, self.index_key = segment.data_key, segment.index_key
             ledger_hint = segment.ledger_id
             if ledger_hint is None:
-                match = _LEDGER_IN_KEY.search(segment.data_key)
-                ledger_hint = int(match.group(1)) if match else None
+                ledger_hint = ledger_id_in_key(segment.data_key)
         else:
             self.manifest = segment
             if not segment.dataKey or not segment.indexKey:

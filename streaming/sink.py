@@ -28,13 +28,13 @@ from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
+from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.control import record_request_status
 from streamoffload.streaming.faults import crash_point
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION_KEY = "s3managedledgeroffloaderformatversion"
 MANAGED_LEDGER_KEY = "managedledgername"
 SOFTWARE_VERSION_KEY = "streamoffloadversion"
 SEGMENT_KEY = "streamoffloadsegment"
@@ -52,7 +52,7 @@ def managed_ledger_name(topic: str) -> str:
 
 def object_metadata(topic: str, segment: str) -> dict[str, str]:
     return {
-        FORMAT_VERSION_KEY: "1",
+        FORMAT_VERSION_METADATA_KEY: SUPPORTED_FORMAT_VERSION,
         # S3 metadata values are ASCII: a topic with other characters is percent-encoded here.
         MANAGED_LEDGER_KEY: quote(managed_ledger_name(topic), safe="/-._~"),
         SOFTWARE_VERSION_KEY: __version__,

@@ -6,7 +6,6 @@ import argparse
 import json
 import mmap
 import os
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -17,6 +16,7 @@ import crc32c
 from streamoffload.codecs.blocks import DecodedBlock, FormatVersion, iter_blocks
 from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.index import OffloadIndex, verify_against_blocks
+from streamoffload.storage.keys import ledger_id_in_key
 
 EPILOG = """\
 examples:
@@ -30,7 +30,6 @@ reported as null (JSON "ledgers" then uses the key "unknown"). With an index, ev
 checked against the data object (offsets, lengths, ledger ids, first entry ids, part ids, data length).
 A corrupt object exits with status 1 and an error naming the file and the byte offset."""
 
-_LEDGER_IN_NAME = re.compile(r"-ledger-(\d+)(?:-index)?$")
 UNKNOWN_LEDGER_KEY = "unknown"
 
 
@@ -91,9 +90,9 @@ def ledger_id_from_name(*paths: str | None) -> int | None:
     """The ledger id in a v1 object name (``<uuid>-ledger-<N>`` or ``<uuid>-ledger-<N>-index``), if any."""
     for path in paths:
         if path:
-            match = _LEDGER_IN_NAME.search(os.path.basename(path))
-            if match:
-                return int(match.group(1))
+            found = ledger_id_in_key(os.path.basename(path))
+            if found is not None:
+                return found
     return None
 
 

@@ -54,14 +54,14 @@ from streamoffload.codecs.blocks import (
 )
 from streamoffload.codecs.entry import CompressionType, decode_entry, split_messages
 from streamoffload.codecs.errors import BadMagicError, FormatError, StreamOffloadError, TruncatedError
-from streamoffload.codecs.index import OffloadIndex, verify_against_blocks
+from streamoffload.codecs.index import V1_INDEX_MAGIC, OffloadIndex, verify_against_blocks
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, parse_ledger_info, parse_ledger_metadata_v1
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedSegment, SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
-from streamoffload.storage.read_handle import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
+from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
 
 EPILOG = """\
 examples:
@@ -76,7 +76,6 @@ are read; Assigned ones (work in progress) are counted in the summary, and are p
 older than --stale-minutes; Failed ones are always problems (the next run, or cleanup, removes them).
 Problems are printed as "PROBLEM <object> @<offset>: <error>: <message>"; the exit status is 1 if any."""
 
-_LEDGER_IN_KEY = re.compile(r"-ledger-(\d+)$")
 _SPLITTABLE = (CompressionType.NONE, CompressionType.ZLIB)
 
 
@@ -239,10 +238,9 @@ class _Checker:
             return None
         ledger_id = self.ledger_id
         if ledger_id is None:
-            match = _LEDGER_IN_KEY.search(self.report.data_key)
-            ledger_id = int(match.group(1)) if match else None
+            ledger_id = ledger_id_in_key(self.report.data_key)
         try:
-            if raw[:4] == b"\xde\x47\xde\x47" and ledger_id is None:
+            if raw[:4] == V1_INDEX_MAGIC.to_bytes(4, "big") and ledger_id is None:
                 raise VerifyError(
                     "v1 index, which does not record its ledger id, of a data object not named -ledger-<id>: "
                     "give --ledger-id"
@@ -307,8 +305,8 @@ class _Checker:
             return self.ledger_id
         if self.manifest is not None:
             return self.manifest.startLedgerId
-        match = _LEDGER_IN_KEY.search(self.report.data_key)
-        return int(match.group(1)) if match else -1
+        found = ledger_id_in_key(self.report.data_key)
+        return -1 if found is None else found
 
     def check_entry(self, ledger: int, entry_id: int, payload: memoryview, at: int) -> None:
         r = self.report
@@ -390,8 +388,7 @@ class _Checker:
         if manifest.formatVersion == 1:
             if manifest.startLedgerId != manifest.endLedgerId:
                 mismatch(f"v1 segment spans ledgers {manifest.startLedgerId}..{manifest.endLedgerId}")
-            match = _LEDGER_IN_KEY.search(r.data_key)
-            if not match or int(match.group(1)) != manifest.startLedgerId:
+            if ledger_id_in_key(r.data_key) != manifest.startLedgerId:
                 mismatch(
                     f"v1 data object of ledger {manifest.startLedgerId} is not named -ledger-{manifest.startLedgerId}"
                 )
