@@ -21,7 +21,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError, ObjectStore
 

@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from streamoffload import __version__
 from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, TruncatedError
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, uuid_to_msb_lsb
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
 
 ASSIGNED = SegmentManifest.ASSIGNED
@@ -32,7 +33,6 @@ DRIVER_NAME = "streamoffload"
 # Deterministic segment ids: a replayed micro-batch must reproduce the same object names.
 _SEGMENT_NAMESPACE = uuid.UUID("6f1d3c1e-7a44-5d8e-9b0a-3c5e2f7d9a10")
 
-Position = tuple[int, int]
 
 
 def segment_uuid(topic: str, ordinal: int, start: Position, epoch: int = 0) -> uuid.UUID:

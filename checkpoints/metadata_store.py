@@ -24,11 +24,12 @@ from google.protobuf.message import DecodeError
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.manifest import OFFLOADED, Position
-from streamoffload.codecs.errors import FormatError, StreamOffloadError
+from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.metadata import msb_lsb_to_uuid
 from streamoffload.codecs.proto.managed_ledger_pb2 import ManagedLedgerInfo
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
 from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import (
     ObjectExistsError,
@@ -41,7 +42,6 @@ from streamoffload.storage.base import (
 log = logging.getLogger(__name__)
 
 LedgerInfo = ManagedLedgerInfo.LedgerInfo
-DELETED_SEGMENTS_DIR = "_meta/deleted-segments/"
 
 
 def now_ms() -> int:
@@ -350,7 +350,7 @@ class MetadataStore:
         return record
 
     def _deleted_segment_key(self, manifest: SegmentManifest) -> str:
-        return keys.topic_dir(self.prefix, manifest.topic) + DELETED_SEGMENTS_DIR + str(mf.manifest_uuid(manifest))
+        return keys.deleted_segments_prefix(self.prefix, manifest.topic) + str(mf.manifest_uuid(manifest))
 
     def _delete_segment_objects(self, manifest: SegmentManifest) -> None:
         self.store.delete(self.manifest_key(manifest))
@@ -359,7 +359,7 @@ class MetadataStore:
                 self.store.delete(key)
 
     def deleted_segment_ids(self, topic: TopicName | str) -> set[str]:
-        prefix = keys.topic_dir(self.prefix, topic) + DELETED_SEGMENTS_DIR
+        prefix = keys.deleted_segments_prefix(self.prefix, topic)
         return {info.key[len(prefix) :] for info in self.store.list(prefix)}
 
     def apply_deletions(self, topic: TopicName | str, lag_ms: int, at_ms: int | None = None) -> list[SegmentManifest]:
@@ -503,10 +503,6 @@ def _segment_of(name: str) -> str:
 
 
 # -- deleted-segment records, their summary, and the incremental view ----------------------------------
-
-DELETED_SUMMARY_DIR = "_meta/deleted-summary/"
-"""``<topic>/_meta/deleted-summary/<seq:020d>``: create-only versions of the totals of the deleted-segment
-records compaction folded away (the newest version counts; older ones are removed)."""
 _META = keys.META_DIR + "/"
 
 
@@ -1001,7 +997,7 @@ class MetadataView:
             for key in (record.data_key, record.index_key):
                 if key:
                     store.delete(key)
-            record_key = keys.topic_dir(self.meta.prefix, name) + DELETED_SEGMENTS_DIR + record.segment_id
+            record_key = keys.deleted_segments_prefix(self.meta.prefix, name) + record.segment_id
             store.delete(record_key)
             snap.deleted.pop(record.segment_id, None)
             self._forget(name, record_key)
@@ -1009,4 +1005,4 @@ class MetadataView:
         return report
 
     def _summary_key(self, topic: str, seq: int) -> str:
-        return keys.topic_dir(self.meta.prefix, topic) + DELETED_SUMMARY_DIR + f"{seq:020d}"
+        return keys.deleted_summary_prefix(self.meta.prefix, topic) + f"{seq:020d}"

@@ -44,11 +44,12 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, MAX_ID
 from streamoffload.codecs.entry import decode_entry, split_messages
-from streamoffload.codecs.errors import ConfigError, FormatError, StreamOffloadError, TruncatedError
+from streamoffload.codecs.errors import FormatError, TruncatedError
 from streamoffload.codecs.index import BlockLocation
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.read_handle import (
     DEFAULT_READ_BUFFER_SIZE,

@@ -23,9 +23,10 @@ from streamoffload.codecs.errors import (
     EntryTooLargeError,
     FormatError,
     LengthMismatchError,
-    StreamOffloadError,
     TruncatedError,
 )
+from streamoffload.codecs.positions import MAX_ID
+from streamoffload.errors import StreamOffloadError
 
 V1_BLOCK_MAGIC = 0xFBDBABCB
 V2_BLOCK_MAGIC = 0x26A66D32
@@ -40,12 +41,11 @@ MAX_BLOCK_LENGTH = 2**31 - 1
 MIN_BLOCK_LENGTH = BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH
 MAX_PAYLOAD_LENGTH = MAX_BLOCK_LENGTH - BLOCK_HEADER_LENGTH - ENTRY_HEADER_LENGTH
 # Ledger and entry ids are Java longs; negative ones do not exist.
-MAX_ID = 2**63 - 1
 
-_PADDING_WORD = int.from_bytes(PADDING_PATTERN, "big")
+PADDING_WORD = int.from_bytes(PADDING_PATTERN, "big")
 _V1_HEADER = struct.Struct(">IQQQ")  # magic, header length, block length, first entry id
 _V2_HEADER = struct.Struct(">IQQQQ")  # ... and ledger id
-_ENTRY_HEADER = struct.Struct(">IQ")  # payload length, entry id
+ENTRY_HEADER = struct.Struct(">IQ")  # payload length, entry id
 _U32 = struct.Struct(">I")
 _V1_ZEROS = bytes(BLOCK_HEADER_LENGTH - _V1_HEADER.size)
 _V2_ZEROS = bytes(BLOCK_HEADER_LENGTH - _V2_HEADER.size)
@@ -258,7 +258,7 @@ def encode_block(
             f"more than the largest block Pulsar can read ({MAX_BLOCK_LENGTH})"
         )
     parts: list[bytes | bytearray | memoryview] = []
-    pack = _ENTRY_HEADER.pack
+    pack = ENTRY_HEADER.pack
     for entry_id, payload in entries:
         parts.append(pack(_size(payload), entry_id))
         parts.append(payload)
@@ -376,7 +376,7 @@ def decode_block(
         )
     entries: list[EntryRef] = []
     append = entries.append
-    unpack_entry = _ENTRY_HEADER.unpack_from
+    unpack_entry = ENTRY_HEADER.unpack_from
     pos = offset + BLOCK_HEADER_LENGTH
     previous = -1
     while True:
@@ -387,7 +387,7 @@ def decode_block(
                 _check_padding(view, pos, end, where, base_offset)
             break
         length, entry_id = unpack_entry(view, pos)
-        if length == _PADDING_WORD:
+        if length == PADDING_WORD:
             _check_padding(view, pos, end, where, base_offset)
             break
         if length > remaining - ENTRY_HEADER_LENGTH:
@@ -395,7 +395,7 @@ def decode_block(
                 raise _fail(
                     LengthMismatchError,
                     f"neither an entry header nor padding: length word 0x{length:08X} is not a possible entry "
-                    f"length, and padding starts with 0x{_PADDING_WORD:08X}",
+                    f"length, and padding starts with 0x{PADDING_WORD:08X}",
                     base_offset + pos,
                     where,
                 )
@@ -599,7 +599,7 @@ class BlockWriter:
             self._ledger_id = ledger_id
             self._first_entry_id = entry_id
             self._pending = BLOCK_HEADER_LENGTH
-        self._parts.append(_ENTRY_HEADER.pack(size, entry_id))
+        self._parts.append(ENTRY_HEADER.pack(size, entry_id))
         self._parts.append(payload)
         self._count += 1
         self._last_entry_id = entry_id

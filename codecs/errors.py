@@ -1,10 +1,8 @@
-"""Typed errors shared by every layer. Each names what is wrong and, for bytes, at which offset."""
+"""Errors of the byte formats. Each names what is wrong and, for bytes, at which offset."""
 
 from __future__ import annotations
 
-
-class StreamOffloadError(Exception):
-    """Base of every error this project raises on purpose."""
+from streamoffload.errors import StreamOffloadError
 
 
 class FormatError(StreamOffloadError):
@@ -62,7 +60,3 @@ class IndexOutOfRangeError(FormatError):
 
 class EntryTooLargeError(StreamOffloadError):
     """An entry does not fit in one block (Pulsar silently truncated here; we refuse)."""
-
-
-class ConfigError(StreamOffloadError):
-    """Invalid configuration: names the key and the file it came from."""

@@ -40,9 +40,9 @@ from streamoffload.codecs.errors import (
     FormatError,
     IndexOutOfRangeError,
     LengthMismatchError,
-    StreamOffloadError,
     TruncatedError,
 )
+from streamoffload.errors import StreamOffloadError
 
 V1_INDEX_MAGIC = 0xDE47DE47
 V2_INDEX_MAGIC = 0x3D1FB0BC

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 
 PARTITION_SUFFIX = "-partition-"
 _PARTITION_RE = re.compile(r"^(?P<base>.+)-partition-(?P<index>\d+)$")

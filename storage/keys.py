@@ -7,10 +7,14 @@
     _meta/segments/<startLedger:020d>-<startEntry:020d>-<uuid>   segment manifests
     _meta/commits/<ordinal:020d>       the commit of the topic's n-th segment (create-only)
     _meta/failures/<uuid>              the last failure of an unfinished segment attempt
-    _meta/deleted/<ledgerId:020d>
-    _control/<kind>/<requestId>
+    _meta/deleted/<ledgerId:020d>      a ledger deleted by ``delete-ledger``
+    _meta/deleted-segments/<uuid>      what retention or ``delete-ledger`` deleted of a segment
+    _meta/deleted-summary/<seq:020d>   create-only totals of folded deleted-segment records
 <prefix>/_meta/writers/<epoch:020d>              the writer lease of the whole prefix (checkpoints.lease)
 <prefix>/_meta/policies/<effectiveMs:020d>       offload policy versions (streaming.policies)
+<prefix>/_meta/quarantine/<sha256 of topic>      a failing topic's record (streaming.quarantine)
+<prefix>/_control/requests/<id>                  offload-now requests (streaming.control)
+<prefix>/_control/status/<id>                    what became of them
 ```
 
 Each topic-name component is percent-encoded (UTF-8, uppercase hex) for every character outside
@@ -27,6 +31,7 @@ import re
 import uuid as uuid_module
 from typing import TYPE_CHECKING
 
+from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.storage.base import InvalidKeyError
 
@@ -40,6 +45,8 @@ SEGMENTS_DIR = f"{META_DIR}/segments"
 COMMITS_DIR = f"{META_DIR}/commits"
 FAILURES_DIR = f"{META_DIR}/failures"
 DELETED_DIR = f"{META_DIR}/deleted"
+DELETED_SEGMENTS_DIR = f"{META_DIR}/deleted-segments"
+DELETED_SUMMARY_DIR = f"{META_DIR}/deleted-summary"
 CONTROL_DIR = "_control"
 
 # Object user metadata: Pulsar's readers require this key, when present, to say format version 1.
@@ -52,7 +59,6 @@ _ENCODED_RE = re.compile(r"^(?:[A-Za-z0-9-]|%[0-9A-F]{2})+$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MANIFEST_RE = re.compile(r"^(\d{20})-(\d{20})-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 _DELETED_RE = re.compile(r"^\d{20}$")
-_MAX_ID = 2**63 - 1  # ledger and entry ids are Java longs
 
 
 # --- key validation (shared by every store) ---------------------------------------------------------
@@ -202,7 +208,7 @@ def _uuid_text(value: str | uuid_module.UUID) -> str:
 
 
 def _id(value: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_ID:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
         raise ValueError(f"{what} must be an integer in [0, 2^63), got {value!r}")
     return value
 
@@ -311,14 +317,20 @@ def _name(value: str, what: str) -> str:
     return value
 
 
-def control_prefix(prefix: str, topic: TopicName | str, kind: str) -> str:
-    """List prefix of a topic's control requests of one kind (e.g. ``offload-now``)."""
-    return topic_dir(prefix, topic) + f"{CONTROL_DIR}/{_name(kind, 'control kind')}/"
+def control_prefix(prefix: str, kind: str) -> str:
+    """``<prefix>/_control/<kind>/``: offload-now requests (``requests``) and what became of them (``status``)."""
+    base = _norm_prefix(prefix)
+    return (base + "/" if base else "") + f"{CONTROL_DIR}/{_name(kind, 'control kind')}/"
 
 
-def control_key(prefix: str, topic: TopicName | str, kind: str, request_id: str) -> str:
-    """``.../_control/<kind>/<requestId>``."""
-    return control_prefix(prefix, topic, kind) + _name(request_id, "control request id")
+def deleted_segments_prefix(prefix: str, topic: TopicName | str) -> str:
+    """``.../_meta/deleted-segments/``: what retention or ``delete-ledger`` deleted, one record per segment."""
+    return topic_dir(prefix, topic) + DELETED_SEGMENTS_DIR + "/"
+
+
+def deleted_summary_prefix(prefix: str, topic: TopicName | str) -> str:
+    """``.../_meta/deleted-summary/``: create-only versions of the totals of folded deleted-segment records."""
+    return topic_dir(prefix, topic) + DELETED_SUMMARY_DIR + "/"
 
 
 # --- discovery --------------------------------------------------------------------------------------
@@ -369,7 +381,7 @@ def longest_keys(prefix: str, topic: TopicName | str) -> list[str]:
     """The longest keys the job writes for ``topic`` under ``prefix``: a manifest, a v1 index object and a
     deleted-ledger mark with the largest ids (ids are Java longs, zero-padded to 20 digits in names)."""
     sample = uuid_module.UUID(int=0)
-    biggest = _MAX_ID
+    biggest = MAX_ID
     return [
         manifest_key(prefix, topic, biggest, biggest, sample),
         index_key(prefix, topic, sample, ledger_id=biggest),

@@ -55,25 +55,22 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
+    ENTRY_HEADER,
     ENTRY_HEADER_LENGTH,
     MAX_ID,
     PADDING_PATTERN,
+    PADDING_WORD,
     BlockHeader,
     FormatVersion,
     InvalidFieldError,
     OrderingError,
 )
 from streamoffload.codecs.entry import EntryMessage, crc32c, decode_entry, entry_messages
-from streamoffload.codecs.errors import (
-    BadMagicError,
-    ChecksumError,
-    FormatError,
-    LengthMismatchError,
-    StreamOffloadError,
-    TruncatedError,
-)
+from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, LengthMismatchError, TruncatedError
 from streamoffload.codecs.index import V1_INDEX_MAGIC, BlockLocation, OffloadIndex
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
+from streamoffload.codecs.positions import Position
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore, pread_exact
 from streamoffload.storage.keys import (
@@ -87,7 +84,6 @@ if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
     from streamoffload.codecs.topics import TopicName
 
-Position = tuple[int, int]
 
 MIB = 1024 * 1024
 DEFAULT_READ_BUFFER_SIZE = 1 * MIB
@@ -95,9 +91,7 @@ DEFAULT_READ_BUFFER_SIZE = 1 * MIB
 DEFAULT_CACHE_BYTES = 64 * MIB
 DEFAULT_READAHEAD_CHUNKS = 4
 
-_ENTRY_HEADER = struct.Struct(">IQ")
 _U32 = struct.Struct(">I")
-_PADDING_WORD = int.from_bytes(PADDING_PATTERN, "big")
 _CRC_HEADER = 6  # u16 magic 0x0e01, u32 CRC-32C
 
 
@@ -516,7 +510,7 @@ class _RangePlanner:
             if q + ENTRY_HEADER_LENGTH > data_end:
                 return q, q, bi, 0, n
             (length,) = unpack(view, q - pos)
-            if length == _PADDING_WORD:
+            if length == PADDING_WORD:
                 if block_end <= data_end:
                     q = block_end
                     continue
@@ -1210,7 +1204,7 @@ class SegmentReadHandle:
         blocks = self._blocks
         bi = block_index if block_index is not None else self._block_offsets.index(loc.offset)
         spacing = self._checkpoint_spacing
-        unpack = _ENTRY_HEADER.unpack_from
+        unpack = ENTRY_HEADER.unpack_from
         keep = isinstance(scan, _Scan)
         manifest = self.manifest
         start_pos = start if start is not None else (-1, -1)
@@ -1266,7 +1260,7 @@ class SegmentReadHandle:
                 else:
                     length, entry_id = unpack(scan.read(pos, ENTRY_HEADER_LENGTH), 0)
                     cur, cur_start, cur_len = scan._cur, scan._cur_start, len(scan._cur)
-                if length == _PADDING_WORD:
+                if length == PADDING_WORD:
                     self._check_padding(scan.read(pos, min(remaining, ENTRY_HEADER_LENGTH)), pos)
                     break
                 if length > remaining - ENTRY_HEADER_LENGTH:

@@ -36,7 +36,7 @@ import botocore.handlers
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 from streamoffload.storage.base import (
     MultipartWrite,
     ObjectExistsError,

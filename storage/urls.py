@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 from streamoffload.storage.base import ObjectStore
 
 FILESYSTEM_OPTIONS = frozenset({"fsync", "file_mode", "dir_mode"})

@@ -37,8 +37,9 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
+from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError, ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,6 @@ SOURCE_SCHEMA = (
 )
 CONTROL_SCHEMA = SOURCE_SCHEMA + ", control STRING"
 
-REQUESTS_DIR = "_control/requests/"
-STATUS_DIR = "_control/status/"
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 RECORDED_STATES = (RUNNING, DONE, FAILED)
@@ -64,16 +63,12 @@ class UnknownRequestError(StreamOffloadError):
     """No request object and no status record for a request id."""
 
 
-def _control_prefix(key_prefix: str, directory: str) -> str:
-    return f"{key_prefix.strip('/')}/{directory}" if key_prefix.strip("/") else directory
-
-
 def requests_prefix(key_prefix: str) -> str:
-    return _control_prefix(key_prefix, REQUESTS_DIR)
+    return keys.control_prefix(key_prefix, "requests")
 
 
 def status_prefix(key_prefix: str) -> str:
-    return _control_prefix(key_prefix, STATUS_DIR)
+    return keys.control_prefix(key_prefix, "status")
 
 
 def new_request_id(clock: Callable[[], float] = time.time) -> str:

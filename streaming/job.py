@@ -30,8 +30,8 @@ from typing import Any
 from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.config import Config, PolicySource, StoreSettings
+from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.control import requests_prefix, submit_requests
 from streamoffload.streaming.policies import (
     CLOCK_SKEW_MS,

@@ -61,8 +61,8 @@ from pyspark.sql.types import StructType
 
 from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.codecs.blocks import MAX_ID
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
+from streamoffload.errors import ConfigError
 from streamoffload.streaming.source import (
     StartSpec,
     _parse_size,

@@ -25,9 +25,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, OffloadPolicy
+from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
 from streamoffload.streaming.side_files import WatchedJsonFile, write_json_file

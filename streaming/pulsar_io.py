@@ -48,7 +48,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streamoffload.codecs.entry import Message, build_entry
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 from streamoffload.streaming.ranges import BEFORE_EARLIEST as BEFORE_EARLIEST
 from streamoffload.streaming.ranges import DataLossError as DataLossError
 from streamoffload.streaming.ranges import Entry as Entry

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 from streamoffload.checkpoints.lease import FencedError
 from streamoffload.checkpoints.metadata_store import CommitConflictError
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import InvalidKeyError, ObjectNotFoundError, ObjectStore, StorageError
 from streamoffload.streaming.ranges import DataLossError, PulsarIOError

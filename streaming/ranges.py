@@ -31,11 +31,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from streamoffload.codecs.errors import FormatError, StreamOffloadError
+from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.positions import Position
+from streamoffload.errors import StreamOffloadError
 
 log = logging.getLogger(__name__)
 
-Position = tuple[int, int]
 BEFORE_EARLIEST: Position = (-1, -1)
 
 

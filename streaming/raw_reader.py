@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
-from streamoffload.codecs.errors import ConfigError, FormatError
+from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.proto.pulsar_api_pb2 import (
     BaseCommand,
     CommandAck,
@@ -75,6 +75,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     MessageIdData,
     ServerError,
 )
+from streamoffload.errors import ConfigError
 from streamoffload.streaming.pulsar_io import (
     BEFORE_EARLIEST,
     CLIENT_OPTION_PREFIX,

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from streamoffload import __version__
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.lease import FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.control import record_request_status

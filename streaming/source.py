@@ -135,9 +135,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.config import OffloadPolicy
+from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr

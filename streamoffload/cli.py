@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from streamoffload import __version__, commands
 from streamoffload.cli_common import LOG_LEVELS, LogSettings, configure_logging, log_settings
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 
 DESCRIPTION = """\
 Continuously offload Apache Pulsar topics into object storage in the PIP-76 streaming offload

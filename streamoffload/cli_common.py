@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from streamoffload.codecs.errors import ConfigError, StreamOffloadError
+from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import MAX_JAVA_LONG, Config, StoreSettings, check_topics_fit, load_config
+from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
+from streamoffload.errors import ConfigError, StreamOffloadError
 
 if TYPE_CHECKING:
     from streamoffload.storage.base import ObjectStore
@@ -102,7 +103,7 @@ class ArgumentError(StreamOffloadError):
     """A command-line value out of its range (printed as one line, exit status 1)."""
 
 
-def int_arg(value: int | None, flag: str, low: int = 0, high: int = MAX_JAVA_LONG, what: str = "") -> int | None:
+def int_arg(value: int | None, flag: str, low: int = 0, high: int = MAX_ID, what: str = "") -> int | None:
     """``value`` if it is ``None`` or in ``[low, high]``, else ``ArgumentError`` naming ``flag``."""
     if value is None or low <= value <= high:
         return value
@@ -127,7 +128,7 @@ def topic_arg(text: str, config: Config) -> TopicName:
 
 def ledger_id_arg(value: int | None, flag: str) -> int | None:
     """A ledger id: a Java long >= 0."""
-    return int_arg(value, flag, 0, MAX_JAVA_LONG, "ledger ids are integers")
+    return int_arg(value, flag, 0, MAX_ID, "ledger ids are integers")
 
 
 # --- logging: one place that decides where log lines go -------------------------------------------------

@@ -19,17 +19,19 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from streamoffload.codecs.errors import ConfigError, StreamOffloadError
+from streamoffload.codecs.blocks import MIN_BLOCK_LENGTH
+from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
 
 MIB = 1024 * 1024
-HEADER_AND_ONE_ENTRY = 128 + 12 + 1
+# The smallest block: a header and one framed entry of one byte.
+HEADER_AND_ONE_ENTRY = MIN_BLOCK_LENGTH + 1
 
 # Upper bounds (see conf/streamoffload.toml). Pulsar keeps sizes and times in Java ints and longs: every
 # bound keeps int(value in bytes or ms) far inside a Java long, so no arithmetic on them can overflow.
 MAX_JAVA_INT = 2**31 - 1
-MAX_JAVA_LONG = 2**63 - 1
 TIB = 1024**4
 MINUTE_MS = 60_000
 DAY_MS = 24 * 60 * MINUTE_MS
@@ -427,8 +429,8 @@ def _count_setting(value: Any, where: str, source: str, sizes: bool) -> int:
             expected = "a byte count like 268435456 or 256MiB" if sizes else "a whole number"
             raise ConfigError(f"{source}: {where} must be {expected}, got {value!r}") from None
     number = _check_type(number, int, where, source)
-    if not 1 <= number <= MAX_JAVA_LONG:
-        raise ConfigError(f"{source}: {where} must be between 1 and {MAX_JAVA_LONG}, got {value!r}")
+    if not 1 <= number <= MAX_ID:
+        raise ConfigError(f"{source}: {where} must be between 1 and {MAX_ID}, got {value!r}")
     return int(number)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamoffload import __version__
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 
 DASHBOARD_UID = "streamoffload"
 DASHBOARD_TITLE = "streamoffload: Pulsar offload"

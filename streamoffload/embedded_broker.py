@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.pulsar_io import pulsar_handshake
 
 __all__ = ["BrokerError", "EmbeddedBroker", "find_binary", "free_port", "pulsar_handshake"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamoffload.config import Config

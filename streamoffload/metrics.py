@@ -60,15 +60,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from streamoffload import __version__
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.codecs.positions import Position
+from streamoffload.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-Position = tuple[int, int]
 
 PREFIX = "streamoffload"
 STATUSES = ("Assigned", "Offloaded", "Failed")
-SEAL_REASONS = ("size", "time", "manual", "ledger", "method-switch", "disabled", "end")
 
 # Segment sizes: from 1 MiB to 4 GiB (segments are bounded by maxSizePerOffloadSegmentMbytes, 1 GiB
 # by default; small ones come from time rollovers of quiet topics).

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
 
 SEQ_PROPERTY = "seq"
 
@@ -73,7 +73,7 @@ def partition_topics(topic: str, partitions: int) -> list[str]:
 # --- the summary -----------------------------------------------------------------------------
 
 
-Position = tuple[int, int, int]  # (ledger id, entry id, batch index); batch index -1 when not batched
+MessagePosition = tuple[int, int, int]  # (ledger id, entry id, batch index); batch index -1 when not batched
 
 
 @dataclass
@@ -81,8 +81,8 @@ class PartitionSummary:
     topic: str
     messages: int = 0
     bytes: int = 0
-    first_message_id: Position | None = None
-    last_message_id: Position | None = None
+    first_message_id: MessagePosition | None = None
+    last_message_id: MessagePosition | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -17,10 +17,9 @@ from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.codecs.positions import Position
+from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.quarantine import read_records
-
-Position = tuple[int, int]
 
 
 def is_caught_up(last_offloaded: Sequence[int] | None, latest: Sequence[int] | None, latest_known: bool) -> bool | None:

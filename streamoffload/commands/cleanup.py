@@ -7,8 +7,8 @@ from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore, MetadataView
 from streamoffload.cli_common import add_store_args, config_from_args, float_arg, open_existing_store, topic_arg
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.config import MAX_RETENTION_MINUTES
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 
 

@@ -9,8 +9,8 @@ from typing import Any
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, ledger_id_arg, open_existing_store, topic_arg
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
 
 
 def register(subparsers: Any) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import crc32c
 
 from streamoffload.codecs.blocks import DecodedBlock, FormatVersion, iter_blocks
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.index import OffloadIndex, verify_against_blocks
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.keys import ledger_id_in_key
 
 EPILOG = """\

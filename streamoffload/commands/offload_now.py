@@ -9,8 +9,8 @@ from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.control import submit_requests
 
 

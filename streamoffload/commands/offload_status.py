@@ -13,9 +13,9 @@ from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
-from streamoffload.codecs.errors import ConfigError, StreamOffloadError
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.offload_now import partitions_of
+from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.control import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 

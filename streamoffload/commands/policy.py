@@ -9,9 +9,9 @@ from dataclasses import fields
 from typing import Any
 
 from streamoffload.cli_common import config_from_args, topic_arg
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, OffloadPolicy
+from streamoffload.errors import ConfigError
 
 EPILOG = """\
 examples:

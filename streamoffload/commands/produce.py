@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.errors import StreamOffloadError
 from streamoffload.produce import produce
 
 EPILOG = """\

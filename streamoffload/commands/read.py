@@ -19,9 +19,9 @@ from streamoffload.cli_common import (
     topic_arg,
 )
 from streamoffload.codecs.entry import decode_entry, split_messages
-from streamoffload.codecs.errors import StreamOffloadError
+from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
-from streamoffload.config import MAX_JAVA_LONG
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.read_handle import (
     DEFAULT_CACHE_BYTES,
@@ -171,9 +171,9 @@ def write_lines(entries: Iterator[OffloadedEntry], out: TextIO, *, messages: boo
 
 
 def run(args: argparse.Namespace) -> int:
-    int_arg(args.cache_bytes, "--cache-bytes", 0, MAX_JAVA_LONG, "the cache bound is a byte count")
-    int_arg(args.readahead_bytes, "--readahead-bytes", 0, MAX_JAVA_LONG, "the read-ahead is a byte count")
-    int_arg(args.limit, "--limit", 0, MAX_JAVA_LONG, "the line limit is a count")
+    int_arg(args.cache_bytes, "--cache-bytes", 0, MAX_ID, "the cache bound is a byte count")
+    int_arg(args.readahead_bytes, "--readahead-bytes", 0, MAX_ID, "the read-ahead is a byte count")
+    int_arg(args.limit, "--limit", 0, MAX_ID, "the line limit is a count")
     ledger_id_arg(args.ledger_id, "--ledger-id")
     config, _ = config_from_args(args)
     start = _position(args.start, "--from")

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 from streamoffload.status import TopicStatus, latest_positions, store_status
 
 EPILOG = """\

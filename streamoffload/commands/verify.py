@@ -34,7 +34,6 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints.metadata_store import DELETED_SEGMENTS_DIR
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -53,12 +52,13 @@ from streamoffload.codecs.blocks import (
     decode_block,
 )
 from streamoffload.codecs.entry import CompressionType, decode_entry, split_messages
-from streamoffload.codecs.errors import BadMagicError, FormatError, StreamOffloadError, TruncatedError
+from streamoffload.codecs.errors import BadMagicError, FormatError, TruncatedError
 from streamoffload.codecs.index import V1_INDEX_MAGIC, OffloadIndex, verify_against_blocks
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, parse_ledger_info, parse_ledger_metadata_v1
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedSegment, SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import MAX_RETENTION_MINUTES
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
@@ -570,7 +570,7 @@ def verify_topic(
 
     # Deletion records (retention, delete-ledger) and failure notes.
     deleted: dict[str, _Known] = {}
-    for info in store.list(topic_dir + DELETED_SEGMENTS_DIR):
+    for info in store.list(topic_dir + keys.DELETED_SEGMENTS_DIR + "/"):
         listed_anything = True
         try:
             record = _decode_deleted_record(store.get(info.key), info.key)

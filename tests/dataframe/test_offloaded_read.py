@@ -11,8 +11,9 @@ import pytest
 
 from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.codecs.errors import ChecksumError, ConfigError, FormatError
+from streamoffload.codecs.errors import ChecksumError, FormatError
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
+from streamoffload.errors import ConfigError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.read_handle import TopicNotFoundError
 from tests.dataframe.synthetic import CountingStore, Sent, build_topic

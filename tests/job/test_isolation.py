@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.codecs.errors import StreamOffloadError
 from streamoffload.config import load_config
+from streamoffload.errors import StreamOffloadError
 from streamoffload.produce import produce
 from streamoffload.status import store_status
 from streamoffload.streaming import quarantine

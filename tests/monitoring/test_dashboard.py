@@ -104,7 +104,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
     seal = {
         "topic": topic,
         "segment": "s",
-        "reason": "end",
+        "reason": "time",
         "parts": 1,
         "data_length": 10,
         "entries": 1,

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.config import OffloadPolicy
+from streamoffload.errors import ConfigError
 from streamoffload.metrics import (
     Backlog,
     CacheCounters,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamoffload.codecs.entry import decode_entry
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 from streamoffload.produce import expected_payload, produce
 from streamoffload.streaming.source import PulsarStreamReader, SourceOptions
 from tests.fixtures.broker import unique_topic

@@ -30,9 +30,9 @@ import pytest
 
 from streamoffload.codecs.compression import compress
 from streamoffload.codecs.entry import CompressionType, MessageMetadata, decode_entry, encode_entry, entry_messages
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr

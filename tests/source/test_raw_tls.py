@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.pulsar_io import PulsarIOError

@@ -21,8 +21,8 @@ import pulsar
 import pytest
 
 from streamoffload.codecs.entry import CompressionType, decode_entry, entry_messages
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.errors import ConfigError
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.source import SourceOptions, SourcePlanner

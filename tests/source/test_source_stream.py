@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamoffload.codecs.entry import entry_messages
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.errors import ConfigError
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming.source import (

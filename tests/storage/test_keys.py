@@ -76,7 +76,8 @@ def test_topic_dir_is_three_safe_components_under_the_prefix(prefix: str, topic:
         keys.index_key(prefix, topic, UUID, ledger_id=7),
         keys.manifest_key(prefix, topic, 3, 4, UUID),
         keys.deleted_mark_key(prefix, topic, 9),
-        keys.control_key(prefix, topic, "offload-now", "req-1"),
+        keys.deleted_segments_prefix(prefix, topic) + "x",
+        keys.deleted_summary_prefix(prefix, topic) + "x",
     ):
         assert key.startswith(directory)
         keys.check_key(key)  # valid in every store
@@ -141,8 +142,10 @@ def test_object_names_follow_the_pulsar_layout() -> None:
     assert keys.manifests_prefix("pfx", topic) == base + "_meta/segments/"
     assert keys.deleted_mark_key("pfx", topic, 5) == base + f"_meta/deleted/{5:020d}"
     assert keys.deleted_marks_prefix("pfx", topic) == base + "_meta/deleted/"
-    assert keys.control_key("pfx", topic, "offload-now", "r1") == base + "_control/offload-now/r1"
-    assert keys.control_prefix("pfx", topic, "offload-now") == base + "_control/offload-now/"
+    assert keys.deleted_segments_prefix("pfx", topic) == base + "_meta/deleted-segments/"
+    assert keys.deleted_summary_prefix("pfx", topic) == base + "_meta/deleted-summary/"
+    assert keys.control_prefix("pfx/", "requests") == "pfx/_control/requests/"
+    assert keys.control_prefix("", "status") == "_control/status/"
 
 
 @settings(max_examples=100, deadline=None)
@@ -166,9 +169,9 @@ def test_deleted_marks_parse_back() -> None:
         lambda: keys.data_key("p", "t", UUID, ledger_id=-1),
         lambda: keys.manifest_key("p", "t", 1, 2**63, UUID),
         lambda: keys.deleted_mark_key("p", "t", True),
-        lambda: keys.control_key("p", "t", "offload-now", "../escape"),
-        lambda: keys.control_key("p", "t", "a/b", "r"),
-        lambda: keys.control_key("p", "t", "offload-now", ""),
+        lambda: keys.control_prefix("p", "../escape"),
+        lambda: keys.control_prefix("p", "a/b"),
+        lambda: keys.control_prefix("p", ""),
         lambda: keys.parse_manifest_name("p/_meta/segments/1-2-x"),
     ],
 )

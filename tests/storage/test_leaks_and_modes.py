@@ -16,9 +16,9 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore, MetadataView
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.cli import main
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.config import MIB, OffloadPolicy, StoreSettings, load_config
+from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore, dir_mode_for

@@ -299,7 +299,7 @@ def test_credentials_never_appear_in_repr_errors_or_logs(scripted: Any, caplog: 
 
 
 def test_configuration_errors() -> None:
-    from streamoffload.codecs.errors import ConfigError
+    from streamoffload.errors import ConfigError
 
     with pytest.raises(ConfigError, match="both access_key and secret_key"):
         S3Store("b", access_key="only-the-id")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 from streamoffload.storage.base import (
     InvalidKeyError,
     ObjectExistsError,

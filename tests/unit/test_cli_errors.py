@@ -16,7 +16,7 @@ import pytest
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli import EXIT_BROKEN_PIPE, main
-from streamoffload.codecs.errors import ConfigError
+from streamoffload.errors import ConfigError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.urls import StoreNotFoundError, open_store
 from tests.read import TOPIC, offload, pulsar_entries

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.config import PolicySource, load_config, parse_config
+from streamoffload.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from streamoffload.codecs.errors import ConfigError
 from streamoffload.commands.policy import applied_policy
 from streamoffload.config import load_config
+from streamoffload.errors import ConfigError
 from streamoffload.streaming.job import OffloadJob
 from streamoffload.streaming.source import SourceOptions
 
