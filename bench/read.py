@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
-from streamoffload.config import OffloadPolicy
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.read_handle import ChunkCache, TopicReader

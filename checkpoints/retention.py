@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CompactionReport, MetadataStore, MetadataView, now_ms
-from streamoffload.config import MIB, OffloadPolicy
+from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 
 log = logging.getLogger(__name__)
 

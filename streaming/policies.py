@@ -25,8 +25,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import Config, OffloadPolicy
+from streamoffload.config import Config
 from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     FormatVersion,
@@ -40,7 +41,6 @@ from streamoffload.codecs.blocks import (
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import IndexEntry, LedgerIndex, OffloadIndex
 from streamoffload.codecs.metadata import ledger_info_v2, ledger_metadata_v1
-from streamoffload.config import OffloadPolicy
 from streamoffload.storage import keys
 
 # Why a segment was sealed (also a metric label).

@@ -135,8 +135,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.topics import TopicName, TopicNameError
-from streamoffload.config import OffloadPolicy
 from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.streaming import pulsar_io as pio

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.codecs.blocks import MIN_BLOCK_LENGTH
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
 
-MIB = 1024 * 1024
 # The smallest block: a header and one framed entry of one byte.
 HEADER_AND_ONE_ENTRY = MIN_BLOCK_LENGTH + 1
 
@@ -52,42 +52,6 @@ MAX_DELETION_LAG_MS = 100 * 366 * DAY_MS
 
 METHODS = ("streaming", "ledger")
 DRIVERS = ("filesystem", "aws-s3", "s3")
-
-
-@dataclass(frozen=True)
-class OffloadPolicy:
-    """The effective offload policy of one topic-partition (after broker/namespace/topic merging)."""
-
-    enabled: bool = True
-    method: str = "streaming"
-    maxSizePerOffloadSegmentMbytes: float = 1024.0
-    maxOffloadSegmentRolloverTimeMinutes: float = 10.0
-    managedLedgerOffloadMaxBlockSizeInBytes: int = 64 * MIB
-    managedLedgerOffloadReadBufferSizeInBytes: int = 1 * MIB
-    offloadBufferMaxBytes: int = 128 * MIB
-    """Bound of the PIP-76 offload buffer: bytes accepted but not yet uploaded, per topic-partition."""
-    retentionTimeInMinutes: float = -1.0
-    """Offloaded ledgers older than this are marked deleted; -1 keeps them forever."""
-    retentionSizeInMB: float = -1.0
-    """Oldest ledgers are marked deleted while the offloaded total exceeds this; -1: no limit."""
-    managedLedgerOffloadDeletionLagMs: int = 4 * 60 * 60 * 1000
-    """How long a segment whose ledgers are all marked deleted stays readable before its objects go."""
-
-    @property
-    def max_segment_bytes(self) -> int:
-        # round, not int: 24000 / MIB * MIB or "65s" in minutes * 60_000 may land a hair below the integer.
-        return round(self.maxSizePerOffloadSegmentMbytes * MIB)
-
-    @property
-    def rollover_ms(self) -> int:
-        return round(self.maxOffloadSegmentRolloverTimeMinutes * 60_000)
-
-    @property
-    def block_size(self) -> int:
-        return self.managedLedgerOffloadMaxBlockSizeInBytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 _POLICY_TYPES: dict[str, type] = typing.get_type_hints(OffloadPolicy)

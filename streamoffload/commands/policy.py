@@ -8,9 +8,10 @@ import json
 from dataclasses import fields
 from typing import Any
 
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.cli_common import config_from_args, topic_arg
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import Config, OffloadPolicy
+from streamoffload.config import Config
 from streamoffload.errors import ConfigError
 
 EPILOG = """\

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, MessageMetadata, build_entry, decode_entry, encode_entry
-from streamoffload.config import OffloadPolicy
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
 from streamoffload.streaming.sink import SegmentSink

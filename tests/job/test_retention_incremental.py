@@ -15,15 +15,14 @@ import pytest
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import (
-    DELETED_SEGMENTS_DIR,
     DeletedRecord,
     MetadataStore,
     MetadataView,
 )
+from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.checkpoints.retention import RetentionRunner, apply_retention
 from streamoffload.codecs.metadata import uuid_to_msb_lsb
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
-from streamoffload.config import MIB, OffloadPolicy
 from streamoffload.metrics import JobMetrics
 from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectInfo, ObjectStore, PendingUpload
@@ -303,7 +302,7 @@ def test_a_compaction_interrupted_after_its_summary_does_not_count_twice(
     real_delete = store.delete
 
     def crash_on_records(key: str) -> None:
-        if DELETED_SEGMENTS_DIR in key:
+        if keys.DELETED_SEGMENTS_DIR in key:
             raise OSError("killed")
         real_delete(key)
 

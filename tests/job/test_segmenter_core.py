@@ -10,10 +10,10 @@ import pytest
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import OffloadIndex
-from streamoffload.config import OffloadPolicy
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter import (
     ACTION_COLUMNS,

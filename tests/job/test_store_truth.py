@@ -13,8 +13,8 @@ import pytest
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.lease import FencedError, LeaseHeldError, WriterLease
 from streamoffload.checkpoints.metadata_store import CommitConflictError, MetadataStore
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
-from streamoffload.config import OffloadPolicy
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter import CONTROL_SEAL, Action, Entry, MemoryState, run_segmenter
 from streamoffload.streaming.sink import SegmentSink

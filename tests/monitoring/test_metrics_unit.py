@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.config import OffloadPolicy
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.errors import ConfigError
 from streamoffload.metrics import (
     Backlog,

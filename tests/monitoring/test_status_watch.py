@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.cli import main
 from streamoffload.commands import status as status_cmd
 from streamoffload.commands.status import CLEAR, watch
-from streamoffload.config import OffloadPolicy
 from streamoffload.status import TopicStatus
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter

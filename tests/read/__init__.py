@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass, field
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
-from streamoffload.config import OffloadPolicy
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
 from streamoffload.streaming.sink import SegmentSink

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxBytes
 
-from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, MIB, OffloadPolicy, parse_config
+from streamoffload.checkpoints.policy import MIB, OffloadPolicy
+from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming.job import OffloadJob, Run
 from streamoffload.streaming.policies import policy_document, write_versions_file

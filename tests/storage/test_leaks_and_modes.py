@@ -14,10 +14,11 @@ import pytest
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore, MetadataView
+from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.cli import main
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
-from streamoffload.config import MIB, OffloadPolicy, StoreSettings, load_config
+from streamoffload.config import StoreSettings, load_config
 from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import StorageError
