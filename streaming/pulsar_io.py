@@ -60,6 +60,14 @@ from streamoffload.streaming.ranges import ReadStats as ReadStats
 
 log = logging.getLogger(__name__)
 
+PULSAR_LOGGER = "streamoffload.pulsar"
+
+
+def pulsar_logger() -> logging.Logger:
+    """The Python logger to give ``pulsar.Client(logger=...)``: the C++ client's lines then go where every other
+    log line goes (never to stdout, where they would break ``produce --json | jq``)."""
+    return logging.getLogger(PULSAR_LOGGER)
+
 # A batch index past any real one: a reader started after (L, E, this) skips every message of
 # entry (L, E), batched or not, instead of delivering a batched entry again.
 _AFTER_ALL_BATCH_INDEXES = 2**31 - 1

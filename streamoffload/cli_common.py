@@ -16,6 +16,7 @@ from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.streaming.pulsar_io import PULSAR_LOGGER
 
 if TYPE_CHECKING:
     from streamoffload.storage.base import ObjectStore
@@ -216,15 +217,6 @@ def configure_logging(settings: LogSettings) -> LogSettings:
     configure_spark_logging(settings.spark_level, settings.log_file, quiet=settings.quiet)
     _current = settings
     return settings
-
-
-PULSAR_LOGGER = "streamoffload.pulsar"
-
-
-def pulsar_logger() -> logging.Logger:
-    """The Python logger to give ``pulsar.Client(logger=...)``: the C++ client's lines then go where every other
-    log line goes (never to stdout, where they would break ``produce --json | jq``)."""
-    return logging.getLogger(PULSAR_LOGGER)
 
 
 def default_log_file(work_dir: str | Path, name: str = "streamoffload.log") -> Path:

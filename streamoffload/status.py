@@ -139,8 +139,8 @@ def latest_positions(
 
     import pulsar
 
-    from streamoffload.cli_common import pulsar_logger
     from streamoffload.streaming import pulsar_io
+    from streamoffload.streaming.pulsar_io import pulsar_logger
 
     log = logging.getLogger(__name__)
     options = {"operationTimeoutSeconds": "3", "connectionTimeoutMs": "2000", **dict(client_options or {})}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Check the import layers declared in pyproject.toml ([tool.importlinter]) with import-linter.
+# The code folders are installed as subpackages of `streamoffload` through package-dir, which
+# import-linter's module finder cannot follow, so the check runs on a copy laid out as installed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PY="${PY:-$ROOT/.venv/bin/python}"
+[[ "$PY" = /* ]] || PY="$PWD/$PY"
+VIEW="$(mktemp -d)"
+trap 'rm -rf "$VIEW"' EXIT
+cp -r "$ROOT/streamoffload" "$VIEW/streamoffload"
+for pkg in codecs storage checkpoints streaming; do
+    cp -r "$ROOT/$pkg" "$VIEW/streamoffload/$pkg"
+done
+cp "$ROOT/pyproject.toml" "$VIEW/"
+cd "$VIEW"
+# PYTHONPATH puts the copy ahead of the editable install's finder, so `streamoffload` is the copy.
+PYTHONPATH="$VIEW" "$PY" -c 'import sys
+from importlinter.cli import lint_imports_command
+sys.argv = ["lint-imports", "--no-cache", "--config", "pyproject.toml"]
+lint_imports_command()'
