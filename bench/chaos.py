@@ -42,7 +42,7 @@ timed out, or when cleanup failed, left orphans behind or removed an Offloaded s
 arguments. The job's distinct error lines (last lines of tracebacks) and runs that ended on their own are
 listed under the table; the job logs are kept in the work directory when the result is not OK.
 
-``run_chaos`` is the same as a function (the suite runs it with 5 kills: tests/job/test_chaos.py).
+``run_chaos`` is the same as a function (the suite runs it with 3 kills: tests/job/test_chaos.py).
 """
 
 from __future__ import annotations

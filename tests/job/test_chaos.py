@@ -1,4 +1,4 @@
-"""The short chaos run: 5 SIGKILLs of the continuous job under steady traffic (bench/chaos.py), with an
+"""The short chaos run: 3 SIGKILLs of the continuous job under steady traffic (bench/chaos.py), with an
 offline and a live policy edit and a checkpoint deletion among them; nothing may be lost or doubled."""
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from bench.chaos import run_chaos
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
 
-def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_double_nothing(
+def test_three_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_double_nothing(
     pulsar_broker: Any, tmp_path: Path
 ) -> None:
     lines: list[str] = []
     report = run_chaos(
         tmp_path / "chaos",
-        kills=5,
+        # 3 kills still place the offline edit, the checkpoint deletion and the live edit in different runs;
+        # bench/chaos.py --kills 20 is the long run.
+        kills=3,
         seed=7,
         rate=50.0,  # a small backlog per restart: the first micro-batch after one is the slow part
         service_url=pulsar_broker.service_url,
@@ -32,7 +34,7 @@ def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_doub
     )
     summary = "\n".join(lines) + "\n" + report.render()
     print(summary)  # shown with -s or -rA: the kill moments, events and counts
-    assert report.kills == 5, summary
+    assert report.kills == 3, summary
     events = " ".join(report.events)
     assert "kill" in events and "policy edit" in events and "checkpoint deleted" in events, summary
     assert "live policy edit to" in events, summary
@@ -41,7 +43,7 @@ def test_five_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_doub
     assert report.missing == 0, summary
     assert report.duplicated == 0, summary
     assert report.corrupt == 0, summary
-    assert report.kills_survived == 5, summary
+    assert report.kills_survived == 3, summary
     assert report.cleanup_removed is not None, summary  # cleanup ran and succeeded
     assert report.orphans_after_cleanup == 0 and report.cleanup_dropped_segments == 0, summary
     assert report.ok, summary
