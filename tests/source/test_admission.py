@@ -19,19 +19,14 @@ from pyspark.sql.streaming.datasource import ReadMaxBytes
 from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
 from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
 from streamoffload.streaming.job import OffloadJob, Run
+from streamoffload.streaming.planner import SourcePlanner
 from streamoffload.streaming.policies import policy_document, write_versions_file
 from streamoffload.streaming.pulsar_io import Position
 from streamoffload.streaming.segmenter import Entry, MemoryState, run_segmenter
-from streamoffload.streaming.source import (
-    BufferFile,
-    PulsarStreamReader,
-    SourceOptions,
-    SourcePlanner,
-    buffer_bound,
-    buffer_file_path,
-    write_buffer_file,
-)
+from streamoffload.streaming.source import PulsarStreamReader
+from streamoffload.streaming.source_options import SourceOptions
 
 LEDGER = 7
 A = "persistent://public/default/adm-partition-0"

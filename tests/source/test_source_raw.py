@@ -25,7 +25,8 @@ from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.source import SourceOptions, SourcePlanner
+from streamoffload.streaming.planner import SourcePlanner
+from streamoffload.streaming.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic
 from tests.source.test_source_stream import rows_of, run_available_now, source_options
 

@@ -21,14 +21,10 @@ from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming.source import (
-    SourceOptions,
-    SourcePlanner,
-    entries_between,
-    fair_shares,
-    parse_pattern,
-    read_backlog_file,
-)
+from streamoffload.streaming.admission import fair_shares
+from streamoffload.streaming.backlog import entries_between, read_backlog_file
+from streamoffload.streaming.planner import SourcePlanner
+from streamoffload.streaming.source_options import SourceOptions, parse_pattern
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
