@@ -21,9 +21,10 @@ from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.admission import BufferFile, buffer_bound, fair_shares
 from streamoffload.streaming.backlog import PartitionBacklog, entries_between, write_backlog_file
+from streamoffload.streaming.broker_connection import TopicListingUnsupported, list_topics
 from streamoffload.streaming.policies import VersionsFile
 from streamoffload.streaming.quarantine import PauseFile, TopicFailedError
-from streamoffload.streaming.ranges import BEFORE_EARLIEST, DataLossError, Position, PulsarIOError
+from streamoffload.streaming.ranges import BEFORE_EARLIEST, DataLossError, Position, Probe, PulsarIOError
 from streamoffload.streaming.source_options import SourceOptions, parse_pattern
 
 log = logging.getLogger(__name__)
@@ -133,10 +134,10 @@ class SourcePlanner:
     def _list_namespace(self, namespace: str) -> list[str]:
         if self._listing_supported is not False:
             try:
-                names = pio.list_topics(self.options.service_url, namespace, client_options=self.options.client_opts)
+                names = list_topics(self.options.service_url, namespace, client_options=self.options.client_opts)
                 self._listing_supported = True
                 return names
-            except pio.TopicListingUnsupported as err:
+            except TopicListingUnsupported as err:
                 self._listing_supported = False
                 log.warning("pulsar source: %s; using topicsPatternCandidates", err)
         if not self.options.pattern_candidates:
@@ -377,7 +378,7 @@ class SourcePlanner:
             rooms[tp] = buffer_bound(policy, min_part) - buffered.get(tp, 0)
         return rooms
 
-    def _probe(self, tp: str, after: Position) -> pio.Probe | None:
+    def _probe(self, tp: str, after: Position) -> Probe | None:
         settings = self.options.reader_settings()
         if self.options.reader == "raw":
             probe = rr.probe_after_raw(self.raw_client, tp, after, settings=settings)

@@ -64,9 +64,9 @@ Options (names are case-insensitive, as Spark makes them):
     authentication the raw reader does not speak (OAuth2, custom plugins). Topic discovery uses
     ``pulsar-client`` and the binary protocol's topic listing either way.
 ``pulsar.client.*``
-    Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``pulsar_io.client_kwargs``) and, with
+    Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``client_options.client_kwargs``) and, with
     ``reader=raw``, to the raw reader's connections (token, basic and TLS auth, ``pulsar+ssl://``
-    settings, timeouts; see ``raw_reader.ConnectionConfig``).
+    settings, timeouts; see ``client_options.ConnectionConfig``).
 ``pulsar.reader.*``
     pulsar-spark's reader settings: ``pulsar.reader.receiverQueueSize`` sets ``receiverQueueSize``;
     ``readerName``, ``subscriptionRolePrefix`` and ``cryptoFailureAction`` are accepted and have no
@@ -139,7 +139,7 @@ from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.backlog import PartitionBacklog
 from streamoffload.streaming.planner import SourcePlanner, position_of
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
-from streamoffload.streaming.ranges import BEFORE_EARLIEST, Position
+from streamoffload.streaming.ranges import BEFORE_EARLIEST, Position, ReadEntry, ReadStats
 from streamoffload.streaming.source_options import SourceOptions
 
 log = logging.getLogger(__name__)
@@ -266,11 +266,11 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
     if options.reader == "raw":
         # Each consumer has its own connection, so nothing is shared between tasks.
         client: Any = rr.RawClient(options.service_url, options.client_opts)
-        read_range: Callable[..., Iterator[pio.Entry]] = rr.read_range_raw
+        read_range: Callable[..., Iterator[ReadEntry]] = rr.read_range_raw
     else:
         client = pio.shared_client(options.service_url, options.client_opts)
         read_range = pio.read_range
-    stats = pio.ReadStats()
+    stats = ReadStats()
     started = time.monotonic()
     ledger_ids: list[int] = []
     entry_ids: list[int] = []

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamoffload.errors import ConfigError
-from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming import raw_reader as rr
+from streamoffload.streaming.client_options import ConnectionConfig, ServiceAddress, client_kwargs, client_options
 from streamoffload.streaming.option_values import parse_bool, parse_positive, parse_size, parse_topic
 from streamoffload.streaming.ranges import Position, ReaderSettings
 
@@ -64,7 +63,7 @@ class SourceOptions:
         service_url = get("serviceUrl") or get("service.url")
         if not service_url:
             raise ConfigError("option serviceUrl is required (pulsar-spark's service.url too), e.g. pulsar://127.0.0.1:6650")
-        pio.ServiceAddress.parse(service_url)
+        ServiceAddress.parse(service_url)
         single = get("topic")
         if single and get("topics"):
             raise ConfigError("give the option topic or topics, not both")
@@ -79,13 +78,13 @@ class SourceOptions:
         candidate_text = get("topicsPatternCandidates") or ""
         candidates = tuple(parse_topic(t, "topicsPatternCandidates") for t in candidate_text.split(",") if t.strip())
         reader_settings = _reader_options(opts)
-        client = tuple(sorted(pio.client_options(options).items()))
-        pio.client_kwargs(dict(client))  # fail now, on the driver, not in a task
+        client = tuple(sorted(client_options(options).items()))
+        client_kwargs(dict(client))  # fail now, on the driver, not in a task
         reader = (get("reader") or "raw").lower()
         if reader not in READERS:
             raise ConfigError(f"option reader: expected raw or client, got {get('reader')!r}")
         if reader == "raw":
-            rr.ConnectionConfig.parse(service_url, dict(client))  # e.g. an auth plugin it does not speak
+            ConnectionConfig.parse(service_url, dict(client))  # e.g. an auth plugin it does not speak
         return cls(
             service_url=service_url,
             topics=topics,

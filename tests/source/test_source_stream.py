@@ -24,6 +24,7 @@ from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming.admission import fair_shares
 from streamoffload.streaming.backlog import entries_between, read_backlog_file
 from streamoffload.streaming.planner import SourcePlanner
+from streamoffload.streaming.ranges import BEFORE_EARLIEST
 from streamoffload.streaming.source_options import SourceOptions, parse_pattern
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 
@@ -243,7 +244,7 @@ def test_starting_offsets_json(spark: Any, pulsar_broker: EmbeddedBroker, tmp_pa
     produce(url, b, 30, 40, properties=PROPS, batching=False)
     client = pio.make_client(url)
     try:
-        entries_a = list(pio.read_range(client, a, pio.BEFORE_EARLIEST, pio.latest_position(client, a)))
+        entries_a = list(pio.read_range(client, a, BEFORE_EARLIEST, pio.latest_position(client, a)))
     finally:
         client.close()
     tenth = entries_a[9].position
