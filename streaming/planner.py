@@ -36,10 +36,12 @@ def offsets_json(positions: Mapping[str, Position]) -> dict[str, list[int]]:
 
 
 def _went_back(latest: Position | None, consumed: Position) -> bool:
+    """The broker's latest position is before what was consumed: entries lost (or a broker answering early)."""
     return (latest is None and consumed > BEFORE_EARLIEST) or (latest is not None and latest < consumed)
 
 
 def position_of(value: Any) -> Position:
+    """A position from offset JSON (``[ledgerId, entryId]``)."""
     return (int(value[0]), int(value[1]))
 
 
