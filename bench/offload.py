@@ -51,7 +51,7 @@ the end unless ``--keep``).
    the Spark JVM (driver and executor in one, ``local[2]``), its Python workers, and the broker. It prints
    each peak beside the configured bounds, the JVM heap's peak use (per pool, from its MemoryPoolMXBeans)
    and the largest micro-batch and offload buffer seen. The job's ``bufferFile`` is written by a batch
-   listener here (``streaming.source.write_buffer_file``, what the job's foreachBatch does).
+   listener here (``streaming.admission.write_buffer_file``, what the job's foreachBatch does).
 
 Each part also prints the CPU seconds spent by the broker, the Spark JVM, the Python workers and this
 driver process (from /proc), which is what the "what limits it" line is drawn from: the 2 cores here
@@ -591,7 +591,8 @@ def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_
 
 
 def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
-    from streamoffload.streaming.source import SourceOptions, buffer_bound, buffer_file_path, write_buffer_file
+    from streamoffload.streaming.admission import buffer_bound, buffer_file_path, write_buffer_file
+    from streamoffload.streaming.source_options import SourceOptions
 
     messages = int(args.backlog_mb * 1e6 / args.payload_size)
     summary = produce(

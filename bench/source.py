@@ -45,9 +45,11 @@ from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
+from streamoffload.streaming.ranges import Position, ReaderSettings, ReadStats
+from streamoffload.streaming.wire import batch_size_of
 
 
-def drain_plain(client: Any, topic: str, end: pio.Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
+def drain_plain(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
     """(messages, payload bytes, entries) read with a bare Reader loop (dedupe + re-open on stall)."""
     last = (-1, -1, -1)
     messages = nbytes = entries = 0
@@ -71,23 +73,23 @@ def drain_plain(client: Any, topic: str, end: pio.Position, stall_ms: int, queue
                 if pos[:2] != last_entry:
                     last_entry = pos[:2]
                     entries += 1
-                if pos[:2] >= end and (pos[2] < 0 or pos[2] + 1 == pio.batch_size_of(mid.serialize())):
+                if pos[:2] >= end and (pos[2] < 0 or pos[2] + 1 == batch_size_of(mid.serialize())):
                     return messages, nbytes, entries
         finally:
             reader.close()
 
 
-def drain_io(client: Any, topic: str, end: pio.Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
-    stats = pio.ReadStats()
-    settings = pio.ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
+def drain_io(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
+    stats = ReadStats()
+    settings = ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
     for _entry in pio.read_range(client, topic, pio.BEFORE_EARLIEST, end, settings=settings, stats=stats):
         pass
     return stats.messages, stats.bytes, stats.entries
 
 
-def drain_raw(client: rr.RawClient, topic: str, end: pio.Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
-    stats = pio.ReadStats()
-    settings = pio.ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
+def drain_raw(client: rr.RawClient, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
+    stats = ReadStats()
+    settings = ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
     for _entry in rr.read_range_raw(client, topic, pio.BEFORE_EARLIEST, end, settings=settings, stats=stats):
         pass
     return stats.messages, stats.bytes, stats.entries

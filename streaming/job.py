@@ -32,6 +32,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.config import Config, PolicySource, StoreSettings
 from streamoffload.errors import StreamOffloadError
+from streamoffload.streaming.admission import buffer_file_path, write_buffer_file
 from streamoffload.streaming.control import requests_prefix, submit_requests
 from streamoffload.streaming.policies import (
     CLOCK_SKEW_MS,
@@ -43,7 +44,6 @@ from streamoffload.streaming.policies import (
 from streamoffload.streaming.quarantine import Quarantine, failed_topics, failure_reason
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
-from streamoffload.streaming.source import buffer_file_path, write_buffer_file
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class OffloadJob:
         64 MiB) per micro-batch, and per topic-partition the offload buffer bound through ``bufferFile``.
         ``read_limits=False`` is ``run_once``'s seal query: it reads no entries (``stopAtStart``), so what
         arrived during the drain is left for the next run instead of landing unbounded in one batch."""
-        from streamoffload.streaming.source import buffer_file_path
+        from streamoffload.streaming.admission import buffer_file_path
 
         pulsar = self.config.pulsar
         options = {

@@ -63,13 +63,8 @@ from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.codecs.blocks import MAX_ID
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
-from streamoffload.streaming.source import (
-    StartSpec,
-    _parse_size,
-    _topic,
-    parse_pattern,
-    parse_starting_offsets,
-)
+from streamoffload.streaming.option_values import parse_size, parse_topic
+from streamoffload.streaming.source_options import StartSpec, parse_pattern, parse_starting_offsets
 
 SOURCE_NAME = "pulsar-offloaded"
 
@@ -105,7 +100,7 @@ class OffloadedOptions:
         names = many or single
         if bool(names) == bool(pattern):
             raise ConfigError("give exactly one of the options topics (a comma list) and topicsPattern (a regex)")
-        topics = tuple(dict.fromkeys(_topic(t, "topics") for t in (names or "").split(",") if t.strip()))
+        topics = tuple(dict.fromkeys(parse_topic(t, "topics") for t in (names or "").split(",") if t.strip()))
         if names and not topics:
             raise ConfigError(f"option topics: no topic names in {names!r}")
         if pattern:
@@ -127,8 +122,8 @@ class OffloadedOptions:
         skew = get("publishTimeSkewMs") or str(ofr.DEFAULT_SKEW_MS)
         if not re.fullmatch(r"\d+", skew):
             raise ConfigError(f"option publishTimeSkewMs: expected milliseconds (an integer >= 0), got {skew!r}")
-        max_bytes = _parse_size(get("maxPartitionBytes") or str(ofr.DEFAULT_MAX_PARTITION_BYTES), "maxPartitionBytes")
-        read_buffer = _parse_size(get("readBufferSize") or "1m", "readBufferSize")
+        max_bytes = parse_size(get("maxPartitionBytes") or str(ofr.DEFAULT_MAX_PARTITION_BYTES), "maxPartitionBytes")
+        read_buffer = parse_size(get("readBufferSize") or "1m", "readBufferSize")
         if max_bytes <= 0 or read_buffer <= 0:
             raise ConfigError("options maxPartitionBytes and readBufferSize must be positive")
         return cls(

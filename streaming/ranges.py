@@ -57,8 +57,9 @@ class ReaderUnusable(PulsarIOError):
     """The consumer can never read this range (e.g. a client too old for it): not retried."""
 
 
-class Entry(NamedTuple):
-    """One entry of a topic-partition: its position, publish time (ms), message count and bytes.
+class ReadEntry(NamedTuple):
+    """One entry of a topic-partition as a reader hands it over: its topic, position, publish time (ms),
+    message count and bytes (the segmenter's input, ``segmenter.Entry``, is the part of it a segment keeps).
 
     A named tuple: millions are made while draining a backlog, and tuples are the cheapest."""
 
@@ -76,6 +77,15 @@ class Entry(NamedTuple):
     @property
     def size(self) -> int:
         return len(self.data)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The first entry after a position: where it is and roughly how big (for byte limits)."""
+
+    position: Position
+    num_messages: int
+    approx_bytes: int
 
 
 @dataclass(frozen=True)
@@ -167,7 +177,7 @@ def read_exactly_once(
     end_is_known: bool = True,
     stats: ReadStats | None = None,
     reset_stall_timeout: bool = False,
-) -> Iterator[Entry]:
+) -> Iterator[ReadEntry]:
     """The entries of ``topic`` with positions in ``(start, end]``, in order, once each.
 
     ``open_consumer(after)`` subscribes after a position (raising :class:`OSError` or
@@ -271,7 +281,7 @@ def read_exactly_once(
                     continue
                 lost(f"entries between {last[0]}:{last[1]} and {pos[0]}:{pos[1]} are missing", pos)
                 accepted_gap = pos
-            entry = Entry(topic, pos[0], pos[1], msg.publish_time, msg.num_messages, msg.data)
+            entry = ReadEntry(topic, pos[0], pos[1], msg.publish_time, msg.num_messages, msg.data)
             last = pos
             stats.entries += 1
             stats.messages += entry.num_messages

@@ -26,8 +26,8 @@ stored bytes exactly. Without it the broker strips the prefix before sending, an
 the stored bytes minus that prefix (pulsar-lite has no broker entry metadata at all).
 
 Protocol steps (field numbers in ``codecs/proto/pulsar_api.proto``, checked against upstream
-``PulsarApi.proto``): ``CONNECT`` (protocol version 19, auth method and data, feature flags) ->
-``CONNECTED`` (``AUTH_CHALLENGE`` answered with the same credentials), ``LOOKUP`` (``Redirect``
+``PulsarApi.proto``): the connection's ``CONNECT`` handshake, TLS and authentication
+(``streaming/broker_connection.py``), then ``LOOKUP`` (``Redirect``
 followed, ``Connect`` to the owning broker, ``proxy_through_service_url`` honoured by reconnecting to
 the service URL with ``proxy_to_broker_url``), ``SUBSCRIBE`` (Exclusive, non-durable, a unique
 subscription name, ``start_message_id`` = the last emitted position or earliest), ``FLOW`` permits
@@ -36,17 +36,16 @@ cumulative ``ACK`` of what arrived (as Pulsar's own readers do), ``CLOSE_CONSUME
 answered with ``PONG``.
 
 Connection options (the source's ``pulsar.client.*`` options, prefix removed, names as
-:func:`pulsar_io.client_kwargs` takes them): ``authToken`` or ``authPluginClassName`` +
-``authParams`` for the token (``token:...``, ``file:...``), basic (``{"userId": .., "password": ..}``
-or ``userId:..,password:..``) and TLS (``tlsCertFile:..,tlsKeyFile:..``) plugins; ``pulsar+ssl://``
-with ``tlsTrustCertsFilePath``, ``tlsAllowInsecureConnection``, ``tlsValidateHostname``;
-``connectionTimeoutMs`` and ``operationTimeoutSeconds``. Other plugins (OAuth2, custom) raise
+:func:`client_options.client_kwargs` takes them; parsed by :class:`client_options.ConnectionConfig`):
+``authToken`` or ``authPluginClassName`` + ``authParams`` for the token (``token:...``, ``file:...``),
+basic (``{"userId": .., "password": ..}`` or ``userId:..,password:..``) and TLS
+(``tlsCertFile:..,tlsKeyFile:..``) plugins; ``pulsar+ssl://`` with ``tlsTrustCertsFilePath``,
+``tlsAllowInsecureConnection``, ``tlsValidateHostname``; ``connectionTimeoutMs`` and
+``operationTimeoutSeconds``. Other plugins (OAuth2, custom) raise
 :class:`ConfigError`: read such clusters with the ``pulsar-client`` reader.
 
-TLS failures that configuration causes are not retried: a server certificate the trust settings do
-not accept, or a server that requires a client certificate the options do not give, raise
-:class:`~streamoffload.streaming.ranges.ReaderUnusable` naming the address and option; unreadable
-certificate, key or trust files raise :class:`ConfigError`. What is tested against what:
+TLS failures that configuration causes are not retried (``streaming/broker_connection.py``). What is
+tested against what:
 ``tests/source/test_raw_tls.py`` (TLS, through a TLS-terminating proxy in front of pulsar-lite) and
 the module docstring of ``tests/source/test_raw_reader.py``.
 """
@@ -54,15 +53,10 @@ the module docstring of ``tests/source/test_raw_reader.py``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import socket
-import ssl
-import struct
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
@@ -73,29 +67,25 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     CommandLookupTopicResponse,
     CommandSubscribe,
     MessageIdData,
-    ServerError,
 )
-from streamoffload.errors import ConfigError
-from streamoffload.streaming.pulsar_io import (
+from streamoffload.streaming.broker_connection import BrokerConnection
+from streamoffload.streaming.client_options import ConnectionConfig, ServiceAddress
+from streamoffload.streaming.ranges import (
     BEFORE_EARLIEST,
-    CLIENT_OPTION_PREFIX,
-    Entry,
     Position,
     Probe,
     PulsarIOError,
+    RangeConsumer,
+    ReadEntry,
     ReaderSettings,
     ReadStats,
-    ServiceAddress,
-    _normalized,
-    _parse_bool,
-    _token_from_options,
+    read_exactly_once,
 )
-from streamoffload.streaming.ranges import RangeConsumer, ReaderUnusable, read_exactly_once
+from streamoffload.streaming.wire import T, server_error
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ConnectionConfig",
     "RawClient",
     "RawConsumer",
     "RawMessage",
@@ -104,341 +94,9 @@ __all__ = [
     "read_range_raw",
 ]
 
-PROTOCOL_VERSION = 19  # v18 is the first that may receive broker entry metadata
-CLIENT_VERSION = "streamoffload-raw-reader"
-_HEADER = struct.Struct(">II")  # totalSize, commandSize
-_MAX_FRAME = 128 << 20  # Pulsar's maxMessageSize is 5 MiB by default; a larger frame is corruption
-_RECV_CHUNK = 1 << 18
 _U64 = (1 << 64) - 1  # MessageId.earliest's -1, as the uint64 the protocol carries
 _MAX_LOOKUP_HOPS = 8
 _ACK_EVERY = 16  # entries between cumulative acks (brokers redeliver what a consumer never acks)
-
-T = BaseCommand.Type
-
-
-# ---------------------------------------------------------------------------------------------
-# connection options
-
-
-@dataclass(frozen=True)
-class ConnectionConfig:
-    """How to reach and authenticate to a cluster: parsed once from the ``pulsar.client.*`` options."""
-
-    service: ServiceAddress
-    auth_method: str | None = None
-    auth_data: bytes | None = None
-    tls_trust_certs_file: str | None = None
-    tls_allow_insecure: bool = False
-    tls_validate_hostname: bool = True
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    connect_timeout_s: float = 10.0
-    operation_timeout_s: float = 30.0
-
-    @classmethod
-    def parse(cls, service_url: str, options: Mapping[str, str] | None = None) -> ConnectionConfig:
-        options = options or {}
-        opts = {k: v for k, (_orig, v) in _normalized(options).items()}
-        service = ServiceAddress.parse(service_url)
-        method: str | None = None
-        data: bytes | None = None
-        cert = key = None
-        token = _token_from_options(options)
-        plugin = opts.get("authpluginclassname", "")
-        params = opts.get("authparams", "")
-        if token is not None:
-            method, data = "token", token.encode()
-        elif plugin.endswith("AuthenticationBasic"):
-            method, data = "basic", _basic_credentials(params)
-        elif plugin.endswith("AuthenticationTls"):
-            parts = dict(item.split(":", 1) for item in params.split(",") if ":" in item)
-            cert, key = parts.get("tlsCertFile"), parts.get("tlsKeyFile")
-            if not cert or not key:
-                raise ConfigError(
-                    f"option {CLIENT_OPTION_PREFIX}authParams: AuthenticationTls needs tlsCertFile:...,tlsKeyFile:..."
-                )
-            method = "tls"
-        elif plugin:
-            raise ConfigError(
-                f"option {CLIENT_OPTION_PREFIX}authPluginClassName: the raw-entry reader supports token, basic and "
-                f"TLS authentication, not {plugin}; use the pulsar-client reader for it"
-            )
-
-        def number(name: str, default: float, scale: float) -> float:
-            if name not in opts:
-                return default
-            try:
-                return float(opts[name]) * scale
-            except ValueError as err:
-                raise ConfigError(
-                    f"option {CLIENT_OPTION_PREFIX}{name}: expected a number, got {opts[name]!r}"
-                ) from err
-
-        return cls(
-            service=service,
-            auth_method=method,
-            auth_data=data,
-            tls_trust_certs_file=opts.get("tlstrustcertsfilepath") or None,
-            tls_allow_insecure=_parse_bool(
-                opts.get("tlsallowinsecureconnection", "false"), "tlsAllowInsecureConnection"
-            ),
-            tls_validate_hostname=_parse_bool(opts.get("tlsvalidatehostname", "true"), "tlsValidateHostname"),
-            tls_cert_file=cert,
-            tls_key_file=key,
-            connect_timeout_s=number("connectiontimeoutms", 10.0, 0.001),
-            operation_timeout_s=number("operationtimeoutseconds", 30.0, 1.0),
-        )
-
-
-def _basic_credentials(params: str) -> bytes:
-    """``userId:password``, Pulsar's basic auth data, from the plugin's JSON or ``k:v,k:v`` params."""
-    user = password = None
-    text = params.strip()
-    if text.startswith("{"):
-        try:
-            parsed = json.loads(text)
-        except ValueError as err:
-            raise ConfigError(f"option {CLIENT_OPTION_PREFIX}authParams: not valid JSON: {err}") from err
-        user = parsed.get("userId", parsed.get("username"))
-        password = parsed.get("password")
-    else:
-        parts = dict(item.split(":", 1) for item in text.split(",") if ":" in item)
-        user = parts.get("userId", parts.get("username"))
-        password = parts.get("password")
-    if not user or password is None:
-        raise ConfigError(
-            f"option {CLIENT_OPTION_PREFIX}authParams: AuthenticationBasic needs userId and password "
-            '(\'{"userId": "u", "password": "p"}\')'
-        )
-    return f"{user}:{password}".encode()
-
-
-# ---------------------------------------------------------------------------------------------
-# one connection
-
-
-def _frame(command: BaseCommand) -> bytes:
-    body = command.SerializeToString()
-    return _HEADER.pack(len(body) + 4, len(body)) + body
-
-
-def _server_error(code: int) -> str:
-    return ServerError.Name(code) if code in ServerError.values() else str(code)
-
-
-class _Connection:
-    """One TCP (or TLS) connection that has completed the CONNECT handshake."""
-
-    def __init__(self, config: ConnectionConfig, address: ServiceAddress, proxy_to_broker_url: str | None = None):
-        self.config = config
-        self.address = address
-        self.name = f"{address.host}:{address.port}"
-        self._buf = bytearray()
-        self._pos = 0
-        self._chunk = bytearray(_RECV_CHUNK)
-        self._request_id = 0
-        sock = socket.create_connection((address.host, address.port), timeout=config.connect_timeout_s)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            if address.tls:
-                sock = self._wrap_tls(sock)
-            self.sock = sock
-            connect = BaseCommand(type=T.CONNECT)
-            c = connect.connect
-            c.client_version = CLIENT_VERSION
-            c.protocol_version = PROTOCOL_VERSION
-            c.feature_flags.supports_broker_entry_metadata = True
-            c.feature_flags.supports_auth_refresh = True
-            if config.auth_method:
-                c.auth_method_name = config.auth_method
-            if config.auth_data is not None:
-                c.auth_data = config.auth_data
-            if proxy_to_broker_url:
-                c.proxy_to_broker_url = proxy_to_broker_url
-            deadline = time.monotonic() + config.operation_timeout_s
-            request: BaseCommand | None = connect
-            while True:
-                got = self._connect_step(request, deadline)
-                request = None
-                if got is None:
-                    raise PulsarIOError(f"{self.name}: no answer to CONNECT within {config.operation_timeout_s:g} s")
-                cmd, _payload = got
-                if cmd.type == T.CONNECTED:
-                    self.server_version = cmd.connected.server_version
-                    break
-                if cmd.type == T.ERROR:
-                    raise PulsarIOError(
-                        f"{self.name} refused the connection: {cmd.error.message} ({_server_error(cmd.error.error)})"
-                    )
-        except BaseException:
-            with contextlib.suppress(OSError):
-                sock.close()
-            raise
-
-    def _connect_step(self, connect: BaseCommand | None, deadline: float) -> tuple[BaseCommand, bytes | None] | None:
-        """Send CONNECT (when given) and read the next answer. A TLS server that wants a client
-        certificate may refuse only now (TLS 1.3 sends its alert after the handshake)."""
-        try:
-            if connect is not None:
-                self.send(connect)
-            return self.read(deadline)
-        except (ssl.SSLError, ConnectionError) as err:  # an alert, a reset, a broken pipe or a bare close
-            if not self.address.tls:
-                raise
-            raise self._tls_refused(err) from err
-
-    def _tls_refused(self, err: OSError) -> PulsarIOError:
-        reason = str(err) or type(err).__name__
-        how = (f"{CLIENT_OPTION_PREFIX}authPluginClassName=AuthenticationTls with "
-               f"{CLIENT_OPTION_PREFIX}authParams=tlsCertFile:...,tlsKeyFile:...")
-        if "CERTIFICATE_REQUIRED" in reason:
-            # Configuration, not a passing fault: retrying would only delay the same refusal.
-            return ReaderUnusable(f"TLS: {self.name} refused the connection: {reason}; "
-                                  f"the server requires a client certificate ({how})")
-        if not self.config.tls_cert_file:
-            # The refusal may reach us as a bare close (the alert lost to a reset): a hint, and retried.
-            return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}; "
-                                 f"if the server requires a client certificate, give one ({how})")
-        return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}")
-
-    def _wrap_tls(self, sock: socket.socket) -> socket.socket:
-        cfg = self.config
-        try:
-            context = ssl.create_default_context(cafile=cfg.tls_trust_certs_file)
-        except (OSError, ssl.SSLError) as err:
-            raise ConfigError(
-                f"option {CLIENT_OPTION_PREFIX}tlsTrustCertsFilePath: cannot load {cfg.tls_trust_certs_file}: {err}"
-            ) from err
-        if cfg.tls_allow_insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        elif not cfg.tls_validate_hostname:
-            context.check_hostname = False
-        if cfg.tls_cert_file and cfg.tls_key_file:
-            try:
-                context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-            except (OSError, ssl.SSLError) as err:
-                raise ConfigError(
-                    f"option {CLIENT_OPTION_PREFIX}authParams: cannot load tlsCertFile {cfg.tls_cert_file} / "
-                    f"tlsKeyFile {cfg.tls_key_file}: {err}"
-                ) from err
-        try:
-            return context.wrap_socket(sock, server_hostname=self.address.host)
-        except ssl.SSLCertVerificationError as err:
-            trust = (f"tlsTrustCertsFilePath={cfg.tls_trust_certs_file}" if cfg.tls_trust_certs_file
-                     else "system trust store")
-            # A server the configuration does not trust stays untrusted: fail now, not after the retry budget.
-            raise ReaderUnusable(f"TLS: the certificate of {self.name} is not trusted ({trust}): {err}") from err
-        except ssl.SSLError as err:
-            raise self._tls_refused(err) from err
-
-    def next_request_id(self) -> int:
-        self._request_id += 1
-        return self._request_id
-
-    def send(self, command: BaseCommand) -> None:
-        self.sock.sendall(_frame(command))
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-    def read(self, deadline: float) -> tuple[BaseCommand, bytes | None] | None:
-        """The next command and its payload (a MESSAGE's entry bytes), or None at ``deadline``.
-
-        PING is answered and AUTH_CHALLENGE re-sends the credentials on the way. A partial frame at
-        the deadline stays buffered, so a later call continues where this one stopped."""
-        while True:
-            got = self._next_frame()
-            if got is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self.sock.settimeout(remaining)
-                try:
-                    n = self.sock.recv_into(self._chunk)
-                except TimeoutError:
-                    return None
-                if n == 0:
-                    raise ConnectionError(f"{self.name} closed the connection")
-                if self._pos and self._pos * 2 >= len(self._buf):
-                    del self._buf[: self._pos]
-                    self._pos = 0
-                self._buf += memoryview(self._chunk)[:n]
-                continue
-            cmd, payload = got
-            if cmd.type == T.PING:
-                self.send(BaseCommand(type=T.PONG, pong={}))
-                continue
-            if cmd.type == T.AUTH_CHALLENGE:
-                self._answer_challenge(cmd)
-                continue
-            return cmd, payload
-
-    def _next_frame(self) -> tuple[BaseCommand, bytes | None] | None:
-        buf = self._buf
-        pos = self._pos
-        if len(buf) - pos < 8:
-            return None
-        total, cmd_size = _HEADER.unpack_from(buf, pos)
-        if cmd_size + 4 > total or total > _MAX_FRAME:
-            raise PulsarIOError(f"bad frame from {self.name}: total size {total}, command size {cmd_size}")
-        end = pos + 4 + total
-        if len(buf) < end:
-            return None
-        cmd_end = pos + 8 + cmd_size
-        with memoryview(buf) as mv:
-            cmd = BaseCommand.FromString(mv[pos + 8 : cmd_end])
-            payload = mv[cmd_end:end].tobytes() if end > cmd_end else None
-        self._pos = end
-        return cmd, payload
-
-    def _answer_challenge(self, cmd: BaseCommand) -> None:
-        reply = BaseCommand(type=T.AUTH_RESPONSE)
-        r = reply.authResponse
-        r.client_version = CLIENT_VERSION
-        r.protocol_version = PROTOCOL_VERSION
-        r.response.auth_method_name = self.config.auth_method or "none"
-        r.response.auth_data = self.config.auth_data or b""
-        self.send(reply)
-
-    def request(self, command: BaseCommand, request_id: int, what: str) -> BaseCommand:
-        """Send ``command`` and wait for the answer that carries ``request_id`` (other frames are skipped)."""
-        self.send(command)
-        deadline = time.monotonic() + self.config.operation_timeout_s
-        while True:
-            got = self.read(deadline)
-            if got is None:
-                raise PulsarIOError(f"{self.name}: no answer to {what} within {self.config.operation_timeout_s:g} s")
-            cmd, _payload = got
-            answer = _request_id_of(cmd)
-            if answer == request_id:
-                if cmd.type == T.ERROR:
-                    raise PulsarIOError(f"{what} failed at {self.name}: {cmd.error.message} "
-                                        f"({_server_error(cmd.error.error)})")
-                return cmd
-
-    def lookup(self, topic: str, authoritative: bool) -> CommandLookupTopicResponse:
-        rid = self.next_request_id()
-        cmd = BaseCommand(type=T.LOOKUP)
-        cmd.lookupTopic.topic = topic
-        cmd.lookupTopic.request_id = rid
-        cmd.lookupTopic.authoritative = authoritative
-        return self.request(cmd, rid, f"lookup of {topic}").lookupTopicResponse
-
-
-def _request_id_of(cmd: BaseCommand) -> int | None:
-    kind = cmd.type
-    if kind == T.SUCCESS:
-        return cmd.success.request_id
-    if kind == T.ERROR:
-        return cmd.error.request_id
-    if kind == T.LOOKUP_RESPONSE:
-        return cmd.lookupTopicResponse.request_id
-    if kind == T.GET_LAST_MESSAGE_ID_RESPONSE:
-        return cmd.getLastMessageIdResponse.request_id
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,10 +124,10 @@ class RawClient:
     def close(self) -> None:
         """Nothing to release: connections belong to consumers."""
 
-    def connect_for(self, topic: str) -> _Connection:
+    def connect_for(self, topic: str) -> BrokerConnection:
         """A connection to the broker that serves ``topic``, found by binary-protocol lookup."""
         cfg = self.config
-        conn = _Connection(cfg, cfg.service)
+        conn = BrokerConnection(cfg, cfg.service)
         authoritative = False
         try:
             for _hop in range(_MAX_LOOKUP_HOPS):
@@ -477,14 +135,14 @@ class RawClient:
                 if resp.response == CommandLookupTopicResponse.Failed:
                     raise PulsarIOError(
                         f"lookup of {topic} at {conn.name} failed: {resp.message or 'no reason given'} "
-                        f"({_server_error(resp.error)})"
+                        f"({server_error(resp.error)})"
                     )
                 url = resp.brokerServiceUrlTls if cfg.service.tls else resp.brokerServiceUrl
                 target = ServiceAddress.parse(url) if url else None
                 if resp.proxy_through_service_url and target is not None:
                     # A proxy: keep talking to the service URL, asking it to forward to the broker.
                     conn.close()
-                    conn = _Connection(cfg, cfg.service, proxy_to_broker_url=f"{target.host}:{target.port}")
+                    conn = BrokerConnection(cfg, cfg.service, proxy_to_broker_url=f"{target.host}:{target.port}")
                     if resp.response == CommandLookupTopicResponse.Connect:
                         return conn
                     authoritative = resp.authoritative
@@ -497,7 +155,7 @@ class RawClient:
                     authoritative = resp.authoritative
                     continue
                 conn.close()
-                conn = _Connection(cfg, target)
+                conn = BrokerConnection(cfg, target)
                 if resp.response == CommandLookupTopicResponse.Connect:
                     return conn
                 authoritative = resp.authoritative
@@ -599,7 +257,7 @@ class RawConsumer:
             if kind == T.CLOSE_CONSUMER:
                 raise PulsarIOError(f"{self.topic}: the broker {self.conn.name} closed the consumer")
             if kind == T.ERROR:
-                log.warning("%s: broker error: %s (%s)", self.topic, cmd.error.message, _server_error(cmd.error.error))
+                log.warning("%s: broker error: %s (%s)", self.topic, cmd.error.message, server_error(cmd.error.error))
 
     def last_message_id(self) -> Position | None:
         """The broker's last position of the topic; None when it has no entry."""
@@ -699,7 +357,7 @@ def read_range_raw(
     settings: ReaderSettings | None = None,
     end_is_known: bool = True,
     stats: ReadStats | None = None,
-) -> Iterator[Entry]:
+) -> Iterator[ReadEntry]:
     """The stored entries of ``topic`` with positions in ``(start, end]``, in order, once each.
 
     ``client`` is a :class:`RawClient` (or anything with ``open_consumer(topic, after, queue_size)``

@@ -1,9 +1,11 @@
 """Small JSON files the job's driver writes for the Pulsar source, which runs in another process (Spark's
-Python source runner): the policy versions in force (``streaming.policies``) and the topics set aside
-(``streaming.quarantine``). Written atomically; read again only when they change."""
+Python source runner): the policy versions in force (``streaming.policies``), the topics set aside
+(``streaming.quarantine``) and the offload buffers (``streaming.admission``); and the one the source writes
+for dashboards in other processes (``streaming.backlog``). Written atomically; read again only when they change."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,9 +25,14 @@ def write_json_file(path: str, doc: Any, *, temp_prefix: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix, dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a half-written temporary file must not pile up
+            os.unlink(tmp)
+        raise
 
 
 class WatchedJsonFile(Generic[T]):

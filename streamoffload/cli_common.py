@@ -16,7 +16,7 @@ from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
-from streamoffload.streaming.pulsar_io import PULSAR_LOGGER
+from streamoffload.streaming.client_options import PULSAR_LOGGER
 
 if TYPE_CHECKING:
     from streamoffload.storage.base import ObjectStore

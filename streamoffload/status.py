@@ -140,7 +140,7 @@ def latest_positions(
     import pulsar
 
     from streamoffload.streaming import pulsar_io
-    from streamoffload.streaming.pulsar_io import pulsar_logger
+    from streamoffload.streaming.client_options import client_kwargs, pulsar_logger
 
     log = logging.getLogger(__name__)
     options = {"operationTimeoutSeconds": "3", "connectionTimeoutMs": "2000", **dict(client_options or {})}
@@ -149,7 +149,7 @@ def latest_positions(
     client_log = pulsar_logger().getChild("status")
     client_log.setLevel(logging.DEBUG if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else logging.CRITICAL)
     try:
-        kwargs = pulsar_io.client_kwargs(options)
+        kwargs = client_kwargs(options)
         kwargs["logger"] = client_log
         client = pulsar.Client(service_url, **kwargs)
     except Exception as err:

@@ -428,7 +428,7 @@ def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind
 
 def test_backlog_file_of_the_source_is_read(tmp_path: Path) -> None:
     from streamoffload.metrics import backlog_file_provider
-    from streamoffload.streaming.source import PartitionBacklog
+    from streamoffload.streaming.backlog import PartitionBacklog
 
     path = tmp_path / "backlog.json"
     provider = backlog_file_provider(str(path))

@@ -28,8 +28,9 @@ from streamoffload.dashboard import TOPIC_VARIABLE_QUERY, build_dashboard, expre
 from streamoffload.embedded_broker import free_port
 from streamoffload.metrics import install_metrics
 from streamoffload.produce import produce
-from streamoffload.streaming import pulsar_io, raw_reader
+from streamoffload.streaming import raw_reader
 from streamoffload.streaming.job import OffloadJob
+from streamoffload.streaming.ranges import BEFORE_EARLIEST
 from tests.fixtures.broker import unique_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -154,7 +155,7 @@ def published_entries(service_url: str, topic: str) -> tuple[int, int, tuple[int
     latest = raw_reader.latest_position_raw(client, topic)
     assert latest is not None, f"nothing published to {topic}"
     count = size = 0
-    for entry in raw_reader.read_range_raw(client, topic, pulsar_io.BEFORE_EARLIEST, latest):
+    for entry in raw_reader.read_range_raw(client, topic, BEFORE_EARLIEST, latest):
         count += 1
         size += len(entry.data)
     return count, size, latest

@@ -18,20 +18,14 @@ from pyspark.sql.streaming.datasource import ReadMaxBytes
 
 from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
-from streamoffload.streaming import pulsar_io as pio
+from streamoffload.streaming.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
 from streamoffload.streaming.job import OffloadJob, Run
+from streamoffload.streaming.planner import SourcePlanner
 from streamoffload.streaming.policies import policy_document, write_versions_file
-from streamoffload.streaming.pulsar_io import Position
+from streamoffload.streaming.ranges import Position, Probe
 from streamoffload.streaming.segmenter import Entry, MemoryState, run_segmenter
-from streamoffload.streaming.source import (
-    BufferFile,
-    PulsarStreamReader,
-    SourceOptions,
-    SourcePlanner,
-    buffer_bound,
-    buffer_file_path,
-    write_buffer_file,
-)
+from streamoffload.streaming.source import PulsarStreamReader
+from streamoffload.streaming.source_options import SourceOptions
 
 LEDGER = 7
 A = "persistent://public/default/adm-partition-0"
@@ -53,14 +47,14 @@ class ModelPlanner(SourcePlanner):
     def latest_positions(self, partitions: Sequence[str]) -> dict[str, Position | None]:
         return {tp: (LEDGER, self.model[tp][0] - 1) if self.model[tp][0] else None for tp in partitions}
 
-    def _probe(self, tp: str, after: Position) -> pio.Probe | None:
+    def _probe(self, tp: str, after: Position) -> Probe | None:
         self.probes += 1
         count, size = self.model[tp]
         nxt = 0 if after[0] < LEDGER else after[1] + 1
         if nxt >= count:
             return None
         self._entry_size[tp] = float(size)
-        return pio.Probe((LEDGER, nxt), 1, size)
+        return Probe((LEDGER, nxt), 1, size)
 
 
 def options(**extra: str) -> SourceOptions:

@@ -4,37 +4,32 @@ torn batches, gaps)."""
 
 from __future__ import annotations
 
-import socket
-import struct
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulsar
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
-from streamoffload.errors import ConfigError
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming.pulsar_io import (
+from streamoffload.streaming.ranges import (
     BEFORE_EARLIEST,
     DataLossError,
-    Entry,
     PulsarIOError,
+    ReadEntry,
     ReaderSettings,
     ReadStats,
 )
+from streamoffload.streaming.wire import field_varint
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 
 FAST = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=400, retry_timeout_s=20.0)
 
 
-def check_messages(entries: list[Entry], topic: str, payload_size: int, keys: int = 0, first_seq: int = 0) -> int:
+def check_messages(entries: list[ReadEntry], topic: str, payload_size: int, keys: int = 0, first_seq: int = 0) -> int:
     """Every message in order, with the payload, key and properties `produce` gave it; returns the count."""
     seq = first_seq
     for entry in entries:
@@ -49,7 +44,7 @@ def check_messages(entries: list[Entry], topic: str, payload_size: int, keys: in
     return seq - first_seq
 
 
-def assert_strictly_increasing(entries: list[Entry]) -> None:
+def assert_strictly_increasing(entries: list[ReadEntry]) -> None:
     positions = [e.position for e in entries]
     assert positions == sorted(set(positions)), "positions repeat or go backwards"
 
@@ -185,136 +180,13 @@ def test_probe_finds_the_next_entry(pulsar_broker: EmbeddedBroker, client: Any) 
     assert after_first is not None and after_first.position == entries[1].position
 
 
-def test_list_topics_on_pulsar_lite_says_it_is_unsupported(pulsar_broker: EmbeddedBroker) -> None:
-    with pytest.raises(pio.TopicListingUnsupported, match="no answer to GetTopicsOfNamespace within 1 s"):
-        pio.list_topics(pulsar_broker.service_url, "public/default", timeout=1)
-
-
-def _fake_pulsar_server(topics: list[str], seen: list[bytes]) -> tuple[socket.socket, threading.Thread]:
-    """A one-connection broker that answers CONNECT and GetTopicsOfNamespace with hand-made bytes,
-    so the field numbers of PulsarApi.proto are pinned independently of the code under test."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def frame(command: bytes) -> bytes:
-        return struct.pack(">II", len(command) + 4, len(command)) + command
-
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            for _ in range(2):
-                _total, size = struct.unpack(">II", conn.recv(8, socket.MSG_WAITALL))
-                command = conn.recv(size, socket.MSG_WAITALL)
-                seen.append(command)
-                if command[:2] == b"\x08\x02":  # type CONNECT
-                    # BaseCommand{type=CONNECTED(3), connected(3)={server_version(1)="fake"}}
-                    conn.sendall(frame(b"\x08\x03\x1a\x06\x0a\x04fake"))
-                else:
-                    # a PING first (must be answered and skipped), then
-                    # BaseCommand{type=33, getTopicsOfNamespaceResponse(33)={request_id(1)=1, topics(2)...}}
-                    conn.sendall(frame(b"\x08\x12\x92\x01\x00"))
-                    body = b"\x08\x01" + b"".join(b"\x12" + bytes([len(t)]) + t.encode() for t in topics)
-                    conn.sendall(frame(b"\x08\x21\x8a\x02" + bytes([len(body)]) + body))
-                    conn.recv(64)  # the PONG
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return server, thread
-
-
-def test_list_topics_speaks_get_topics_of_namespace() -> None:
-    topics = ["persistent://public/default/a-partition-0", "persistent://public/default/b"]
-    seen: list[bytes] = []
-    server, thread = _fake_pulsar_server(topics, seen)
-    try:
-        port = server.getsockname()[1]
-        assert pio.list_topics(f"pulsar://127.0.0.1:{port}", "public/default", timeout=5) == topics
-        thread.join(5)
-    finally:
-        server.close()
-    request = seen[1]
-    # type GET_TOPICS_OF_NAMESPACE(32), field 32 = {request_id(1)=1, namespace(2)="public/default", mode(3)=0}
-    assert request == b"\x08\x20\x82\x02\x14\x08\x01\x12\x0epublic/default\x18\x00"
-
-
-def test_list_topics_unreachable_is_a_clear_error() -> None:
-    from streamoffload.embedded_broker import free_port
-
-    with pytest.raises(PulsarIOError, match="cannot list topics of 'public/default'"):
-        pio.list_topics(f"pulsar://127.0.0.1:{free_port()}", "public/default", timeout=1)
-
-
-# --- options ------------------------------------------------------------------------------------
-
-
-def test_client_options_map_java_names_case_insensitively() -> None:
-    opts = pio.client_options(
-        {
-            "serviceurl": "x",
-            "pulsar.client.operationtimeoutseconds": "7",
-            "pulsar.client.tlsAllowInsecureConnection": "true",
-            "pulsar.client.tls_trust_certs_file_path": "/ca.pem",
-            "pulsar.client.authToken": "abc",
-        }
-    )
-    kwargs = pio.client_kwargs(opts)
-    assert kwargs["operation_timeout_seconds"] == 7
-    assert kwargs["tls_allow_insecure_connection"] is True
-    assert kwargs["tls_trust_certs_file_path"] == "/ca.pem"
-    assert isinstance(kwargs["authentication"], pulsar.AuthenticationToken)
-    plugin = pio.client_kwargs(
-        {
-            "authPluginClassName": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
-            "authParams": "token:xyz",
-        }
-    )
-    assert isinstance(plugin["authentication"], pulsar.AuthenticationToken)
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"noSuchThing": "1"}, "pulsar.client.noSuchThing: pulsar.Client has no such parameter"),
-        ({"ioThreads": "many"}, "pulsar.client.ioThreads: expected an integer"),
-        ({"tlsValidateHostname": "maybe"}, "expected true or false"),
-        ({"logLevel": "loud"}, "logLevel: expected one of"),
-    ],
-)
-def test_bad_client_options_name_the_option(options: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        pio.client_kwargs(options)
-
-
-def test_service_address_parsing() -> None:
-    assert pio.ServiceAddress.parse("pulsar://h:1234") == pio.ServiceAddress("h", 1234, False)
-    assert pio.ServiceAddress.parse("pulsar+ssl://a:1,b:2/") == pio.ServiceAddress("a", 1, True)
-    assert pio.ServiceAddress.parse("pulsar://h") == pio.ServiceAddress("h", 6650, False)
-    with pytest.raises(ConfigError, match="expected pulsar://HOST:PORT"):
-        pio.ServiceAddress.parse("http://h:80")
-
-
-# --- the wire format bits -------------------------------------------------------------------
-
-
-def test_batch_size_from_real_message_ids() -> None:
-    assert pio.batch_size_of(pulsar.MessageId(-1, 3, 4, 2).serialize()) == 0
-    assert pio.batch_size_of(bytes.fromhex("0801100020023003")) == 3  # read off a pulsar-lite batched id
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 50), st.integers(-(2**63), 2**64 - 1)), max_size=8))
-def test_varint_fields_round_trip(fields: list[tuple[int, int]]) -> None:
-    buf = b"".join(pio._field_varint(n, v) for n, v in fields)
-    decoded = [(n, v) for n, _w, v in pio.proto_fields(buf)]
-    assert decoded == [(n, v % 2**64) for n, v in fields]
-
-
 # --- scripted faults ----------------------------------------------------------------------------
 
 
 def _id_bytes(ledger: int, entry: int, batch_index: int, batch_size: int) -> bytes:
-    out = pio._field_varint(1, ledger) + pio._field_varint(2, entry)
+    out = field_varint(1, ledger) + field_varint(2, entry)
     if batch_index >= 0:
-        out += pio._field_varint(4, batch_index) + pio._field_varint(6, batch_size)
+        out += field_varint(4, batch_index) + field_varint(6, batch_size)
     return out
 
 
@@ -411,7 +283,7 @@ def batch(ledger: int, entry: int, size: int, indexes: list[int] | None = None) 
 QUICK = ReaderSettings(stall_timeout_ms=1, max_stall_timeout_ms=2, retry_timeout_s=5.0, initial_backoff_s=0.0)
 
 
-def positions(entries: list[Entry]) -> list[tuple[int, int]]:
+def positions(entries: list[ReadEntry]) -> list[tuple[int, int]]:
     return [e.position for e in entries]
 
 

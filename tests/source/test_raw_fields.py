@@ -40,7 +40,7 @@ from streamoffload.config import load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.job import OffloadJob
-from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
+from streamoffload.streaming.ranges import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.raw_producer import RawProducer
 from tests.job.readback import read_entries

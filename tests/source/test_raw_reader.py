@@ -36,7 +36,15 @@ from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.pulsar_io import BEFORE_EARLIEST, DataLossError, PulsarIOError, ReaderSettings, ReadStats
+from streamoffload.streaming.ranges import (
+    BEFORE_EARLIEST,
+    DataLossError,
+    Probe,
+    PulsarIOError,
+    ReadEntry,
+    ReaderSettings,
+    ReadStats,
+)
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 from tests.source.test_pulsar_io import assert_strictly_increasing, check_messages
 
@@ -49,7 +57,7 @@ def raw(pulsar_broker: EmbeddedBroker) -> rr.RawClient:
     return rr.RawClient(pulsar_broker.service_url)
 
 
-def read_all(client: Any, topic: str, **kwargs: Any) -> list[pio.Entry]:
+def read_all(client: Any, topic: str, **kwargs: Any) -> list[ReadEntry]:
     end = rr.latest_position_raw(client, topic)
     assert end is not None
     return list(rr.read_range_raw(client, topic, BEFORE_EARLIEST, end, settings=FAST, **kwargs))
@@ -258,7 +266,7 @@ def test_probe_finds_the_next_entry_with_its_exact_size(pulsar_broker: EmbeddedB
     produce(pulsar_broker.service_url, topic, 30, 100, batching=True, batch_size=10)
     entries = read_all(raw, topic)
     probe = rr.probe_after_raw(raw, topic, BEFORE_EARLIEST, settings=FAST)
-    assert probe == pio.Probe(entries[0].position, entries[0].num_messages, len(entries[0].data))
+    assert probe == Probe(entries[0].position, entries[0].num_messages, len(entries[0].data))
     after_first = rr.probe_after_raw(raw, topic, entries[0].position, settings=FAST)
     assert after_first is not None and after_first.position == entries[1].position
     assert rr.probe_after_raw(raw, topic, entries[-1].position, settings=FAST, attempts=1) is None

@@ -19,7 +19,7 @@ from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
 from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.pulsar_io import PulsarIOError
+from streamoffload.streaming.ranges import PulsarIOError
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.tls_proxy import Pki, TlsProxy, make_pki
 from tests.source.test_pulsar_io import check_messages

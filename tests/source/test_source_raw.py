@@ -23,9 +23,10 @@ import pytest
 from streamoffload.codecs.entry import CompressionType, decode_entry, entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
-from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.source import SourceOptions, SourcePlanner
+from streamoffload.streaming.planner import SourcePlanner
+from streamoffload.streaming.ranges import BEFORE_EARLIEST
+from streamoffload.streaming.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic
 from tests.source.test_source_stream import rows_of, run_available_now, source_options
 
@@ -148,7 +149,7 @@ def test_raw_reader_rows_are_the_stored_entries(
         # byte for byte what the raw reader reads directly from the broker
         end = rr.latest_position_raw(raw, topic)
         assert end is not None
-        direct = list(rr.read_range_raw(raw, topic, pio.BEFORE_EARLIEST, end))
+        direct = list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end))
         assert [(e.ledger_id, e.entry_id, e.data) for e in direct] == [
             (r.ledger_id, r.entry_id, bytes(r.entry)) for r in rows
         ]
@@ -191,7 +192,7 @@ def test_planner_positions_and_probes_on_both_readers(pulsar_broker: EmbeddedBro
         probed = planner.backlog()[topic].bytes
         assert probed is not None
         raw = rr.RawClient(url)
-        entries = list(rr.read_range_raw(raw, topic, pio.BEFORE_EARLIEST, rr.latest_position_raw(raw, topic)))
+        entries = list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, rr.latest_position_raw(raw, topic)))
         assert len(entries) == COUNT // BATCH
         assert planner.latest_offset_report() == {topic: list(entries[-1].position)}
         stored = len(entries) * len(entries[0].data)

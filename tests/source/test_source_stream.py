@@ -13,22 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
-from streamoffload.errors import ConfigError
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming.source import (
-    SourceOptions,
-    SourcePlanner,
-    entries_between,
-    fair_shares,
-    parse_pattern,
-    read_backlog_file,
-)
+from streamoffload.streaming.backlog import read_backlog_file
+from streamoffload.streaming.planner import SourcePlanner
+from streamoffload.streaming.ranges import BEFORE_EARLIEST
+from streamoffload.streaming.source_options import SourceOptions
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -247,7 +240,7 @@ def test_starting_offsets_json(spark: Any, pulsar_broker: EmbeddedBroker, tmp_pa
     produce(url, b, 30, 40, properties=PROPS, batching=False)
     client = pio.make_client(url)
     try:
-        entries_a = list(pio.read_range(client, a, pio.BEFORE_EARLIEST, pio.latest_position(client, a)))
+        entries_a = list(pio.read_range(client, a, BEFORE_EARLIEST, pio.latest_position(client, a)))
     finally:
         client.close()
     tenth = entries_a[9].position
@@ -347,68 +340,3 @@ def test_planner_backlog_and_backlog_file(pulsar_broker: EmbeddedBroker, tmp_pat
         assert planner.latest_offset_report() == {topic: [ledger, 49]}
     finally:
         planner.client.close()
-
-
-def test_entries_between() -> None:
-    assert entries_between((3, 10), (3, 15)) == (5, True)
-    assert entries_between((3, 10), None) == (0, True)
-    assert entries_between((3, 10), (3, 10)) == (0, True)
-    assert entries_between((3, 10), (7, 4)) == (5, False)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    demands=st.lists(st.one_of(st.none(), st.integers(0, 50)), min_size=1, max_size=8),
-    budget=st.integers(0, 200),
-    rotation=st.integers(0, 20),
-)
-def test_fair_shares_are_max_min_fair(demands: list[int | None], budget: int, rotation: int) -> None:
-    alloc = fair_shares(demands, budget, rotation)
-    assert sum(alloc) <= budget
-    assert all(d is None or a <= d for a, d in zip(alloc, demands, strict=True))
-    if None in demands or sum(d for d in demands if d is not None) >= budget:
-        assert sum(alloc) == budget
-    else:
-        assert alloc == demands
-    # nobody left wanting has less than anyone else minus one unit
-    wanting = [a for a, d in zip(alloc, demands, strict=True) if d is None or a < d]
-    if wanting:
-        assert max(alloc) - min(wanting) <= 1
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"topics": "t"}, "option serviceUrl is required"),
-        ({"serviceUrl": "pulsar://h:1"}, "exactly one of the options topics"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "topicsPattern": "a.*"}, "exactly one of the options"),
-        ({"serviceUrl": "http://h:1", "topics": "a"}, "expected pulsar://HOST:PORT"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "startingOffsets": "{"}, "startingOffsets: .*not valid JSON"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "startingOffsets": '{"a": [1]}'}, "expected \\[ledgerId"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "maxBytesPerTrigger": "lots"}, "maxBytesPerTrigger"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "maxEntriesPerTrigger": "0"}, "maxEntriesPerTrigger: must be"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "failOnDataLoss": "perhaps"}, "failOnDataLoss"),
-        ({"serviceUrl": "pulsar://h:1", "topicsPattern": "a/b/c/("}, "bad regular expression"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "pulsar.client.bogus": "1"}, "pulsar.client.bogus"),
-    ],
-)
-def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        SourceOptions.parse(options)
-
-
-def test_options_are_case_insensitive_and_normalised() -> None:
-    opts = SourceOptions.parse(
-        {
-            "serviceurl": "pulsar://h:1",
-            "topics": "a, tenant/ns/b",
-            "startingoffsets": '{"a": [3, 7], "tenant/ns/b": "latest"}',
-            "maxbytespertrigger": "64m",
-            "pulsar.client.operationtimeoutseconds": "5",
-        }
-    )
-    assert opts.topics == ("persistent://public/default/a", "persistent://tenant/ns/b")
-    assert opts.starting_offsets == {"persistent://public/default/a": (3, 7), "persistent://tenant/ns/b": "latest"}
-    assert opts.max_bytes_per_trigger == 64 << 20
-    assert opts.client_opts == {"operationtimeoutseconds": "5"}
-    assert parse_pattern("persistent://t/n/x-.*") == ("t/n", __import__("re").compile("x-.*"))

@@ -14,7 +14,7 @@ from streamoffload.commands.policy import applied_policy
 from streamoffload.config import load_config
 from streamoffload.errors import ConfigError
 from streamoffload.streaming.job import OffloadJob
-from streamoffload.streaming.source import SourceOptions
+from streamoffload.streaming.source_options import SourceOptions
 
 CONF = """
 [pulsar]

@@ -24,7 +24,7 @@ from streamoffload.streaming.quarantine import (
     read_records,
 )
 from streamoffload.streaming.ranges import DataLossError, PulsarIOError
-from streamoffload.streaming.source import SourceOptions
+from streamoffload.streaming.source_options import SourceOptions
 from tests.source.test_admission import LEDGER, A, B, C, ModelPlanner
 
 ODD = 'persistent://public/default/odd "quoted" ]name'

@@ -1,0 +1,58 @@
+"""Values of data source options, parsed in one way for every source: switches, byte counts, positive
+numbers and topic names. Each error is one line naming the option and the value it refused."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.errors import ConfigError
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, name: str) -> int:
+    """A byte count: digits with an optional binary unit (``64m``, ``1GiB``); errors name option ``name``."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ConfigError(f"option {name}: expected a byte count like 1048576, 64m or 1GiB, got {text!r}")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
+    return int(match.group(1)) * scale
+
+
+def parse_positive(text: str, name: str, kind: type = int) -> Any:
+    """A number of type ``kind`` above zero; errors name option ``name``."""
+    try:
+        value = kind(text)
+    except ValueError as err:
+        raise ConfigError(f"option {name}: expected a positive number, got {text!r}") from err
+    if value <= 0:
+        raise ConfigError(f"option {name}: must be > 0, got {text!r}")
+    return value
+
+
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off")
+
+
+def parse_bool(text: str, name: str) -> bool:
+    """A switch: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``, any letter case. ``name``
+    is the option's full name (``failOnDataLoss``, ``pulsar.client.tlsAllowInsecureConnection``)."""
+    lowered = text.strip().lower()
+    if lowered in TRUE_WORDS:
+        return True
+    if lowered in FALSE_WORDS:
+        return False
+    raise ConfigError(f"option {name}: expected true or false, got {text!r}")
+
+
+def parse_topic(text: str, where: str) -> str:
+    """A topic name in its full form (short names are ``persistent://public/default/NAME``)."""
+    try:
+        return str(TopicName.parse(text))
+    except TopicNameError as err:
+        raise ConfigError(f"option {where}: {err}") from err
+
+
+__all__ = ["FALSE_WORDS", "TRUE_WORDS", "parse_bool", "parse_positive", "parse_size", "parse_topic"]
