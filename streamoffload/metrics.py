@@ -289,7 +289,7 @@ class JobMetrics(Collector):
         self.metadata = metadata
         self._view: Any = None
         if metadata is not None:
-            from streamoffload.checkpoints.metadata_store import MetadataView
+            from streamoffload.checkpoints.metadata_view import MetadataView
 
             self._view = MetadataView(metadata, rediscover_s=topic_rediscovery_s)
         self.backlog_provider = backlog
