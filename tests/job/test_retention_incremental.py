@@ -21,7 +21,7 @@ from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.checkpoints.retention import RetentionRunner, apply_retention
 from streamoffload.codecs.metadata import uuid_to_msb_lsb
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
-from streamoffload.metrics import JobMetrics
+from streamoffload.metrics.collector import JobMetrics
 from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectInfo, ObjectStore, PendingUpload
 from streamoffload.storage.filesystem import FilesystemStore

@@ -27,7 +27,7 @@ from streamoffload.dashboard import (
     expressions,
     substitute_variables,
 )
-from streamoffload.metrics import JobMetrics
+from streamoffload.metrics.collector import JobMetrics
 from streamoffload.streaming.job import BatchReport
 
 TOKEN = "glsa_test_token"

@@ -16,7 +16,7 @@ import yaml
 
 from streamoffload.config import load_config
 from streamoffload.dashboard import DATASOURCE_UID, dashboard_json
-from streamoffload.metrics import parse_address
+from streamoffload.metrics.serving import parse_address
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
