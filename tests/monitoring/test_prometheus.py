@@ -24,7 +24,7 @@ import pytest
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import Config, MetricsSettings, PulsarSettings, SparkSettings, StoreSettings
-from streamoffload.dashboard import TOPIC_VARIABLE_QUERY, build_dashboard, expressions, substitute_variables
+from streamoffload.dashboard.model import TOPIC_VARIABLE_QUERY, build_dashboard, expressions, substitute_variables
 from streamoffload.embedded_broker import free_port
 from streamoffload.metrics.install import install_metrics
 from streamoffload.produce import produce
