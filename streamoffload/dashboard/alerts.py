@@ -78,8 +78,7 @@ def alert_rules(
         },
         {
             "alert": "StreamoffloadBatchesStale",
-            "expr": f"time() - max by (job, instance) ({m.LAST_BATCH_TIME.name}{selector}) "
-            f"> {stale_batch_s:g}",
+            "expr": f"time() - max by (job, instance) ({m.LAST_BATCH_TIME.name}{selector}) > {stale_batch_s:g}",
             "for": "5m",
             "labels": {"severity": "critical"},
             "annotations": {

@@ -247,7 +247,7 @@ def build_dashboard() -> dict[str, Any]:
         [
             Target(f"sum(increase({m.UPLOAD_ERRORS.total}{_S}[{_RI}]))", "upload errors"),
             Target(f"sum(increase({m.QUERY_FAILURES.total}{_S}[{_RI}]))", "query failures"),
-            Target(f"sum({m.SEGMENTS.name}{{{_T[1:-1]},status=\"Failed\"}})", "failed segments"),
+            Target(f'sum({m.SEGMENTS.name}{{{_T[1:-1]},status="Failed"}})', "failed segments"),
             Target(f"min({m.METADATA_REFRESH_OK.name}{_S})", "metadata readable"),
         ],
         overrides=[_unit_override("D", "bool_yes_no")],

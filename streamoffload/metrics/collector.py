@@ -328,7 +328,6 @@ class JobMetrics(Collector):
         yield in_a_row
         yield set_aside
 
-
     # -- running ---------------------------------------------------------------------------------
 
     def start_refresher(self) -> None:

@@ -135,9 +135,7 @@ SEGMENT_SIZE = _define(
 SEGMENTS = _define(
     "segments", "gauge", "Segments in the store by status (Assigned, Offloaded, Failed).", ("topic", "status")
 )
-STORED_BYTES = _define(
-    "stored_bytes", "gauge", "Data object bytes of the Offloaded segments now in the store.", _TOPIC
-)
+STORED_BYTES = _define("stored_bytes", "gauge", "Data object bytes of the Offloaded segments now in the store.", _TOPIC)
 OFFLOAD_LAG = _define(
     "offload_lag_seconds",
     "gauge",

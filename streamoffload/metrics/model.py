@@ -37,8 +37,6 @@ CacheCounterSource = Callable[[], CacheCounters]
 """Read-path cache counters of a reader running in this process (see :meth:`JobMetrics.add_read_cache`)."""
 
 
-
-
 @dataclass
 class SizeHistogram:
     buckets: tuple[float, ...]

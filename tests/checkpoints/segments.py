@@ -33,9 +33,7 @@ def opened(meta: MetadataStore, ordinal: int, start: tuple[int, int], *, epoch: 
     return meta.open_attempt(manifest)
 
 
-def sealed(
-    opened_manifest: SegmentManifest, spans: Sequence[mf.LedgerSpan], *, publish_last: int
-) -> SegmentManifest:
+def sealed(opened_manifest: SegmentManifest, spans: Sequence[mf.LedgerSpan], *, publish_last: int) -> SegmentManifest:
     size = sum(span.size for span in spans)
     last = max(spans, key=lambda s: s.ledger_id)
     return mf.sealed_manifest(

@@ -24,9 +24,7 @@ def test_time_retention_deletes_the_segments_of_ledgers_older_than_the_retention
     meta = MetadataStore(store, "pre")
     # Ledgers 10..13 published 5, 4, 1 and 0.5 hours before NOW.
     ages_h = [5, 4, 1, 0.5]
-    segments = [
-        write_segment(meta, i, [10 + i], publish_last=NOW - int(age * HOUR_MS)) for i, age in enumerate(ages_h)
-    ]
+    segments = [write_segment(meta, i, [10 + i], publish_last=NOW - int(age * HOUR_MS)) for i, age in enumerate(ages_h)]
 
     report = apply_retention(meta, TOPIC, policy(minutes=120), NOW)
 
