@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints.metadata_store import CompactionReport, MetadataStore, MetadataView, now_ms
+from streamoffload.checkpoints.metadata_store import MetadataStore, now_ms
+from streamoffload.checkpoints.metadata_view import CompactionReport, MetadataView
 from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from streamoffload.checkpoints.metadata_store import MetadataStore, MetadataView
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.cli_common import add_store_args, config_from_args, float_arg, open_existing_store, topic_arg
 from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.errors import StreamOffloadError

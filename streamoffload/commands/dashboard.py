@@ -8,14 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from streamoffload.dashboard import (
-    DATASOURCE_NAME,
-    alert_rules,
-    alert_rules_yaml,
-    connect,
-    dashboard_json,
-    push_dashboard,
-)
+from streamoffload.dashboard.alerts import alert_rules
+from streamoffload.dashboard.export import alert_rules_yaml, dashboard_json
+from streamoffload.dashboard.grafana import DATASOURCE_NAME, connect, push_dashboard
 
 EPILOG = """\
 examples:

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         address = config.metrics.address if args.metrics_address is None else args.metrics_address
         if address:
-            from streamoffload.metrics import install_metrics
+            from streamoffload.metrics.install import install_metrics
 
             try:
                 metrics = install_metrics(job, spark, address)

@@ -14,16 +14,14 @@ from typing import Any
 import pytest
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints.metadata_store import (
-    DeletedRecord,
-    MetadataStore,
-    MetadataView,
-)
+from streamoffload.checkpoints.deleted_segments import DeletedRecord
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.checkpoints.retention import RetentionRunner, apply_retention
 from streamoffload.codecs.metadata import uuid_to_msb_lsb
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
-from streamoffload.metrics import JobMetrics
+from streamoffload.metrics.collector import JobMetrics
 from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectInfo, ObjectStore, PendingUpload
 from streamoffload.storage.filesystem import FilesystemStore
@@ -348,7 +346,7 @@ def test_failure_notes_of_gone_attempts_go_after_the_grace(small: tuple[Filesyst
 def test_legacy_protobuf_records_still_decode(small: tuple[FilesystemStore, MetadataStore]) -> None:
     store, meta = small
     manifest = meta.offloaded_segments(TOPIC)[0]
-    key = meta._deleted_segment_key(manifest)
+    key = meta.deleted_segment_key(manifest)
     store.put(key, mf.deleted_segment_record(manifest, 1234))
     record = DeletedRecord.decode(store.get(key), where=key)
     assert record.segment_id == str(mf.manifest_uuid(manifest)) and record.deleted_ms == 1234

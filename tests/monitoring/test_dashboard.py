@@ -17,17 +17,18 @@ from typing import Any
 import pytest
 
 from streamoffload.cli import main
-from streamoffload.dashboard import (
+from streamoffload.dashboard.export import dashboard_json
+from streamoffload.dashboard.grafana import DATASOURCE_NAME, DATASOURCE_UID
+from streamoffload.dashboard.model import (
     DASHBOARD_UID,
-    DATASOURCE_NAME,
-    DATASOURCE_UID,
     TOPIC_VARIABLE_QUERY,
     build_dashboard,
-    dashboard_json,
     expressions,
     substitute_variables,
 )
-from streamoffload.metrics import JobMetrics
+from streamoffload.metrics import definitions
+from streamoffload.metrics.collector import JobMetrics
+from streamoffload.metrics.model import Backlog
 from streamoffload.streaming.job import BatchReport
 
 TOKEN = "glsa_test_token"
@@ -129,6 +130,26 @@ def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
     used = {name for expr in expressions(build_dashboard()) for name in re.findall(r"streamoffload_\w+", expr)}
     assert used - exported == set()
+
+
+def test_the_definitions_are_exactly_the_families_the_job_exports() -> None:
+    """The dashboard and the alerts build on ``metrics.definitions``: it must list every exported family,
+    with the type, help and labels the collector gives it, and nothing the collector does not export."""
+    topic = "persistent://public/default/t-partition-0"
+    metrics = JobMetrics(read_cache=False, backlog=lambda _known: {topic: Backlog((1, 5), entries=5, bytes=50)})
+    stats = {"open_segment": "s", "open_segment_assigned_ms": 1, "last_position": [1, 0], "buffered_bytes": 0}
+    seal = {"topic": topic, "segment": "t", "reason": "time", "entries": 1, "entry_bytes": 5, "data_length": 10}
+    seal |= {"end": [1, 0], "publish_time_last": 1_000}
+    metrics.on_batch(BatchReport(0, 0.1, sealed=[seal], topics={topic: stats}))
+    metrics.refresh_backlog()
+    metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record
+    exported = {family.name: family for family in metrics.registry.collect()}
+    assert set(exported) == set(definitions.METRICS)
+    for name, defn in definitions.METRICS.items():
+        family = exported[name]
+        assert (family.type, family.documentation) == (defn.kind, defn.help), name
+        labels = {k for sample in family.samples for k in sample.labels if k not in ("le",)}
+        assert labels == set(defn.labels), name
 
 
 def test_variable_substitution_prefers_the_longest_name() -> None:
@@ -450,7 +471,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
     import time
     import urllib.request
 
-    from streamoffload.dashboard import alert_rules
+    from streamoffload.dashboard.alerts import alert_rules
     from streamoffload.embedded_broker import free_port
 
     out = tmp_path / "alerts.yml"

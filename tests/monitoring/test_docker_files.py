@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from streamoffload.config import load_config
-from streamoffload.dashboard import DATASOURCE_UID, dashboard_json
-from streamoffload.metrics import parse_address
+from streamoffload.dashboard.export import dashboard_json
+from streamoffload.dashboard.grafana import DATASOURCE_UID
+from streamoffload.metrics.serving import parse_address
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -235,7 +236,7 @@ def test_the_job_image_installs_pinned_dependencies() -> None:
 
 
 def test_prometheus_loads_the_committed_alert_rules(compose: dict[str, Any], tmp_path: Path) -> None:
-    from streamoffload.dashboard import alert_rules_yaml
+    from streamoffload.dashboard.export import alert_rules_yaml
 
     committed = (DOCKER / "prometheus-alerts.yml").read_text(encoding="utf-8")
     assert committed == alert_rules_yaml(), (

@@ -18,13 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.errors import ConfigError
-from streamoffload.metrics import (
-    Backlog,
-    CacheCounters,
-    JobMetrics,
-    install_metrics,
-    parse_address,
-)
+from streamoffload.metrics.collector import JobMetrics
+from streamoffload.metrics.install import install_metrics
+from streamoffload.metrics.model import Backlog, CacheCounters
+from streamoffload.metrics.serving import parse_address
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.job import BatchReport
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
@@ -427,7 +424,7 @@ def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind
 
 
 def test_backlog_file_of_the_source_is_read(tmp_path: Path) -> None:
-    from streamoffload.metrics import backlog_file_provider
+    from streamoffload.metrics.sources import backlog_file_provider
     from streamoffload.streaming.backlog import PartitionBacklog
 
     path = tmp_path / "backlog.json"
@@ -466,7 +463,7 @@ def test_the_shared_read_cache_of_storage_read_handle_is_exported() -> None:
 
 @pytest.mark.broker
 def test_pulsar_backlog_asks_the_broker_for_latest_positions(pulsar_broker: Any) -> None:
-    from streamoffload.metrics import pulsar_backlog
+    from streamoffload.metrics.sources import pulsar_backlog
     from streamoffload.produce import produce
     from tests.fixtures.broker import unique_topic
 

@@ -24,9 +24,9 @@ import pytest
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import Config, MetricsSettings, PulsarSettings, SparkSettings, StoreSettings
-from streamoffload.dashboard import TOPIC_VARIABLE_QUERY, build_dashboard, expressions, substitute_variables
+from streamoffload.dashboard.model import TOPIC_VARIABLE_QUERY, build_dashboard, expressions, substitute_variables
 from streamoffload.embedded_broker import free_port
-from streamoffload.metrics import install_metrics
+from streamoffload.metrics.install import install_metrics
 from streamoffload.produce import produce
 from streamoffload.streaming import raw_reader
 from streamoffload.streaming.job import OffloadJob

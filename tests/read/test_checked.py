@@ -349,7 +349,7 @@ def test_retention_from_the_front_is_not_a_gap(
     assert verify(capsys, root, TOPIC)[0] == 0
     # Even with their deletion records and commits gone (compacted), the history starts later: fine.
     for seg in deleted:
-        store.delete(meta._deleted_segment_key(seg))
+        store.delete(meta.deleted_segment_key(seg))
         store.delete(keys.commit_key("", TOPIC, seg.ordinal))
     code, doc = verify(capsys, root, TOPIC)
     assert code == 0 and doc["ok"], doc["problems"]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints.metadata_store import MetadataStore, MetadataView
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.checkpoints.policy import MIB, OffloadPolicy
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.cli import main

@@ -20,7 +20,8 @@ from streamoffload.commands.status import render_table
 from streamoffload.config import Config, parse_config
 from streamoffload.errors import StreamOffloadError
 from streamoffload.limits import BlockSizeError, check_block_size, check_config_block_sizes, min_block_size
-from streamoffload.metrics import Backlog, JobMetrics
+from streamoffload.metrics.collector import JobMetrics
+from streamoffload.metrics.model import Backlog
 from streamoffload.status import offload_lag_seconds, store_status
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming import session

@@ -1,0 +1,382 @@
+"""An incremental view of the offload metadata (``MetadataView``): what a periodic pass (metrics,
+retention, cleanup) costs is proportional to what changed, not to the topic's history."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.deleted_segments import DeletedRecord, DeletedSummary, DeletedTotals, select_deletable
+from streamoffload.checkpoints.manifest import OFFLOADED, Position
+from streamoffload.checkpoints.metadata_store import MetadataStore, now_ms
+from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
+from streamoffload.codecs.topics import TopicName
+from streamoffload.storage import keys
+from streamoffload.storage.base import ObjectExistsError, ObjectInfo, ObjectNotFoundError
+
+log = logging.getLogger(__name__)
+
+_META = keys.META_DIR + "/"
+
+
+@dataclass(frozen=True)
+class SegmentState:
+    """What a reader of metadata (metrics, status) needs of one segment, without the manifest's encoding."""
+
+    segment_id: str
+    status: str
+    """Assigned, Offloaded or Failed (an unfinished attempt with a failure note is Failed)."""
+    entries: int
+    entry_bytes: int
+    data_length: int
+    """Bytes of the data object."""
+    seal_reason: str
+    end: Position
+    publish_last_ms: int
+    """Publish time of the segment's last entry (0 while it is open)."""
+    assigned_ms: int
+
+    @property
+    def offloaded(self) -> bool:
+        return self.status == mf.STATUS_NAMES[OFFLOADED]
+
+
+@dataclass
+class TopicMeta:
+    """A topic-partition's metadata as one listing of its ``_meta/`` found it (objects read once, cached)."""
+
+    topic: str
+    manifests: dict[str, SegmentManifest] = field(default_factory=dict)
+    """Manifest key -> manifest (as written: Assigned, Offloaded or Failed), in key (position) order."""
+    marks: dict[int, DeletedLedger] = field(default_factory=dict)
+    failures: dict[str, ObjectInfo] = field(default_factory=dict)
+    """Segment uuid -> the failure note's listing (its text is not read)."""
+    commits: dict[int, ObjectInfo] = field(default_factory=dict)
+    deleted: dict[str, DeletedRecord] = field(default_factory=dict)
+    """Segment uuid -> its deleted-segment record."""
+    summaries: dict[int, DeletedSummary] = field(default_factory=dict)
+    corrupt: list[str] = field(default_factory=list)
+    """Keys of objects that did not decode (skipped; reported by status/verify)."""
+
+    def offloaded(self) -> list[SegmentManifest]:
+        """The readable segments in position order (the lower ordinal wins an overlap, as in
+        ``MetadataStore.offloaded_segments``)."""
+        out: list[SegmentManifest] = []
+        for manifest in self.manifests.values():
+            if manifest.status != OFFLOADED:
+                continue
+            if out and mf.start_position(manifest) <= mf.end_position(out[-1]):
+                continue
+            out.append(manifest)
+        return out
+
+    def segment_ids(self) -> set[str]:
+        return {str(mf.manifest_uuid(m)) for m in self.manifests.values()}
+
+    @property
+    def summary(self) -> DeletedSummary | None:
+        return self.summaries[max(self.summaries)] if self.summaries else None
+
+    def status_name(self, manifest: SegmentManifest) -> str:
+        """Assigned, Offloaded or Failed (an unfinished attempt with a failure note is Failed)."""
+        if manifest.status != OFFLOADED and str(mf.manifest_uuid(manifest)) in self.failures:
+            return mf.STATUS_NAMES[mf.FAILED]
+        return mf.STATUS_NAMES[manifest.status]
+
+    def segment_states(self) -> list[SegmentState]:
+        """Every segment with a manifest (any status), in position order."""
+        return [self._state(m) for m in self.manifests.values()]
+
+    def offloaded_states(self) -> list[SegmentState]:
+        """The readable segments (``offloaded``), in position order."""
+        return [self._state(m) for m in self.offloaded()]
+
+    def _state(self, manifest: SegmentManifest) -> SegmentState:
+        return SegmentState(
+            segment_id=str(mf.manifest_uuid(manifest)),
+            status=self.status_name(manifest),
+            entries=manifest.entries,
+            entry_bytes=manifest.entryBytes,
+            data_length=manifest.dataLength,
+            seal_reason=manifest.sealReason,
+            end=mf.end_position(manifest),
+            publish_last_ms=manifest.publishTimeLast,
+            assigned_ms=manifest.assignedTimestamp,
+        )
+
+    def deleted_totals(self) -> DeletedTotals:
+        """Counts of every deleted segment that no manifest still shows: the summary plus the records it
+        does not hold (legacy records without counts add nothing)."""
+        summary = self.summary
+        totals = summary.totals.copy() if summary is not None else DeletedTotals()
+        pending = summary.pending if summary is not None else frozenset()
+        live = self.segment_ids()
+        for seg_id, record in self.deleted.items():
+            if seg_id not in pending and seg_id not in live:
+                totals.add_record(record)
+        return totals
+
+
+@dataclass
+class CompactionReport:
+    folded_records: list[str] = field(default_factory=list)
+    removed_commits: list[int] = field(default_factory=list)
+    removed_failures: list[str] = field(default_factory=list)
+    removed_summaries: list[int] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.folded_records) + len(self.removed_commits) + len(self.removed_failures)
+
+
+@dataclass
+class _Cached:
+    size: int
+    modified: float
+    value: object
+    final: bool
+    """Never re-read while listed (Offloaded manifests, create-only marks, records and summaries)."""
+
+
+class MetadataView:
+    """An incremental view of the metadata under a ``MetadataStore``: what a periodic pass costs is
+    proportional to what changed, not to the history.
+
+    * ``refresh(topic)`` lists the topic's ``_meta/`` once (manifests, commits, failure notes, deletion
+      marks, deleted-segment records and their summary come in that one listing) and reads only objects it
+      has not read before: Offloaded manifests, marks, records and summaries never change once written,
+      so they are cached by key for as long as they are listed; an Assigned manifest is read again only
+      when its listed size or time changed (it is rewritten once, as Offloaded).
+    * ``topics()`` lists every key of the store (``keys.list_topic_dirs``) only at the first call and then
+      every ``rediscover_s``; in between it returns the topics found then plus those it was told of
+      (``add_topics``: configured topics, topics of the job's batches).
+
+    Writes made through the view (``mark_ledger_deleted``, ``apply_deletions``, ``compact``) update the
+    cache, so the next pass does not read back what this process wrote. Not thread-safe: one per thread.
+    """
+
+    def __init__(
+        self, meta: MetadataStore, *, rediscover_s: float = 3600.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.meta = meta
+        self.rediscover_s = rediscover_s
+        self.clock = clock
+        self._known: set[str] = set()
+        self._discovered_at: float | None = None
+        self._cache: dict[str, dict[str, _Cached]] = {}
+        self._snapshots: dict[str, TopicMeta] = {}
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def add_topics(self, topics: Iterable[TopicName | str]) -> None:
+        self._known.update(str(t) for t in topics)
+
+    def topics(self, extra: Iterable[TopicName | str] = ()) -> list[str]:
+        """Known topic-partitions: rediscovered from the whole store at the first call and every
+        ``rediscover_s`` (0: every call), plus ``extra`` and those added."""
+        now = self.clock()
+        if self._discovered_at is None or now - self._discovered_at >= self.rediscover_s:
+            self._known = {str(t) for t in self.meta.topics()} | {t for t in self._known if t in self._snapshots}
+            self._discovered_at = now
+        self.add_topics(extra)
+        return sorted(self._known)
+
+    def rediscover(self) -> None:
+        """Make the next ``topics()`` list the whole store."""
+        self._discovered_at = None
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def snapshot(self, topic: TopicName | str) -> TopicMeta | None:
+        """The topic's metadata as the last ``refresh`` (and this view's writes since) left it."""
+        return self._snapshots.get(str(topic))
+
+    def refresh(self, topic: TopicName | str) -> TopicMeta:
+        """List the topic's ``_meta/`` once and read what is new or changed."""
+        name = str(topic)
+        prefix = keys.topic_dir(self.meta.prefix, name) + _META
+        store = self.meta.store
+        old = self._cache.get(name, {})
+        cache: dict[str, _Cached] = {}
+        snap = TopicMeta(name)
+        for info in store.list(prefix):
+            kind, _, rest = info.key[len(prefix) :].partition("/")
+            if not rest or "/" in rest:
+                continue
+            if kind == "failures":
+                snap.failures[rest] = info
+                continue
+            if kind == "commits":
+                with contextlib.suppress(ValueError):
+                    snap.commits[keys.parse_commit_name(rest)] = info
+                continue
+            if kind not in ("segments", "deleted", "deleted-segments", "deleted-summary"):
+                continue
+            entry = old.get(info.key)
+            if entry is None or not (entry.final or (entry.size, entry.modified) == (info.size, info.last_modified)):
+                entry = self._read(kind, info)
+                if entry is None:
+                    continue
+            cache[info.key] = entry
+            value = entry.value
+            if value is None:
+                snap.corrupt.append(info.key)
+            elif kind == "segments":
+                snap.manifests[info.key] = value  # type: ignore[assignment]
+            elif kind == "deleted":
+                snap.marks[value.ledgerId] = value  # type: ignore[attr-defined]
+            elif kind == "deleted-segments":
+                snap.deleted[rest] = value  # type: ignore[assignment]
+            else:
+                snap.summaries[value.seq] = value  # type: ignore[attr-defined]
+        self._cache[name] = cache
+        self._snapshots[name] = snap
+        self._known.add(name)
+        return snap
+
+    def _read(self, kind: str, info: ObjectInfo) -> _Cached | None:
+        try:
+            data = self.meta.store.get(info.key)
+        except ObjectNotFoundError:
+            return None  # deleted between the listing and the read
+        try:
+            if kind == "segments":
+                manifest = mf.decode_manifest(data, where=info.key)
+                return _Cached(info.size, info.last_modified, manifest, manifest.status == OFFLOADED)
+            if kind == "deleted":
+                value: object = mf.decode_deleted_ledger(data, where=info.key)
+            elif kind == "deleted-segments":
+                value = DeletedRecord.decode(data, where=info.key)
+            else:
+                value = DeletedSummary.decode(data, where=info.key)
+        except FormatError as err:
+            log.warning("skipping unreadable metadata object: %s", err)
+            return _Cached(info.size, info.last_modified, None, False)  # read again only once it changes
+        return _Cached(info.size, info.last_modified, value, True)
+
+    def _current(self, topic: TopicName | str) -> TopicMeta:
+        snap = self._snapshots.get(str(topic))
+        return snap if snap is not None else self.refresh(topic)
+
+    def _remember(self, topic: str, key: str, value: object) -> None:
+        self._cache.setdefault(topic, {})[key] = _Cached(-1, -1.0, value, True)
+
+    def _forget(self, topic: str, key: str) -> None:
+        self._cache.get(topic, {}).pop(key, None)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def mark_ledger_deleted(
+        self, topic: TopicName | str, ledger_id: int, reason: str, at_ms: int | None = None
+    ) -> bool:
+        """``MetadataStore.mark_ledger_deleted``, without a read when the view knows the mark exists."""
+        name = str(topic)
+        snap = self._current(name)
+        if ledger_id in snap.marks:
+            return False
+        at = now_ms() if at_ms is None else at_ms
+        if not self.meta.mark_ledger_deleted(name, ledger_id, reason, at):
+            return False
+        mark = DeletedLedger(ledgerId=ledger_id, deletedTimestamp=at, reason=reason)
+        snap.marks[ledger_id] = mark
+        self._remember(name, keys.deleted_mark_key(self.meta.prefix, name, ledger_id), mark)
+        return True
+
+    def apply_deletions(self, topic: TopicName | str, lag_ms: int, at_ms: int | None = None) -> list[SegmentManifest]:
+        """Delete the segments whose ledgers are all marked deleted past the lag (from the view)."""
+        name = str(topic)
+        at = now_ms() if at_ms is None else at_ms
+        snap = self._current(name)
+        done = []
+        for manifest in select_deletable(snap.offloaded(), snap.marks, lag_ms, at):
+            record = self.meta.delete_segment(manifest, at)
+            key = self.meta.manifest_key(manifest)
+            snap.manifests.pop(key, None)
+            self._forget(name, key)
+            snap.deleted[record.segment_id] = record
+            self._remember(name, self.meta.deleted_segment_key(manifest), record)
+            done.append(manifest)
+        return done
+
+    def compact(
+        self, topic: TopicName | str, *, grace_ms: int = 3_600_000, at_ms: int | None = None
+    ) -> CompactionReport:
+        """Remove the metadata nothing needs any more (from the view; no reads unless it folds records):
+
+        * deleted-segment records whose deletion finished (no manifest left), except the newest of the
+          topic (status tells "deleted by retention" from it): their counts are folded first into a new
+          create-only version of ``_meta/deleted-summary/`` (metrics totals survive restarts), then the
+          records and older summary versions are removed; their data and index objects are deleted again
+          (a no-op unless a crash interrupted the deletion);
+        * ``_meta/commits/<ordinal>`` of deleted segments, except the topic's newest commit, which tells
+          where the topic continues;
+        * failure notes of attempts that no longer exist, older than ``grace_ms``.
+
+        Safe beside another compaction (the cleanup command beside the job): of two writing the same
+        summary version, the second stops."""
+        name = str(topic)
+        at = now_ms() if at_ms is None else at_ms
+        snap = self._current(name)
+        report = CompactionReport()
+        store = self.meta.store
+        live_ids = snap.segment_ids()
+        live_ordinals = {m.ordinal for m in snap.manifests.values() if m.status == OFFLOADED}
+
+        for seg_id, info in list(snap.failures.items()):
+            if seg_id not in live_ids and at - info.last_modified * 1000 >= grace_ms:
+                store.delete(info.key)
+                del snap.failures[seg_id]
+                report.removed_failures.append(seg_id)
+
+        finished = [r for seg_id, r in snap.deleted.items() if seg_id not in live_ids]
+        newest_commit = max(snap.commits) if snap.commits else None
+        for record in finished:
+            ordinal = record.ordinal
+            if ordinal is None or ordinal == newest_commit or ordinal in live_ordinals or ordinal not in snap.commits:
+                continue
+            store.delete(snap.commits.pop(ordinal).key)
+            report.removed_commits.append(ordinal)
+
+        if not finished:
+            return report
+        keep = max(finished, key=lambda r: (r.deleted_ms, -1 if r.ordinal is None else r.ordinal, r.end))
+        summary = snap.summary
+        pending = summary.pending if summary is not None else frozenset()
+        counted = [r for r in finished if r is not keep and r.segment_id in pending]
+        fold = [r for r in finished if r is not keep and r.segment_id not in pending]
+        if fold:
+            totals = summary.totals.copy() if summary is not None else DeletedTotals()
+            for record in fold:
+                totals.add_record(record)
+            seq = max(snap.summaries, default=0) + 1
+            new = DeletedSummary(seq, totals, frozenset(r.segment_id for r in [*counted, *fold]))
+            key = self._summary_key(name, seq)
+            try:
+                store.put(key, new.encode(), if_absent=True)
+            except ObjectExistsError:
+                log.info("compaction of %s: summary %d was written by another compaction; next pass", name, seq)
+                return report
+            snap.summaries[seq] = new
+            self._remember(name, key, new)
+        for old_seq in [s for s in snap.summaries if s < max(snap.summaries, default=0)]:
+            store.delete(self._summary_key(name, old_seq))
+            del snap.summaries[old_seq]
+            report.removed_summaries.append(old_seq)
+        for record in [*counted, *fold]:
+            for key in (record.data_key, record.index_key):
+                if key:
+                    store.delete(key)
+            record_key = keys.deleted_segments_prefix(self.meta.prefix, name) + record.segment_id
+            store.delete(record_key)
+            snap.deleted.pop(record.segment_id, None)
+            self._forget(name, record_key)
+            report.folded_records.append(record.segment_id)
+        return report
+
+    def _summary_key(self, topic: str, seq: int) -> str:
+        return keys.deleted_summary_prefix(self.meta.prefix, topic) + f"{seq:020d}"

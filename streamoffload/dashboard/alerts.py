@@ -1,0 +1,111 @@
+"""Prometheus alerting rules of the offload job, over the metric definitions of
+``streamoffload.metrics.definitions``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamoffload.dashboard.model import STALE_BATCH_CRIT_S
+from streamoffload.metrics import definitions as m
+
+ALERT_GROUP = "streamoffload"
+
+
+def alert_rules(
+    *,
+    rollover_minutes: float = 10.0,
+    lag_rollovers: float = 3.0,
+    stale_batch_s: float = STALE_BATCH_CRIT_S,
+    job: str = "streamoffload",
+) -> dict[str, Any]:
+    """Prometheus alerting rules (a rule file's document) for the offload job scraped under ``job``:
+
+    * ``StreamoffloadLagHigh``: the lag (``streamoffload_offload_lag_seconds``, the definition ``status`` shows)
+      is above ``lag_rollovers`` rollover times: segments are not sealed when they should be;
+    * ``StreamoffloadUploadsFailing``: sink actions keep failing (the query restarts and retries them);
+    * ``StreamoffloadFailedSegments``: a segment stays Failed;
+    * ``StreamoffloadBatchesStale``: no micro-batch finished for ``stale_batch_s`` seconds (a stuck job);
+    * ``StreamoffloadStoreMetadataUnreadable``: the job cannot read the store's metadata;
+    * ``StreamoffloadJobDown``: the job is not scraped (stopped, crashed, or fenced: a fenced instance stops).
+    """
+    lag_s = rollover_minutes * 60 * lag_rollovers
+    selector = f'{{job="{job}"}}'
+    rules = [
+        {
+            "alert": "StreamoffloadLagHigh",
+            "expr": f"max by (job, instance, topic) ({m.OFFLOAD_LAG.name}{selector}) > {lag_s:g}",
+            "for": "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "offload lag of {{ $labels.topic }} is {{ $value | humanizeDuration }}",
+                "description": f"The newest offloaded entry of {{{{ $labels.topic }}}} is older than {lag_rollovers:g} "
+                f"rollover times ({lag_s:g} s) while newer entries wait. Check the job's log and "
+                "`streamoffload status`.",
+            },
+        },
+        {
+            "alert": "StreamoffloadUploadsFailing",
+            "expr": f"sum by (job, instance) (increase({m.UPLOAD_ERRORS.total}{selector}[10m])) > 0",
+            "for": "10m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "uploads to the object store keep failing on {{ $labels.instance }}",
+                "description": "Part uploads or seals failed in each of the last 10 minutes; the query restarts "
+                "and retries them. Check the store's credentials, quota and reachability.",
+            },
+        },
+        {
+            "alert": "StreamoffloadFailedSegments",
+            "expr": f'sum by (job, instance, topic) ({m.SEGMENTS.name}{{job="{job}",status="Failed"}}) > 0',
+            "for": "15m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.topic }} has a Failed segment",
+                "description": "A segment stays Failed: it is retried before any new segment opens, so the topic "
+                "does not progress. See `streamoffload status`.",
+            },
+        },
+        {
+            "alert": "StreamoffloadTopicSetAside",
+            "expr": f"max by (job, instance, topic) ({m.TOPIC_SET_ASIDE.name}{selector}) > 0",
+            "for": "1m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.topic }} keeps failing and is set aside",
+                "description": "Its offload failed again and again, so the job pauses it (retrying after a "
+                "backoff) while the other topics go on. `streamoffload status` shows why.",
+            },
+        },
+        {
+            "alert": "StreamoffloadBatchesStale",
+            "expr": f"time() - max by (job, instance) ({m.LAST_BATCH_TIME.name}{selector}) > {stale_batch_s:g}",
+            "for": "5m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "no micro-batch finished on {{ $labels.instance }} for {{ $value | humanizeDuration }}",
+                "description": "The job runs but its query makes no progress (stuck Spark, an unreachable broker).",
+            },
+        },
+        {
+            "alert": "StreamoffloadStoreMetadataUnreadable",
+            "expr": f"min by (job, instance) ({m.METADATA_REFRESH_OK.name}{selector}) == 0",
+            "for": "10m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.instance }} cannot read the store's metadata",
+                "description": "The metrics' store refresh fails: offload totals and the lag may be stale.",
+            },
+        },
+        {
+            "alert": "StreamoffloadJobDown",
+            "expr": f'up{selector} == 0 or absent(up{{job="{job}"}})',
+            "for": "2m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "the offload job {{ $labels.instance }} is down",
+                "description": "Prometheus cannot scrape the job: it stopped, crashed or was fenced by another "
+                "instance (a fenced job exits). Nothing is offloaded meanwhile.",
+            },
+        },
+    ]
+    return {"groups": [{"name": ALERT_GROUP, "rules": rules}]}

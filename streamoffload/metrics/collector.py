@@ -1,0 +1,432 @@
+"""``JobMetrics``: the collector of one offload job. It records what the job's batch reports, Spark's progress
+and the store's metadata say, and exposes it in the families of ``metrics.definitions``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from streamoffload import __version__
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_view import MetadataView
+from streamoffload.codecs.positions import Position
+from streamoffload.metrics import definitions as d
+from streamoffload.metrics.model import (
+    Backlog,
+    BacklogProvider,
+    CacheCounterSource,
+    OpenSegment,
+    TopicState,
+    store_totals,
+)
+from streamoffload.metrics.serving import MetricsServer, format_address
+from streamoffload.metrics.sources import backlog_from_source_progress, shared_read_cache
+
+log = logging.getLogger(__name__)
+
+
+class JobMetrics(Collector):
+    """Metrics of one offload job. Feed it with :meth:`on_batch` (a job listener), Spark progress
+    (``metrics.sources.progress_listener``) and :meth:`refresh_store`; serve it with :meth:`start_server`.
+    """
+
+    def __init__(
+        self,
+        metadata: MetadataStore | None = None,
+        *,
+        backlog: BacklogProvider | None = None,
+        store_refresh_s: float = 60.0,
+        backlog_interval_s: float = 15.0,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        read_cache: bool = True,
+        topic_rediscovery_s: float = 3600.0,
+    ) -> None:
+        self.metadata = metadata
+        self._view = None if metadata is None else MetadataView(metadata, rediscover_s=topic_rediscovery_s)
+        self.backlog_provider = backlog
+        self.store_refresh_s = store_refresh_s
+        self.backlog_interval_s = backlog_interval_s
+        self.clock = clock
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._lock = threading.RLock()
+        self._refresh_lock = threading.Lock()
+        self._on_stop: list[Callable[[], None]] = []
+        self._topics: dict[str, TopicState] = {}
+        self._read_caches: list[CacheCounterSource] = [shared_read_cache] if read_cache else []
+        self._dirty: set[str] = set()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._server: MetricsServer | None = None
+        self.address: tuple[str, int] | None = None
+        self.last_refresh_error: str | None = None
+        self._last_refresh_time = 0.0
+        self._last_batch_time = 0.0
+        self._failing: dict[str, tuple[int, int]] = {}
+        """Topic-partitions failing in a row (streaming.quarantine): failures and until when set aside."""
+
+        reg = self.registry
+        self.upload_duration = _histogram(d.UPLOAD_DURATION, reg)
+        self.upload_errors = _counter(d.UPLOAD_ERRORS, reg)
+        self.parts_uploaded = _counter(d.PARTS_UPLOADED, reg)
+        self.part_bytes_uploaded = _counter(d.PART_BYTES_UPLOADED, reg)
+        self.segments_opened = _counter(d.SEGMENTS_OPENED, reg)
+        self.sink_duration = _histogram(d.SINK_DURATION, reg)
+        self.batch_duration = _histogram(d.BATCH_DURATION, reg)
+        self.batches = _counter(d.BATCHES, reg)
+        self.input_rows = _counter(d.INPUT_ROWS, reg)
+        self.input_rate = Gauge(d.INPUT_RATE.name, d.INPUT_RATE.help, registry=reg)
+        self.processed_rate = Gauge(d.PROCESSED_RATE.name, d.PROCESSED_RATE.help, registry=reg)
+        self.query_failures = _counter(d.QUERY_FAILURES, reg)
+        self.info = Gauge(d.BUILD_INFO.name, d.BUILD_INFO.help, list(d.BUILD_INFO.labels), registry=reg)
+        self.info.labels(version=__version__).set(1)
+        reg.register(self)
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def _topic(self, topic: str) -> TopicState:
+        state = self._topics.get(topic)
+        if state is None:
+            state = self._topics[topic] = TopicState()
+        return state
+
+    def on_batch(self, report: Any) -> None:
+        """A job listener: account a :class:`~streamoffload.streaming.job.BatchReport`."""
+        now = self.clock()
+        for seconds in report.upload_seconds:
+            self.upload_duration.observe(seconds)
+        if report.errors:
+            self.upload_errors.inc(report.errors)
+        if report.parts:
+            self.parts_uploaded.inc(report.parts)
+        if report.part_bytes:
+            self.part_bytes_uploaded.inc(report.part_bytes)
+        if report.opened:
+            self.segments_opened.inc(report.opened)
+        self.sink_duration.observe(report.duration_s)
+        with self._lock:
+            self._last_batch_time = now
+            for topic, stats in report.topics.items():
+                state = self._topic(topic)
+                state.stats = dict(stats)
+                segment, assigned = stats.get("open_segment"), stats.get("open_segment_assigned_ms")
+                if segment and segment not in state.offloaded:
+                    previous = state.open.get(segment)
+                    state.open[segment] = OpenSegment(previous.status if previous else "Assigned", int(assigned or 0))
+            for seal in report.sealed:
+                state = self._topic(seal["topic"])
+                end = seal.get("end")
+                state.count_offloaded(
+                    seal["segment"],
+                    entries=int(seal.get("entries", 0)),
+                    entry_bytes=int(seal.get("entry_bytes", 0)),
+                    data_bytes=int(seal.get("data_length", 0)),
+                    reason=str(seal.get("reason", "")),
+                    end=(int(end[0]), int(end[1])) if end else None,
+                    publish_last_ms=int(seal.get("publish_time_last", 0) or 0),
+                )
+                if not end or not seal.get("publish_time_last"):
+                    self._dirty.add(seal["topic"])  # the manifest has the end position and publish time
+        if report.sealed:
+            self._wake.set()
+
+    def on_progress(self, progress: Any) -> None:
+        """Account one Spark ``StreamingQueryProgress`` (or its JSON as a dict)."""
+        get = progress.get if isinstance(progress, Mapping) else (lambda k, d=None: getattr(progress, k, d))
+        durations = get("durationMs") or {}
+        total_ms = durations.get("triggerExecution")
+        if total_ms is not None:
+            self.batch_duration.observe(float(total_ms) / 1000)
+        self.batches.inc()
+        rows = get("numInputRows")
+        if rows:
+            self.input_rows.inc(int(rows))
+        rate = get("inputRowsPerSecond")
+        if rate is not None and rate == rate:  # NaN when a batch had no duration to divide by
+            self.input_rate.set(float(rate))
+        processed = get("processedRowsPerSecond")
+        if processed is not None and processed == processed:
+            self.processed_rate.set(float(processed))
+        found: dict[str, Backlog] = {}
+        for source in get("sources") or []:
+            found.update(backlog_from_source_progress(source))
+        if found:
+            with self._lock:
+                for topic, backlog in found.items():
+                    state = self._topic(topic)
+                    previous = state.backlog
+                    if previous is not None and previous.bytes is not None and backlog.entries == previous.entries:
+                        backlog = Backlog(backlog.latest, backlog.entries, previous.bytes)
+                    state.backlog = backlog
+
+    def on_query_failed(self) -> None:
+        self.query_failures.inc()
+        # The sink marked segments Failed: show it without waiting for the periodic refresh.
+        with self._lock:
+            self._dirty.update(self._topics)
+        self._wake.set()
+
+    def source_latest(self, topic: str) -> Position | None:
+        """The latest position of ``topic`` as the source (Spark progress or a provider) last reported it."""
+        with self._lock:
+            state = self._topics.get(topic)
+            return state.backlog.latest if state is not None and state.backlog is not None else None
+
+    def add_read_cache(self, source: CacheCounterSource) -> None:
+        """Export the cache counters of a reader running in this process (e.g. a ReadHandle's
+        ``cache_stats``) as ``streamoffload_read_cache_{hits,misses}_total``; several sources add up."""
+        with self._lock:
+            self._read_caches.append(source)
+
+    # -- the store -------------------------------------------------------------------------------
+
+    def refresh_store(self, topics: Iterable[str] | None = None) -> None:
+        """Re-read the metadata of ``topics``, or of every topic-partition known (the store's, found at
+        the first refresh and every ``topic_rediscovery_s``, and those the job's batches named): one
+        listing per topic-partition, reads of changed objects only."""
+        if self._view is None:
+            return
+        view = self._view
+        if topics is None:
+            with self._lock:
+                known = list(self._topics)
+            names = view.topics(known)
+        else:
+            names = sorted({str(t) for t in topics})
+        for topic in names:
+            snap = view.refresh(topic)
+            totals = store_totals(snap)
+            with self._lock:
+                state = self._topic(topic)
+                offloaded: dict[str, int] = {}
+                opened: dict[str, OpenSegment] = {}
+                for segment in snap.segment_states():
+                    if segment.offloaded:
+                        offloaded[segment.segment_id] = segment.data_length
+                        state.count_offloaded(
+                            segment.segment_id,
+                            entries=segment.entries,
+                            entry_bytes=segment.entry_bytes,
+                            data_bytes=segment.data_length,
+                            reason=segment.seal_reason,
+                            end=segment.end,
+                            publish_last_ms=segment.publish_last_ms,
+                        )
+                    else:
+                        opened[segment.segment_id] = OpenSegment(segment.status, segment.assigned_ms)
+                state.offloaded = offloaded
+                state.open = opened
+                if state.store_totals is None or totals.segments >= state.store_totals.segments:
+                    state.store_totals = totals
+        if topics is None:  # one LIST (records exist only while a topic is failing)
+            from streamoffload.streaming.quarantine import read_records
+
+            failing = read_records(view.meta.store, view.meta.prefix)
+            with self._lock:
+                self._failing = {r.topic: (r.failures, r.until_ms) for r in failing}
+        with self._lock:
+            self._last_refresh_time = self.clock()
+
+    def refresh_backlog(self) -> None:
+        if self.backlog_provider is None:
+            return
+        with self._lock:
+            known = sorted(self._topics)
+        found = self.backlog_provider(known)
+        with self._lock:
+            for topic, backlog in found.items():
+                self._topic(topic).backlog = backlog
+
+    # -- exposition ------------------------------------------------------------------------------
+
+    def describe(self) -> list[Metric]:
+        return []  # the families depend on the topics seen; nothing to check ahead of collection
+
+    def collect(self) -> Iterator[Metric]:
+        now_ms = int(self.clock() * 1000)
+        entries = _family(d.ENTRIES_OFFLOADED)
+        nbytes = _family(d.BYTES_OFFLOADED)
+        sealed = _family(d.SEGMENTS_SEALED)
+        sizes = _family(d.SEGMENT_SIZE)
+        segments = _family(d.SEGMENTS)
+        stored = _family(d.STORED_BYTES)
+        lag = _family(d.OFFLOAD_LAG)
+        last_publish = _family(d.LAST_OFFLOADED_PUBLISH)
+        backlog = _family(d.BACKLOG_ENTRIES)
+        backlog_bytes = _family(d.SOURCE_BACKLOG_BYTES)
+        open_age = _family(d.OPEN_SEGMENT_AGE)
+        open_entries = _family(d.OPEN_SEGMENT_ENTRIES)
+        open_bytes = _family(d.OPEN_SEGMENT_BYTES)
+        buffer = _family(d.OFFLOAD_BUFFER)
+        with self._lock:
+            for topic, st in sorted(self._topics.items()):
+                totals = st.exported()
+                entries.add_metric([topic], totals.entries)
+                nbytes.add_metric([topic], totals.bytes)
+                for reason, n in sorted(totals.seals.items()):
+                    sealed.add_metric([topic, reason], n)
+                sizes.add_metric([topic], totals.sizes.cumulative(), totals.sizes.total)
+                counts = {status: 0 for status in d.STATUSES}
+                counts["Offloaded"] = len(st.offloaded)
+                for seg in st.open.values():
+                    counts[seg.status] = counts.get(seg.status, 0) + 1
+                for status, n in counts.items():
+                    segments.add_metric([topic, status], n)
+                stored.add_metric([topic], sum(st.offloaded.values()))
+                value = st.lag_seconds(now_ms)
+                if value is not None:
+                    lag.add_metric([topic], value)
+                if st.last_publish_ms:
+                    last_publish.add_metric([topic], st.last_publish_ms / 1000)
+                behind = st.backlog_entries()
+                if behind is not None:
+                    backlog.add_metric([topic], behind)
+                if st.backlog is not None and st.backlog.bytes is not None:
+                    backlog_bytes.add_metric([topic], st.backlog.bytes)
+                assigned = [seg.assigned_ms for seg in st.open.values() if seg.assigned_ms]
+                open_age.add_metric([topic], max(0.0, (now_ms - min(assigned)) / 1000) if assigned else 0.0)
+                if st.stats is not None:
+                    open_entries.add_metric([topic], int(st.stats.get("open_segment_entries") or 0))
+                    open_bytes.add_metric([topic], int(st.stats.get("open_segment_bytes") or 0))
+                    buffer.add_metric([topic], int(st.stats.get("buffered_bytes") or 0))
+            hits = misses = 0
+            for source in self._read_caches:
+                try:
+                    counters = source()
+                except Exception:
+                    log.debug("read cache counters unavailable", exc_info=True)
+                    continue
+                hits += counters.hits
+                misses += counters.misses
+            refreshed, batch_time = self._last_refresh_time, self._last_batch_time
+            failing = dict(self._failing)
+            refresh_error = self.last_refresh_error
+        yield from (entries, nbytes, sealed, sizes, segments, stored, lag, last_publish, backlog, backlog_bytes)
+        yield from (open_age, open_entries, open_bytes, buffer)
+        cache_hits = _family(d.READ_CACHE_HITS)
+        cache_hits.add_metric([], hits)
+        cache_misses = _family(d.READ_CACHE_MISSES)
+        cache_misses.add_metric([], misses)
+        yield cache_hits
+        yield cache_misses
+        yield _gauge(d.METADATA_REFRESH_TIME, refreshed)
+        yield _gauge(d.METADATA_REFRESH_OK, 0.0 if refresh_error else 1.0)
+        yield _gauge(d.LAST_BATCH_TIME, batch_time)
+        in_a_row = _family(d.TOPIC_FAILURES_IN_A_ROW)
+        set_aside = _family(d.TOPIC_SET_ASIDE)
+        for topic, (failures, until_ms) in sorted(failing.items()):
+            in_a_row.add_metric([topic], failures)
+            set_aside.add_metric([topic], 1.0 if until_ms > now_ms else 0.0)
+        yield in_a_row
+        yield set_aside
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def start_refresher(self) -> None:
+        """Read the store once now (so the first scrape is right), then keep refreshing in a thread."""
+        self.safe_refresh_store()
+        self.safe_refresh_backlog()
+        self._thread = threading.Thread(target=self._refresh_loop, name="streamoffload-metrics", daemon=True)
+        self._thread.start()
+
+    def safe_refresh_store(self, topics: Iterable[str] | None = None) -> None:
+        """``refresh_store`` that logs instead of raising (an unreachable store must not stop the job);
+        ``streamoffload_metadata_refresh_ok`` shows the outcome."""
+        try:
+            with self._refresh_lock:
+                self.refresh_store(topics)
+            self.last_refresh_error = None
+        except Exception as err:
+            self.last_refresh_error = f"{type(err).__name__}: {err}"
+            log.warning("metrics: reading the store's metadata failed: %s", self.last_refresh_error)
+
+    def safe_refresh_backlog(self) -> None:
+        try:
+            self.refresh_backlog()
+        except Exception as err:
+            log.warning("metrics: asking the source for latest positions failed: %s", err)
+
+    def _refresh_loop(self) -> None:
+        next_store = time.monotonic() + self.store_refresh_s
+        next_backlog = time.monotonic() + self.backlog_interval_s
+        while not self._stopping.is_set():
+            timeout = max(0.0, min(next_store, next_backlog) - time.monotonic())
+            self._wake.wait(timeout)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                dirty, self._dirty = self._dirty, set()
+            now = time.monotonic()
+            if now >= next_store:
+                self.safe_refresh_store()
+                next_store = now + self.store_refresh_s
+            elif dirty:
+                self.safe_refresh_store(dirty)
+            if now >= next_backlog or dirty:
+                self.safe_refresh_backlog()
+                next_backlog = time.monotonic() + self.backlog_interval_s
+
+    def start_server(self, address: str) -> tuple[str, int]:
+        """Serve ``/metrics`` on ``host:port`` (port 0: a free port). Returns the bound address."""
+        self._server = MetricsServer(self.registry, address)
+        self.address = self._server.address
+        return self.address
+
+    @property
+    def url(self) -> str | None:
+        return f"http://{format_address(*self.address)}/metrics" if self.address else None
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` (first registered last) when the metrics stop: detaching listeners."""
+        self._on_stop.append(callback)
+
+    def stop(self) -> None:
+        """Detach from the job and Spark, stop the refresher and the HTTP server. Idempotent."""
+        while self._on_stop:
+            callback = self._on_stop.pop()
+            try:
+                callback()
+            except Exception:
+                log.warning("metrics: detaching failed", exc_info=True)
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+def _counter(defn: d.MetricDef, registry: CollectorRegistry) -> Counter:
+    return Counter(defn.name, defn.help, list(defn.labels), registry=registry)
+
+
+def _histogram(defn: d.MetricDef, registry: CollectorRegistry) -> Histogram:
+    return Histogram(defn.name, defn.help, list(defn.labels), registry=registry, buckets=defn.buckets)
+
+
+_FAMILIES: dict[str, type[Metric]] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+    "histogram": HistogramMetricFamily,
+}
+
+
+def _family(defn: d.MetricDef) -> Any:
+    """An empty family of ``defn`` for :meth:`JobMetrics.collect` to fill, one sample per label set."""
+    return _FAMILIES[defn.kind](defn.name, defn.help, labels=list(defn.labels))
+
+
+def _gauge(defn: d.MetricDef, value: float) -> GaugeMetricFamily:
+    """A gauge of ``defn`` without labels and its one value."""
+    return GaugeMetricFamily(defn.name, defn.help, value=value)

@@ -1,0 +1,193 @@
+"""What the offload job exports: every metric's name, type, help and labels, in one registry.
+
+The recording side (``metrics.collector``) creates its prometheus-client objects from these definitions,
+and the dashboard and alert rules (``streamoffload.dashboard``) build their queries from them, so a
+renamed metric renames its panels and alerts with it instead of leaving them silently empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PREFIX = "streamoffload"
+STATUSES = ("Assigned", "Offloaded", "Failed")
+
+# Segment sizes: from 1 MiB to 4 GiB (segments are bounded by maxSizePerOffloadSegmentMbytes, 1 GiB
+# by default; small ones come from time rollovers of quiet topics).
+SEGMENT_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(20, 33, 1))
+UPLOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One exported metric family."""
+
+    name: str
+    """The family's name, as ``# TYPE`` shows it (a counter's sample adds ``_total``)."""
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    """A histogram's upper bounds (``+Inf`` is implied)."""
+
+    @property
+    def total(self) -> str:
+        """A counter's sample name."""
+        if self.kind != "counter":
+            raise ValueError(f"metric {self.name}: a {self.kind} has no _total sample")
+        return self.name + "_total"
+
+    @property
+    def bucket(self) -> str:
+        return self._histogram_sample("_bucket")
+
+    @property
+    def sum(self) -> str:
+        return self._histogram_sample("_sum")
+
+    @property
+    def count(self) -> str:
+        return self._histogram_sample("_count")
+
+    def _histogram_sample(self, suffix: str) -> str:
+        if self.kind != "histogram":
+            raise ValueError(f"metric {self.name}: a {self.kind} has no {suffix} sample")
+        return self.name + suffix
+
+
+METRICS: dict[str, MetricDef] = {}
+"""Every exported family by name, in the order of the definitions below."""
+
+
+def _define(
+    name: str, kind: Kind, help: str, labels: tuple[str, ...] = (), buckets: tuple[float, ...] = ()
+) -> MetricDef:
+    full = f"{PREFIX}_{name}"
+    if full in METRICS:
+        raise ValueError(f"metric {full} is defined twice")
+    METRICS[full] = MetricDef(full, kind, help, labels, buckets)
+    return METRICS[full]
+
+
+_TOPIC = ("topic",)
+
+# -- the sink and the Spark query: process-lifetime counters and distributions -------------------------
+
+UPLOAD_DURATION = _define(
+    "upload_duration_seconds",
+    "histogram",
+    "Time to upload one part, or to seal a segment (complete the data object, put index and manifest).",
+    buckets=UPLOAD_BUCKETS,
+)
+UPLOAD_ERRORS = _define(
+    "upload_errors",
+    "counter",
+    "Sink actions (part uploads, seals) that failed; the query then restarts and retries them.",
+)
+PARTS_UPLOADED = _define("parts_uploaded", "counter", "Multipart parts uploaded by the sink.")
+PART_BYTES_UPLOADED = _define("part_bytes_uploaded", "counter", "Bytes of the multipart parts uploaded by the sink.")
+SEGMENTS_OPENED = _define("segments_opened", "counter", "Offload segments opened (Assigned manifests written).")
+SINK_DURATION = _define(
+    "sink_duration_seconds",
+    "histogram",
+    "Wall time of the sink (foreachBatch) for one micro-batch.",
+    buckets=BATCH_BUCKETS,
+)
+BATCH_DURATION = _define(
+    "batch_duration_seconds",
+    "histogram",
+    "Spark micro-batch duration (triggerExecution), from the StreamingQueryListener.",
+    buckets=BATCH_BUCKETS,
+)
+BATCHES = _define("batches", "counter", "Spark micro-batches completed.")
+INPUT_ROWS = _define("input_rows", "counter", "Rows (entries and control requests) read by the Spark query.")
+INPUT_RATE = _define(
+    "input_rows_per_second", "gauge", "Input rate of the last micro-batch (Spark's inputRowsPerSecond)."
+)
+PROCESSED_RATE = _define(
+    "processed_rows_per_second", "gauge", "Processing rate of the last micro-batch (Spark's processedRowsPerSecond)."
+)
+QUERY_FAILURES = _define(
+    "query_failures",
+    "counter",
+    "Offload queries that terminated with an error (the job restarts them from the checkpoint).",
+)
+BUILD_INFO = _define("build_info", "gauge", "streamoffload version.", ("version",))
+
+# -- per topic-partition: what the store holds and what waits ------------------------------------------
+
+ENTRIES_OFFLOADED = _define("entries_offloaded", "counter", "Entries in Offloaded (readable) segments.", _TOPIC)
+BYTES_OFFLOADED = _define("bytes_offloaded", "counter", "Bytes of the Pulsar entries in Offloaded segments.", _TOPIC)
+SEGMENTS_SEALED = _define(
+    "segments_sealed", "counter", "Segments sealed and offloaded, by seal reason.", ("topic", "reason")
+)
+SEGMENT_SIZE = _define(
+    "segment_size_bytes",
+    "histogram",
+    "Data object size of offloaded segments.",
+    _TOPIC,
+    buckets=SEGMENT_SIZE_BUCKETS,
+)
+SEGMENTS = _define(
+    "segments", "gauge", "Segments in the store by status (Assigned, Offloaded, Failed).", ("topic", "status")
+)
+STORED_BYTES = _define("stored_bytes", "gauge", "Data object bytes of the Offloaded segments now in the store.", _TOPIC)
+OFFLOAD_LAG = _define(
+    "offload_lag_seconds",
+    "gauge",
+    "0 when caught up with the latest position, else now minus the publish time of the newest offloaded entry.",
+    _TOPIC,
+)
+LAST_OFFLOADED_PUBLISH = _define(
+    "last_offloaded_publish_timestamp_seconds", "gauge", "Publish time of the newest offloaded entry.", _TOPIC
+)
+BACKLOG_ENTRIES = _define(
+    "backlog_entries", "gauge", "Entries published but not yet in an Offloaded segment (where known exactly).", _TOPIC
+)
+SOURCE_BACKLOG_BYTES = _define(
+    "source_backlog_bytes",
+    "gauge",
+    "Bytes between the source's read position and the latest position (from the source).",
+    _TOPIC,
+)
+OPEN_SEGMENT_AGE = _define(
+    "open_segment_age_seconds",
+    "gauge",
+    "Age of the oldest open (Assigned or Failed) segment; 0 when none is open.",
+    _TOPIC,
+)
+OPEN_SEGMENT_ENTRIES = _define("open_segment_entries", "gauge", "Entries assigned to the open segment.", _TOPIC)
+OPEN_SEGMENT_BYTES = _define("open_segment_bytes", "gauge", "Bytes (blocks) assigned to the open segment.", _TOPIC)
+OFFLOAD_BUFFER = _define(
+    "offload_buffer_bytes", "gauge", "Bytes accepted but not yet uploaded (the PIP-76 offload buffer).", _TOPIC
+)
+
+# -- the process: read caches, the metadata refresh, failing topic-partitions -------------------------
+
+READ_CACHE_HITS = _define(
+    "read_cache_hits", "counter", "Read-path cache hits of readers in this process (0 when none runs here)."
+)
+READ_CACHE_MISSES = _define(
+    "read_cache_misses", "counter", "Read-path cache misses of readers in this process (0 when none runs here)."
+)
+METADATA_REFRESH_TIME = _define(
+    "metadata_refresh_timestamp_seconds", "gauge", "When the store's metadata was last read."
+)
+METADATA_REFRESH_OK = _define("metadata_refresh_ok", "gauge", "1 if the last read of the store's metadata succeeded.")
+LAST_BATCH_TIME = _define("last_batch_timestamp_seconds", "gauge", "When the sink last finished a micro-batch.")
+TOPIC_FAILURES_IN_A_ROW = _define(
+    "topic_failures_in_a_row",
+    "gauge",
+    "Offload failures of a topic-partition since its last committed segment (absent when none).",
+    _TOPIC,
+)
+TOPIC_SET_ASIDE = _define(
+    "topic_set_aside",
+    "gauge",
+    "1 while a topic-partition that kept failing is set aside so the other topics go on.",
+    _TOPIC,
+)

@@ -1,0 +1,63 @@
+"""Attaching metrics to a running offload job: the batch listener, the Spark progress listener, the
+refresher thread and the HTTP endpoint, all undone by ``JobMetrics.stop()``."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from streamoffload.metrics.collector import JobMetrics
+from streamoffload.metrics.model import BacklogProvider
+from streamoffload.metrics.sources import backlog_file_provider, progress_listener
+
+
+def install_metrics(
+    job: Any,
+    spark: Any,
+    address: str,
+    *,
+    store_refresh_s: float = 60.0,
+    backlog_interval_s: float = 15.0,
+    backlog: BacklogProvider | None = None,
+) -> JobMetrics:
+    """Attach metrics to an :class:`~streamoffload.streaming.job.OffloadJob`: read the store's
+    metadata, register the batch listener and a ``StreamingQueryListener`` on ``spark``, start the
+    refresher and serve ``/metrics`` on ``address``. ``JobMetrics.stop()`` undoes all of it.
+
+    Latest positions come from Spark's progress events. ``backlog`` adds a provider: by default the
+    source's ``backlogFile`` when the job's source options name one (it adds bytes behind), or pass
+    :func:`pulsar_backlog` to ask the broker directly (one short-lived subscription per partition
+    and probe)."""
+    from streamoffload.streaming.job import QUERY_NAME
+
+    if backlog is None:
+        backlog_path = _source_option(job, "backlogFile")
+        backlog = backlog_file_provider(backlog_path) if backlog_path else None
+    metrics = JobMetrics(
+        job.metadata(), backlog=backlog, store_refresh_s=store_refresh_s, backlog_interval_s=backlog_interval_s
+    )
+    metrics.start_refresher()
+    job.listeners.append(metrics.on_batch)
+    metrics.on_stop(lambda: _remove(job.listeners, metrics.on_batch))
+    if spark is not None:
+        listener = progress_listener(metrics, QUERY_NAME)
+        spark.streams.addListener(listener)
+        metrics.on_stop(lambda: spark.streams.removeListener(listener))
+    try:
+        metrics.start_server(address)
+    except Exception:
+        metrics.stop()
+        raise
+    return metrics
+
+
+def _source_option(job: Any, name: str) -> str | None:
+    try:
+        return job.source_options().get(name)
+    except Exception:  # no topics configured, or a job without source options (tests)
+        return None
+
+
+def _remove(items: list[Any], item: Any) -> None:
+    with contextlib.suppress(ValueError):
+        items.remove(item)

@@ -1,0 +1,147 @@
+"""Where the metrics' inputs beyond the job's batch reports come from: latest positions (Spark's progress,
+the Pulsar source's backlog file, the broker), the Spark progress listener, and the read caches' counters."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from streamoffload.codecs.positions import Position
+from streamoffload.metrics.model import Backlog, BacklogProvider, CacheCounters
+from streamoffload.streaming.backlog import entries_between
+
+if TYPE_CHECKING:
+    from streamoffload.metrics.collector import JobMetrics
+
+log = logging.getLogger(__name__)
+
+
+def _offsets(value: Any) -> dict[str, Position]:
+    """A Pulsar source offset (JSON text or dict ``{topic-partition: [ledgerId, entryId]}``); {} otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, Mapping):
+        return {}
+    out: dict[str, Position] = {}
+    for topic, pos in value.items():
+        if (
+            isinstance(topic, str)
+            and "://" in topic
+            and isinstance(pos, list | tuple)
+            and len(pos) == 2
+            and all(isinstance(x, int) for x in pos)
+        ):
+            out[topic] = (int(pos[0]), int(pos[1]))
+    return out
+
+
+def backlog_from_source_progress(source: Any) -> dict[str, Backlog]:
+    """Latest and consumed positions of one ``SourceProgress`` of the Pulsar source (its
+    ``latestOffset`` is what the source's ``reportLatestOffset`` returned; ``endOffset`` what the
+    micro-batch consumed). Other sources (the control stream) yield nothing."""
+    get = source.get if isinstance(source, Mapping) else (lambda k, d=None: getattr(source, k, d))
+    latest = _offsets(get("latestOffset"))
+    consumed = _offsets(get("endOffset"))
+    out: dict[str, Backlog] = {}
+    for topic in set(latest) | set(consumed):
+        end = consumed.get(topic, (-1, -1))
+        top = latest.get(topic, end)
+        count, exact = entries_between(end, top)
+        out[topic] = Backlog(latest=max(top, end), entries=count if exact else None)
+    return out
+
+
+def backlog_file_provider(path: str) -> BacklogProvider:
+    """A :data:`BacklogProvider` reading the Pulsar source's ``backlogFile`` (``streaming.source``
+    rewrites it at every trigger and commit from Spark's source-runner process). Entry and byte
+    counts are taken only where the source marks them exact."""
+
+    def provide(_known: Sequence[str]) -> Mapping[str, Backlog]:
+        from streamoffload.streaming.backlog import read_backlog_file
+
+        try:
+            doc = read_backlog_file(path)
+        except FileNotFoundError:
+            return {}  # the source writes it at its first trigger
+        out: dict[str, Backlog] = {}
+        for topic, part in (doc.get("partitions") or {}).items():
+            latest = part.get("latest")
+            exact = bool(part.get("exact"))
+            out[topic] = Backlog(
+                latest=(int(latest[0]), int(latest[1])) if latest else None,
+                entries=int(part["entries"]) if exact and part.get("entries") is not None else None,
+                bytes=int(part["bytes"]) if exact and part.get("bytes") is not None else None,
+            )
+        return out
+
+    return provide
+
+
+def shared_read_cache() -> CacheCounters:
+    """Counters of the process-wide chunk cache of ``storage.read_handle`` (readers share it unless
+    given their own cache)."""
+    from streamoffload.storage.read_handle import shared_cache
+
+    stats = shared_cache().stats()
+    return CacheCounters(hits=stats.hits, misses=stats.misses)
+
+
+def progress_listener(metrics: JobMetrics, query_name: str) -> Any:
+    """A ``StreamingQueryListener`` feeding ``metrics`` with the progress of queries named ``query_name``."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class QueryProgressListener(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.ids: set[str] = set()
+
+        def onQueryStarted(self, event: Any) -> None:
+            if event.name == query_name:
+                self.ids.add(str(event.id))
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = event.progress
+            if progress.name == query_name:
+                metrics.on_progress(progress)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if str(event.id) in self.ids:
+                self.ids.discard(str(event.id))
+                if event.exception:
+                    metrics.on_query_failed()
+
+    return QueryProgressListener()
+
+
+def pulsar_backlog(service_url: str, options: Mapping[str, str], configured: Sequence[str] = ()) -> BacklogProvider:
+    """The default :data:`BacklogProvider`: each topic-partition's latest position, asked from Pulsar
+    (``streaming.pulsar_io.latest_position``), for the partitions of the configured topics and the
+    topic-partitions the metrics already know. Entries and bytes behind stay unknown (``None``): the
+    Python client cannot count the entries of the ledgers in between."""
+
+    def provide(known: Sequence[str]) -> Mapping[str, Backlog]:
+        from streamoffload.streaming import pulsar_io
+        from streamoffload.streaming.client_options import client_options
+
+        client = pulsar_io.shared_client(service_url, client_options(options))
+        names = set(known)
+        for topic in configured:
+            with contextlib.suppress(Exception):
+                names.update(pulsar_io.topic_partitions(client, topic))
+        out: dict[str, Backlog] = {}
+        for name in sorted(names):
+            try:
+                out[name] = Backlog(latest=pulsar_io.latest_position(client, name))
+            except Exception as err:
+                log.debug("metrics: latest position of %s unknown: %s", name, err)
+        return out
+
+    return provide

@@ -1,0 +1,1 @@
+"""Direct tests of ``checkpoints/``: plain Python on real stores (a filesystem store, moto S3), no Spark."""

@@ -1,0 +1,91 @@
+"""The writer lease: one instance writes a store prefix; a later epoch fences the earlier writer, whose
+checks, renewals and commits are then refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamoffload.checkpoints.lease import (
+    KEEP_EPOCHS,
+    FencedError,
+    LeaseHeldError,
+    WriterLease,
+    check_epoch,
+    instance_id,
+)
+from streamoffload.checkpoints.metadata_store import CommitConflictError, MetadataStore
+from streamoffload.storage import keys
+from streamoffload.storage.base import ObjectStore
+from tests.checkpoints.segments import NOW, write_segment
+
+TTL_MS = 30_000
+
+
+def lease(store: ObjectStore, holder: str) -> WriterLease:
+    return WriterLease(store, "prefix", holder, ttl_ms=TTL_MS)
+
+
+def test_a_second_writers_epoch_fences_the_first(store: ObjectStore) -> None:
+    first, second = lease(store, "host-a"), lease(store, "host-b")
+    assert first.acquire(now_ms=NOW).epoch == 1
+
+    with pytest.raises(LeaseHeldError, match=r"host-a.*epoch 1"):  # live: refused, naming the holder
+        second.acquire(now_ms=NOW + TTL_MS - 1)
+    assert second.acquire(now_ms=NOW + TTL_MS).epoch == 2  # expired: taken over
+
+    with pytest.raises(FencedError, match=r"epoch 1\) was taken over by instance host-b"):
+        first.check()
+    with pytest.raises(FencedError):
+        first.renew(now_ms=NOW + TTL_MS + 1)
+    with pytest.raises(FencedError, match="epoch 1"):
+        check_epoch(store, "prefix", 1)  # the executors' check before a commit
+    check_epoch(store, "prefix", 2)
+    check_epoch(store, "prefix", 0)  # no lease: a library user, never fenced
+
+    first.release()  # a fenced writer's release leaves the new holder's lease alone
+    current = second.current()
+    assert current is not None and (current.holder, current.epoch, current.ttl_ms) == ("host-b", 2, TTL_MS)
+    second.renew(now_ms=NOW + TTL_MS + 5)
+    assert second.current().renewed_ms == NOW + TTL_MS + 5  # type: ignore[union-attr]
+
+
+def test_the_same_instance_takes_its_own_lease_over_at_once(store: ObjectStore) -> None:
+    holder = instance_id("/checkpoints/job", host="host-a")
+    assert holder == instance_id("/checkpoints/job", host="host-a") != instance_id("/other", host="host-a")
+    before = lease(store, holder)
+    before.acquire(now_ms=NOW)
+    after = lease(store, holder)  # a restart after a crash: the lease is still live
+    assert after.acquire(now_ms=NOW + 1).epoch == 2
+    with pytest.raises(FencedError):
+        before.check()
+
+
+def test_force_takes_a_live_lease_and_release_lets_it_go_at_once(store: ObjectStore) -> None:
+    first, second = lease(store, "host-a"), lease(store, "host-b")
+    first.acquire(now_ms=NOW)
+    assert second.acquire(force=True, now_ms=NOW + 1).epoch == 2
+    third = lease(store, "host-c")
+    second.release()  # a clean stop: ttl 0, so another instance need not wait
+    assert third.acquire(now_ms=NOW + 2).epoch == 3
+
+
+def test_old_epochs_are_pruned_and_a_pruned_writer_counts_as_fenced(fs_store: ObjectStore) -> None:
+    writers = [lease(fs_store, f"host-{i}") for i in range(KEEP_EPOCHS + 2)]
+    for i, writer in enumerate(writers):
+        writer.acquire(force=True, now_ms=NOW + i)
+    listed = [info.key for info in fs_store.list(keys.prefix_meta_prefix("prefix", "writers"))]
+    assert len(listed) == KEEP_EPOCHS
+    with pytest.raises(FencedError):
+        writers[0].check()  # its epoch object is gone: taken over
+    writers[-1].check()
+
+
+def test_a_fenced_writers_commit_is_refused_by_the_store(store: ObjectStore) -> None:
+    """Fencing does not rest on clocks: a writer that missed the check still cannot commit a place the
+    new holder committed, and its manifest never says Offloaded."""
+    meta = MetadataStore(store, "prefix")
+    new = write_segment(meta, 0, [5], publish_last=NOW, epoch=2)
+    with pytest.raises(CommitConflictError, match=r"already committed by segment .*epoch 2.*refused"):
+        write_segment(meta, 0, [5], publish_last=NOW + 1, epoch=1)
+    [readable] = meta.offloaded_segments(new.topic)
+    assert readable.uidMsb == new.uidMsb and readable.uidLsb == new.uidLsb
