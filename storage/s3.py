@@ -47,9 +47,10 @@ from streamoffload.storage.base import (
     PendingUpload,
     StorageError,
     UploadNotFoundError,
+    check_part_list,
+    check_part_number,
     normalize_metadata,
 )
-from streamoffload.storage.filesystem import _check_part_number, check_part_list
 from streamoffload.storage.keys import check_key, check_prefix
 
 log = logging.getLogger(__name__)
@@ -761,7 +762,7 @@ class S3MultipartWrite(MultipartWrite):
         return f"S3MultipartWrite(key={self.key!r}, upload_id={self.upload_id!r}, store={self._store.url!r})"
 
     def write_part(self, part_number: int, data: bytes | memoryview) -> None:
-        _check_part_number(part_number)
+        check_part_number(part_number)
         self._store._write_part(self.key, self.upload_id, part_number, data)
 
     def complete(self, part_numbers: Sequence[int]) -> ObjectInfo:
