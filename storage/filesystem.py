@@ -116,6 +116,8 @@ class FilesystemStore(ObjectStore):
     An existing root keeps its mode."""
 
     min_part_size = 1
+    """Parts of any size: nothing needs to wait in the job's state, every micro-batch's bytes go out at its end
+    (for trickle traffic, a small block and part file per batch)."""
 
     def __init__(
         self, root: str | Path, *, fsync: bool = True, file_mode: int = DEFAULT_FILE_MODE, dir_mode: int | None = None
