@@ -59,8 +59,7 @@ is fresh, so they never meet a checkpoint written without them)."""
 
 
 def min_part_size(store: StoreSettings) -> int:
-    """The segmenter's minimum part: what a topic-partition may keep in the state store between batches.
-    It is the store class's ``min_part_size``, known from the URL's scheme without opening the store."""
+    """The segmenter's minimum part: the store class's ``min_part_size``, from the URL (no store is opened)."""
     return parse_store_url(store.url).store_class.min_part_size
 
 
