@@ -38,7 +38,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
@@ -118,20 +117,18 @@ class StoreLocation:
     def open(self) -> tuple[ObjectStore, str]:
         """The store and the key prefix its topics live under. A filesystem store must exist (a mistyped
         path is an error, not a new empty store)."""
-        from streamoffload.storage.urls import open_store
+        from streamoffload.storage.urls import open_store, parse_store_url
 
-        parts = urlsplit(self.url)
-        if parts.scheme.lower() == "s3":
-            if not parts.netloc or "@" in parts.netloc:
-                raise ConfigError(f"option store: {self.url!r} is not s3://bucket[/prefix]")
+        location = parse_store_url(self.url)
+        if location.scheme == "s3":
             # Keys in manifests are relative to the bucket: open its root, read under the prefix.
             store = open_store(
-                f"s3://{parts.netloc}",
+                f"s3://{location.bucket}",
                 endpoint_url=self.endpoint,
                 region=self.region,
                 path_style=True if self.endpoint else None,
             )
-            return store, unquote(parts.path).strip("/")
+            return store, location.prefix
         return open_store(self.url, create=False), ""
 
 

@@ -113,6 +113,27 @@ class PendingUpload:
     """Seconds since the epoch."""
 
 
+MAX_PART_NUMBER = 10_000
+"""The highest multipart part number (S3's limit, enforced by every store)."""
+
+
+def check_part_number(number: int) -> int:
+    """``number`` if it is a valid part number (an int in ``[1, MAX_PART_NUMBER]``), else ``ValueError``."""
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_PART_NUMBER:
+        raise ValueError(f"part numbers are integers in [1, {MAX_PART_NUMBER}], got {number!r}")
+    return number
+
+
+def check_part_list(part_numbers: Sequence[int]) -> list[int]:
+    """The part numbers ``complete`` was given, validated and in ascending order."""
+    numbers = [check_part_number(n) for n in part_numbers]
+    if not numbers:
+        raise ValueError("complete() needs at least one part number")
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"complete() was given duplicate part numbers: {sorted(numbers)}")
+    return sorted(numbers)
+
+
 class MultipartWrite(abc.ABC):
     """An object written as numbered parts, visible only once ``complete`` succeeds.
 

@@ -45,6 +45,8 @@ from streamoffload.storage.base import (
     PendingUpload,
     StorageError,
     UploadNotFoundError,
+    check_part_list,
+    check_part_number,
     normalize_metadata,
 )
 from streamoffload.storage.keys import check_key, check_prefix
@@ -55,7 +57,6 @@ _LOCK_STRIPES = 64
 _MANIFEST = "manifest.json"
 _UPLOAD_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _COPY_CHUNK = 8 * 1024 * 1024
-MAX_PART_NUMBER = 10_000
 DEFAULT_FILE_MODE = 0o600
 DEFAULT_DIR_MODE = 0o700
 
@@ -107,22 +108,6 @@ def pread_exact(fd: int, start: int, length: int) -> bytes:
     return data
 
 
-def _check_part_number(number: int) -> int:
-    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_PART_NUMBER:
-        raise ValueError(f"part numbers are integers in [1, {MAX_PART_NUMBER}], got {number!r}")
-    return number
-
-
-def check_part_list(part_numbers: Sequence[int]) -> list[int]:
-    """The part numbers ``complete`` was given, validated and in ascending order."""
-    numbers = [_check_part_number(n) for n in part_numbers]
-    if not numbers:
-        raise ValueError("complete() needs at least one part number")
-    if len(set(numbers)) != len(numbers):
-        raise ValueError(f"complete() was given duplicate part numbers: {sorted(numbers)}")
-    return sorted(numbers)
-
-
 class FilesystemStore(ObjectStore):
     """Objects as files under ``root``. ``fsync=False`` skips the fsyncs (tests, scratch data).
 
@@ -131,6 +116,8 @@ class FilesystemStore(ObjectStore):
     An existing root keeps its mode."""
 
     min_part_size = 1
+    """Parts of any size: nothing needs to wait in the job's state, every micro-batch's bytes go out at its end
+    (for trickle traffic, a small block and part file per batch)."""
 
     def __init__(
         self, root: str | Path, *, fsync: bool = True, file_mode: int = DEFAULT_FILE_MODE, dir_mode: int | None = None
@@ -557,7 +544,7 @@ class FilesystemMultipartWrite(MultipartWrite):
             raise UploadNotFoundError(self.key, self.upload_id, self._store.url)
 
     def write_part(self, part_number: int, data: bytes | memoryview) -> None:
-        _check_part_number(part_number)
+        check_part_number(part_number)
         store = self._store
         part = self._part(part_number)
         with store._errors(f"write_part {part_number} of", self.key, part):

@@ -1,40 +1,29 @@
 """The S3 object store (AWS S3 and S3-compatible endpoints) through aiobotocore.
 
 The core is async; ``S3Store`` is a thin synchronous wrapper because its callers (Spark tasks, the CLI,
-read-ahead threads) are synchronous. Per process there is ONE background event-loop thread and ONE
-aiobotocore client (with its connection pool) per distinct configuration, shared by every ``S3Store``
-of that configuration and safe to call from several threads at once. A forked child (Spark's Python
-workers are forked) gets a fresh loop and fresh clients: sockets are never shared across processes.
+read-ahead threads) are synchronous. It calls through the process-wide loop thread and shared clients of
+``storage.s3_runtime``.
 
 Retries are ours, not botocore's, so they are the same for every call and tunable: up to
-``max_attempts`` tries with full-jitter exponential backoff on throttling (SlowDown, 429, 503),
-other 5xx, request timeouts, connection errors and 409 ConditionalRequestConflict (AWS's answer to concurrent
-conditional writes on one key). An answer that says the API does not exist on this endpoint (501 NotImplemented,
-405 MethodNotAllowed) is never retried: it raises ``UnsupportedOperationError`` at once, naming the S3 operation
-and the store (``storage.probe.check_store`` finds those at start). Credentials come from the arguments or the standard
-AWS chain; they are never logged, never in ``repr`` and scrubbed from error messages.
+``max_attempts`` tries with full-jitter exponential backoff on what ``storage.s3_errors`` deems retryable
+(throttling, 5xx, timeouts, connection errors, 409 ConditionalRequestConflict). An answer that says the API
+does not exist on this endpoint (501 NotImplemented, 405 MethodNotAllowed) is never retried: it raises
+``UnsupportedOperationError`` at once, naming the S3 operation and the store (``storage.probe.check_store``
+finds those at start). Credentials come from the arguments or the standard AWS chain; they are never logged,
+never in ``repr`` and scrubbed from error messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import hashlib
 import logging
-import os
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
 import botocore.exceptions
-import botocore.handlers
-from aiobotocore.config import AioConfig
-from aiobotocore.session import AioSession
 
 from streamoffload.errors import ConfigError
 from streamoffload.storage.base import (
@@ -47,10 +36,21 @@ from streamoffload.storage.base import (
     PendingUpload,
     StorageError,
     UploadNotFoundError,
+    check_part_list,
+    check_part_number,
     normalize_metadata,
 )
-from streamoffload.storage.filesystem import _check_part_number, check_part_list
 from streamoffload.storage.keys import check_key, check_prefix
+from streamoffload.storage.s3_errors import (
+    NOT_FOUND_CODES,
+    AttemptTimeout,
+    UnsupportedOperationError,
+    describe_error,
+    error_code,
+    is_retryable,
+    is_unsupported,
+)
+from streamoffload.storage.s3_runtime import ClientConfig, get_runtime
 
 log = logging.getLogger(__name__)
 
@@ -58,215 +58,8 @@ T = TypeVar("T")
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 
-_THROTTLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "InternalError",
-        "ServiceUnavailable",
-        "PriorRequestNotComplete",
-    }
-)
-_NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    botocore.exceptions.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError, ...
-    botocore.exceptions.HTTPClientError,  # ReadTimeoutError, ResponseStreamingError, ...
-    botocore.exceptions.IncompleteReadError,
-    aiohttp.ClientError,
-    TimeoutError,  # asyncio's too
-    ConnectionError,
-)
-_CONFLICT_CODES = frozenset({"ConditionalRequestConflict"})
-"""409 answers worth retrying: AWS returns ConditionalRequestConflict when conditional writes on one key race."""
-_UNSUPPORTED_CODES = frozenset({"NotImplemented", "MethodNotAllowed"})
-_UNSUPPORTED_STATUSES = frozenset({501, 405})
-"""Answers meaning "this endpoint has no such API": retrying cannot help."""
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _MIN_UPLOAD_RATE = 512 * 1024
 """Bytes per second below which an upload attempt is given up (and retried)."""
-
-
-class UnsupportedOperationError(StorageError):
-    """The S3 endpoint does not implement an operation (501 NotImplemented, 405 MethodNotAllowed)."""
-
-    def __init__(self, message: str, operation: str) -> None:
-        self.operation = operation
-        super().__init__(message)
-
-
-class _AttemptTimeout(TimeoutError):
-    """An upload attempt that did not finish in time."""
-
-
-# --- process-wide runtime: one loop thread, one client per configuration ------------------------------
-
-
-@dataclass(frozen=True)
-class _ClientConfig:
-    endpoint_url: str | None
-    region: str | None
-    path_style: bool
-    profile: str | None
-    connect_timeout: float
-    read_timeout: float
-    max_pool_connections: int
-    checksums: str
-    access_key: str | None = field(default=None, repr=False)
-    secret_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-
-
-class _Runtime:
-    """The event loop thread and the clients of one process."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run_loop, name="streamoffload-s3", daemon=True)
-        self.clients: dict[_ClientConfig, Any] = {}
-        self.stacks: list[contextlib.AsyncExitStack] = []
-        self.create_lock = asyncio.Lock()
-        self.thread.start()
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise RuntimeError("S3Store's synchronous API was called from its own event loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    async def client(self, cfg: _ClientConfig) -> Any:
-        client = self.clients.get(cfg)
-        if client is not None:
-            return client
-        async with self.create_lock:
-            client = self.clients.get(cfg)
-            if client is None:
-                session = AioSession(profile=cfg.profile)
-                config = AioConfig(
-                    signature_version="s3v4",
-                    s3={"addressing_style": "path" if cfg.path_style else "auto"},
-                    retries={"total_max_attempts": 1, "mode": "standard"},  # S3Store retries itself
-                    connect_timeout=cfg.connect_timeout,
-                    read_timeout=cfg.read_timeout,
-                    max_pool_connections=cfg.max_pool_connections,
-                    request_checksum_calculation=cfg.checksums,
-                    response_checksum_validation=cfg.checksums,
-                )
-                stack = contextlib.AsyncExitStack()
-                client = await stack.enter_async_context(
-                    session.create_client(
-                        "s3",
-                        region_name=cfg.region,
-                        endpoint_url=cfg.endpoint_url,
-                        aws_access_key_id=cfg.access_key,
-                        aws_secret_access_key=cfg.secret_key,
-                        aws_session_token=cfg.session_token,
-                        config=config,
-                    )
-                )
-                # botocore asks for "Expect: 100-continue" on uploads and aiohttp then waits for the
-                # "100 Continue" with no timeout at all: a black-holed endpoint would hang us forever.
-                client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
-                self.stacks.append(stack)
-                self.clients[cfg] = client
-        return client
-
-    async def _close_clients(self) -> None:
-        for stack in self.stacks:
-            with contextlib.suppress(Exception):
-                await stack.aclose()
-        self.stacks.clear()
-        self.clients.clear()
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        if self.pid != os.getpid() or not self.thread.is_alive():
-            return
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._close_clients(), self.loop).result(timeout)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout)
-
-
-_runtime: _Runtime | None = None
-_runtime_lock = threading.Lock()
-
-
-def _get_runtime() -> _Runtime:
-    global _runtime
-    runtime = _runtime
-    if runtime is not None and runtime.pid == os.getpid():
-        return runtime
-    with _runtime_lock:
-        if _runtime is None or _runtime.pid != os.getpid():
-            # In a forked child the parent's loop thread does not exist and its sockets are the
-            # parent's: start over without touching them.
-            _runtime = _Runtime()
-        return _runtime
-
-
-def _after_fork_in_child() -> None:
-    global _runtime, _runtime_lock
-    _runtime = None
-    _runtime_lock = threading.Lock()  # the parent's may have been held by another thread at fork time
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def shutdown() -> None:
-    """Close every S3 client of this process and stop the loop thread (also run at exit)."""
-    global _runtime
-    with _runtime_lock:
-        runtime, _runtime = _runtime, None
-    if runtime is not None:
-        runtime.shutdown()
-
-
-atexit.register(shutdown)
-
-
-# --- errors --------------------------------------------------------------------------------------------
-
-
-def _error_code(exc: botocore.exceptions.ClientError) -> tuple[str, int, str]:
-    error = exc.response.get("Error", {}) or {}
-    status = int((exc.response.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode") or 0)
-    return str(error.get("Code", "") or status), status, str(error.get("Message", "") or "")
-
-
-def _unsupported(exc: BaseException) -> bool:
-    if not isinstance(exc, botocore.exceptions.ClientError):
-        return False
-    code, status, _ = _error_code(exc)
-    return code in _UNSUPPORTED_CODES or status in _UNSUPPORTED_STATUSES
-
-
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        if _unsupported(exc):
-            return False
-        code, status, _ = _error_code(exc)
-        return code in _THROTTLE_CODES or code in _CONFLICT_CODES or status == 429 or status >= 500
-    return isinstance(exc, _NETWORK_ERRORS)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code, status, message = _error_code(exc)
-        return f"{code} (HTTP {status})" + (f": {message}" if message and message != code else "")
-    return f"{type(exc).__name__}: {exc}"
 
 
 # --- the store -----------------------------------------------------------------------------------------
@@ -316,7 +109,7 @@ class S3Store(ObjectStore):
         self._base_delay = retry_base_delay
         self._max_delay = retry_max_delay
         self._secrets = tuple(s for s in (access_key, secret_key, session_token) if s)
-        self._cfg = _ClientConfig(
+        self._cfg = ClientConfig(
             endpoint_url=endpoint_url,
             region=region,
             path_style=path_style,
@@ -377,7 +170,7 @@ class S3Store(ObjectStore):
         if self._closed:
             coro.close()
             raise StorageError(f"{self._url}: the store is closed")
-        return _get_runtime().run(coro)
+        return get_runtime().run(coro)
 
     async def _call(
         self, op: str, key: str, fn: Callable[[Any, int], Awaitable[T]], *, upload_bytes: int | None = None
@@ -387,7 +180,7 @@ class S3Store(ObjectStore):
         Uploads (``upload_bytes`` given) also get a deadline per attempt: the socket read timeout does
         not cover a send that a dead endpoint stopped accepting.
         """
-        client = await _get_runtime().client(self._cfg)
+        client = await get_runtime().client(self._cfg)
         deadline = None
         if upload_bytes is not None:
             deadline = self._cfg.connect_timeout + self._cfg.read_timeout + upload_bytes / _MIN_UPLOAD_RATE
@@ -402,7 +195,7 @@ class S3Store(ObjectStore):
                 except TimeoutError as exc:
                     if not scope.expired():
                         raise  # a socket timeout inside the call
-                    raise _AttemptTimeout(f"no answer within {deadline:.0f} s") from exc
+                    raise AttemptTimeout(f"no answer within {deadline:.0f} s") from exc
             except StorageError:
                 raise
             except botocore.exceptions.NoCredentialsError as exc:
@@ -411,7 +204,7 @@ class S3Store(ObjectStore):
                     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or run with an instance role)"
                 ) from exc
             except Exception as exc:
-                if not _retryable(exc) or attempt >= self._max_attempts:
+                if not is_retryable(exc) or attempt >= self._max_attempts:
                     error = self._translate(op, key, exc, attempt)
                     # A server's error text can echo the access key id: keep it out of tracebacks too
                     # (the translated message already carries the code and the scrubbed text).
@@ -422,7 +215,7 @@ class S3Store(ObjectStore):
                     self._url,
                     op,
                     key,
-                    self._scrub(_describe(exc)),
+                    self._scrub(describe_error(exc)),
                     delay,
                     attempt,
                     self._max_attempts,
@@ -431,26 +224,26 @@ class S3Store(ObjectStore):
 
     def _translate(self, op: str, key: str, exc: Exception, attempts: int) -> StorageError:
         if isinstance(exc, botocore.exceptions.ClientError):
-            code = _error_code(exc)[0]
-            if code in _NOT_FOUND_CODES:
+            code = error_code(exc)[0]
+            if code in NOT_FOUND_CODES:
                 return ObjectNotFoundError(key, self._url)
             if code == "NoSuchBucket":
                 return StorageError(f"{self._url}: bucket {self._bucket!r} does not exist ({op} {key!r})")
             if code in ("PreconditionFailed", "412"):
                 return ObjectExistsError(key)
-            if _unsupported(exc):
+            if is_unsupported(exc):
                 operation = exc.operation_name or op
                 where = f"the S3 endpoint at {self._endpoint_url}" if self._endpoint_url else "the S3 endpoint"
                 return UnsupportedOperationError(
                     self._scrub(
                         f"{self._url}: {where} does not implement {operation}, needed for {op} {key!r}: "
-                        f"{_describe(exc).rstrip('.')} (not retried)"
+                        f"{describe_error(exc).rstrip('.')} (not retried)"
                     ),
                     operation,
                 )
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         where = f" at {self._endpoint_url}" if self._endpoint_url else ""
-        return StorageError(self._scrub(f"{self._url}: S3 {op} {key!r} failed{tries}{where}: {_describe(exc)}"))
+        return StorageError(self._scrub(f"{self._url}: S3 {op} {key!r} failed{tries}{where}: {describe_error(exc)}"))
 
     # --- ObjectStore ---------------------------------------------------------------------------------
 
@@ -472,7 +265,7 @@ class S3Store(ObjectStore):
             try:
                 return await client.put_object(Bucket=self._bucket, Key=full, Body=body, Metadata=meta, **extra)
             except botocore.exceptions.ClientError as exc:
-                code, status, _ = _error_code(exc)
+                code, status, _ = error_code(exc)
                 if not if_absent or (code != "PreconditionFailed" and status != 412):
                     raise
                 if number > 1 and await self._same_object(client, full, body, meta):
@@ -515,7 +308,7 @@ class S3Store(ObjectStore):
                     Bucket=self._bucket, Key=self._full(key), Range=f"bytes={start}-{start + length - 1}"
                 )
             except botocore.exceptions.ClientError as exc:
-                if _error_code(exc)[0] == "InvalidRange":
+                if error_code(exc)[0] == "InvalidRange":
                     return b""  # start at or past the end of the object
                 raise
             async with resp["Body"] as stream:
@@ -643,7 +436,7 @@ class S3Store(ObjectStore):
                         Bucket=self._bucket, Key=self._full(key), UploadId=upload_id, **extra
                     )
                 except botocore.exceptions.ClientError as exc:
-                    if _error_code(exc)[0] in ("NoSuchUpload", "404"):
+                    if error_code(exc)[0] in ("NoSuchUpload", "404"):
                         raise UploadNotFoundError(key, upload_id, self._url) from None
                     raise
 
@@ -663,7 +456,7 @@ class S3Store(ObjectStore):
                     Bucket=self._bucket, Key=self._full(key), UploadId=upload_id, PartNumber=part_number, Body=body
                 )
             except botocore.exceptions.ClientError as exc:
-                code, status, _ = _error_code(exc)
+                code, status, _ = error_code(exc)
                 if code in ("NoSuchUpload", "404") or (
                     status >= 500 and not await self._upload_exists(client, key, upload_id)
                 ):
@@ -678,7 +471,7 @@ class S3Store(ObjectStore):
         try:
             await client.list_parts(Bucket=self._bucket, Key=self._full(key), UploadId=upload_id, MaxParts=1)
         except botocore.exceptions.ClientError as exc:
-            return _error_code(exc)[0] not in ("NoSuchUpload", "404")
+            return error_code(exc)[0] not in ("NoSuchUpload", "404")
         except Exception:
             return True  # unknown: let the caller's retry decide
         return True
@@ -709,7 +502,7 @@ class S3Store(ObjectStore):
                         MultipartUpload={"Parts": listing},
                     )
                 except botocore.exceptions.ClientError as exc:
-                    code = _error_code(exc)[0]
+                    code = error_code(exc)[0]
                     if code == "EntityTooSmall":
                         small = [n for n in numbers[:-1] if parts[n][1] < MIN_PART_SIZE]
                         raise PartTooSmallError(
@@ -742,7 +535,7 @@ class S3Store(ObjectStore):
             try:
                 await client.abort_multipart_upload(Bucket=self._bucket, Key=self._full(key), UploadId=upload_id)
             except botocore.exceptions.ClientError as exc:
-                if _error_code(exc)[0] not in ("NoSuchUpload", "404"):
+                if error_code(exc)[0] not in ("NoSuchUpload", "404"):
                     raise
 
         self._run(self._call("abort", key, attempt))
@@ -761,7 +554,7 @@ class S3MultipartWrite(MultipartWrite):
         return f"S3MultipartWrite(key={self.key!r}, upload_id={self.upload_id!r}, store={self._store.url!r})"
 
     def write_part(self, part_number: int, data: bytes | memoryview) -> None:
-        _check_part_number(part_number)
+        check_part_number(part_number)
         self._store._write_part(self.key, self.upload_id, part_number, data)
 
     def complete(self, part_numbers: Sequence[int]) -> ObjectInfo:

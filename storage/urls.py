@@ -1,8 +1,10 @@
-"""Open an object store from a URL: ``file:///abs/dir`` (or a plain path) and ``s3://bucket/prefix``."""
+"""Store URLs: ``file:///abs/dir`` (or a plain path) and ``s3://bucket/prefix``, parsed by one parser
+(``parse_store_url``) for every caller, and opened as stores (``open_store``)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -42,28 +44,44 @@ class StoreNotFoundError(ConfigError):
     """``open_store(..., create=False)`` of a filesystem store whose directory does not exist."""
 
 
-def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:
-    """The store at ``url``.
+@dataclass(frozen=True)
+class StoreURL:
+    """A store URL, parsed and checked (``parse_store_url``): what ``open_store`` opens and what the
+    command line's ``--store`` configures."""
 
-    - ``file:///abs/dir``, ``file://localhost/abs/dir``, ``/abs/dir`` or ``rel/dir``: a ``FilesystemStore``
-      (options ``fsync``, ``file_mode`` and ``dir_mode``: permissions of what it creates, 0600/0700 by default);
-    - ``s3://bucket`` or ``s3://bucket/prefix``: an ``S3Store`` (options ``endpoint_url``, ``region``,
-      ``path_style``, ``access_key``, ``secret_key``, ``session_token``, ``profile``, ``max_attempts``, ...).
-      Options that are ``None`` are dropped, so config values can be passed through as they are.
+    scheme: str
+    """``"file"`` or ``"s3"``."""
+    path: str = ""
+    """file: the directory, unquoted, as given (a plain path may be relative)."""
+    bucket: str = ""
+    """s3: the bucket."""
+    prefix: str = ""
+    """s3: the key prefix inside the bucket, unquoted, without leading or trailing ``/``."""
 
-    Raises ``ConfigError`` for other schemes, unknown options and malformed URLs. Credentials are
-    never accepted inside the URL (they would end up in logs); pass them as options or use the AWS chain.
+    @property
+    def store_class(self) -> type[ObjectStore]:
+        """The class that opens this URL, without opening anything: its class attributes (``min_part_size``)
+        are known before a store is opened or an endpoint reached."""
+        if self.scheme == "s3":
+            from streamoffload.storage.s3 import S3Store
 
-    ``create=False`` opens an existing store only: a filesystem store whose directory does not exist
-    raises ``StoreNotFoundError`` naming the path, and nothing is created (commands that only read or
-    mark an existing store use it, so a mistyped path is an error and not a new empty store). S3 stores
-    never create their bucket, so the flag changes nothing for them.
-    """
+            return S3Store
+        from streamoffload.storage.filesystem import FilesystemStore
+
+        return FilesystemStore
+
+
+def parse_store_url(url: str) -> StoreURL:
+    """The one parser of store URLs: ``file:///abs/dir``, ``file://localhost/abs/dir``, ``/abs/dir`` or
+    ``rel/dir`` (no ``://``: a path), ``s3://bucket`` or ``s3://bucket/prefix``.
+
+    Raises ``ConfigError`` ("store URL <url>: <what is wrong>") for an empty URL, other schemes, a file URL
+    with a host, query or relative path, an s3 URL without bucket or with a query; credentials inside an s3
+    URL are refused without echoing them (they would end up in logs)."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("store URL is empty")
-    options = {k: v for k, v in options.items() if v is not None}
     if "://" not in url:
-        return _filesystem(url, Path(url), options, create)
+        return StoreURL("file", path=url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -74,20 +92,43 @@ def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:
         path = unquote(parts.path)
         if not path.startswith("/"):
             raise ConfigError(f"store URL {url}: the path of a file URL must be absolute (file:///abs/dir)")
-        return _filesystem(url, Path(path), options, create)
+        return StoreURL("file", path=path)
     if scheme == "s3":
         # urlsplit would put user:password@ into netloc; refuse without echoing it.
         if "@" in parts.netloc:
             raise ConfigError("store URL: credentials in s3:// URLs are not allowed (use options or the AWS chain)")
         if parts.query or parts.fragment:
             raise ConfigError(f"store URL {url}: s3 URLs take no query or fragment")
-        bucket = parts.netloc
-        if not bucket:
+        if not parts.netloc:
             raise ConfigError(f"store URL {url}: missing bucket (s3://bucket/prefix)")
+        return StoreURL("s3", bucket=parts.netloc, prefix=unquote(parts.path).strip("/"))
+    raise ConfigError(f"store URL {url}: unsupported scheme {parts.scheme!r} (use file:///dir or s3://bucket/prefix)")
+
+
+def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:
+    """The store at ``url`` (any URL ``parse_store_url`` accepts; its ``ConfigError`` otherwise).
+
+    - a file URL or a path: a ``FilesystemStore`` (options ``fsync``, ``file_mode`` and ``dir_mode``:
+      permissions of what it creates, 0600/0700 by default);
+    - ``s3://bucket`` or ``s3://bucket/prefix``: an ``S3Store`` (options ``endpoint_url``, ``region``,
+      ``path_style``, ``access_key``, ``secret_key``, ``session_token``, ``profile``, ``max_attempts``, ...).
+      Options that are ``None`` are dropped, so config values can be passed through as they are.
+
+    Unknown options raise ``ConfigError``. Credentials are never accepted inside the URL; pass them as
+    options or use the AWS chain.
+
+    ``create=False`` opens an existing store only: a filesystem store whose directory does not exist
+    raises ``StoreNotFoundError`` naming the path, and nothing is created (commands that only read or
+    mark an existing store use it, so a mistyped path is an error and not a new empty store). S3 stores
+    never create their bucket, so the flag changes nothing for them.
+    """
+    location = parse_store_url(url)
+    options = {k: v for k, v in options.items() if v is not None}
+    if location.scheme == "s3":
         from streamoffload.storage.s3 import S3Store
 
-        return S3Store(bucket, unquote(parts.path).strip("/"), **_check_options(url, options, S3_OPTIONS))
-    raise ConfigError(f"store URL {url}: unsupported scheme {parts.scheme!r} (use file:///dir or s3://bucket/prefix)")
+        return S3Store(location.bucket, location.prefix, **_check_options(url, options, S3_OPTIONS))
+    return _filesystem(url, Path(location.path), options, create)
 
 
 def _filesystem(url: str, path: Path, options: dict[str, Any], create: bool = True) -> ObjectStore:

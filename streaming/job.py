@@ -32,6 +32,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.config import Config, PolicySource, StoreSettings
 from streamoffload.errors import StreamOffloadError
+from streamoffload.storage.urls import parse_store_url
 from streamoffload.streaming.admission import buffer_file_path, write_buffer_file
 from streamoffload.streaming.control import requests_prefix, submit_requests
 from streamoffload.streaming.policies import (
@@ -47,10 +48,6 @@ from streamoffload.streaming.sink import SinkStats, sink_for
 
 log = logging.getLogger(__name__)
 
-S3_MIN_PART = 5 * 1024 * 1024
-FILESYSTEM_MIN_PART = 1
-"""A filesystem store takes parts of any size, so nothing needs to wait in state: every micro-batch's
-bytes go out at its end (for trickle traffic, a small block and part file per batch)."""
 QUERY_NAME = "streamoffload"
 STATE_STORE_CONF = {
     # Per micro-batch, commit the state's changes as a changelog instead of a RocksDB checkpoint
@@ -62,8 +59,8 @@ is fresh, so they never meet a checkpoint written without them)."""
 
 
 def min_part_size(store: StoreSettings) -> int:
-    """The segmenter's minimum part: what a topic-partition may keep in the state store between batches."""
-    return FILESYSTEM_MIN_PART if store.managedLedgerOffloadDriver == "filesystem" else S3_MIN_PART
+    """The segmenter's minimum part: the store class's ``min_part_size``, from the URL (no store is opened)."""
+    return parse_store_url(store.url).store_class.min_part_size
 
 
 @dataclass

@@ -10,12 +10,12 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.storage.urls import parse_store_url
 from streamoffload.streaming.client_options import PULSAR_LOGGER
 
 if TYPE_CHECKING:
@@ -43,24 +43,19 @@ def add_job_args(parser: argparse.ArgumentParser) -> None:
 
 
 def store_settings_from_url(url: str, endpoint: str | None = None, region: str | None = None) -> StoreSettings:
-    parsed = urlparse(url)
-    if parsed.scheme in ("", "file"):
-        root = parsed.path if parsed.scheme == "file" else url
-        if not root:
-            raise ConfigError(f"--store {url!r}: no directory given")
-        return StoreSettings(managedLedgerOffloadDriver="filesystem", root=str(Path(root).resolve()))
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ConfigError(f"--store {url!r}: an S3 URL is s3://bucket[/prefix]")
-        return StoreSettings(
-            managedLedgerOffloadDriver="aws-s3" if endpoint is None else "s3",
-            bucket=parsed.netloc,
-            prefix=parsed.path.strip("/"),
-            serviceEndpoint=endpoint,
-            region=region,
-            pathStyle=endpoint is not None,
-        )
-    raise ConfigError(f"--store {url!r}: unsupported scheme {parsed.scheme!r}; use file:// or s3://")
+    """The store settings ``--store URL`` (with ``--s3-endpoint``/``--s3-region``) means. The URL goes through
+    ``storage.urls.parse_store_url``, so it is accepted or refused, with the same message, as everywhere."""
+    location = parse_store_url(url)
+    if location.scheme == "file":
+        return StoreSettings(managedLedgerOffloadDriver="filesystem", root=str(Path(location.path).resolve()))
+    return StoreSettings(
+        managedLedgerOffloadDriver="aws-s3" if endpoint is None else "s3",
+        bucket=location.bucket,
+        prefix=location.prefix,
+        serviceEndpoint=endpoint,
+        region=region,
+        pathStyle=endpoint is not None,
+    )
 
 
 def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = True) -> tuple[Config, str | None]:

@@ -18,6 +18,9 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.s3 import S3Store
+from streamoffload.streaming.admission import BUFFER_FILE_PREFIX
 from streamoffload.streaming.control import submit_requests
 from streamoffload.streaming.job import OffloadJob
 from tests.fixtures.broker import partition_names, unique_topic
@@ -72,6 +75,12 @@ def check_messages(store: Any, topic: str, count: int, *, keys: int, size: int, 
         assert message.properties == expected_properties(seq)
 
 
+def min_part_used(tmp_path: Path) -> int:
+    """The minimum part size the job ran its segmenter with, as it told the source (the run's buffer file)."""
+    [buffer_file] = (tmp_path / "checkpoint").glob(f"{BUFFER_FILE_PREFIX}*.json")
+    return int(json.loads(buffer_file.read_text())["min_part_size"])
+
+
 def poll(condition: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -98,6 +107,7 @@ def test_once_offloads_batched_and_unbatched_traffic_across_a_ledger_rollover(
     )
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
+    assert min_part_used(tmp_path) == FilesystemStore.min_part_size
 
     store = config.store.open()
     meta = MetadataStore(store)
@@ -147,6 +157,7 @@ def test_once_to_s3(spark: Any, pulsar_broker: Any, tmp_path: Path, moto_server:
     config_path = write_config(tmp_path, pulsar_broker.service_url, [topic], store, extra)
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
+    assert min_part_used(tmp_path) == S3Store.min_part_size
     s3 = config.store.open()
     assert len(MetadataStore(s3, "offload/v1").offloaded_segments(topic)) >= 2
     check_messages(s3, topic, 400, keys=3, size=500, key_prefix="offload/v1")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from streamoffload.storage import s3 as s3_module
+from streamoffload.storage import s3_runtime
 from streamoffload.storage.base import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -22,6 +22,7 @@ from streamoffload.storage.base import (
     UploadNotFoundError,
 )
 from streamoffload.storage.s3 import MIN_PART_SIZE, S3Store
+from streamoffload.storage.s3_errors import UnsupportedOperationError
 from tests.fixtures.s3 import free_port
 
 pytestmark = pytest.mark.s3
@@ -80,7 +81,7 @@ def test_stores_of_one_configuration_share_one_client(s3_bucket: str, s3_setting
     first, second = S3Store(s3_bucket, "x", **s3_settings), S3Store(s3_bucket, "y", **s3_settings)
     first.put("k", b"1")
     second.put("k", b"2")
-    runtime = s3_module._get_runtime()
+    runtime = s3_runtime.get_runtime()
     assert runtime.clients[first._cfg] is runtime.clients[second._cfg]
     first.close()  # closing one store leaves the shared client to the others
     assert second.get("k") == b"2"
@@ -338,7 +339,7 @@ def test_an_api_the_endpoint_lacks_is_not_retried_and_is_named(
         _store(server.url).get("some/key")
     assert len(server.requests) == 1
     assert caplog.records == []  # no "retrying" warnings either
-    assert isinstance(err.value, s3_module.UnsupportedOperationError)
+    assert isinstance(err.value, UnsupportedOperationError)
     assert err.value.operation == operation
     message = str(err.value)
     assert message.startswith(f"s3://bucket/pfx: the S3 endpoint at {server.url} does not implement GetObject, ")

@@ -27,7 +27,7 @@ from streamoffload.storage.base import (
 )
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.s3 import S3Store
-from streamoffload.storage.urls import open_store
+from streamoffload.storage.urls import StoreURL, open_store, parse_store_url
 
 
 @pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.s3)])
@@ -577,14 +577,42 @@ def test_open_store_s3_urls() -> None:
         ("ftp://host/x", {}, "unsupported scheme 'ftp'"),
         ("file://otherhost/x", {}, "not host 'otherhost'"),
         ("s3:///prefix", {}, "missing bucket"),
+        ("s3://bucket/p?versionId=1", {}, "s3 URLs take no query or fragment"),
+        ("file:///tmp/x#frag", {}, "file URLs take no query or fragment"),
+        ("file://localhost", {}, "must be absolute"),
         ("s3://bucket/p", {"colour": "red"}, "unknown option"),
         ("file:///tmp/x", {"region": "eu"}, "unknown option"),
         ("", {}, "empty"),
+        ("  ", {}, "empty"),
     ],
 )
 def test_open_store_errors(url: str, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         open_store(url, **options)
+
+
+@pytest.mark.parametrize(
+    ("url", "parsed"),
+    [
+        ("file:///abs/dir%20x", StoreURL("file", path="/abs/dir x")),
+        ("file://localhost/abs/dir", StoreURL("file", path="/abs/dir")),
+        ("FILE:///abs", StoreURL("file", path="/abs")),
+        ("rel/dir", StoreURL("file", path="rel/dir")),
+        ("odd:name", StoreURL("file", path="odd:name")),  # no '://': a path, whatever its colons
+        ("s3://bucket", StoreURL("s3", bucket="bucket")),
+        ("s3://bucket/some/prefix/", StoreURL("s3", bucket="bucket", prefix="some/prefix")),
+        ("S3://bucket/a%2Bb", StoreURL("s3", bucket="bucket", prefix="a+b")),
+    ],
+)
+def test_parse_store_url(url: str, parsed: StoreURL) -> None:
+    assert parse_store_url(url) == parsed
+
+
+def test_the_store_class_of_a_url_is_known_without_opening_it(tmp_path: Path) -> None:
+    missing = tmp_path / "not-created"
+    assert parse_store_url(str(missing)).store_class is FilesystemStore
+    assert parse_store_url("s3://no-such-bucket/p").store_class is S3Store
+    assert not missing.exists()
 
 
 def test_open_store_refuses_credentials_in_the_url_without_echoing_them() -> None:
