@@ -53,7 +53,8 @@ from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.read_handle import ChunkCache, TopicReader
-from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
+from streamoffload.streaming.segmenter import run_segmenter
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
 
 MIB = 1024 * 1024

@@ -43,7 +43,7 @@ from streamoffload.streaming.policies import (
     write_versions_file,
 )
 from streamoffload.streaming.quarantine import Quarantine, failed_topics, failure_reason
-from streamoffload.streaming.segmenter import ACTION_COLUMNS, ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from streamoffload.streaming.policies import PolicyLog
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
-from streamoffload.streaming.segmenter import ACTION_COLUMNS, Entry, Segmenter, TopicState
+from streamoffload.streaming.segmenter import Segmenter
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, Entry, TopicState
 
 
 class SparkState:

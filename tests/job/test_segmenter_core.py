@@ -15,13 +15,8 @@ from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import (
-    ACTION_COLUMNS,
-    CONTROL_SEAL,
-    Entry,
-    MemoryState,
-    run_segmenter,
-)
+from streamoffload.streaming.segmenter import run_segmenter
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
 
 TOPIC = "persistent://public/default/orders-partition-0"

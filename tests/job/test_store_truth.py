@@ -16,7 +16,8 @@ from streamoffload.checkpoints.metadata_store import CommitConflictError, Metada
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import CONTROL_SEAL, Action, Entry, MemoryState, run_segmenter
+from streamoffload.streaming.segmenter import run_segmenter
+from streamoffload.streaming.segmenter_model import CONTROL_SEAL, Action, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
 from tests.job.readback import read_entries
 

@@ -24,7 +24,8 @@ from streamoffload.metrics.model import Backlog, CacheCounters
 from streamoffload.metrics.serving import parse_address
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.job import BatchReport
-from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
+from streamoffload.streaming.segmenter import run_segmenter
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
 
 TOPIC = "persistent://public/default/orders-partition-0"

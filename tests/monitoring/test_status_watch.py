@@ -15,7 +15,8 @@ from streamoffload.commands import status as status_cmd
 from streamoffload.commands.status import CLEAR, watch
 from streamoffload.status import TopicStatus
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
+from streamoffload.streaming.segmenter import run_segmenter
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
 
 TOPIC = "persistent://public/default/watch-partition-0"

@@ -23,7 +23,8 @@ from streamoffload.streaming.job import OffloadJob, Run
 from streamoffload.streaming.planner import SourcePlanner
 from streamoffload.streaming.policies import policy_document, write_versions_file
 from streamoffload.streaming.ranges import Position, Probe
-from streamoffload.streaming.segmenter import Entry, MemoryState, run_segmenter
+from streamoffload.streaming.segmenter import run_segmenter
+from streamoffload.streaming.segmenter_model import Entry, MemoryState
 from streamoffload.streaming.source import PulsarStreamReader
 from streamoffload.streaming.source_options import SourceOptions
 

@@ -25,7 +25,7 @@ from streamoffload.metrics.model import Backlog
 from streamoffload.status import offload_lag_seconds, store_status
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming import session
-from streamoffload.streaming.segmenter import MemoryState
+from streamoffload.streaming.segmenter_model import MemoryState
 from streamoffload.streaming.sink import SegmentSink
 from tests.monitoring.test_metrics_unit import TOPIC, FakeClock, entries, run_batch, value
 
