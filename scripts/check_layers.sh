@@ -15,7 +15,16 @@ done
 cp "$ROOT/pyproject.toml" "$VIEW/"
 cd "$VIEW"
 # PYTHONPATH puts the copy ahead of the editable install's finder, so `streamoffload` is the copy.
-PYTHONPATH="$VIEW" "$PY" -c 'import sys
+status=0
+out=$(PYTHONPATH="$VIEW" "$PY" -c 'import sys
 from importlinter.cli import lint_imports_command
 sys.argv = ["lint-imports", "--no-cache", "--config", "pyproject.toml"]
-lint_imports_command()'
+lint_imports_command()' 2>&1) || status=$?
+# import-linter prints a banner first: show its verdict, and on failure what broke.
+if [ "$status" -eq 0 ]; then
+    grep -E "^Contracts:" <<<"$out" || echo "$out"
+else
+    sed -n '/Contracts:/,$p' <<<"$out" | grep -v '^\s*$'
+    [ -n "$(sed -n '/Contracts:/,$p' <<<"$out")" ] || echo "$out"
+fi
+exit "$status"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up the virtual environment and run everything CI runs: ruff, then the test suite.
+# Set up the virtual environment and run everything CI runs: ruff, the import layers, then the test suite.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/codecs -x).
 source "$(dirname "$0")/_env.sh"
 check_java
@@ -34,5 +34,7 @@ fi
 # --- end s3rver ---
 echo "== ruff check"
 "$VENV/bin/ruff" check .
+echo "== import layers (docs/DESIGN.md)"
+PY="$PY" bash "$ROOT/scripts/check_layers.sh"
 echo "== pytest"
 exec "$PY" -m pytest "$@"
