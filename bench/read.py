@@ -49,10 +49,11 @@ from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.checkpoints.topic_reader import TopicReader
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read_handle import ChunkCache, TopicReader
+from streamoffload.storage.read import ChunkCache
 from streamoffload.streaming.segmenter import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState, run_segmenter
 from streamoffload.streaming.sink import SegmentSink
 
