@@ -28,7 +28,7 @@ from streamoffload.codecs.blocks import (
 )
 from streamoffload.codecs.entry import CompressionType, decode_entry, split_messages
 from streamoffload.codecs.errors import BadMagicError, FormatError, TruncatedError
-from streamoffload.codecs.index import V1_INDEX_MAGIC, OffloadIndex, verify_against_blocks
+from streamoffload.codecs.index import OffloadIndex, is_v1_index, verify_against_blocks
 from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metadata_v1
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
@@ -170,7 +170,7 @@ class _Checker:
         if ledger_id is None:
             ledger_id = ledger_id_in_key(self.report.data_key)
         try:
-            if raw[:4] == V1_INDEX_MAGIC.to_bytes(4, "big") and ledger_id is None:
+            if is_v1_index(raw) and ledger_id is None:
                 raise VerifyError(
                     "v1 index, which does not record its ledger id, of a data object not named -ledger-<id>: "
                     "give --ledger-id"

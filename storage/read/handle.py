@@ -23,7 +23,7 @@ from streamoffload.codecs.blocks import (
     first_non_padding,
 )
 from streamoffload.codecs.errors import BadMagicError, LengthMismatchError, TruncatedError
-from streamoffload.codecs.index import V1_INDEX_MAGIC, BlockLocation, OffloadIndex
+from streamoffload.codecs.index import BlockLocation, OffloadIndex, is_v1_index
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.codecs.positions import Position
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
@@ -59,10 +59,10 @@ class SegmentReadHandle:
 
     ``read_buffer_size`` is the chunk (ranged GET) size; ``readahead_bytes`` bounds what the read-ahead
     thread fetches beyond what the reader consumed (default 4 chunks). ``readahead`` None (auto) runs the
-    thread except for files of a filesystem store read through a held descriptor, which the kernel
-    already reads ahead. Sequential reads look the ``cache``
-    up but do not fill it (a catch-up scan would only evict what random reads use); single-entry reads
-    fill it. The data object is read through the store's ranged reader (``ObjectStore.open_ranged_reader``:
+    thread where the store's ranged reader says one pays off (``RangedReader.readahead``: not through a
+    filesystem store's held descriptor, which the kernel already reads ahead). Sequential reads look the
+    ``cache`` up but do not fill it (a catch-up scan would only evict what random reads use); single-entry
+    reads fill it. The data object is read through the store's ranged reader (``ObjectStore.open_ranged_reader``:
     on a filesystem store one open descriptor per handle; ``local_files=False`` asks it to hold none);
     ``close()`` releases it and stops any read-ahead.
     """
@@ -182,8 +182,7 @@ class SegmentReadHandle:
             ) from None
 
     def _decode_index(self, buf: bytes, ledger_hint: int | None) -> OffloadIndex:
-        magic = int.from_bytes(buf[:4], "big") if len(buf) >= 4 else None
-        if magic == V1_INDEX_MAGIC and ledger_hint is None:
+        if is_v1_index(buf) and ledger_hint is None:
             raise ReadError(
                 f"{self.index_key} is a v1 (ledger-based) index, which does not record its ledger id, and the data key "
                 f"{self.data_key} does not end in -ledger-<id>: give the ledger id"
