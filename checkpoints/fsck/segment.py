@@ -37,14 +37,18 @@ from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FO
 from streamoffload.storage.read import manifest_disagreements, unsupported_format_version
 
 _SPLITTABLE = (CompressionType.NONE, CompressionType.ZLIB)
+"""Compressions whose batches are split into messages here (the others are counted as unsplit)."""
 
 
 class VerifyError(StreamOffloadError):
-    """Arguments that select nothing to verify."""
+    """What to verify cannot be made out: arguments that select nothing, or a v1 index of an object whose
+    ledger id is not known."""
 
 
 @dataclass
 class Problem:
+    """One problem found: the object and byte offset it is at, its kind (``error``) and what is wrong."""
+
     object: str
     offset: int | None
     error: str
@@ -59,6 +63,8 @@ class Problem:
 
 @dataclass
 class SegmentReport:
+    """What was found in one segment's objects, and its problems."""
+
     data_key: str
     index_key: str
     topic: str | None = None

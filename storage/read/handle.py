@@ -13,7 +13,6 @@ from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER,
     ENTRY_HEADER_LENGTH,
-    MAX_ID,
     PADDING_PATTERN,
     PADDING_WORD,
     BlockHeader,
@@ -25,7 +24,7 @@ from streamoffload.codecs.blocks import (
 from streamoffload.codecs.errors import BadMagicError, LengthMismatchError, TruncatedError
 from streamoffload.codecs.index import BlockLocation, OffloadIndex, is_v1_index
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
-from streamoffload.codecs.positions import Position
+from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
 from streamoffload.storage.read.cache import ChunkCache
