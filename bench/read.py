@@ -294,8 +294,9 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
 
 class RemoteView(ObjectStore):
     """A filesystem store seen as a remote one: a fixed wait before every ranged GET, like an object
-    store's first-byte latency (the wait releases the GIL, as a network wait does). Being no
-    ``FilesystemStore``, it is read the way S3 is (back-to-back ranges, parallel read-ahead)."""
+    store's first-byte latency (the wait releases the GIL, as a network wait does). It keeps the default
+    ranged reader (``get_range`` per read), so it is read the way S3 is (back-to-back ranges, parallel
+    read-ahead)."""
 
     def __init__(self, inner: FilesystemStore, latency: float) -> None:
         self._inner = inner
