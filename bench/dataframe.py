@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.topic_reader import TopicReader
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read_handle import ChunkCache, TopicReader
+from streamoffload.storage.read import ChunkCache
 from tests.dataframe.synthetic import CountingStore, build_topic
 
 MIB = 1024 * 1024

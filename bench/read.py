@@ -49,10 +49,11 @@ from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.checkpoints.topic_reader import TopicReader
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read_handle import ChunkCache, TopicReader
+from streamoffload.storage.read import ChunkCache
 from streamoffload.streaming.segmenter import run_segmenter
 from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
@@ -294,8 +295,9 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
 
 class RemoteView(ObjectStore):
     """A filesystem store seen as a remote one: a fixed wait before every ranged GET, like an object
-    store's first-byte latency (the wait releases the GIL, as a network wait does). Being no
-    ``FilesystemStore``, it is read the way S3 is (back-to-back ranges, parallel read-ahead)."""
+    store's first-byte latency (the wait releases the GIL, as a network wait does). It keeps the default
+    ranged reader (``get_range`` per read), so it is read the way S3 is (back-to-back ranges, parallel
+    read-ahead)."""
 
     def __init__(self, inner: FilesystemStore, latency: float) -> None:
         self._inner = inner

@@ -10,7 +10,7 @@ keeps those that may hold a row inside the bounds, using the manifests alone: th
 one :class:`ReadTask`; one whose data object is larger than ``max_partition_bytes`` is split into runs
 of whole blocks, located through its index (the only object planning reads).
 
-**Reading** (:func:`read_task`, in a task) opens the segment (``storage.read_handle.SegmentReadHandle``:
+**Reading** (:func:`read_task`, in a task) opens the segment (``storage.read.SegmentReadHandle``:
 every entry's CRC-32C is checked, corruption names the object and offset) and reads its position range.
 A position bound starts the read at the index's block holding it. A publish-time bound starts it at the
 block holding the first entry at or after the bound, and ends it after the last block starting at or
@@ -45,17 +45,13 @@ from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
 from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.errors import FormatError, TruncatedError
 from streamoffload.codecs.index import BlockLocation
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.storage.base import ObjectStore
-from streamoffload.storage.read_handle import (
-    DEFAULT_READ_BUFFER_SIZE,
-    Position,
-    SegmentReadHandle,
-    TopicNotFoundError,
-)
+from streamoffload.storage.read import DEFAULT_READ_BUFFER_SIZE, SegmentReadHandle, TopicNotFoundError
 
 OUTPUT_MESSAGES = "messages"
 OUTPUT_ENTRIES = "entries"

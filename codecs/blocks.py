@@ -327,8 +327,10 @@ class DecodedBlock:
         return self.offset + self.header.block_length
 
 
-def _check_padding(view: memoryview, start: int, end: int, where: str | None, base: int) -> None:
-    """The bytes from ``start`` to the block ``end`` must be the padding pattern, in phase from ``start``."""
+def first_non_padding(view: bytes | memoryview, start: int, end: int) -> int | None:
+    """Index in ``view`` of the first byte of ``[start, end)`` that is not block padding (the pattern in
+    phase from ``start``), or None when they all are. The one padding rule: the read handle and the block
+    decoder both apply it."""
     pos = start
     while pos < end:
         n = min(end - pos, len(_PADDING_CHUNK))
@@ -336,20 +338,29 @@ def _check_padding(view: memoryview, start: int, end: int, where: str | None, ba
         chunk = bytes(view[pos : pos + n])
         expected = _PADDING_CHUNK[:n]
         if chunk != expected:
-            bad = next(i for i in range(n) if chunk[i] != expected[i])
-            if pos == start and bad < 4 and end - start < ENTRY_HEADER_LENGTH:
-                what = f"the last {end - start} bytes of the block are too few for an entry header and not padding"
-            elif pos == start and bad < 4:
-                what = "neither an entry header nor padding"
-            else:
-                what = f"block padding (FE DC DE AD from offset {base + start}) is broken"
-            raise _fail(
-                LengthMismatchError,
-                f"{what}: byte 0x{chunk[bad]:02X} where padding has 0x{expected[bad]:02X}",
-                base + pos + bad,
-                where,
-            )
+            return pos + next(i for i in range(n) if chunk[i] != expected[i])
         pos += n
+    return None
+
+
+def _check_padding(view: memoryview, start: int, end: int, where: str | None, base: int) -> None:
+    """The bytes from ``start`` to the block ``end`` must be the padding pattern, in phase from ``start``."""
+    at = first_non_padding(view, start, end)
+    if at is None:
+        return
+    bad = (at - start) % len(_PADDING_CHUNK)
+    if at - bad == start and bad < 4 and end - start < ENTRY_HEADER_LENGTH:
+        what = f"the last {end - start} bytes of the block are too few for an entry header and not padding"
+    elif at - bad == start and bad < 4:
+        what = "neither an entry header nor padding"
+    else:
+        what = f"block padding (FE DC DE AD from offset {base + start}) is broken"
+    raise _fail(
+        LengthMismatchError,
+        f"{what}: byte 0x{view[at]:02X} where padding has 0x{PADDING_PATTERN[(at - start) % 4]:02X}",
+        base + at,
+        where,
+    )
 
 
 def decode_block(
@@ -663,6 +674,7 @@ __all__ = [
     "decode_block",
     "detect_format",
     "encode_block",
+    "first_non_padding",
     "framed_entry_size",
     "iter_blocks",
     "padding",

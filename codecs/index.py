@@ -441,6 +441,12 @@ class OffloadIndex:
         return list(self._locations)
 
 
+def is_v1_index(buf: bytes | memoryview) -> bool:
+    """Whether ``buf`` starts as a v1 (ledger-based) index, which does not record its ledger id: decoding it
+    needs the id from elsewhere (the object key, a manifest, the caller)."""
+    return bytes(buf[:4]) == V1_INDEX_MAGIC.to_bytes(4, "big")
+
+
 def _decode_entries(view: memoryview, start: int, n: int) -> tuple[IndexEntry, ...]:
     chunk = view[start : start + INDEX_ENTRY_LENGTH * n]
     return tuple(IndexEntry(eid, part, off) for eid, part, off in _ENTRY.iter_unpack(chunk))
@@ -584,5 +590,6 @@ __all__ = [
     "LedgerIndex",
     "OffloadIndex",
     "build_index",
+    "is_v1_index",
     "verify_against_blocks",
 ]

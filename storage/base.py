@@ -156,6 +156,30 @@ class MultipartWrite(abc.ABC):
     def abort(self) -> None: ...
 
 
+class RangedReader:
+    """Ranged reads of one object, opened by ``ObjectStore.open_ranged_reader``: the store decides how a
+    ranged read is done (pyiceberg's ``InputFile.open(seekable=True)``). This default issues one
+    ``get_range`` per read; a store with a cheaper way (a held file descriptor) returns its own reader."""
+
+    remote = True
+    """Reads go over the network: a sequential read is best done as back-to-back ranges (an entry crossing
+    a range end joined in memory, nothing fetched twice) with several reads in flight at once."""
+    readahead = True
+    """A read-ahead thread pays off for a sequential read (no one else reads ahead)."""
+
+    def __init__(self, store: ObjectStore, key: str) -> None:
+        self.store = store
+        self.key = key
+
+    def read(self, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)``; shorter only at the end of the object; ``ObjectNotFoundError``
+        when the object is absent."""
+        return self.store.get_range(self.key, start, length)
+
+    def close(self) -> None:
+        """Release what the reader holds; it must not be used afterwards."""
+
+
 class ObjectStore(abc.ABC):
     """An object store. Implementations: ``FilesystemStore``, ``S3Store``."""
 
@@ -189,6 +213,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def head(self, key: str) -> ObjectInfo:
         """Size and user metadata; ``ObjectNotFoundError`` when absent."""
+
+    def open_ranged_reader(self, key: str, *, hold_open: bool = True) -> RangedReader:
+        """A reader of ranges of one (immutable) object, for many reads of it. ``hold_open=False`` asks the
+        store to hold nothing between reads (each read sees the object as it is then); this default holds
+        nothing anyway."""
+        return RangedReader(self, key)
 
     def exists(self, key: str) -> bool:
         try:

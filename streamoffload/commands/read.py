@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from streamoffload.checkpoints.offloaded_read import refuse_corrupt
+from streamoffload.checkpoints.topic_reader import TopicReader, parse_position
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -19,19 +20,11 @@ from streamoffload.cli_common import (
     topic_arg,
 )
 from streamoffload.codecs.entry import decode_entry, split_messages
-from streamoffload.codecs.positions import MAX_ID
+from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
-from streamoffload.storage.read_handle import (
-    DEFAULT_CACHE_BYTES,
-    ChunkCache,
-    EntryNotFoundError,
-    OffloadedEntry,
-    Position,
-    TopicReader,
-    parse_position,
-)
+from streamoffload.storage.read import DEFAULT_CACHE_BYTES, ChunkCache, EntryNotFoundError, OffloadedEntry
 
 EPILOG = """\
 examples:

@@ -11,7 +11,7 @@ from typing import Any
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, MessageMetadata, build_entry, decode_entry, encode_entry
-from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.base import ObjectStore, RangedReader
 from streamoffload.streaming.segmenter import run_segmenter
 from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
@@ -120,8 +120,8 @@ def build_topic(
 @dataclass
 class CountingStore:
     """A view of a store that counts what is read from it: bytes per key (GET and ranged GET) and HEADs.
-    Not an ``ObjectStore`` subclass on purpose: reads of a filesystem store then go through ``get_range``
-    too, so every byte is counted."""
+    Not an ``ObjectStore`` subclass on purpose: its ranged reader is the default one, so reads of a
+    filesystem store go through ``get_range`` too, and every byte is counted."""
 
     inner: ObjectStore
     read: dict[str, int] = field(default_factory=dict)
@@ -150,6 +150,9 @@ class CountingStore:
 
     def list(self, prefix: str) -> Iterator[Any]:
         return self.inner.list(prefix)
+
+    def open_ranged_reader(self, key: str, *, hold_open: bool = True) -> RangedReader:
+        return RangedReader(self, key)  # type: ignore[arg-type]
 
     def head(self, key: str) -> Any:
         return self.inner.head(key)

@@ -15,7 +15,7 @@ from streamoffload.codecs.errors import ChecksumError, FormatError
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read_handle import TopicNotFoundError
+from streamoffload.storage.read import TopicNotFoundError
 from tests.dataframe.synthetic import CountingStore, Sent, build_topic
 
 BASE = "persistent://public/default/orders"

@@ -447,8 +447,8 @@ def test_backlog_file_of_the_source_is_read(tmp_path: Path) -> None:
     assert value(metrics, "streamoffload_source_backlog_bytes", topic=TOPIC) == 6000
 
 
-def test_the_shared_read_cache_of_storage_read_handle_is_exported() -> None:
-    from streamoffload.storage.read_handle import shared_cache
+def test_the_shared_read_cache_of_storage_read_is_exported() -> None:
+    from streamoffload.storage.read import shared_cache
 
     metrics = JobMetrics()
     before_hits = value(metrics, "streamoffload_read_cache_hits_total")

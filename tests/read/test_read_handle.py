@@ -14,20 +14,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.topic_reader import TopicReader, parse_position
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH
 from streamoffload.codecs.errors import FormatError, LengthMismatchError, TruncatedError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read_handle import (
+from streamoffload.storage.read import (
     ChunkCache,
     EntryNotFoundError,
     MissingObjectError,
     SegmentKeys,
     SegmentReadHandle,
     TopicNotFoundError,
-    TopicReader,
     UnsupportedFormatVersionError,
-    parse_position,
 )
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries, truncate
 
