@@ -37,6 +37,7 @@ from typing import Any
 # The synthetic store builder is shared with tests/dataframe; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from streamoffload.checkpoints import offloaded_plan as ofp
 from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.topic_reader import TopicReader
@@ -112,10 +113,10 @@ def topic_reader_scan(store: FilesystemStore, topics: list[str]) -> tuple[int, i
     return messages, value_bytes
 
 
-def window_bytes(store: FilesystemStore, topics: list[str], times: ofr.TimeBounds) -> tuple[int, int]:
+def window_bytes(store: FilesystemStore, topics: list[str], times: ofp.TimeBounds) -> tuple[int, int]:
     """What the source's planner and reader read for ``times``: (bytes read from the store, rows)."""
     counting = CountingStore(store)
-    tasks = ofr.plan(counting, "", topics, {}, times)  # type: ignore[arg-type]
+    tasks = ofp.plan(counting, "", topics, {}, times)  # type: ignore[arg-type]
     rows = 0
     for task in tasks:
         for batch in ofr.read_task((counting, ""), task, times=times):  # type: ignore[arg-type]
@@ -157,7 +158,7 @@ def main() -> int:
         )
 
         lo = FIRST_MS + DAY_MS // 2
-        times = ofr.TimeBounds(lo, lo + DAY_MS // 100)
+        times = ofp.TimeBounds(lo, lo + DAY_MS // 100)
         if args.window_only:
             read_bytes, rows = window_bytes(store, topics, times)
             print(

@@ -59,6 +59,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from streamoffload.checkpoints import offloaded_plan as ofp
 from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.codecs.blocks import MAX_ID
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
@@ -71,15 +72,15 @@ SOURCE_NAME = "pulsar-offloaded"
 
 @dataclass(frozen=True)
 class OffloadedOptions:
-    location: ofr.StoreLocation
+    location: ofp.StoreLocation
     topics: tuple[str, ...] = ()
     topics_pattern: str | None = None
     starting: StartSpec = "earliest"
     ending: StartSpec = "latest"
-    times: ofr.TimeBounds = field(default_factory=ofr.TimeBounds)
+    times: ofp.TimeBounds = field(default_factory=ofp.TimeBounds)
     output: str = ofr.OUTPUT_MESSAGES
-    max_partition_bytes: int = ofr.DEFAULT_MAX_PARTITION_BYTES
-    skew_ms: int = ofr.DEFAULT_SKEW_MS
+    max_partition_bytes: int = ofp.DEFAULT_MAX_PARTITION_BYTES
+    skew_ms: int = ofp.DEFAULT_SKEW_MS
     read_buffer_size: int = 1 << 20
 
     @classmethod
@@ -112,22 +113,22 @@ class OffloadedOptions:
         if ending == "earliest":
             raise ConfigError("option endingOffsets: 'earliest' is not an end for a batch read (use latest or JSON)")
         lo, hi = get("startingTime"), get("endingTime")
-        times = ofr.TimeBounds(
-            None if lo is None else ofr.parse_time(lo, "startingTime"),
-            None if hi is None else ofr.parse_time(hi, "endingTime"),
+        times = ofp.TimeBounds(
+            None if lo is None else ofp.parse_time(lo, "startingTime"),
+            None if hi is None else ofp.parse_time(hi, "endingTime"),
         )
         output = (get("output") or ofr.OUTPUT_MESSAGES).lower()
         if output not in ofr.OUTPUTS:
             raise ConfigError(f"option output: expected messages or entries, got {get('output')!r}")
-        skew = get("publishTimeSkewMs") or str(ofr.DEFAULT_SKEW_MS)
+        skew = get("publishTimeSkewMs") or str(ofp.DEFAULT_SKEW_MS)
         if not re.fullmatch(r"\d+", skew):
             raise ConfigError(f"option publishTimeSkewMs: expected milliseconds (an integer >= 0), got {skew!r}")
-        max_bytes = parse_size(get("maxPartitionBytes") or str(ofr.DEFAULT_MAX_PARTITION_BYTES), "maxPartitionBytes")
+        max_bytes = parse_size(get("maxPartitionBytes") or str(ofp.DEFAULT_MAX_PARTITION_BYTES), "maxPartitionBytes")
         read_buffer = parse_size(get("readBufferSize") or "1m", "readBufferSize")
         if max_bytes <= 0 or read_buffer <= 0:
             raise ConfigError("options maxPartitionBytes and readBufferSize must be positive")
         return cls(
-            location=ofr.StoreLocation(store, get("s3.endpoint"), get("s3.region")),
+            location=ofp.StoreLocation(store, get("s3.endpoint"), get("s3.region")),
             topics=topics,
             topics_pattern=pattern,
             starting=starting,
@@ -153,7 +154,7 @@ class OffloadedOptions:
 
 def _value_ms(value: Any) -> int | None:
     if isinstance(value, datetime):
-        return ofr.datetime_ms(value)
+        return ofp.datetime_ms(value)
     return None
 
 
@@ -161,14 +162,14 @@ def _value_ms(value: Any) -> int | None:
 class PushedBounds:
     """What the query's filters say about publish time, topics and positions (used for pruning only)."""
 
-    times: ofr.TimeBounds = field(default_factory=ofr.TimeBounds)
+    times: ofp.TimeBounds = field(default_factory=ofp.TimeBounds)
     topics: set[str] | None = None
-    _positions: ofr.PositionBounds = field(default_factory=ofr.PositionBounds)
+    _positions: ofp.PositionBounds = field(default_factory=ofp.PositionBounds)
     _ledger_eq: int | None = None
     _entry_filters: list[Filter] = field(default_factory=list)
 
     @property
-    def positions(self) -> ofr.PositionBounds:
+    def positions(self) -> ofp.PositionBounds:
         """Position bounds: from ledger id filters, and entry id filters when the ledger id is fixed."""
         bounds = self._positions
         if self._ledger_eq is None:
@@ -246,12 +247,12 @@ class PushedBounds:
 
 
 class OffloadedPartition(InputPartition):
-    def __init__(self, task: ofr.ReadTask | None) -> None:
+    def __init__(self, task: ofp.ReadTask | None) -> None:
         super().__init__(task)
         self.task = task
 
     def __repr__(self) -> str:
-        return "OffloadedPartition(empty)" if self.task is None else f"OffloadedPartition({ofr.describe(self.task)})"
+        return "OffloadedPartition(empty)" if self.task is None else f"OffloadedPartition({ofp.describe(self.task)})"
 
 
 class OffloadedReader(DataSourceReader):
@@ -265,7 +266,7 @@ class OffloadedReader(DataSourceReader):
             self.pushed.add(f, self.options.columns)
             yield f  # pruning only: Spark still evaluates every filter on the rows
 
-    def _times(self) -> ofr.TimeBounds:
+    def _times(self) -> ofp.TimeBounds:
         return self.options.times.narrowed(self.pushed.times.lo, self.pushed.times.hi)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -276,16 +277,16 @@ class OffloadedReader(DataSourceReader):
 
             metadata = MetadataStore(store, prefix)
             pattern = parse_pattern(opts.topics_pattern) if opts.topics_pattern else None
-            topics = ofr.resolve_topics(metadata, opts.topics, pattern)
+            topics = ofp.resolve_topics(metadata, opts.topics, pattern)
             if self.pushed.topics is not None:
                 topics = [t for t in topics if t in self.pushed.topics]
             positions = {
-                t: ofr.PositionBounds(
-                    ofr.start_bound(ofr.spec_for(opts.starting, t), t), ofr.end_bound(ofr.spec_for(opts.ending, t), t)
+                t: ofp.PositionBounds(
+                    ofp.start_bound(ofp.spec_for(opts.starting, t), t), ofp.end_bound(ofp.spec_for(opts.ending, t), t)
                 ).narrowed(self.pushed.positions.start, self.pushed.positions.end)
                 for t in topics
             }
-            tasks = ofr.plan(
+            tasks = ofp.plan(
                 store,
                 prefix,
                 topics,

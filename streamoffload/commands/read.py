@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from streamoffload.checkpoints.offloaded_read import refuse_corrupt
+from streamoffload.checkpoints.offloaded_plan import refuse_corrupt
 from streamoffload.checkpoints.topic_reader import TopicReader, parse_position
 from streamoffload.cli_common import (
     add_store_args,

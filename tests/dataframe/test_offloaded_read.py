@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from streamoffload.checkpoints import offloaded_plan as ofp
 from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.errors import ChecksumError, FormatError
@@ -36,7 +37,7 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return root, sent
 
 
-def read_all(store: Any, tasks: list[ofr.ReadTask], **kwargs: Any) -> list[dict[str, Any]]:
+def read_all(store: Any, tasks: list[ofp.ReadTask], **kwargs: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     names = ofr.ENTRY_COLUMNS if kwargs.get("output") == ofr.OUTPUT_ENTRIES else ofr.MESSAGE_COLUMNS
     for task in tasks:
@@ -66,10 +67,10 @@ def expected_row(topic: str, s: Sent, batch: int) -> dict[str, Any]:
 def test_every_message_and_column_across_split_segments(store_dir: tuple[Path, dict[str, list[Sent]]]) -> None:
     root, sent = store_dir
     store = FilesystemStore(str(root))
-    topics = ofr.resolve_topics(MetadataStore(store), [BASE, AUDIT])
+    topics = ofp.resolve_topics(MetadataStore(store), [BASE, AUDIT])
     assert topics == [AUDIT, P0, P1]  # the partitioned topic expands to its partitions in the store
-    whole = ofr.plan(store, "", topics, {})
-    split = ofr.plan(store, "", topics, {}, max_partition_bytes=20_000)
+    whole = ofp.plan(store, "", topics, {})
+    split = ofp.plan(store, "", topics, {}, max_partition_bytes=20_000)
     assert len(split) > len(whole)  # large segments are read by several tasks, a run of blocks each
     assert any(t.first_block > 0 for t in split)
     for tasks in (whole, split):
@@ -97,8 +98,8 @@ def test_time_bounds_return_exactly_the_messages_inside(
     root, sent = store_dir
     store = CountingStore(FilesystemStore(str(root)))
     entries = sorted({s.publish_time for s in sent[P0]})
-    times = ofr.TimeBounds(entries[lo_i], entries[hi_i] if hi_i < len(entries) else None)
-    tasks = ofr.plan(store, "", [P0], {}, times, skew_ms=0, max_partition_bytes=20_000)
+    times = ofp.TimeBounds(entries[lo_i], entries[hi_i] if hi_i < len(entries) else None)
+    tasks = ofp.plan(store, "", [P0], {}, times, skew_ms=0, max_partition_bytes=20_000)
     got = read_all(store, tasks, times=times, skew_ms=0)
     want = [expected_row(P0, s, 4) for s in sent[P0] if times.contains(s.publish_time)]
     assert got == want
@@ -116,8 +117,8 @@ def test_pruned_segments_are_never_opened_and_reads_start_at_the_bound_block(
     # A window of ten entries in the middle of one segment, past its first block.
     inside = sorted({s.publish_time for s in sent[P0] if mf_contains(middle, s)})
     lo = inside[len(inside) // 2]
-    times = ofr.TimeBounds(lo, inside[len(inside) // 2 + 10])
-    tasks = ofr.plan(store, "", [P0], {}, times, skew_ms=0)
+    times = ofp.TimeBounds(lo, inside[len(inside) // 2 + 10])
+    tasks = ofp.plan(store, "", [P0], {}, times, skew_ms=0)
     assert [t.segment.dataKey for t in tasks] == [middle.dataKey]
     got = read_all(store, tasks, times=times, skew_ms=0)
     assert len(got) == 40  # ten entries of four messages
@@ -140,25 +141,25 @@ def test_position_bounds_as_the_live_source_offsets(store_dir: tuple[Path, dict[
     store = FilesystemStore(str(root))
     ledgers = sorted({s.ledger_id for s in sent[P0]})
     # startingOffsets: the last position already processed; endingOffsets: the last position read.
-    start = ofr.start_bound((ledgers[0], 100), P0)
-    end = ofr.end_bound((ledgers[1], 20), P0)
+    start = ofp.start_bound((ledgers[0], 100), P0)
+    end = ofp.end_bound((ledgers[1], 20), P0)
     assert (start, end) == ((ledgers[0], 101), (ledgers[1], 20))
-    bounds = {P0: ofr.PositionBounds(start, end)}
-    got = read_all(store, ofr.plan(store, "", [P0], bounds, max_partition_bytes=20_000))
+    bounds = {P0: ofp.PositionBounds(start, end)}
+    got = read_all(store, ofp.plan(store, "", [P0], bounds, max_partition_bytes=20_000))
     assert got == [expected_row(P0, s, 4) for s in sent[P0] if start <= (s.ledger_id, s.entry_id) <= end]
     # [L, -1] starts at ledger L's first entry; an end [L, -1] ends before ledger L.
-    assert ofr.start_bound((ledgers[1], -1), P0) == (ledgers[1], 0)
-    before_second = ofr.PositionBounds(None, ofr.end_bound((ledgers[1], -1), P0))
-    got = read_all(store, ofr.plan(store, "", [P0], {P0: before_second}))
+    assert ofp.start_bound((ledgers[1], -1), P0) == (ledgers[1], 0)
+    before_second = ofp.PositionBounds(None, ofp.end_bound((ledgers[1], -1), P0))
+    got = read_all(store, ofp.plan(store, "", [P0], {P0: before_second}))
     assert {r["__ledgerId"] for r in got} == {ledgers[0]}
-    assert ofr.spec_for({"*": "earliest", BASE: (3, 4)}, P1) == (3, 4)  # a partitioned topic's entry applies
+    assert ofp.spec_for({"*": "earliest", BASE: (3, 4)}, P1) == (3, 4)  # a partitioned topic's entry applies
 
 
 def test_entries_output_and_encrypted_entries(tmp_path: Path) -> None:
     store = FilesystemStore(str(tmp_path))
     topic = "persistent://public/default/secret"
     sent, _ = build_topic(store, topic, entries=50, batch=2, encrypted=frozenset({30}))
-    tasks = ofr.plan(store, "", [topic], {})
+    tasks = ofp.plan(store, "", [topic], {})
     entries = read_all(store, tasks, output=ofr.OUTPUT_ENTRIES)
     assert [(r["ledger_id"], r["entry_id"]) for r in entries] == sorted({(s.ledger_id, s.entry_id) for s in sent})
     assert all(r["num_messages"] == 2 and r["topic"] == topic for r in entries)
@@ -167,7 +168,7 @@ def test_entries_output_and_encrypted_entries(tmp_path: Path) -> None:
     with pytest.raises(ofr.EncryptedEntryError, match=encrypted):
         read_all(store, tasks)
     # Bounds that leave the encrypted entry out read fine.
-    ok = read_all(store, ofr.plan(store, "", [topic], {topic: ofr.PositionBounds(None, (3, 29))}))
+    ok = read_all(store, ofp.plan(store, "", [topic], {topic: ofp.PositionBounds(None, (3, 29))}))
     assert len(ok) == 60
 
 
@@ -181,7 +182,7 @@ def test_a_corrupt_data_object_fails_naming_object_and_offset(tmp_path: Path) ->
     data[5000] ^= 0x40
     path.write_bytes(bytes(data))
     with pytest.raises(FormatError) as err:
-        read_all(store, ofr.plan(store, "", [topic], {}))
+        read_all(store, ofp.plan(store, "", [topic], {}))
     assert isinstance(err.value, ChecksumError) or "offset" in str(err.value)
     assert segment.dataKey in str(err.value)
 
@@ -191,14 +192,14 @@ def test_a_missing_store_or_topic_is_a_clear_error(
 ) -> None:
     root, _ = store_dir
     with pytest.raises(ConfigError, match=r"no store at .*nowhere: the directory does not exist"):
-        ofr.StoreLocation(f"file://{tmp_path}/nowhere").open()
+        ofp.StoreLocation(f"file://{tmp_path}/nowhere").open()
     metadata = MetadataStore(FilesystemStore(str(root)))
     with pytest.raises(TopicNotFoundError, match=r"topic persistent://public/default/nope has no offloaded data in "
                        r".*\(topics with offloaded data: .*audit"):
-        ofr.resolve_topics(metadata, ["nope"])
-    assert ofr.resolve_topics(metadata, [], ("public/default", re.compile("ord.*"))) == [P0, P1]
+        ofp.resolve_topics(metadata, ["nope"])
+    assert ofp.resolve_topics(metadata, [], ("public/default", re.compile("ord.*"))) == [P0, P1]
     with pytest.raises(TopicNotFoundError, match=r"topicsPattern public/default/x.* has no offloaded data"):
-        ofr.resolve_topics(metadata, [], ("public/default", re.compile("x.*")))
+        ofp.resolve_topics(metadata, [], ("public/default", re.compile("x.*")))
 
 
 def test_option_errors_name_the_option() -> None:
@@ -219,7 +220,7 @@ def test_option_errors_name_the_option() -> None:
         with pytest.raises(ConfigError, match=message):
             OffloadedOptions.parse(options)
     parsed = OffloadedOptions.parse({**good, "STARTINGTIME": "2026-03-01T00:00:00Z", "endingTime": "1772409600000"})
-    assert parsed.times == ofr.TimeBounds(1772323200000, 1772409600000)
+    assert parsed.times == ofp.TimeBounds(1772323200000, 1772409600000)
 
 
 def test_pushed_filters_become_pruning_bounds() -> None:
@@ -244,13 +245,13 @@ def test_pushed_filters_become_pruning_bounds() -> None:
         IsNotNull(("__key",)),
     ]:
         pushed.add(f, columns)
-    assert pushed.times == ofr.TimeBounds(1772366400000, 1772370000001)  # whole ms, Spark re-checks the rows
+    assert pushed.times == ofp.TimeBounds(1772366400000, 1772370000001)  # whole ms, Spark re-checks the rows
     assert pushed.topics == {"b"}
-    assert pushed.positions == ofr.PositionBounds((12, 5), (12, 8))
+    assert pushed.positions == ofp.PositionBounds((12, 5), (12, 8))
     by_id = PushedBounds()
     by_id.add(EqualTo(("__messageId",), ofr.message_id(7, 3, 0, 2, 10)), columns)
-    assert by_id.positions == ofr.PositionBounds((7, 3), (7, 3))
+    assert by_id.positions == ofp.PositionBounds((7, 3), (7, 3))
     entries = PushedBounds()
     entries.add(GreaterThan(("ledger_id",), 4), ofr.ENTRY_COLUMNS)
     entries.add(GreaterThan(("__ledgerId",), 9), ofr.ENTRY_COLUMNS)  # not a column of entries: ignored
-    assert entries.positions == ofr.PositionBounds((5, 0), None)
+    assert entries.positions == ofp.PositionBounds((5, 0), None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamoffload.checkpoints.offloaded_read import StoreLocation
+from streamoffload.checkpoints.offloaded_plan import StoreLocation
 from streamoffload.cli import main
 from streamoffload.cli_common import store_settings_from_url
 from streamoffload.config import StoreSettings
