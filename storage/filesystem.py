@@ -30,13 +30,11 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from streamoffload.storage.base import (
     MultipartWrite,
@@ -53,6 +51,7 @@ from streamoffload.storage.base import (
     normalize_metadata,
 )
 from streamoffload.storage.keys import check_key, check_prefix
+from streamoffload.storage.local_files import FileRangedReader, ReopeningFileReader, pread_exact
 
 MULTIPART_DIR = ".multipart"
 LOCKS_DIR = ".locks"
@@ -92,23 +91,6 @@ def _write_chunks(f: object, chunks: Iterable[bytes | memoryview]) -> int:
         f.write(chunk)  # type: ignore[attr-defined]
         total += len(chunk)
     return total
-
-
-def pread_exact(fd: int, start: int, length: int) -> bytes:
-    """``length`` bytes at ``start``, shorter only at the end of the file. Regular files return short
-    reads only at the end, but a reader must not depend on that (SPEC 7: short reads on streams)."""
-    data = os.pread(fd, length, start) if length else b""
-    if 0 < len(data) < length:
-        pieces = [data]
-        got = len(data)
-        while got < length:
-            more = os.pread(fd, length - got, start + got)
-            if not more:
-                break
-            pieces.append(more)
-            got += len(more)
-        data = b"".join(pieces)
-    return data
 
 
 class FilesystemStore(ObjectStore):
@@ -188,7 +170,7 @@ class FilesystemStore(ObjectStore):
     def open_ranged_reader(self, key: str, *, hold_open: bool = True) -> RangedReader:
         """Ranged reads of one object through a single held descriptor (``FileRangedReader``); with
         ``hold_open=False``, through ``get_range`` (each read opens the file as it is then)."""
-        return FileRangedReader(self, key) if hold_open else _ReopeningFileReader(self, key)
+        return FileRangedReader(self, key) if hold_open else ReopeningFileReader(self, key)
 
     def head(self, key: str) -> ObjectInfo:
         path = self._path(key)
@@ -598,47 +580,3 @@ class FilesystemMultipartWrite(MultipartWrite):
             with open(self._part(number), "rb", buffering=0) as f:
                 while chunk := f.read(_COPY_CHUNK):
                     yield chunk
-
-
-class _ReopeningFileReader(RangedReader):
-    """``get_range`` per read, on local files: nothing is remote, and with no descriptor held the kernel's
-    read-ahead does not follow the reader, so a read-ahead thread pays off."""
-
-    remote = False
-
-
-class FileRangedReader(RangedReader):
-    """Ranged reads of one object through a single open descriptor.
-
-    ``FilesystemStore.get_range`` opens the file and re-validates the key on every call, which costs about
-    as much as copying a 1 MiB chunk from the page cache; a reader of many ranges of the same immutable
-    object validates the key once and keeps the file open (``pread`` is safe from several threads). The
-    kernel reads ahead through the held descriptor, so a read-ahead thread would only add hand-over costs.
-    """
-
-    remote = False
-    readahead = False
-
-    def __init__(self, store: FilesystemStore, key: str) -> None:
-        super().__init__(store, key)
-        self._path = store.root.joinpath(*check_key(key).split("/"))
-        self._file: Any = None
-        self._lock = threading.Lock()
-
-    def _fd(self) -> int:
-        with self._lock:
-            if self._file is None:
-                try:
-                    self._file = open(self._path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
-                except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                    raise ObjectNotFoundError(self.key) from None
-            return int(self._file.fileno())
-
-    def read(self, start: int, length: int) -> bytes:
-        return pread_exact(self._fd(), start, length)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore, RangedReader
-from streamoffload.storage.filesystem import FileRangedReader, FilesystemStore
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.local_files import FileRangedReader
 from streamoffload.storage.s3 import S3Store
 
 KEY = "public/default/t/obj"
