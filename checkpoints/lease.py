@@ -97,7 +97,7 @@ class WriterLease:
         return self.record.epoch
 
     def _dir(self) -> str:
-        return keys.prefix_meta_prefix(self.prefix, "writers")
+        return keys.prefix_meta_prefix(self.prefix, keys.WRITERS)
 
     def _key(self, epoch: int) -> str:
         return self._dir() + f"{epoch:020d}"
@@ -170,7 +170,7 @@ class WriterLease:
 
 def _taken_over(store: ObjectStore, prefix: str, epoch: int) -> bool:
     """A later epoch exists, or ours is gone (later holders prune epochs older than ``KEEP_EPOCHS``)."""
-    base = keys.prefix_meta_prefix(prefix, "writers")
+    base = keys.prefix_meta_prefix(prefix, keys.WRITERS)
     return store.exists(base + f"{epoch + 1:020d}") or not store.exists(base + f"{epoch:020d}")
 
 

@@ -48,6 +48,12 @@ DELETED_DIR = f"{META_DIR}/deleted"
 DELETED_SEGMENTS_DIR = f"{META_DIR}/deleted-segments"
 DELETED_SUMMARY_DIR = f"{META_DIR}/deleted-summary"
 CONTROL_DIR = "_control"
+# Kinds of metadata of a whole prefix (prefix_meta_prefix) and of control objects (control_prefix).
+WRITERS = "writers"
+POLICIES = "policies"
+QUARANTINE = "quarantine"
+CONTROL_REQUESTS = "requests"
+CONTROL_STATUS = "status"
 
 # Object user metadata: Pulsar's readers require this key, when present, to say format version 1.
 FORMAT_VERSION_METADATA_KEY = "s3managedledgeroffloaderformatversion"

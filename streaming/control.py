@@ -64,11 +64,11 @@ class UnknownRequestError(StreamOffloadError):
 
 
 def requests_prefix(key_prefix: str) -> str:
-    return keys.control_prefix(key_prefix, "requests")
+    return keys.control_prefix(key_prefix, keys.CONTROL_REQUESTS)
 
 
 def status_prefix(key_prefix: str) -> str:
-    return keys.control_prefix(key_prefix, "status")
+    return keys.control_prefix(key_prefix, keys.CONTROL_STATUS)
 
 
 def new_request_id(clock: Callable[[], float] = time.time) -> str:

@@ -133,7 +133,7 @@ class PolicyLog:
         return self._store
 
     def _dir(self) -> str:
-        return keys.prefix_meta_prefix(self.prefix, "policies")
+        return keys.prefix_meta_prefix(self.prefix, keys.POLICIES)
 
     def _list(self) -> list[tuple[int, str]]:
         out = []

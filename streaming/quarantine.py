@@ -112,7 +112,7 @@ class QuarantineRecord:
 
 
 def quarantine_prefix(prefix: str) -> str:
-    return keys.prefix_meta_prefix(prefix, "quarantine")
+    return keys.prefix_meta_prefix(prefix, keys.QUARANTINE)
 
 
 def quarantine_key(prefix: str, topic: str) -> str:
