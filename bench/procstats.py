@@ -1,0 +1,216 @@
+"""What a benchmark's processes use, read from /proc and the JVM: CPU seconds by process group, resident
+and proportional memory by process kind, and the JVM's heap pools. Shared by the bench scripts; Linux only."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- CPU seconds by process group, from /proc ------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> tuple[int, str, float, float] | None:
+    """(ppid, comm, own CPU seconds, reaped children's CPU seconds) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    # After "pid (comm)": state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based in stat(5).
+    ppid = int(fields[1])
+    own = (int(fields[11]) + int(fields[12])) / _TICK
+    children = (int(fields[13]) + int(fields[14])) / _TICK
+    return ppid, comm, own, children
+
+
+def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of: the broker, the Spark JVM, its Python workers, and this (driver) process.
+
+    Workers that exited were reaped by their parent (PySpark's daemon) and count in its children's
+    times, so differences of two snapshots are right even when workers come and go in between.
+    """
+    table: dict[int, tuple[int, str, float, float]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _proc_stat(int(name))
+            if stat is not None:
+                table[int(name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _comm, _own, _reaped) in table.items():
+        children.setdefault(ppid, []).append(pid)
+
+    def subtree(root: int) -> list[int]:
+        out, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children.get(pid, []))
+        return out
+
+    me = os.getpid()
+    groups = {"broker": 0.0, "jvm": 0.0, "python workers": 0.0, "driver": table[me][2] if me in table else 0.0}
+    if broker_pid is not None and broker_pid in table:
+        groups["broker"] = sum(table[p][2] + table[p][3] for p in subtree(broker_pid))
+    for pid in children.get(me, []):
+        if table[pid][1] == "java":
+            # The JVM's children are all Python (daemons, workers, data source planners); those that
+            # exited count in its children's times.
+            groups["jvm"] += table[pid][2]
+            groups["python workers"] += table[pid][3]
+            groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid) if p != pid)
+    return groups
+
+
+@dataclass
+class CpuMeter:
+    broker_pid: int | None
+    start: dict[str, float] = field(default_factory=dict)
+    used: dict[str, float] = field(default_factory=dict)
+
+    def __enter__(self) -> CpuMeter:
+        self.start = cpu_by_group(self.broker_pid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = cpu_by_group(self.broker_pid)
+        self.used = {k: max(end[k] - self.start.get(k, 0.0), 0.0) for k in end}
+
+    def render(self, wall: float) -> str:
+        total = sum(self.used.values())
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in self.used.items())
+        return f"CPU s: {parts} (total {total:.1f} in {wall:.1f} s wall = {total / wall:.2f} cores)"
+
+
+# --- resident memory by process, from /proc --------------------------------------------------------
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size: forked Python workers share the daemon's pages, which RSS counts in each."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return _rss_bytes(pid)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class RssSampler:
+    """Peak RSS of this process, the Spark JVM, each of its Python workers (and their sum at one moment)
+    and the broker, sampled every ``interval`` seconds in a thread."""
+
+    def __init__(self, broker_pid: int | None, interval: float = 0.2) -> None:
+        self.broker_pid = broker_pid
+        self.interval = interval
+        self.peaks: dict[str, int] = {"driver python": 0, "jvm": 0, "python workers (sum of PSS)": 0, "broker": 0}
+        self.worker_peaks: dict[int, tuple[int, str]] = {}
+        self.kinds: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        parents: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                stat = _proc_stat(int(name))
+                if stat is not None:
+                    parents.setdefault(stat[0], []).append(int(name))
+        me = os.getpid()
+        self._peak("driver python", _rss_bytes(me))
+        if self.broker_pid is not None:
+            self._peak("broker", sum(_rss_bytes(p) for p in _subtree(parents, self.broker_pid)))
+        for pid in parents.get(me, []):
+            if "java" not in _cmdline(pid).split(" ")[0]:
+                continue
+            self._peak("jvm", _rss_bytes(pid))
+            total = 0
+            for worker in _subtree(parents, pid):
+                if worker == pid:
+                    continue
+                rss = _rss_bytes(worker)
+                total += _pss_bytes(worker)
+                if worker not in self.kinds:  # named at first sight: an exiting process has no cmdline
+                    self.kinds[worker] = _worker_kind(_cmdline(worker))
+                if rss > self.worker_peaks.get(worker, (0, ""))[0]:
+                    self.worker_peaks[worker] = (rss, self.kinds[worker])
+            self._peak("python workers (sum of PSS)", total)
+
+    def _peak(self, name: str, value: int) -> None:
+        self.peaks[name] = max(self.peaks.get(name, 0), value)
+
+    def largest_workers(self) -> dict[str, int]:
+        """Per kind of Python worker (daemon, worker, source runner...), the largest peak of one process."""
+        out: dict[str, int] = {}
+        for rss, kind in self.worker_peaks.values():
+            out[kind] = max(out.get(kind, 0), rss)
+        return out
+
+
+def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
+
+
+def _worker_kind(cmdline: str) -> str:
+    """The module a worker runs: ``python -m pyspark.daemon pyspark.worker`` is a ``pyspark.worker``."""
+    words = [w for w in cmdline.split() if w.startswith("pyspark.") or w.startswith("streamoffload")]
+    if words:
+        return words[-1]
+    return cmdline.split(" ")[0].rsplit("/", 1)[-1] or "(exited before it was named)"
+
+
+def jvm_heap_pools(spark: Any, reset: bool = False) -> dict[str, tuple[int, int]]:
+    """Per JVM heap pool: (peak used, max) in bytes since the last reset."""
+    management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    out: dict[str, tuple[int, int]] = {}
+    for pool in management.getMemoryPoolMXBeans():
+        if str(pool.getType().toString()) != "Heap memory":
+            continue
+        if reset:
+            pool.resetPeakUsage()
+        peak = pool.getPeakUsage()
+        out[str(pool.getName())] = (int(peak.getUsed()), int(peak.getMax()))
+    return out
