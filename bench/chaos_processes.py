@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from streamoffload.produce import expected_payload
+from streamoffload.streaming.faults import group_alive
 
 # pulsar-client logs every producer's life at INFO; the harness's own lines should stand out.
 _QUIET = logging.getLogger("bench.chaos.pulsar")
@@ -146,22 +147,6 @@ class Producer:
 # --- the job process ------------------------------------------------------------------------------------
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (not zombie) process is still in process group ``pgid``."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
 class JobProcess:
     """One run of ``python -m streamoffload run --conf FILE``, in its own session (process group)."""
 
@@ -189,7 +174,7 @@ class JobProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
         deadline = time.monotonic() + 30
-        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+        while group_alive(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def terminate(self, timeout: float = 90.0) -> int | None:

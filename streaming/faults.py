@@ -24,6 +24,32 @@ def arm_for_this_job() -> None:
         os.environ.setdefault(JOB_PGID, str(os.getpgrp()))
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a live process is in process group ``pgid``. Zombies do not count: a killed job's JVM can
+    stay a zombie for a while (its parent, the driver, died with it), and a Python worker left over from
+    that job must not take it for a live job and crash the next one's run."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no /proc: signal 0 (which zombies pass) is the best available
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def crash_point(name: str) -> None:
     spec = os.environ.get("STREAMOFFLOAD_CRASH_AT")
     if not spec:
@@ -32,9 +58,7 @@ def crash_point(name: str) -> None:
     if point != name:
         return
     job_group = int(os.environ.get(JOB_PGID, os.getpgrp()))
-    try:
-        os.killpg(job_group, 0)
-    except ProcessLookupError:
+    if not group_alive(job_group):
         return  # a worker left over from a job that was already killed: not the job under test
     directory = Path(os.environ.get("STREAMOFFLOAD_CRASH_DIR", "/tmp/streamoffload-crash"))
     directory.mkdir(parents=True, exist_ok=True)

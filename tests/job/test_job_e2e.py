@@ -238,18 +238,21 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(pulsar_broke
     for topic in topics:
         produce(pulsar_broker.service_url, topic, count=300, payload_size=150, keys=5, batching=True, batch_size=10)
     config_path = write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path))
-    env = {**os.environ, "STREAMOFFLOAD_CRASH_DIR": str(tmp_path / "crash")}
+    env = dict(os.environ)
     cmd = [sys.executable, "-m", "streamoffload", "run", "--once", "--conf", str(config_path)]
 
     # Each restart reads again what the store has not committed, so the points go from the earliest
     # (most work left) to the latest.
-    for point in ("after-open:2", "after-part:3", "after-complete", "after-index"):
-        crash_dir = tmp_path / "crash"
-        if crash_dir.exists():
-            for f in crash_dir.iterdir():
-                f.unlink()
+    for i, point in enumerate(("after-open:2", "after-part:3", "after-complete", "after-index")):
+        # A crash directory per run: a Python worker of the previous, killed run may outlive it and must
+        # not count (or crash) in this one.
+        crash_dir = tmp_path / f"crash-{i}"
         proc = subprocess.run(
-            cmd, env={**env, "STREAMOFFLOAD_CRASH_AT": point}, start_new_session=True, capture_output=True, timeout=300
+            cmd,
+            env={**env, "STREAMOFFLOAD_CRASH_AT": point, "STREAMOFFLOAD_CRASH_DIR": str(crash_dir)},
+            start_new_session=True,
+            capture_output=True,
+            timeout=300,
         )
         assert (crash_dir / "crashed").exists(), f"no crash at {point}: {proc.stderr.decode()[-2000:]}"
         assert proc.returncode == -9, proc.returncode
