@@ -27,7 +27,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from streamoffload.codecs.blocks import BlockWriter, FormatVersion, iter_blocks
+from streamoffload.codecs.block_writer import BlockWriter
+from streamoffload.codecs.blocks import FormatVersion, iter_blocks
 
 
 def best_of_pair(repeat: int, codec: Callable[[], object], copy: Callable[[], object]) -> tuple[float, float]:

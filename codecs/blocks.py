@@ -26,7 +26,6 @@ from streamoffload.codecs.errors import (
     TruncatedError,
 )
 from streamoffload.codecs.positions import MAX_ID
-from streamoffload.errors import StreamOffloadError
 
 V1_BLOCK_MAGIC = 0xFBDBABCB
 V2_BLOCK_MAGIC = 0x26A66D32
@@ -74,10 +73,6 @@ class OrderingError(FormatError):
 
 class InvalidFieldError(FormatError):
     """A field holds a value its format does not allow (non-zero reserved bytes, a negative id, ...)."""
-
-
-class BlockWriterError(StreamOffloadError, ValueError):
-    """A BlockWriter was fed something it cannot write: out-of-order positions or a second ledger in v1."""
 
 
 def _as_view(buf: bytes | bytearray | memoryview) -> memoryview:
@@ -213,7 +208,7 @@ def padding(length: int) -> bytes:
     return (PADDING_PATTERN * (length // 4 + 1))[:length]
 
 
-def _check_id(kind: str, value: int) -> None:
+def check_id(kind: str, value: int) -> None:
     if not 0 <= value <= MAX_ID:
         raise ValueError(f"{kind} {value} outside 0..{MAX_ID}")
 
@@ -233,15 +228,15 @@ def encode_block(
     version = FormatVersion(version)
     if not entries:
         raise ValueError("a block holds at least one entry")
-    _check_id("ledger id", ledger_id)
+    check_id("ledger id", ledger_id)
     needed = BLOCK_HEADER_LENGTH
     previous = -1
     for entry_id, payload in entries:
-        _check_id("entry id", entry_id)
+        check_id("entry id", entry_id)
         if entry_id <= previous:
             raise ValueError(f"entry ids must strictly increase within a block: {entry_id} follows {previous}")
         previous = entry_id
-        size = _size(payload)
+        size = payload_size(payload)
         if block_length is not None and BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH + size > block_length:
             raise EntryTooLargeError(
                 f"entry {entry_id} of ledger {ledger_id} has {size} bytes; framed with its {ENTRY_HEADER_LENGTH}-byte"
@@ -260,16 +255,16 @@ def encode_block(
     parts: list[bytes | bytearray | memoryview] = []
     pack = ENTRY_HEADER.pack
     for entry_id, payload in entries:
-        parts.append(pack(_size(payload), entry_id))
+        parts.append(pack(payload_size(payload), entry_id))
         parts.append(payload)
-    return _assemble(version, ledger_id, entries[0][0], parts, needed, block_length)
+    return assemble_block(version, ledger_id, entries[0][0], parts, needed, block_length)
 
 
-def _size(payload: bytes | bytearray | memoryview) -> int:
+def payload_size(payload: bytes | bytearray | memoryview) -> int:
     return payload.nbytes if type(payload) is memoryview else len(payload)
 
 
-def _assemble(
+def assemble_block(
     version: FormatVersion,
     ledger_id: int,
     first_entry_id: int,
@@ -512,146 +507,6 @@ def iter_blocks(
         offset = block.end
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
-    """A finished block, placed at ``offset`` in its data object. ``data`` is the encoded block."""
-
-    ledger_id: int
-    first_entry_id: int
-    last_entry_id: int
-    entry_count: int
-    offset: int
-    data: bytes
-
-    @property
-    def length(self) -> int:
-        return len(self.data)
-
-    @property
-    def end(self) -> int:
-        return self.offset + len(self.data)
-
-
-class BlockWriter:
-    """Feed entries in position order; cuts a new block at every ledger change or when the next entry does not fit.
-
-    Blocks cut because they are full are exactly ``max_block_size`` (padded); a block cut by a ledger change or
-    by flush() fits exactly (so the last block of a data object fits exactly). A block filled to the byte is
-    returned by the add() that filled it. Payloads are referenced, not copied, until their block is
-    encoded: do not reuse a payload's buffer before the block holding it has been returned.
-    """
-
-    def __init__(self, version: FormatVersion, max_block_size: int, *, start_offset: int = 0) -> None:
-        self.version = FormatVersion(version)
-        if not MIN_BLOCK_LENGTH <= max_block_size <= MAX_BLOCK_LENGTH:
-            raise ValueError(
-                f"max block size {max_block_size} outside {MIN_BLOCK_LENGTH}.."
-                f"{MAX_BLOCK_LENGTH} (a block holds a {BLOCK_HEADER_LENGTH}-byte header and at least one "
-                f"{ENTRY_HEADER_LENGTH}-byte entry header)"
-            )
-        if start_offset < 0:
-            raise ValueError(f"start offset {start_offset} is negative")
-        self.max_block_size = max_block_size
-        self._offset = start_offset
-        # The open block: its ledger, first/last entry ids, entry count, framed entries and size with header.
-        self._ledger_id = -1
-        self._first_entry_id = -1
-        self._last_entry_id = -1
-        self._count = 0
-        self._parts: list[bytes | bytearray | memoryview] = []
-        self._pending = 0
-        self._v1_ledger_id: int | None = None  # the one ledger a v1 data object may hold
-        self._last_ledger = -1  # position of the last entry accepted
-        self._last_entry = -1
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes the open block would occupy now (header + framed entries); 0 without an open block."""
-        return self._pending
-
-    @property
-    def offset(self) -> int:
-        """Data-object offset where the next block will start."""
-        return self._offset
-
-    @property
-    def last_position(self) -> tuple[int, int] | None:
-        """(ledger id, entry id) of the last entry accepted, or None."""
-        return None if self._last_ledger < 0 else (self._last_ledger, self._last_entry)
-
-    def add(self, ledger_id: int, entry_id: int, payload: bytes | bytearray | memoryview) -> list[Block]:
-        """Add one entry; returns the blocks this call completed (often none)."""
-        if not (0 <= ledger_id <= MAX_ID and 0 <= entry_id <= MAX_ID):
-            _check_id("ledger id", ledger_id)
-            _check_id("entry id", entry_id)
-        if ledger_id == self._last_ledger:
-            if entry_id <= self._last_entry:
-                self._out_of_order(ledger_id, entry_id)
-        elif ledger_id < self._last_ledger:
-            self._out_of_order(ledger_id, entry_id)
-        elif self._v1_ledger_id is not None:
-            raise BlockWriterError(
-                f"a v1 data object holds one ledger only: got ledger {ledger_id} after ledger {self._v1_ledger_id}"
-            )
-        size = payload.nbytes if type(payload) is memoryview else len(payload)
-        framed = ENTRY_HEADER_LENGTH + size
-        if BLOCK_HEADER_LENGTH + framed > self.max_block_size:
-            raise EntryTooLargeError(
-                f"entry {entry_id} of ledger {ledger_id} has {size} bytes; framed with its {ENTRY_HEADER_LENGTH}-byte"
-                f" header it does not fit in a block of {self.max_block_size} bytes ({BLOCK_HEADER_LENGTH}-byte header)"
-            )
-        done: list[Block] = []
-        if self._count:
-            if ledger_id != self._ledger_id:
-                done.append(self._cut(exact=True))
-            elif self._pending + framed > self.max_block_size:
-                done.append(self._cut(exact=False))
-        if not self._count:
-            self._ledger_id = ledger_id
-            self._first_entry_id = entry_id
-            self._pending = BLOCK_HEADER_LENGTH
-        self._parts.append(ENTRY_HEADER.pack(size, entry_id))
-        self._parts.append(payload)
-        self._count += 1
-        self._last_entry_id = entry_id
-        self._pending += framed
-        self._last_ledger = ledger_id
-        self._last_entry = entry_id
-        if self.version is FormatVersion.V1:
-            self._v1_ledger_id = ledger_id
-        if self._pending == self.max_block_size:
-            # Filled to the byte: nothing can follow, and padded and exact fit are the same block.
-            done.append(self._cut(exact=True))
-        return done
-
-    def _out_of_order(self, ledger_id: int, entry_id: int) -> None:
-        raise BlockWriterError(
-            f"entry ({ledger_id}, {entry_id}) does not follow ({self._last_ledger}, {self._last_entry}): "
-            "entries must be added in strictly increasing position order"
-        )
-
-    def flush(self) -> list[Block]:
-        """Cut the open block (fitted exactly), if any."""
-        return [self._cut(exact=True)] if self._count else []
-
-    def _cut(self, *, exact: bool) -> Block:
-        length = self._pending if exact else self.max_block_size
-        data = _assemble(self.version, self._ledger_id, self._first_entry_id, self._parts, self._pending, length)
-        block = Block(
-            ledger_id=self._ledger_id,
-            first_entry_id=self._first_entry_id,
-            last_entry_id=self._last_entry_id,
-            entry_count=self._count,
-            offset=self._offset,
-            data=data,
-        )
-        self._offset += length
-        self._parts = []
-        self._count = 0
-        self._pending = 0
-        return block
-
-
 __all__ = [
     "BLOCK_HEADER_LENGTH",
     "ENTRY_HEADER_LENGTH",
@@ -662,15 +517,14 @@ __all__ = [
     "PADDING_PATTERN",
     "V1_BLOCK_MAGIC",
     "V2_BLOCK_MAGIC",
-    "Block",
     "BlockHeader",
-    "BlockWriter",
-    "BlockWriterError",
     "DecodedBlock",
     "EntryRef",
     "FormatVersion",
     "InvalidFieldError",
     "OrderingError",
+    "assemble_block",
+    "check_id",
     "decode_block",
     "detect_format",
     "encode_block",
@@ -678,4 +532,5 @@ __all__ = [
     "framed_entry_size",
     "iter_blocks",
     "padding",
+    "payload_size",
 ]

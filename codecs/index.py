@@ -24,12 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from streamoffload.codecs.block_writer import Block
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     MAX_BLOCK_LENGTH,
     MAX_ID,
     MIN_BLOCK_LENGTH,
-    Block,
     DecodedBlock,
     FormatVersion,
     InvalidFieldError,
@@ -468,7 +468,7 @@ def build_index(
     data_object_length: int,
     ledger_metadata: Mapping[int, bytes],
 ) -> OffloadIndex:
-    """The index of a data object made of ``blocks`` (in data-object order, as a BlockWriter returns them).
+    """The index of a data object made of ``blocks`` (in data-object order, as a `block_writer.BlockWriter` returns them).
 
     Part ids are the blocks' ordinals from 1. The blocks must start at offset 0, follow each other without
     gaps and end at ``data_object_length``; ``ledger_metadata`` must hold the metadata of every ledger.

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamoffload.codecs.block_writer import Block, BlockWriter, BlockWriterError
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER_LENGTH,
@@ -16,10 +17,7 @@ from streamoffload.codecs.blocks import (
     PADDING_PATTERN,
     V1_BLOCK_MAGIC,
     V2_BLOCK_MAGIC,
-    Block,
     BlockHeader,
-    BlockWriter,
-    BlockWriterError,
     FormatVersion,
     InvalidFieldError,
     OrderingError,

@@ -6,14 +6,8 @@ still round-trips (field order, padding phase, index layout) breaks these tests.
 
 from __future__ import annotations
 
-from streamoffload.codecs.blocks import (
-    BlockHeader,
-    BlockWriter,
-    FormatVersion,
-    decode_block,
-    encode_block,
-    iter_blocks,
-)
+from streamoffload.codecs.block_writer import BlockWriter
+from streamoffload.codecs.blocks import BlockHeader, FormatVersion, decode_block, encode_block, iter_blocks
 from streamoffload.codecs.index import (
     IndexEntry,
     LedgerIndex,

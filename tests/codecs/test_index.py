@@ -8,14 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamoffload.codecs.blocks import (
-    Block,
-    BlockWriter,
-    FormatVersion,
-    InvalidFieldError,
-    OrderingError,
-    iter_blocks,
-)
+from streamoffload.codecs.block_writer import Block, BlockWriter
+from streamoffload.codecs.blocks import FormatVersion, InvalidFieldError, OrderingError, iter_blocks
 from streamoffload.codecs.errors import (
     BadMagicError,
     FormatError,

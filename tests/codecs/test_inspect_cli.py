@@ -11,7 +11,8 @@ import crc32c
 import pytest
 
 from streamoffload.cli import main
-from streamoffload.codecs.blocks import Block, BlockWriter, FormatVersion
+from streamoffload.codecs.block_writer import Block, BlockWriter
+from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.index import build_index
 
 V1, V2 = FormatVersion.V1, FormatVersion.V2
