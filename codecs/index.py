@@ -468,7 +468,7 @@ def build_index(
     data_object_length: int,
     ledger_metadata: Mapping[int, bytes],
 ) -> OffloadIndex:
-    """The index of a data object made of ``blocks`` (in data-object order, as a `block_writer.BlockWriter` returns them).
+    """The index of a data object made of ``blocks`` (in data-object order, as ``BlockWriter`` returns them).
 
     Part ids are the blocks' ordinals from 1. The blocks must start at offset 0, follow each other without
     gaps and end at ``data_object_length``; ``ledger_metadata`` must hold the metadata of every ledger.
