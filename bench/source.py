@@ -6,6 +6,7 @@ Run from the repository root:
     .venv/bin/python bench/source.py --messages 20000       # smaller and quicker
     .venv/bin/python bench/source.py --readers plain,raw --no-spark   # the raw reader against the plain client
     .venv/bin/python bench/source.py --spark-reader client  # the Spark source on its pulsar-client fallback
+    .venv/bin/python bench/source.py --min-partitions 1,2   # also the Spark source with minPartitions 2
 
 For each mode (unbatched: one message per entry; batched: up to 100 messages per entry) it starts
 the embedded pulsar-lite broker, publishes the backlog with ``streamoffload.produce``, then drains
@@ -24,6 +25,7 @@ it several ways, in the same run, from the same broker:
   (``raw``) unless ``--spark-reader`` says otherwise. Timed as the sum of the
   micro-batches' trigger times (query start-up, a few seconds, is printed apart), after a warm-up
   query on a small topic (the session's first query pays ~10 s of JVM and Python worker start-up).
+  ``spark/N`` is the same with ``minPartitions`` N: one topic-partition's range read by N tasks.
 
 Figures: entries/s, and MB/s of message payload (10^6 bytes; the same bytes for all three), and the
 ratio of each to ``plain``. The machine's 2 cores are shared, so absolute figures move between runs;
@@ -103,6 +105,7 @@ def drain_spark(
     stall_ms: int,
     queue: int,
     reader: str | None = None,
+    min_partitions: int = 1,
 ) -> tuple[int, float, float, str]:
     """(rows, seconds in micro-batches, wall seconds including query start-up, where the micro-batch
     time went: Spark's ``durationMs`` phases summed over the micro-batches with rows)."""
@@ -116,6 +119,8 @@ def drain_spark(
     )
     if reader:
         stream = stream.option("reader", reader)
+    if min_partitions > 1:
+        stream = stream.option("minPartitions", str(min_partitions))
     query = (
         stream.load()
         .writeStream.format("noop")
@@ -137,6 +142,10 @@ def drain_spark(
                 phases[phase] = phases.get(phase, 0) + int(ms)
     listed = ", ".join(f"{k} {v / 1000:.2f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v >= 10)
     return rows, batch_seconds, wall, f"{len(progress)} micro-batch(es): {listed} s"
+
+
+def spark_name(min_partitions: int) -> str:
+    return "spark" if min_partitions == 1 else f"spark/{min_partitions}"
 
 
 def line(name: str, entries: int, payload_bytes: int, seconds: float, base: tuple[float, float] | None) -> str:
@@ -163,12 +172,18 @@ def main(argv: list[str] | None = None) -> int:
         "--readers", default="plain,pulsar_io,raw", help="comma list of plain,pulsar_io,raw (plain always runs)"
     )
     parser.add_argument(
+        "--min-partitions",
+        default="1",
+        help="comma list of the Spark source's minPartitions values, each its own spark line (default 1)",
+    )
+    parser.add_argument(
         "--spark-reader",
         default=None,
         choices=("raw", "client"),
         help="the Spark source's 'reader' option (default: the source's default, raw)",
     )
     args = parser.parse_args(argv)
+    min_partitions = [int(v) for v in args.min_partitions.split(",") if v.strip()]
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = tempfile.mkdtemp(prefix="bench-source-")
@@ -223,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                     ends = {t: pio.latest_position(client, t) for t in topics}
                     print(f"{mode}: published in {summary.seconds:.1f} s ({summary.rate:,.0f} msg/s)")
                     readers = {r.strip() for r in args.readers.split(",") if r.strip()}
-                    best = {name: float("inf") for name in ("plain", "pulsar_io", "raw", "spark")}
-                    wall = 0.0
-                    phases = ""
+                    best = {name: float("inf") for name in ("plain", "pulsar_io", "raw")}
+                    walls: dict[str, float] = {}
+                    all_phases: dict[str, str] = {}
                     entries = payload = 0
                     # Alternating rounds, best time of each: the broker's caches and the other jobs on
                     # this machine treat every reader alike.
@@ -259,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                             best["raw"] = min(best["raw"], time.monotonic() - started)
                             assert raw_messages == args.messages and raw_entries == entries, (raw_messages, raw_entries)
 
-                        if spark is not None:
-                            checkpoint = os.path.join(work, f"cp-{mode}-{round_no}")
+                        for mp in min_partitions if spark is not None else []:
+                            checkpoint = os.path.join(work, f"cp-{mode}-{round_no}-{mp}")
                             rows, batch_s, wall_s, phases_s = drain_spark(
                                 spark,
                                 broker.service_url,
@@ -269,18 +284,21 @@ def main(argv: list[str] | None = None) -> int:
                                 args.stall_ms,
                                 args.queue,
                                 args.spark_reader,
+                                mp,
                             )
                             assert rows == entries, f"spark read {rows} rows, {entries} entries exist"
-                            if batch_s < best["spark"]:
-                                best["spark"], wall, phases = batch_s, wall_s, phases_s
+                            if batch_s < best.get(spark_name(mp), float("inf")):
+                                best[spark_name(mp)] = batch_s
+                                walls[spark_name(mp)], all_phases[spark_name(mp)] = wall_s, phases_s
                     base_rates = (entries / best["plain"], payload / 1e6 / best["plain"])
                     print(line("plain", entries, payload, best["plain"], None))
                     for name in ("pulsar_io", "raw"):
                         if name in readers:
                             print(line(name, entries, payload, best[name], base_rates))
-                    if spark is not None:
-                        print(line("spark", entries, payload, best["spark"], base_rates) + f"   (wall {wall:.1f} s)")
-                        print(f"            {phases}")
+                    for mp in min_partitions if spark is not None else []:
+                        name = spark_name(mp)
+                        print(line(name, entries, payload, best[name], base_rates) + f"   (wall {walls[name]:.1f} s)")
+                        print(f"            {all_phases[name]}")
             finally:
                 client.close()
     finally:

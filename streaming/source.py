@@ -76,6 +76,11 @@ Options (names are case-insensitive, as Spark makes them):
     Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
     long a read (or the driver's position lookups) keeps retrying without progress before failing.
 ``discoveryIntervalSeconds`` (10), ``arrowBatchEntries`` (2000), ``arrowBatchBytes`` (32 MiB)
+``minPartitions`` (1)
+    As in Spark's Kafka source: a micro-batch with fewer topic-partition ranges than this cuts the
+    largest in pieces read by separate tasks (``streaming/input_ranges.py``; only where the entries are
+    known to exist, so loss is still detected). Rows of one topic-partition then come from several input
+    partitions, in position order across them.
 ``policyVersionsFile``
     A JSON file of offload policy versions (written by the offload job, ``streaming.policies``): a
     topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not
@@ -137,6 +142,7 @@ from streamoffload.errors import ConfigError
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.backlog import PartitionBacklog
+from streamoffload.streaming.input_ranges import Range, split_ranges
 from streamoffload.streaming.planner import SourcePlanner, position_of
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.ranges import BEFORE_EARLIEST, Position, ReadEntry, ReadStats
@@ -218,13 +224,13 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner.prepare_available_now()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        ranges: list[InputPartition] = []
+        ranges: list[Range] = []
         for tp in sorted(end):
             s = position_of(start[tp]) if tp in start else BEFORE_EARLIEST
             e = position_of(end[tp])
             if e > s:
-                ranges.append(PulsarRangePartition(tp, s, e, self.planner.end_is_known(tp, e)))
-        return ranges
+                ranges.append(Range(tp, s, e, self.planner.end_is_known(tp, e)))
+        return _input_partitions(ranges, self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, PulsarRangePartition)
@@ -255,6 +261,10 @@ def arrow_schema(schema: StructType | None) -> Any:
     if schema is None:
         schema = StructType.fromDDL(SCHEMA)
     return to_arrow_schema(schema, timezone="UTC")
+
+
+def _input_partitions(ranges: list[Range], min_partitions: int) -> list[PulsarRangePartition]:
+    return [PulsarRangePartition(*r) for r in split_ranges(ranges, min_partitions)]
 
 
 def read_partition(options: SourceOptions, partition: PulsarRangePartition, schema: StructType | None) -> Iterator[Any]:
@@ -345,7 +355,7 @@ class PulsarBatchReader(DataSourceReader):
         start = {tp: position_of(v) for tp, v in planner.initial_offset().items()}
         ending = self.options.ending_offsets or "latest"
         latest = planner.latest_positions(sorted(start))
-        ranges: list[PulsarRangePartition] = []
+        ranges: list[Range] = []
         for tp in sorted(start):
             choice = ending if isinstance(ending, str) else ending.get(tp, ending.get("*", "latest"))
             last = latest[tp]
@@ -358,8 +368,8 @@ class PulsarBatchReader(DataSourceReader):
                     f"its latest is {'none: it is empty' if last is None else f'{last[0]}:{last[1]}'})"
                 )
             if end > start[tp]:  # type: ignore[operator]
-                ranges.append(PulsarRangePartition(tp, start[tp], end, end == last))  # type: ignore[arg-type]
-        return ranges
+                ranges.append(Range(tp, start[tp], end, end == last))  # type: ignore[arg-type]
+        return _input_partitions(ranges, self.options.min_partitions)
 
     def partitions(self) -> Sequence[InputPartition]:
         planner = SourcePlanner(self.options)

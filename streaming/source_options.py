@@ -40,6 +40,8 @@ class SourceOptions:
     discovery_interval_s: float = 10.0
     arrow_batch_entries: int = 2000
     arrow_batch_bytes: int = 32 << 20
+    min_partitions: int = 1
+    """At least this many input partitions per micro-batch: one topic-partition's range is cut in pieces."""
     backlog_file: str | None = None
     policy_versions_file: str | None = None
     buffer_file: str | None = None
@@ -110,6 +112,7 @@ class SourceOptions:
             arrow_batch_entries=_opt(get("arrowBatchEntries"), lambda t: parse_positive(t, "arrowBatchEntries"))
             or 2000,
             arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: parse_size(t, "arrowBatchBytes")) or 32 << 20,
+            min_partitions=_opt(get("minPartitions"), lambda t: parse_positive(t, "minPartitions")) or 1,
             backlog_file=get("backlogFile"),
             policy_versions_file=get("policyVersionsFile"),
             buffer_file=get("bufferFile"),

@@ -47,6 +47,31 @@ def test_a_batch_read_returns_exactly_the_entries_between_the_offsets(spark: Any
     )
     assert [(row.ledger_id, row.entry_id) for row in window] == positions[4:10]
 
+    # minPartitions cuts the one topic-partition's range into pieces read by separate tasks: the same
+    # entries, in position order across the input partitions.
+    frame = (
+        spark.read.format("pulsar")
+        .option("service.url", pulsar_broker.service_url)
+        .option("topic", topic)
+        .option("minPartitions", "3")
+        .load()
+    )
+    assert frame.rdd.getNumPartitions() == 3
+    assert [(row.ledger_id, row.entry_id, row.entry) for row in frame.collect()] == everything
+    assert [tuple(row) for row in window] == [
+        (row.ledger_id, row.entry_id, row.entry)
+        for row in sorted(
+            spark.read.format("pulsar")
+            .option("service.url", pulsar_broker.service_url)
+            .option("topic", topic)
+            .option("minPartitions", "4")
+            .options(startingOffsets=json.dumps({topic: list(fourth)}), endingOffsets=json.dumps({topic: list(tenth)}))
+            .load()
+            .select("ledger_id", "entry_id", "entry")
+            .collect()
+        )
+    ]
+
     beyond = [positions[-1][0], positions[-1][1] + 100]
     with pytest.raises(Exception, match="a position it does not hold yet"):
         read(endingOffsets=json.dumps({topic: beyond}))
