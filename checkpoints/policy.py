@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-MIB = 1024 * 1024
+from streamoffload.units import MIB
 
 
 @dataclass(frozen=True)

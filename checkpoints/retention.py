@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore, now_ms
 from streamoffload.checkpoints.metadata_view import CompactionReport, MetadataView
-from streamoffload.checkpoints.policy import MIB, OffloadPolicy
+from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.units import MIB
 
 log = logging.getLogger(__name__)
 

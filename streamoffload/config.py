@@ -19,12 +19,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from streamoffload.checkpoints.policy import MIB, OffloadPolicy
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import MIN_BLOCK_LENGTH
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
+from streamoffload.units import MIB
 
 # The smallest block: a header and one framed entry of one byte.
 HEADER_AND_ONE_ENTRY = MIN_BLOCK_LENGTH + 1

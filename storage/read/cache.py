@@ -7,7 +7,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-MIB = 1024 * 1024
+from streamoffload.units import MIB
+
 DEFAULT_CACHE_BYTES = 64 * MIB
 
 

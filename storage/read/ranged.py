@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from streamoffload.codecs.errors import TruncatedError
 from streamoffload.storage.base import ObjectNotFoundError, RangedReader
-from streamoffload.storage.read.cache import MIB, ChunkCache
+from streamoffload.storage.read.cache import ChunkCache
 from streamoffload.storage.read.errors import MissingObjectError
+from streamoffload.units import MIB
 
 DEFAULT_READ_BUFFER_SIZE = 1 * MIB
 """Pulsar's default ``managedLedgerOffloadReadBufferSizeInBytes``."""

@@ -9,9 +9,10 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.storage import keys
+from streamoffload.units import MIB
 
 TOPIC = "persistent://tenant/ns/orders-partition-0"
-MIB = 1024 * 1024
+
 HOUR_MS = 3_600_000
 NOW = 1_700_000_000_000 + 30 * 24 * HOUR_MS
 

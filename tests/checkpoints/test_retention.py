@@ -13,7 +13,8 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
-from tests.checkpoints.segments import HOUR_MS, MIB, NOW, TOPIC, readable_ledgers, write_segment
+from streamoffload.units import MIB
+from tests.checkpoints.segments import HOUR_MS, NOW, TOPIC, readable_ledgers, write_segment
 
 
 def policy(*, minutes: int = -1, mb: int = -1, lag_ms: int = 0) -> OffloadPolicy:

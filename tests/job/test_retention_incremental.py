@@ -17,7 +17,7 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.deleted_segments import DeletedRecord
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.metadata_view import MetadataView
-from streamoffload.checkpoints.policy import MIB, OffloadPolicy
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.checkpoints.retention import RetentionRunner, apply_retention
 from streamoffload.codecs.metadata import uuid_to_msb_lsb
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
@@ -25,6 +25,7 @@ from streamoffload.metrics.collector import JobMetrics
 from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectInfo, ObjectStore, PendingUpload
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.units import MIB
 
 TOPICS = 100
 SEGMENTS = 100

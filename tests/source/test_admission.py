@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxBytes
 
-from streamoffload.checkpoints.policy import MIB, OffloadPolicy
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
 from streamoffload.streaming.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
 from streamoffload.streaming.job import OffloadJob, Run
@@ -27,6 +27,7 @@ from streamoffload.streaming.segmenter import run_segmenter
 from streamoffload.streaming.segmenter_model import Entry, MemoryState
 from streamoffload.streaming.source import PulsarStreamReader
 from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.units import MIB
 
 LEDGER = 7
 A = "persistent://public/default/adm-partition-0"

@@ -15,7 +15,7 @@ import pytest
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.metadata_view import MetadataView
-from streamoffload.checkpoints.policy import MIB, OffloadPolicy
+from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.cli import main
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
@@ -25,6 +25,7 @@ from streamoffload.storage import keys
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore, dir_mode_for
 from streamoffload.storage.urls import open_store
+from streamoffload.units import MIB
 
 TOPIC = "persistent://tenant/ns/leaky-partition-0"
 OLD = 1_000_000_000.0  # 2001: older than any grace period
