@@ -1,8 +1,7 @@
 """``python -m streamoffload`` and ``spark-submit .../streamoffload/__main__.py``."""
 
-import sys
 
-from streamoffload.cli import main
+from streamoffload.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -11,9 +12,10 @@ import re
 import select
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from streamoffload import __version__, commands
-from streamoffload.cli_common import LOG_LEVELS, LogSettings, configure_logging, log_settings
+from streamoffload.cli_common import LOG_LEVELS, LogSettings, configure_logging, finalizers_skipped, log_settings
 from streamoffload.errors import StreamOffloadError
 
 DESCRIPTION = """\
@@ -85,6 +87,20 @@ def split_logging_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             rest.append(item)
         i += 1
     return taken, rest
+
+
+def entry() -> NoReturn:
+    """The process entry point (the ``streamoffload`` script, ``python -m streamoffload``): ``main``, then
+    exit. After a command that used pulsar-client, the process ends without interpreter finalization,
+    once output and logs are flushed (``cli_common.skip_finalizers_at_exit``)."""
+    code = main()
+    if finalizers_skipped():
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -217,3 +217,20 @@ def configure_logging(settings: LogSettings) -> LogSettings:
 def default_log_file(work_dir: str | Path, name: str = "streamoffload.log") -> Path:
     """Where a command that owns a work directory keeps its log: ``<work_dir>/logs/<name>``."""
     return Path(work_dir).resolve() / "logs" / name
+
+
+# Set by a command that used pulsar-client in this process (see ``cli.entry``).
+_skip_finalizers = False
+
+
+def skip_finalizers_at_exit() -> None:
+    """Have the process entry point end this process without interpreter finalization. pulsar-client's
+    C++ destructors, run at interpreter shutdown, now and then abort a process that finished its work
+    ("terminate called without an active exception", exit status -6) after its output was written."""
+    global _skip_finalizers
+    _skip_finalizers = True
+
+
+def finalizers_skipped() -> bool:
+    return _skip_finalizers
+

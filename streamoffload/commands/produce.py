@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from streamoffload.cli_common import skip_finalizers_at_exit
 from streamoffload.errors import StreamOffloadError
 from streamoffload.produce import produce
 
@@ -106,4 +107,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_dict(), indent=2))
     else:
         print(summary.render())
+    skip_finalizers_at_exit()
     return 0
