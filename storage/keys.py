@@ -295,8 +295,13 @@ def failures_prefix(prefix: str, topic: TopicName | str) -> str:
 def prefix_meta_prefix(prefix: str, kind: str) -> str:
     """``<prefix>/_meta/<kind>/``: metadata of the whole prefix (``writers``, ``policies``). Topic
     directories are three encoded components deep and never start with ``_``, so these cannot collide."""
+    return _prefix_dir(prefix, META_DIR, _name(kind, "metadata kind"))
+
+
+def _prefix_dir(prefix: str, directory: str, kind: str) -> str:
+    """``<prefix>/<directory>/<kind>/``, a directory of the whole prefix beside the topic directories."""
     base = _norm_prefix(prefix)
-    return (base + "/" if base else "") + f"{META_DIR}/{_name(kind, 'metadata kind')}/"
+    return (base + "/" if base else "") + f"{directory}/{kind}/"
 
 
 def deleted_marks_prefix(prefix: str, topic: TopicName | str) -> str:
@@ -325,8 +330,7 @@ def _name(value: str, what: str) -> str:
 
 def control_prefix(prefix: str, kind: str) -> str:
     """``<prefix>/_control/<kind>/``: offload-now requests (``requests``) and what became of them (``status``)."""
-    base = _norm_prefix(prefix)
-    return (base + "/" if base else "") + f"{CONTROL_DIR}/{_name(kind, 'control kind')}/"
+    return _prefix_dir(prefix, CONTROL_DIR, _name(kind, "control kind"))
 
 
 def deleted_segments_prefix(prefix: str, topic: TopicName | str) -> str:

@@ -2,6 +2,4 @@
 
 from __future__ import annotations
 
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
+MIB = 1024 * 1024
