@@ -17,8 +17,8 @@ the end unless ``--keep``).
    - ``source``: the Pulsar source alone -- ``spark.readStream.format("pulsar")`` with the job's own
      source options (the same ``maxBytesPerTrigger``), ``Trigger.AvailableNow``, into Spark's ``noop``
      sink (as ``bench/source.py`` does). Timed from ``start()`` to termination.
-   - ``job``: ``OffloadJob.run_once`` (the same query plus the segmenter and the sink, then the seal of
-     every open segment) into the filesystem store, segments of ``--segment-mb`` MiB, blocks of
+   - ``job``: ``OffloadJob.run_once`` (the same query plus the segmenter and the sink, ending with a
+     micro-batch that seals every open segment) into the filesystem store, segments of ``--segment-mb`` MiB, blocks of
      ``--block-size`` bytes. Timed as the wall time of ``run_once``.
 
    MB/s count entry bytes (10^6 bytes): the sum of ``entryBytes`` over the sealed segments' manifests,
@@ -166,7 +166,7 @@ class JobRun:
     batch_seconds: float
     upload_seconds: float
     queries: list[QueryTimes]
-    """Per query that ``run_once`` started: the drain, then the seal."""
+    """Per query that ``run_once`` started (one: it drains, then seals in its last micro-batch)."""
     peak_state: int = 0
     """The most bytes any topic-partition's segmenter kept in the state store after a micro-batch."""
 
@@ -346,7 +346,7 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
         f"  job: foreachBatch (source + segmenter + sink per micro-batch) {best_job.batch_seconds:.1f} s, "
         f"of which uploads to the store {best_job.upload_seconds:.1f} s (summed over tasks)"
     )
-    names = ("drain", "seal", "other")
+    names = ("drain and seal", "other")
     print("  job: run_once = " + " + ".join(q.render(n) for n, q in zip(names, best_job.queries, strict=False)))
     limits(source_cpu.used, job_cpu.used, best_job, source_wall)
     plain_wall = drain_plain_client(broker.service_url, topics)
@@ -372,7 +372,7 @@ def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_
     shares = {
         "the segmenter + sink stage (transformWithStateInPandas: entries through Arrow to its Python worker, "
         "blocks back, state commits; then the uploads)": segmenter / 2,
-        "query start-up and planning (two queries: drain, then seal)": startup + planning,
+        "query start-up and planning": startup + planning,
     }
     top = max(shares, key=lambda k: shares[k])
     print(

@@ -34,7 +34,7 @@ from streamoffload.config import Config, PolicySource, StoreSettings
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.urls import parse_store_url
 from streamoffload.streaming.admission import buffer_file_path, write_buffer_file
-from streamoffload.streaming.control import requests_prefix, submit_requests
+from streamoffload.streaming.control import submit_requests
 from streamoffload.streaming.policies import (
     CLOCK_SKEW_MS,
     DEFAULT_REFRESH_S,
@@ -166,11 +166,10 @@ class OffloadJob:
     def key_prefix(self) -> str:
         return self.config.store.key_prefix
 
-    def source_options(self, *, read_limits: bool = True) -> dict[str, str]:
+    def source_options(self, *, seal_at_end: bool = False) -> dict[str, str]:
         """The Pulsar source's options. Memory is bounded by configuration: ``maxBytesPerTrigger`` (default
         64 MiB) per micro-batch, and per topic-partition the offload buffer bound through ``bufferFile``.
-        ``read_limits=False`` is ``run_once``'s seal query: it reads no entries (``stopAtStart``), so what
-        arrived during the drain is left for the next run instead of landing unbounded in one batch."""
+        ``seal_at_end``: ``run_once``'s query ends with a micro-batch of seal markers (``sealAtEnd``)."""
         from streamoffload.streaming.admission import buffer_file_path
 
         pulsar = self.config.pulsar
@@ -184,8 +183,8 @@ class OffloadJob:
             options["policyVersionsFile"] = self._versions_file()
             options["bufferFile"] = buffer_file_path(self._versions_file(), self.run.epoch)
             options["quarantineFile"] = self._pause_file()
-        if not read_limits:
-            options["stopAtStart"] = "true"
+        if seal_at_end:
+            options["sealAtEnd"] = "true"
         if pulsar.topics:
             options["topics"] = ",".join(pulsar.topics)
         elif pulsar.topics_pattern:
@@ -194,9 +193,9 @@ class OffloadJob:
                 options["topicsPatternCandidates"] = ",".join(pulsar.topics_pattern_candidates)
         else:
             raise StreamOffloadError("no topics to offload: set pulsar.topics or pulsar.topics_pattern (or --topics)")
-        if read_limits and pulsar.max_entries_per_trigger:
+        if pulsar.max_entries_per_trigger:
             options["maxEntriesPerTrigger"] = str(pulsar.max_entries_per_trigger)
-        if read_limits and pulsar.max_bytes_per_trigger:
+        if pulsar.max_bytes_per_trigger:
             options["maxBytesPerTrigger"] = str(pulsar.max_bytes_per_trigger)
         for key, value in pulsar.client.items():
             options[f"pulsar.client.{key}"] = value
@@ -224,7 +223,7 @@ class OffloadJob:
     def _pause_file(self) -> str:
         return str(Path(self._versions_file()).with_name("quarantine.json"))
 
-    def build(self, spark: Any, *, read_limits: bool = True) -> Any:
+    def build(self, spark: Any, *, seal_at_end: bool = False) -> Any:
         from pyspark.sql import functions as F
 
         from streamoffload.streaming.segmenter_spark import SegmenterProcessor
@@ -235,9 +234,10 @@ class OffloadJob:
 
         entries = (
             spark.readStream.format("pulsar")
-            .options(**self.source_options(read_limits=read_limits))
+            .options(**self.source_options(seal_at_end=seal_at_end))
             .load()
-            .withColumn("control", F.lit(None).cast("string"))
+            # The source's seal markers (``sealAtEnd``, ledger_id -1) seal their topic-partition's open segment.
+            .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))
         )
         controls = (
             spark.readStream.format("streamoffload-control")
@@ -303,14 +303,14 @@ class OffloadJob:
             except Exception:
                 log.warning("batch listener failed", exc_info=True)
 
-    def start(self, spark: Any, *, once: bool = False, read_limits: bool = True) -> Any:
+    def start(self, spark: Any, *, once: bool = False) -> Any:
         if self.run is None:
             self.begin_run()
         assert self.run is not None
         for key, value in STATE_STORE_CONF.items():
             spark.conf.set(key, value)
         writer = (
-            self.build(spark, read_limits=read_limits)
+            self.build(spark, seal_at_end=once)
             .writeStream.queryName(QUERY_NAME)
             .foreachBatch(self._foreach_batch)
             .option("checkpointLocation", self.run.checkpoint)
@@ -524,18 +524,10 @@ class OffloadJob:
         return held
 
     def _drain_and_seal(self, spark: Any) -> None:
+        """One query: it reads up to the positions of its start (``Trigger.AvailableNow``), and its last
+        micro-batch seals every open segment (the source's seal markers), so nothing that arrives meanwhile
+        lands unbounded in one batch: it waits for the next run."""
         self._await(self.start(spark, once=True))
-        open_topics = self.open_segment_topics()
-        if open_topics:
-            store = self.store_settings.open()
-            ids = submit_requests(store, self.key_prefix, open_topics, CONTROL_SEAL)
-            # The seal query reads no entries (what arrived since the drain waits for the next run), so
-            # its batch holds only the seals.
-            self._await(self.start(spark, once=True, read_limits=False))
-            # Spark tells a source its batch is committed only when the next batch starts, which a
-            # finished run never does: remove the requests this run made and consumed.
-            for request_id in ids:
-                store.delete(requests_prefix(self.key_prefix) + request_id)
         self.retention_runner().run_pass()
 
     def _await(self, query: Any) -> None:

@@ -45,6 +45,17 @@ def position_of(value: Any) -> Position:
     return (int(value[0]), int(value[1]))
 
 
+SEALED_KEY = "sealedAtEnd"
+"""In a ``sealAtEnd`` query's offset: the seal markers were emitted. Not a topic-partition name (no ``://``),
+so offset readers that want positions skip it (:func:`split_offsets`)."""
+
+
+def split_offsets(doc: Mapping[str, Any]) -> tuple[dict[str, Position], bool]:
+    """An offset's positions by topic-partition, and whether it marks the seal markers as emitted."""
+    positions = {tp: position_of(value) for tp, value in doc.items() if tp != SEALED_KEY}
+    return positions, bool(doc.get(SEALED_KEY))
+
+
 class SourcePlanner:
     """Everything the source decides on the driver, in plain Python (tests drive it directly)."""
 
@@ -66,6 +77,8 @@ class SourcePlanner:
         self._buffers = BufferFile(options.buffer_file) if options.buffer_file else None
         self._quarantine = PauseFile(options.quarantine_file) if options.quarantine_file else None
         self._unfit: set[str] = set()
+        self._read_any = False
+        """Whether this query planned a micro-batch with entries (``sealAtEnd`` seals only then)."""
         self._lock = threading.Lock()
 
     @property
@@ -223,17 +236,28 @@ class SourcePlanner:
 
     def latest_offset(
         self, start: Mapping[str, Any], max_entries: int | None, max_bytes: int | None
-    ) -> dict[str, list[int]]:
+    ) -> dict[str, Any]:
         with self._lock:
-            return self._latest_offset(start, max_entries, max_bytes)
+            start_positions, sealed = split_offsets(start)
+            end: dict[str, Any] = self._latest_offset(start_positions, max_entries, max_bytes)
+            if not (self.options.seal_at_end and self._target is not None):
+                return end
+            moved = any(position_of(pos) > start_positions.get(tp, BEFORE_EARLIEST) for tp, pos in end.items())
+            if moved:
+                self._read_any = True
+            elif self._read_any and not sealed:
+                # Everything up to the AvailableNow target was read: one more micro-batch, of seal markers
+                # (``partitions``), so the open segments are sealed in this query, after all their entries.
+                sealed = True
+            if sealed:
+                end[SEALED_KEY] = True
+            return end
 
     def _latest_offset(
-        self, start_doc: Mapping[str, Any], max_entries: int | None, max_bytes: int | None
+        self, start_positions: Mapping[str, Position], max_entries: int | None, max_bytes: int | None
     ) -> dict[str, list[int]]:
         self._round += 1
-        start = {tp: position_of(v) for tp, v in start_doc.items()}
-        if self.options.stop_at_start:
-            return offsets_json(start)
+        start = dict(start_positions)
         partitions = self.topic_partitions()
         if self._target is not None:
             partitions = [tp for tp in partitions if tp in self._target]
@@ -396,8 +420,7 @@ class SourcePlanner:
 
     def commit(self, end_doc: Mapping[str, Any]) -> None:
         with self._lock:
-            for tp, value in end_doc.items():
-                self._consumed[tp] = position_of(value)
+            self._consumed.update(split_offsets(end_doc)[0])
             self._write_backlog()
 
     def latest_offset_report(self) -> dict[str, list[int]] | None:
@@ -432,4 +455,4 @@ class SourcePlanner:
 
 
 
-__all__ = ["SourcePlanner", "offsets_json", "position_of"]
+__all__ = ["SEALED_KEY", "SourcePlanner", "offsets_json", "position_of", "split_offsets"]

@@ -95,9 +95,12 @@ Options (names are case-insensitive, as Spark makes them):
     block plus one minimum part, the most the segmenter can hold between micro-batches (a full block
     waiting for the entry that does not fit, and complete blocks short of a part), so a topic-partition
     is never refused for a buffer that only drains when new entries arrive.
-``stopAtStart``
-    ``true``: the query reads no entries at all; every trigger ends where it starts. For a query that
-    only carries the offload job's control requests (``run --once`` seals its open segments with one).
+``sealAtEnd``
+    ``true`` (the offload job's ``run --once``), with ``Trigger.AvailableNow``: when the query has read
+    entries and has nothing more to read, it runs one more micro-batch of **seal markers**, one row per
+    topic-partition with ``ledger_id = -1``, ``entry_id = -1`` and no entry (the offset gains
+    ``"sealedAtEnd": true``). The job turns each marker into a seal of that topic-partition's open
+    segment, so a batch run drains and seals in one query.
 ``backlogFile``
     When set, a JSON file rewritten (atomically) at every trigger and commit with the backlog below,
     for a dashboard running in another process.
@@ -143,7 +146,7 @@ from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.backlog import PartitionBacklog
 from streamoffload.streaming.input_ranges import Range, split_ranges
-from streamoffload.streaming.planner import SourcePlanner, position_of
+from streamoffload.streaming.planner import SourcePlanner, position_of, split_offsets
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.ranges import BEFORE_EARLIEST, Position, ReadEntry, ReadStats
 from streamoffload.streaming.source_options import SourceOptions
@@ -173,6 +176,14 @@ class PulsarRangePartition(InputPartition):
 
     def __repr__(self) -> str:
         return f"PulsarRangePartition({self.topic}, ({self.start[0]}:{self.start[1]}, {self.end[0]}:{self.end[1]}])"
+
+
+class SealMarkerPartition(InputPartition):
+    """``sealAtEnd``'s last micro-batch: one seal marker row per topic-partition, no entries."""
+
+    def __init__(self, topics: list[str]) -> None:
+        super().__init__(tuple(topics))
+        self.topics = topics
 
 
 class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -224,15 +235,23 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner.prepare_available_now()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        starts, sealed_before = split_offsets(start)
+        ends, sealed = split_offsets(end)
         ranges: list[Range] = []
-        for tp in sorted(end):
-            s = position_of(start[tp]) if tp in start else BEFORE_EARLIEST
-            e = position_of(end[tp])
+        for tp in sorted(ends):
+            s = starts.get(tp, BEFORE_EARLIEST)
+            e = ends[tp]
             if e > s:
                 ranges.append(Range(tp, s, e, self.planner.end_is_known(tp, e)))
-        return _input_partitions(ranges, self.options.min_partitions)
+        partitions: list[InputPartition] = list(_input_partitions(ranges, self.options.min_partitions))
+        if sealed and not sealed_before:
+            partitions.append(SealMarkerPartition(sorted(ends)))
+        return partitions
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, SealMarkerPartition):
+            yield seal_markers(partition.topics, self.schema)
+            return
         assert isinstance(partition, PulsarRangePartition)
         try:
             yield from read_partition(self.options, partition, self.schema)
@@ -261,6 +280,24 @@ def arrow_schema(schema: StructType | None) -> Any:
     if schema is None:
         schema = StructType.fromDDL(SCHEMA)
     return to_arrow_schema(schema, timezone="UTC")
+
+
+def seal_markers(topics: Sequence[str], schema: StructType | None) -> Any:
+    """The seal marker rows (``sealAtEnd``): ``ledger_id = entry_id = -1``, no entry, no publish time."""
+    import pyarrow as pa
+
+    n = len(topics)
+    columns = [
+        pa.array(list(topics), pa.string()),
+        pa.array([TopicName.parse(tp).partition for tp in topics], pa.int32()),
+        pa.array([-1] * n, pa.int64()),
+        pa.array([-1] * n, pa.int64()),
+        pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+        pa.array([0] * n, pa.int32()),
+        pa.array([None] * n, pa.binary()),
+        pa.array([0] * n, pa.int32()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(schema))
 
 
 def _input_partitions(ranges: list[Range], min_partitions: int) -> list[PulsarRangePartition]:

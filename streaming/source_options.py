@@ -48,7 +48,8 @@ class SourceOptions:
     quarantine_file: str | None = None
     key_prefix: str | None = None
     """The store's key prefix: a topic found by ``topicsPattern`` whose keys the store cannot hold is skipped."""
-    stop_at_start: bool = False
+    seal_at_end: bool = False
+    """With ``Trigger.AvailableNow``: one last micro-batch of seal markers once everything was read."""
     reader: str = "raw"
 
     @classmethod
@@ -118,7 +119,7 @@ class SourceOptions:
             buffer_file=get("bufferFile"),
             quarantine_file=get("quarantineFile"),
             key_prefix=opts.get("keyprefix"),
-            stop_at_start=parse_bool(get("stopAtStart") or "false", "stopAtStart"),
+            seal_at_end=parse_bool(get("sealAtEnd") or "false", "sealAtEnd"),
             reader=reader,
         )
 

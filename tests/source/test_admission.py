@@ -20,7 +20,7 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
 from streamoffload.streaming.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
 from streamoffload.streaming.job import OffloadJob, Run
-from streamoffload.streaming.planner import SourcePlanner
+from streamoffload.streaming.planner import SEALED_KEY, SourcePlanner
 from streamoffload.streaming.policies import policy_document, write_versions_file
 from streamoffload.streaming.ranges import Position, Probe
 from streamoffload.streaming.segmenter import run_segmenter
@@ -105,19 +105,39 @@ def test_the_job_bounds_every_micro_batch_by_default(tmp_path: Path) -> None:
     assert sorted(counts.values()) == [128] * 4  # split fairly: 16 MiB each
 
 
-def test_the_seal_query_of_run_once_reads_no_entries(tmp_path: Path) -> None:
+def test_run_once_reads_to_its_start_positions_then_emits_seal_markers_once(tmp_path: Path) -> None:
     config = parse_config({"pulsar": {"topics": [A]}, "spark": {"checkpoint": str(tmp_path / "cp")}})
     job = OffloadJob(config)
     job.run = Run(epoch=3, resume={}, checkpoint=str(tmp_path / "cp" / "run-3"), policy_log=None, published={})  # type: ignore[arg-type]
-    drain = job.source_options()
-    seal = job.source_options(read_limits=False)
-    assert "stopAtStart" not in drain and seal["stopAtStart"] == "true"
-    assert drain["bufferFile"] == seal["bufferFile"] == buffer_file_path(job._versions_file(), 3)
+    once = job.source_options(seal_at_end=True)
+    assert once["sealAtEnd"] == "true" and "sealAtEnd" not in job.source_options()
+    assert once["maxBytesPerTrigger"] == job.source_options()["maxBytesPerTrigger"]
 
-    planner = ModelPlanner(SourceOptions.parse({**seal, "topics": A}), {A: (1000, 4096)})
-    start = {A: [LEDGER, 10]}
-    assert planner.latest_offset(start, None, None) == start
-    assert planner.latest_offset({}, None, None) == {}
+    planner = ModelPlanner(SourceOptions.parse({**once, "topics": f"{A},{B}"}), {A: (10, 100), B: (0, 100)})
+    planner.prepare_available_now()
+    start = planner.initial_offset()
+    end = planner.latest_offset(start, None, None)
+    assert end == {A: [LEDGER, 9], B: [-1, -1]}  # the entries first, no marker yet
+    sealed = planner.latest_offset(end, None, None)
+    assert sealed == {**end, SEALED_KEY: True}
+    assert list(sealed)[-1] == SEALED_KEY  # topic-partitions sorted first: the JSON text is canonical
+    assert planner.latest_offset(sealed, None, None) == sealed  # then nothing more: the query ends
+
+    reader = PulsarStreamReader({**once, "topics": f"{A},{B}"})
+    markers = reader.partitions(end, sealed)
+    assert [type(p).__name__ for p in markers] == ["SealMarkerPartition"]
+    assert reader.partitions(sealed, sealed) == []
+    assert markers[0].topics == [A, B]  # every topic-partition, open segment or not (the rows: tests/job)
+
+
+def test_seal_markers_only_after_entries_were_read() -> None:
+    planner = ModelPlanner(options(sealAtEnd="true"), {A: (0, 100), B: (0, 100), C: (0, 100)})
+    planner.prepare_available_now()
+    start = planner.initial_offset()
+    assert planner.latest_offset(start, None, None) == start  # nothing read: nothing open, nothing to seal
+    continuous = ModelPlanner(options(sealAtEnd="true"), {A: (5, 100), B: (0, 100), C: (0, 100)})
+    first = continuous.latest_offset(continuous.initial_offset(), None, None)
+    assert continuous.latest_offset(first, None, None) == first  # without AvailableNow: no markers
 
 
 # --- the offload buffer bound ---------------------------------------------------------------------------
@@ -256,9 +276,9 @@ def test_buffer_file_per_run_replaces_earlier_runs(tmp_path: Path) -> None:
     assert BufferFile(str(tmp_path / "bad.json")).current() == (1, {})
 
 
-def test_bad_stop_at_start_names_the_option() -> None:
-    with pytest.raises(Exception, match="stopAtStart"):
-        options(stopAtStart="sometimes")
+def test_bad_seal_at_end_names_the_option() -> None:
+    with pytest.raises(Exception, match="sealAtEnd"):
+        options(sealAtEnd="sometimes")
 
 
 def test_micro_batches_are_sized_by_the_measured_entry_size_not_one_sample(tmp_path: Path) -> None:
