@@ -182,6 +182,8 @@ class QueryTimes:
     """Of which query planning (``queryPlanning``)."""
     segmenter_s: float
     """Task seconds in the segmenter operator (``allUpdatesTimeMs`` of transformWithStateInPandas)."""
+    rows: list[int]
+    """Input rows of each micro-batch (entries, and seal markers in the last)."""
 
     @classmethod
     def of(cls, wall: float, progress: list[Any]) -> QueryTimes:
@@ -195,12 +197,14 @@ class QueryTimes:
             sum(ms(p, "triggerExecution") for p in progress),
             sum(ms(p, "queryPlanning") for p in progress),
             segmenter,
+            [int(p["numInputRows"]) for p in progress],
         )
 
     def render(self, name: str) -> str:
         return (
             f"{name} query {self.wall:.1f} s ({self.batches} micro-batches: {self.batch_s:.1f} s, of which "
-            f"planning {self.planning_s:.1f} s; segmenter operator {self.segmenter_s:.1f} task s)"
+            f"planning {self.planning_s:.1f} s; segmenter operator {self.segmenter_s:.1f} task s; "
+            f"rows per micro-batch {', '.join(map(str, self.rows))})"
         )
 
 

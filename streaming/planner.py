@@ -9,6 +9,7 @@ Offsets are JSON objects ``{topic-partition: [ledgerId, entryId]}``: the last po
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -366,9 +367,13 @@ class SourcePlanner:
         if max_entries is not None:
             allowed = list(fair_shares(demands, max_entries, self._round))
         if max_bytes is not None:
-            byte_demands = [None if d is None else int(d * size) for d, size in zip(demands, sizes, strict=True)]
+            byte_demands = [None if d is None else math.ceil(d * size) for d, size in zip(demands, sizes, strict=True)]
+            shares = fair_shares(byte_demands, max_bytes, self._round)
+            # A share that covers the whole demand admits all of it: dividing it back by a fractional mean
+            # size could round one entry off, and leave it for a micro-batch of its own.
             by_bytes = [
-                int(b // size) for b, size in zip(fair_shares(byte_demands, max_bytes, self._round), sizes, strict=True)
+                d if d is not None and share >= bd else int(share // size)  # type: ignore[operator]
+                for d, bd, share, size in zip(demands, byte_demands, shares, sizes, strict=True)
             ]
             allowed = [b if a is None else min(a, b) for a, b in zip(allowed, by_bytes, strict=True)]
             if not any(allowed):

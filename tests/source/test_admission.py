@@ -281,6 +281,25 @@ def test_bad_seal_at_end_names_the_option() -> None:
         options(sealAtEnd="sometimes")
 
 
+def test_a_fractional_mean_entry_size_leaves_no_entry_for_a_micro_batch_of_its_own(tmp_path: Path) -> None:
+    """Measured: a 200 MB backlog over 4 topic-partitions took 2 micro-batches and then 4 more of one entry
+    each: the byte share, divided back by a mean size like 131,072.7, rounded the last entry off."""
+    buffers = str(tmp_path / "buffers.json")
+    planner = ModelPlanner(options(bufferFile=buffers), {A: (300, 131_072), B: (301, 131_072), C: (299, 131_072)})
+    start = planner.initial_offset()
+    first = planner.latest_offset(start, None, 64 * MIB)
+    stats = {tp: {"buffered_bytes": 0, "batch_entries": 3, "batch_bytes": 3 * 131_072 + 2} for tp in (A, B, C)}
+    write_buffer_file(buffers, stats, 1)
+    os.utime(buffers, (1, 1))
+    offsets = [start, first]
+    while len(offsets) < 10:
+        offsets.append(planner.latest_offset(offsets[-1], None, 64 * MIB))
+        if offsets[-1] == offsets[-2]:
+            break
+    assert offsets[-2] == {A: [LEDGER, 299], B: [LEDGER, 300], C: [LEDGER, 298]}
+    assert len(offsets) - 2 == 2  # 118 MiB in micro-batches of 64 MiB: 2, and no third of a single entry
+
+
 def test_micro_batches_are_sized_by_the_measured_entry_size_not_one_sample(tmp_path: Path) -> None:
     """A producer's first batch is often small: sized by that one sampled entry, a 64 MiB micro-batch of
     entries 100 times larger would take 6 GiB. The job reports what each topic-partition's entries really
