@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from streamoffload.streaming import register
+from streamoffload.streaming.worker_python import pyspark_from_directory, worker_python
 
 SPARK_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
@@ -164,8 +165,13 @@ def build_session(
     """A SparkSession with the RocksDB state store (transformWithState needs it), few shuffle
     partitions (one key per topic-partition; the default 200 would mostly run empty tasks), and
     streamoffload's Python data sources registered (``streaming.register``)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    workers = os.environ.get("PYSPARK_PYTHON") or sys.executable
+    local = master.startswith("local") and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if local and workers == sys.executable and pyspark_from_directory():
+        # This interpreter's pyspark, from site-packages: no recompiling it from the zip in every process.
+        workers = worker_python(python=workers)
+    os.environ["PYSPARK_PYTHON"] = workers
     from pyspark.sql import SparkSession
 
     conf: dict[str, str] = {

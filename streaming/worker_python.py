@@ -1,0 +1,72 @@
+"""Spark's local Python workers import pyspark from site-packages, where its bytecode is cached.
+
+Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` and py4j's source zip first on the PYTHONPATH of every
+Python process it starts: the worker daemon and its workers, each streaming source's runner, each data
+source planner, transformWithState's driver-side runner. Python caches no bytecode for modules imported
+from a zip, so each of those processes compiled pyspark (and pandas glue) from source again. Measured with
+py-spy in ``bench/offload.py``: the largest single item of the Python workers' CPU, seconds per query
+start. A pip-installed pyspark is the same code in site-packages, with cached bytecode.
+
+In local mode the workers run on this machine with this interpreter, so :func:`worker_python` gives Spark
+a small launcher (``PYSPARK_PYTHON``) that drops those two zips from PYTHONPATH and runs the interpreter.
+It is used only when the driver itself imported pyspark from a directory (not from a zip), so the workers
+find the same pyspark there; otherwise Spark's own PYTHONPATH stands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+import tempfile
+
+LAUNCHER = """#!/bin/sh
+# Written by streamoffload (streaming/worker_python.py): Spark's Python workers without pyspark.zip and
+# py4j's zip on PYTHONPATH, so pyspark is imported from site-packages with cached bytecode.
+set -f
+kept=
+IFS=:
+for entry in ${{PYTHONPATH-}}; do
+    case $entry in
+        */pyspark.zip | */py4j-*-src.zip) ;;
+        *) kept=${{kept:+$kept:}}$entry ;;
+    esac
+done
+unset IFS
+PYTHONPATH=$kept
+export PYTHONPATH
+exec {python} "$@"
+"""
+
+
+def pyspark_from_directory() -> bool:
+    """Whether this process imports pyspark from a directory (a pip install), not from Spark's zip."""
+    import pyspark
+
+    return ".zip" not in (pyspark.__file__ or ".zip")
+
+
+def worker_python(directory: str | None = None, python: str = sys.executable) -> str:
+    """The path of a launcher for ``python`` (written once, atomically, under ``directory``, default the
+    temporary directory), to be Spark's ``PYSPARK_PYTHON`` in local mode."""
+    text = LAUNCHER.format(python=shlex.quote(python))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    directory = directory or os.path.join(tempfile.gettempdir(), f"streamoffload-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, f"python-worker-{digest}.sh")
+    if not os.path.exists(path):
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=".python-worker-")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+            os.chmod(temp, 0o700)
+            os.replace(temp, path)
+        except BaseException:
+            if os.path.exists(temp):
+                os.unlink(temp)
+            raise
+    return path
+
+
+__all__ = ["pyspark_from_directory", "worker_python"]
