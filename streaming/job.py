@@ -45,6 +45,7 @@ from streamoffload.streaming.policies import (
 from streamoffload.streaming.quarantine import Quarantine, failed_topics, failure_reason
 from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, ACTION_SCHEMA, CONTROL_POLICY, CONTROL_SEAL
 from streamoffload.streaming.sink import SinkStats, sink_for
+from streamoffload.streaming.worker_gc import freeze_long_lived
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def _apply_arrow(store: StoreSettings, key_prefix: str) -> Callable[[Iterator[An
     def apply(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        freeze_long_lived()
         sink = sink_for(store.open, key_prefix)
         stats: SinkStats = sink.apply(_arrow_actions(batches))
         yield pa.RecordBatch.from_pydict({"stats": [json.dumps(asdict(stats))]})

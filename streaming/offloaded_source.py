@@ -66,6 +66,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
 from streamoffload.streaming.option_values import parse_size, parse_topic
 from streamoffload.streaming.source_options import StartSpec, parse_pattern, parse_starting_offsets
+from streamoffload.streaming.worker_gc import freeze_long_lived
 
 SOURCE_NAME = "pulsar-offloaded"
 
@@ -304,6 +305,7 @@ class OffloadedReader(DataSourceReader):
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        freeze_long_lived()
         task = partition.task  # type: ignore[attr-defined]
         if task is None:
             return

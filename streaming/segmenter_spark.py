@@ -22,6 +22,7 @@ from streamoffload.streaming.policies import PolicyLog
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.segmenter import Segmenter
 from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, Entry, TopicState
+from streamoffload.streaming.worker_gc import freeze_long_lived
 
 
 class SparkState:
@@ -81,6 +82,7 @@ class SegmenterProcessor(StatefulProcessor):
         self.resume = resume
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        freeze_long_lived()
         self.handle = handle
         self.topic_state = handle.getValueState("topic", "json STRING")
         self.block = handle.getListState("block", "ledger_id LONG, entry_id LONG, payload BINARY")

@@ -150,6 +150,7 @@ from streamoffload.streaming.planner import SourcePlanner, position_of, split_of
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.ranges import BEFORE_EARLIEST, Position, ReadEntry, ReadStats
 from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.worker_gc import freeze_long_lived
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +250,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        freeze_long_lived()
         if isinstance(partition, SealMarkerPartition):
             yield seal_markers(partition.topics, self.schema)
             return
@@ -416,6 +418,7 @@ class PulsarBatchReader(DataSourceReader):
             planner.close()
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        freeze_long_lived()
         assert isinstance(partition, PulsarRangePartition)
         yield from read_partition(self.options, partition, self.schema)
 

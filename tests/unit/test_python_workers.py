@@ -1,4 +1,5 @@
-"""Spark's local Python workers import pyspark from site-packages, not from Spark's zip (streaming/worker_python)."""
+"""Spark's local Python workers: pyspark from site-packages (streaming/worker_python), and what they
+import frozen out of the garbage collector's reach (streaming/worker_gc)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,20 @@ def test_spark_python_workers_import_pyspark_from_site_packages(spark: Any) -> N
 
     (found,) = spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
     assert found == pyspark.__file__ and ".zip" not in found  # the driver's own, from site-packages
+
+
+def test_a_worker_freezes_what_it_imported_once_so_the_daemons_collections_are_cheap(spark: Any) -> None:
+    """Spark's daemon collects garbage after every task of a reused worker (see streaming/worker_gc)."""
+
+    def frozen(_rows: Any) -> Any:
+        import gc
+
+        from streamoffload.streaming.worker_gc import freeze_long_lived
+
+        freeze_long_lived()
+        first = gc.get_freeze_count()
+        freeze_long_lived()  # once per process
+        yield (first, gc.get_freeze_count())
+
+    ((first, again),) = spark.sparkContext.parallelize([0], 1).mapPartitions(frozen).collect()
+    assert first > 10_000 and again == first
