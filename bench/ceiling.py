@@ -25,8 +25,9 @@ pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB
    running ``mapInArrow`` (each ``data`` value written to a file under a temporary directory) + ``collect``,
    micro-batches of ``--trigger-mb`` (like the job's ``max_bytes_per_trigger``), with the job's state store
    settings (``streaming.job.STATE_STORE_CONF``: changelog checkpointing) and ``noDataMicroBatches`` off
-   (as ``run --once``). With ``spark.shuffle.compress`` true and false. ``seg->noop`` is the same without
-   the sink (the segmenter's output into ``noop``), to split the job's time into its steps.
+   (as ``run --once``). With ``spark.shuffle.compress`` true and false. To split the job's time into its
+   steps: ``shuffle->noop`` is the source repartitioned by topic (the groupBy's exchange, no Python) into
+   ``noop``, and ``seg->noop`` the segmenter's output into ``noop`` (everything but the sink).
 
 Spark figures are the sum of the micro-batches' ``durationMs.triggerExecution`` (wall time, with query
 start-up, printed beside), with the ratio to ``plain`` of the same run, the CPU seconds of the JVM and the
@@ -320,7 +321,12 @@ def progress_summary(progress: list[dict[str, Any]]) -> str:
             for key in ("allUpdatesTimeMs", "commitTimeMs"):
                 parts[f"state.{key}"] = parts.get(f"state.{key}", 0) + int(op.get(key, 0))
     listed = ", ".join(f"{k} {v / 1000:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 10)
-    return f"{len(progress)} micro-batch(es): {listed} s"
+    text = f"{len(progress)} micro-batch(es): {listed} s"
+    if len(progress) > 1:  # a fixed cost per micro-batch shows as a floor under each batch's time
+        each = "/".join(f"{p['durationMs']['triggerExecution'] / 1000:.2f}" for p in progress)
+        plans = "/".join(f"{p['durationMs'].get('queryPlanning', 0) / 1000:.2f}" for p in progress)
+        text += f"; each batch {each} s, of which queryPlanning {plans} s"
+    return text
 
 
 def run_query(spark: Any, build: Callable[[Any], Any], checkpoint: str) -> tuple[float, float, str, str]:
@@ -387,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-batch-mb", type=float, default=16, help="MiB per Arrow batch in the job shape (16)")
     parser.add_argument("--trigger-mb", type=float, default=64, help="MiB per micro-batch in the job shape (64)")
     parser.add_argument("--compress", default="true,false", help="spark.shuffle.compress values, job shape")
-    parser.add_argument("--no-stages", action="store_true", help="skip the seg->noop lines")
+    parser.add_argument("--no-stages", action="store_true", help="skip the shuffle->noop and seg->noop lines")
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds, best of each (default 2)")
     parser.add_argument("--stall-ms", type=int, default=1000, help="plain/raw readers' stall timeout (1000)")
     parser.add_argument("--no-broker", action="store_true", help="skip plain and raw (ratios then absent)")
@@ -421,6 +427,16 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in STATE_STORE_CONF.items():
         spark.conf.set(key, value)
     print(f"session: {time.monotonic() - started:.1f} s")
+    shown = (
+        "spark.sql.execution.arrow.maxRecordsPerBatch",
+        "spark.sql.execution.arrow.maxBytesPerBatch",
+        "spark.sql.execution.arrow.useLargeVarTypes",
+        "spark.sql.execution.arrow.compression.codec",
+        "spark.sql.shuffle.partitions",
+        "spark.io.compression.codec",
+        *STATE_STORE_CONF,
+    )
+    print("confs: " + ", ".join(f"{k.removeprefix('spark.')}={spark.conf.get(k, '(unset)')}" for k in shown))
     figures: dict[str, Figure] = {}
     out_dir = os.path.join(work, "out")
     seq = [0]
@@ -474,6 +490,17 @@ def main(argv: list[str] | None = None) -> int:
         written = sum(f.stat().st_size for f in os.scandir(out_dir))
         assert written == per * p * shape.entry_bytes, f"the sink wrote {written} bytes"
         shutil.rmtree(out_dir)
+
+    def shuffle_line(p: int) -> None:
+        per = max(1, shape.entries // p)
+        assert set_shuffle_compress(spark, True)
+        measure(
+            f"shuffle->noop {p} part, compress true",
+            per * p * shape.entry_bytes,
+            lambda s: memory_stream(s, shape, p, args.job_batch_mb, args.trigger_mb, str(seq[0]))
+            .repartition("topic")  # the groupBy's exchange alone: spark.sql.shuffle.partitions, by topic
+            .writeStream.format("noop"),
+        )
 
     def stage_line(p: int) -> None:
         per = max(1, shape.entries // p)
@@ -533,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                 source_line(partitions[0], batch_mbs[-1], " + " + ";".join(f"{k}={v}" for k, v in conf.items()), conf)
             for p in partitions:
                 if not args.no_stages:
+                    shuffle_line(p)
                     stage_line(p)
                 for on in compress:
                     job_line(p, on)
