@@ -436,7 +436,14 @@ def main(argv: list[str] | None = None) -> int:
         "spark.io.compression.codec",
         *STATE_STORE_CONF,
     )
-    print("confs: " + ", ".join(f"{k.removeprefix('spark.')}={spark.conf.get(k, '(unset)')}" for k in shown))
+
+    def conf_value(key: str) -> str:
+        try:
+            return str(spark.conf.get(key))  # the value in force, default included
+        except Exception:  # a core conf that was never set has no SQL default
+            return "(default)"
+
+    print("confs: " + ", ".join(f"{k.removeprefix('spark.')}={conf_value(k)}" for k in shown))
     figures: dict[str, Figure] = {}
     out_dir = os.path.join(work, "out")
     seq = [0]
