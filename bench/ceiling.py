@@ -380,6 +380,11 @@ def segmented(stream: Any) -> Any:
     )
 
 
+def reader_cpu(meter: CpuMeter) -> str:
+    """CPU seconds of a drain: the broker's and this process's (the reader and its client's threads)."""
+    return f"CPU s: broker {meter.used['broker']:.1f}, reader (this process) {meter.used['driver']:.1f}"
+
+
 def parse_list(text: str, kind: Callable[[str], Any]) -> list[Any]:
     return [kind(v) for v in text.split(",") if v.strip()]
 
@@ -553,12 +558,16 @@ def main(argv: list[str] | None = None) -> int:
             seconds = memcopy(shape.entries, shape.entry_bytes, max(1, int(batch_mbs[0] * MIB // shape.entry_bytes)))
             fig(f"memcopy {batch_mbs[0]:g} MiB batches").add(seconds, shape.entries * shape.entry_bytes)
             if broker_cm is not None:
-                started = time.monotonic()
-                n_messages, nbytes, _entries = drain_plain(client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
-                fig("plain (pulsar-client drain)").add(time.monotonic() - started, nbytes)
-                started = time.monotonic()
-                n_raw, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
-                fig("raw (read_range_raw)").add(time.monotonic() - started, nbytes)
+                with CpuMeter(broker.pid) as meter:
+                    started = time.monotonic()
+                    n_messages, nbytes, _entries = drain_plain(client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
+                    seconds = time.monotonic() - started
+                fig("plain (pulsar-client drain)").add(seconds, nbytes, detail=reader_cpu(meter))
+                with CpuMeter(broker.pid) as meter:
+                    started = time.monotonic()
+                    n_raw, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
+                    seconds = time.monotonic() - started
+                fig("raw (read_range_raw)").add(seconds, nbytes, detail=reader_cpu(meter))
                 assert n_messages == n_raw == shape.entries * args.entry_kb, (n_messages, n_raw)
             for p in partitions:
                 for batch_mb in batch_mbs:
