@@ -396,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", default="1,4", help="comma list of input partitions / topics (1,4)")
     parser.add_argument("--batch-mb", default="4,16,64", help="comma list of MiB per Arrow batch, source (4,16,64)")
     parser.add_argument("--job-batch-mb", type=float, default=16, help="MiB per Arrow batch in the job shape (16)")
-    parser.add_argument("--trigger-mb", type=float, default=64, help="MiB per micro-batch in the job shape (64)")
+    parser.add_argument(
+        "--trigger-mb", default="64", help="comma list of MiB per micro-batch in the job shape (64; 0: one batch)"
+    )
     parser.add_argument("--compress", default="true,false", help="spark.shuffle.compress values, job shape")
     parser.add_argument("--no-stages", action="store_true", help="skip the shuffle->noop and seg->noop lines")
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds, best of each (default 2)")
@@ -413,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     partitions = parse_list(args.partitions, int)
     batch_mbs = parse_list(args.batch_mb, float)
+    triggers = parse_list(args.trigger_mb, float)
     compress = [v.strip().lower() == "true" for v in args.compress.split(",") if v.strip()]
     tries = [dict(kv.split("=", 1) for kv in t.split(";") if kv) for t in args.tries]
     shape = Shape(args.mb, args.entry_kb * 1024)
@@ -484,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             confs,
         )
 
-    def job_line(p: int, on: bool, label: str = "", confs: dict[str, str] | None = None) -> None:
+    def job_line(p: int, on: bool, trigger: float, label: str = "", confs: dict[str, str] | None = None) -> None:
         per = max(1, shape.entries // p)
         assert set_shuffle_compress(spark, on) == on
 
@@ -493,9 +496,11 @@ def main(argv: list[str] | None = None) -> int:
 
         os.makedirs(out_dir, exist_ok=True)
         measure(
-            f"job     {p} part, compress {str(on).lower()}{label}",
+            f"job     {p} part, compress {str(on).lower()}"
+            + (f", {trigger:g} MiB triggers" if len(triggers) > 1 else "")
+            + label,
             per * p * shape.entry_bytes,
-            lambda s: segmented(memory_stream(s, shape, p, args.job_batch_mb, args.trigger_mb, str(seq[0])))
+            lambda s: segmented(memory_stream(s, shape, p, args.job_batch_mb, trigger, str(seq[0])))
             .writeStream.foreachBatch(sink),
             confs,
         )
@@ -509,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         measure(
             f"shuffle->noop {p} part, compress true",
             per * p * shape.entry_bytes,
-            lambda s: memory_stream(s, shape, p, args.job_batch_mb, args.trigger_mb, str(seq[0]))
+            lambda s: memory_stream(s, shape, p, args.job_batch_mb, triggers[0], str(seq[0]))
             .repartition("topic")  # the groupBy's exchange alone: spark.sql.shuffle.partitions, by topic
             .writeStream.format("noop"),
         )
@@ -520,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         measure(
             f"seg->noop {p} part, compress true",
             per * p * shape.entry_bytes,
-            lambda s: segmented(memory_stream(s, shape, p, args.job_batch_mb, args.trigger_mb, str(seq[0])))
+            lambda s: segmented(memory_stream(s, shape, p, args.job_batch_mb, triggers[0], str(seq[0])))
             .writeStream.format("noop"),
         )
 
@@ -578,10 +583,11 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.no_stages:
                     shuffle_line(p)
                     stage_line(p)
-                for on in compress:
-                    job_line(p, on)
+                for trigger in triggers:
+                    for on in compress:
+                        job_line(p, on, trigger)
             for conf in tries:
-                job_line(partitions[0], True, " + " + ";".join(f"{k}={v}" for k, v in conf.items()), conf)
+                job_line(partitions[0], True, triggers[0], " + " + ";".join(f"{k}={v}" for k, v in conf.items()), conf)
     finally:
         if client is not None:
             client.close()
