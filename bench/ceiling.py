@@ -401,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--compress", default="true,false", help="spark.shuffle.compress values, job shape")
     parser.add_argument("--no-stages", action="store_true", help="skip the shuffle->noop and seg->noop lines")
+    parser.add_argument(
+        "--all-stages",
+        action="store_true",
+        help="shuffle->noop and seg->noop for every --partitions value (default: the first only, to stay < 5 min)",
+    )
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds, best of each (default 2)")
     parser.add_argument("--stall-ms", type=int, default=1000, help="plain/raw readers' stall timeout (1000)")
     parser.add_argument("--no-broker", action="store_true", help="skip plain and raw (ratios then absent)")
@@ -580,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             for conf in tries:
                 source_line(partitions[0], batch_mbs[-1], " + " + ";".join(f"{k}={v}" for k, v in conf.items()), conf)
             for p in partitions:
-                if not args.no_stages:
+                if not args.no_stages and (args.all_stages or p == partitions[0]):
                     shuffle_line(p)
                     stage_line(p)
                 for trigger in triggers:
