@@ -27,7 +27,8 @@ pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB
    settings (``streaming.job.STATE_STORE_CONF``: changelog checkpointing) and ``noDataMicroBatches`` off
    (as ``run --once``). With ``spark.shuffle.compress`` true and false. To split the job's time into its
    steps: ``shuffle->noop`` is the source repartitioned by topic (the groupBy's exchange, no Python) into
-   ``noop``, and ``seg->noop`` the segmenter's output into ``noop`` (everything but the sink).
+   ``noop``, and ``seg->noop`` the segmenter's output into ``noop`` (everything but the sink); both for the
+   first ``--partitions`` value only, unless ``--all-stages``.
 
 Spark figures are the sum of the micro-batches' ``durationMs.triggerExecution`` (wall time, with query
 start-up, printed beside), with the ratio to ``plain`` of the same run, the CPU seconds of the JVM and the
