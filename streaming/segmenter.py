@@ -58,6 +58,21 @@ from streamoffload.streaming.segmenter_model import (
     TopicState,
 )
 
+ROLLOVER_EARLY_MAX_MS = 10_000
+"""How much earlier than the job read it a segment's rollover time may start (at most half the rollover)."""
+
+
+def rollover_start(first_publish_ms: int, assigned_ms: int, rollover_ms: int) -> int:
+    """When a segment's rollover time starts: when its first entry was published, so an entry of a live
+    topic is readable about the rollover time after it was published, not after the job's next trigger
+    read it (up to a trigger interval and a micro-batch later). But at most ``min(rollover / 2, 10 s)``
+    before the job read it: an old entry (a backlog, or a producer clock that runs behind) must not open
+    segments that are due at once, which would cut a backlog into one segment per micro-batch."""
+    if not first_publish_ms:
+        return assigned_ms
+    earliest = assigned_ms - min(rollover_ms // 2, ROLLOVER_EARLY_MAX_MS)
+    return min(assigned_ms, max(first_publish_ms, earliest))
+
 
 class Segmenter:
     """Processes one micro-batch (or one timer) of one topic-partition."""
@@ -157,7 +172,7 @@ class Segmenter:
         seg = self.state.open
         if seg is None or seg.method != "streaming":
             return None
-        return seg.assigned_ms + self._seg_policy(seg).rollover_ms
+        return (seg.rollover_from_ms or seg.assigned_ms) + self._seg_policy(seg).rollover_ms
 
     def buffered_bytes(self) -> int:
         seg = self.state.open
@@ -324,6 +339,7 @@ class Segmenter:
             start=list(entry.position),
             last=list(entry.position),
             assigned_ms=self.now_ms,
+            rollover_from_ms=rollover_start(entry.publish_time_ms, self.now_ms, self.policy.rollover_ms),
             manifest=manifest_bytes.hex(),
             policy=policy_json,
             data_key=data_key,

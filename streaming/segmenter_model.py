@@ -108,6 +108,8 @@ class OpenSegment:
     publish_first: int = 0
     publish_last: int = 0
     entries: int = 0
+    rollover_from_ms: int = 0
+    """When the rollover time counts from (``segmenter.rollover_start``); 0: ``assigned_ms``."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import run_segmenter
+from streamoffload.streaming.segmenter import rollover_start, run_segmenter
 from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
 
@@ -104,6 +104,34 @@ def test_rollover_by_time_seals_without_new_entries(env: tuple) -> None:
     apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=30_000))
     [seg] = meta.offloaded_segments(TOPIC)
     assert seg.sealReason == "time" and seg.entries == 5
+
+
+def test_rollover_counts_from_the_first_entrys_publish_time_on_a_live_topic(env: tuple) -> None:
+    """Read 1.5 s after it was published (the next trigger), the entry is readable about the rollover time
+    after it was published, not 1.5 s later."""
+    _store, meta, sink, state = env
+    pol = policy(maxOffloadSegmentRolloverTimeMinutes=0.5)  # 30 s
+    live = [Entry(e.ledger_id, e.entry_id, e.payload, 98_500 + e.entry_id) for e in entries_for({1: 5})]
+    apply(sink, run_segmenter(TOPIC, pol, state, live, now_ms=100_000))
+    apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=128_499))
+    assert meta.offloaded_segments(TOPIC) == []
+    apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=128_500))
+    [seg] = meta.offloaded_segments(TOPIC)
+    assert seg.sealReason == "time" and seg.entries == 5
+
+
+@pytest.mark.parametrize(
+    ("published", "rollover_ms", "starts"),
+    [
+        (98_500, 30_000, 98_500),  # live: its publish time
+        (1_000, 30_000, 90_000),  # a backlog: at most 10 s early, so backlog segments are not due at once
+        (90_000, 5_000, 97_500),  # at most half a short rollover early
+        (0, 30_000, 100_000),  # no publish time: when it was read
+        (100_400, 30_000, 100_000),  # a producer clock ahead: never later than when it was read
+    ],
+)
+def test_rollover_start(published: int, rollover_ms: int, starts: int) -> None:
+    assert rollover_start(published, 100_000, rollover_ms) == starts
 
 
 def test_ledger_mode_writes_one_v1_object_per_ledger_and_method_switch_seals(env: tuple) -> None:
