@@ -712,6 +712,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="the segmenter's minimum part, MiB, instead of the store's (1 B on a filesystem): 5 shows S3's remainder",
     )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session, on top of the job's (repeatable): to compare settings run by run",
+    )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
     parser.add_argument(
@@ -720,6 +727,12 @@ def main(argv: list[str] | None = None) -> int:
         help="memory on the default configuration only: run_once over the backlog, peak RSS per process",
     )
     args = parser.parse_args(argv)
+    extra_conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--conf {item!r}: expected KEY=VALUE")
+        extra_conf[key.strip()] = value.strip()
     if args.min_part_mb is not None:
         use_min_part(int(args.min_part_mb * MIB))
 
@@ -738,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], pulsar-lite, filesystem "
         f"store; {args.payload_size} B messages batched by {args.batch_size}, {args.partitions} topic-partitions, "
-        f"{sizes}; work dir {work}"
+        f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
     )
     from streamoffload.streaming.session import build_session
 
@@ -746,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         master="local[2]",
         app_name="bench-offload",
         work_dir=str(work / "spark"),
-        extra_conf={"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"},
+        extra_conf=extra_conf,
     )
     try:
         with EmbeddedBroker(work / "broker") as broker:
