@@ -53,6 +53,16 @@ the end unless ``--keep``).
    and the largest micro-batch and offload buffer seen. The job's ``bufferFile`` is written by a batch
    listener here (``streaming.admission.write_buffer_file``, what the job's foreachBatch does).
 
+Comparing settings: ``--conf KEY=VALUE`` adds a Spark setting to the session (a run each, for settings
+fixed when the JVM starts). ``--compare KEY=VALUE --rounds N`` runs only the lag phase, ``N`` times on
+each side, alternating in one session: A with the job's settings, B with these on top (query-level
+settings such as ``streaming.job.STATE_STORE_CONF``'s), then prints each figure's median on both sides
+and B/A, so both sides see the same load:
+
+    M=org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager
+    .venv/bin/python bench/offload.py --backlog-mb 200 --lag-seconds 30 --skip-throughput --rounds 3 --compare \\
+        spark.sql.streaming.checkpointFileManagerClass=$M
+
 Each part also prints the CPU seconds spent by the broker, the Spark JVM, the Python workers and this
 driver process (from /proc), which is what the "what limits it" line is drawn from: the 2 cores here
 are shared with other work, so wall times move by ±20% and CPU seconds are the steadier witness.
