@@ -53,6 +53,16 @@ the end unless ``--keep``).
    and the largest micro-batch and offload buffer seen. The job's ``bufferFile`` is written by a batch
    listener here (``streaming.admission.write_buffer_file``, what the job's foreachBatch does).
 
+Comparing settings: ``--conf KEY=VALUE`` adds a Spark setting to the session (a run each, for settings
+fixed when the JVM starts). ``--compare KEY=VALUE --rounds N`` runs only the lag phase, ``N`` times on
+each side, alternating in one session: A with the job's settings, B with these on top (query-level
+settings such as ``streaming.job.STATE_STORE_CONF``'s), then prints each figure's median on both sides
+and B/A, so both sides see the same load:
+
+    M=org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager
+    .venv/bin/python bench/offload.py --backlog-mb 200 --lag-seconds 30 --skip-throughput --rounds 3 --compare \\
+        spark.sql.streaming.checkpointFileManagerClass=$M
+
 Each part also prints the CPU seconds spent by the broker, the Spark JVM, the Python workers and this
 driver process (from /proc), which is what the "what limits it" line is drawn from: the 2 cores here
 are shared with other work, so wall times move by ±20% and CPU seconds are the steadier witness.
@@ -517,10 +527,14 @@ def wait_offloaded(meta: MetadataStore, last: dict[str, tuple[int, int]], timeou
     raise RuntimeError(f"not everything offloaded after {timeout:.0f} s: offloaded through {behind}, want {last}")
 
 
-def lag(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
-    base = f"{NAMESPACE}/bench-offload-lag"
+def lag(
+    args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path, name: str = "lag"
+) -> dict[str, float]:
+    """The lag phase (see the module docstring); returns its figures for ``--compare``. ``name`` keeps
+    repeated phases apart: their own topics, store and checkpoint."""
+    base = f"{NAMESPACE}/bench-offload-{name}"
     topics = [f"{base}-partition-{i}" for i in range(args.partitions)]
-    config = job_config(args, work, "lag", broker.service_url, topics, args.rollover_seconds)
+    config = job_config(args, work, name, broker.service_url, topics, args.rollover_seconds)
     store = config.store.open()
     meta = MetadataStore(store, config.store.key_prefix)
     job = OffloadJob(config)
@@ -620,7 +634,10 @@ def lag(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path
     )
     print(f"  policy alone would give p50 ~{rollover / 2:g} s, p99 ~{rollover * 0.99:g} s (uniform over the rollover)")
     print(f"  {meter.render(wall)}")
+    figures = {"lag p50": p50, "lag p99": p99}
     if batch_seconds:
+        figures["micro-batch p50"] = percentile(batch_seconds, 0.5)
+        figures.update({name: percentile(values, 0.5) for name, values in parts.items()})
         batch_p50 = percentile(batch_seconds, 0.5)
         print(
             f"  micro-batches: {len(batch_seconds)} in {wall:.0f} s, each p50 {batch_p50:.2f} s, max "
@@ -640,6 +657,44 @@ def lag(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path
             f"later one, made readable by the sink at the end of that one); a micro-batch carries only "
             f"~{mb_per_batch:.1f} MB, so its duration is mostly per-batch cost, not traffic"
         )
+    return figures
+
+
+def compare_lag(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    """``--compare``: the lag phase ``--rounds`` times on each side, alternating in this one session: A
+    with the job's settings, B with the ``--compare`` settings on top of them (the job sets
+    ``STATE_STORE_CONF`` on the session when a query starts, so B replaces those entries there)."""
+    import streamoffload.streaming.job as job_module
+
+    job_settings = dict(job_module.STATE_STORE_CONF)
+    overrides = dict(_key_values(args.compare))
+    results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    try:
+        for round_no in range(1, args.rounds + 1):
+            for side in ("A", "B"):
+                job_module.STATE_STORE_CONF = job_settings if side == "A" else {**job_settings, **overrides}
+                for key in overrides:  # a key the job does not set goes back to the session's value on A
+                    if side == "A" and key not in job_settings:
+                        spark.conf.unset(key)
+                print(f"--- round {round_no}, side {side} (load average {os.getloadavg()[0]:.2f})")
+                results[side].append(lag(args, spark, broker, work, f"lag-{round_no}{side.lower()}"))
+    finally:
+        job_module.STATE_STORE_CONF = job_settings
+    print(f"compare: A = the job's settings; B = A with {', '.join(args.compare)}; median of {args.rounds} rounds")
+    for key in results["A"][0]:
+        a = statistics.median(r[key] for r in results["A"])
+        b = statistics.median(r[key] for r in results["B"])
+        print(f"  {key:18} A {a:6.2f} s   B {b:6.2f} s   B/A {b / a if a else float('nan'):.2f}")
+
+
+def _key_values(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"expected KEY=VALUE, got {item!r}")
+        out.append((key.strip(), value.strip()))
+    return out
 
 
 def _last_positions(summary: Any) -> dict[str, tuple[int, int]]:
@@ -716,6 +771,21 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="the segmenter's minimum part, MiB, instead of the store's (1 B on a filesystem): 5 shows S3's remainder",
     )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session, on top of the job's (repeatable): to compare settings run by run",
+    )
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="lag phase only: alternate --rounds runs with the job's settings (A) and with these on top (B)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --compare: lag phases per side (default 3)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
     parser.add_argument(
@@ -724,6 +794,8 @@ def main(argv: list[str] | None = None) -> int:
         help="memory on the default configuration only: run_once over the backlog, peak RSS per process",
     )
     args = parser.parse_args(argv)
+    extra_conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"}
+    extra_conf.update(_key_values(args.conf))
     if args.min_part_mb is not None:
         use_min_part(int(args.min_part_mb * MIB))
 
@@ -742,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], pulsar-lite, filesystem "
         f"store; {args.payload_size} B messages batched by {args.batch_size}, {args.partitions} topic-partitions, "
-        f"{sizes}; work dir {work}"
+        f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
     )
     from streamoffload.streaming.session import build_session
 
@@ -750,12 +822,14 @@ def main(argv: list[str] | None = None) -> int:
         master="local[2]",
         app_name="bench-offload",
         work_dir=str(work / "spark"),
-        extra_conf={"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"},
+        extra_conf=extra_conf,
     )
     try:
         with EmbeddedBroker(work / "broker") as broker:
             warm_up(args, spark, broker, work)
-            if args.defaults:
+            if args.compare:
+                compare_lag(args, spark, broker, work)
+            elif args.defaults:
                 memory(args, spark, broker, work)
             else:
                 if not args.skip_throughput:
