@@ -96,11 +96,11 @@ def test_every_false_word_is_false(word: str) -> None:
 
 def test_one_switch_parser_for_source_and_client_options() -> None:
     """The source's own switches and the pulsar.client.* ones accept the same words and name the option."""
-    with pytest.raises(ConfigError, match="option stopAtStart: expected true or false, got 'sometimes'"):
-        parse_bool("sometimes", "stopAtStart")
+    with pytest.raises(ConfigError, match="option sealAtEnd: expected true or false, got 'sometimes'"):
+        parse_bool("sometimes", "sealAtEnd")
     base = {"serviceUrl": "pulsar://h:1", "topics": "a"}
     assert SourceOptions.parse({**base, "failOnDataLoss": "off"}).fail_on_data_loss is False
-    assert SourceOptions.parse({**base, "stopAtStart": "on"}).stop_at_start is True
+    assert SourceOptions.parse({**base, "sealAtEnd": "on"}).seal_at_end is True
     with pytest.raises(ConfigError, match=r"option pulsar\.client\.tlsAllowInsecureConnection: expected true or false"):
         SourceOptions.parse({**base, "pulsar.client.tlsAllowInsecureConnection": "maybe"})
 
