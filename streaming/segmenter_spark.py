@@ -17,12 +17,19 @@ from pyspark.sql.streaming.stateful_processor import (
     StatefulProcessorHandle,
     TimerValues,
 )
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from streamoffload.streaming.policies import PolicyLog
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.segmenter import Segmenter
 from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, Entry, TopicState
 from streamoffload.streaming.worker_gc import freeze_long_lived
+
+TOPIC_STATE_SCHEMA = StructType([StructField("json", StringType())])
+BLOCK_STATE_SCHEMA = StructType(
+    [StructField("ledger_id", LongType()), StructField("entry_id", LongType()), StructField("payload", BinaryType())]
+)
+HELD_STATE_SCHEMA = StructType([StructField("data", BinaryType())])
 
 
 class SparkState:
@@ -32,10 +39,8 @@ class SparkState:
         self._topic, self._block, self._held = topic, block, held
 
     def load(self) -> TopicState | None:
-        if not self._topic.exists():
-            return None
-        (text,) = self._topic.get()
-        return TopicState.from_json(text)
+        value = self._topic.get()  # None when unset: one round trip to the state server, not two
+        return None if value is None else TopicState.from_json(value[0])
 
     def save(self, state: TopicState) -> None:
         self._topic.update((state.to_json(),))
@@ -84,9 +89,10 @@ class SegmenterProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_long_lived()
         self.handle = handle
-        self.topic_state = handle.getValueState("topic", "json STRING")
-        self.block = handle.getListState("block", "ledger_id LONG, entry_id LONG, payload BINARY")
-        self.held = handle.getListState("held", "data BINARY")
+        # Schemas as StructType: a DDL string costs two more round trips to the JVM each, to parse it.
+        self.topic_state = handle.getValueState("topic", TOPIC_STATE_SCHEMA)
+        self.block = handle.getListState("block", BLOCK_STATE_SCHEMA)
+        self.held = handle.getListState("held", HELD_STATE_SCHEMA)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -141,10 +147,11 @@ class SegmenterProcessor(StatefulProcessor):
             yield pd.DataFrame([[getattr(a, c) for c in ACTION_COLUMNS] for a in actions], columns=ACTION_COLUMNS)
 
     def _set_timer(self, deadline: int | None) -> None:
-        for registered in list(self.handle.listTimers()):
-            if registered != deadline:
-                self.handle.deleteTimer(registered)
-        if deadline is not None and deadline not in set(self.handle.listTimers()):
+        registered = list(self.handle.listTimers())
+        for timer in registered:
+            if timer != deadline:
+                self.handle.deleteTimer(timer)
+        if deadline is not None and deadline not in registered:
             self.handle.registerTimer(deadline)
 
     def close(self) -> None:
