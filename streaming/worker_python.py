@@ -47,12 +47,27 @@ def pyspark_from_directory() -> bool:
     return ".zip" not in (pyspark.__file__ or ".zip")
 
 
+def launcher_directory() -> str:
+    """Where launchers are written: the user's cache directory, not the temporary one, whose cleaners
+    (systemd-tmpfiles, tmpreaper) could remove a launcher under a job that runs for weeks and starts
+    Python workers again after every restart; the temporary directory only when the cache is not writable."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(cache, "streamoffload")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if os.access(directory, os.W_OK):
+            return directory
+    except OSError:
+        pass
+    return os.path.join(tempfile.gettempdir(), f"streamoffload-{os.getuid()}")
+
+
 def worker_python(directory: str | None = None, python: str = sys.executable) -> str:
-    """The path of a launcher for ``python`` (written once, atomically, under ``directory``, default the
-    temporary directory), to be Spark's ``PYSPARK_PYTHON`` in local mode."""
+    """The path of a launcher for ``python`` (written once, atomically, under ``directory``, default
+    :func:`launcher_directory`), to be Spark's ``PYSPARK_PYTHON`` in local mode."""
     text = LAUNCHER.format(python=shlex.quote(python))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    directory = directory or os.path.join(tempfile.gettempdir(), f"streamoffload-{os.getuid()}")
+    directory = directory or launcher_directory()
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, f"python-worker-{digest}.sh")
     if not os.path.exists(path):
@@ -69,4 +84,4 @@ def worker_python(directory: str | None = None, python: str = sys.executable) ->
     return path
 
 
-__all__ = ["pyspark_from_directory", "worker_python"]
+__all__ = ["launcher_directory", "pyspark_from_directory", "worker_python"]

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from streamoffload.streaming.worker_python import worker_python
+from streamoffload.streaming.worker_python import launcher_directory, worker_python
 
 
 def test_the_launcher_drops_sparks_zips_from_pythonpath_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -25,6 +26,14 @@ def test_the_launcher_drops_sparks_zips_from_pythonpath_and_keeps_the_rest(tmp_p
     assert result.stdout.splitlines() == ["/a b/lib:/c/*", sys.executable]
     assert worker_python(str(tmp_path)) == launcher  # written once, then reused
     assert os.stat(launcher).st_mode & 0o777 == 0o700
+
+
+def test_launchers_live_in_the_users_cache_not_the_temporary_directory(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert launcher_directory() == str(tmp_path / "cache" / "streamoffload")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # not a directory: the temporary one
+    assert launcher_directory().startswith(tempfile.gettempdir())
 
 
 def test_a_launcher_per_interpreter(tmp_path: Path) -> None:
