@@ -284,22 +284,39 @@ def arrow_schema(schema: StructType | None) -> Any:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def seal_markers(topics: Sequence[str], schema: StructType | None) -> Any:
-    """The seal marker rows (``sealAtEnd``): ``ledger_id = entry_id = -1``, no entry, no publish time."""
+def rows_batch(
+    pa_schema: Any,
+    topics: Sequence[str],
+    partitions: Sequence[int],
+    ledger_ids: Sequence[int],
+    entry_ids: Sequence[int],
+    publish_us: Sequence[int | None],
+    counts: Sequence[int],
+    entries: Sequence[bytes | None],
+    sizes: Sequence[int],
+) -> Any:
+    """The source's rows (``SCHEMA``) as one Arrow record batch, built column by column."""
     import pyarrow as pa
 
-    n = len(topics)
     columns = [
-        pa.array(list(topics), pa.string()),
-        pa.array([TopicName.parse(tp).partition for tp in topics], pa.int32()),
-        pa.array([-1] * n, pa.int64()),
-        pa.array([-1] * n, pa.int64()),
-        pa.array([None] * n, pa.timestamp("us", tz="UTC")),
-        pa.array([0] * n, pa.int32()),
-        pa.array([None] * n, pa.binary()),
-        pa.array([0] * n, pa.int32()),
+        pa.array(topics, pa.string()),
+        pa.array(partitions, pa.int32()),
+        pa.array(ledger_ids, pa.int64()),
+        pa.array(entry_ids, pa.int64()),
+        pa.array(publish_us, pa.timestamp("us", tz="UTC")),
+        pa.array(counts, pa.int32()),
+        pa.array(entries, pa.binary()),
+        pa.array(sizes, pa.int32()),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(schema))
+    return pa.RecordBatch.from_arrays(columns, schema=pa_schema)
+
+
+def seal_markers(topics: Sequence[str], schema: StructType | None) -> Any:
+    """The seal marker rows (``sealAtEnd``): ``ledger_id = entry_id = -1``, no entry, no publish time."""
+    n = len(topics)
+    partitions = [TopicName.parse(tp).partition for tp in topics]
+    none = [None] * n
+    return rows_batch(arrow_schema(schema), topics, partitions, [-1] * n, [-1] * n, none, [0] * n, none, [0] * n)
 
 
 def _input_partitions(ranges: list[Range], min_partitions: int) -> list[PulsarRangePartition]:
@@ -309,8 +326,6 @@ def _input_partitions(ranges: list[Range], min_partitions: int) -> list[PulsarRa
 def read_partition(options: SourceOptions, partition: PulsarRangePartition, schema: StructType | None) -> Iterator[Any]:
     """The rows of one range as Arrow record batches, built column by column: Spark's worker then
     skips its per-row conversion of tuples (measured here: 0.7 µs per row this way, 3.3 µs as tuples)."""
-    import pyarrow as pa
-
     pa_schema = arrow_schema(schema)
     if options.reader == "raw":
         # Each consumer has its own connection, so nothing is shared between tasks.
@@ -331,17 +346,9 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
 
     def batch() -> Any:
         n = len(datas)
-        columns = [
-            pa.array([partition.topic] * n, pa.string()),
-            pa.array([partition.partition] * n, pa.int32()),
-            pa.array(ledger_ids, pa.int64()),
-            pa.array(entry_ids, pa.int64()),
-            pa.array([t * 1000 for t in publish], pa.timestamp("us", tz="UTC")),
-            pa.array(counts, pa.int32()),
-            pa.array(datas, pa.binary()),
-            pa.array(sizes, pa.int32()),
-        ]
-        return pa.RecordBatch.from_arrays(columns, schema=pa_schema)
+        publish_us = [t * 1000 for t in publish]
+        topics, partitions = [partition.topic] * n, [partition.partition] * n
+        return rows_batch(pa_schema, topics, partitions, ledger_ids, entry_ids, publish_us, counts, datas, sizes)
 
     for entry in read_range(
         client,
