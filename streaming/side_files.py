@@ -22,12 +22,20 @@ T = TypeVar("T")
 
 def write_json_file(path: str, doc: Any, *, temp_prefix: str) -> None:
     """Write ``doc`` as JSON to ``path`` atomically (a temporary file beside it, then a rename)."""
+    write_text_file(path, json.dumps(doc, sort_keys=True), temp_prefix=temp_prefix)
+
+
+def write_text_file(path: str, text: str, *, temp_prefix: str, mode: int | None = None) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file beside it, then a rename); ``mode``: its
+    permissions, set before the rename (the temporary file is private, 0600)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix, dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, sort_keys=True)
+            fh.write(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):  # a half-written temporary file must not pile up

@@ -21,6 +21,8 @@ import shlex
 import sys
 import tempfile
 
+from streamoffload.streaming.side_files import write_text_file
+
 LAUNCHER = """#!/bin/sh
 # Written by streamoffload (streaming/worker_python.py): Spark's Python workers without pyspark.zip and
 # py4j's zip on PYTHONPATH, so pyspark is imported from site-packages with cached bytecode.
@@ -71,16 +73,7 @@ def worker_python(directory: str | None = None, python: str = sys.executable) ->
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, f"python-worker-{digest}.sh")
     if not os.path.exists(path):
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=".python-worker-")
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(text)
-            os.chmod(temp, 0o700)
-            os.replace(temp, path)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
+        write_text_file(path, text, temp_prefix=".python-worker-", mode=0o700)
     return path
 
 
