@@ -6,6 +6,7 @@ Run from the repository root:
     .venv/bin/python bench/ceiling.py                          # 200 MB, entries of 100 KiB, 1 and 4 partitions
     .venv/bin/python bench/ceiling.py --mb 50 --repeat 1       # quick look
     .venv/bin/python bench/ceiling.py --try spark.sql.execution.arrow.maxRecordsPerBatch=100000
+    .venv/bin/python bench/ceiling.py --partitions 1 --batch-mb 4,16 --no-stages --compress ""   # sources only
 
 One local[2] Spark session, built with the project's ``build_session`` (the job's confs), and the embedded
 pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB/s of entry bytes for:
@@ -20,6 +21,11 @@ pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB
    the source's schema (one random buffer per task, built once and reused for every batch of the task),
    into the ``noop`` sink, ``Trigger.AvailableNow``, everything in one micro-batch. For each Arrow batch
    size (``--batch-mb``) and number of input partitions (``--partitions``; one "topic" per partition).
+   ``source ∥ raw (thread|process)``: the same source, first ``--partitions`` value, while its first
+   task also drains the whole topic of ``raw`` with the raw reader, in a thread of the task or in a process
+   forked from it, dropping the entries. Nothing couples the two, so this is the best any overlap of a
+   source's reading and its hand-over to Spark can do (issue 11's batched target); ``--no-overlap``
+   skips it.
 4. ``job``: the same source -> ``groupBy("topic").transformWithStateInPandas`` with a processor that keeps
    no state and concatenates each topic's entries into one ``data`` row per ~4 MiB -> ``foreachBatch``
    running ``mapInArrow`` (each ``data`` value written to a file under a temporary directory) + ``collect``,
@@ -134,6 +140,7 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.entry_bytes = int(options["entryBytes"])
         self.trigger_rows = int(options.get("triggerRows", "0"))
         self.run = options.get("run", "0")
+        self.also_drain = options.get("alsoDrain", "")
 
     def initialOffset(self) -> dict:
         return {"entries": 0}
@@ -161,14 +168,51 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         rows = min(self.batch_rows, partition.end - partition.start)
         entries = random_entries(rows, self.entry_bytes, seed=partition.index * 1_000_003 + partition.start)
         topic = f"persistent://public/default/ceiling-{self.run}-partition-{partition.index}"
+        drain = start_drain(self.also_drain) if self.also_drain and partition.index == 0 else None
         at = partition.start
         while at < partition.end:
             n = min(rows, partition.end - at)
             yield build_batch(topic, partition.index, at, n, entries, schema)
             at += n
+        if drain is not None:
+            drain.join()  # the task, and so the micro-batch, ends when both are done
 
     def commit(self, end: dict) -> None:
         pass
+
+
+def start_drain(spec: str) -> Any:
+    """Read a whole topic with the raw reader and drop the entries, beside the task's batches: the
+    source's read with nothing coupling it to the batches handed to Spark, so that a task running both
+    shows the best any overlap of reading and ingestion can do. ``spec``:
+    ``thread|serviceUrl|topic|ledger:entry|stallMs`` (a thread of the task: the GIL shared, as a real
+    source's read-ahead would) or ``process|...`` (a child process: the bound with no GIL shared).
+    Returns something to ``join()``."""
+    import multiprocessing
+    import threading
+
+    if spec.startswith("process|"):  # forked: this function is pickled by value, not importable by name
+        child = multiprocessing.get_context("fork").Process(target=drain, args=(spec,), name="ceiling-drain")
+        child.start()
+        return child
+    thread = threading.Thread(target=drain, args=(spec,), name="ceiling-drain", daemon=True)
+    thread.start()
+    return thread
+
+
+def drain(spec: str) -> None:
+    from streamoffload.streaming import raw_reader as rr
+    from streamoffload.streaming.ranges import BEFORE_EARLIEST, ReaderSettings
+
+    _how, url, topic, end_text, stall_ms = spec.split("|")
+    ledger, entry = (int(v) for v in end_text.split(":"))
+    settings = ReaderSettings(receiver_queue_size=2000, stall_timeout_ms=int(stall_ms))
+    client = rr.RawClient(url)
+    try:
+        for _entry in rr.read_range_raw(client, topic, BEFORE_EARLIEST, (ledger, entry), settings=settings):
+            pass
+    finally:
+        client.close()
 
 
 class MemoryDataSource(DataSource):
@@ -358,7 +402,9 @@ class Shape:
         return max(1, round(self.mb * 1e6 / self.entry_bytes))
 
 
-def memory_stream(spark: Any, shape: Shape, partitions: int, batch_mb: float, trigger_mb: float, run: str) -> Any:
+def memory_stream(
+    spark: Any, shape: Shape, partitions: int, batch_mb: float, trigger_mb: float, run: str, also_drain: str = ""
+) -> Any:
     per_partition = max(1, shape.entries // partitions)
     return (
         spark.readStream.format(SOURCE_NAME)
@@ -368,6 +414,7 @@ def memory_stream(spark: Any, shape: Shape, partitions: int, batch_mb: float, tr
         .option("entryBytes", str(shape.entry_bytes))
         .option("triggerRows", str(int(trigger_mb * MIB // shape.entry_bytes)) if trigger_mb > 0 else "0")
         .option("run", run)
+        .option("alsoDrain", also_drain)
         .load()
     )
 
@@ -410,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds, best of each (default 2)")
     parser.add_argument("--stall-ms", type=int, default=1000, help="plain/raw readers' stall timeout (1000)")
     parser.add_argument("--no-broker", action="store_true", help="skip plain and raw (ratios then absent)")
+    parser.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="skip the 'source ∥ raw' lines (the source while its task also drains the topic with the raw reader)",
+    )
     parser.add_argument(
         "--try",
         dest="tries",
@@ -491,6 +543,14 @@ def main(argv: list[str] | None = None) -> int:
             per * p * shape.entry_bytes,
             lambda s: memory_stream(s, shape, p, batch_mb, 0, str(seq[0])).writeStream.format("noop"),
             confs,
+        )
+
+    def overlap_line(p: int, batch_mb: float, drain: str) -> None:
+        per = max(1, shape.entries // p)
+        measure(
+            f"source ∥ raw ({drain.split('|')[0]}) {p} part, {batch_mb:g} MiB batches",
+            per * p * shape.entry_bytes,
+            lambda s: memory_stream(s, shape, p, batch_mb, 0, str(seq[0]), drain).writeStream.format("noop"),
         )
 
     def job_line(p: int, on: bool, trigger: float, label: str = "", confs: dict[str, str] | None = None) -> None:
@@ -583,6 +643,11 @@ def main(argv: list[str] | None = None) -> int:
             for p in partitions:
                 for batch_mb in batch_mbs:
                     source_line(p, batch_mb)
+            if broker_cm is not None and not args.no_overlap:
+                spec = f"{broker.service_url}|{topic}|{end[0]}:{end[1]}|{args.stall_ms}"  # type: ignore[index]
+                for how in ("thread", "process"):
+                    for batch_mb in batch_mbs:
+                        overlap_line(partitions[0], batch_mb, f"{how}|{spec}")
             for conf in tries:
                 source_line(partitions[0], batch_mbs[-1], " + " + ";".join(f"{k}={v}" for k, v in conf.items()), conf)
             for p in partitions:
