@@ -87,6 +87,7 @@ from typing import Any
 # bench/procstats.py is shared by the bench scripts; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.logs import log_beside
 from bench.procstats import CpuMeter, RssSampler, jvm_heap_pools
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
@@ -816,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
         f"store; {args.payload_size} B messages batched by {args.batch_size}, {args.partitions} topic-partitions, "
         f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
     )
+    log_beside(work)
     from streamoffload.streaming.session import build_session
 
     spark = build_session(

@@ -39,10 +39,15 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pulsar
 
+# bench/logs.py is shared by the bench scripts; run from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.logs import log_beside
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.streaming import pulsar_io as pio
@@ -196,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_spark:
         from streamoffload.streaming.session import build_session
 
+        log_beside(work)
         spark = build_session(
             master="local[2]",
             app_name="bench-source",
