@@ -96,7 +96,7 @@ from streamoffload.codecs.entry import entry_messages
 from streamoffload.config import Config, parse_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.limits import min_block_size
-from streamoffload.produce import produce
+from streamoffload.produce import ProduceSummary, produce
 from streamoffload.streaming.job import BatchReport, OffloadJob, min_part_size
 
 MIB = 1024 * 1024
@@ -299,13 +299,12 @@ def drain_plain_client(service_url: str, topics: list[str]) -> float:
         client.close()
 
 
-def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
-    messages = int(args.backlog_mb * 1e6 / args.payload_size)
-    base = f"{NAMESPACE}/bench-offload-backlog"
+def publish_backlog(args: argparse.Namespace, broker: EmbeddedBroker, part: str, name: str) -> ProduceSummary:
+    """Publish ``--backlog-mb`` of batched messages to ``<name>-partition-<i>`` and say so."""
     summary = produce(
         broker.service_url,
-        base,
-        messages,
+        f"{NAMESPACE}/{name}",
+        int(args.backlog_mb * 1e6 / args.payload_size),
         args.payload_size,
         partitions=args.partitions,
         batching=True,
@@ -314,9 +313,14 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
     )
     topics = list(summary.partitions)
     print(
-        f"throughput: published {summary.messages:,} messages of {args.payload_size} B "
-        f"({summary.bytes / 1e6:.0f} MB of payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
+        f"{part}: published {summary.messages:,} messages of {args.payload_size} B ({summary.bytes / 1e6:,.0f} MB of "
+        f"payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
     )
+    return summary
+
+
+def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    topics = list(publish_backlog(args, broker, "throughput", "bench-offload-backlog").partitions)
     best_source = best_job = None
     source_cpu = job_cpu = None
     for round_no in range(args.repeat):
@@ -405,22 +409,8 @@ def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: P
     from streamoffload.streaming.admission import buffer_bound, buffer_file_path, write_buffer_file
     from streamoffload.streaming.source_options import SourceOptions
 
-    messages = int(args.backlog_mb * 1e6 / args.payload_size)
-    summary = produce(
-        broker.service_url,
-        f"{NAMESPACE}/bench-offload-memory",
-        messages,
-        args.payload_size,
-        partitions=args.partitions,
-        batching=True,
-        batch_size=args.batch_size,
-        client_options=QUIET_CLIENT,
-    )
+    summary = publish_backlog(args, broker, "memory", "bench-offload-memory")
     topics = list(summary.partitions)
-    print(
-        f"memory: published {summary.messages:,} messages of {args.payload_size} B ({summary.bytes / 1e6:,.0f} MB of "
-        f"payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
-    )
     config = job_config(args, work, "memory", broker.service_url, topics)
     job = OffloadJob(config)
     buffered_peak = 0

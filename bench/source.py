@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                     walls: dict[str, float] = {}
                     all_phases: dict[str, str] = {}
                     entries = payload = 0
+                    ranged: list[tuple[str, Any, Any]] = [
+                        d for d in (("pulsar_io", drain_io, client), ("raw", drain_raw, raw_client)) if d[0] in readers
+                    ]
                     # Alternating rounds, best time of each: the broker's caches and the other jobs on
                     # this machine treat every reader alike.
                     for round_no in range(args.repeat):
@@ -260,25 +263,17 @@ def main(argv: list[str] | None = None) -> int:
                         messages, payload, entries = totals
                         assert messages == args.messages, f"plain reader saw {messages} messages"
 
-                        if "pulsar_io" in readers:
+                        for name, drain, reader_client in ranged:
                             started = time.monotonic()
-                            io_entries = io_messages = 0
+                            read_entries = read_messages = 0
                             for t in topics:
-                                m, _b, e = drain_io(client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
-                                io_messages += m
-                                io_entries += e
-                            best["pulsar_io"] = min(best["pulsar_io"], time.monotonic() - started)
-                            assert io_messages == args.messages and io_entries == entries, (io_messages, io_entries)
-
-                        if "raw" in readers:
-                            started = time.monotonic()
-                            raw_entries = raw_messages = 0
-                            for t in topics:
-                                m, _b, e = drain_raw(raw_client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
-                                raw_messages += m
-                                raw_entries += e
-                            best["raw"] = min(best["raw"], time.monotonic() - started)
-                            assert raw_messages == args.messages and raw_entries == entries, (raw_messages, raw_entries)
+                                m, _b, e = drain(reader_client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
+                                read_messages += m
+                                read_entries += e
+                            best[name] = min(best[name], time.monotonic() - started)
+                            assert read_messages == args.messages and read_entries == entries, (
+                                name, read_messages, read_entries
+                            )
 
                         for mp in min_partitions if spark is not None else []:
                             checkpoint = os.path.join(work, f"cp-{mode}-{round_no}-{mp}")
