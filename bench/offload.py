@@ -89,6 +89,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.logs import log_beside
 from bench.procstats import CpuMeter, RssSampler, jvm_heap_pools
+from bench.source import drain_to_noop
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.blocks import iter_blocks
@@ -149,20 +150,9 @@ def job_config(
 def drain_source(spark: Any, job: OffloadJob, checkpoint: Path) -> tuple[int, float, int]:
     """(rows, wall seconds from start to termination, micro-batches) of the source alone into ``noop``."""
     started = time.monotonic()
-    query = (
-        spark.readStream.format("pulsar")
-        .options(**job.source_options())
-        .load()
-        .writeStream.format("noop")
-        .trigger(availableNow=True)
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
-    query.awaitTermination()
+    stream = spark.readStream.format("pulsar").options(**job.source_options()).load()
+    progress = drain_to_noop(stream, str(checkpoint), "source-alone query")
     wall = time.monotonic() - started
-    if query.exception() is not None:
-        raise RuntimeError(f"source-alone query failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     return sum(p["numInputRows"] for p in progress), wall, len(progress)
 
 

@@ -102,6 +102,21 @@ def drain_raw(client: rr.RawClient, topic: str, end: Position, stall_ms: int, qu
     return stats.messages, stats.bytes, stats.entries
 
 
+def drain_to_noop(stream: Any, checkpoint: str, what: str) -> list[dict[str, Any]]:
+    """Run a streaming DataFrame into Spark's ``noop`` sink with ``Trigger.AvailableNow`` until it has read all
+    there was; the progress of its micro-batches with rows. RuntimeError, naming ``what``, if it failed."""
+    query = (
+        stream.writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"{what} failed: {query.exception()}")
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
 def drain_spark(
     spark: Any,
     service_url: str,
@@ -126,18 +141,8 @@ def drain_spark(
         stream = stream.option("reader", reader)
     if min_partitions > 1:
         stream = stream.option("minPartitions", str(min_partitions))
-    query = (
-        stream.load()
-        .writeStream.format("noop")
-        .trigger(availableNow=True)
-        .option("checkpointLocation", checkpoint)
-        .start()
-    )
-    query.awaitTermination()
+    progress = drain_to_noop(stream.load(), checkpoint, "spark query")
     wall = time.monotonic() - started
-    if query.exception() is not None:
-        raise RuntimeError(f"spark query failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = sum(p["numInputRows"] for p in progress)
     batch_seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
     phases: dict[str, int] = {}
