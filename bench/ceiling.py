@@ -73,6 +73,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import StructType
 
+from bench.logs import log_beside
 from bench.procstats import CpuMeter
 from bench.source import drain_plain, drain_raw
 from streamoffload.embedded_broker import EmbeddedBroker
@@ -485,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}, {shape.entries:,} entries of {shape.entry_bytes:,} B "
         f"({shape.entries * shape.entry_bytes / 1e6:.0f} MB) per figure, best of {args.repeat}, work dir {work}"
     )
+    log_beside(work)
     from streamoffload.streaming.session import build_session
 
     started = time.monotonic()

@@ -76,6 +76,7 @@ from streamoffload.config import Config, load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_payload
 from streamoffload.storage.base import ObjectStore
+from tests.fixtures.s3 import moto_endpoint, raw_s3_client
 
 NAMESPACE = "persistent://public/default"
 # (maxSizePerOffloadSegmentMbytes, managedLedgerOffloadMaxBlockSizeInBytes): the start, the offline edit,
@@ -254,51 +255,9 @@ maxOffloadSegmentRolloverTimeSeconds = 3
 @contextlib.contextmanager
 def _moto_server(log_dir: Path) -> Iterator[str]:
     """A local moto_server (S3) on a free port, with a bucket for the run."""
-    import socket
-
-    executable = Path(sys.executable).parent / "moto_server"
-    if not executable.exists():
-        raise RuntimeError(f"moto_server not found at {executable} (pip install 'moto[server]')")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with open(log_dir / "moto.log", "wb") as log:
-        proc = subprocess.Popen(
-            [str(executable), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        import botocore.session
-        from botocore.config import Config as BotoConfig
-
-        client = botocore.session.get_session().create_client(
-            "s3",
-            endpoint_url=url,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            config=BotoConfig(s3={"addressing_style": "path"}),
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.create_bucket(Bucket=S3_BUCKET)
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start; see {log_dir / 'moto.log'}") from None
-                time.sleep(0.2)
+    with moto_endpoint(log_dir / "moto.log") as url:
+        raw_s3_client(url).create_bucket(Bucket=S3_BUCKET)
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 # --- progress and convergence ---------------------------------------------------------------------------

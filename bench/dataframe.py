@@ -37,6 +37,7 @@ from typing import Any
 # The synthetic store builder is shared with tests/dataframe; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.logs import log_beside
 from streamoffload.checkpoints import offloaded_plan as ofp
 from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
@@ -176,6 +177,7 @@ def main() -> int:
 
         from streamoffload.streaming.session import build_session
 
+        log_beside(root)
         spark = build_session(master="local[2]", app_name="bench-dataframe", work_dir=str(root / "_spark"))
 
         def df(**options: str) -> Any:

@@ -87,7 +87,9 @@ from typing import Any
 # bench/procstats.py is shared by the bench scripts; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.logs import log_beside
 from bench.procstats import CpuMeter, RssSampler, jvm_heap_pools
+from bench.source import drain_to_noop
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.blocks import iter_blocks
@@ -95,7 +97,7 @@ from streamoffload.codecs.entry import entry_messages
 from streamoffload.config import Config, parse_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.limits import min_block_size
-from streamoffload.produce import produce
+from streamoffload.produce import ProduceSummary, produce
 from streamoffload.streaming.job import BatchReport, OffloadJob, min_part_size
 
 MIB = 1024 * 1024
@@ -148,20 +150,9 @@ def job_config(
 def drain_source(spark: Any, job: OffloadJob, checkpoint: Path) -> tuple[int, float, int]:
     """(rows, wall seconds from start to termination, micro-batches) of the source alone into ``noop``."""
     started = time.monotonic()
-    query = (
-        spark.readStream.format("pulsar")
-        .options(**job.source_options())
-        .load()
-        .writeStream.format("noop")
-        .trigger(availableNow=True)
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
-    query.awaitTermination()
+    stream = spark.readStream.format("pulsar").options(**job.source_options()).load()
+    progress = drain_to_noop(stream, str(checkpoint), "source-alone query")
     wall = time.monotonic() - started
-    if query.exception() is not None:
-        raise RuntimeError(f"source-alone query failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     return sum(p["numInputRows"] for p in progress), wall, len(progress)
 
 
@@ -298,13 +289,12 @@ def drain_plain_client(service_url: str, topics: list[str]) -> float:
         client.close()
 
 
-def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
-    messages = int(args.backlog_mb * 1e6 / args.payload_size)
-    base = f"{NAMESPACE}/bench-offload-backlog"
+def publish_backlog(args: argparse.Namespace, broker: EmbeddedBroker, part: str, name: str) -> ProduceSummary:
+    """Publish ``--backlog-mb`` of batched messages to ``<name>-partition-<i>`` and say so."""
     summary = produce(
         broker.service_url,
-        base,
-        messages,
+        f"{NAMESPACE}/{name}",
+        int(args.backlog_mb * 1e6 / args.payload_size),
         args.payload_size,
         partitions=args.partitions,
         batching=True,
@@ -313,9 +303,14 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
     )
     topics = list(summary.partitions)
     print(
-        f"throughput: published {summary.messages:,} messages of {args.payload_size} B "
-        f"({summary.bytes / 1e6:.0f} MB of payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
+        f"{part}: published {summary.messages:,} messages of {args.payload_size} B ({summary.bytes / 1e6:,.0f} MB of "
+        f"payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
     )
+    return summary
+
+
+def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    topics = list(publish_backlog(args, broker, "throughput", "bench-offload-backlog").partitions)
     best_source = best_job = None
     source_cpu = job_cpu = None
     for round_no in range(args.repeat):
@@ -404,22 +399,8 @@ def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: P
     from streamoffload.streaming.admission import buffer_bound, buffer_file_path, write_buffer_file
     from streamoffload.streaming.source_options import SourceOptions
 
-    messages = int(args.backlog_mb * 1e6 / args.payload_size)
-    summary = produce(
-        broker.service_url,
-        f"{NAMESPACE}/bench-offload-memory",
-        messages,
-        args.payload_size,
-        partitions=args.partitions,
-        batching=True,
-        batch_size=args.batch_size,
-        client_options=QUIET_CLIENT,
-    )
+    summary = publish_backlog(args, broker, "memory", "bench-offload-memory")
     topics = list(summary.partitions)
-    print(
-        f"memory: published {summary.messages:,} messages of {args.payload_size} B ({summary.bytes / 1e6:,.0f} MB of "
-        f"payload) to {len(topics)} topic-partitions in {summary.seconds:.1f} s"
-    )
     config = job_config(args, work, "memory", broker.service_url, topics)
     job = OffloadJob(config)
     buffered_peak = 0
@@ -816,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         f"store; {args.payload_size} B messages batched by {args.batch_size}, {args.partitions} topic-partitions, "
         f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
     )
+    log_beside(work)
     from streamoffload.streaming.session import build_session
 
     spark = build_session(

@@ -28,24 +28,21 @@ The backlog is written under --work-dir (default /tmp) and deleted afterwards un
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# tests/fixtures/s3.py starts moto for the tests and for this bench; run from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
@@ -57,6 +54,7 @@ from streamoffload.storage.read import ChunkCache
 from streamoffload.streaming.segmenter import run_segmenter
 from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
+from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
 
 MIB = 1024 * 1024
 TOPIC = "persistent://public/bench/backlog-partition-0"
@@ -201,24 +199,27 @@ def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e6
 
 
+def backlog_from_args(store: ObjectStore, args: argparse.Namespace, total: int, segment_mib: int) -> tuple[int, int]:
+    """``build_backlog`` with the command line's entry, block and ledger sizes: (entries, payload bytes)."""
+    return build_backlog(
+        store,
+        total,
+        min_entry=args.min_entry_kib * 1024,
+        max_entry=args.max_entry_kib * 1024,
+        segment_bytes=segment_mib * MIB,
+        block_bytes=args.block_mib * MIB,
+        entries_per_ledger=args.entries_per_ledger,
+        v1_fraction=0.25,
+    )
+
+
 # --- the filesystem bench -------------------------------------------------------------------------------
 
 
 def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
     store = FilesystemStore(root, fsync=False)
     total = args.size_mib * MIB
-    t, (count, payload) = timed(
-        lambda: build_backlog(
-            store,
-            total,
-            min_entry=args.min_entry_kib * 1024,
-            max_entry=args.max_entry_kib * 1024,
-            segment_bytes=args.segment_mib * MIB,
-            block_bytes=args.block_mib * MIB,
-            entries_per_ledger=args.entries_per_ledger,
-            v1_fraction=0.25,
-        )
-    )
+    t, (count, payload) = timed(lambda: backlog_from_args(store, args, total, args.segment_mib))
     meta = MetadataStore(store)
     segments = meta.offloaded_segments(TOPIC)
     paths = [root / s.dataKey for s in segments]
@@ -364,85 +365,15 @@ def bench_latency(args: argparse.Namespace, store: FilesystemStore, meta: Metada
 # --- the S3 bench ---------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def moto_server(log_dir: Path) -> Any:
-    executable = Path(sys.executable).parent / "moto_server"
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
-    with open(log_dir / "moto.log", "wb") as log:
-        proc = subprocess.Popen(
-            [str(executable), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while not _answers(url + "/"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto_server did not start; see {log_dir / 'moto.log'}")
-            time.sleep(0.05)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
 def bench_s3(args: argparse.Namespace, work: Path) -> None:
-    import botocore.session
-
     from streamoffload.storage.s3 import S3Store
 
-    with moto_server(work) as endpoint:
+    with moto_endpoint(work / "moto.log") as endpoint:
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
-        client = botocore.session.get_session().create_client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-        )
-        client.create_bucket(Bucket=bucket)
-        store = S3Store(
-            bucket, endpoint_url=endpoint, region="us-east-1", path_style=True, access_key="bench", secret_key="bench"
-        )
+        raw_s3_client(endpoint).create_bucket(Bucket=bucket)
+        store = S3Store(bucket, endpoint_url=endpoint, region=S3_REGION, path_style=True, **S3_CREDENTIALS)
         total = args.s3_size_mib * MIB
-        t, (count, payload) = timed(
-            lambda: build_backlog(
-                store,
-                total,
-                min_entry=args.min_entry_kib * 1024,
-                max_entry=args.max_entry_kib * 1024,
-                segment_bytes=args.s3_segment_mib * MIB,
-                block_bytes=args.block_mib * MIB,
-                entries_per_ledger=args.entries_per_ledger,
-                v1_fraction=0.25,
-            )
-        )
+        t, (count, payload) = timed(lambda: backlog_from_args(store, args, total, args.s3_segment_mib))
         segments = MetadataStore(store).offloaded_segments(TOPIC)
         keys = [s.dataKey for s in segments]
         data_bytes = sum(s.dataLength for s in segments)

@@ -39,10 +39,15 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pulsar
 
+# bench/logs.py is shared by the bench scripts; run from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.logs import log_beside
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.streaming import pulsar_io as pio
@@ -97,6 +102,21 @@ def drain_raw(client: rr.RawClient, topic: str, end: Position, stall_ms: int, qu
     return stats.messages, stats.bytes, stats.entries
 
 
+def drain_to_noop(stream: Any, checkpoint: str, what: str) -> list[dict[str, Any]]:
+    """Run a streaming DataFrame into Spark's ``noop`` sink with ``Trigger.AvailableNow`` until it has read all
+    there was; the progress of its micro-batches with rows. RuntimeError, naming ``what``, if it failed."""
+    query = (
+        stream.writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"{what} failed: {query.exception()}")
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
 def drain_spark(
     spark: Any,
     service_url: str,
@@ -121,18 +141,8 @@ def drain_spark(
         stream = stream.option("reader", reader)
     if min_partitions > 1:
         stream = stream.option("minPartitions", str(min_partitions))
-    query = (
-        stream.load()
-        .writeStream.format("noop")
-        .trigger(availableNow=True)
-        .option("checkpointLocation", checkpoint)
-        .start()
-    )
-    query.awaitTermination()
+    progress = drain_to_noop(stream.load(), checkpoint, "spark query")
     wall = time.monotonic() - started
-    if query.exception() is not None:
-        raise RuntimeError(f"spark query failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = sum(p["numInputRows"] for p in progress)
     batch_seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
     phases: dict[str, int] = {}
@@ -196,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_spark:
         from streamoffload.streaming.session import build_session
 
+        log_beside(work)
         spark = build_session(
             master="local[2]",
             app_name="bench-source",
@@ -242,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                     walls: dict[str, float] = {}
                     all_phases: dict[str, str] = {}
                     entries = payload = 0
+                    ranged: list[tuple[str, Any, Any]] = [
+                        d for d in (("pulsar_io", drain_io, client), ("raw", drain_raw, raw_client)) if d[0] in readers
+                    ]
                     # Alternating rounds, best time of each: the broker's caches and the other jobs on
                     # this machine treat every reader alike.
                     for round_no in range(args.repeat):
@@ -254,25 +268,17 @@ def main(argv: list[str] | None = None) -> int:
                         messages, payload, entries = totals
                         assert messages == args.messages, f"plain reader saw {messages} messages"
 
-                        if "pulsar_io" in readers:
+                        for name, drain, reader_client in ranged:
                             started = time.monotonic()
-                            io_entries = io_messages = 0
+                            read_entries = read_messages = 0
                             for t in topics:
-                                m, _b, e = drain_io(client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
-                                io_messages += m
-                                io_entries += e
-                            best["pulsar_io"] = min(best["pulsar_io"], time.monotonic() - started)
-                            assert io_messages == args.messages and io_entries == entries, (io_messages, io_entries)
-
-                        if "raw" in readers:
-                            started = time.monotonic()
-                            raw_entries = raw_messages = 0
-                            for t in topics:
-                                m, _b, e = drain_raw(raw_client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
-                                raw_messages += m
-                                raw_entries += e
-                            best["raw"] = min(best["raw"], time.monotonic() - started)
-                            assert raw_messages == args.messages and raw_entries == entries, (raw_messages, raw_entries)
+                                m, _b, e = drain(reader_client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
+                                read_messages += m
+                                read_entries += e
+                            best[name] = min(best[name], time.monotonic() - started)
+                            assert read_messages == args.messages and read_entries == entries, (
+                                name, read_messages, read_entries
+                            )
 
                         for mp in min_partitions if spark is not None else []:
                             checkpoint = os.path.join(work, f"cp-{mode}-{round_no}-{mp}")

@@ -96,6 +96,8 @@ class DeletedRecord:
             record.ParseFromString(data)
         except DecodeError as err:
             raise FormatError(f"not a deleted-segment record: {err}", where=where) from None
+        if not record.IsInitialized():  # an empty or cut-short object parses, as zeros
+            raise FormatError("not a deleted-segment record: required fields missing", where=where)
         return cls(
             segment_id=str(msb_lsb_to_uuid(record.uidMsb, record.uidLsb)),
             start=(record.startLedgerId, record.startEntryId),

@@ -186,15 +186,7 @@ class MetadataView:
         self.add_topics(extra)
         return sorted(self._known)
 
-    def rediscover(self) -> None:
-        """Make the next ``topics()`` list the whole store."""
-        self._discovered_at = None
-
     # -- reading -------------------------------------------------------------------------------
-
-    def snapshot(self, topic: TopicName | str) -> TopicMeta | None:
-        """The topic's metadata as the last ``refresh`` (and this view's writes since) left it."""
-        return self._snapshots.get(str(topic))
 
     def refresh(self, topic: TopicName | str) -> TopicMeta:
         """List the topic's ``_meta/`` once and read what is new or changed."""

@@ -12,17 +12,14 @@ is ``NoSegments``.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from dataclasses import dataclass, field
 
-from google.protobuf.message import DecodeError
-
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.deleted_segments import DeletedRecord
 from streamoffload.checkpoints.fsck.segment import Problem, SegmentReport, verify_segment
 from streamoffload.codecs.errors import FormatError
-from streamoffload.codecs.metadata import msb_lsb_to_uuid
-from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedSegment, SegmentManifest
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
@@ -56,33 +53,6 @@ class _Known:
     start: tuple[int, int]
     end: tuple[int, int]
     key: str
-
-
-def _decode_deleted_record(data: bytes, key: str) -> _Known:
-    """A deleted-segment record: JSON (with its ordinal) or the older ``DeletedSegment`` protobuf."""
-    if data[:1] == b"{":
-        try:
-            doc = json.loads(data)
-            ordinal = doc.get("ordinal")
-            return _Known(
-                None if ordinal is None else int(ordinal),
-                str(doc["segment"]),
-                (int(doc["start"][0]), int(doc["start"][1])),
-                (int(doc["end"][0]), int(doc["end"][1])),
-                key,
-            )
-        except (ValueError, KeyError, TypeError, IndexError) as err:
-            raise FormatError(f"not a deleted-segment record: {err}", where=key) from None
-    record = DeletedSegment()
-    try:
-        record.ParseFromString(data)
-    except DecodeError as err:
-        raise FormatError(f"not a deleted-segment record: {err}", where=key) from None
-    if not record.IsInitialized():
-        raise FormatError("deleted-segment record is missing required fields", where=key)
-    segment = str(msb_lsb_to_uuid(record.uidMsb, record.uidLsb))
-    start, end = (record.startLedgerId, record.startEntryId), (record.endLedgerId, record.endEntryId)
-    return _Known(None, segment, start, end, key)
 
 
 def _pos(p: tuple[int, int]) -> str:
@@ -161,13 +131,13 @@ def verify_topic(
     for info in store.list(topic_dir + keys.DELETED_SEGMENTS_DIR + "/"):
         listed_anything = True
         try:
-            record = _decode_deleted_record(store.get(info.key), info.key)
+            record = DeletedRecord.decode(store.get(info.key), where=info.key)
         except ObjectNotFoundError:
             continue
         except FormatError as err:
             problem(info.key, "CorruptDeletionRecord", err.reason, offset=err.offset)
             continue
-        deleted[record.segment] = record
+        deleted[record.segment_id] = _Known(record.ordinal, record.segment_id, record.start, record.end, info.key)
     failures_prefix = keys.failures_prefix(prefix, topic)
     failed_ids = {info.key[len(failures_prefix) :]: info.key for info in store.list(failures_prefix)}
     marks = {

@@ -29,7 +29,7 @@ def test_a_record_keeps_the_segments_counts_and_keys(fs_store: ObjectStore) -> N
     assert totals == DeletedTotals()
 
 
-@pytest.mark.parametrize("data", [b'{"segment": "x"}', b"\xff\xfe not protobuf"])
+@pytest.mark.parametrize("data", [b'{"segment": "x"}', b"\xff\xfe not protobuf", b"", b"\x08\x01"])
 def test_an_unreadable_record_names_where_it_is(data: bytes) -> None:
     with pytest.raises(FormatError, match=r"pre/_meta/deleted-segments/x.*not a deleted-segment record"):
         DeletedRecord.decode(data, where="pre/_meta/deleted-segments/x")

@@ -354,3 +354,20 @@ def test_retention_from_the_front_is_not_a_gap(
         store.delete(keys.commit_key("", TOPIC, seg.ordinal))
     code, doc = verify(capsys, root, TOPIC)
     assert code == 0 and doc["ok"], doc["problems"]
+
+
+@pytest.mark.parametrize("data", [b'{"segment": "x"}', b""], ids=["json-without-positions", "empty"])
+def test_a_corrupt_deletion_record_is_reported_with_its_key(
+    capsys: pytest.CaptureFixture[str], root: Path, store: FilesystemStore, meta: MetadataStore, data: bytes
+) -> None:
+    for ledger in (3, 4):
+        meta.mark_ledger_deleted(TOPIC, ledger, "test", at_ms=0)
+    deleted = meta.apply_deletions(TOPIC, 0)
+    assert deleted
+    key = meta.deleted_segment_key(deleted[0])
+    store.put(key, data)
+    code, doc = verify(capsys, root, TOPIC)
+    assert code == 1
+    corrupt = errors(doc)["CorruptDeletionRecord"]
+    assert [p["object"] for p in corrupt] == [key]
+    assert "not a deleted-segment record" in corrupt[0]["message"]

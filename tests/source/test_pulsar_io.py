@@ -1,10 +1,10 @@
-"""Reading topic-partitions by exact position range (no Spark): against the embedded broker, and
-against a scripted fake reader for the faults pulsar-lite shows only by chance (duplicates, stalls,
-torn batches, gaps)."""
+"""Reading topic-partitions by exact position range with pulsar-client (no Spark): probes against the embedded
+broker, and a scripted fake reader for the faults pulsar-lite shows only by chance (duplicates, stalls, torn
+batches, gaps). The exactness tests against the broker run on both readers in test_exact_ranges.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ import pytest
 
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
-from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
+from streamoffload.produce import produce
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming.ranges import (
     BEFORE_EARLIEST,
@@ -24,29 +24,9 @@ from streamoffload.streaming.ranges import (
     ReadStats,
 )
 from streamoffload.streaming.wire import field_varint
-from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
+from tests.fixtures.broker import unique_topic
 
 FAST = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=400, retry_timeout_s=20.0)
-
-
-def check_messages(entries: list[ReadEntry], topic: str, payload_size: int, keys: int = 0, first_seq: int = 0) -> int:
-    """Every message in order, with the payload, key and properties `produce` gave it; returns the count."""
-    seq = first_seq
-    for entry in entries:
-        messages = entry_messages(entry.data)
-        assert len(messages) == entry.num_messages
-        for msg in messages:
-            assert bytes(msg.payload) == expected_payload(topic, seq, payload_size), (entry.position, seq)
-            assert msg.key == expected_key(seq, keys)
-            assert msg.properties == expected_properties(seq, {"src": "io"})
-            assert msg.publish_time == entry.publish_time
-            seq += 1
-    return seq - first_seq
-
-
-def assert_strictly_increasing(entries: list[ReadEntry]) -> None:
-    positions = [e.position for e in entries]
-    assert positions == sorted(set(positions)), "positions repeat or go backwards"
 
 
 # --- the embedded broker ----------------------------------------------------------------------
@@ -57,115 +37,6 @@ def client(pulsar_broker: EmbeddedBroker) -> Iterator[Any]:
     c = pio.make_client(pulsar_broker.service_url)
     yield c
     c.close()
-
-
-def test_latest_position_of_empty_and_written_topics(pulsar_broker: EmbeddedBroker, client: Any) -> None:
-    topic = unique_topic("latest")
-    assert pio.latest_position(client, topic) is None
-    summary = produce(pulsar_broker.service_url, topic, 10, 8, batching=False)
-    last = summary.partitions[topic].last_message_id
-    assert last is not None
-    assert pio.latest_position(client, topic) == (last[0], last[1])
-
-
-@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
-def test_reads_every_entry_once_with_exact_messages(pulsar_broker: EmbeddedBroker, client: Any, batching: bool) -> None:
-    topic = unique_topic("io")
-    produce(
-        pulsar_broker.service_url, topic, 600, 200, keys=3, properties={"src": "io"}, batching=batching, batch_size=25
-    )
-    end = pio.latest_position(client, topic)
-    assert end is not None
-    stats = ReadStats()
-    entries = list(pio.read_range(client, topic, BEFORE_EARLIEST, end, settings=FAST, stats=stats))
-    assert_strictly_increasing(entries)
-    assert entries[-1].position == end
-    assert check_messages(entries, topic, 200, keys=3) == 600
-    assert stats.entries == len(entries) and stats.messages == 600
-    assert all(e.topic == topic and e.size == len(e.data) for e in entries)
-    if batching:
-        assert len(entries) < 600 and any(e.num_messages > 1 for e in entries)
-    else:
-        assert len(entries) == 600
-
-
-def test_sub_ranges_partition_the_topic_exactly(pulsar_broker: EmbeddedBroker, client: Any) -> None:
-    topic = unique_topic("subrange")
-    produce(pulsar_broker.service_url, topic, 300, 50, properties={"src": "io"}, batching=True, batch_size=7)
-    end = pio.latest_position(client, topic)
-    assert end is not None
-    whole = list(pio.read_range(client, topic, BEFORE_EARLIEST, end, settings=FAST))
-    cut_a, cut_b = whole[10].position, whole[25].position
-    parts = [
-        list(pio.read_range(client, topic, BEFORE_EARLIEST, cut_a, settings=FAST)),
-        list(pio.read_range(client, topic, cut_a, cut_b, settings=FAST)),
-        list(pio.read_range(client, topic, cut_b, end, settings=FAST)),
-    ]
-    assert [len(p) for p in parts] == [11, 15, len(whole) - 26]
-    assert [e for p in parts for e in p] == whole
-    assert list(pio.read_range(client, topic, end, end, settings=FAST)) == []
-
-
-def test_reads_across_a_ledger_rollover(client: Any, rollover_topic: tuple[str, int]) -> None:
-    topic, count = rollover_topic
-    end = pio.latest_position(client, topic)
-    assert end is not None
-    entries = list(pio.read_range(client, topic, BEFORE_EARLIEST, end, settings=FAST))
-    assert len(entries) == count
-    assert_strictly_increasing(entries)
-    ledgers = sorted({e.ledger_id for e in entries})
-    assert len(ledgers) == 2, ledgers
-    first_ledger = [e for e in entries if e.ledger_id == ledgers[0]]
-    assert len(first_ledger) == ROLLOVER_ENTRIES and first_ledger[-1].entry_id == ROLLOVER_ENTRIES - 1
-    assert entries[ROLLOVER_ENTRIES].position == (ledgers[1], 0)
-    for seq in (0, ROLLOVER_ENTRIES - 1, ROLLOVER_ENTRIES, count - 1):
-        (msg,) = entry_messages(entries[seq].data)
-        assert bytes(msg.payload) == expected_payload(topic, seq, 16)
-    # a range that starts at the last entry of the first ledger and crosses into the next one
-    tail = list(pio.read_range(client, topic, first_ledger[-2].position, (ledgers[1], 1), settings=FAST))
-    assert [e.position for e in tail] == [first_ledger[-1].position, (ledgers[1], 0), (ledgers[1], 1)]
-
-
-def test_survives_a_broker_restart_mid_read(make_broker: Callable[..., EmbeddedBroker]) -> None:
-    broker = make_broker()
-    topic = unique_topic("restart")
-    produce(broker.service_url, topic, 2000, 100, properties={"src": "io"}, batching=False)
-    client = pio.make_client(broker.service_url, {"operationTimeoutSeconds": "5"})
-    try:
-        end = pio.latest_position(client, topic)
-        assert end is not None
-        stats = ReadStats()
-        it = pio.read_range(client, topic, BEFORE_EARLIEST, end, settings=FAST, stats=stats)
-        entries = [next(it) for _ in range(500)]
-        broker.restart()
-        entries += list(it)
-        assert_strictly_increasing(entries)
-        assert check_messages(entries, topic, 100) == 2000
-        # writes after the restart read on seamlessly from where the range ended (SPEC 6 expects a
-        # new ledger here; pulsar-lite 0.2.0 was seen to keep appending to the same one)
-        produce(broker.service_url, topic, 50, 100, properties={"src": "io"}, batching=False)
-        new_end = pio.latest_position(client, topic)
-        assert new_end is not None and new_end > end
-        more = list(pio.read_range(client, topic, end, new_end, settings=FAST))
-        assert check_messages(more, topic, 100) == 50  # a second produce() numbers from 0 again
-    finally:
-        client.close()
-
-
-def test_broker_gone_is_a_clear_error_after_the_retry_budget(make_broker: Callable[..., EmbeddedBroker]) -> None:
-    broker = make_broker()
-    topic = unique_topic("gone")
-    produce(broker.service_url, topic, 20, 10, batching=False)
-    client = pio.make_client(broker.service_url, {"operationTimeoutSeconds": "2", "connectionTimeoutMs": "500"})
-    try:
-        end = pio.latest_position(client, topic)
-        assert end is not None
-        broker.stop()
-        budget = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=200, retry_timeout_s=1.5, max_backoff_s=0.3)
-        with pytest.raises(PulsarIOError, match=rf"{topic}: no progress reading positions \(-1:-1, "):
-            list(pio.read_range(client, topic, BEFORE_EARLIEST, end, settings=budget))
-    finally:
-        client.close()
 
 
 def test_probe_finds_the_next_entry(pulsar_broker: EmbeddedBroker, client: Any) -> None:

@@ -1,6 +1,6 @@
 """The raw-entry reader (streaming/raw_reader.py): entries byte for byte as pulsar-client's producer
-wrote them and the broker stores them, read over the binary protocol from the real embedded broker;
-the exactness tests of test_pulsar_io.py on the raw reader; scripted faults; and the connection
+wrote them and the broker stores them, read over the binary protocol from the real embedded broker
+(its exactness tests, shared with the client reader, are in test_exact_ranges.py); scripted faults; and the connection
 features against a scripted broker (auth, redirects, proxies) and a TLS terminator in front of the
 real broker.
 
@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pulsar
 import pytest
 
 from streamoffload.codecs.compression import compress
@@ -45,8 +44,8 @@ from streamoffload.streaming.ranges import (
     ReaderSettings,
     ReadStats,
 )
-from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
-from tests.source.test_pulsar_io import assert_strictly_increasing, check_messages
+from tests.fixtures.broker import unique_topic
+from tests.source.readers import CODECS, assert_strictly_increasing, send_with_client
 
 FAST = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=400, retry_timeout_s=20.0)
 T = BaseCommand.Type
@@ -65,54 +64,25 @@ def read_all(client: Any, topic: str, **kwargs: Any) -> list[ReadEntry]:
 
 # --- fidelity ----------------------------------------------------------------------------------
 
-CODECS = {
-    "NONE": (pulsar.CompressionType.NONE, CompressionType.NONE),
-    "LZ4": (pulsar.CompressionType.LZ4, CompressionType.LZ4),
-    "ZLIB": (pulsar.CompressionType.ZLib, CompressionType.ZLIB),
-    "ZSTD": (pulsar.CompressionType.ZSTD, CompressionType.ZSTD),
-    "SNAPPY": (pulsar.CompressionType.SNAPPY, CompressionType.SNAPPY),
-}
-
-
 @pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
 @pytest.mark.parametrize("codec", list(CODECS))
 def test_entries_are_the_producers_bytes(pulsar_broker: EmbeddedBroker, raw: rr.RawClient, codec: str,
                                          batched: bool) -> None:
-    client_codec, wire_codec = CODECS[codec]
+    wire_codec = CODECS[codec][1]
     topic = unique_topic(f"raw-{codec}-{batched}")
     count = 24
-    sent: list[dict[str, Any]] = []
-    client = pulsar.Client(pulsar_broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        producer = client.create_producer(
-            topic,
-            producer_name=f"producer-{codec}",
-            compression_type=client_codec,
-            batching_enabled=batched,
-            batching_max_messages=8,
-            batching_max_publish_delay_ms=50,
-        )
-        for i in range(count):
-            msg = {
-                "payload": (f"message {i} of {topic} ".encode() * 6) if i != 5 else None,  # one null value
-                "key": f"key-{i % 3}" if i % 4 else None,
-                "properties": {"i": str(i), "codec": codec},
-                "event_time": 1_700_000_000_000 + i,
-                "sequence_id": 5000 + 2 * i,  # explicit, and not consecutive
-            }
-            sent.append(msg)
-            kwargs: dict[str, Any] = {
-                "properties": msg["properties"],
-                "event_timestamp": msg["event_time"],
-                "sequence_id": msg["sequence_id"],
-            }
-            if msg["key"] is not None:
-                kwargs["partition_key"] = msg["key"]
-            producer.send_async(msg["payload"], None, **kwargs)
-        producer.flush()
-        producer.close()
-    finally:
-        client.close()
+    sent: list[dict[str, Any]] = [
+        {
+            "payload": (f"message {i} of {topic} ".encode() * 6) if i != 5 else None,  # one null value
+            "key": f"key-{i % 3}" if i % 4 else None,
+            "properties": {"i": str(i), "codec": codec},
+            "event_time": 1_700_000_000_000 + i,
+            "sequence_id": 5000 + 2 * i,  # explicit, and not consecutive
+        }
+        for i in range(count)
+    ]
+    send_with_client(pulsar_broker.service_url, topic, sent, producer_name=f"producer-{codec}", codec=codec,
+                     batched=batched, batch_max=8, delay_ms=50)
 
     stats = ReadStats()
     entries = read_all(raw, topic, stats=stats)
@@ -146,35 +116,7 @@ def test_entries_are_the_producers_bytes(pulsar_broker: EmbeddedBroker, raw: rr.
         assert len(entries) == count
 
 
-# --- the exactness tests of test_pulsar_io, on the raw reader ----------------------------------
-
-
-def test_latest_position_matches_the_client(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
-    topic = unique_topic("raw-latest")
-    assert rr.latest_position_raw(raw, topic) is None
-    summary = produce(pulsar_broker.service_url, topic, 10, 8, batching=False)
-    last = summary.partitions[topic].last_message_id
-    assert last is not None
-    assert rr.latest_position_raw(raw, topic) == (last[0], last[1])
-
-
-@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
-def test_reads_every_entry_once_with_exact_messages(pulsar_broker: EmbeddedBroker, raw: rr.RawClient,
-                                                    batching: bool) -> None:
-    topic = unique_topic("raw-io")
-    produce(pulsar_broker.service_url, topic, 600, 200, keys=3, properties={"src": "io"}, batching=batching,
-            batch_size=25)
-    stats = ReadStats()
-    entries = read_all(raw, topic, stats=stats)
-    assert_strictly_increasing(entries)
-    assert entries[-1].position == rr.latest_position_raw(raw, topic)
-    assert check_messages(entries, topic, 200, keys=3) == 600
-    assert stats.entries == len(entries) and stats.messages == 600
-    assert stats.bytes == sum(len(e.data) for e in entries)
-    if batching:
-        assert len(entries) < 600 and any(e.num_messages > 1 for e in entries)
-    else:
-        assert len(entries) == 600
+# --- the raw reader beside the client reader (the exactness tests of both: test_exact_ranges.py) ---
 
 
 def test_same_positions_and_messages_as_the_client_reader(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
@@ -193,72 +135,6 @@ def test_same_positions_and_messages_as_the_client_reader(pulsar_broker: Embedde
     ]
     for a, b in zip(via_raw, via_client, strict=True):
         assert [bytes(m.payload) for m in entry_messages(a.data)] == [bytes(m.payload) for m in entry_messages(b.data)]
-
-
-def test_sub_ranges_partition_the_topic_exactly(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
-    topic = unique_topic("raw-subrange")
-    produce(pulsar_broker.service_url, topic, 300, 50, properties={"src": "io"}, batching=True, batch_size=7)
-    end = rr.latest_position_raw(raw, topic)
-    assert end is not None
-    whole = list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end, settings=FAST))
-    cut_a, cut_b = whole[10].position, whole[25].position
-    parts = [
-        list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, cut_a, settings=FAST)),
-        list(rr.read_range_raw(raw, topic, cut_a, cut_b, settings=FAST)),
-        list(rr.read_range_raw(raw, topic, cut_b, end, settings=FAST)),
-    ]
-    assert [len(p) for p in parts] == [11, 15, len(whole) - 26]
-    assert [e for p in parts for e in p] == whole
-    assert list(rr.read_range_raw(raw, topic, end, end, settings=FAST)) == []
-
-
-def test_reads_across_a_ledger_rollover(raw: rr.RawClient, rollover_topic: tuple[str, int]) -> None:
-    topic, count = rollover_topic
-    entries = read_all(raw, topic)
-    assert len(entries) == count
-    assert_strictly_increasing(entries)
-    ledgers = sorted({e.ledger_id for e in entries})
-    assert len(ledgers) == 2, ledgers
-    first_ledger = [e for e in entries if e.ledger_id == ledgers[0]]
-    assert len(first_ledger) == ROLLOVER_ENTRIES and first_ledger[-1].entry_id == ROLLOVER_ENTRIES - 1
-    assert entries[ROLLOVER_ENTRIES].position == (ledgers[1], 0)
-    tail = list(rr.read_range_raw(raw, topic, first_ledger[-2].position, (ledgers[1], 1), settings=FAST))
-    assert [e.position for e in tail] == [first_ledger[-1].position, (ledgers[1], 0), (ledgers[1], 1)]
-
-
-def test_survives_a_broker_restart_mid_read(make_broker: Callable[..., EmbeddedBroker]) -> None:
-    broker = make_broker()
-    topic = unique_topic("raw-restart")
-    produce(broker.service_url, topic, 2000, 100, properties={"src": "io"}, batching=False)
-    raw = rr.RawClient(broker.service_url, {"operationTimeoutSeconds": "5"})
-    end = rr.latest_position_raw(raw, topic)
-    assert end is not None
-    stats = ReadStats()
-    it = rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end, settings=FAST, stats=stats)
-    entries = [next(it) for _ in range(500)]
-    broker.restart()
-    entries += list(it)
-    assert_strictly_increasing(entries)
-    assert check_messages(entries, topic, 100) == 2000
-    assert stats.reopens >= 1
-    produce(broker.service_url, topic, 50, 100, properties={"src": "io"}, batching=False)
-    new_end = rr.latest_position_raw(raw, topic)
-    assert new_end is not None and new_end > end
-    more = list(rr.read_range_raw(raw, topic, end, new_end, settings=FAST))
-    assert check_messages(more, topic, 100) == 50
-
-
-def test_broker_gone_is_a_clear_error_after_the_retry_budget(make_broker: Callable[..., EmbeddedBroker]) -> None:
-    broker = make_broker()
-    topic = unique_topic("raw-gone")
-    produce(broker.service_url, topic, 20, 10, batching=False)
-    raw = rr.RawClient(broker.service_url, {"operationTimeoutSeconds": "2", "connectionTimeoutMs": "500"})
-    end = rr.latest_position_raw(raw, topic)
-    assert end is not None
-    broker.stop()
-    budget = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=200, retry_timeout_s=1.5, max_backoff_s=0.3)
-    with pytest.raises(PulsarIOError, match=rf"{topic}: no progress reading positions \(-1:-1, .*subscribing"):
-        list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end, settings=budget))
 
 
 def test_probe_finds_the_next_entry_with_its_exact_size(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:

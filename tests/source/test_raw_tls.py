@@ -22,7 +22,7 @@ from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.ranges import PulsarIOError
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.tls_proxy import Pki, TlsProxy, make_pki
-from tests.source.test_pulsar_io import check_messages
+from tests.source.readers import check_messages
 from tests.source.test_raw_reader import read_all
 
 pytestmark = [pytest.mark.broker]

@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pulsar
 import pytest
 
 from streamoffload.codecs.entry import CompressionType, decode_entry, entry_messages
@@ -28,56 +27,30 @@ from streamoffload.streaming.planner import SourcePlanner
 from streamoffload.streaming.ranges import BEFORE_EARLIEST
 from streamoffload.streaming.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic
+from tests.source.readers import CODECS, send_with_client
 from tests.source.test_source_stream import rows_of, run_available_now, source_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
-CODECS = {
-    "NONE": (pulsar.CompressionType.NONE, CompressionType.NONE),
-    "LZ4": (pulsar.CompressionType.LZ4, CompressionType.LZ4),
-    "ZLIB": (pulsar.CompressionType.ZLib, CompressionType.ZLIB),
-    "ZSTD": (pulsar.CompressionType.ZSTD, CompressionType.ZSTD),
-    "SNAPPY": (pulsar.CompressionType.SNAPPY, CompressionType.SNAPPY),
-}
 COUNT = 30
 BATCH = 10
 
 
 def publish(service_url: str, topic: str, codec: str, batched: bool) -> list[dict[str, Any]]:
     """Publish COUNT messages through pulsar-client; returns what was sent, in order."""
-    sent: list[dict[str, Any]] = []
-    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        producer = client.create_producer(
-            topic,
-            producer_name=f"src-{codec}-{int(batched)}",
-            compression_type=CODECS[codec][0],
-            batching_enabled=batched,
-            batching_max_messages=BATCH,
-            batching_max_publish_delay_ms=1000,
-        )
-        for i in range(COUNT):
-            msg = {
-                # compressible payloads, so a compressed batch is visibly smaller than its messages
-                "payload": None if i == 7 else f"{topic} message {i:04d} ".encode() * 8,
-                "key": f"k{i % 4}" if i % 5 else None,
-                "properties": {"i": str(i), "codec": codec},
-                "event_time": 1_750_000_000_000 + 3 * i,
-                "sequence_id": 10_000 + 7 * i,
-            }
-            sent.append(msg)
-            kwargs: dict[str, Any] = {
-                "properties": msg["properties"],
-                "event_timestamp": msg["event_time"],
-                "sequence_id": msg["sequence_id"],
-            }
-            if msg["key"] is not None:
-                kwargs["partition_key"] = msg["key"]
-            producer.send_async(msg["payload"], None, **kwargs)
-        producer.flush()
-        producer.close()
-    finally:
-        client.close()
+    sent: list[dict[str, Any]] = [
+        {
+            # compressible payloads, so a compressed batch is visibly smaller than its messages
+            "payload": None if i == 7 else f"{topic} message {i:04d} ".encode() * 8,
+            "key": f"k{i % 4}" if i % 5 else None,
+            "properties": {"i": str(i), "codec": codec},
+            "event_time": 1_750_000_000_000 + 3 * i,
+            "sequence_id": 10_000 + 7 * i,
+        }
+        for i in range(COUNT)
+    ]
+    send_with_client(service_url, topic, sent, producer_name=f"src-{codec}-{int(batched)}", codec=codec,
+                     batched=batched, batch_max=BATCH, delay_ms=1000)
     return sent
 
 
