@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python bench/codecs.py            # 128 MiB per case, 64 MiB blocks, best of 3
+    .venv/bin/python bench/codec_speed.py            # 128 MiB per case, 64 MiB blocks, best of 3
 
 For each entry size it prints, e.g.::
 
