@@ -568,8 +568,9 @@ def main(argv: list[str] | None = None) -> int:
             + (f", {trigger:g} MiB triggers" if len(triggers) > 1 else "")
             + label,
             per * p * shape.entry_bytes,
-            lambda s: segmented(memory_stream(s, shape, p, args.job_batch_mb, trigger, str(seq[0])))
-            .writeStream.foreachBatch(sink),
+            lambda s: segmented(
+                memory_stream(s, shape, p, args.job_batch_mb, trigger, str(seq[0]))
+            ).writeStream.foreachBatch(sink),
             confs,
         )
         written = sum(f.stat().st_size for f in os.scandir(out_dir))
@@ -582,9 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         measure(
             f"shuffle->noop {p} part, compress true",
             per * p * shape.entry_bytes,
-            lambda s: memory_stream(s, shape, p, args.job_batch_mb, triggers[0], str(seq[0]))
-            .repartition("topic")  # the groupBy's exchange alone: spark.sql.shuffle.partitions, by topic
-            .writeStream.format("noop"),
+            lambda s: (
+                memory_stream(s, shape, p, args.job_batch_mb, triggers[0], str(seq[0]))
+                .repartition("topic")  # the groupBy's exchange alone: spark.sql.shuffle.partitions, by topic
+                .writeStream.format("noop")
+            ),
         )
 
     def stage_line(p: int) -> None:
@@ -593,8 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         measure(
             f"seg->noop {p} part, compress true",
             per * p * shape.entry_bytes,
-            lambda s: segmented(memory_stream(s, shape, p, args.job_batch_mb, triggers[0], str(seq[0])))
-            .writeStream.format("noop"),
+            lambda s: segmented(
+                memory_stream(s, shape, p, args.job_batch_mb, triggers[0], str(seq[0]))
+            ).writeStream.format("noop"),
         )
 
     # The session's first queries start Python workers and import pyspark, pandas, pyarrow in them:
@@ -669,8 +673,10 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
 
     base = figures.get("plain (pulsar-client drain)")
-    print(f"\nMB/s of entry bytes (10^6 B), best of {args.repeat}; ratio to plain; load average now "
-          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(
+        f"\nMB/s of entry bytes (10^6 B), best of {args.repeat}; ratio to plain; load average now "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
     for figure in figures.values():
         print(figure.render(base if figure is not base else None))
     shutil.rmtree(work, ignore_errors=True)

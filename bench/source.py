@@ -106,10 +106,7 @@ def drain_to_noop(stream: Any, checkpoint: str, what: str) -> list[dict[str, Any
     """Run a streaming DataFrame into Spark's ``noop`` sink with ``Trigger.AvailableNow`` until it has read all
     there was; the progress of its micro-batches with rows. RuntimeError, naming ``what``, if it failed."""
     query = (
-        stream.writeStream.format("noop")
-        .trigger(availableNow=True)
-        .option("checkpointLocation", checkpoint)
-        .start()
+        stream.writeStream.format("noop").trigger(availableNow=True).option("checkpointLocation", checkpoint).start()
     )
     query.awaitTermination()
     if query.exception() is not None:
@@ -277,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                                 read_entries += e
                             best[name] = min(best[name], time.monotonic() - started)
                             assert read_messages == args.messages and read_entries == entries, (
-                                name, read_messages, read_entries
+                                name,
+                                read_messages,
+                                read_entries,
                             )
 
                         for mp in min_partitions if spark is not None else []:

@@ -34,7 +34,6 @@ DRIVER_NAME = "streamoffload"
 _SEGMENT_NAMESPACE = uuid.UUID("6f1d3c1e-7a44-5d8e-9b0a-3c5e2f7d9a10")
 
 
-
 def segment_uuid(topic: str, ordinal: int, start: Position, epoch: int = 0) -> uuid.UUID:
     """The segment's id: a function of the writer's lease epoch and the segment's place, so a replayed
     micro-batch reproduces it while no two writers (or two runs of one) ever share an id."""

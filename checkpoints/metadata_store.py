@@ -122,9 +122,7 @@ class MetadataStore:
             key = self.manifest_key(manifest)
             return mf.decode_manifest(self.store.get(key), where=key)
 
-    def _manifests(
-        self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None
-    ) -> list[SegmentManifest]:
+    def _manifests(self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None) -> list[SegmentManifest]:
         """Every manifest that decodes, in key (start-position) order. One that does not decode is logged
         and skipped, so it cannot stop every other topic's status, cleanup or reads; it is appended to
         ``corrupt`` when given (``corrupt_manifests`` reports them)."""
@@ -149,9 +147,7 @@ class MetadataStore:
         self._manifests(topic, corrupt)
         return corrupt
 
-    def manifests(
-        self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None
-    ) -> list[SegmentManifest]:
+    def manifests(self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None) -> list[SegmentManifest]:
         """Every manifest of the topic-partition (any status), in start-position order. An unfinished
         attempt with a recorded failure is reported as Failed, with why. Manifests that do not decode are
         skipped (and appended to ``corrupt`` when given)."""

@@ -371,6 +371,7 @@ def list_topic_dirs(store: ObjectStore, prefix: str) -> list[TopicName]:
 
 # --- limits -----------------------------------------------------------------------------------------
 
+
 def ledger_id_in_key(key: str | None) -> int | None:
     """The ledger id a v1 object key or file name carries (``<uuid>-ledger-<N>`` or ``...-index``), if any."""
     match = _LEDGER_IN_KEY.search(key) if key else None

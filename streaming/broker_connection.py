@@ -118,16 +118,21 @@ class BrokerConnection:
 
     def _tls_refused(self, err: OSError) -> PulsarIOError:
         reason = str(err) or type(err).__name__
-        how = (f"{CLIENT_OPTION_PREFIX}authPluginClassName=AuthenticationTls with "
-               f"{CLIENT_OPTION_PREFIX}authParams=tlsCertFile:...,tlsKeyFile:...")
+        how = (
+            f"{CLIENT_OPTION_PREFIX}authPluginClassName=AuthenticationTls with "
+            f"{CLIENT_OPTION_PREFIX}authParams=tlsCertFile:...,tlsKeyFile:..."
+        )
         if "CERTIFICATE_REQUIRED" in reason:
             # Configuration, not a passing fault: retrying would only delay the same refusal.
-            return ReaderUnusable(f"TLS: {self.name} refused the connection: {reason}; "
-                                  f"the server requires a client certificate ({how})")
+            return ReaderUnusable(
+                f"TLS: {self.name} refused the connection: {reason}; the server requires a client certificate ({how})"
+            )
         if not self.config.tls_cert_file:
             # The refusal may reach us as a bare close (the alert lost to a reset): a hint, and retried.
-            return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}; "
-                                 f"if the server requires a client certificate, give one ({how})")
+            return PulsarIOError(
+                f"TLS: {self.name} refused the connection: {reason}; "
+                f"if the server requires a client certificate, give one ({how})"
+            )
         return PulsarIOError(f"TLS: {self.name} refused the connection: {reason}")
 
     def _wrap_tls(self, sock: socket.socket) -> socket.socket:
@@ -154,8 +159,11 @@ class BrokerConnection:
         try:
             return context.wrap_socket(sock, server_hostname=self.address.host)
         except ssl.SSLCertVerificationError as err:
-            trust = (f"tlsTrustCertsFilePath={cfg.tls_trust_certs_file}" if cfg.tls_trust_certs_file
-                     else "system trust store")
+            trust = (
+                f"tlsTrustCertsFilePath={cfg.tls_trust_certs_file}"
+                if cfg.tls_trust_certs_file
+                else "system trust store"
+            )
             # A server the configuration does not trust stays untrusted: fail now, not after the retry budget.
             raise ReaderUnusable(f"TLS: the certificate of {self.name} is not trusted ({trust}): {err}") from err
         except ssl.SSLError as err:
@@ -249,8 +257,9 @@ class BrokerConnection:
             answer = request_id_of(cmd)
             if answer == request_id:
                 if cmd.type == T.ERROR:
-                    raise PulsarIOError(f"{what} failed at {self.name}: {cmd.error.message} "
-                                        f"({server_error(cmd.error.error)})")
+                    raise PulsarIOError(
+                        f"{what} failed at {self.name}: {cmd.error.message} ({server_error(cmd.error.error)})"
+                    )
                 return cmd
 
     def lookup(self, topic: str, authoritative: bool) -> CommandLookupTopicResponse:

@@ -59,8 +59,9 @@ STATE_STORE_CONF = {
     # library) for the file and its .crc, several processes per file and micro-batch, ~0.2 s of state
     # commit per batch here. It only gives up FileContext's atomic no-overwrite rename against a
     # concurrent writer of the same checkpoint, which cannot exist: each run has its own under the lease.
-    "spark.sql.streaming.checkpointFileManagerClass":
-        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
 }
 """Session settings the job's queries need (a query copies them when it starts; each run's checkpoint
 is fresh, so they never meet a checkpoint written without them)."""

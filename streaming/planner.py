@@ -187,8 +187,7 @@ class SourcePlanner:
 
     def latest_positions(self, partitions: Sequence[str]) -> dict[str, Position | None]:
         latest = {
-            tp: self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
-            for tp in partitions
+            tp: self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp)) for tp in partitions
         }
         if self._target is not None:
             for tp in partitions:
@@ -235,9 +234,7 @@ class SourcePlanner:
         self._target = None
         self._target = self.latest_positions(partitions)
 
-    def latest_offset(
-        self, start: Mapping[str, Any], max_entries: int | None, max_bytes: int | None
-    ) -> dict[str, Any]:
+    def latest_offset(self, start: Mapping[str, Any], max_entries: int | None, max_bytes: int | None) -> dict[str, Any]:
         with self._lock:
             start_positions, sealed = split_offsets(start)
             end: dict[str, Any] = self._latest_offset(start_positions, max_entries, max_bytes)
@@ -457,7 +454,6 @@ class SourcePlanner:
         if self._client is not None:
             pio.close_shared_clients()
             self._client = None
-
 
 
 __all__ = ["SEALED_KEY", "SourcePlanner", "offsets_json", "position_of", "split_offsets"]

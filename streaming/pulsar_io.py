@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 _AFTER_ALL_BATCH_INDEXES = 2**31 - 1
 
 
-
 def make_client(service_url: str, options: Mapping[str, str] | None = None) -> Any:
     """A new ``pulsar.Client`` for ``service_url`` with ``pulsar.client.*`` options (prefix removed)."""
     import pulsar
@@ -202,8 +201,9 @@ class _ClientEntries:
     ``stats``); an entry past ``end`` is handed over at its first message (the loop only needs its
     position there)."""
 
-    def __init__(self, client: Any, topic: str, after: Position, end: Position, settings: ReaderSettings,
-                 stats: ReadStats) -> None:
+    def __init__(
+        self, client: Any, topic: str, after: Position, end: Position, settings: ReaderSettings, stats: ReadStats
+    ) -> None:
         import pulsar
 
         self._timeout_error = pulsar.Timeout
@@ -295,8 +295,16 @@ def read_range(
         return _ClientEntries(client, topic, after, end, settings, stats)
 
     # The C++ client's re-subscription is cheap and its stalls short: start every wait afresh.
-    return read_exactly_once(open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known,
-                             stats=stats, reset_stall_timeout=True)
+    return read_exactly_once(
+        open_consumer,
+        topic,
+        start,
+        end,
+        settings=settings,
+        end_is_known=end_is_known,
+        stats=stats,
+        reset_stall_timeout=True,
+    )
 
 
 def probe_after(

@@ -171,9 +171,7 @@ class RawClient:
 class RawConsumer:
     """A non-durable Exclusive subscription that starts after ``after`` and receives raw entries."""
 
-    def __init__(
-        self, client: RawClient, topic: str, after: Position, queue_size: int, *, flow: bool = True
-    ) -> None:
+    def __init__(self, client: RawClient, topic: str, after: Position, queue_size: int, *, flow: bool = True) -> None:
         self.topic = topic
         self.conn = client.connect_for(topic)
         self.consumer_id = 1
@@ -372,5 +370,6 @@ def read_range_raw(
 
     # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
     # pulsar-lite does) would otherwise cost a re-subscription each time.
-    return read_exactly_once(open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known,
-                             stats=stats)
+    return read_exactly_once(
+        open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known, stats=stats
+    )

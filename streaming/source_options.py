@@ -65,7 +65,9 @@ class SourceOptions:
         # service.url, topic (one topic) and admin.url (no admin API is needed: accepted, unused).
         service_url = get("serviceUrl") or get("service.url")
         if not service_url:
-            raise ConfigError("option serviceUrl is required (pulsar-spark's service.url too), e.g. pulsar://127.0.0.1:6650")
+            raise ConfigError(
+                "option serviceUrl is required (pulsar-spark's service.url too), e.g. pulsar://127.0.0.1:6650"
+            )
         ServiceAddress.parse(service_url)
         single = get("topic")
         if single and get("topics"):
@@ -178,9 +180,7 @@ def parse_starting_offsets(text: str, option: str = "startingOffsets") -> StartS
             f"[ledgerId, entryId]; not valid JSON: {err}"
         ) from err
     if not isinstance(doc, dict):
-        raise ConfigError(
-            f"option {option}: the JSON must be an object of topic-partition -> [ledgerId, entryId]"
-        )
+        raise ConfigError(f"option {option}: the JSON must be an object of topic-partition -> [ledgerId, entryId]")
     spec: dict[str, Position | str] = {}
     for key, value in doc.items():
         if key == "*":
@@ -227,7 +227,6 @@ def parse_pattern(pattern: str) -> tuple[str, re.Pattern[str]]:
         return namespace, re.compile(regex)
     except re.error as err:
         raise ConfigError(f"option topicsPattern: bad regular expression {regex!r}: {err}") from err
-
 
 
 __all__ = ["READERS", "SourceOptions", "StartSpec", "parse_pattern", "parse_starting_offsets"]

@@ -233,4 +233,3 @@ def skip_finalizers_at_exit() -> None:
 
 def finalizers_skipped() -> bool:
     return _skip_finalizers
-

@@ -311,16 +311,17 @@ def _validated_policy(values: Mapping[str, Any], source: str, section: str) -> O
             f"{MAX_BLOCK_BYTES} (Pulsar's int), got {p.managedLedgerOffloadMaxBlockSizeInBytes!r}",
         ),
         (
-            lambda: _in_range(p.maxSizePerOffloadSegmentMbytes, 0, MAX_SEGMENT_MB)
-            and p.maxSizePerOffloadSegmentMbytes > 0
-            and p.max_segment_bytes >= 1,
+            lambda: (
+                _in_range(p.maxSizePerOffloadSegmentMbytes, 0, MAX_SEGMENT_MB)
+                and p.maxSizePerOffloadSegmentMbytes > 0
+                and p.max_segment_bytes >= 1
+            ),
             "maxSizePerOffloadSegmentMbytes",
             f"must be positive (at least 1 byte) and at most {MAX_SEGMENT_MB} (1 TiB), "
             f"got {p.maxSizePerOffloadSegmentMbytes!r}",
         ),
         (
-            lambda: _in_range(p.maxOffloadSegmentRolloverTimeMinutes, 0, MAX_ROLLOVER_MINUTES)
-            and p.rollover_ms >= 1,
+            lambda: _in_range(p.maxOffloadSegmentRolloverTimeMinutes, 0, MAX_ROLLOVER_MINUTES) and p.rollover_ms >= 1,
             "maxOffloadSegmentRolloverTimeMinutes",
             f"must be positive (at least 1 ms) and at most {MAX_ROLLOVER_MINUTES} (30 days), "
             f"got {p.maxOffloadSegmentRolloverTimeMinutes!r}",
@@ -495,8 +496,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             _validated_policy(config._merged_policy(name), source, section)
         except ConfigError as err:
             raise ConfigError(
-                f"{err} (in the effective policy of {name}: [offload], its namespace's and its topic's sections "
-                "merged)"
+                f"{err} (in the effective policy of {name}: [offload], its namespace's and its topic's sections merged)"
             ) from None
     check_topics_fit(config)
     if not 0 < pulsar.max_message_size <= MAX_BLOCK_BYTES:

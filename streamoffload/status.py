@@ -162,9 +162,7 @@ def latest_positions(
                 out[topic] = pulsar_io.latest_position(client, topic)
             except Exception as err:
                 if not out:  # the first one failed: the broker is not there; do not wait once per topic
-                    log.warning(
-                        "cannot ask %s for the latest positions (%s): LAG shown with '?'", service_url, err
-                    )
+                    log.warning("cannot ask %s for the latest positions (%s): LAG shown with '?'", service_url, err)
                     break
                 log.warning("latest position of %s unknown: %s", topic, err)
     finally:

@@ -141,9 +141,7 @@ def verify_topic(
     failures_prefix = keys.failures_prefix(prefix, topic)
     failed_ids = {info.key[len(failures_prefix) :]: info.key for info in store.list(failures_prefix)}
     marks = {
-        ledger
-        for info in store.list(keys.deleted_marks_prefix(prefix, topic))
-        for ledger in _mark_ledger(info.key)
+        ledger for info in store.list(keys.deleted_marks_prefix(prefix, topic)) for ledger in _mark_ledger(info.key)
     }
 
     # Each Offloaded segment: its objects, its place among its neighbours, its commit.
@@ -215,8 +213,12 @@ def verify_topic(
             after = min((o for o in by_ordinal if o > ordinal), default=None)
             lo = by_ordinal[before].end if before is not None else None
             hi = by_ordinal[after].start if after is not None else None
-            if lo is not None and hi is not None and lo[0] >= 0 and hi[0] >= 0 and any(
-                lo[0] <= ledger <= hi[0] for ledger in marks
+            if (
+                lo is not None
+                and hi is not None
+                and lo[0] >= 0
+                and hi[0] >= 0
+                and any(lo[0] <= ledger <= hi[0] for ledger in marks)
             ):
                 continue  # deleted by retention or delete-ledger, its records compacted away
             where = keys.commit_key(prefix, topic, ordinal)

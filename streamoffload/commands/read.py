@@ -248,4 +248,3 @@ def _check_start(
         return
     yield first
     yield from iterator
-

@@ -49,6 +49,7 @@ are read; Assigned ones (work in progress) are counted in the summary, and are p
 older than --stale-minutes; Failed ones are always problems (the next run, or cleanup, removes them).
 Problems are printed as "PROBLEM <object> @<offset>: <error>: <message>"; the exit status is 1 if any."""
 
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "verify",

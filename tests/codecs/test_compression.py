@@ -101,7 +101,11 @@ def test_compressed_batched_entry_splits_into_its_messages(codec: int) -> None:
     messages = [f"message {i} ".encode() * 20 for i in range(5)]
     batch = _batch(messages)
     md = MessageMetadata(
-        producer_name="p", sequence_id=100, publish_time=1, num_messages_in_batch=5, compression=codec,
+        producer_name="p",
+        sequence_id=100,
+        publish_time=1,
+        num_messages_in_batch=5,
+        compression=codec,
         uncompressed_size=len(batch),
     )
     entry = encode_entry(md, compress(codec, batch))

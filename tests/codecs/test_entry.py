@@ -460,8 +460,9 @@ def test_encrypted_flag_from_the_encryption_fields() -> None:
         only = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2)
         alone = MessageMetadata.FromString(only.SerializeToString() + bytes([number << 3 | 2, 1]) + b"x")
         assert decode_entry(encode_entry(alone, b"c")).encrypted
-    plain = decode_entry(build_entry([Message(b"x", properties={"13": "14"})], producer_name="p", sequence_id=0,
-                                     publish_time=0))
+    plain = decode_entry(
+        build_entry([Message(b"x", properties={"13": "14"})], producer_name="p", sequence_id=0, publish_time=0)
+    )
     assert not plain.encrypted
 
 
@@ -480,7 +481,12 @@ def test_read_messages_says_an_entry_is_encrypted() -> None:
     assert write_lines(entries, out, messages=True, limit=None) == 2
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
     assert first == {
-        "ledger_id": 3, "entry_id": 0, "encrypted": True, "num_messages": 3, "publish_time": 2, "producer_name": "p"
+        "ledger_id": 3,
+        "entry_id": 0,
+        "encrypted": True,
+        "num_messages": 3,
+        "publish_time": 2,
+        "producer_name": "p",
     }
     assert "payload" not in first
     assert second["payload"] == "aGVsbG8=" and second["key"] == "k" and "encrypted" not in second

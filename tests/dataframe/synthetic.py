@@ -75,7 +75,13 @@ def build_topic(
     def flush(controls: list[str]) -> None:
         nonlocal pending, pending_bytes, now
         actions = run_segmenter(
-            topic, policy, state, pending, controls, now_ms=now, key_prefix=key_prefix,
+            topic,
+            policy,
+            state,
+            pending,
+            controls,
+            now_ms=now,
+            key_prefix=key_prefix,
             min_part_size=store.min_part_size,
         )
         sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
@@ -101,8 +107,17 @@ def build_topic(
         if keep:
             for b, m in enumerate(messages):
                 sent.append(
-                    Sent(ledger, entry_id, b if batch > 1 else -1, m.payload, m.key, m.properties, publish,
-                         m.event_time, seq + b)
+                    Sent(
+                        ledger,
+                        entry_id,
+                        b if batch > 1 else -1,
+                        m.payload,
+                        m.key,
+                        m.properties,
+                        publish,
+                        m.event_time,
+                        seq + b,
+                    )
                 )
         seq += batch
         pending.append(Entry(ledger, entry_id, data, publish))

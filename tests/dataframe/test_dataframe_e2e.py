@@ -171,8 +171,11 @@ def test_time_and_position_bounds(spark: Any, offloaded: dict[str, Any]) -> None
     times = sorted({ms(r["__publishTime"]) for r in everything})
     assert len(times) > 4
     lo, hi = times[len(times) // 4], times[3 * len(times) // 4]
-    want = sorted((r["__topic"], r["__ledgerId"], r["__entryId"], r["__batchIndex"]) for r in everything
-                  if lo <= ms(r["__publishTime"]) < hi)
+    want = sorted(
+        (r["__topic"], r["__ledgerId"], r["__entryId"], r["__batchIndex"])
+        for r in everything
+        if lo <= ms(r["__publishTime"]) < hi
+    )
     assert 0 < len(want) < len(everything)
 
     def keys(rows: list[Any]) -> list[tuple[str, int, int, int]]:
@@ -188,15 +191,22 @@ def test_time_and_position_bounds(spark: Any, offloaded: dict[str, Any]) -> None
 
     # Positions: startingOffsets is the last position processed, endingOffsets the last one read.
     p0 = partition_names(base, 3)[0]
-    rows0 = [r for r in sorted(everything, key=lambda r: (r["__ledgerId"], r["__entryId"], r["__batchIndex"]))
-             if r["__topic"] == p0]
+    rows0 = [
+        r
+        for r in sorted(everything, key=lambda r: (r["__ledgerId"], r["__entryId"], r["__batchIndex"]))
+        if r["__topic"] == p0
+    ]
     entries0 = sorted({(r["__ledgerId"], r["__entryId"]) for r in rows0})
     after, last = entries0[2], entries0[-3]
-    bounded = rows_of(read(
-        spark, store, base,
-        startingOffsets=f'{{"{p0}": [{after[0]}, {after[1]}]}}',
-        endingOffsets=f'{{"{p0}": [{last[0]}, {last[1]}], "*": "latest"}}',
-    ))
+    bounded = rows_of(
+        read(
+            spark,
+            store,
+            base,
+            startingOffsets=f'{{"{p0}": [{after[0]}, {after[1]}]}}',
+            endingOffsets=f'{{"{p0}": [{last[0]}, {last[1]}], "*": "latest"}}',
+        )
+    )
     want0 = [k for k in keys(everything) if k[0] != p0 or after < (k[1], k[2]) <= last]
     assert keys(bounded) == want0
 

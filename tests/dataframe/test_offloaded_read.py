@@ -82,7 +82,11 @@ def test_every_message_and_column_across_split_segments(store_dir: tuple[Path, d
 def test_message_id_is_pulsars_serialized_message_id_data() -> None:
     batched = MessageIdData.FromString(ofr.message_id(7, 9, 2, 3, 10))
     assert (batched.ledgerId, batched.entryId, batched.partition, batched.batch_index, batched.batch_size) == (
-        7, 9, 2, 3, 10,
+        7,
+        9,
+        2,
+        3,
+        10,
     )
     single = MessageIdData.FromString(ofr.message_id(7, 9, -1, -1, 0))
     assert not single.HasField("partition") and not single.HasField("batch_index")
@@ -131,7 +135,8 @@ def test_pruned_segments_are_never_opened_and_reads_start_at_the_bound_block(
 
 def mf_contains(segment: Any, s: Sent) -> bool:
     return (
-        (segment.startLedgerId, segment.startEntryId) <= (s.ledger_id, s.entry_id)
+        (segment.startLedgerId, segment.startEntryId)
+        <= (s.ledger_id, s.entry_id)
         <= (segment.endLedgerId, segment.endEntryId)
     )
 
@@ -194,8 +199,11 @@ def test_a_missing_store_or_topic_is_a_clear_error(
     with pytest.raises(ConfigError, match=r"no store at .*nowhere: the directory does not exist"):
         ofp.StoreLocation(f"file://{tmp_path}/nowhere").open()
     metadata = MetadataStore(FilesystemStore(str(root)))
-    with pytest.raises(TopicNotFoundError, match=r"topic persistent://public/default/nope has no offloaded data in "
-                       r".*\(topics with offloaded data: .*audit"):
+    with pytest.raises(
+        TopicNotFoundError,
+        match=r"topic persistent://public/default/nope has no offloaded data in "
+        r".*\(topics with offloaded data: .*audit",
+    ):
         ofp.resolve_topics(metadata, ["nope"])
     assert ofp.resolve_topics(metadata, [], ("public/default", re.compile("ord.*"))) == [P0, P1]
     with pytest.raises(TopicNotFoundError, match=r"topicsPattern public/default/x.* has no offloaded data"):

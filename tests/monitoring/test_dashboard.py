@@ -90,8 +90,17 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
         for x2, y2, w2, h2 in boxes[i + 1 :]:
             assert x1 + w1 <= x2 or x2 + w2 <= x1 or y1 + h1 <= y2 or y2 + h2 <= y1
     # Every series is filtered by the job and instance variables; every per-topic one by namespace and topic too.
-    per_topic = {"offload_lag", "backlog", "open_segment", "entries_offloaded", "bytes_offloaded", "stored_bytes",
-                 "segments", "segment_size", "offload_buffer"}
+    per_topic = {
+        "offload_lag",
+        "backlog",
+        "open_segment",
+        "entries_offloaded",
+        "bytes_offloaded",
+        "stored_bytes",
+        "segments",
+        "segment_size",
+        "offload_buffer",
+    }
     for expr in expressions(dash):
         for name, selector in re.findall(r"(streamoffload_\w+)(\{[^}]*\})?", expr):
             assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, expr
@@ -506,9 +515,16 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
     )
     with (tmp_path / "prometheus.log").open("wb") as log:
         proc = subprocess.Popen(
-            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 60

@@ -187,5 +187,7 @@ def test_unknown_topic_is_one_error_line(
     code = main(["verify", *target[1], "--json", "persistent://public/default/nothing-here"])
     out, err = capsys.readouterr()
     assert code == 1 and out == "" and err.count("\n") == 1
-    assert err.startswith("streamoffload verify: error: no offloaded data for topic persistent://public/default/nothing")
+    assert err.startswith(
+        "streamoffload verify: error: no offloaded data for topic persistent://public/default/nothing"
+    )
     assert "topics with offloaded data: persistent://" in err

@@ -231,9 +231,7 @@ def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_b
     topics = [A, B, C]
     model = {tp: (150, size) for tp, size in zip(topics, sizes, strict=True)}
     buffers = str(tmp_path / "buffers.json")
-    planner = ModelPlanner(
-        options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, policy_doc)), model
-    )
+    planner = ModelPlanner(options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, policy_doc)), model)
     states = {tp: MemoryState() for tp in topics}
     stats: dict[str, dict] = {}
     offset = planner.initial_offset()

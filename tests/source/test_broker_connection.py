@@ -73,7 +73,6 @@ def test_list_topics_unreachable_is_a_clear_error() -> None:
         list_topics(f"pulsar://127.0.0.1:{free_port()}", "public/default", timeout=1)
 
 
-
 def test_list_topics_refuses_authentication_it_cannot_speak() -> None:
     with pytest.raises(PulsarIOError, match=r"supports no authentication or token authentication, not .*Basic"):
         list_topics(

@@ -62,7 +62,6 @@ def test_service_address_parsing() -> None:
         ServiceAddress.parse("http://h:80")
 
 
-
 def test_connection_config_reads_auth_tls_and_timeouts() -> None:
     config = ConnectionConfig.parse(
         "pulsar+ssl://h:6651",
@@ -77,8 +76,9 @@ def test_connection_config_reads_auth_tls_and_timeouts() -> None:
     assert (config.auth_method, config.auth_data) == ("token", b"abc")
     assert config.tls_allow_insecure and not config.tls_validate_hostname
     assert (config.connect_timeout_s, config.operation_timeout_s) == (1.5, 7.0)
-    basic = ConnectionConfig.parse("pulsar://h", {"authPluginClassName": "x.AuthenticationBasic",
-                                                  "authParams": '{"userId": "u", "password": "p"}'})
+    basic = ConnectionConfig.parse(
+        "pulsar://h", {"authPluginClassName": "x.AuthenticationBasic", "authParams": '{"userId": "u", "password": "p"}'}
+    )
     assert (basic.auth_method, basic.auth_data) == ("basic", b"u:p")
 
 

@@ -63,22 +63,40 @@ def _with(entry: bytes, **fields: Any) -> bytes:
 
 def _entries() -> list[tuple[bytes, int, int]]:
     """``(entry bytes, sequence id, message count)`` of what the test publishes, in order."""
-    empty_key = build_entry([Message(b"empty key", key="", properties={"k": "empty"}, event_time=1_700_000_000_001)],
-                            producer_name="raw-fields", sequence_id=41, publish_time=1_750_000_000_001, batched=False)
+    empty_key = build_entry(
+        [Message(b"empty key", key="", properties={"k": "empty"}, event_time=1_700_000_000_001)],
+        producer_name="raw-fields",
+        sequence_id=41,
+        publish_time=1_750_000_000_001,
+        batched=False,
+    )
     schema = _with(
-        build_entry([Message(b"with schema v3", key="k1")], producer_name="raw-fields", sequence_id=42,
-                    publish_time=1_750_000_000_002, batched=False),
+        build_entry(
+            [Message(b"with schema v3", key="k1")],
+            producer_name="raw-fields",
+            sequence_id=42,
+            publish_time=1_750_000_000_002,
+            batched=False,
+        ),
         schema_version=SCHEMA_V3,
     )
     null_key = _with(
-        build_entry([Message(b"null key")], producer_name="raw-fields", sequence_id=43,
-                    publish_time=1_750_000_000_003, batched=False),
+        build_entry(
+            [Message(b"null key")],
+            producer_name="raw-fields",
+            sequence_id=43,
+            publish_time=1_750_000_000_003,
+            batched=False,
+        ),
         null_partition_key=True,
     )
     batch = _with(
         build_entry(
             [Message(b"b0", key=""), Message(b"b1", key="k"), Message(b"b2"), Message(b"b3", key="", sequence_id=60)],
-            producer_name="raw-fields", sequence_id=50, publish_time=1_750_000_000_004, batched=True,
+            producer_name="raw-fields",
+            sequence_id=50,
+            publish_time=1_750_000_000_004,
+            batched=True,
         ),
         schema_version=SCHEMA_V3,
     )
@@ -91,7 +109,11 @@ def _check_fields(stored: list[bytes]) -> None:
     one = entry_messages(stored[0])[0]
     assert one.key == "" and decode_entry(stored[0]).metadata.HasField("partition_key")  # empty, not missing
     assert (bytes(one.payload), one.properties, one.event_time, one.sequence_id) == (
-        b"empty key", {"k": "empty"}, 1_700_000_000_001, 41)
+        b"empty key",
+        {"k": "empty"},
+        1_700_000_000_001,
+        41,
+    )
     md = decode_entry(stored[1]).metadata
     assert md.schema_version == SCHEMA_V3 and md.partition_key == "k1" and md.sequence_id == 42
     md = decode_entry(stored[2]).metadata
@@ -139,8 +161,11 @@ def test_broker_entry_metadata_prefix_passes_through(scripted: Any) -> None:  # 
     """A crafted ``0x0e02`` entry: emitted untouched, its message count read past the prefix, and its
     CRC-32C (which covers only what follows the ``0x0e01`` magic) still checked."""
     inner = build_entry([Message(b"x", key=""), Message(b"y")], producer_name="p", sequence_id=9, publish_time=77)
-    prefixed = encode_entry(decode_entry(inner).metadata, bytes(decode_entry(inner).payload),
-                            broker_entry_metadata=BrokerEntryMetadata(broker_timestamp=1_750_000_000_999, index=41))
+    prefixed = encode_entry(
+        decode_entry(inner).metadata,
+        bytes(decode_entry(inner).payload),
+        broker_entry_metadata=BrokerEntryMetadata(broker_timestamp=1_750_000_000_999, index=41),
+    )
     assert prefixed[:2] == b"\x0e\x02" and prefixed.endswith(inner)
     corrupt = bytearray(prefixed)
     corrupt[-1] ^= 1

@@ -64,10 +64,12 @@ def read_all(client: Any, topic: str, **kwargs: Any) -> list[ReadEntry]:
 
 # --- fidelity ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
 @pytest.mark.parametrize("codec", list(CODECS))
-def test_entries_are_the_producers_bytes(pulsar_broker: EmbeddedBroker, raw: rr.RawClient, codec: str,
-                                         batched: bool) -> None:
+def test_entries_are_the_producers_bytes(
+    pulsar_broker: EmbeddedBroker, raw: rr.RawClient, codec: str, batched: bool
+) -> None:
     wire_codec = CODECS[codec][1]
     topic = unique_topic(f"raw-{codec}-{batched}")
     count = 24
@@ -81,8 +83,16 @@ def test_entries_are_the_producers_bytes(pulsar_broker: EmbeddedBroker, raw: rr.
         }
         for i in range(count)
     ]
-    send_with_client(pulsar_broker.service_url, topic, sent, producer_name=f"producer-{codec}", codec=codec,
-                     batched=batched, batch_max=8, delay_ms=50)
+    send_with_client(
+        pulsar_broker.service_url,
+        topic,
+        sent,
+        producer_name=f"producer-{codec}",
+        codec=codec,
+        batched=batched,
+        batch_max=8,
+        delay_ms=50,
+    )
 
     stats = ReadStats()
     entries = read_all(raw, topic, stats=stats)
@@ -273,8 +283,12 @@ class ScriptedBroker:
     """Answers CONNECT, LOOKUP (with ``lookup`` deciding the answer), SUBSCRIBE, FLOW (by pushing
     ``entries``), GET_LAST_MESSAGE_ID and CLOSE_CONSUMER; records every command it receives."""
 
-    def __init__(self, lookup: Callable[[BaseCommand], CommandLookupTopicResponse] | None = None,
-                 entries: list[tuple[int, int, bytes]] | None = None, challenge: bool = False) -> None:
+    def __init__(
+        self,
+        lookup: Callable[[BaseCommand], CommandLookupTopicResponse] | None = None,
+        entries: list[tuple[int, int, bytes]] | None = None,
+        challenge: bool = False,
+    ) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.url = f"pulsar://127.0.0.1:{self.port}"
@@ -299,15 +313,25 @@ class ScriptedBroker:
                 self.seen.append(cmd)
                 if cmd.type == T.CONNECT:
                     if self.challenge:
-                        conn.sendall(_frame(BaseCommand(type=T.AUTH_CHALLENGE, authChallenge={
-                            "server_version": "scripted", "challenge": {"auth_method_name": "basic"}})))
+                        conn.sendall(
+                            _frame(
+                                BaseCommand(
+                                    type=T.AUTH_CHALLENGE,
+                                    authChallenge={
+                                        "server_version": "scripted",
+                                        "challenge": {"auth_method_name": "basic"},
+                                    },
+                                )
+                            )
+                        )
                         continue
                     conn.sendall(_frame(BaseCommand(type=T.CONNECTED, connected={"server_version": "scripted"})))
                 elif cmd.type == T.AUTH_RESPONSE:
                     conn.sendall(_frame(BaseCommand(type=T.CONNECTED, connected={"server_version": "scripted"})))
                 elif cmd.type == T.LOOKUP:
-                    resp = CommandLookupTopicResponse(response=CommandLookupTopicResponse.Connect,
-                                                      brokerServiceUrl=self.url)
+                    resp = CommandLookupTopicResponse(
+                        response=CommandLookupTopicResponse.Connect, brokerServiceUrl=self.url
+                    )
                     if self.lookup is not None:
                         resp = self.lookup(cmd)
                     resp.request_id = cmd.lookupTopic.request_id
@@ -373,10 +397,13 @@ def test_protocol_steps_and_auth_token(scripted: Callable[..., ScriptedBroker]) 
 
 def test_basic_auth_and_auth_challenge(scripted: Callable[..., ScriptedBroker]) -> None:
     broker = scripted(challenge=True)
-    raw = rr.RawClient(broker.url, {
-        "authPluginClassName": "org.apache.pulsar.client.impl.auth.AuthenticationBasic",
-        "authParams": '{"userId": "alice", "password": "pw"}',
-    })
+    raw = rr.RawClient(
+        broker.url,
+        {
+            "authPluginClassName": "org.apache.pulsar.client.impl.auth.AuthenticationBasic",
+            "authParams": '{"userId": "alice", "password": "pw"}',
+        },
+    )
     assert rr.latest_position_raw(raw, "t") == (7, 3)
     connect = broker.commands(T.CONNECT)[0].connect
     assert (connect.auth_method_name, connect.auth_data) == ("basic", b"alice:pw")
@@ -388,8 +415,9 @@ def test_lookup_redirect_and_proxy(scripted: Callable[..., ScriptedBroker]) -> N
     owner = scripted(entries=[(7, 0, _entry_bytes(7, 0))])
 
     def redirect(cmd: BaseCommand) -> CommandLookupTopicResponse:
-        return CommandLookupTopicResponse(response=CommandLookupTopicResponse.Redirect, brokerServiceUrl=owner.url,
-                                          authoritative=True)
+        return CommandLookupTopicResponse(
+            response=CommandLookupTopicResponse.Redirect, brokerServiceUrl=owner.url, authoritative=True
+        )
 
     front = scripted(lookup=redirect)
     raw = rr.RawClient(front.url)
@@ -398,8 +426,11 @@ def test_lookup_redirect_and_proxy(scripted: Callable[..., ScriptedBroker]) -> N
     assert owner.commands(T.SUBSCRIBE) and not front.commands(T.SUBSCRIBE)
 
     def via_proxy(cmd: BaseCommand) -> CommandLookupTopicResponse:
-        return CommandLookupTopicResponse(response=CommandLookupTopicResponse.Connect,
-                                          brokerServiceUrl="pulsar://10.9.9.9:6650", proxy_through_service_url=True)
+        return CommandLookupTopicResponse(
+            response=CommandLookupTopicResponse.Connect,
+            brokerServiceUrl="pulsar://10.9.9.9:6650",
+            proxy_through_service_url=True,
+        )
 
     proxy = scripted(lookup=via_proxy, entries=[(7, 0, _entry_bytes(7, 0))])
     raw = rr.RawClient(proxy.url)
@@ -435,8 +466,13 @@ def test_a_corrupt_entry_is_refused_and_read_again(scripted: Callable[..., Scrip
 
 def test_compressed_entry_bytes_pass_through_untouched(scripted: Callable[..., ScriptedBroker]) -> None:
     payload = b"abc" * 100
-    md = MessageMetadata(producer_name="p", sequence_id=1, publish_time=5, compression=CompressionType.ZSTD,
-                         uncompressed_size=len(payload))
+    md = MessageMetadata(
+        producer_name="p",
+        sequence_id=1,
+        publish_time=5,
+        compression=CompressionType.ZSTD,
+        uncompressed_size=len(payload),
+    )
     data = encode_entry(md, compress(CompressionType.ZSTD, payload))
     broker = scripted(entries=[(7, 0, data)])
     (entry,) = rr.read_range_raw(rr.RawClient(broker.url), "t", BEFORE_EARLIEST, (7, 0), settings=FAST)

@@ -86,8 +86,10 @@ def test_hostname_mismatch_refused_unless_validation_is_off(
 
 def test_wrong_ca_is_refused_at_once_with_a_clear_error(proxy: TlsProxy, pki: Pki, tls_topic: str) -> None:
     wrong = rr.RawClient(proxy.url, {"tlsTrustCertsFilePath": pki.other_ca})
-    expected = (rf"TLS: the certificate of localhost:{proxy.port} is not trusted "
-                rf"\(tlsTrustCertsFilePath={pki.other_ca}\): .*certificate verify failed")
+    expected = (
+        rf"TLS: the certificate of localhost:{proxy.port} is not trusted "
+        rf"\(tlsTrustCertsFilePath={pki.other_ca}\): .*certificate verify failed"
+    )
     with pytest.raises(PulsarIOError, match=expected):
         rr.latest_position_raw(wrong, tls_topic)
     # In a range read too: not retried for the whole retry budget, a configuration error does not heal.
@@ -102,18 +104,24 @@ def test_wrong_ca_is_refused_at_once_with_a_clear_error(proxy: TlsProxy, pki: Pk
 
 
 def test_client_certificate_accepted_and_required(mtls_proxy: TlsProxy, pki: Pki, tls_topic: str) -> None:
-    with_cert = rr.RawClient(mtls_proxy.url, {
-        "tlsTrustCertsFilePath": pki.ca,
-        "authPluginClassName": TLS_AUTH,
-        "authParams": f"tlsCertFile:{pki.client_cert},tlsKeyFile:{pki.client_key}",
-    })
+    with_cert = rr.RawClient(
+        mtls_proxy.url,
+        {
+            "tlsTrustCertsFilePath": pki.ca,
+            "authPluginClassName": TLS_AUTH,
+            "authParams": f"tlsCertFile:{pki.client_cert},tlsKeyFile:{pki.client_key}",
+        },
+    )
     assert with_cert.config.auth_method == "tls"
     assert check_messages(read_all(with_cert, tls_topic), tls_topic, 30) == 40
     assert mtls_proxy.refused == []
 
     without = rr.RawClient(mtls_proxy.url, {"tlsTrustCertsFilePath": pki.ca})
-    with pytest.raises(PulsarIOError, match=rf"TLS: localhost:{mtls_proxy.port} refused the connection: "
-                                            r".*(; the server requires|if the server requires) a client certificate"):
+    with pytest.raises(
+        PulsarIOError,
+        match=rf"TLS: localhost:{mtls_proxy.port} refused the connection: "
+        r".*(; the server requires|if the server requires) a client certificate",
+    ):
         rr.latest_position_raw(without, tls_topic)
     assert mtls_proxy.refused, "the proxy saw no certificate"
 
@@ -121,11 +129,14 @@ def test_client_certificate_accepted_and_required(mtls_proxy: TlsProxy, pki: Pki
 def test_unreadable_tls_files_are_a_config_error(proxy: TlsProxy, pki: Pki, tls_topic: str) -> None:
     with pytest.raises(ConfigError, match="AuthenticationTls needs tlsCertFile"):
         rr.RawClient(proxy.url, {"authPluginClassName": TLS_AUTH, "authParams": "tlsCertFile:x"})
-    missing_key = rr.RawClient(proxy.url, {
-        "tlsTrustCertsFilePath": pki.ca,
-        "authPluginClassName": TLS_AUTH,
-        "authParams": f"tlsCertFile:{pki.client_cert},tlsKeyFile:/nonexistent/missing.key",
-    })
+    missing_key = rr.RawClient(
+        proxy.url,
+        {
+            "tlsTrustCertsFilePath": pki.ca,
+            "authPluginClassName": TLS_AUTH,
+            "authParams": f"tlsCertFile:{pki.client_cert},tlsKeyFile:/nonexistent/missing.key",
+        },
+    )
     with pytest.raises(ConfigError, match=r"cannot load tlsCertFile .* tlsKeyFile /nonexistent/missing\.key"):
         rr.latest_position_raw(missing_key, tls_topic)
     with pytest.raises(ConfigError, match=r"tlsTrustCertsFilePath: cannot load /nonexistent/ca\.pem"):

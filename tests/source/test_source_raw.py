@@ -49,8 +49,16 @@ def publish(service_url: str, topic: str, codec: str, batched: bool) -> list[dic
         }
         for i in range(COUNT)
     ]
-    send_with_client(service_url, topic, sent, producer_name=f"src-{codec}-{int(batched)}", codec=codec,
-                     batched=batched, batch_max=BATCH, delay_ms=1000)
+    send_with_client(
+        service_url,
+        topic,
+        sent,
+        producer_name=f"src-{codec}-{int(batched)}",
+        codec=codec,
+        batched=batched,
+        batch_max=BATCH,
+        delay_ms=1000,
+    )
     return sent
 
 
@@ -94,7 +102,9 @@ def check_messages(topic: str, rows: list[Any], sent: list[dict[str, Any]], *, e
 
 
 def test_raw_reader_rows_are_the_stored_entries(
-    spark: Any, pulsar_broker: EmbeddedBroker, published: dict[str, tuple[str, bool, list[dict[str, Any]]]],
+    spark: Any,
+    pulsar_broker: EmbeddedBroker,
+    published: dict[str, tuple[str, bool, list[dict[str, Any]]]],
     tmp_path: Path,
 ) -> None:
     url = pulsar_broker.service_url
@@ -129,7 +139,9 @@ def test_raw_reader_rows_are_the_stored_entries(
 
 
 def test_client_reader_rebuilds_entries_uncompressed(
-    spark: Any, pulsar_broker: EmbeddedBroker, published: dict[str, tuple[str, bool, list[dict[str, Any]]]],
+    spark: Any,
+    pulsar_broker: EmbeddedBroker,
+    published: dict[str, tuple[str, bool, list[dict[str, Any]]]],
     tmp_path: Path,
 ) -> None:
     url = pulsar_broker.service_url
@@ -200,7 +212,9 @@ def test_raw_reader_options_fail_on_the_driver(extra: dict[str, str], message: s
 
 
 def test_client_reader_accepts_what_only_pulsar_client_speaks() -> None:
-    oauth = {"pulsar.client.authPluginClassName": "org.apache.pulsar.client.impl.auth.oauth2.AuthenticationOAuth2",
-             "pulsar.client.authParams": '{"issuerUrl": "https://issuer", "privateKey": "file:///k", "audience": "a"}'}
+    oauth = {
+        "pulsar.client.authPluginClassName": "org.apache.pulsar.client.impl.auth.oauth2.AuthenticationOAuth2",
+        "pulsar.client.authParams": '{"issuerUrl": "https://issuer", "privateKey": "file:///k", "audience": "a"}',
+    }
     opts = SourceOptions.parse({"serviceUrl": "pulsar://h:1", "topics": "a", "READER": "Client", **oauth})
     assert opts.reader == "client"

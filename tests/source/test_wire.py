@@ -36,7 +36,6 @@ def test_varint_fields_round_trip(fields: list[tuple[int, int]]) -> None:
     assert decoded == [(n, v % 2**64) for n, v in fields]
 
 
-
 def test_a_frame_counts_command_and_payload() -> None:
     cmd = BaseCommand(type=T.PING, ping={})
     body = cmd.SerializeToString()

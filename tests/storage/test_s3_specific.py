@@ -391,9 +391,7 @@ def test_resume_falls_back_to_list_parts_where_list_multipart_uploads_is_missing
     ]
 
 
-def test_s3rver_list_multipart_uploads_is_not_retried(
-    s3rver_store: S3Store, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_s3rver_list_multipart_uploads_is_not_retried(s3rver_store: S3Store, caplog: pytest.LogCaptureFixture) -> None:
     # s3rver answers ListMultipartUploads with 501: one request, an error naming it, no five retries.
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="streamoffload.storage.s3"), pytest.raises(StorageError) as err:

@@ -75,4 +75,3 @@ def test_a_spark_session_is_quiet_on_the_terminal_and_complete_in_the_log_file(t
     # (Without a log file the terminal gets Spark's WARN/ERROR records only: test_operator_experience.py.)
     text = log_file.read_text()
     assert "WARNING: Using incubator modules" in text or "log level" in text, text[:2000]  # the JVM's output
-

@@ -83,7 +83,6 @@ def test_options_are_case_insensitive_and_normalised() -> None:
     assert parse_pattern("persistent://t/n/x-.*") == ("t/n", re.compile("x-.*"))
 
 
-
 @pytest.mark.parametrize("word", [*TRUE_WORDS, "TRUE", " Yes ", "On"])
 def test_every_true_word_is_true(word: str) -> None:
     assert parse_bool(word, "failOnDataLoss") is True
