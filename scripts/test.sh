@@ -32,8 +32,9 @@ if ! grep -qs "\"version\": \"$S3RVER_VERSION\"" "$S3RVER_DIR/node_modules/s3rve
     fi
 fi
 # --- end s3rver ---
-echo "== ruff check"
+echo "== ruff check, ruff format --check"
 "$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
 echo "== import layers (docs/DESIGN.md)"
 PY="$PY" bash "$ROOT/scripts/check_layers.sh"
 echo "== pytest"
