@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("raw", "client"),
         help="the Spark source's 'reader' option (default: the source's default, raw)",
     )
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (broker data, checkpoints)")
     args = parser.parse_args(argv)
     min_partitions = [int(v) for v in args.min_partitions.split(",") if v.strip()]
 
@@ -309,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:  # the broker's ledgers and the checkpoints: hundreds of MB per run
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
