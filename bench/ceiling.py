@@ -202,6 +202,7 @@ def start_drain(spec: str) -> Any:
 
 
 def drain(spec: str) -> None:
+    # Not bench/source.py's drain_raw: this runs in Spark's Python worker, which cannot import ``bench``.
     from streamoffload.streaming import raw_reader as rr
     from streamoffload.streaming.ranges import BEFORE_EARLIEST, ReaderSettings
 
@@ -537,22 +538,16 @@ def main(argv: list[str] | None = None) -> int:
                     spark.conf.set(k, v)
         fig(name).add(seconds, nbytes, wall, f"{parts}\n{cpu}")
 
-    def source_line(p: int, batch_mb: float, label: str = "", confs: dict[str, str] | None = None) -> None:
+    def source_line(
+        p: int, batch_mb: float, label: str = "", confs: dict[str, str] | None = None, also_drain: str = ""
+    ) -> None:
         per = max(1, shape.entries // p)
-        name = f"source  {p} part, {batch_mb:g} MiB batches{label}"
+        kind = f"source ∥ raw ({also_drain.split('|')[0]})" if also_drain else "source "
         measure(
-            name,
+            f"{kind} {p} part, {batch_mb:g} MiB batches{label}",
             per * p * shape.entry_bytes,
-            lambda s: memory_stream(s, shape, p, batch_mb, 0, str(seq[0])).writeStream.format("noop"),
+            lambda s: memory_stream(s, shape, p, batch_mb, 0, str(seq[0]), also_drain).writeStream.format("noop"),
             confs,
-        )
-
-    def overlap_line(p: int, batch_mb: float, drain: str) -> None:
-        per = max(1, shape.entries // p)
-        measure(
-            f"source ∥ raw ({drain.split('|')[0]}) {p} part, {batch_mb:g} MiB batches",
-            per * p * shape.entry_bytes,
-            lambda s: memory_stream(s, shape, p, batch_mb, 0, str(seq[0]), drain).writeStream.format("noop"),
         )
 
     def job_line(p: int, on: bool, trigger: float, label: str = "", confs: dict[str, str] | None = None) -> None:
@@ -653,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec = f"{broker.service_url}|{topic}|{end[0]}:{end[1]}|{args.stall_ms}"  # type: ignore[index]
                 for how in ("thread", "process"):
                     for batch_mb in batch_mbs:
-                        overlap_line(partitions[0], batch_mb, f"{how}|{spec}")
+                        source_line(partitions[0], batch_mb, also_drain=f"{how}|{spec}")
             for conf in tries:
                 source_line(partitions[0], batch_mbs[-1], " + " + ";".join(f"{k}={v}" for k, v in conf.items()), conf)
             for p in partitions:
