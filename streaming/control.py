@@ -3,7 +3,7 @@
 A request is a small JSON object in the store under ``<prefix>/_control/requests/<id>``, written
 create-only. Ids are ``<time_ns>-<uuid4 hex>``: the uuid makes them unique without trusting any
 clock; the time part only orders them for display. The ``streamoffload-control`` source turns new
-requests into rows with the Pulsar source's schema plus a ``control`` column (a JSON string
+requests into rows with the Pulsar source's ``positionsOnly`` schema plus a ``control`` column (a JSON string
 ``{"kind": "seal", "id": "<request id>"}``), unioned into the segmenter's input.
 
 Requests travel through a source so that Spark records them in its offset log. An offset names
@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 
 SOURCE_SCHEMA = (
     "topic STRING, partition INT, ledger_id LONG, entry_id LONG, publish_time TIMESTAMP, "
-    "num_messages INT, entry BINARY, size INT"
+    "num_messages INT, size INT, crc32c LONG"
 )
+"""The offload job's Pulsar source rows (``positionsOnly``: no entry bytes), which control rows join."""
 CONTROL_SCHEMA = SOURCE_SCHEMA + ", control STRING"
 
 
@@ -366,7 +367,7 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue  # deleted meanwhile (e.g. by ``run --once`` after its own seal)
             kind = str(request.get("kind", "seal"))
             value = control_value(kind, request_id, request.get("effective_ms"))
-            yield (request["topic"], -1, -1, -1, None, 0, None, 0, value)
+            yield (request["topic"], -1, -1, -1, None, 0, 0, 0, value)
 
     def commit(self, end: dict[str, Any]) -> None:
         # Only the requests this offset names: one submitted since is not named and survives.

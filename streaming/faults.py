@@ -1,4 +1,4 @@
-"""Crash points for the crash-safety tests: ``STREAMOFFLOAD_CRASH_AT=<point>[:<n>]`` SIGKILLs the
+"""Faults for the crash-safety tests. Crash points: ``STREAMOFFLOAD_CRASH_AT=<point>[:<n>]`` SIGKILLs the
 job's whole process group (driver, JVM, Python workers) the n-th time the sink reaches ``point``.
 
 Points: ``after-part`` (mid-upload), ``after-complete`` (between data and index), ``after-index``
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 POINTS = ("after-open", "after-part", "after-complete", "after-index")
 JOB_PGID = "STREAMOFFLOAD_JOB_PGID"
@@ -76,3 +79,56 @@ def crash_point(name: str) -> None:
         # A Python worker lives in a process group of its own: without this it would go on past the
         # crash point (and, say, commit the segment it was meant to crash before).
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The window between the source's read and the sink's fetch (tests/job/test_fetch_faults.py).
+
+FETCH_FAULT = "STREAMOFFLOAD_FETCH_FAULT"
+"""``kind=topic-substring,...``: the sink's fetches of each matching topic-partition see the broker's second
+read differ from the first. Kinds: ``flip`` (one bit of the first entry), ``resize`` (the first entry one byte
+longer), ``drop`` (the first entry gone, as after a retention trim), each on every fetch; ``pause`` (once per
+topic, a marker in ``STREAMOFFLOAD_CRASH_DIR``: wait until the file ``resume`` appears there, so a test can
+restart the broker between the two reads)."""
+FETCH_FAULT_KINDS = ("flip", "resize", "drop", "pause")
+
+
+def fetch_fault(topic: str) -> str | None:
+    """The fault this fetch of ``topic`` must see, if one is armed and not yet used."""
+    spec = os.environ.get(FETCH_FAULT)
+    if not spec:
+        return None
+    directory = Path(os.environ.get("STREAMOFFLOAD_CRASH_DIR", "/tmp/streamoffload-crash"))
+    for item in spec.split(","):
+        kind, _, needle = item.strip().partition("=")
+        if kind not in FETCH_FAULT_KINDS or not needle or needle not in topic:
+            continue
+        if kind != "pause":
+            return kind
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(directory / f"fetch-pause-{needle}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            continue
+        resume = directory / "resume"
+        deadline = time.monotonic() + 120
+        while not resume.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return None
+
+
+def with_fetch_fault(kind: str | None, delivered: Iterator[tuple[Any, bytes]]) -> Iterator[tuple[Any, bytes]]:
+    """``delivered`` with ``kind`` done to its first entry."""
+    first = True
+    for position, data in delivered:
+        if first and kind is not None:
+            first = False
+            if kind == "drop":
+                continue
+            if kind == "flip":
+                flipped = bytearray(data)
+                flipped[len(flipped) // 2] ^= 0x10
+                data = bytes(flipped)
+            elif kind == "resize":
+                data = data + b"\0"
+        yield position, data

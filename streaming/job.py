@@ -35,6 +35,7 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.urls import parse_store_url
 from streamoffload.streaming.admission import buffer_file_path, write_buffer_file
 from streamoffload.streaming.control import submit_requests
+from streamoffload.streaming.entry_fetch import BrokerFetcherSpec
 from streamoffload.streaming.policies import (
     CLOCK_SKEW_MS,
     DEFAULT_REFRESH_S,
@@ -78,6 +79,7 @@ class BatchReport:
     duration_s: float
     parts: int = 0
     part_bytes: int = 0
+    fetch_seconds: float = 0.0
     opened: int = 0
     sealed: list[dict[str, Any]] = field(default_factory=list)
     upload_seconds: list[float] = field(default_factory=list)
@@ -102,15 +104,18 @@ def _arrow_actions(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
             yield {name: column[i].as_py() for name, column in zip(ACTION_COLUMNS, columns, strict=True)}
 
 
-def _apply_arrow(store: StoreSettings, key_prefix: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The sink as a ``mapInArrow`` function: the actions (with the parts' bytes) reach the executor's
-    Python worker as Arrow batches, never as pickled rows; it returns one row of ``SinkStats``."""
+def _apply_arrow(
+    store: StoreSettings, key_prefix: str, fetcher: BrokerFetcherSpec
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The sink as a ``mapInArrow`` function: the actions (part layouts, not entry bytes) reach the
+    executor's Python worker as Arrow batches; it fetches each part's entries from the broker (``fetcher``),
+    writes the store, and returns one row of ``SinkStats``."""
 
     def apply(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         freeze_long_lived()
-        sink = sink_for(store.open, key_prefix)
+        sink = sink_for(store.open, key_prefix, fetcher)
         stats: SinkStats = sink.apply(_arrow_actions(batches))
         yield pa.RecordBatch.from_pydict({"stats": [json.dumps(asdict(stats))]})
 
@@ -163,6 +168,7 @@ class OffloadJob:
         self._renewer: threading.Thread | None = None
         self._run_ended = threading.Event()
         self.quarantine: Quarantine | None = None
+        self._fetcher_spec: BrokerFetcherSpec | None = None
         self.failed_topics: dict[str, str] = {}
         """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
 
@@ -187,6 +193,8 @@ class OffloadJob:
             "serviceUrl": pulsar.service_url,
             "startingOffsets": self._starting_offsets(),
             "failOnDataLoss": str(pulsar.fail_on_data_loss).lower(),
+            # The query carries positions, sizes and CRC-32Cs; the sink fetches the bytes (entry_fetch).
+            "positionsOnly": "true",
         }
         options["keyPrefix"] = self.key_prefix
         if self.run is not None:
@@ -210,6 +218,14 @@ class OffloadJob:
         for key, value in pulsar.client.items():
             options[f"pulsar.client.{key}"] = value
         return options
+
+    def fetcher_spec(self) -> BrokerFetcherSpec:
+        """How the sink fetches the entries of its parts: from the broker, as the source reads them."""
+        from streamoffload.streaming.source_options import SourceOptions
+
+        if self._fetcher_spec is None:
+            self._fetcher_spec = BrokerFetcherSpec.of(SourceOptions.parse(self.source_options()))
+        return self._fetcher_spec
 
     def _starting_offsets(self) -> str:
         """Where each topic-partition starts: after its last committed segment when the store has one
@@ -275,13 +291,14 @@ class OffloadJob:
 
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        apply = _apply_arrow(self.store_settings, self.key_prefix)
+        apply = _apply_arrow(self.store_settings, self.key_prefix, self.fetcher_spec())
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
         results = [json.loads(r.stats) for r in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect()]
         report = BatchReport(batch_id, 0.0)
         for stats in results:
             report.parts += stats["parts"]
             report.part_bytes += stats["part_bytes"]
+            report.fetch_seconds += stats.get("fetch_seconds", 0.0)
             report.opened += stats["opened"]
             report.sealed.extend(stats["sealed"])
             report.upload_seconds.extend(stats["upload_seconds"])

@@ -3,12 +3,17 @@
 Plain Python; ``streaming.segmenter_spark`` runs it inside ``transformWithStateInPandas`` with its
 state in Spark's RocksDB state store, and tests call it directly with in-memory state.
 
+It works on entry **metadata** only (position, size, CRC-32C, publish time): every decision it makes
+(segments, blocks, padding, parts, the index, the manifest) depends on sizes and positions, never on
+payload bytes. A ``part`` action carries the part's block layouts (``streaming.part_layout``); the sink
+fetches the entries, checks them against the layouts and builds the bytes. Spark is the control plane.
+
 Per topic-partition it keeps (PIP-76):
 - the open segment (UUID, start position, blocks written so far, per-ledger spans);
-- the offload buffer, only the **remainder**: at the end of each micro-batch the segment's pending
-  bytes go out as a part once they make the store's minimum part (the open v2 block ends at the batch
-  boundary), so between batches the state holds less than one minimum part of entries and blocks, and
-  under a backlog none (v1, whose blocks stay full, up to one block plus one minimum part).
+- the offload buffer, only the **remainder**, as positions and sizes: at the end of each micro-batch the
+  segment's pending entries go out as a part once they make the store's minimum part (the open v2 block
+  ends at the batch boundary), so between batches the state describes less than one minimum part of
+  entries and blocks (v1, whose blocks stay full, up to one block plus one minimum part).
 
 It emits actions for the sink, in order: ``open`` (write the Assigned manifest), ``part`` (upload
 one multipart part of the data object), ``seal`` (complete the data object, write the index, commit
@@ -31,16 +36,12 @@ from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.policy import OffloadPolicy
-from streamoffload.codecs.blocks import (
-    BLOCK_HEADER_LENGTH,
-    FormatVersion,
-    encode_block,
-    framed_entry_size,
-)
+from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, framed_entry_size
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import IndexEntry, LedgerIndex, OffloadIndex
 from streamoffload.codecs.metadata import ledger_info_v2, ledger_metadata_v1
 from streamoffload.storage import keys
+from streamoffload.streaming.part_layout import BlockLayout, encode_layouts
 from streamoffload.streaming.segmenter_model import (
     CONTROL_POLICY,
     CONTROL_SEAL,
@@ -51,6 +52,7 @@ from streamoffload.streaming.segmenter_model import (
     SEAL_SIZE,
     SEAL_TIME,
     Action,
+    BlockEntry,
     ControlRequest,
     Entry,
     OpenSegment,
@@ -109,7 +111,7 @@ class Segmenter:
         self.batch_bytes = 0
         """Entries (and their bytes) this micro-batch brought: the source sizes the next one by them."""
         # Entries/blocks of this batch not yet in the state store (written once, at the end).
-        self._new_block_entries: list[tuple[int, int, bytes]] = []
+        self._new_block_entries: list[BlockEntry] = []
         self._new_held: list[bytes] = []
 
     # -- public --------------------------------------------------------------------------------------
@@ -126,12 +128,13 @@ class Segmenter:
         # Entries arriving after the rollover time belong to the next segment.
         self.check_rollover()
         for entry in sorted(entries, key=lambda e: e.position):
-            if self.state.last is not None and entry.position <= tuple(self.state.last):
+            previous = self.state.last
+            if previous is not None and entry.position <= tuple(previous):
                 continue
             self.state.last = [entry.ledger_id, entry.entry_id]
             self.batch_entries += 1
-            self.batch_bytes += len(entry.payload)
-            self._add(entry)
+            self.batch_bytes += entry.size
+            self._add(entry, previous)
         self.state.method = policy.method
         requests = [ControlRequest.parse(c) for c in controls]
         if self.state.wake_ms is not None and self.now_ms >= self.state.wake_ms:
@@ -238,7 +241,9 @@ class Segmenter:
         if seg.held_bytes >= self.min_part_size or merge is None:
             self._emit_part()
             return
+        held = seg.held_bytes
         merge.data = merge.data + self._take_held()
+        merge.info = _grown(merge.info, held)
 
     def _batch_part(self, seg: OpenSegment) -> Action | None:
         """The last part of ``seg`` this batch sent, if any (its tail may join it)."""
@@ -249,8 +254,9 @@ class Segmenter:
 
     # -- assigning entries ------------------------------------------------------------------------------
 
-    def _add(self, entry: Entry) -> None:
-        framed = framed_entry_size(len(entry.payload))
+    def _add(self, entry: Entry, previous: list[int] | None) -> None:
+        """Assign ``entry``; ``previous`` is the position the segmenter saw before it (None: none)."""
+        framed = framed_entry_size(entry.size)
         seg = self.state.open
         if seg is not None:
             if seg.method == "ledger" and entry.ledger_id != seg.last[0]:
@@ -264,7 +270,7 @@ class Segmenter:
         policy = self.policy if self.state.open is None else self._seg_policy(self.state.open)
         if BLOCK_HEADER_LENGTH + framed > policy.block_size:
             raise EntryTooLargeError(
-                f"{self.topic}: entry {entry.ledger_id}:{entry.entry_id} of {len(entry.payload)} bytes does not "
+                f"{self.topic}: entry {entry.ledger_id}:{entry.entry_id} of {entry.size} bytes does not "
                 f"fit in a block of managedLedgerOffloadMaxBlockSizeInBytes = {policy.block_size} "
                 f"(needs {BLOCK_HEADER_LENGTH + framed}); raise it and restart: nothing was offloaded past "
                 "the previous entry"
@@ -281,12 +287,13 @@ class Segmenter:
                 entry.entry_id,
                 BLOCK_HEADER_LENGTH,
             )
+            seg.block_after = list(previous) if previous is not None else [-1, -1]
         seg.block_bytes += framed
-        self._new_block_entries.append((entry.ledger_id, entry.entry_id, bytes(entry.payload)))
+        self._new_block_entries.append((entry.ledger_id, entry.entry_id, entry.size, entry.crc32c))
         span = seg.spans.setdefault(str(entry.ledger_id), [entry.entry_id, entry.entry_id, 0, 0])
         span[1] = entry.entry_id
         span[2] += 1
-        span[3] += len(entry.payload)
+        span[3] += entry.size
         seg.last = [entry.ledger_id, entry.entry_id]
         seg.entries += 1
         if entry.publish_time_ms:
@@ -368,23 +375,25 @@ class Segmenter:
             self.store.clear_block_entries()
         seg.block_entries_stored = 0
         self._new_block_entries = []
-        data = encode_block(
-            FormatVersion(seg.version),
+        layout = BlockLayout(
             seg.block_ledger,
-            [(entry_id, payload) for _, entry_id, payload in entries],
-            self._seg_policy(seg).block_size if padded else None,
+            tuple((entry_id, size, crc) for _, entry_id, size, crc in entries),
+            self._seg_policy(seg).block_size if padded else 0,
+            (seg.block_after[0], seg.block_after[1]),
         )
+        length = layout.length
+        assert padded or length == seg.block_bytes, (length, seg.block_bytes)
         seg.blocks.append([seg.block_ledger, seg.block_first_entry, len(seg.blocks) + 1, seg.data_bytes])
-        seg.data_bytes += len(data)
+        seg.data_bytes += length
         seg.block_bytes = 0
         seg.block_ledger = seg.block_first_entry = -1
-        self._new_held.append(data)
-        seg.held_bytes += len(data)
+        self._new_held.append(encode_layouts([layout]))
+        seg.held_bytes += length
         if seg.held_bytes >= self.min_part_size:
             self._emit_part()
 
     def _take_held(self) -> bytes:
-        """The complete blocks not yet sent (from state and from this batch), removed from both."""
+        """The layouts of the complete blocks not yet sent (from state and from this batch), removed from both."""
         seg = self.state.open
         assert seg is not None
         stored = self.store.held_blocks() if seg.held_stored else []
@@ -399,6 +408,7 @@ class Segmenter:
     def _emit_part(self) -> None:
         seg = self.state.open
         assert seg is not None
+        length = seg.held_bytes
         data = self._take_held()
         if not data:
             return
@@ -412,7 +422,7 @@ class Segmenter:
                 part_number=seg.parts,
                 data=data,
                 data_key=seg.data_key,
-                info=json.dumps({"manifest_key": manifest_key}),
+                info=json.dumps({"manifest_key": manifest_key, "format": seg.version, "length": length}),
             )
         )
 
@@ -484,6 +494,13 @@ class Segmenter:
                 metadata = ledger_info_v2(ledger_id=ledger, entries=count, size=size, timestamp_ms=self.now_ms)
             ledgers.append(LedgerIndex(ledger, metadata, tuple(per_ledger[ledger])))
         return OffloadIndex(FormatVersion(seg.version), seg.data_bytes, tuple(ledgers))
+
+
+def _grown(info: str, more: int) -> str:
+    """A part action's info once ``more`` bytes of blocks joined the part."""
+    doc = json.loads(info)
+    doc["length"] = int(doc.get("length", 0)) + more
+    return json.dumps(doc)
 
 
 def run_segmenter(

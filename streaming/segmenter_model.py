@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from streamoffload.codecs.entry import crc32c
+
 # Why a segment was sealed (also a metric label).
 SEAL_SIZE = "size"
 SEAL_TIME = "time"
@@ -42,21 +44,31 @@ class ControlRequest:
         return cls(text)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Entry:
+    """One entry as the segmenter sees it: position, size, CRC-32C and publish time, never its bytes
+    (the sink fetches those, ``streaming.entry_fetch``)."""
+
     ledger_id: int
     entry_id: int
-    payload: bytes
+    size: int
+    crc32c: int
     publish_time_ms: int = 0
 
     @property
     def position(self) -> tuple[int, int]:
         return (self.ledger_id, self.entry_id)
 
+    @classmethod
+    def of(cls, ledger_id: int, entry_id: int, payload: bytes, publish_time_ms: int = 0) -> Entry:
+        """The metadata of an entry whose bytes are at hand (tests, benches, the fetcher's checks)."""
+        return cls(ledger_id, entry_id, len(payload), crc32c(payload), publish_time_ms)
+
 
 @dataclass
 class Action:
-    """One instruction to the sink. ``data`` is part bytes for ``part`` and index bytes for ``seal``."""
+    """One instruction to the sink. ``data`` is the part's block layouts (``streaming.part_layout``) for
+    ``part`` and the index bytes for ``seal``."""
 
     topic: str
     segment: str
@@ -99,11 +111,14 @@ class OpenSegment:
     """Per ledger: [first_entry_id, last_entry_id, entries, payload bytes]."""
     block_ledger: int = -1
     block_first_entry: int = -1
+    block_after: list[int] = field(default_factory=lambda: [-1, -1])
+    """The position before the open block's first entry: a fetch of its entries reads after it."""
     block_bytes: int = 0
     """Bytes the open block would take if cut now (header + framed entries); 0 when none is open."""
     block_entries_stored: int = 0
     """Entries of the open block already in the state store (from earlier batches)."""
     held_bytes: int = 0
+    """Data-object bytes of the blocks cut but not yet sent as a part (their layouts wait in state)."""
     held_stored: int = 0
     publish_first: int = 0
     publish_last: int = 0
@@ -134,15 +149,22 @@ class TopicState:
         return cls(**raw, open=OpenSegment(**seg) if seg else None)
 
 
+BlockEntry = tuple[int, int, int, int]
+"""An entry of the open block in state: (ledger id, entry id, size, crc32c)."""
+
+
 class SegmenterState(Protocol):
     """Where the segmenter keeps its state between micro-batches."""
 
     def load(self) -> TopicState | None: ...
     def save(self, state: TopicState) -> None: ...
-    def block_entries(self) -> list[tuple[int, int, bytes]]: ...
-    def append_block_entries(self, entries: Sequence[tuple[int, int, bytes]]) -> None: ...
+    def block_entries(self) -> list[BlockEntry]: ...
+    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None: ...
     def clear_block_entries(self) -> None: ...
-    def held_blocks(self) -> list[bytes]: ...
+    def held_blocks(self) -> list[bytes]:
+        """Layouts (``part_layout.encode_layouts``) of the blocks cut but not yet sent."""
+        ...
+
     def append_held_blocks(self, blocks: Sequence[bytes]) -> None: ...
     def clear_held_blocks(self) -> None: ...
 
@@ -152,7 +174,7 @@ class MemoryState:
 
     def __init__(self) -> None:
         self.state: str | None = None
-        self.block: list[tuple[int, int, bytes]] = []
+        self.block: list[BlockEntry] = []
         self.held: list[bytes] = []
 
     def load(self) -> TopicState | None:
@@ -161,10 +183,10 @@ class MemoryState:
     def save(self, state: TopicState) -> None:
         self.state = state.to_json()
 
-    def block_entries(self) -> list[tuple[int, int, bytes]]:
+    def block_entries(self) -> list[BlockEntry]:
         return list(self.block)
 
-    def append_block_entries(self, entries: Sequence[tuple[int, int, bytes]]) -> None:
+    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None:
         self.block.extend(entries)
 
     def clear_block_entries(self) -> None:

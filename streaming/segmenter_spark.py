@@ -1,7 +1,8 @@
 """The segmenter inside Spark: a ``transformWithStateInPandas`` processor keyed by topic-partition.
 
 Thin: it maps Spark's state variables (RocksDB state store) onto ``SegmenterState``, turns input rows
-into ``Entry`` objects and control requests, keeps one processing-time timer at the open segment's
+(the source's ``positionsOnly`` rows: positions, sizes and CRC-32Cs, no bytes) into ``Entry`` objects and
+control requests, keeps one processing-time timer at the open segment's
 rollover deadline (so a quiet topic is sealed by time with no new traffic), and yields the actions.
 """
 
@@ -22,12 +23,17 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from streamoffload.streaming.policies import PolicyLog
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.segmenter import Segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, Entry, TopicState
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, BlockEntry, Entry, TopicState
 from streamoffload.streaming.worker_gc import freeze_long_lived
 
 TOPIC_STATE_SCHEMA = StructType([StructField("json", StringType())])
 BLOCK_STATE_SCHEMA = StructType(
-    [StructField("ledger_id", LongType()), StructField("entry_id", LongType()), StructField("payload", BinaryType())]
+    [
+        StructField("ledger_id", LongType()),
+        StructField("entry_id", LongType()),
+        StructField("size", LongType()),
+        StructField("crc32c", LongType()),
+    ]
 )
 HELD_STATE_SCHEMA = StructType([StructField("data", BinaryType())])
 
@@ -45,12 +51,12 @@ class SparkState:
     def save(self, state: TopicState) -> None:
         self._topic.update((state.to_json(),))
 
-    def block_entries(self) -> list[tuple[int, int, bytes]]:
+    def block_entries(self) -> list[BlockEntry]:
         if not self._block.exists():
             return []
-        return [(int(lid), int(eid), bytes(payload)) for lid, eid, payload in self._block.get()]
+        return [(int(lid), int(eid), int(size), int(crc)) for lid, eid, size, crc in self._block.get()]
 
-    def append_block_entries(self, entries: Sequence[tuple[int, int, bytes]]) -> None:
+    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None:
         self._block.appendList(list(entries))
 
     def clear_block_entries(self) -> None:
@@ -110,10 +116,15 @@ class SegmenterProcessor(StatefulProcessor):
                 if pd.api.types.is_datetime64_any_dtype(publish)
                 else [0] * len(data)
             )
-            for ledger_id, entry_id, payload, pub in zip(
-                data["ledger_id"].tolist(), data["entry_id"].tolist(), data["entry"].tolist(), publish_ms, strict=True
+            for ledger_id, entry_id, size, crc, pub in zip(
+                data["ledger_id"].tolist(),
+                data["entry_id"].tolist(),
+                data["size"].tolist(),
+                data["crc32c"].tolist(),
+                publish_ms,
+                strict=True,
             ):
-                entries.append(Entry(int(ledger_id), int(entry_id), payload, int(pub)))
+                entries.append(Entry(int(ledger_id), int(entry_id), int(size), int(crc), int(pub)))
         yield from self._run(topic, entries, controls, timerValues)
 
     def handleExpiredTimer(

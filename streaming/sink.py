@@ -2,7 +2,9 @@
 
 Order within a segment is the crash-safety argument: ``open`` starts the multipart upload and writes
 the Assigned manifest recording its id (create-only: a replay keeps to what was written first);
-``part`` uploads a numbered part into that upload (rewriting a part is harmless); ``seal`` completes
+``part`` fetches the entries its block layouts name (``streaming.entry_fetch``: re-read from the broker
+and checked, size and CRC-32C, against what the source read), builds the blocks and uploads them as a
+numbered part into that upload (rewriting a part is harmless: the same entries make the same bytes); ``seal`` completes
 the data object with the exact part list, writes the index, checks the writer still holds the lease,
 commits the segment create-only in its place in the topic's history, and writes the Offloaded manifest,
 last. A replayed micro-batch therefore converges on the same objects, a reader never sees half a
@@ -24,13 +26,16 @@ from streamoffload import __version__
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.lease import FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.control import record_request_status
+from streamoffload.streaming.entry_fetch import EntryFetcher
 from streamoffload.streaming.faults import crash_point
+from streamoffload.streaming.part_layout import build_part, decode_layouts, part_refs
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 
 log = logging.getLogger(__name__)
@@ -64,6 +69,8 @@ def object_metadata(topic: str, segment: str) -> dict[str, str]:
 class SinkStats:
     parts: int = 0
     part_bytes: int = 0
+    fetch_seconds: float = 0.0
+    """Time spent fetching and checking the parts' entries (the data plane's read)."""
     sealed: list[dict[str, Any]] = field(default_factory=list)
     opened: int = 0
     upload_seconds: list[float] = field(default_factory=list)
@@ -89,9 +96,11 @@ class _Bounded(OrderedDict[str, Any]):
 class SegmentSink:
     """Applies actions (rows with the segmenter's ``ACTION_COLUMNS``) in order."""
 
-    def __init__(self, store: ObjectStore, key_prefix: str = "") -> None:
+    def __init__(self, store: ObjectStore, key_prefix: str = "", fetcher: EntryFetcher | None = None) -> None:
+        """``fetcher`` supplies the entries the parts name (the broker, in the job)."""
         self.store = store
         self.key_prefix = key_prefix
+        self.fetcher = fetcher
         self.metadata = MetadataStore(store, key_prefix)
         self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
         self._done = _Bounded()  # data keys whose object already exists (a replay after success)
@@ -122,8 +131,10 @@ class SegmentSink:
             if self._object_exists(data_key):
                 return
             started = time.monotonic()
-            upload = self._upload_for(data_key, json.loads(action["info"])["manifest_key"])
-            data = action["data"]
+            info = json.loads(action["info"])
+            upload = self._upload_for(data_key, info["manifest_key"])
+            data = self._part_bytes(action["topic"], bytes(action["data"]), info)
+            stats.fetch_seconds += time.monotonic() - started
             upload.write_part(int(action["part_number"]), data)
             crash_point("after-part")
             stats.upload_seconds.append(time.monotonic() - started)
@@ -142,6 +153,18 @@ class SegmentSink:
             self._requests_done(action["topic"], json.loads(action["info"])["requests"], None)
         else:
             raise ValueError(f"unknown sink action {kind!r}")
+
+    def _part_bytes(self, topic: str, layout: bytes, info: Mapping[str, Any]) -> bytes:
+        """The part's bytes: its entries fetched and checked, then its blocks built as the layouts say."""
+        if self.fetcher is None:
+            raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
+        blocks = decode_layouts(layout)
+        payloads = self.fetcher.fetch(topic, part_refs(blocks), blocks[0].after)
+        data = build_part(FormatVersion(int(info["format"])), blocks, payloads)
+        expected = info.get("length")
+        if expected is not None and len(data) != int(expected):
+            raise ReplayMismatchError(f"{topic}: a part built {len(data)} bytes, its layout says {expected}")
+        return data
 
     def _object_exists(self, key: str) -> bool:
         if key in self._done:
@@ -250,10 +273,11 @@ class SegmentSink:
 _SINKS: dict[tuple[str, str], SegmentSink] = {}
 
 
-def sink_for(store_factory: Any, key_prefix: str) -> SegmentSink:
-    """One sink (and store connection) per executor process and store."""
-    ident = (repr(store_factory), key_prefix)
+def sink_for(store_factory: Any, key_prefix: str, fetcher_factory: Any = None) -> SegmentSink:
+    """One sink (and store connection, and broker fetcher) per executor process, store and source."""
+    ident = (repr(store_factory), key_prefix, repr(fetcher_factory))
     sink = _SINKS.get(ident)
     if sink is None:
-        sink = _SINKS[ident] = SegmentSink(store_factory(), key_prefix)
+        fetcher = fetcher_factory() if fetcher_factory is not None else None
+        sink = _SINKS[ident] = SegmentSink(store_factory(), key_prefix, fetcher)
     return sink

@@ -95,6 +95,12 @@ Options (names are case-insensitive, as Spark makes them):
     block plus one minimum part, the most the segmenter can hold between micro-batches (a full block
     waiting for the entry that does not fit, and complete blocks short of a part), so a topic-partition
     is never refused for a buffer that only drains when new entries arrive.
+``positionsOnly``
+    ``true`` (the offload job): each row describes its entry without carrying it:
+    ``topic, partition, ledger_id, entry_id, publish_time, num_messages, size, crc32c`` (no
+    ``entry`` column; ``crc32c`` is the CRC-32C of the entry's stored bytes, computed as they are read).
+    The offload job's sink fetches the bytes itself and checks them against these
+    (``streaming/entry_fetch.py``), so no payload byte passes through Spark.
 ``sealAtEnd``
     ``true`` (the offload job's ``run --once``), with ``Trigger.AvailableNow``: when the query has read
     entries and has nothing more to read, it runs one more micro-batch of **seal markers**, one row per
@@ -140,6 +146,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
 from streamoffload.streaming import pulsar_io as pio
@@ -149,7 +156,7 @@ from streamoffload.streaming.input_ranges import Range, split_ranges
 from streamoffload.streaming.planner import SourcePlanner, position_of, split_offsets
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.ranges import BEFORE_EARLIEST, Position, ReadEntry, ReadStats
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.source_options import SourceOptions, positions_only
 from streamoffload.streaming.worker_gc import freeze_long_lived
 
 log = logging.getLogger(__name__)
@@ -159,6 +166,11 @@ SCHEMA = (
     "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
     "num_messages int, entry binary, size int"
 )
+POSITIONS_SCHEMA = (
+    "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
+    "num_messages int, size int, crc32c long"
+)
+"""The rows of ``positionsOnly``: an entry's position, size and CRC-32C, not its bytes."""
 
 # ---------------------------------------------------------------------------------------------
 # Spark
@@ -252,7 +264,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         freeze_long_lived()
         if isinstance(partition, SealMarkerPartition):
-            yield seal_markers(partition.topics, self.schema)
+            yield seal_markers(partition.topics, self.schema, self.options.positions_only)
             return
         assert isinstance(partition, PulsarRangePartition)
         try:
@@ -276,11 +288,11 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.backlog()
 
 
-def arrow_schema(schema: StructType | None) -> Any:
+def arrow_schema(schema: StructType | None, positions_only: bool = False) -> Any:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     if schema is None:
-        schema = StructType.fromDDL(SCHEMA)
+        schema = StructType.fromDDL(POSITIONS_SCHEMA if positions_only else SCHEMA)
     return to_arrow_schema(schema, timezone="UTC")
 
 
@@ -292,10 +304,12 @@ def rows_batch(
     entry_ids: Sequence[int],
     publish_us: Sequence[int | None],
     counts: Sequence[int],
-    entries: Sequence[bytes | None],
+    entries: Sequence[bytes | None] | None,
     sizes: Sequence[int],
+    crcs: Sequence[int] | None = None,
 ) -> Any:
-    """The source's rows (``SCHEMA``) as one Arrow record batch, built column by column."""
+    """The source's rows as one Arrow record batch, built column by column: ``SCHEMA`` with ``entries``,
+    ``POSITIONS_SCHEMA`` with ``crcs`` instead."""
     import pyarrow as pa
 
     columns = [
@@ -305,18 +319,22 @@ def rows_batch(
         pa.array(entry_ids, pa.int64()),
         pa.array(publish_us, pa.timestamp("us", tz="UTC")),
         pa.array(counts, pa.int32()),
-        pa.array(entries, pa.binary()),
-        pa.array(sizes, pa.int32()),
     ]
+    if crcs is None:
+        columns += [pa.array(entries, pa.binary()), pa.array(sizes, pa.int32())]
+    else:
+        columns += [pa.array(sizes, pa.int32()), pa.array(crcs, pa.int64())]
     return pa.RecordBatch.from_arrays(columns, schema=pa_schema)
 
 
-def seal_markers(topics: Sequence[str], schema: StructType | None) -> Any:
+def seal_markers(topics: Sequence[str], schema: StructType | None, positions_only: bool = False) -> Any:
     """The seal marker rows (``sealAtEnd``): ``ledger_id = entry_id = -1``, no entry, no publish time."""
     n = len(topics)
     partitions = [TopicName.parse(tp).partition for tp in topics]
     none = [None] * n
-    return rows_batch(arrow_schema(schema), topics, partitions, [-1] * n, [-1] * n, none, [0] * n, none, [0] * n)
+    pa_schema = arrow_schema(schema, positions_only)
+    crcs = [0] * n if positions_only else None
+    return rows_batch(pa_schema, topics, partitions, [-1] * n, [-1] * n, none, [0] * n, none, [0] * n, crcs)
 
 
 def _input_partitions(ranges: list[Range], min_partitions: int) -> list[PulsarRangePartition]:
@@ -326,7 +344,8 @@ def _input_partitions(ranges: list[Range], min_partitions: int) -> list[PulsarRa
 def read_partition(options: SourceOptions, partition: PulsarRangePartition, schema: StructType | None) -> Iterator[Any]:
     """The rows of one range as Arrow record batches, built column by column: Spark's worker then
     skips its per-row conversion of tuples (measured here: 0.7 µs per row this way, 3.3 µs as tuples)."""
-    pa_schema = arrow_schema(schema)
+    pa_schema = arrow_schema(schema, options.positions_only)
+    positions_only = options.positions_only
     if options.reader == "raw":
         # Each consumer has its own connection, so nothing is shared between tasks.
         client: Any = rr.RawClient(options.service_url, options.client_opts)
@@ -342,13 +361,25 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
     counts: list[int] = []
     datas: list[bytes] = []
     sizes: list[int] = []
+    crcs: list[int] = []
     pending_bytes = 0
 
     def batch() -> Any:
-        n = len(datas)
+        n = len(sizes)
         publish_us = [t * 1000 for t in publish]
         topics, partitions = [partition.topic] * n, [partition.partition] * n
-        return rows_batch(pa_schema, topics, partitions, ledger_ids, entry_ids, publish_us, counts, datas, sizes)
+        return rows_batch(
+            pa_schema,
+            topics,
+            partitions,
+            ledger_ids,
+            entry_ids,
+            publish_us,
+            counts,
+            None if positions_only else datas,
+            sizes,
+            crcs if positions_only else None,
+        )
 
     for entry in read_range(
         client,
@@ -363,15 +394,18 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
         entry_ids.append(entry.entry_id)
         publish.append(entry.publish_time)
         counts.append(entry.num_messages)
-        datas.append(entry.data)
         sizes.append(len(entry.data))
-        pending_bytes += len(entry.data)
-        if len(datas) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
+        if positions_only:
+            crcs.append(crc32c(entry.data))
+        else:
+            datas.append(entry.data)
+            pending_bytes += len(entry.data)
+        if len(sizes) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
             yield batch()
-            for column in (ledger_ids, entry_ids, publish, counts, datas, sizes):
+            for column in (ledger_ids, entry_ids, publish, counts, datas, sizes, crcs):
                 column.clear()
             pending_bytes = 0
-    if datas:
+    if sizes:
         yield batch()
     log.info(
         "pulsar source: %s reader: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
@@ -439,7 +473,7 @@ class PulsarDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return SCHEMA
+        return POSITIONS_SCHEMA if positions_only(self.options) else SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return PulsarStreamReader(self.options, schema)
@@ -449,6 +483,7 @@ class PulsarDataSource(DataSource):
 
 
 __all__ = [
+    "POSITIONS_SCHEMA",
     "SCHEMA",
     "PulsarBatchReader",
     "PulsarDataSource",

@@ -51,6 +51,8 @@ class SourceOptions:
     seal_at_end: bool = False
     """With ``Trigger.AvailableNow``: one last micro-batch of seal markers once everything was read."""
     reader: str = "raw"
+    positions_only: bool = False
+    """Rows carry each entry's position, size and CRC-32C but not its bytes (the offload job's control plane)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -123,6 +125,7 @@ class SourceOptions:
             key_prefix=opts.get("keyprefix"),
             seal_at_end=parse_bool(get("sealAtEnd") or "false", "sealAtEnd"),
             reader=reader,
+            positions_only=positions_only(options),
         )
 
     @property
@@ -230,3 +233,9 @@ def parse_pattern(pattern: str) -> tuple[str, re.Pattern[str]]:
 
 
 __all__ = ["READERS", "SourceOptions", "StartSpec", "parse_pattern", "parse_starting_offsets"]
+
+
+def positions_only(options: Mapping[str, str]) -> bool:
+    """The ``positionsOnly`` option (any letter case): rows without the entries' bytes."""
+    value = next((str(v) for k, v in options.items() if k.lower() == "positionsonly"), "")
+    return parse_bool(value.strip() or "false", "positionsOnly")
