@@ -1,0 +1,114 @@
+"""The window between the source's read and the sink's fetch: the query carries positions, sizes and
+CRC-32Cs; the sink reads the bytes from the broker again. Whatever the second read returns that the
+first did not (a changed byte, another size, a missing entry), nothing wrong is committed, the topic is
+named, and the next run offloads everything exactly. A broker restart between the two reads is only a
+reconnect for the fetch.
+
+The faults are injected into the fetch (``streaming.faults.FETCH_FAULT``): pulsar-lite's entries cannot
+be changed in place, and it has no retention trim; ``drop`` is what a trimmed ledger looks like to the
+sink (the entry is not delivered).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.config import load_config
+from streamoffload.produce import expected_payload, produce
+from streamoffload.streaming.faults import FETCH_FAULT
+from streamoffload.streaming.quarantine import Quarantine
+from tests.fixtures.broker import unique_topic
+from tests.job.readback import read_messages
+from tests.job.test_job_e2e import check_messages, fs_store, poll, write_config
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+COUNT, SIZE, KEYS = 200, 150, 5
+
+
+def publish(service_url: str, topic: str) -> None:
+    produce(service_url, topic, count=COUNT, payload_size=SIZE, keys=KEYS, batching=True, batch_size=10)
+
+
+def run_once(config_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    cmd = [sys.executable, "-m", "streamoffload", "run", "--once", "--conf", str(config_path)]
+    return subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, timeout=300)
+
+
+def committed_prefix_is_exact(store: Any, topic: str) -> int:
+    """Whatever is committed for ``topic`` is its first messages, exact and in order; returns how many."""
+    got = read_messages(store, topic, "")
+    for seq, message in enumerate(got):
+        assert message.payload == expected_payload(topic, seq, SIZE), (topic, seq)
+    return len(got)
+
+
+def test_a_changed_resized_or_missing_entry_commits_nothing_wrong_then_the_next_run_is_exact(
+    pulsar_broker: Any, tmp_path: Path
+) -> None:
+    faults = {
+        "flip": unique_topic("fetch-flip"),
+        "resize": unique_topic("fetch-resize"),
+        "drop": unique_topic("fetch-drop"),
+    }
+    clean = unique_topic("fetch-clean")
+    topics = [*faults.values(), clean]
+    for topic in topics:
+        produce(
+            pulsar_broker.service_url, topic, count=COUNT, payload_size=SIZE, keys=KEYS, batching=True, batch_size=10
+        )
+    config_path = write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path))
+    spec = ",".join(f"{kind}={topic.rsplit('/', 1)[1]}" for kind, topic in faults.items())
+    env = {**os.environ, FETCH_FAULT: spec, "STREAMOFFLOAD_CRASH_DIR": str(tmp_path / "faults")}
+
+    proc = run_once(config_path, env)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0, err[-3000:]
+    for topic in faults.values():
+        assert topic in err, err[-3000:]  # each failed topic is named
+    assert "CRC-32C" in err and "bytes, but the source read" in err and "is gone from" in err, err[-3000:]
+
+    store = load_config(config_path).store.open()
+    check_messages(store, clean, COUNT, keys=KEYS, size=SIZE)  # the other topics went on
+    for topic in faults.values():
+        assert committed_prefix_is_exact(store, topic) < COUNT  # the faulted part was not committed
+
+    # The set-aside topics' backoff ends (an operator's wait, shortened), and the next run is exact.
+    quarantine = Quarantine(store, "")
+    assert set(quarantine.load()) == set(faults.values())
+    quarantine.clear(faults.values())
+    proc = run_once(config_path, {**os.environ})
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    meta = MetadataStore(store)
+    for topic in topics:
+        check_messages(store, topic, COUNT, keys=KEYS, size=SIZE)
+        assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
+
+
+def test_a_broker_restart_between_the_two_reads_is_a_reconnect(make_broker: Any, tmp_path: Path) -> None:
+    broker = make_broker()
+    topic = unique_topic("fetch-restart")
+    publish(broker.service_url, topic)
+    config_path = write_config(tmp_path, broker.service_url, [topic], fs_store(tmp_path))
+    fault_dir = tmp_path / "faults"
+    env = {**os.environ, FETCH_FAULT: f"pause={topic.rsplit('/', 1)[1]}", "STREAMOFFLOAD_CRASH_DIR": str(fault_dir)}
+    result: dict[str, subprocess.CompletedProcess[bytes]] = {}
+    job = threading.Thread(target=lambda: result.setdefault("proc", run_once(config_path, env)))
+    job.start()
+    # The sink has the positions and waits before its fetch: the broker restarts under it.
+    poll(lambda: any(fault_dir.glob("fetch-pause-*")), timeout=240, what="the sink's first fetch")
+    broker.restart()
+    (fault_dir / "resume").write_text("")
+    job.join(300)
+    proc = result["proc"]
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    check_messages(load_config(config_path).store.open(), topic, COUNT, keys=KEYS, size=SIZE)
