@@ -52,8 +52,8 @@ from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.read import ChunkCache
 from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
 from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
 
 MIB = 1024 * 1024
@@ -79,7 +79,7 @@ def build_backlog(
     rnd = random.Random(seed)
     pool = os.urandom(max_entry + 4096)
     state = MemoryState()
-    sink = SegmentSink(store)
+    sink = memory_sink(store)  # fetches the entries from memory: the broker's part
     switch = int(total * (1 - v1_fraction))
 
     def policy(method: str) -> OffloadPolicy:
@@ -91,15 +91,17 @@ def build_backlog(
             maxOffloadSegmentRolloverTimeMinutes=1e6,
         )
 
-    def apply(entries: list[Entry], controls: list[str], method: str, now: int) -> None:
+    def apply(entries: list[Published], controls: list[str], method: str, now: int) -> None:
+        seen = publish_to(sink, TOPIC, entries)
         actions = run_segmenter(
-            TOPIC, policy(method), state, entries, controls, now_ms=now, min_part_size=store.min_part_size
+            TOPIC, policy(method), state, seen, controls, now_ms=now, min_part_size=store.min_part_size
         )
         sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+        forget_sent(sink, TOPIC, state)  # only what a later part may name stays in memory
 
     written = count = 0
     ledger, entry_id = 10, 0
-    batch: list[Entry] = []
+    batch: list[Published] = []
     batch_bytes = 0
     method = "streaming"
     now = 1_000
@@ -108,7 +110,7 @@ def build_backlog(
         start = rnd.randrange(0, len(pool) - size)
         # A unique prefix so that no two entries are equal.
         payload = count.to_bytes(8, "big") + pool[start : start + size - 8] if size > 8 else pool[:size]
-        batch.append(Entry(ledger, entry_id, payload, now))
+        batch.append(Published(ledger, entry_id, payload, now))
         batch_bytes += size
         written += size
         count += 1

@@ -27,7 +27,7 @@ from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.faults import fetch_fault, with_fetch_fault
 from streamoffload.streaming.part_layout import EntryRef
-from streamoffload.streaming.ranges import DataLossError, Position, ReaderSettings, ReadStats
+from streamoffload.streaming.ranges import BEFORE_EARLIEST, DataLossError, Position, ReaderSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,9 @@ class EntryGoneError(DataLossError):
 
 
 class EntryFetcher(Protocol):
-    def fetch(self, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[bytes]:
-        """The bytes of ``refs`` (one topic-partition, position order), each checked by :func:`checked`;
-        ``after`` is the position just before the first (a range read starts after it)."""
+    def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
+        """The entries of ``topic`` in ``(after, end]``, in position order, as ``(position, bytes)``; the sink
+        takes each part's entries from it in turn (:class:`PartReader`) and checks them (:func:`match`)."""
         ...
 
 
@@ -124,41 +124,19 @@ class BrokerFetcher:
 
         return pio.shared_client(self.service_url, dict(self.client_options)), pio.read_range
 
-    def fetch(self, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[bytes]:
-        if not refs:
-            return []
-        started = time.monotonic()
+    @property
+    def source(self) -> str:
+        return f"the broker at {self.service_url}"
+
+    def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
         client, read_range = self._read_range()
-        read_stats = ReadStats()
-        delivered = (
-            ((e.ledger_id, e.entry_id), e.data)
-            for e in read_range(
-                client,
-                topic,
-                after,
-                refs[-1].position,
-                settings=self.settings,
-                end_is_known=True,
-                stats=read_stats,
-            )
-        )
-        delivered = with_fetch_fault(fetch_fault(topic), delivered)  # tests only; unset, one lookup
-        out = match(topic, refs, _closing(delivered), f"the broker at {self.service_url}")
         self.stats.reads += 1
-        self.stats.entries += len(out)
-        self.stats.bytes += sum(len(d) for d in out)
-        self.stats.seconds += time.monotonic() - started
-        return out
-
-
-def _closing(it: Iterator[tuple[Position, bytes]]) -> Iterator[tuple[Position, bytes]]:
-    """Close the reader's generator (and its consumer) when the match stops early."""
-    try:
-        yield from it
-    finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
+        read = read_range(client, topic, after, end, settings=self.settings, end_is_known=True)
+        try:
+            delivered = (((e.ledger_id, e.entry_id), e.data) for e in read)
+            yield from with_fetch_fault(fetch_fault(topic), delivered)  # tests only; unset, one lookup
+        finally:
+            read.close()  # its consumer and connection, when the sink stops early
 
 
 class MemoryFetcher:
@@ -170,9 +148,61 @@ class MemoryFetcher:
     def add(self, topic: str, ledger_id: int, entry_id: int, data: bytes) -> None:
         self.entries.setdefault(topic, {})[(ledger_id, entry_id)] = bytes(data)
 
-    def fetch(self, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[bytes]:
+    source = "memory"
+
+    def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
         held = self.entries.get(topic, {})
-        return match(topic, refs, ((r.position, held[r.position]) for r in refs if r.position in held), "memory")
+        for position in sorted(p for p in held if after < p <= end):
+            yield position, held[position]
+
+
+class PartReader:
+    """Takes parts' entries from one stream per topic-partition: consecutive parts (each one's ``after`` the
+    last position of the one before, as the segmenter cuts them) share one read of the broker, which
+    costs one subscription, not one per part. Memory: one part's entries at a time."""
+
+    def __init__(self, fetcher: EntryFetcher) -> None:
+        self.fetcher = fetcher
+        self._open: dict[str, tuple[Iterator[tuple[Position, bytes]], Position, Position]] = {}
+        self.stats = FetchStats()
+
+    def take(self, topic: str, refs: Sequence[EntryRef], after: Position, run_end: Position) -> list[bytes]:
+        """The checked bytes of ``refs``; ``run_end`` is the last position of the run of consecutive parts
+        this one begins or continues (a new stream reads ``(after, run_end]``)."""
+        if not refs:
+            return []
+        started = time.monotonic()
+        first = refs[0].position
+        if after == BEFORE_EARLIEST and first[1] > 0:
+            # No earlier position known (a source started at ``latest``): read from just before the first
+            # entry, not from the topic's earliest.
+            after = (first[0], first[1] - 1)
+        current = self._open.get(topic)
+        if current is None or current[1] != after or refs[-1].position > current[2]:
+            self.close(topic)
+            end = max(run_end, refs[-1].position)
+            current = (iter(self.fetcher.stream(topic, after, end)), after, end)
+        stream, _, end = current
+        try:
+            out = match(topic, refs, stream, getattr(self.fetcher, "source", "the fetcher"))
+        except BaseException:
+            self._open[topic] = current
+            self.close(topic)
+            raise
+        self._open[topic] = (stream, refs[-1].position, end)
+        if refs[-1].position >= end:
+            self.close(topic)
+        self.stats.entries += len(out)
+        self.stats.bytes += sum(len(d) for d in out)
+        self.stats.seconds += time.monotonic() - started
+        return out
+
+    def close(self, topic: str | None = None) -> None:
+        for name in [topic] if topic is not None else list(self._open):
+            current = self._open.pop(name, None)
+            close = getattr(current[0], "close", None) if current is not None else None
+            if close is not None:
+                close()
 
 
 @dataclass(frozen=True)
@@ -191,3 +221,10 @@ class BrokerFetcherSpec:
 
     def __call__(self) -> BrokerFetcher:
         return BrokerFetcher(self.service_url, dict(self.client_options), self.settings, self.reader)
+
+
+def fetch(fetcher: EntryFetcher, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[bytes]:
+    """The checked bytes of ``refs`` in one read ``(after, last]`` (one part, or a test's entries)."""
+    if not refs:
+        return []
+    return match(topic, refs, fetcher.stream(topic, after, refs[-1].position), getattr(fetcher, "source", "fetcher"))

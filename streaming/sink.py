@@ -33,7 +33,7 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.control import record_request_status
-from streamoffload.streaming.entry_fetch import EntryFetcher
+from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader
 from streamoffload.streaming.faults import crash_point
 from streamoffload.streaming.part_layout import build_part, decode_layouts, part_refs
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
@@ -106,19 +106,31 @@ class SegmentSink:
         self._done = _Bounded()  # data keys whose object already exists (a replay after success)
 
     def apply(self, actions: Iterable[Mapping[str, Any]]) -> SinkStats:
+        """Apply a task's actions in order. They are small (layouts, indexes, manifests: no entry bytes), so
+        they are read ahead to find the runs of consecutive parts each topic-partition's read can cover."""
         stats = SinkStats()
-        for action in actions:
-            try:
-                self._apply_one(action, stats)
-            except Exception as err:
-                stats.errors += 1
-                self._record_failure(action, err)
-                if is_topic_specific(err):  # the job sets this topic aside instead of stopping every topic
-                    raise TopicFailedError(str(action["topic"]), err) from err
-                raise
+        actions = list(actions)
+        run_ends = _run_ends(actions)
+        reader = PartReader(self.fetcher) if self.fetcher is not None else None
+        try:
+            for i, action in enumerate(actions):
+                try:
+                    self._apply_one(action, stats, reader, run_ends.get(i))
+                except Exception as err:
+                    stats.errors += 1
+                    self._record_failure(action, err)
+                    if is_topic_specific(err):  # the job sets this topic aside instead of stopping every topic
+                        raise TopicFailedError(str(action["topic"]), err) from err
+                    raise
+        finally:
+            if reader is not None:
+                reader.close()
+                stats.fetch_seconds += reader.stats.seconds
         return stats
 
-    def _apply_one(self, action: Mapping[str, Any], stats: SinkStats) -> None:
+    def _apply_one(
+        self, action: Mapping[str, Any], stats: SinkStats, reader: PartReader | None = None, run_end: Any = None
+    ) -> None:
         kind = action["action"]
         if kind == "stats":
             stats.topics[action["topic"]] = json.loads(action["info"])
@@ -133,8 +145,7 @@ class SegmentSink:
             started = time.monotonic()
             info = json.loads(action["info"])
             upload = self._upload_for(data_key, info["manifest_key"])
-            data = self._part_bytes(action["topic"], bytes(action["data"]), info)
-            stats.fetch_seconds += time.monotonic() - started
+            data = self._part_bytes(action["topic"], bytes(action["data"]), info, reader, run_end)
             upload.write_part(int(action["part_number"]), data)
             crash_point("after-part")
             stats.upload_seconds.append(time.monotonic() - started)
@@ -154,12 +165,15 @@ class SegmentSink:
         else:
             raise ValueError(f"unknown sink action {kind!r}")
 
-    def _part_bytes(self, topic: str, layout: bytes, info: Mapping[str, Any]) -> bytes:
+    def _part_bytes(
+        self, topic: str, layout: bytes, info: Mapping[str, Any], reader: PartReader | None, run_end: Any
+    ) -> bytes:
         """The part's bytes: its entries fetched and checked, then its blocks built as the layouts say."""
-        if self.fetcher is None:
+        if reader is None:
             raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
         blocks = decode_layouts(layout)
-        payloads = self.fetcher.fetch(topic, part_refs(blocks), blocks[0].after)
+        refs = part_refs(blocks)
+        payloads = reader.take(topic, refs, blocks[0].after, run_end or refs[-1].position)
         data = build_part(FormatVersion(int(info["format"])), blocks, payloads)
         expected = info.get("length")
         if expected is not None and len(data) != int(expected):
@@ -270,7 +284,25 @@ class SegmentSink:
             log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
 
 
-_SINKS: dict[tuple[str, str], SegmentSink] = {}
+def _run_ends(actions: list[Mapping[str, Any]]) -> dict[int, tuple[int, int]]:
+    """For each part action (by index): the last position of the run of consecutive parts of its
+    topic-partition it belongs to, so one read covers the run (``PartReader``)."""
+    run_of: dict[int, list[tuple[int, int]]] = {}  # part index -> its run's [last position]
+    current: dict[str, list[tuple[int, int]]] = {}  # topic -> its open run's [last position]
+    for i, action in enumerate(actions):
+        if action["action"] != "part":
+            continue
+        blocks = decode_layouts(bytes(action["data"]))
+        last = (blocks[-1].ledger_id, blocks[-1].entries[-1][0])
+        run = current.get(action["topic"])
+        if run is None or run[0] != blocks[0].after:
+            run = current[action["topic"]] = [last]
+        run[0] = last
+        run_of[i] = run
+    return {i: run[0] for i, run in run_of.items()}
+
+
+_SINKS: dict[tuple[str, str, str], SegmentSink] = {}
 
 
 def sink_for(store_factory: Any, key_prefix: str, fetcher_factory: Any = None) -> SegmentSink:

@@ -1,6 +1,6 @@
 """A synthetic offloaded store without a broker or Spark: real Pulsar entries (``codecs.entry.build_entry``)
-through the real segmenter and sink, so tests and ``bench/dataframe.py`` know every message's position,
-key, properties and publish time."""
+through the real segmenter and sink (fetching the entries from memory), so tests and ``bench/dataframe.py``
+know every message's position, key, properties and publish time."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, MessageMetadata, build_entry, decode_entry, encode_entry
 from streamoffload.storage.base import ObjectStore, RangedReader
 from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
 
 MIB = 1024 * 1024
 
@@ -59,7 +59,7 @@ def build_topic(
     rnd = random.Random(seed)
     pool = rnd.randbytes(payload_size + 4096)
     state = MemoryState()
-    sink = SegmentSink(store, key_prefix)
+    sink = memory_sink(store, key_prefix)
     policy = OffloadPolicy(
         managedLedgerOffloadMaxBlockSizeInBytes=block_bytes,
         maxSizePerOffloadSegmentMbytes=segment_bytes / MIB,
@@ -67,7 +67,7 @@ def build_topic(
         maxOffloadSegmentRolloverTimeMinutes=1e6,
     )
     sent: list[Sent] = []
-    pending: list[Entry] = []
+    pending: list[Published] = []
     pending_bytes = written = 0
     ledger, entry_id, seq = 3, 0, 0
     now = 1_000
@@ -78,13 +78,14 @@ def build_topic(
             topic,
             policy,
             state,
-            pending,
+            publish_to(sink, topic, pending),
             controls,
             now_ms=now,
             key_prefix=key_prefix,
             min_part_size=store.min_part_size,
         )
         sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+        forget_sent(sink, topic, state)  # only what a later part may name stays in memory
         pending, pending_bytes, now = [], 0, now + 1
 
     for i in range(entries):
@@ -120,7 +121,7 @@ def build_topic(
                     )
                 )
         seq += batch
-        pending.append(Entry(ledger, entry_id, data, publish))
+        pending.append(Published(ledger, entry_id, data, publish))
         pending_bytes += len(data)
         written += len(data)
         entry_id += 1

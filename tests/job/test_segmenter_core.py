@@ -15,9 +15,11 @@ from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.streaming.part_layout import decode_layouts, encode_layouts, part_length
 from streamoffload.streaming.segmenter import rollover_start, run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
+from tests.fixtures.entries import Published, fetcher_of, memory_sink, metas, publish_to, triples
 
 TOPIC = "persistent://public/default/orders-partition-0"
 
@@ -33,12 +35,12 @@ def policy(**overrides: object) -> OffloadPolicy:
     return OffloadPolicy(**base)  # type: ignore[arg-type]
 
 
-def entries_for(ledgers: dict[int, int], seed: int = 1) -> list[Entry]:
+def published_for(ledgers: dict[int, int], seed: int = 1) -> list[Published]:
     rnd = random.Random(seed)
     out = []
     for ledger, count in ledgers.items():
         for entry_id in range(count):
-            out.append(Entry(ledger, entry_id, rnd.randbytes(rnd.randint(0, 700)), 1000 + entry_id))
+            out.append(Published(ledger, entry_id, rnd.randbytes(rnd.randint(0, 700)), 1000 + entry_id))
     return out
 
 
@@ -64,12 +66,26 @@ def read_back(store: FilesystemStore, meta: MetadataStore) -> list[tuple[int, in
 @pytest.fixture
 def env(tmp_path: Path) -> tuple[FilesystemStore, MetadataStore, SegmentSink, MemoryState]:
     store = FilesystemStore(tmp_path / "store")
-    return store, MetadataStore(store), SegmentSink(store), MemoryState()
+    return store, MetadataStore(store), memory_sink(store), MemoryState()
+
+
+def published_to(sink: SegmentSink, ledgers: dict[int, int], seed: int = 1) -> tuple[list[Entry], list[tuple]]:
+    """``published_for``'s entries, their bytes put where ``sink`` fetches them: what the segmenter sees, and
+    what reading the offloaded topic back must give."""
+    published = published_for(ledgers, seed)
+    return publish_to(sink, TOPIC, published), triples(published)
+
+
+def part_bytes(action: Action) -> int:
+    """The length of the part an action writes (its data holds the blocks' layouts, not their bytes)."""
+    length = part_length(decode_layouts(action.data))
+    assert json.loads(action.info)["length"] == length
+    return length
 
 
 def test_streaming_segments_hold_every_entry_once_within_the_size_bound(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({3: 120, 4: 40, 7: 25})
+    entries, expected = published_to(sink, {3: 120, 4: 40, 7: 25})
     pol = policy()
     # Deliver in uneven micro-batches, with duplicates, as the source may after a broker fault.
     now = 10_000
@@ -79,7 +95,7 @@ def test_streaming_segments_hold_every_entry_once_within_the_size_bound(env: tup
         now += 100
     apply(sink, run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=now))
 
-    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    assert read_back(store, meta) == expected
     segments = meta.offloaded_segments(TOPIC)
     assert len(segments) > 3
     for seg in segments:
@@ -98,7 +114,8 @@ def test_streaming_segments_hold_every_entry_once_within_the_size_bound(env: tup
 def test_rollover_by_time_seals_without_new_entries(env: tuple) -> None:
     _store, meta, sink, state = env
     pol = policy(maxOffloadSegmentRolloverTimeMinutes=0.5)  # 30 s
-    apply(sink, run_segmenter(TOPIC, pol, state, entries_for({1: 5}), now_ms=0))
+    entries, _ = published_to(sink, {1: 5})
+    apply(sink, run_segmenter(TOPIC, pol, state, entries, now_ms=0))
     apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=29_999))
     assert meta.offloaded_segments(TOPIC) == []
     apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=30_000))
@@ -111,8 +128,8 @@ def test_rollover_counts_from_the_first_entrys_publish_time_on_a_live_topic(env:
     after it was published, not 1.5 s later."""
     _store, meta, sink, state = env
     pol = policy(maxOffloadSegmentRolloverTimeMinutes=0.5)  # 30 s
-    live = [Entry(e.ledger_id, e.entry_id, e.payload, 98_500 + e.entry_id) for e in entries_for({1: 5})]
-    apply(sink, run_segmenter(TOPIC, pol, state, live, now_ms=100_000))
+    live = [Published(e.ledger_id, e.entry_id, e.payload, 98_500 + e.entry_id) for e in published_for({1: 5})]
+    apply(sink, run_segmenter(TOPIC, pol, state, publish_to(sink, TOPIC, live), now_ms=100_000))
     apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=128_499))
     assert meta.offloaded_segments(TOPIC) == []
     apply(sink, run_segmenter(TOPIC, pol, state, [], now_ms=128_500))
@@ -136,7 +153,7 @@ def test_rollover_start(published: int, rollover_ms: int, starts: int) -> None:
 
 def test_ledger_mode_writes_one_v1_object_per_ledger_and_method_switch_seals(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({1: 30, 2: 30, 3: 30, 4: 10})
+    entries, expected = published_to(sink, {1: 30, 2: 30, 3: 30, 4: 10})
     apply(sink, run_segmenter(TOPIC, policy(), state, entries[:45], now_ms=0))  # streaming: ledger 1 + half of 2
     apply(sink, run_segmenter(TOPIC, policy(method="ledger"), state, entries[45:], now_ms=1))
     apply(sink, run_segmenter(TOPIC, policy(method="ledger"), state, [], [CONTROL_SEAL], now_ms=2))
@@ -146,12 +163,12 @@ def test_ledger_mode_writes_one_v1_object_per_ledger_and_method_switch_seals(env
     assert [(s.startLedgerId, s.endLedgerId) for s in v1] == [(2, 2), (3, 3), (4, 4)]
     assert v1[0].startEntryId == 15 and v1[1].startEntryId == 0
     assert all("-ledger-" in s.dataKey for s in v1)
-    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    assert read_back(store, meta) == expected
 
 
 def test_replayed_batch_is_idempotent(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({1: 100})
+    entries, expected = published_to(sink, {1: 100})
     pol = policy()
     apply(sink, run_segmenter(TOPIC, pol, state, entries[:50], now_ms=0))
     saved = (state.state, list(state.block), list(state.held))
@@ -162,35 +179,35 @@ def test_replayed_batch_is_idempotent(env: tuple) -> None:
     assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
         (a.action, a.segment, a.part_number, a.data) for a in actions
     ]
-    apply(SegmentSink(store), replay)  # a new executor process
-    apply(SegmentSink(store), replay)  # and a second replay after success
-    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    apply(memory_sink(store, fetcher=fetcher_of(sink)), replay)  # a new executor process
+    apply(memory_sink(store, fetcher=fetcher_of(sink)), replay)  # and a second replay after success
+    assert read_back(store, meta) == expected
     assert all(m.status == mf.OFFLOADED for m in meta.manifests(TOPIC))
     assert meta.cleanup(TOPIC, grace_ms=0).total == 0
 
 
 def test_s3_sized_parts_hold_blocks_until_the_minimum(env: tuple) -> None:
     _store, _meta, _sink, state = env
-    entries = entries_for({1: 200})
+    entries = metas(published_for({1: 200}))  # no sink here: the segmenter alone
     actions = run_segmenter(TOPIC, policy(), state, entries, [CONTROL_SEAL], now_ms=0, min_part_size=10_000)
     segments = {a.segment for a in actions if a.action == "seal"}
     assert len(segments) > 2
     for segment in segments:
         parts = [a for a in actions if a.action == "part" and a.segment == segment]
-        assert all(len(p.data) >= 10_000 for p in parts[:-1])
+        assert all(part_bytes(p) >= 10_000 for p in parts[:-1])
         assert [p.part_number for p in parts] == list(range(1, len(parts) + 1))
 
 
 def test_entry_larger_than_a_block_is_a_clear_error(env: tuple) -> None:
     _, _, _, state = env
-    big = Entry(1, 0, b"x" * 5000)
+    big = Entry.of(1, 0, b"x" * 5000)
     with pytest.raises(EntryTooLargeError, match="managedLedgerOffloadMaxBlockSizeInBytes"):
         run_segmenter(TOPIC, policy(), state, [big], now_ms=0)
 
 
 def test_deletion_waits_for_every_ledger_of_a_segment(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({1: 10, 2: 10, 3: 10})
+    entries, _ = published_to(sink, {1: 10, 2: 10, 3: 10})
     pol = policy(maxSizePerOffloadSegmentMbytes=1.0)
     apply(sink, run_segmenter(TOPIC, pol, state, entries[:15], [CONTROL_SEAL], now_ms=0))  # ledgers 1-2
     apply(sink, run_segmenter(TOPIC, pol, state, entries[15:], [CONTROL_SEAL], now_ms=1))  # ledgers 2-3
@@ -205,27 +222,32 @@ def test_deletion_waits_for_every_ledger_of_a_segment(env: tuple) -> None:
 
 
 def state_bytes(state: MemoryState) -> int:
-    """Entry and block bytes in the segmenter's state store (the JSON record aside)."""
-    return sum(len(payload) for _, _, payload in state.block) + sum(len(b) for b in state.held)
+    """Entry and block bytes the segmenter's state store describes (the open block's entries, the blocks
+    held back), once checked that it holds their positions and sizes only, never an entry's bytes."""
+    for item in state.block:
+        assert len(item) == 4 and all(isinstance(v, int) for v in item), f"not (ledger, entry, size, crc): {item!r}"
+    for layout in state.held:
+        assert encode_layouts(decode_layouts(layout)) == layout, "a held block is not a layout"
+    return sum(size for _, _, size, _ in state.block) + sum(part_length(decode_layouts(b)) for b in state.held)
 
 
 def test_under_a_backlog_entry_bytes_never_reach_the_state_store(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({1: 150, 2: 150})
+    entries, expected = published_to(sink, {1: 150, 2: 150})
     pol = policy(maxSizePerOffloadSegmentMbytes=1.0)
     min_part = 10_000
     for start in range(0, len(entries), 60):  # every batch carries more than one minimum part
         actions = run_segmenter(TOPIC, pol, state, entries[start : start + 60], now_ms=start, min_part_size=min_part)
         apply(sink, actions)
-        assert state_bytes(state) == 0, f"batch at {start}: entry bytes were written to state"
+        assert state_bytes(state) == 0, f"batch at {start}: entries were left in state"
         assert any(a.action == "part" for a in actions)
     apply(sink, run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=10_000, min_part_size=min_part))
-    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    assert read_back(store, meta) == expected
 
 
 def test_state_holds_less_than_one_minimum_part_and_parts_meet_the_minimum(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({1: 300}, seed=7)
+    entries, expected = published_to(sink, {1: 300}, seed=7)
     pol = policy(maxSizePerOffloadSegmentMbytes=1.0)
     min_part = 6_000
     rnd = random.Random(3)
@@ -245,13 +267,13 @@ def test_state_holds_less_than_one_minimum_part_and_parts_meet_the_minimum(env: 
     assert state_bytes(state) == 0
     [segment] = meta.offloaded_segments(TOPIC)
     assert segment.partCount == len(parts) > 2
-    assert all(len(p.data) >= min_part for p in parts[:-1])
-    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    assert all(part_bytes(p) >= min_part for p in parts[:-1])
+    assert read_back(store, meta) == expected
 
 
 def test_replay_of_a_batch_boundary_cut_sends_the_same_parts(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({1: 90}, seed=5)
+    entries, expected = published_to(sink, {1: 90}, seed=5)
     pol, min_part = policy(), 8_000
     apply(sink, run_segmenter(TOPIC, pol, state, entries[:7], now_ms=0, min_part_size=min_part))
     assert 0 < state_bytes(state) < min_part  # a remainder from the first batch
@@ -263,14 +285,14 @@ def test_replay_of_a_batch_boundary_cut_sends_the_same_parts(env: tuple) -> None
     assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
         (a.action, a.segment, a.part_number, a.data) for a in actions
     ]
-    apply(SegmentSink(store), replay)
+    apply(memory_sink(store, fetcher=fetcher_of(sink)), replay)
     apply(sink, run_segmenter(TOPIC, pol, state, entries[40:], [CONTROL_SEAL], now_ms=9, min_part_size=min_part))
-    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    assert read_back(store, meta) == expected
 
 
 def test_ledger_method_keeps_pip17_blocks_full_and_holds_only_the_open_block(env: tuple) -> None:
     store, meta, sink, state = env
-    entries = entries_for({1: 60}, seed=9)
+    entries, expected = published_to(sink, {1: 60}, seed=9)
     pol = policy(method="ledger")
     for start in range(0, len(entries), 4):
         apply(sink, run_segmenter(TOPIC, pol, state, entries[start : start + 4], now_ms=start, min_part_size=1))
@@ -279,7 +301,7 @@ def test_ledger_method_keeps_pip17_blocks_full_and_holds_only_the_open_block(env
     [segment] = meta.offloaded_segments(TOPIC)
     blocks = list(iter_blocks(store.get(segment.dataKey)))
     assert all(b.header.block_length == pol.block_size for b in blocks[:-1])
-    assert read_back(store, meta) == [(e.ledger_id, e.entry_id, e.payload) for e in entries]
+    assert read_back(store, meta) == expected
 
 
 def test_a_segment_records_its_earliest_and_latest_publish_time(env: tuple) -> None:
@@ -287,7 +309,7 @@ def test_a_segment_records_its_earliest_and_latest_publish_time(env: tuple) -> N
     last entry's, so a reader pruning segments by time never drops one holding a message in its window."""
     _store, meta, sink, state = env
     times = [5_000, 3_000, 9_000, 7_000]
-    entries = [Entry(3, i, b"x" * 10, t) for i, t in enumerate(times)]
+    entries = publish_to(sink, TOPIC, [Published(3, i, b"x" * 10, t) for i, t in enumerate(times)])
     apply(sink, run_segmenter(TOPIC, policy(), state, entries, [CONTROL_SEAL], now_ms=10_000))
     [segment] = meta.offloaded_segments(TOPIC)
     assert (segment.publishTimeFirst, segment.publishTimeLast) == (3_000, 9_000)

@@ -19,15 +19,16 @@ from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter import run_segmenter
 from streamoffload.streaming.segmenter_model import CONTROL_SEAL, Action, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
+from tests.fixtures.entries import Published, holding, memory_sink, metas
 from tests.job.readback import read_entries
 
 TOPIC = "persistent://public/default/truth-partition-0"
 POLICY = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096, maxSizePerOffloadSegmentMbytes=0.02)
 
 
-def entries(first: int, count: int, ledger: int = 3) -> list[Entry]:
+def published(first: int, count: int, ledger: int = 3) -> list[Published]:
     return [
-        Entry(
+        Published(
             ledger,
             i,
             build_entry([Message(f"m{i}".encode() * 20)], producer_name="p", sequence_id=i, publish_time=1000 + i),
@@ -35,6 +36,20 @@ def entries(first: int, count: int, ledger: int = 3) -> list[Entry]:
         )
         for i in range(first, first + count)
     ]
+
+
+def entries(first: int, count: int, ledger: int = 3) -> list[Entry]:
+    """What the segmenter sees of ``published``'s entries."""
+    return metas(published(first, count, ledger))
+
+
+BROKER = holding(TOPIC, published(0, 500))
+"""Every entry the tests here offload, where a sink fetches it (the same bytes each time)."""
+
+
+def new_sink(store: FilesystemStore) -> SegmentSink:
+    """A sink as a (new) executor process has it: fetching from the broker."""
+    return memory_sink(store, fetcher=BROKER)
 
 
 def rows(actions: list[Action]) -> list[dict[str, Any]]:
@@ -54,7 +69,7 @@ def offload(
     actions = run_segmenter(
         TOPIC, POLICY, state, batch, controls, now_ms=now_ms, epoch=epoch, resume=resume, min_part_size=1
     )
-    SegmentSink(store).apply(rows(actions))
+    new_sink(store).apply(rows(actions))
     return actions
 
 
@@ -138,7 +153,7 @@ def test_a_zombie_writer_cannot_commit_after_it_was_fenced(tmp_path: Path) -> No
 
     got = read_entries(store, TOPIC)
     assert [(lid, eid) for lid, eid, _ in got] == [(3, i) for i in range(40)]
-    assert [e.payload for e in entries(0, 40)] == [p for _, _, p in got]
+    assert [e.payload for e in published(0, 40)] == [p for _, _, p in got]
 
 
 def test_recovery_resumes_after_the_last_commit_and_publishes_a_commit_a_crash_left_unpublished(
@@ -208,7 +223,7 @@ def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(tmp_pat
     state = MemoryState()
     actions = run_segmenter(TOPIC, POLICY, state, entries(0, 30), (), now_ms=10_000, epoch=0)
     open_row = next(a for a in actions if a.action == "open").__dict__
-    first, second = SegmentSink(store), SegmentSink(store)
+    first, second = new_sink(store), new_sink(store)
     first.apply([open_row])
     second.apply([open_row])  # a speculative or retried task: its own create is aborted at once
     [pending] = list(store.pending_multiparts(""))
@@ -217,7 +232,7 @@ def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(tmp_pat
     )
     assert mf.driver_property(manifest, mf.PROP_UPLOAD_ID) == pending.upload_id
     second.apply(rows([a for a in actions if a.action != "open"]))
-    SegmentSink(store).apply(rows(run_segmenter(TOPIC, POLICY, state, [], (CONTROL_SEAL,), now_ms=10_000, epoch=0)))
+    new_sink(store).apply(rows(run_segmenter(TOPIC, POLICY, state, [], (CONTROL_SEAL,), now_ms=10_000, epoch=0)))
     assert len(read_entries(store, TOPIC)) == 30
 
 
@@ -243,7 +258,7 @@ def test_a_disabled_topic_offloads_what_it_already_read_and_then_seals(tmp_path:
     state = MemoryState()
     disabled = OffloadPolicy(enabled=False, managedLedgerOffloadMaxBlockSizeInBytes=4096)
     actions = run_segmenter(TOPIC, disabled, state, entries(0, 12), (), now_ms=10_000, epoch=0)
-    SegmentSink(store).apply(rows(actions))
+    new_sink(store).apply(rows(actions))
     [seal] = [a for a in actions if a.action == "seal"]
     assert mf.decode_manifest(seal.manifest).sealReason == "disabled"
     assert len(read_entries(store, TOPIC)) == 12, "paused, never skipped"

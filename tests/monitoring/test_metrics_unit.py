@@ -25,8 +25,9 @@ from streamoffload.metrics.serving import parse_address
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.job import BatchReport
 from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink import SegmentSink
+from tests.fixtures.entries import Published, memory_sink, publish_to
 
 TOPIC = "persistent://public/default/orders-partition-0"
 OTHER = "persistent://public/default/orders-partition-1"
@@ -173,14 +174,16 @@ def policy() -> OffloadPolicy:
     )
 
 
-def entries(ledger: int, count: int, publish_base: int) -> list[Entry]:
-    return [Entry(ledger, i, bytes([i % 251]) * (100 + i % 300), publish_base + i) for i in range(count)]
+def entries(ledger: int, count: int, publish_base: int) -> list[Published]:
+    return [Published(ledger, i, bytes([i % 251]) * (100 + i % 300), publish_base + i) for i in range(count)]
 
 
 def run_batch(
-    sink: SegmentSink, state: MemoryState, batch: list[Entry], now_ms: int, seal_all: bool = False
+    sink: SegmentSink, state: MemoryState, batch: list[Published], now_ms: int, seal_all: bool = False
 ) -> BatchReport:
-    actions = run_segmenter(TOPIC, policy(), state, batch, [CONTROL_SEAL] if seal_all else [], now_ms=now_ms)
+    """One micro-batch: the segmenter sees ``batch``'s metadata, ``sink`` (a ``memory_sink``) fetches its bytes."""
+    seen = publish_to(sink, TOPIC, batch)
+    actions = run_segmenter(TOPIC, policy(), state, seen, [CONTROL_SEAL] if seal_all else [], now_ms=now_ms)
     sink_stats = sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
     return BatchReport(batch_id=0, duration_s=0.01, **asdict(sink_stats))
 
@@ -192,7 +195,7 @@ def store(tmp_path: Path) -> FilesystemStore:
 
 def test_store_derived_totals_equal_batch_totals_and_survive_a_restart(store: FilesystemStore) -> None:
     meta = MetadataStore(store)
-    sink, state = SegmentSink(store), MemoryState()
+    sink, state = memory_sink(store), MemoryState()
     live = JobMetrics(meta)
     live.refresh_store()  # empty store
     published = entries(7, 150, publish_base=1_700_000_000_000)
@@ -231,7 +234,7 @@ def test_store_derived_totals_equal_batch_totals_and_survive_a_restart(store: Fi
 
 def test_lag_is_zero_when_caught_up_and_grows_from_the_newest_publish_time_when_behind(store: FilesystemStore) -> None:
     meta = MetadataStore(store)
-    sink, state = SegmentSink(store), MemoryState()
+    sink, state = memory_sink(store), MemoryState()
     published = entries(3, 60, publish_base=5_000_000)
     run_batch(sink, state, published, now_ms=1, seal_all=True)
     latest: dict[str, Backlog] = {TOPIC: Backlog(latest=(3, 59))}
@@ -259,7 +262,7 @@ def test_lag_is_zero_when_caught_up_and_grows_from_the_newest_publish_time_when_
 
 def test_without_a_latest_position_the_job_s_own_read_position_decides(store: FilesystemStore) -> None:
     meta = MetadataStore(store)
-    sink, state = SegmentSink(store), MemoryState()
+    sink, state = memory_sink(store), MemoryState()
     clock = FakeClock(5_100.0)
     metrics = JobMetrics(meta, clock=clock)
     published = entries(3, 30, publish_base=5_000_000)
@@ -275,7 +278,7 @@ def test_without_a_latest_position_the_job_s_own_read_position_decides(store: Fi
 
 def test_retention_deletion_keeps_counters_and_shrinks_gauges(store: FilesystemStore) -> None:
     meta = MetadataStore(store)
-    sink, state = SegmentSink(store), MemoryState()
+    sink, state = memory_sink(store), MemoryState()
     run_batch(sink, state, entries(1, 120, 1), now_ms=1, seal_all=True)
     metrics = JobMetrics(meta)
     metrics.refresh_store()
@@ -293,7 +296,7 @@ def test_failed_segments_show_with_their_status_and_age(store: FilesystemStore) 
     from streamoffload.checkpoints import manifest as mf
 
     meta = MetadataStore(store)
-    sink, state = SegmentSink(store), MemoryState()
+    sink, state = memory_sink(store), MemoryState()
     run_batch(sink, state, entries(1, 5, 1), now_ms=10_000)  # opens a segment, not sealed
     [opened] = meta.manifests(TOPIC)
     meta.put_manifest(mf.failed_manifest(opened, "OSError: disk full"))
@@ -316,7 +319,7 @@ def test_an_unreadable_store_is_reported_not_raised(tmp_path: Path) -> None:
 
 def test_a_seal_triggers_a_refresh_of_its_topic_for_the_publish_time(store: FilesystemStore) -> None:
     meta = MetadataStore(store)
-    sink, state = SegmentSink(store), MemoryState()
+    sink, state = memory_sink(store), MemoryState()
     metrics = JobMetrics(meta, store_refresh_s=3600, backlog_interval_s=3600)
     metrics.start_refresher()
     try:
@@ -355,7 +358,7 @@ class FakeJob:
 
 def test_install_serves_prometheus_text_and_stop_detaches(store: FilesystemStore) -> None:
     meta = MetadataStore(store)
-    sink, state = SegmentSink(store), MemoryState()
+    sink, state = memory_sink(store), MemoryState()
     run_batch(sink, state, entries(1, 25, 1), now_ms=1, seal_all=True)
     job = FakeJob(meta)
     metrics = install_metrics(job, None, "127.0.0.1:0", backlog=lambda topics: {})

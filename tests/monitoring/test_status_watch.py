@@ -16,8 +16,8 @@ from streamoffload.commands.status import CLEAR, watch
 from streamoffload.status import TopicStatus
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from tests.fixtures.entries import Published, holding, memory_sink, metas
 
 TOPIC = "persistent://public/default/watch-partition-0"
 
@@ -98,9 +98,10 @@ def test_json_lines_mode() -> None:
 def test_status_watch_command_on_a_real_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     store = FilesystemStore(tmp_path / "store", fsync=False)
     policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096, offloadBufferMaxBytes=1 << 20)
-    entries = [Entry(1, i, b"x" * 50, 1_000 + i) for i in range(12)]
-    actions = run_segmenter(TOPIC, policy, MemoryState(), entries, [CONTROL_SEAL], now_ms=5)
-    SegmentSink(store).apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    entries = [Published(1, i, b"x" * 50, 1_000 + i) for i in range(12)]
+    actions = run_segmenter(TOPIC, policy, MemoryState(), metas(entries), [CONTROL_SEAL], now_ms=5)
+    sink = memory_sink(store, fetcher=holding(TOPIC, entries))
+    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
 
     def interrupt(_seconds: float) -> None:
         raise KeyboardInterrupt

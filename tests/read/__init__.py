@@ -15,8 +15,9 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Entry, MemoryState
+from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink import SegmentSink
+from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
 
 TOPIC = "persistent://public/default/orders-partition-0"
 BLOCK_SIZE = 4096
@@ -26,15 +27,15 @@ MIB = 1024 * 1024
 
 @dataclass
 class History:
-    """What was offloaded: every entry in position order, and the messages each entry holds."""
+    """What was offloaded: every entry (with its bytes) in position order, and the messages each entry holds."""
 
     topic: str
-    entries: list[Entry]
+    entries: list[Published]
     messages: dict[tuple[int, int], list[Message]] = field(default_factory=dict)
 
     @property
     def expected(self) -> list[tuple[int, int, bytes]]:
-        return [(e.ledger_id, e.entry_id, e.payload) for e in self.entries]
+        return triples(self.entries)
 
     def positions(self) -> list[tuple[int, int]]:
         return [(e.ledger_id, e.entry_id) for e in self.entries]
@@ -43,7 +44,7 @@ class History:
 def pulsar_entries(ledgers: dict[int, int], *, seed: int = 7, max_payload: int = 900) -> History:
     """Real Pulsar entries: about a third batched (2-4 messages), keys and properties on most messages."""
     rnd = random.Random(seed)
-    entries: list[Entry] = []
+    entries: list[Published] = []
     messages: dict[tuple[int, int], list[Message]] = {}
     seq = 0
     for ledger, count in ledgers.items():
@@ -61,7 +62,7 @@ def pulsar_entries(ledgers: dict[int, int], *, seed: int = 7, max_payload: int =
             publish = 1_700_000_000_000 + seq
             data = build_entry(msgs, producer_name="test-producer", sequence_id=seq, publish_time=publish)
             seq += n
-            entries.append(Entry(ledger, entry_id, data, publish))
+            entries.append(Published(ledger, entry_id, data, publish))
             messages[(ledger, entry_id)] = msgs
     return History(TOPIC, entries, messages)
 
@@ -81,9 +82,10 @@ def offload(
     batch: int = 40,
 ) -> MetadataStore:
     """Offload ``history`` through the segmenter and the sink: streaming (v2) for the entries before
-    ``switch_at`` (all of them when None), ledger-based (v1) after; then seal."""
+    ``switch_at`` (all of them when None), ledger-based (v1) after; then seal. The sink fetches the entries'
+    bytes from ``history``."""
     state = MemoryState()
-    sink = SegmentSink(store, key_prefix)
+    sink = memory_sink(store, key_prefix, holding(history.topic, history.entries))
 
     def policy(method: str) -> OffloadPolicy:
         return OffloadPolicy(
@@ -94,7 +96,7 @@ def offload(
         )
 
     now = 1_000
-    entries = history.entries
+    entries = metas(history.entries)
     for i in range(0, len(entries), batch):
         method = "ledger" if switch_at is not None and i >= switch_at else "streaming"
         chunk = entries[i : i + batch]

@@ -86,23 +86,23 @@ def test_the_job_bounds_every_micro_batch_by_default(tmp_path: Path) -> None:
     config = parse_config(
         {"pulsar": {"topics": [A]}, "spark": {"checkpoint": str(tmp_path / "cp")}, "metrics": {"address": ""}}
     )
-    assert config.pulsar.max_bytes_per_trigger == DEFAULT_MAX_BYTES_PER_TRIGGER == 64 * MIB
+    assert config.pulsar.max_bytes_per_trigger == DEFAULT_MAX_BYTES_PER_TRIGGER == 1024 * MIB
     job = OffloadJob(config)
     opts = job.source_options()
-    assert opts["maxBytesPerTrigger"] == str(64 * MIB)
+    assert opts["maxBytesPerTrigger"] == str(DEFAULT_MAX_BYTES_PER_TRIGGER)
     reader = PulsarStreamReader(opts)
     limit = reader.getDefaultReadLimit()
-    assert isinstance(limit, ReadMaxBytes) and limit.max_bytes == 64 * MIB
+    assert isinstance(limit, ReadMaxBytes) and limit.max_bytes == DEFAULT_MAX_BYTES_PER_TRIGGER
 
-    # 600 MB of 128 KiB entries over 4 topic-partitions: the first micro-batch takes 64 MiB, not 600 MB.
+    # 4 GiB of 128 KiB entries over 4 topic-partitions: the first micro-batch takes 1 GiB, not 4 GiB.
     size = 128 * 1024
-    model = {f"persistent://public/default/big-partition-{i}": (1200, size) for i in range(4)}
+    model = {f"persistent://public/default/big-partition-{i}": (8192, size) for i in range(4)}
     planner = ModelPlanner(SourceOptions.parse({**opts, "topics": ",".join(model)}), model)
     start = planner.initial_offset()
     end = planner.latest_offset(start, None, limit.max_bytes)
     counts = admitted(start, end)
-    assert sum(counts.values()) * size <= 64 * MIB
-    assert sorted(counts.values()) == [128] * 4  # split fairly: 16 MiB each
+    assert sum(counts.values()) * size <= DEFAULT_MAX_BYTES_PER_TRIGGER
+    assert sorted(counts.values()) == [2048] * 4  # split fairly: 256 MiB each
 
 
 def test_run_once_reads_to_its_start_positions_then_emits_seal_markers_once(tmp_path: Path) -> None:
@@ -249,7 +249,7 @@ def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_b
             # The batch's own bytes count against the room: before + batch <= bound + one entry.
             assert before + counts[tp] * size <= effective + size + 64 * counts[tp]
             entries = [
-                Entry(LEDGER, e, b"x" * size, 1) for e in range(offset[tp][1] + 1, offset[tp][1] + 1 + counts[tp])
+                Entry.of(LEDGER, e, b"x" * size, 1) for e in range(offset[tp][1] + 1, offset[tp][1] + 1 + counts[tp])
             ]
             actions = run_segmenter(tp, policy, states[tp], entries, now_ms=1000, min_part_size=min_part)
             stats[tp] = json.loads(actions[-1].info)
