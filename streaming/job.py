@@ -183,8 +183,9 @@ class OffloadJob:
         return self.config.store.key_prefix
 
     def source_options(self, *, seal_at_end: bool = False) -> dict[str, str]:
-        """The Pulsar source's options. Memory is bounded by configuration: ``maxBytesPerTrigger`` (default
-        64 MiB) per micro-batch, and per topic-partition the offload buffer bound through ``bufferFile``.
+        """The Pulsar source's options: ``positionsOnly`` rows (the sink fetches the bytes), ``maxBytesPerTrigger``
+        (default 1 GiB of entries) per micro-batch, and per topic-partition the offload buffer bound through
+        ``bufferFile``.
         ``seal_at_end``: ``run_once``'s query ends with a micro-batch of seal markers (``sealAtEnd``)."""
         from streamoffload.streaming.admission import buffer_file_path
 

@@ -55,7 +55,7 @@ Options (names are case-insensitive, as Spark makes them):
     A single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls.
     ``Trigger.AvailableNow`` stops at the positions that were latest when the query started.
     Without either (and without ``bufferFile``) a micro-batch takes everything available; the offload
-    job always passes ``maxBytesPerTrigger`` (``pulsar.max_bytes_per_trigger``, default 64 MiB).
+    job always passes ``maxBytesPerTrigger`` (``pulsar.max_bytes_per_trigger``, default 1 GiB).
 ``reader``
     ``raw`` (default): entries are read over Pulsar's binary protocol and stored as the broker sends
     them (``raw_reader.read_range_raw``); the driver's position lookups and probes use the same
