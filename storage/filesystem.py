@@ -375,8 +375,11 @@ class FilesystemStore(ObjectStore):
                 self._fsync_dir(new.parent)
         return directory
 
-    def _write_temp(self, path: Path, chunks: Iterable[bytes | memoryview], *, create_dirs: bool = True) -> Path:
-        """Write ``chunks`` to a fresh temporary file beside ``path``, fsynced; return its path."""
+    def _write_temp(
+        self, path: Path, chunks: Iterable[bytes | memoryview], *, create_dirs: bool = True, durable: bool = True
+    ) -> Path:
+        """Write ``chunks`` to a fresh temporary file beside ``path``, fsynced (unless not ``durable``); return
+        its path."""
         for attempt in range(5):
             if create_dirs:
                 self._ensure_dir(path.parent)
@@ -399,7 +402,7 @@ class FilesystemStore(ObjectStore):
             with open(fd, "wb", closefd=True) as f:
                 _write_chunks(f, chunks)
                 f.flush()
-                if self._fsync:
+                if self._fsync and durable:
                     os.fsync(f.fileno())
         except BaseException:
             with contextlib.suppress(OSError):
@@ -540,12 +543,14 @@ class FilesystemMultipartWrite(MultipartWrite):
         with store._errors(f"write_part {part_number} of", self.key, part):
             self._check_alive()
             try:
-                tmp_path = store._write_temp(part, [data], create_dirs=False)
+                # Not fsynced: a part is read back only by ``complete``, which fsyncs the object it makes
+                # before publishing it. A part lost to an OS crash is never used: the crash ends the job's
+                # run, and the next run abandons every attempt it did not commit (S3 parts are not durable
+                # objects either). This halves the fsyncs of the write path.
+                tmp_path = store._write_temp(part, [data], create_dirs=False, durable=False)
                 os.replace(tmp_path, part)  # a rewritten part replaces the old one atomically
             except FileNotFoundError:
                 raise UploadNotFoundError(self.key, self.upload_id, store.url) from None  # aborted meanwhile
-            if store._fsync:
-                store._fsync_dir(self._staging)
 
     def complete(self, part_numbers: Sequence[int]) -> ObjectInfo:
         numbers = check_part_list(part_numbers)
