@@ -90,7 +90,7 @@ def _gone(topic: str, ref: EntryRef, source: str) -> None:
     raise EntryGoneError(
         f"{topic}: entry {ref.ledger_id}:{ref.entry_id}, read by the source, is gone from {source} when the sink "
         "fetched it (the broker's retention trimmed it before it was offloaded?); keep the broker's retention "
-        "longer than the offload lag, or use offload.retainUntilOffloaded"
+        'well above the offload lag (README "Operating")'
     )
 
 
@@ -185,13 +185,23 @@ class PartReader:
         stream, _, end = current
         try:
             out = match(topic, refs, stream, getattr(self.fetcher, "source", "the fetcher"))
+        except (EntryChangedError, EntryGoneError) as err:
+            self._open[topic] = current
+            self.close(topic)
+            fallback = getattr(self.fetcher, "fallback", None)
+            if fallback is None:
+                raise
+            # A spool is a cache: what it got wrong the broker is asked for (and checked) once more.
+            log.warning("%s; reading the part from the broker instead", err)
+            out = match(topic, refs, fallback.stream(topic, after, refs[-1].position), fallback.source)
         except BaseException:
             self._open[topic] = current
             self.close(topic)
             raise
-        self._open[topic] = (stream, refs[-1].position, end)
-        if refs[-1].position >= end:
-            self.close(topic)
+        else:
+            self._open[topic] = (stream, refs[-1].position, end)
+            if refs[-1].position >= end:
+                self.close(topic)
         self.stats.entries += len(out)
         self.stats.bytes += sum(len(d) for d in out)
         self.stats.seconds += time.monotonic() - started
@@ -213,14 +223,28 @@ class BrokerFetcherSpec:
     client_options: tuple[tuple[str, str], ...] = ()
     settings: ReaderSettings = field(default_factory=ReaderSettings)
     reader: str = "raw"
+    spool_dir: str | None = None
+    """Where the source tasks spool the bytes they read (``streaming.spool``): read there first."""
 
     @classmethod
     def of(cls, options: Any) -> BrokerFetcherSpec:
-        """The fetcher that reads as the source does (``SourceOptions``: its reader, connection and settings)."""
-        return cls(options.service_url, tuple(options.client_options), options.reader_settings(), options.reader)
+        """The fetcher that reads as the source does (``SourceOptions``: its reader, connection, settings and
+        spool)."""
+        return cls(
+            options.service_url,
+            tuple(options.client_options),
+            options.reader_settings(),
+            options.reader,
+            options.spool_dir if options.positions_only else None,
+        )
 
-    def __call__(self) -> BrokerFetcher:
-        return BrokerFetcher(self.service_url, dict(self.client_options), self.settings, self.reader)
+    def __call__(self) -> EntryFetcher:
+        broker = BrokerFetcher(self.service_url, dict(self.client_options), self.settings, self.reader)
+        if self.spool_dir is None:
+            return broker
+        from streamoffload.streaming.spool import SpoolFetcher
+
+        return SpoolFetcher(self.spool_dir, broker)
 
 
 def fetch(fetcher: EntryFetcher, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[bytes]:

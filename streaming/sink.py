@@ -147,6 +147,9 @@ class SegmentSink:
             upload = self._upload_for(data_key, info["manifest_key"])
             data = self._part_bytes(action["topic"], bytes(action["data"]), info, reader, run_end)
             upload.write_part(int(action["part_number"]), data)
+            release = getattr(self.fetcher, "release", None)  # the spool: these entries are written now
+            if release is not None:
+                release(action["topic"], _last_position(bytes(action["data"])))
             crash_point("after-part")
             stats.upload_seconds.append(time.monotonic() - started)
             stats.parts += 1
@@ -282,6 +285,11 @@ class SegmentSink:
                     )
         except Exception:  # the store itself may be what failed; the next run retries the segment
             log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
+
+
+def _last_position(layout: bytes) -> tuple[int, int]:
+    last = decode_layouts(layout)[-1]
+    return (last.ledger_id, last.entries[-1][0])
 
 
 def _run_ends(actions: list[Mapping[str, Any]]) -> dict[int, tuple[int, int]]:

@@ -101,6 +101,10 @@ Options (names are case-insensitive, as Spark makes them):
     ``entry`` column; ``crc32c`` is the CRC-32C of the entry's stored bytes, computed as they are read).
     The offload job's sink fetches the bytes itself and checks them against these
     (``streaming/entry_fetch.py``), so no payload byte passes through Spark.
+``spoolDir``, ``spoolMaxBytes`` (2 GiB)
+    With ``positionsOnly``: each task also writes the entries it reads to a private spool file under
+    ``spoolDir`` (``streaming/spool.py``) while the spool holds less than ``spoolMaxBytes``, so a sink on
+    the same machine need not read them from the broker again.
 ``sealAtEnd``
     ``true`` (the offload job's ``run --once``), with ``Trigger.AvailableNow``: when the query has read
     entries and has nothing more to read, it runs one more micro-batch of **seal markers**, one row per
@@ -157,6 +161,7 @@ from streamoffload.streaming.planner import SourcePlanner, position_of, split_of
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.ranges import BEFORE_EARLIEST, Position, ReadEntry, ReadStats
 from streamoffload.streaming.source_options import SourceOptions, positions_only
+from streamoffload.streaming.spool import SpoolWriter
 from streamoffload.streaming.worker_gc import freeze_long_lived
 
 log = logging.getLogger(__name__)
@@ -355,6 +360,11 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
         read_range = pio.read_range
     stats = ReadStats()
     started = time.monotonic()
+    spool = (
+        SpoolWriter(options.spool_dir, partition.topic, partition.start, partition.end, options.spool_max_bytes)
+        if positions_only and options.spool_dir
+        else None
+    )
     ledger_ids: list[int] = []
     entry_ids: list[int] = []
     publish: list[int] = []
@@ -397,6 +407,8 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
         sizes.append(len(entry.data))
         if positions_only:
             crcs.append(crc32c(entry.data))
+            if spool is not None:
+                spool.add(entry.ledger_id, entry.entry_id, entry.data)
         else:
             datas.append(entry.data)
             pending_bytes += len(entry.data)
@@ -407,6 +419,8 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
             pending_bytes = 0
     if sizes:
         yield batch()
+    if spool is not None:
+        spool.finish()
     log.info(
         "pulsar source: %s reader: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
         "%d stalls, %d reader re-opens, %d errors",

@@ -53,6 +53,9 @@ class SourceOptions:
     reader: str = "raw"
     positions_only: bool = False
     """Rows carry each entry's position, size and CRC-32C but not its bytes (the offload job's control plane)."""
+    spool_dir: str | None = None
+    """With ``positions_only``: where the tasks keep the bytes they read for the sink (``streaming.spool``)."""
+    spool_max_bytes: int = 2 << 30
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -126,6 +129,8 @@ class SourceOptions:
             seal_at_end=parse_bool(get("sealAtEnd") or "false", "sealAtEnd"),
             reader=reader,
             positions_only=positions_only(options),
+            spool_dir=get("spoolDir"),
+            spool_max_bytes=_opt(get("spoolMaxBytes"), lambda t: parse_size(t, "spoolMaxBytes")) or 2 << 30,
         )
 
     @property

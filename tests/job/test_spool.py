@@ -1,0 +1,105 @@
+"""The executor-local spool: what the source tasks spool the sink reads first, bounded, private, released
+once written, and never trusted over the checks (a bad spool costs a broker read, never a wrong byte)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from streamoffload.streaming.entry_fetch import EntryGoneError, MemoryFetcher, PartReader
+from streamoffload.streaming.part_layout import EntryRef
+from streamoffload.streaming.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
+from tests.fixtures.entries import Published
+
+TOPIC = "persistent://public/default/spooled-partition-0"
+ENTRIES = [Published(4, i, bytes([i]) * (50 + i)) for i in range(20)] + [Published(6, 0, b"next ledger")]
+
+
+class CountingFetcher(MemoryFetcher):
+    """The broker: counts what the sink had to read from it."""
+
+    def __init__(self) -> None:
+        super().__init__({TOPIC: {e.position: e.payload for e in ENTRIES}})
+        self.reads: list[tuple[tuple[int, int], tuple[int, int]]] = []
+
+    def stream(self, topic, after, end):  # type: ignore[no-untyped-def]
+        self.reads.append((after, end))
+        yield from super().stream(topic, after, end)
+
+
+def spool_range(root: Path, entries: list[Published], start: tuple[int, int], max_bytes: int = 1 << 20) -> None:
+    writer = SpoolWriter(str(root), TOPIC, start, entries[-1].position, max_bytes)
+    for e in entries:
+        writer.add(e.ledger_id, e.entry_id, e.payload)
+    writer.finish()
+
+
+def refs(entries: list[Published]) -> list[EntryRef]:
+    return [EntryRef(e.ledger_id, e.entry_id, e.meta.size, e.meta.crc32c) for e in entries]
+
+
+def test_spooled_ranges_are_read_from_the_spool_and_the_rest_from_the_broker(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:10], (-1, -1))
+    spool_range(root, ENTRIES[10:15], ENTRIES[9].position)
+    broker = CountingFetcher()
+    reader = PartReader(SpoolFetcher(str(root), broker))
+    got = reader.take(TOPIC, refs(ENTRIES), (-1, -1), ENTRIES[-1].position)
+    assert got == [e.payload for e in ENTRIES]
+    assert broker.reads == [(ENTRIES[14].position, ENTRIES[-1].position)]  # only what no file held
+    # Private: the spool holds topic data.
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    for spooled in spool_files(root, TOPIC):
+        assert stat.S_IMODE(spooled.path.stat().st_mode) == 0o600
+
+
+def test_release_removes_the_files_whose_entries_are_written(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:10], (-1, -1))
+    spool_range(root, ENTRIES[10:], ENTRIES[9].position)
+    fetcher = SpoolFetcher(str(root), CountingFetcher())
+    fetcher.release(TOPIC, ENTRIES[12].position)
+    assert [f.end for f in spool_files(root, TOPIC)] == [ENTRIES[-1].position]
+    fetcher.release(TOPIC, ENTRIES[-1].position)
+    assert spool_files(root, TOPIC) == [] and spool_bytes(root) == 0
+
+
+def test_the_spool_is_bounded_in_bytes(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:10], (-1, -1), max_bytes=400)  # ~750 bytes do not fit: nothing is spooled
+    assert spool_files(root, TOPIC) == [] and spool_bytes(root) == 0
+    spool_range(root, ENTRIES[:3], (-1, -1), max_bytes=400)
+    assert len(spool_files(root, TOPIC)) == 1
+    spool_range(root, ENTRIES[3:6], ENTRIES[2].position, max_bytes=spool_bytes(root))  # full: not spooled
+    assert len(spool_files(root, TOPIC)) == 1
+    broker = CountingFetcher()
+    got = PartReader(SpoolFetcher(str(root), broker)).take(TOPIC, refs(ENTRIES[:6]), (-1, -1), ENTRIES[5].position)
+    assert got == [e.payload for e in ENTRIES[:6]]
+    assert broker.reads == [(ENTRIES[2].position, ENTRIES[5].position)]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_spool_file_costs_a_broker_read_never_a_wrong_byte(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:10], (-1, -1))
+    [spooled] = spool_files(root, TOPIC)
+    data = bytearray(spooled.path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+    else:
+        del data[-7:]
+    spooled.path.write_bytes(bytes(data))
+    broker = CountingFetcher()
+    got = PartReader(SpoolFetcher(str(root), broker)).take(TOPIC, refs(ENTRIES[:10]), (-1, -1), ENTRIES[9].position)
+    assert got == [e.payload for e in ENTRIES[:10]]
+    assert broker.reads  # the broker was asked
+
+
+def test_an_entry_neither_holds_is_gone(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:5], (-1, -1))
+    empty = MemoryFetcher()
+    with pytest.raises(EntryGoneError, match="entry 4:0"):  # the part is asked of the broker again, whole
+        PartReader(SpoolFetcher(str(root), empty)).take(TOPIC, refs(ENTRIES[:8]), (-1, -1), ENTRIES[7].position)
