@@ -168,7 +168,7 @@ class OffloadJob:
         self._renewer: threading.Thread | None = None
         self._run_ended = threading.Event()
         self.quarantine: Quarantine | None = None
-        self._fetcher_spec: BrokerFetcherSpec | None = None
+        self._fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None = None
         self.failed_topics: dict[str, str] = {}
         """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
 
@@ -204,6 +204,9 @@ class OffloadJob:
             options["quarantineFile"] = self._pause_file()
         if seal_at_end:
             options["sealAtEnd"] = "true"
+        spool = self._spool_dir()
+        if spool is not None:
+            options["spoolDir"] = spool
         if pulsar.topics:
             options["topics"] = ",".join(pulsar.topics)
         elif pulsar.topics_pattern:
@@ -220,13 +223,31 @@ class OffloadJob:
             options[f"pulsar.client.{key}"] = value
         return options
 
+    def _hold_broker_retention(self, committed: dict[str, Any]) -> None:
+        """``pulsar.retain_subscription``: acknowledge each topic-partition's durable subscription up to its last
+        committed position, so the broker keeps what the store does not have yet. A failure is logged, not
+        fatal: the next commit (or run) acknowledges again, and the store stays exact either way."""
+        name = self.config.pulsar.retain_subscription
+        if not name or not committed:
+            return
+        from streamoffload.streaming import raw_reader as rr
+
+        pulsar = self.config.pulsar
+        client = rr.RawClient(pulsar.service_url, dict(pulsar.client))
+        for topic, end in sorted(committed.items()):
+            try:
+                rr.hold_subscription_raw(client, topic, name, (int(end[0]), int(end[1])))
+            except Exception as err:
+                log.warning("%s: could not acknowledge the subscription %s up to %s: %s", topic, name, end, err)
+
     def fetcher_spec(self) -> BrokerFetcherSpec:
         """How the sink fetches the entries of its parts: from the broker, as the source reads them."""
         from streamoffload.streaming.source_options import SourceOptions
 
-        if self._fetcher_spec is None:
-            self._fetcher_spec = BrokerFetcherSpec.of(SourceOptions.parse(self.source_options()))
-        return self._fetcher_spec
+        epoch = self.run.epoch if self.run is not None else None
+        if self._fetcher_spec is None or self._fetcher_spec[0] != epoch:  # the spool is the run's
+            self._fetcher_spec = (epoch, BrokerFetcherSpec.of(SourceOptions.parse(self.source_options())))
+        return self._fetcher_spec[1]
 
     def _starting_offsets(self) -> str:
         """Where each topic-partition starts: after its last committed segment when the store has one
@@ -246,6 +267,14 @@ class OffloadJob:
         checkpoint = self.config.spark.checkpoint
         base = Path(checkpoint) if "://" not in checkpoint else Path(tempfile.gettempdir()) / self.instance
         return str(base / "policy-versions.json")
+
+    def _spool_dir(self) -> str | None:
+        """Where the source tasks keep the bytes they read for the sink (``streaming.spool``): beside the
+        checkpoint, one per run. Only where every task runs on this machine (``local`` masters): elsewhere a
+        sink on another executor would not find the files, and they would not be removed."""
+        if self.run is None or not self.config.spark.master.startswith("local"):
+            return None
+        return str(Path(self._versions_file()).with_name(f"spool-{self.run.epoch:08d}"))
 
     def _pause_file(self) -> str:
         return str(Path(self._versions_file()).with_name("quarantine.json"))
@@ -316,6 +345,7 @@ class OffloadJob:
                 self.last_topic_stats,
                 min_part_size(self.store_settings),
             )
+        self._hold_broker_retention({seal["topic"]: seal["end"] for seal in report.sealed if "end" in seal})
         for seal in report.sealed:
             log.info(
                 "sealed segment %s of %s: %d entries, %d bytes (%s)",
@@ -410,6 +440,8 @@ class OffloadJob:
         self.run = Run(record.epoch, resume, checkpoint, policy_log, policy_document(config))
         write_versions_file(self._versions_file(), versions)
         self.last_topic_stats = {}
+        # A crash may have come between a commit and its acknowledgement: acknowledge from the store.
+        self._hold_broker_retention({tp: last for tp, (last, _ordinal) in resume.items() if last})
         self._start_renewer()
         log.info("run %d: writer lease taken; %d topic-partitions resume from the store", record.epoch, len(resume))
         return self.run
@@ -423,7 +455,8 @@ class OffloadJob:
         root = Path(base.removeprefix("file://"))
         if root.is_dir():
             for child in root.iterdir():
-                if child.name.startswith("run-") or child.name in ("offsets", "commits", "state", "sources"):
+                scratch = child.name.startswith(("run-", "spool-"))
+                if scratch or child.name in ("offsets", "commits", "state", "sources"):
                     shutil.rmtree(child, ignore_errors=True)
             for name in ("metadata",):
                 if (root / name).is_file():

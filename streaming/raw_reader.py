@@ -89,6 +89,7 @@ __all__ = [
     "RawClient",
     "RawConsumer",
     "RawMessage",
+    "hold_subscription_raw",
     "latest_position_raw",
     "probe_after_raw",
     "read_range_raw",
@@ -373,3 +374,40 @@ def read_range_raw(
     return read_exactly_once(
         open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known, stats=stats
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# holding the broker's retention
+
+
+def hold_subscription_raw(client: RawClient, topic: str, subscription: str, position: Position) -> None:
+    """Acknowledge the durable subscription ``subscription`` of ``topic`` cumulatively up to ``position``
+    (created at the earliest entry if it does not exist): the broker keeps every entry after it. A
+    ``Failover`` subscription (cumulative acks allowed, and a second holder does not fail), no permits (it
+    receives nothing); the consumer is closed with a request, so the ack is processed before the connection
+    goes."""
+    conn = client.connect_for(topic)
+    try:
+        consumer_id = 1
+        rid = conn.next_request_id()
+        cmd = BaseCommand(type=T.SUBSCRIBE)
+        s = cmd.subscribe
+        s.topic = topic
+        s.subscription = subscription
+        s.subType = CommandSubscribe.Failover
+        s.consumer_id = consumer_id
+        s.request_id = rid
+        s.durable = True
+        s.initialPosition = CommandSubscribe.Earliest
+        conn.request(cmd, rid, f"subscribing {subscription} to {topic}")
+        ack = BaseCommand(type=T.ACK)
+        ack.ack.consumer_id = consumer_id
+        ack.ack.ack_type = CommandAck.Cumulative
+        ack.ack.message_id.add(ledgerId=position[0], entryId=position[1])
+        conn.send(ack)
+        close = BaseCommand(type=T.CLOSE_CONSUMER)
+        close.close_consumer.consumer_id = consumer_id
+        close.close_consumer.request_id = conn.next_request_id()
+        conn.request(close, close.close_consumer.request_id, f"closing {subscription} of {topic}")
+    finally:
+        conn.close()

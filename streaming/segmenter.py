@@ -471,6 +471,7 @@ class Segmenter:
                         "entries": seg.entries,
                         "entry_bytes": sealed.entryBytes,
                         "ordinal": seg.ordinal,
+                        "end": [seg.last[0], seg.last[1]],
                         "format": seg.version,
                         "epoch": self.epoch,
                         "requests": self.requests if reason == SEAL_MANUAL else [],

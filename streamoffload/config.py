@@ -122,6 +122,10 @@ class PulsarSettings:
     any size is read in bounded micro-batches. Rows carry positions, not bytes, so it hardly moves memory
     (README "Memory"): it sets how much the broker must still hold between the source's read and the sink's."""
     fail_on_data_loss: bool = True
+    retain_subscription: str = ""
+    """A durable subscription the job keeps on each offloaded topic-partition, acknowledged up to the last
+    committed position after every commit, so that the broker's retention does not delete what the store
+    does not have yet (the sink reads the entries a second time). Empty (default): none."""
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     """The broker's ``maxMessageSize`` (Pulsar's default 5 MiB): the largest entry it accepts. Every block size
     the policies can apply must hold such an entry, or the job would stop at the first one

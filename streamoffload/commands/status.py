@@ -203,8 +203,17 @@ def run(args: argparse.Namespace) -> int:
     if args.watch is not None:
         return watch(fetch, args.watch, config.store.url, as_json=args.json)
     rows = fetch()
+    held = config.pulsar.retain_subscription
     if args.json:
-        print(json.dumps({"store": config.store.url, "topics": [r.to_json() for r in rows]}, indent=2))
+        doc = {"store": config.store.url, "topics": [r.to_json() for r in rows]}
+        if held:
+            doc["retain_subscription"] = held
+        print(json.dumps(doc, indent=2))
     else:
         print(render_table(rows))
+        if held:
+            print(
+                f"The broker keeps every entry after each topic-partition's last offloaded position: the durable "
+                f"subscription {held!r} (pulsar.retain_subscription) is acknowledged up to it after every commit."
+            )
     return 0

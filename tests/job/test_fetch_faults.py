@@ -112,3 +112,34 @@ def test_a_broker_restart_between_the_two_reads_is_a_reconnect(make_broker: Any,
     proc = result["proc"]
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     check_messages(load_config(config_path).store.open(), topic, COUNT, keys=KEYS, size=SIZE)
+
+
+def test_the_retain_subscription_is_acknowledged_up_to_the_last_commit(
+    spark: Any, pulsar_broker: Any, tmp_path: Path
+) -> None:
+    """``pulsar.retain_subscription``: a durable subscription acknowledged after each commit, so the broker's
+    retention keeps what the store does not have yet. A consumer on it starts right after the offloaded
+    entries."""
+    import pulsar
+
+    from streamoffload.streaming.job import OffloadJob
+
+    topic = unique_topic("retain")
+    publish(pulsar_broker.service_url, topic)
+    config_path = write_config(tmp_path, pulsar_broker.service_url, [topic], fs_store(tmp_path))
+    text = config_path.read_text().replace("[pulsar]\n", '[pulsar]\nretain_subscription = "streamoffload-retain"\n')
+    config_path.write_text(text)
+    config = load_config(config_path)
+    assert config.pulsar.retain_subscription == "streamoffload-retain"
+    OffloadJob(config, str(config_path)).run_once(spark)
+    check_messages(config.store.open(), topic, COUNT, keys=KEYS, size=SIZE)
+
+    produce(pulsar_broker.service_url, topic, count=1, payload_size=7, batching=False)  # after the offloaded ones
+    client = pulsar.Client(pulsar_broker.service_url)
+    try:
+        consumer = client.subscribe(topic, "streamoffload-retain", consumer_type=pulsar.ConsumerType.Failover)
+        message = consumer.receive(timeout_millis=10_000)
+        assert len(message.data()) == 7, "the subscription should start after the last committed entry"
+        consumer.close()
+    finally:
+        client.close()
