@@ -1,5 +1,8 @@
-"""The ceilings of Spark's byte path on this machine: the best any PySpark pipeline of the job's shape
-can do here, with no Pulsar in it, beside a plain pulsar-client drain measured in the same run.
+"""The ceilings of Spark's byte path on this machine: the best any PySpark pipeline of the job's old shape
+(entry bytes in Spark rows) can do here, with no Pulsar in it, beside a plain pulsar-client drain measured in
+the same run; and the ceilings of the positions design (docs/DESIGN.md "Control plane and data plane": the
+query carries positions, the sink re-reads the bytes from the broker): the two reads and the store writes,
+and the job itself.
 
 Run from the repository root:
 
@@ -7,15 +10,26 @@ Run from the repository root:
     .venv/bin/python bench/ceiling.py --mb 50 --repeat 1       # quick look
     .venv/bin/python bench/ceiling.py --try spark.sql.execution.arrow.maxRecordsPerBatch=100000
     .venv/bin/python bench/ceiling.py --partitions 1 --batch-mb 4,16 --no-stages --compress ""   # sources only
+    .venv/bin/python bench/ceiling.py --no-shape                # the positions design's lines (and memcopy, plain, raw)
+    .venv/bin/python bench/ceiling.py --no-shape --message-kb 0.25 --entry-kb 64   # 256 B messages, 256 per entry
+    .venv/bin/python bench/ceiling.py --no-shape --no-job       # reads and store writes: no Spark, no memcopy
+
+Sizes: ``--mb`` MB (10^6 B) of entries per figure, in entries of ``--entry-kb`` KiB (the in-memory source's
+entry size, and the published topic's entry payload). The topic is published with messages of
+``--message-kb`` KiB (default 1), batched ``--entry-kb / --message-kb`` messages per entry, which must be a
+whole number: by default 100 messages of 1 KiB per 100 KiB entry, as before ``--message-kb`` existed. That is
+the most per entry: the producer also flushes a batch after 10 ms, so a few entries are shorter (the entry
+count and entry bytes are printed after publishing), and an entry holds each message's metadata beside its
+payload.
 
 One local[2] Spark session, built with the project's ``build_session`` (the job's confs), and the embedded
 pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB/s of entry bytes for:
 
 1. ``memcopy``: a plain Python loop building the source's Arrow record batches (``streaming/source.py``
    ``SCHEMA``) from ``bytes`` entries, in this process: what one core does with the bytes, no Spark.
-2. ``plain``: ``bench/source.py``'s ``drain_plain`` over a batched topic of the same size (1 KiB messages,
-   ``--entry-kb`` messages per entry), the denominator of issues 11 and 12; ``raw``: ``read_range_raw``
-   over the same topic.
+2. ``plain``: ``bench/source.py``'s ``drain_plain`` over the batched topic above (MB/s of message payload),
+   the denominator of issues 11 and 12 and of every ``ratio``; ``raw``: ``read_range_raw`` over the same
+   topic (the same payload bytes, so its ratio is plain's time over its own).
 3. ``source``: a minimal Python streaming source (``ceiling-memory``: ``DataSourceStreamReader`` +
    ``SupportsTriggerAvailableNow``) whose ``read`` yields Arrow record batches of random entry bytes with
    the source's schema (one random buffer per task, built once and reused for every batch of the task),
@@ -34,7 +48,39 @@ pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB
    (as ``run --once``). With ``spark.shuffle.compress`` true and false. To split the job's time into its
    steps: ``shuffle->noop`` is the source repartitioned by topic (the groupBy's exchange, no Python) into
    ``noop``, and ``seg->noop`` the segmenter's output into ``noop`` (everything but the sink); both for the
-   first ``--partitions`` value only, unless ``--all-stages``.
+   first ``--partitions`` value only, unless ``--all-stages``. ``--no-shape`` skips 3 and 4 (and their
+   warm-up queries) and the ``--try`` lines.
+
+The positions design's lines. The job reads every entry twice from the broker (the source's read, which
+keeps positions, sizes and CRC-32Cs, and the sink's re-read of each run of parts) and writes every byte to
+the store, so these bound what it can reach on this machine; each prints CPU seconds per GB (10^9 B) of
+the line's bytes, by process, beside its MB/s and its ratio to ``plain``. The ``store`` and ``positions job``
+lines count entry bytes, which exceed plain's payload bytes by each message's metadata (printed after
+publishing: ~2% with 1 KiB messages, ~10% with 256 B ones), so their ratios are that much high. CPU seconds
+come from /proc in ticks of 0.01 s: at ``--mb 20`` one tick is 0.5 s per GB.
+
+5. ``raw ×2``: two ``read_range_raw`` drains of the whole topic, back to back, in this process: the least
+   the design costs the broker and the reader. MB/s of ONE copy of the topic (plain's payload bytes over
+   the time of both drains, so the ideal is half of ``raw``); CPU of the broker and of this process per GB
+   of one copy. Needs the broker (not with ``--no-broker``).
+6. ``store fs`` and ``store s3``: the topic's entry bytes (as the raw reader counts them; without the
+   broker, ``--mb`` MB), as random bytes, written through the job's stores the way its sink writes a data
+   object: ``start_multipart``, ``write_part`` of ``--store-part-mb`` MiB parts (64: the default block,
+   and so the part of a backlog on a filesystem store), ``complete``, one object per ``--store-segment-mb``
+   MiB segment (64). ``store fs``: ``streamoffload.storage.filesystem.FilesystemStore`` under the work
+   directory, fsync on (its default; its ``complete`` copies the parts into the object, so the disk sees
+   the bytes twice); CPU of this process (the kernel's writeback threads are nobody's). ``store s3``:
+   ``streamoffload.storage.s3.S3Store`` against a ``moto_server`` the bench starts
+   (``tests/fixtures/s3.py``'s ``moto_endpoint``; moto keeps objects in memory and is Python on the same
+   cores, so this is moto's ceiling, not S3's); CPU of this process and of moto. Index and manifest puts
+   are left out (small). ``--no-store`` skips both.
+7. ``positions job``: ``OffloadJob.run_once`` (``streaming/job.py``) end to end over the topic into a
+   FilesystemStore, the default offload settings (``bench/offload.py``'s ``job_config`` with its
+   ``--defaults``: only the store, checkpoint and topics set), after a warm-up run on a small topic. MB/s of
+   the entry bytes in the sealed segments' manifests, timed (like the Spark lines) as the sum of its
+   micro-batches' ``triggerExecution`` with ``run_once``'s wall time beside (query start-up, recovery,
+   retention pass); CPU per GB of the JVM + Python workers (source, segmenter and sink, re-read included)
+   and of the broker, apart, over the whole ``run_once``. Needs the broker; ``--no-job`` skips it.
 
 Spark figures are the sum of the micro-batches' ``durationMs.triggerExecution`` (wall time, with query
 start-up, printed beside), with the ratio to ``plain`` of the same run, the CPU seconds of the JVM and the
@@ -42,12 +88,13 @@ Python workers during the query (``bench/procstats.py``) and the largest ``durat
 
 ``spark.shuffle.compress`` is read once, when the JVM's ``SerializerManager`` is built, and Spark refuses to
 change it in a running session (``spark.conf.set``), so the bench sets the SerializerManager's field by
-reflection before each query, and reads it back.
+reflection before each query, and reads it back (and sets it back to true before ``positions job``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -74,10 +121,12 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from pyspark.sql.types import StructType
 
 from bench.logs import log_beside
-from bench.procstats import CpuMeter
+from bench.offload import drain_job, job_config, steady_seconds
+from bench.procstats import CpuMeter, child_pids
 from bench.source import drain_plain, drain_raw
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
+from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming import pulsar_io as pio
 from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.job import STATE_STORE_CONF
@@ -430,9 +479,47 @@ def segmented(stream: Any) -> Any:
     )
 
 
-def reader_cpu(meter: CpuMeter) -> str:
-    """CPU seconds of a drain: the broker's and this process's (the reader and its client's threads)."""
-    return f"CPU s: broker {meter.used['broker']:.1f}, reader (this process) {meter.used['driver']:.1f}"
+def reader_cpu(meter: CpuMeter, nbytes: int) -> str:
+    """CPU seconds of a drain: the broker's and this process's (the reader and its client's threads), in all
+    and per GB of ``nbytes``."""
+    broker, reader = meter.used["broker"], meter.used["driver"]
+    return f"CPU s: broker {broker:.1f}, reader (this process) {reader:.1f}; " + per_gb(
+        nbytes, [("broker", broker), ("reader (this process)", reader)]
+    )
+
+
+def per_gb(nbytes: int, parts: Sequence[tuple[str, float]]) -> str:
+    """``parts``' CPU seconds per GB (10^9 B) of ``nbytes``, and their total."""
+    gb = max(nbytes, 1) / 1e9
+    listed = ", ".join(f"{name} {seconds / gb:.2f}" for name, seconds in parts)
+    return f"CPU s per GB: {listed} (total {sum(s for _n, s in parts) / gb:.2f})"
+
+
+def write_objects(
+    store: ObjectStore, prefix: str, total: int, part_bytes: int, segment_bytes: int, data: memoryview
+) -> tuple[list[str], int]:
+    """Write ``total`` bytes to ``store`` the way the sink writes data objects: one multipart upload per
+    segment of ``segment_bytes`` (the last shorter), parts of ``part_bytes`` (each segment's last shorter),
+    each part a prefix of ``data``. Returns the objects' keys and the number of parts."""
+    keys: list[str] = []
+    written = parts = 0
+    while written < total:
+        length = min(segment_bytes, total - written)
+        key = f"{prefix}/segment-{len(keys)}"
+        upload = store.start_multipart(key)
+        numbers: list[int] = []
+        done = 0
+        while done < length:
+            n = min(part_bytes, length - done)
+            numbers.append(len(numbers) + 1)
+            upload.write_part(numbers[-1], data[:n])
+            done += n
+        info = upload.complete(numbers)
+        assert info.size == length, (key, info.size, length)
+        keys.append(key)
+        parts += len(numbers)
+        written += length
+    return keys, parts
 
 
 def parse_list(text: str, kind: Callable[[str], Any]) -> list[Any]:
@@ -442,7 +529,18 @@ def parse_list(text: str, kind: Callable[[str], Any]) -> list[Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=200, help="MB (10^6 bytes) of entries per figure (default 200)")
-    parser.add_argument("--entry-kb", type=int, default=100, help="KiB per entry: 1 KiB messages per entry (100)")
+    parser.add_argument(
+        "--entry-kb",
+        type=int,
+        default=100,
+        help="KiB per entry: the in-memory source's entries and the topic's entry payload (100)",
+    )
+    parser.add_argument(
+        "--message-kb",
+        type=float,
+        default=1,
+        help="KiB per message of the published topic, batched --entry-kb / --message-kb per entry (1; e.g. 0.25)",
+    )
     parser.add_argument("--partitions", default="1,4", help="comma list of input partitions / topics (1,4)")
     parser.add_argument("--batch-mb", default="4,16,64", help="comma list of MiB per Arrow batch, source (4,16,64)")
     parser.add_argument("--job-batch-mb", type=float, default=16, help="MiB per Arrow batch in the job shape (16)")
@@ -458,7 +556,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds, best of each (default 2)")
     parser.add_argument("--stall-ms", type=int, default=1000, help="plain/raw readers' stall timeout (1000)")
-    parser.add_argument("--no-broker", action="store_true", help="skip plain and raw (ratios then absent)")
+    parser.add_argument(
+        "--no-broker", action="store_true", help="skip plain, raw, raw ×2 and positions job (ratios then absent)"
+    )
+    parser.add_argument(
+        "--no-shape",
+        action="store_true",
+        help="skip the old shape's Spark lines (source, source ∥ raw, shuffle->noop, seg->noop, job, --try)",
+    )
+    parser.add_argument("--no-store", action="store_true", help="skip the 'store fs' and 'store s3' lines")
+    parser.add_argument("--no-s3", action="store_true", help="skip the 'store s3' line (no moto_server)")
+    parser.add_argument("--store-part-mb", type=int, default=64, help="MiB per part, store lines (64: the block)")
+    parser.add_argument("--store-segment-mb", type=int, default=64, help="MiB per object, store lines (64)")
+    parser.add_argument("--no-job", action="store_true", help="skip the 'positions job' line (OffloadJob.run_once)")
     parser.add_argument(
         "--no-overlap",
         action="store_true",
@@ -479,6 +589,15 @@ def main(argv: list[str] | None = None) -> int:
     compress = [v.strip().lower() == "true" for v in args.compress.split(",") if v.strip()]
     tries = [dict(kv.split("=", 1) for kv in t.split(";") if kv) for t in args.tries]
     shape = Shape(args.mb, args.entry_kb * 1024)
+    message_bytes = args.message_kb * 1024
+    if message_bytes != int(message_bytes) or message_bytes < 1 or shape.entry_bytes % int(message_bytes):
+        parser.error(
+            f"--message-kb {args.message_kb:g} is not a whole number of bytes dividing an entry of --entry-kb "
+            f"{args.entry_kb} KiB ({shape.entry_bytes:,} B)"
+        )
+    message_bytes = int(message_bytes)
+    per_entry = shape.entry_bytes // message_bytes
+    messages = shape.entries * per_entry
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = tempfile.mkdtemp(prefix="bench-ceiling-")
@@ -490,12 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     log_beside(work)
     from streamoffload.streaming.session import build_session
 
-    started = time.monotonic()
-    spark = build_session(master="local[2]", app_name="bench-ceiling", work_dir=os.path.join(work, "spark"))
-    spark.dataSource.register(MemoryDataSource)
-    for key, value in STATE_STORE_CONF.items():
-        spark.conf.set(key, value)
-    print(f"session: {time.monotonic() - started:.1f} s")
+    # No Spark query without the old shape's lines and the positions job: no session (its JVM, ~15 s).
+    spark: Any = None
+    if not args.no_shape or not (args.no_job or args.no_broker):
+        started = time.monotonic()
+        spark = build_session(master="local[2]", app_name="bench-ceiling", work_dir=os.path.join(work, "spark"))
+        spark.dataSource.register(MemoryDataSource)
+        for key, value in STATE_STORE_CONF.items():
+            spark.conf.set(key, value)
+        print(f"session: {time.monotonic() - started:.1f} s")
     shown = (
         "spark.sql.execution.arrow.maxRecordsPerBatch",
         "spark.sql.execution.arrow.maxBytesPerBatch",
@@ -512,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # a core conf that was never set has no SQL default
             return "(default)"
 
-    print("confs: " + ", ".join(f"{k.removeprefix('spark.')}={conf_value(k)}" for k in shown))
+    if spark is not None:
+        print("confs: " + ", ".join(f"{k.removeprefix('spark.')}={conf_value(k)}" for k in shown))
     figures: dict[str, Figure] = {}
     out_dir = os.path.join(work, "out")
     seq = [0]
@@ -598,49 +721,176 @@ def main(argv: list[str] | None = None) -> int:
 
     # The session's first queries start Python workers and import pyspark, pandas, pyarrow in them:
     # spend that on a small run of each shape, so the figures are steady state.
-    warm = Shape(min(args.mb, 4), shape.entry_bytes)
-    started = time.monotonic()
-    run_query(spark, lambda s: memory_stream(s, warm, 2, 4, 0, "w").writeStream.format("noop"), checkpoint())
-    os.makedirs(out_dir, exist_ok=True)
-    run_query(
-        spark,
-        lambda s: segmented(memory_stream(s, warm, 2, 4, 4, "w")).writeStream.foreachBatch(
-            lambda df, b: df.mapInArrow(file_writer(out_dir, b), SINK_SCHEMA).collect()
-        ),
-        checkpoint(),
-    )
-    shutil.rmtree(out_dir)
-    print(f"warm-up queries: {time.monotonic() - started:.1f} s")
+    if not args.no_shape:
+        warm = Shape(min(args.mb, 4), shape.entry_bytes)
+        started = time.monotonic()
+        run_query(spark, lambda s: memory_stream(s, warm, 2, 4, 0, "w").writeStream.format("noop"), checkpoint())
+        os.makedirs(out_dir, exist_ok=True)
+        run_query(
+            spark,
+            lambda s: segmented(memory_stream(s, warm, 2, 4, 4, "w")).writeStream.foreachBatch(
+                lambda df, b: df.mapInArrow(file_writer(out_dir, b), SINK_SCHEMA).collect()
+            ),
+            checkpoint(),
+        )
+        shutil.rmtree(out_dir)
+        print(f"warm-up queries: {time.monotonic() - started:.1f} s")
 
+    # bench/offload.py's job_config with its --defaults: the shipped offload settings; only the store, the
+    # checkpoint and the topics are set (with defaults it reads no other field but trigger_interval, which
+    # run_once's AvailableNow query does not use; the others are named in case that changes).
+    job_args = argparse.Namespace(
+        defaults=True, trigger_interval="5 seconds", max_bytes_per_trigger=0, segment_mb=None, block_size=None
+    )
+    stores: list[tuple[str, Callable[[], ObjectStore], int | None]] = []  # (line, opener, pid to meter)
+    store_data = memoryview(b"")
+    stack = contextlib.ExitStack()
     broker_cm = None if args.no_broker else EmbeddedBroker(os.path.join(work, "broker"))
     try:
         topic = end = client = raw_client = None
+        topic_entries = 0
+        topic_entry_bytes = shape.entries * shape.entry_bytes  # without a broker: what the store lines write
         if broker_cm is not None:
-            broker = broker_cm.__enter__()
-            messages = shape.entries * args.entry_kb
+            broker = stack.enter_context(broker_cm)
             topic = "persistent://public/default/bench-ceiling"
-            summary = produce(broker.service_url, topic, messages, 1024, batching=True, batch_size=args.entry_kb)
-            print(f"published {messages:,} messages of 1024 B batched by {args.entry_kb} in {summary.seconds:.1f} s")
-            client = pio.make_client(broker.service_url)
+            summary = produce(broker.service_url, topic, messages, message_bytes, batching=True, batch_size=per_entry)
+            print(
+                f"published {messages:,} messages of {message_bytes:,} B batched by {per_entry} in "
+                f"{summary.seconds:.1f} s"
+            )
+            client = stack.enter_context(contextlib.closing(pio.make_client(broker.service_url)))
             raw_client = rr.RawClient(broker.service_url)
+            stack.callback(raw_client.close)
             end = pio.latest_position(client, topic)
+            n_raw, topic_entry_bytes, topic_entries = drain_raw(raw_client, topic, end, args.stall_ms, 2000)
+            assert n_raw == messages, (n_raw, messages)
+            print(
+                f"topic: {topic_entries:,} entries, {topic_entry_bytes / 1e6:.1f} MB of entry bytes (raw reader; "
+                f"{messages * message_bytes / 1e6:.1f} MB of payload)"
+            )
+            if not args.no_job:
+                started = time.monotonic()
+                warm_topic = "persistent://public/default/bench-ceiling-warm"
+                produce(
+                    broker.service_url,
+                    warm_topic,
+                    max(per_entry, 2 * MIB // message_bytes),
+                    message_bytes,
+                    batching=True,
+                    batch_size=per_entry,
+                )
+                config = job_config(job_args, Path(work), "warm", broker.service_url, [warm_topic])
+                drain_job(spark, config)
+                shutil.rmtree(config.store.root, ignore_errors=True)
+                print(f"positions job warm-up (run_once on a small topic): {time.monotonic() - started:.1f} s")
+
+        if not args.no_store:
+            from streamoffload.storage.filesystem import FilesystemStore
+
+            part_bytes, segment_bytes = args.store_part_mb * MIB, args.store_segment_mb * MIB
+            store_data = memoryview(os.urandom(max(1, min(part_bytes, segment_bytes, topic_entry_bytes))))
+            fs_root = os.path.join(work, "store-fs")
+            stores.append(("store fs (FilesystemStore, fsync)", lambda: FilesystemStore(fs_root), None))
+            if not args.no_s3:
+                from streamoffload.storage.s3 import S3Store
+                from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
+
+                endpoint = stack.enter_context(moto_endpoint(Path(work) / "moto.log"))
+                moto = child_pids("moto")
+                raw_s3_client(endpoint).create_bucket(Bucket="bench-ceiling")
+                s3 = stack.enter_context(
+                    contextlib.closing(
+                        S3Store(
+                            "bench-ceiling", endpoint_url=endpoint, region=S3_REGION, path_style=True, **S3_CREDENTIALS
+                        )
+                    )
+                )
+                stores.append(("store s3 (S3Store, moto_server)", lambda: s3, moto[0] if len(moto) == 1 else None))
+
+        def raw_twice(nbytes: int) -> None:
+            with CpuMeter(broker.pid) as meter:
+                started = time.monotonic()
+                for _ in range(2):
+                    n, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
+                    assert n == messages, (n, messages)
+                seconds = time.monotonic() - started
+            fig("raw ×2 (two read_range_raw drains)").add(seconds, nbytes, detail=reader_cpu(meter, nbytes))
+
+        def store_line(round_no: int, name: str, opener: Callable[[], ObjectStore], server: int | None) -> None:
+            store = opener()
+            with CpuMeter(server) as meter:
+                started = time.monotonic()
+                keys, n_parts = write_objects(
+                    store, f"round-{round_no}", topic_entry_bytes, part_bytes, segment_bytes, store_data
+                )
+                seconds = time.monotonic() - started
+            parts = [("this process", meter.used["driver"])]
+            if server is not None:
+                parts.append(("moto", meter.used["broker"]))
+            fig(name).add(
+                seconds,
+                topic_entry_bytes,
+                detail=f"{len(keys)} object(s), {n_parts} part(s) of up to {args.store_part_mb} MiB; "
+                + per_gb(topic_entry_bytes, parts),
+            )
+            for key in keys:  # moto holds them in memory; a filesystem store would fill the disk
+                store.delete(key)
+
+        def positions_job(round_no: int) -> None:
+            assert set_shuffle_compress(spark, True)  # the session's setting, whatever the job lines left
+            config = job_config(job_args, Path(work), f"positions-{round_no}", broker.service_url, [topic])
+            with CpuMeter(broker.pid) as meter:
+                run = drain_job(spark, config)
+            assert run.entries == topic_entries, f"the job's segments hold {run.entries} of {topic_entries} entries"
+            used = meter.used
+            batches = sum(q.batches for q in run.queries)
+            planning = sum(q.planning_s for q in run.queries)
+            segmenter = sum(q.segmenter_s for q in run.queries)
+            fig("positions job (run_once, fs store)").add(
+                steady_seconds(run.queries),
+                run.entry_bytes,
+                run.wall,
+                f"{run.segments} segment(s), {batches} micro-batch(es) (planning {planning:.2f} s; segmenter "
+                f"operator {segmenter:.2f} task s; foreachBatch {run.batch_seconds:.2f} s, of which uploads "
+                f"{run.upload_seconds:.2f} task s)\nCPU s: jvm {used['jvm']:.1f}, python "
+                f"workers {used['python workers']:.1f}, broker {used['broker']:.1f}, driver {used['driver']:.1f}\n"
+                + per_gb(
+                    run.entry_bytes,
+                    [
+                        ("jvm + python workers", used["jvm"] + used["python workers"]),
+                        ("broker", used["broker"]),
+                        ("driver", used["driver"]),
+                    ],
+                ),
+            )
+            shutil.rmtree(config.store.root, ignore_errors=True)
+            shutil.rmtree(config.spark.checkpoint, ignore_errors=True)
 
         for round_no in range(args.repeat):
             print(f"round {round_no + 1} of {args.repeat} (load average {os.getloadavg()[0]:.2f})", flush=True)
-            seconds = memcopy(shape.entries, shape.entry_bytes, max(1, int(batch_mbs[0] * MIB // shape.entry_bytes)))
-            fig(f"memcopy {batch_mbs[0]:g} MiB batches").add(seconds, shape.entries * shape.entry_bytes)
+            if spark is not None:  # the source's schema is parsed by the session (DDL)
+                rows = max(1, int(batch_mbs[0] * MIB // shape.entry_bytes))
+                seconds = memcopy(shape.entries, shape.entry_bytes, rows)
+                fig(f"memcopy {batch_mbs[0]:g} MiB batches").add(seconds, shape.entries * shape.entry_bytes)
             if broker_cm is not None:
                 with CpuMeter(broker.pid) as meter:
                     started = time.monotonic()
                     n_messages, nbytes, _entries = drain_plain(client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
                     seconds = time.monotonic() - started
-                fig("plain (pulsar-client drain)").add(seconds, nbytes, detail=reader_cpu(meter))
+                fig("plain (pulsar-client drain)").add(seconds, nbytes, detail=reader_cpu(meter, nbytes))
                 with CpuMeter(broker.pid) as meter:
                     started = time.monotonic()
                     n_raw, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
                     seconds = time.monotonic() - started
-                fig("raw (read_range_raw)").add(seconds, nbytes, detail=reader_cpu(meter))
-                assert n_messages == n_raw == shape.entries * args.entry_kb, (n_messages, n_raw)
+                fig("raw (read_range_raw)").add(seconds, nbytes, detail=reader_cpu(meter, nbytes))
+                assert n_messages == n_raw == messages, (n_messages, n_raw)
+                raw_twice(nbytes)
+            for name, opener, server in stores:
+                store_line(round_no, name, opener, server)
+            if broker_cm is not None and not args.no_job:
+                positions_job(round_no)
+            if args.no_shape:
+                continue
             for p in partitions:
                 for batch_mb in batch_mbs:
                     source_line(p, batch_mb)
@@ -661,11 +911,11 @@ def main(argv: list[str] | None = None) -> int:
             for conf in tries:
                 job_line(partitions[0], True, triggers[0], " + " + ";".join(f"{k}={v}" for k, v in conf.items()), conf)
     finally:
-        if client is not None:
-            client.close()
-        if broker_cm is not None:
-            broker_cm.__exit__(None, None, None)
-        spark.stop()
+        try:
+            stack.close()  # the S3 store, moto, the clients, the broker, in that order
+        finally:
+            if spark is not None:
+                spark.stop()
 
     base = figures.get("plain (pulsar-client drain)")
     print(

@@ -24,8 +24,8 @@ the end unless ``--keep``).
    MB/s count entry bytes (10^6 bytes): the sum of ``entryBytes`` over the sealed segments' manifests,
    the same bytes the source emits (its row count is checked against the manifests' entry count). The
    figure that matters is the ratio job / source. Both sides first run once on a small warm-up topic,
-   so neither pays the session's JVM and Python worker start-up. With ``--repeat N`` the two alternate
-   and the best time of each is kept.
+   so neither pays the session's JVM and Python worker start-up. With ``--repeat N`` the rounds (source,
+   job, plain drain) alternate and the medians are printed, each round's figures first.
 
    Then, as a user sees it: ``run --once`` steady MB/s (its micro-batches' time, query start-up taken
    off) next to a plain ``pulsar-client`` Reader loop (``bench/source.py``'s ``drain_plain``) draining
@@ -94,7 +94,7 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.entry import entry_messages
-from streamoffload.config import Config, parse_config
+from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, Config, parse_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.limits import min_block_size
 from streamoffload.produce import ProduceSummary, produce
@@ -309,63 +309,131 @@ def publish_backlog(args: argparse.Namespace, broker: EmbeddedBroker, part: str,
     return summary
 
 
+@dataclass
+class ThroughputRound:
+    """One round of the throughput phase: the three drains of the same backlog, side by side."""
+
+    source_rows: int
+    source_wall: float
+    source_batches: int
+    source_cpu: dict[str, float]
+    job: JobRun
+    job_cpu: dict[str, float]
+    plain_wall: float
+    plain_cpu: dict[str, float]
+    old_gen_after: int
+    """Bytes in the JVM's old generation right after the job's run."""
+
+    @property
+    def mb(self) -> float:
+        return self.job.entry_bytes / 1e6
+
+    @property
+    def steady_mbs(self) -> float:
+        return self.mb / steady_seconds(self.job.queries)
+
+    @property
+    def plain_mbs(self) -> float:
+        return self.mb / self.plain_wall
+
+    @property
+    def spark_cpu_per_gb(self) -> float:
+        return (self.job_cpu.get("jvm", 0.0) + self.job_cpu.get("python workers", 0.0)) / (self.mb / 1000)
+
+    @property
+    def broker_ratio(self) -> float:
+        """Broker CPU per byte in the job ÷ in the plain drain."""
+        return self.job_cpu.get("broker", 0.0) / max(self.plain_cpu.get("broker", 0.0), 1e-9)
+
+
+def old_generation_bytes(spark: Any) -> int:
+    """Bytes used now in the JVM's old generation (G1 Old Gen, or any pool named so)."""
+    management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    for pool in management.getMemoryPoolMXBeans():
+        if "Old" in str(pool.getName()):
+            return int(pool.getUsage().getUsed())
+    return 0
+
+
 def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    """Rounds of: the job's source alone, ``run_once``, and a plain ``pulsar-client`` drain of the same
+    backlog, alternating, so each ratio is taken under the same load; medians over the rounds."""
     topics = list(publish_backlog(args, broker, "throughput", "bench-offload-backlog").partitions)
-    best_source = best_job = None
-    source_cpu = job_cpu = None
+    rounds: list[ThroughputRound] = []
     for round_no in range(args.repeat):
         config = job_config(args, work, f"backlog-{round_no}", broker.service_url, topics)
-        with CpuMeter(broker.pid) as meter:
-            rows, wall, batches = drain_source(spark, OffloadJob(config), work / f"checkpoint-source-{round_no}")
-        if best_source is None or wall < best_source[1]:
-            best_source, source_cpu = (rows, wall, batches), meter
-        with CpuMeter(broker.pid) as meter:
+        with CpuMeter(broker.pid) as source_meter:
+            rows, source_wall, batches = drain_source(spark, OffloadJob(config), work / f"checkpoint-source-{round_no}")
+        with CpuMeter(broker.pid) as job_meter:
             run = drain_job(spark, config)
-        if best_job is None or run.wall < best_job.wall:
-            best_job, job_cpu = run, meter
-        # The store of a round is measured; drop it so several rounds of 500 MB do not pile up.
+        old_gen = old_generation_bytes(spark)
+        with CpuMeter(broker.pid) as plain_meter:
+            plain_wall = drain_plain_client(broker.service_url, topics)
+        if rows != run.entries:
+            raise RuntimeError(f"the source read {rows} entries but the job's segments hold {run.entries}")
+        rounds.append(
+            ThroughputRound(
+                rows,
+                source_wall,
+                batches,
+                source_meter.used,
+                run,
+                job_meter.used,
+                plain_wall,
+                plain_meter.used,
+                old_gen,
+            )
+        )
+        r = rounds[-1]
+        print(
+            f"  round {round_no + 1}: source {r.mb / source_wall:.1f} MB/s, run --once {r.mb / run.wall:.1f} MB/s "
+            f"(steady {r.steady_mbs:.1f}), plain pulsar-client drain {r.plain_mbs:.1f} MB/s; steady ÷ plain "
+            f"{r.steady_mbs / r.plain_mbs:.2f}; Spark CPU {r.spark_cpu_per_gb:.1f} s/GB; broker CPU job ÷ plain "
+            f"{r.broker_ratio:.2f}; JVM old gen after {old_gen / 2**20:.0f} MiB"
+        )
+        # The store of a round is measured; drop it so several rounds of a big backlog do not pile up.
         shutil.rmtree(config.store.root, ignore_errors=True)
-    assert best_source is not None and best_job is not None and source_cpu is not None and job_cpu is not None
-    rows, source_wall, source_batches = best_source
-    if rows != best_job.entries:
-        raise RuntimeError(f"the source read {rows} entries but the job's segments hold {best_job.entries}")
-    mb = best_job.entry_bytes / 1e6
-    source_mbs = mb / source_wall
-    job_mbs = mb / best_job.wall
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    best = min(rounds, key=lambda r: r.job.wall)
+    mb = best.mb
+    source_mbs = median([r.mb / r.source_wall for r in rounds])
+    job_mbs = median([r.mb / r.job.wall for r in rounds])
+    print(f"  medians of {len(rounds)} round(s):")
+    print(f"  source  {best.source_rows:>9,} entries, {mb:8.1f} MB: {source_mbs:7.1f} MB/s")
     print(
-        f"  source  {rows:>9,} entries, {mb:8.1f} MB in {source_wall:7.2f} s: {source_mbs:7.1f} MB/s"
-        f"   ({source_batches} micro-batches)"
+        f"  job     {best.job.entries:>9,} entries, {mb:8.1f} MB: {job_mbs:7.1f} MB/s   ratio "
+        f"{job_mbs / source_mbs:.2f}   ({best.job.segments} segments sealed by "
+        + ", ".join(f"{k} {v}" for k, v in sorted(best.job.reasons.items()))
+        + f"; {best.job.batches} micro-batches)"
     )
+    print(f"  source {CpuMeter.describe(best.source_cpu, best.source_wall)}   (fastest round of the job)")
+    print(f"  job    {CpuMeter.describe(best.job_cpu, best.job.wall)}")
+    print(f"  plain  {CpuMeter.describe(best.plain_cpu, best.plain_wall)}")
     print(
-        f"  job     {best_job.entries:>9,} entries, {mb:8.1f} MB in {best_job.wall:7.2f} s: {job_mbs:7.1f} MB/s"
-        f"   ratio {job_mbs / source_mbs:.2f}   ({best_job.segments} segments sealed by "
-        + ", ".join(f"{k} {v}" for k, v in sorted(best_job.reasons.items()))
-        + f"; {best_job.batches} micro-batches)"
-    )
-    print(f"  source {source_cpu.render(source_wall)}")
-    print(f"  job    {job_cpu.render(best_job.wall)}")
-    # Wall times on shared cores move with the other work; CPU seconds per MB much less so.
-    source_per_cpu = mb / max(sum(source_cpu.used.values()), 1e-9)
-    job_per_cpu = mb / max(sum(job_cpu.used.values()), 1e-9)
-    print(
-        f"  per CPU second (all processes): source {source_per_cpu:.1f} MB, job {job_per_cpu:.1f} MB, "
-        f"ratio {job_per_cpu / source_per_cpu:.2f}"
-    )
-    print(
-        f"  job: foreachBatch (source + segmenter + sink per micro-batch) {best_job.batch_seconds:.1f} s, "
-        f"of which uploads to the store {best_job.upload_seconds:.1f} s (summed over tasks)"
+        f"  job: foreachBatch (segmenter + sink per micro-batch) {best.job.batch_seconds:.1f} s, of which the sink's "
+        f"fetches and uploads {best.job.upload_seconds:.1f} s (summed over tasks)"
     )
     names = ("drain and seal", "other")
-    print("  job: run_once = " + " + ".join(q.render(n) for n, q in zip(names, best_job.queries, strict=False)))
-    limits(source_cpu.used, job_cpu.used, best_job, source_wall)
-    plain_wall = drain_plain_client(broker.service_url, topics)
-    steady = steady_seconds(best_job.queries)
+    print("  job: run_once = " + " + ".join(q.render(n) for n, q in zip(names, best.job.queries, strict=False)))
+    limits(best.source_cpu, best.job_cpu, best.job, best.source_wall)
+    steady = median([r.steady_mbs for r in rounds])
+    plain = median([r.plain_mbs for r in rounds])
     print(
-        f"  run --once steady (its micro-batches, start-up taken off) {mb / steady:.1f} MB/s in {steady:.2f} s vs a "
-        f"plain pulsar-client drain {mb / plain_wall:.1f} MB/s in {plain_wall:.2f} s: ratio {plain_wall / steady:.2f}"
+        f"  run --once steady (its micro-batches, start-up taken off) {steady:.1f} MB/s vs a plain pulsar-client "
+        f"drain {plain:.1f} MB/s: ratio {median([r.steady_mbs / r.plain_mbs for r in rounds]):.2f} "
+        f"(median of the rounds' ratios; target >= 0.5)"
     )
     print(
-        f"  peak state bytes per topic-partition: {best_job.peak_state:,} "
+        f"  Spark-side CPU (JVM + Python workers): {median([r.spark_cpu_per_gb for r in rounds]):.1f} s per GB "
+        f"(target <= 8); broker CPU per byte, job ÷ plain drain: {median([r.broker_ratio for r in rounds]):.2f}; "
+        f"JVM old generation after the run: {median([r.old_gen_after for r in rounds]) / 2**20:.0f} MiB "
+        f"(target <= 300)"
+    )
+    print(
+        f"  peak state bytes per topic-partition: {best.job.peak_state:,} "
         f"(bound: less than one minimum part, {min_part_size(config.store):,})"
     )
 
@@ -735,10 +803,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-bytes-per-trigger",
         type=int,
-        default=128 * MIB,
-        help="the source's admission control per micro-batch, both sides; 0: none (default 128 MiB)",
+        default=DEFAULT_MAX_BYTES_PER_TRIGGER,
+        help="the source's admission control per micro-batch, both sides; 0: none (default: the job's, 1 GiB)",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="alternating throughput rounds, best of each")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="throughput rounds (source, job, plain drain alternating); medians"
+    )
     parser.add_argument("--rate", type=float, default=500, help="steady publish rate for the lag, msg/s (default 500)")
     parser.add_argument("--lag-seconds", type=float, default=60, help="how long to publish for the lag (default 60)")
     parser.add_argument(

@@ -67,6 +67,19 @@ def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
     return groups
 
 
+def child_pids(word: str) -> list[int]:
+    """This process's live children whose command line contains ``word``: a server the bench started (e.g.
+    ``moto_server``), to meter as ``CpuMeter(pid)``, whose ``broker`` group is then that server's tree."""
+    me = os.getpid()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _proc_stat(int(name))
+            if stat is not None and stat[0] == me and word in _cmdline(int(name)):
+                out.append(int(name))
+    return out
+
+
 @dataclass
 class CpuMeter:
     broker_pid: int | None
@@ -82,8 +95,12 @@ class CpuMeter:
         self.used = {k: max(end[k] - self.start.get(k, 0.0), 0.0) for k in end}
 
     def render(self, wall: float) -> str:
-        total = sum(self.used.values())
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in self.used.items())
+        return self.describe(self.used, wall)
+
+    @staticmethod
+    def describe(used: dict[str, float], wall: float) -> str:
+        total = sum(used.values())
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in used.items())
         return f"CPU s: {parts} (total {total:.1f} in {wall:.1f} s wall = {total / wall:.2f} cores)"
 
 
