@@ -391,36 +391,40 @@ def read_partition(options: SourceOptions, partition: PulsarRangePartition, sche
             crcs if positions_only else None,
         )
 
-    for entry in read_range(
-        client,
-        partition.topic,
-        partition.start,
-        partition.end,
-        settings=options.reader_settings(),
-        end_is_known=partition.end_known,
-        stats=stats,
-    ):
-        ledger_ids.append(entry.ledger_id)
-        entry_ids.append(entry.entry_id)
-        publish.append(entry.publish_time)
-        counts.append(entry.num_messages)
-        sizes.append(len(entry.data))
-        if positions_only:
-            crcs.append(crc32c(entry.data))
-            if spool is not None:
-                spool.add(entry.ledger_id, entry.entry_id, entry.data)
-        else:
-            datas.append(entry.data)
-            pending_bytes += len(entry.data)
-        if len(sizes) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
+    try:
+        for entry in read_range(
+            client,
+            partition.topic,
+            partition.start,
+            partition.end,
+            settings=options.reader_settings(),
+            end_is_known=partition.end_known,
+            stats=stats,
+        ):
+            ledger_ids.append(entry.ledger_id)
+            entry_ids.append(entry.entry_id)
+            publish.append(entry.publish_time)
+            counts.append(entry.num_messages)
+            sizes.append(len(entry.data))
+            if positions_only:
+                crcs.append(crc32c(entry.data))
+                if spool is not None:
+                    spool.add(entry.ledger_id, entry.entry_id, entry.data)
+            else:
+                datas.append(entry.data)
+                pending_bytes += len(entry.data)
+            if len(sizes) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
+                yield batch()
+                for column in (ledger_ids, entry_ids, publish, counts, datas, sizes, crcs):
+                    column.clear()
+                pending_bytes = 0
+        if sizes:
             yield batch()
-            for column in (ledger_ids, entry_ids, publish, counts, datas, sizes, crcs):
-                column.clear()
-            pending_bytes = 0
-    if sizes:
-        yield batch()
-    if spool is not None:
-        spool.finish()
+        if spool is not None:
+            spool.finish()
+    finally:
+        if spool is not None:
+            spool.abandon()  # a read that failed leaves no temporary file behind (no-op once finished)
     log.info(
         "pulsar source: %s reader: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
         "%d stalls, %d reader re-opens, %d errors",

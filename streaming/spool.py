@@ -130,9 +130,14 @@ class SpoolWriter:
             self._file.close()
             self._file = None
             os.replace(self._tmp, self.directory / _name(self.start, self.end))
+            self._tmp = None
         except OSError as err:
             log.warning("spool: publishing %s failed (%s)", self._tmp, err)
             self._abandon()
+
+    def abandon(self) -> None:
+        """Remove what this writer wrote unless it finished (a failed or cancelled read)."""
+        self._abandon()
 
     def _abandon(self) -> None:
         if self._file is not None:
@@ -183,6 +188,8 @@ class SpoolFetcher:
 
     root: str
     fallback: Any
+    spooled: int = 0
+    """Entries served from the spool (the rest the fallback read: its ``stats``)."""
 
     @property
     def source(self) -> str:
@@ -201,6 +208,7 @@ class SpoolFetcher:
                         continue
                     if pos > end:
                         return
+                    self.spooled += 1
                     yield pos, data
                     position = pos
             except (FileNotFoundError, TornSpoolError):
