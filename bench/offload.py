@@ -167,6 +167,7 @@ class JobRun:
     batch_seconds: float
     upload_seconds: float
     queries: list[QueryTimes]
+    fetched: str
     """Per query that ``run_once`` started (one: it drains, then seals in its last micro-batch)."""
     peak_state: int = 0
     """The most bytes any topic-partition's segmenter kept in the state store after a micro-batch."""
@@ -254,7 +255,20 @@ def drain_job(spark: Any, config: Config) -> JobRun:
         sum(r.duration_s for r in reports),
         sum(sum(r.upload_seconds) for r in reports),
         queries,
+        fetched(reports),
         peak_state_bytes(reports),
+    )
+
+
+def fetched(reports: list[BatchReport]) -> str:
+    """Where the sink got its entries: the spool, or reads of the broker."""
+    spooled = sum(r.spooled_entries for r in reports)
+    broker = sum(r.broker_entries for r in reports)
+    reads = sum(r.broker_reads for r in reports)
+    seconds = sum(r.fetch_seconds for r in reports)
+    return (
+        f"the sink took {spooled:,} entries from the spool and {broker:,} from the broker in {reads:,} reads "
+        f"({seconds:.1f} task s fetching)"
     )
 
 
@@ -418,6 +432,7 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
     )
     names = ("drain and seal", "other")
     print("  job: run_once = " + " + ".join(q.render(n) for n, q in zip(names, best.job.queries, strict=False)))
+    print(f"  job: {best.job.fetched}")
     limits(best.source_cpu, best.job_cpu, best.job, best.source_wall)
     steady = median([r.steady_mbs for r in rounds])
     plain = median([r.plain_mbs for r in rounds])
@@ -683,6 +698,7 @@ def lag(
     )
     print(f"  policy alone would give p50 ~{rollover / 2:g} s, p99 ~{rollover * 0.99:g} s (uniform over the rollover)")
     print(f"  {meter.render(wall)}")
+    print(f"  {fetched(reports)}")
     figures = {"lag p50": p50, "lag p99": p99}
     if batch_seconds:
         figures["micro-batch p50"] = percentile(batch_seconds, 0.5)

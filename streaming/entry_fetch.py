@@ -133,10 +133,25 @@ class BrokerFetcher:
         self.stats.reads += 1
         read = read_range(client, topic, after, end, settings=self.settings, end_is_known=True)
         try:
-            delivered = (((e.ledger_id, e.entry_id), e.data) for e in read)
+            delivered = (((e.ledger_id, e.entry_id), e.data) for e in _counted(read, self.stats))
             yield from with_fetch_fault(fetch_fault(topic), delivered)  # tests only; unset, one lookup
         finally:
             read.close()  # its consumer and connection, when the sink stops early
+
+
+def _counted(entries: Iterator[Any], stats: FetchStats) -> Iterator[Any]:
+    for entry in entries:
+        stats.entries += 1
+        stats.bytes += len(entry.data)
+        yield entry
+
+
+def fetch_counts(fetcher: Any) -> tuple[int, int, int]:
+    """(entries from a spool, entries read from the broker, broker reads) a fetcher has served so far."""
+    spooled = int(getattr(fetcher, "spooled", 0))
+    broker = getattr(fetcher, "fallback", fetcher)
+    stats = getattr(broker, "stats", None)
+    return spooled, int(getattr(stats, "entries", 0)), int(getattr(stats, "reads", 0))
 
 
 class MemoryFetcher:

@@ -80,6 +80,9 @@ class BatchReport:
     parts: int = 0
     part_bytes: int = 0
     fetch_seconds: float = 0.0
+    spooled_entries: int = 0
+    broker_entries: int = 0
+    broker_reads: int = 0
     opened: int = 0
     sealed: list[dict[str, Any]] = field(default_factory=list)
     upload_seconds: list[float] = field(default_factory=list)
@@ -329,6 +332,9 @@ class OffloadJob:
             report.parts += stats["parts"]
             report.part_bytes += stats["part_bytes"]
             report.fetch_seconds += stats.get("fetch_seconds", 0.0)
+            report.spooled_entries += stats.get("spooled_entries", 0)
+            report.broker_entries += stats.get("broker_entries", 0)
+            report.broker_reads += stats.get("broker_reads", 0)
             report.opened += stats["opened"]
             report.sealed.extend(stats["sealed"])
             report.upload_seconds.extend(stats["upload_seconds"])

@@ -33,7 +33,7 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.control import record_request_status
-from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader
+from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader, fetch_counts
 from streamoffload.streaming.faults import crash_point
 from streamoffload.streaming.part_layout import build_part, decode_layouts, part_refs
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
@@ -71,6 +71,10 @@ class SinkStats:
     part_bytes: int = 0
     fetch_seconds: float = 0.0
     """Time spent fetching and checking the parts' entries (the data plane's read)."""
+    spooled_entries: int = 0
+    """Entries the sink took from the spool; the rest it read from the broker (``broker_entries``)."""
+    broker_entries: int = 0
+    broker_reads: int = 0
     sealed: list[dict[str, Any]] = field(default_factory=list)
     opened: int = 0
     upload_seconds: list[float] = field(default_factory=list)
@@ -112,6 +116,7 @@ class SegmentSink:
         actions = list(actions)
         run_ends = _run_ends(actions)
         reader = PartReader(self.fetcher) if self.fetcher is not None else None
+        counts_before = fetch_counts(self.fetcher)
         try:
             for i, action in enumerate(actions):
                 try:
@@ -126,6 +131,10 @@ class SegmentSink:
             if reader is not None:
                 reader.close()
                 stats.fetch_seconds += reader.stats.seconds
+                after = fetch_counts(self.fetcher)
+                stats.spooled_entries, stats.broker_entries, stats.broker_reads = (
+                    a - b for a, b in zip(after, counts_before, strict=True)
+                )
         return stats
 
     def _apply_one(
