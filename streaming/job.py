@@ -275,7 +275,8 @@ class OffloadJob:
         """Where the source tasks keep the bytes they read for the sink (``streaming.spool``): beside the
         checkpoint, one per run. Only where every task runs on this machine (``local`` masters): elsewhere a
         sink on another executor would not find the files, and they would not be removed."""
-        if self.run is None or not self.config.spark.master.startswith("local"):
+        spark = self.config.spark
+        if self.run is None or not spark.spool or not spark.master.startswith("local"):
             return None
         return str(Path(self._versions_file()).with_name(f"spool-{self.run.epoch:08d}"))
 
@@ -589,6 +590,39 @@ class OffloadJob:
             else:
                 log.warning("%s: offload failed (%s); trying again", topic, reason)
         return held
+
+    def nothing_new(self) -> bool:
+        """For ``run --once``, after ``begin_run``: whether every topic-partition is offloaded up to the broker's
+        latest position and no offload-now request waits, so that the query would start Spark only to find
+        nothing (recovery has abandoned every unfinished attempt, and ``run --once`` leaves no open segment).
+        Any doubt (the broker or the store cannot be asked) answers False: the query then finds out."""
+        from streamoffload.streaming.control import pending_requests
+        from streamoffload.streaming.planner import SourcePlanner
+        from streamoffload.streaming.source_options import SourceOptions
+
+        run = self.run
+        if run is None:
+            return False
+        try:
+            if pending_requests(self.store_settings.open(), self.key_prefix):
+                return False
+            planner = SourcePlanner(SourceOptions.parse(self.source_options()))
+            try:
+                partitions = planner.topic_partitions(force=True)
+                latest = planner.latest_positions(partitions)
+            finally:
+                planner.close()
+        except Exception as err:
+            log.info("could not tell whether anything is new (%s): running the query", err)
+            return False
+        for tp in partitions:
+            last = latest.get(tp)
+            if last is None:
+                continue  # an empty topic-partition
+            committed = run.resume.get(tp, (None, 0))[0]
+            if committed is None or tuple(committed) < tuple(last):
+                return False
+        return True
 
     def _drain_and_seal(self, spark: Any) -> None:
         """One query: it reads up to the positions of its start (``Trigger.AvailableNow``), and its last

@@ -203,6 +203,9 @@ class SparkSettings:
     master: str = "local[2]"
     checkpoint: str = "var/checkpoint"
     trigger_interval: str = "5 seconds"
+    spool: bool = True
+    """On ``local`` masters, the source tasks keep the bytes they read in a spool beside the checkpoint for the
+    sink (``streaming.spool``), so the broker sends each entry once; false: the sink reads it again."""
     conf: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -86,6 +86,18 @@ def run(args: argparse.Namespace) -> int:
     except LeaseHeldError as err:
         # The way out the lease itself cannot name: this command's option (README "Operating").
         raise LeaseHeldError(f"{err} If it is gone, `run --take-over` takes the lease now.") from err
+    if args.once and job.nothing_new():
+        # No Spark session for nothing: a scheduled `run --once` over quiet topics takes seconds, not half a
+        # minute. Retention still runs, as at the end of any run.
+        try:
+            job.retention_runner().run_pass()
+        finally:
+            job.end_run()
+        print(
+            f"nothing new to offload: {config.store.url} holds every topic-partition up to its latest entry",
+            file=sys.stderr,
+        )
+        return 0
     spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
     metrics = None
     try:

@@ -35,6 +35,12 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 COUNT, SIZE, KEYS = 200, 150, 5
 
 
+def without_spool(config_path: Path) -> Path:
+    """The sink reads every entry from the broker again (the path under test), not from the spool."""
+    config_path.write_text(config_path.read_text().replace("[spark]\n", "[spark]\nspool = false\n"))
+    return config_path
+
+
 def publish(service_url: str, topic: str) -> None:
     produce(service_url, topic, count=COUNT, payload_size=SIZE, keys=KEYS, batching=True, batch_size=10)
 
@@ -66,7 +72,7 @@ def test_a_changed_resized_or_missing_entry_commits_nothing_wrong_then_the_next_
         produce(
             pulsar_broker.service_url, topic, count=COUNT, payload_size=SIZE, keys=KEYS, batching=True, batch_size=10
         )
-    config_path = write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path))
+    config_path = without_spool(write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path)))
     spec = ",".join(f"{kind}={topic.rsplit('/', 1)[1]}" for kind, topic in faults.items())
     env = {**os.environ, FETCH_FAULT: spec, "STREAMOFFLOAD_CRASH_DIR": str(tmp_path / "faults")}
 
@@ -93,12 +99,17 @@ def test_a_changed_resized_or_missing_entry_commits_nothing_wrong_then_the_next_
         check_messages(store, topic, COUNT, keys=KEYS, size=SIZE)
         assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
 
+    # Nothing new now: `run --once` says so without starting Spark.
+    proc = run_once(config_path, {**os.environ})
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert "nothing new to offload" in proc.stderr.decode()
+
 
 def test_a_broker_restart_between_the_two_reads_is_a_reconnect(make_broker: Any, tmp_path: Path) -> None:
     broker = make_broker()
     topic = unique_topic("fetch-restart")
     publish(broker.service_url, topic)
-    config_path = write_config(tmp_path, broker.service_url, [topic], fs_store(tmp_path))
+    config_path = without_spool(write_config(tmp_path, broker.service_url, [topic], fs_store(tmp_path)))
     fault_dir = tmp_path / "faults"
     env = {**os.environ, FETCH_FAULT: f"pause={topic.rsplit('/', 1)[1]}", "STREAMOFFLOAD_CRASH_DIR": str(fault_dir)}
     result: dict[str, subprocess.CompletedProcess[bytes]] = {}
@@ -134,7 +145,18 @@ def test_the_retain_subscription_is_acknowledged_up_to_the_last_commit(
     OffloadJob(config, str(config_path)).run_once(spark)
     check_messages(config.store.open(), topic, COUNT, keys=KEYS, size=SIZE)
 
+    job = OffloadJob(config, str(config_path))
+    job.begin_run()
+    try:
+        assert job.nothing_new()  # `run --once` would skip Spark
+    finally:
+        job.end_run()
     produce(pulsar_broker.service_url, topic, count=1, payload_size=7, batching=False)  # after the offloaded ones
+    job.begin_run()
+    try:
+        assert not job.nothing_new()  # one new entry: a run must read it
+    finally:
+        job.end_run()
     client = pulsar.Client(pulsar_broker.service_url)
     try:
         consumer = client.subscribe(topic, "streamoffload-retain", consumer_type=pulsar.ConsumerType.Failover)
