@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,12 @@ def test_a_topic_disabled_while_traffic_continues_then_enabled_misses_nothing(
     poll(lambda: offloaded(topic) == 50 and offloaded(other) == 50, what="the first 50 offloaded")
 
     config_path.write_text(config_path.read_text() + f'\n[topics."{topic}"]\nenabled = false\n')
-    poll(lambda: Path(tmp_path / "checkpoint" / "policy-versions.json").read_text().count("false") > 0, what="pause")
+    versions_file = Path(tmp_path / "checkpoint" / "policy-versions.json")
+    poll(lambda: versions_file.read_text().count("false") > 0, what="pause")
+    # The pause is in force from its effective time on (published + refresh + 5 s): what is published
+    # before then may still be read. Publish after it, so the paused topic has nothing it may read.
+    in_force_ms = max(effective for effective, _doc in json.loads(versions_file.read_text()))
+    poll(lambda: time.time() * 1000 > in_force_ms + 1000, what="the pause in force")
     produce(pulsar_broker.service_url, [topic, other], count=60, payload_size=100, batching=False)
     poll(lambda: offloaded(other) == 110, what="the steady topic keeps going")
     assert offloaded(topic) <= 50 + 60
