@@ -208,7 +208,7 @@ class PartReader:
                 raise
             # A spool is a cache: what it got wrong the broker is asked for (and checked) once more.
             log.warning("%s; reading the part from the broker instead", err)
-            out = match(topic, refs, fallback.stream(topic, after, refs[-1].position), fallback.source)
+            out = fetch(fallback, topic, refs, after)
         except BaseException:
             self._open[topic] = current
             self.close(topic)

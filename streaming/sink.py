@@ -35,7 +35,7 @@ from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FO
 from streamoffload.streaming.control import record_request_status
 from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader, fetch_counts
 from streamoffload.streaming.faults import crash_point
-from streamoffload.streaming.part_layout import build_part, decode_layouts, part_refs
+from streamoffload.streaming.part_layout import BlockLayout, build_part, decode_layouts, part_refs
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 
 log = logging.getLogger(__name__)
@@ -114,13 +114,13 @@ class SegmentSink:
         they are read ahead to find the runs of consecutive parts each topic-partition's read can cover."""
         stats = SinkStats()
         actions = list(actions)
-        run_ends = _run_ends(actions)
+        parts = _plan_parts(actions)
         reader = PartReader(self.fetcher) if self.fetcher is not None else None
         counts_before = fetch_counts(self.fetcher)
         try:
             for i, action in enumerate(actions):
                 try:
-                    self._apply_one(action, stats, reader, run_ends.get(i))
+                    self._apply_one(action, stats, reader, parts.get(i))
                 except Exception as err:
                     stats.errors += 1
                     self._record_failure(action, err)
@@ -138,7 +138,11 @@ class SegmentSink:
         return stats
 
     def _apply_one(
-        self, action: Mapping[str, Any], stats: SinkStats, reader: PartReader | None = None, run_end: Any = None
+        self,
+        action: Mapping[str, Any],
+        stats: SinkStats,
+        reader: PartReader | None = None,
+        part: PlannedPart | None = None,
     ) -> None:
         kind = action["action"]
         if kind == "stats":
@@ -154,11 +158,12 @@ class SegmentSink:
             started = time.monotonic()
             info = json.loads(action["info"])
             upload = self._upload_for(data_key, info["manifest_key"])
-            data = self._part_bytes(action["topic"], bytes(action["data"]), info, reader, run_end)
+            part = part or _plan_parts([action])[0]
+            data = self._part_bytes(action["topic"], part, info, reader)
             upload.write_part(int(action["part_number"]), data)
             release = getattr(self.fetcher, "release", None)  # the spool: these entries are written now
             if release is not None:
-                release(action["topic"], _last_position(bytes(action["data"])))
+                release(action["topic"], part.last)
             crash_point("after-part")
             stats.upload_seconds.append(time.monotonic() - started)
             stats.parts += 1
@@ -177,16 +182,12 @@ class SegmentSink:
         else:
             raise ValueError(f"unknown sink action {kind!r}")
 
-    def _part_bytes(
-        self, topic: str, layout: bytes, info: Mapping[str, Any], reader: PartReader | None, run_end: Any
-    ) -> bytes:
+    def _part_bytes(self, topic: str, part: PlannedPart, info: Mapping[str, Any], reader: PartReader | None) -> bytes:
         """The part's bytes: its entries fetched and checked, then its blocks built as the layouts say."""
         if reader is None:
             raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
-        blocks = decode_layouts(layout)
-        refs = part_refs(blocks)
-        payloads = reader.take(topic, refs, blocks[0].after, run_end or refs[-1].position)
-        data = build_part(FormatVersion(int(info["format"])), blocks, payloads)
+        payloads = reader.take(topic, part_refs(part.blocks), part.blocks[0].after, part.run_end)
+        data = build_part(FormatVersion(int(info["format"])), part.blocks, payloads)
         expected = info.get("length")
         if expected is not None and len(data) != int(expected):
             raise ReplayMismatchError(f"{topic}: a part built {len(data)} bytes, its layout says {expected}")
@@ -296,27 +297,36 @@ class SegmentSink:
             log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
 
 
-def _last_position(layout: bytes) -> tuple[int, int]:
-    last = decode_layouts(layout)[-1]
-    return (last.ledger_id, last.entries[-1][0])
+@dataclass
+class PlannedPart:
+    """A part action's block layouts, decoded once, and where the run of consecutive parts it belongs to ends."""
+
+    blocks: list[BlockLayout]
+    run_end: tuple[int, int]
+
+    @property
+    def last(self) -> tuple[int, int]:
+        return (self.blocks[-1].ledger_id, self.blocks[-1].entries[-1][0])
 
 
-def _run_ends(actions: list[Mapping[str, Any]]) -> dict[int, tuple[int, int]]:
-    """For each part action (by index): the last position of the run of consecutive parts of its
+def _plan_parts(actions: list[Mapping[str, Any]]) -> dict[int, PlannedPart]:
+    """The part actions (by index), each with the last position of the run of consecutive parts of its
     topic-partition it belongs to, so one read covers the run (``PartReader``)."""
-    run_of: dict[int, list[tuple[int, int]]] = {}  # part index -> its run's [last position]
-    current: dict[str, list[tuple[int, int]]] = {}  # topic -> its open run's [last position]
+    planned: dict[int, PlannedPart] = {}
+    current: dict[str, PlannedPart] = {}  # topic -> the last part of its open run
+    runs: dict[int, list[PlannedPart]] = {}  # id of a run's first part -> the run
     for i, action in enumerate(actions):
         if action["action"] != "part":
             continue
-        blocks = decode_layouts(bytes(action["data"]))
-        last = (blocks[-1].ledger_id, blocks[-1].entries[-1][0])
-        run = current.get(action["topic"])
-        if run is None or run[0] != blocks[0].after:
-            run = current[action["topic"]] = [last]
-        run[0] = last
-        run_of[i] = run
-    return {i: run[0] for i, run in run_of.items()}
+        part = PlannedPart(decode_layouts(bytes(action["data"])), (0, 0))
+        previous = current.get(action["topic"])
+        run = runs[id(previous)] if previous is not None and previous.last == part.blocks[0].after else []
+        run.append(part)
+        runs[id(part)] = run
+        current[action["topic"]] = planned[i] = part
+    for part in planned.values():
+        part.run_end = runs[id(part)][-1].last
+    return planned
 
 
 _SINKS: dict[tuple[str, str, str], SegmentSink] = {}
