@@ -40,10 +40,10 @@ What it does, in one work directory (a temporary one, removed at the end unless 
 It prints a table: kills (and survived: the job made progress again after the kill), messages published
 (acknowledged), stored, missing, duplicated, corrupt, out of order, the time to converge after the last
 kill, cleanup and wall time. The exit status is 1 when a message is missing, duplicated, corrupt or out of
-order, when convergence
-timed out, or when cleanup failed, left orphans behind or removed an Offloaded segment; 2 on bad
-arguments. The job's distinct error lines (last lines of tracebacks) and runs that ended on their own are
-listed under the table; the job logs are kept in the work directory when the result is not OK.
+order, when convergence timed out, or when cleanup failed, left orphans behind or removed an Offloaded
+segment; 2 on bad arguments. The job's distinct error lines (last lines of tracebacks) and runs that
+ended on their own are listed under the table; the job logs are kept in the work directory when the result
+is not OK.
 
 ``run_chaos`` is the same as a function (the suite runs it with 3 kills: tests/job/test_chaos.py).
 """
