@@ -191,7 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the Spark source's 'reader' option (default: the source's default, raw)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (broker data, checkpoints)")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session, e.g. spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (C2 JIT)",
+    )
     args = parser.parse_args(argv)
+    extra = dict(kv.split("=", 1) for kv in args.conf)
     min_partitions = [int(v) for v in args.min_partitions.split(",") if v.strip()]
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -200,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         f"source bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.messages:,} messages of "
         f"{args.payload_size} B per mode over {args.partitions} topic-partition(s), pulsar-lite, work dir {work}"
         + ("" if args.no_spark else f", Spark source reader={args.spark_reader or 'raw (default)'}")
+        + "".join(f"; --conf {kv}" for kv in args.conf)
     )
     spark = None
     if not args.no_spark:
@@ -210,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             master="local[2]",
             app_name="bench-source",
             work_dir=os.path.join(work, "spark"),
-            extra_conf={"spark.ui.showConsoleProgress": "false"},
+            extra_conf={"spark.ui.showConsoleProgress": "false", **extra},
         )
     try:
         with EmbeddedBroker(os.path.join(work, "broker")) as broker:
