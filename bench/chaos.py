@@ -31,16 +31,19 @@ What it does, in one work directory (a temporary one, removed at the end unless 
    topic-partition's last Offloaded segment reaches the last message id the broker acknowledged (the
    time from the last kill to that moment is "converge after last kill"; ``--converge-timeout``). Then it
    stops the job (SIGTERM, then waits), reads every Offloaded segment back (whole objects, codecs only),
-   and compares with what the broker acknowledged, by (topic-partition, sequence number). Finally it runs
+   and compares with what the broker acknowledged, by (topic-partition, sequence number), and checks that
+   each topic-partition's messages come back in the order they were published (one producer per
+   topic-partition, so its sequence numbers only grow along the topic's positions). Finally it runs
    ``streamoffload cleanup --grace-minutes 0`` and checks that the store then holds only the objects the
    Offloaded segments name, and that cleanup removed no Offloaded segment.
 
 It prints a table: kills (and survived: the job made progress again after the kill), messages published
-(acknowledged), stored, missing, duplicated, corrupt, the time to converge after the last kill, cleanup
-and wall time. The exit status is 1 when a message is missing, duplicated or corrupt, when convergence
-timed out, or when cleanup failed, left orphans behind or removed an Offloaded segment; 2 on bad
-arguments. The job's distinct error lines (last lines of tracebacks) and runs that ended on their own are
-listed under the table; the job logs are kept in the work directory when the result is not OK.
+(acknowledged), stored, missing, duplicated, corrupt, out of order, the time to converge after the last
+kill, cleanup and wall time. The exit status is 1 when a message is missing, duplicated, corrupt or out of
+order, when convergence timed out, or when cleanup failed, left orphans behind or removed an Offloaded
+segment; 2 on bad arguments. The job's distinct error lines (last lines of tracebacks) and runs that
+ended on their own are listed under the table; the job logs are kept in the work directory when the result
+is not OK.
 
 ``run_chaos`` is the same as a function (the suite runs it with 3 kills: tests/job/test_chaos.py).
 """
@@ -101,9 +104,15 @@ class TopicCounts:
     """Stored messages beyond the first copy of their (topic-partition, sequence number)."""
     corrupt: int = 0
     """Stored messages whose bytes are not what was published under their sequence number."""
+    out_of_order: int = 0
+    """Places where a message's sequence number is below the one stored before it (first copies only: a
+    duplicate counts as duplicated). One producer publishes each topic-partition, so the sequence numbers
+    only grow along the topic's positions, and a reader must give them back in that order."""
     unacknowledged: int = 0
     """Stored messages whose send was never acknowledged (not an error: the broker may have kept them)."""
     first_missing: list[int] = field(default_factory=list)
+    first_out_of_order: list[tuple[int, int]] = field(default_factory=list)
+    """The first few ``(sequence number stored before, sequence number)`` pairs counted in ``out_of_order``."""
 
 
 @dataclass
@@ -156,12 +165,17 @@ class ChaosReport:
         return self._sum("corrupt")
 
     @property
+    def out_of_order(self) -> int:
+        return self._sum("out_of_order")
+
+    @property
     def ok(self) -> bool:
         return (
             self.converged
             and self.missing == 0
             and self.duplicated == 0
             and self.corrupt == 0
+            and self.out_of_order == 0
             and self.cleanup_removed is not None
             and not self.orphans_after_cleanup
             and self.cleanup_dropped_segments == 0
@@ -179,6 +193,7 @@ class ChaosReport:
             ("missing", f"{self.missing:,}"),
             ("duplicated", f"{self.duplicated:,}"),
             ("corrupt", f"{self.corrupt:,}"),
+            ("out of order", f"{self.out_of_order:,}"),
             ("converge after last kill", converge),
             (
                 "cleanup",
@@ -193,13 +208,15 @@ class ChaosReport:
         ]
         width = max(len(name) for name, _ in rows)
         lines = [f"  {name:<{width}}  {value}" for name, value in rows]
-        lines.append("  per topic-partition (published / stored / missing / duplicated / corrupt):")
+        lines.append("  per topic-partition (published / stored / missing / duplicated / corrupt / out of order):")
         for topic, c in self.topics.items():
             extra = f"   first missing seq {c.first_missing}" if c.first_missing else ""
+            if c.first_out_of_order:
+                extra += "   first out of order " + ", ".join(f"{a} then {b}" for a, b in c.first_out_of_order)
             unacked = f"   ({c.unacknowledged} stored but never acknowledged)" if c.unacknowledged else ""
             lines.append(
                 f"    {topic}: {c.published:,} / {c.stored:,} / {c.missing:,} / {c.duplicated:,} / {c.corrupt:,}"
-                f"{extra}{unacked}"
+                f" / {c.out_of_order:,}{extra}{unacked}"
             )
         if self.events:
             lines.append("  events: " + "; ".join(self.events))
@@ -312,10 +329,12 @@ def read_payloads(store: ObjectStore, meta: MetadataStore, topic: str) -> Iterat
 def check_store(
     store: ObjectStore, meta: MetadataStore, producer: Producer, payload_size: int
 ) -> dict[str, TopicCounts]:
+    """Per topic-partition: what was acknowledged against what the store holds, in the store's order."""
     out: dict[str, TopicCounts] = {}
     for topic, tr in producer.traffic.items():
         counts = TopicCounts(published=len(tr.acked))
         seen: Counter[int] = Counter()
+        previous: int | None = None  # the last first copy's sequence number, in stored order
         for payload in read_payloads(store, meta, topic):
             counts.stored += 1
             head, sep, _ = payload.partition(b":")
@@ -326,6 +345,12 @@ def check_store(
             if payload != expected_payload(topic, seq, payload_size):
                 counts.corrupt += 1
                 continue
+            if seq not in seen:
+                if previous is not None and seq < previous:
+                    counts.out_of_order += 1
+                    if len(counts.first_out_of_order) < 5:
+                        counts.first_out_of_order.append((previous, seq))
+                previous = seq
             seen[seq] += 1
         counts.duplicated = sum(n - 1 for n in seen.values() if n > 1)
         missing = sorted(tr.acked - set(seen))

@@ -88,7 +88,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.logs import log_beside
-from bench.procstats import CpuMeter, RssSampler, jvm_heap_pools
+from bench.procstats import CpuMeter, JvmThreadCensus, ProcessCensus, RssSampler, jvm_heap_pools
 from bench.source import drain_to_noop
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
@@ -378,7 +378,7 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
         config = job_config(args, work, f"backlog-{round_no}", broker.service_url, topics)
         with CpuMeter(broker.pid) as source_meter:
             rows, source_wall, batches = drain_source(spark, OffloadJob(config), work / f"checkpoint-source-{round_no}")
-        with CpuMeter(broker.pid) as job_meter:
+        with CpuMeter(broker.pid) as job_meter, ProcessCensus() as census, JvmThreadCensus() as threads:
             run = drain_job(spark, config)
         old_gen = old_generation_bytes(spark)
         with CpuMeter(broker.pid) as plain_meter:
@@ -405,6 +405,8 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
             f"{r.steady_mbs / r.plain_mbs:.2f}; Spark CPU {r.spark_cpu_per_gb:.1f} s/GB; broker CPU job ÷ plain "
             f"{r.broker_ratio:.2f}; JVM old gen after {old_gen / 2**20:.0f} MiB"
         )
+        print(f"    the job's Python processes (started by Spark, by kind; sampled, a floor): {census.render()}")
+        print(f"    the JVM's CPU s by thread: {threads.render()}")
         # The store of a round is measured; drop it so several rounds of a big backlog do not pile up.
         shutil.rmtree(config.store.root, ignore_errors=True)
 
@@ -627,7 +629,7 @@ def lag(
         )
         wait_offloaded(meta, _last_positions(warm), args.rollover_seconds * 4 + 120)
         steady_from_ms = int(time.time() * 1000)
-        with CpuMeter(broker.pid) as meter:
+        with CpuMeter(broker.pid) as meter, JvmThreadCensus() as threads, ProcessCensus() as census:
             started = time.monotonic()
             summary = produce(
                 broker.service_url,
@@ -698,6 +700,8 @@ def lag(
     )
     print(f"  policy alone would give p50 ~{rollover / 2:g} s, p99 ~{rollover * 0.99:g} s (uniform over the rollover)")
     print(f"  {meter.render(wall)}")
+    print(f"  the JVM's CPU s by thread: {threads.render()}")
+    print(f"  the Python processes Spark ran (by kind; sampled, a floor): {census.render()}")
     print(f"  {fetched(reports)}")
     figures = {"lag p50": p50, "lag p99": p99}
     if batch_seconds:

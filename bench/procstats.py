@@ -104,6 +104,139 @@ class CpuMeter:
         return f"CPU s: {parts} (total {total:.1f} in {wall:.1f} s wall = {total / wall:.2f} cores)"
 
 
+class ProcessCensus:
+    """Which Python processes the Spark JVM starts while it runs, how many of each kind, and their CPU.
+
+    Sampled every ``interval`` seconds in a thread: a process that lives shorter than that is missed, and
+    one's CPU after its last sample is lost, so the figures are a floor. It answers "where do the Python
+    workers' CPU seconds go": a process started per query or per micro-batch pays its imports each time.
+    """
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds at its last sample)
+        self._before: dict[int, float] = {}  # processes already running: their CPU seconds at the start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-census", daemon=True)
+
+    def __enter__(self) -> ProcessCensus:
+        for pid in self._python_pids():
+            stat = _proc_stat(pid)
+            if stat is not None:
+                self._before[pid] = stat[2]
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _python_pids(self) -> list[int]:
+        parents: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                stat = _proc_stat(int(name))
+                if stat is not None:
+                    parents.setdefault(stat[0], []).append(int(name))
+        out = []
+        for pid in parents.get(os.getpid(), []):
+            if "java" in _cmdline(pid).split(" ")[0]:
+                out.extend(p for p in _subtree(parents, pid) if p != pid)
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pid in self._python_pids():
+                stat = _proc_stat(pid)
+                if stat is None:
+                    continue
+                if pid in self.seen:
+                    kind = self.seen[pid][0]
+                else:
+                    kind = _worker_kind(_cmdline(pid)) + (" (already running)" if pid in self._before else "")
+                self.seen[pid] = (kind, stat[2] - self._before.get(pid, 0.0))
+            self._stop.wait(self.interval)
+
+    def by_kind(self) -> dict[str, tuple[int, float]]:
+        """Per kind: (processes seen, CPU seconds spent in the census)."""
+        out: dict[str, tuple[int, float]] = {}
+        for kind, cpu in self.seen.values():
+            n, total = out.get(kind, (0, 0.0))
+            out[kind] = (n + 1, total + cpu)
+        return out
+
+    def render(self) -> str:
+        kinds = sorted(self.by_kind().items(), key=lambda kv: -kv[1][1])
+        return "; ".join(f"{kind} x{n} {cpu:.1f} CPU s" for kind, (n, cpu) in kinds)
+
+
+def _thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Per thread of ``pid``: (its name with digits dropped, CPU seconds)."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        kind = "".join(c for c in name if not c.isdigit()).strip(" -#")
+        out[int(tid)] = (kind, (int(fields[11]) + int(fields[12])) / _TICK)
+    return out
+
+
+class JvmThreadCensus:
+    """The Spark JVM's CPU seconds by thread name (Linux keeps 15 characters of it; digits dropped, so the
+    pool's threads add up), sampled every ``interval`` seconds: which of its parts works while a run lasts
+    (task threads, the stream's thread, the JIT compilers, the garbage collector, RocksDB...)."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.jvm: int | None = None
+        self._start: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jvm-thread-census", daemon=True)
+
+    def __enter__(self) -> JvmThreadCensus:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                stat = _proc_stat(int(name))
+                if stat is not None and stat[0] == os.getpid() and stat[1] == "java":
+                    self.jvm = int(name)
+        if self.jvm is not None:
+            self._start = {tid: cpu for tid, (_n, cpu) in _thread_cpu(self.jvm).items()}
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        if self.jvm is not None:
+            self.last.update(_thread_cpu(self.jvm))
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.jvm is not None:
+            self.last.update(_thread_cpu(self.jvm))
+            self._stop.wait(self.interval)
+
+    def by_name(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for tid, (name, cpu) in self.last.items():
+            out[name] = out.get(name, 0.0) + cpu - self._start.get(tid, 0.0)
+        return out
+
+    def render(self, top: int = 8) -> str:
+        names = sorted(self.by_name().items(), key=lambda kv: -kv[1])
+        return "; ".join(f"{name} {cpu:.1f}" for name, cpu in names[:top] if cpu >= 0.05)
+
+
 # --- resident memory by process, from /proc --------------------------------------------------------
 
 

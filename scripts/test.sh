@@ -14,7 +14,7 @@ if ! command -v prometheus >/dev/null 2>&1 && [ ! -x /usr/bin/prometheus ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
     else
         echo "note: prometheus is not installed and cannot be installed here (needs root and apt-get);" \
-            "tests/monitoring/test_prometheus.py will skip (or fail when CI is set)" >&2
+            "the prometheus and promtool tests in tests/monitoring will skip (or fail when CI is set)" >&2
     fi
 fi
 # --- end monitoring ---

@@ -156,6 +156,21 @@ def _remove_quietly(path: str) -> None:
         os.unlink(path)
 
 
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+"""The JVM compiles hot code with C1 only. In the positions design the JVM carries no payload bytes; its
+work is a fixed cost per micro-batch (planning, the state store, task scheduling), and with the default
+tiered JIT the C2 compiler kept a core busy compiling it: 18.5 of the JVM's 34.8 CPU seconds over
+``bench/offload.py``'s lag phase, and 4.5 of 7.8 in a 600 MB ``run --once``. With C1 only: 3.4 of 25.8
+(and 45 micro-batches instead of 27 in the same minute), 0.8 of 3.3. Measured 2026-11-25, bench/README."""
+
+
+def driver_java_options(user: str) -> str:
+    """The local JVM's options: :data:`QUICK_JIT` unless the user chose the JIT's tiers themselves."""
+    if "TieredStopAtLevel" in user or "TieredCompilation" in user:
+        return user
+    return f"{QUICK_JIT} {user}".strip()
+
+
 def build_session(
     master: str = "local[2]",
     app_name: str = "streamoffload",
@@ -184,6 +199,8 @@ def build_session(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
+        # Workers forked with pandas, pyarrow and the job's modules already imported (streaming/worker_daemon.py).
+        "spark.python.daemon.module": "streamoffload.streaming.worker_daemon",
         "spark.driver.memory": "2g",
     }
     # Under spark-submit the JVM is already up with the master and resources the user chose.
@@ -193,6 +210,8 @@ def build_session(
         conf["spark.sql.warehouse.dir"] = os.path.join(work_dir, "warehouse")
         conf["spark.local.dir"] = os.path.join(work_dir, "local")
     conf.update(extra_conf or {})
+    if local:
+        conf["spark.driver.extraJavaOptions"] = driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
     settings = _logging
     _launch_gateway(conf, settings)
     builder = SparkSession.builder

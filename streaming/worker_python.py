@@ -7,6 +7,12 @@ from a zip, so each of those processes compiled pyspark (and pandas glue) from s
 py-spy in ``bench/offload.py``: the largest single item of the Python workers' CPU, seconds per query
 start. A pip-installed pyspark is the same code in site-packages, with cached bytecode.
 
+Spark also puts its ``spark-core`` jar on that PYTHONPATH (for deployments that ship pyspark inside it; a
+pip-installed Spark's jar holds no Python). Python treats the jar as a zip of modules: every import looks
+in it first, and ``importlib.invalidate_caches()``, which Spark's workers call at every task
+(``setup_spark_files``), re-reads its directory of ~6,000 entries in pure Python; ``importlib.metadata``
+lookups walk it too. py-spy put that at a quarter of the workers' CPU in a 600 MB offload (2026-11-25).
+
 In local mode the workers run on this machine with this interpreter, so :func:`worker_python` gives Spark
 a small launcher (``PYSPARK_PYTHON``) that drops those two zips from PYTHONPATH and runs the interpreter.
 It is used only when the driver itself imported pyspark from a directory (not from a zip), so the workers
@@ -24,14 +30,14 @@ import tempfile
 from streamoffload.streaming.side_files import write_text_file
 
 LAUNCHER = """#!/bin/sh
-# Written by streamoffload (streaming/worker_python.py): Spark's Python workers without pyspark.zip and
-# py4j's zip on PYTHONPATH, so pyspark is imported from site-packages with cached bytecode.
+# Written by streamoffload (streaming/worker_python.py): Spark's Python workers without pyspark.zip, py4j's
+# zip and Spark's jar on PYTHONPATH, so pyspark is imported from site-packages with cached bytecode.
 set -f
 kept=
 IFS=:
 for entry in ${{PYTHONPATH-}}; do
     case $entry in
-        */pyspark.zip | */py4j-*-src.zip) ;;
+        */pyspark.zip | */py4j-*-src.zip | *.jar) ;;
         *) kept=${{kept:+$kept:}}$entry ;;
     esac
 done

@@ -256,7 +256,7 @@ def test_a_corrupt_object_fails_the_query_naming_object_and_offset(spark: Any, t
     store = FilesystemStore(str(tmp_path))
     topic = "persistent://public/default/df-corrupt"
     # Entries without the 0x0e01 section (as pulsar-lite delivers them): only the recorded CRC covers them.
-    build_topic(store, topic, entries=200, batch=3, checksummed=False)
+    sent, _ = build_topic(store, topic, entries=200, batch=3, checksummed=False)
     segments = MetadataStore(store).offloaded_segments(topic)
     victim = segments[len(segments) // 2]
     path = tmp_path / victim.dataKey
@@ -266,6 +266,12 @@ def test_a_corrupt_object_fails_the_query_naming_object_and_offset(spark: Any, t
     df = read(spark, f"file://{tmp_path}", topic)
     with pytest.raises(Exception, match=rf"{victim.dataKey}.*offset \d+|offset \d+.*{victim.dataKey}"):
         df.count()
-    # Bounds that leave the corrupt segment out read the rest.
+    # Bounds that leave the corrupt segment out read the rest: every message before it, exactly.
     before = f'{{"{topic}": [{victim.startLedgerId}, {victim.startEntryId - 1}]}}'
-    assert read(spark, f"file://{tmp_path}", topic, endingOffsets=before).count() > 0
+    got = rows_of(read(spark, f"file://{tmp_path}", topic, endingOffsets=before))
+    want = [
+        (s.ledger_id, s.entry_id, s.batch_index, s.payload)
+        for s in sent
+        if (s.ledger_id, s.entry_id) < (victim.startLedgerId, victim.startEntryId)
+    ]
+    assert want and sorted((r["__ledgerId"], r["__entryId"], r["__batchIndex"], r["value"]) for r in got) == want

@@ -1,5 +1,6 @@
 """The short chaos run: 3 SIGKILLs of the continuous job under steady traffic (bench/chaos.py), with an
-offline and a live policy edit and a checkpoint deletion among them; nothing may be lost or doubled."""
+offline and a live policy edit and a checkpoint deletion among them; nothing may be lost, doubled or
+reordered (bench/chaos.py's checker itself: tests/job/test_chaos_checker.py)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def test_three_sigkills_with_policy_edits_and_a_checkpoint_deletion_lose_and_dou
     assert report.missing == 0, summary
     assert report.duplicated == 0, summary
     assert report.corrupt == 0, summary
+    assert report.out_of_order == 0, summary  # each topic-partition's messages in the order published
     assert report.kills_survived == 3, summary
     assert report.cleanup_removed is not None, summary  # cleanup ran and succeeded
     assert report.orphans_after_cleanup == 0 and report.cleanup_dropped_segments == 0, summary

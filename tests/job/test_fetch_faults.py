@@ -165,3 +165,24 @@ def test_the_retain_subscription_is_acknowledged_up_to_the_last_commit(
         consumer.close()
     finally:
         client.close()
+
+
+@pytest.mark.slow
+def test_two_executor_jvms_offload_exactly_when_the_sink_reads_from_the_broker(
+    pulsar_broker: Any, tmp_path: Path
+) -> None:
+    """Spark's ``local-cluster`` master: two executor JVMs, each with its own Python workers, as on a real
+    cluster. A part's sink task may run on another executor than the source task that read its entries,
+    so without the spool every entry is fetched from the broker again; the store ends up exact."""
+    topics = [unique_topic("cluster-a"), unique_topic("cluster-b")]
+    for topic in topics:
+        publish(pulsar_broker.service_url, topic)
+    config_path = without_spool(write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path)))
+    config_path.write_text(
+        config_path.read_text().replace("[spark]\n", '[spark]\nmaster = "local-cluster[2,1,1024]"\n')
+    )
+    proc = run_once(config_path, dict(os.environ))
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    store = load_config(config_path).store.open()
+    for topic in topics:
+        check_messages(store, topic, COUNT, keys=KEYS, size=SIZE)

@@ -187,7 +187,7 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     assert sealed.sealReason == "time" and sealed.entries == 20
 
     # offload-now seals the busy topic's open segment at once (its rollover is 10 minutes).
-    produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)
+    phases = [produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)]
     poll(lambda: any(m.status == mf.ASSIGNED for m in meta.manifests(busy)), what="an open segment")
     poll(lambda: sum(m.entries for m in meta.manifests(busy)) == 0 and _open_entries(job, busy) == 30)
     submit_requests(config.store.open(), "", [busy])
@@ -195,11 +195,11 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     assert manual.sealReason == "manual" and manual.entries == 30
 
     # Switching the topic to ledger-based offload completes the open streaming segment first.
-    produce(pulsar_broker.service_url, busy, count=10, payload_size=100, batching=False)
+    phases.append(produce(pulsar_broker.service_url, busy, count=10, payload_size=100, batching=False))
     poll(lambda: _open_entries(job, busy) == 10, what="ten entries in a new open segment")
     config_path.write_text(config_path.read_text() + f'\n[topics."{busy}"]\nmethod = "ledger"\n')
     wait_for_policy(job, '"ledger"')
-    produce(pulsar_broker.service_url, busy, count=10, payload_size=100, batching=False)
+    phases.append(produce(pulsar_broker.service_url, busy, count=10, payload_size=100, batching=False))
     switched = poll(
         lambda: [s for s in meta.offloaded_segments(busy) if s.sealReason == "method-switch"],
         what="the method-switch seal",
@@ -208,11 +208,17 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     poll(lambda: _open_entries(job, busy) == 10, what="the ledger-mode segment")
     submit_requests(config.store.open(), "", [busy])
     poll(lambda: any(s.formatVersion == 1 for s in meta.offloaded_segments(busy)), what="a v1 segment")
-    # The mixed v2/v1 history reads back whole.
-    got = read_entries(config.store.open(), busy)
-    assert len(got) == 50
-    formats = [s.formatVersion for s in meta.offloaded_segments(busy)]
-    assert formats == [2, 2, 1]
+    # The mixed v2/v1 history reads back whole: each segment holds exactly one phase's entries, at the
+    # positions the broker acknowledged, with the payloads published (each phase numbers from 0).
+    segments = meta.offloaded_segments(busy)
+    assert [s.formatVersion for s in segments] == [2, 2, 1]
+    acked = [(p.partitions[busy].first_message_id, p.partitions[busy].last_message_id) for p in phases]
+    assert [(mf.start_position(s), mf.end_position(s)) for s in segments] == [(a[:2], b[:2]) for a, b in acked]
+    want = [(a[0], e, -1) for a, b in acked for e in range(a[1], b[1] + 1)]
+    got = read_messages(config.store.open(), busy)
+    assert [(m.ledger_id, m.entry_id, m.batch_index) for m in got] == want
+    payloads = [expected_payload(busy, seq, 100) for p in phases for seq in range(p.partitions[busy].messages)]
+    assert [m.payload for m in got] == payloads
 
 
 def wait_for_policy(job: OffloadJob, text: str) -> None:

@@ -1,10 +1,12 @@
 """The store is the source of truth, without Spark: the writer lease, fenced commits, recovery from the
-store, uploads bound to their segment. The segmenter and sink run here as plain Python against a real
-filesystem store (and moto S3 for the phantom-upload case), exactly as Spark runs them."""
+store, uploads bound to their segment. The segmenter and sink run here as plain Python, exactly as Spark
+runs them, against both stores the job writes to: a real filesystem store and moto S3 (where a part short
+of 5 MiB must be the last, and a phantom multipart upload is a real S3 upload)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,12 @@ from streamoffload.checkpoints.lease import FencedError, LeaseHeldError, WriterL
 from streamoffload.checkpoints.metadata_store import CommitConflictError, MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
+from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter import run_segmenter
 from streamoffload.streaming.segmenter_model import CONTROL_SEAL, Action, Entry, MemoryState
 from streamoffload.streaming.sink import SegmentSink
-from tests.fixtures.entries import Published, holding, memory_sink, metas
+from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
 from tests.job.readback import read_entries
 
 TOPIC = "persistent://public/default/truth-partition-0"
@@ -47,9 +50,38 @@ BROKER = holding(TOPIC, published(0, 500))
 """Every entry the tests here offload, where a sink fetches it (the same bytes each time)."""
 
 
-def new_sink(store: FilesystemStore) -> SegmentSink:
+def new_sink(store: ObjectStore) -> SegmentSink:
     """A sink as a (new) executor process has it: fetching from the broker."""
     return memory_sink(store, fetcher=BROKER)
+
+
+@pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.s3)])
+def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], ObjectStore]]:
+    """One empty store, of each kind: each call opens a new handle on it, as another process (an executor,
+    a second instance) has."""
+    opened: list[ObjectStore] = []
+    if request.param == "s3":
+        from streamoffload.storage.s3 import S3Store
+
+        bucket, settings = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_settings")
+
+        def new() -> ObjectStore:
+            opened.append(S3Store(bucket, **settings))
+            return opened[-1]
+    else:
+
+        def new() -> ObjectStore:
+            opened.append(FilesystemStore(tmp_path / "store"))
+            return opened[-1]
+
+    yield new
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(reopen: Callable[[], ObjectStore]) -> ObjectStore:
+    return reopen()
 
 
 def rows(actions: list[Action]) -> list[dict[str, Any]]:
@@ -57,7 +89,7 @@ def rows(actions: list[Action]) -> list[dict[str, Any]]:
 
 
 def offload(
-    store: FilesystemStore,
+    store: ObjectStore,
     batch: list[Entry],
     *,
     state: MemoryState,
@@ -67,7 +99,15 @@ def offload(
     now_ms: int = 10_000,
 ) -> list[Action]:
     actions = run_segmenter(
-        TOPIC, POLICY, state, batch, controls, now_ms=now_ms, epoch=epoch, resume=resume, min_part_size=1
+        TOPIC,
+        POLICY,
+        state,
+        batch,
+        controls,
+        now_ms=now_ms,
+        epoch=epoch,
+        resume=resume,
+        min_part_size=store.min_part_size,
     )
     new_sink(store).apply(rows(actions))
     return actions
@@ -76,13 +116,14 @@ def offload(
 # -- the lease -----------------------------------------------------------------------------------------
 
 
-def test_two_instances_started_at_once_one_wins_and_the_other_is_told_who_holds_it(tmp_path: Path) -> None:
-    store = FilesystemStore(tmp_path)
+def test_two_instances_started_at_once_one_wins_and_the_other_is_told_who_holds_it(
+    reopen: Callable[[], ObjectStore], store: ObjectStore
+) -> None:
     results: dict[str, Any] = {}
     barrier = threading.Barrier(2)
 
     def start(name: str) -> None:
-        lease = WriterLease(FilesystemStore(tmp_path), "", f"instance-{name}")
+        lease = WriterLease(reopen(), "", f"instance-{name}")
         barrier.wait()
         try:
             results[name] = lease.acquire()
@@ -101,8 +142,7 @@ def test_two_instances_started_at_once_one_wins_and_the_other_is_told_who_holds_
     assert WriterLease(store, "", "x").current() == winners[0]
 
 
-def test_a_restart_of_the_same_instance_takes_its_lease_at_once_others_wait_for_expiry(tmp_path: Path) -> None:
-    store = FilesystemStore(tmp_path)
+def test_a_restart_of_the_same_instance_takes_its_lease_at_once_others_wait_for_expiry(store: ObjectStore) -> None:
     first = WriterLease(store, "p", "host-a", ttl_ms=60_000)
     assert first.acquire(now_ms=1_000).epoch == 1
     with pytest.raises(LeaseHeldError, match="host-a"):
@@ -123,8 +163,7 @@ def test_a_restart_of_the_same_instance_takes_its_lease_at_once_others_wait_for_
 # -- fenced commits --------------------------------------------------------------------------------------
 
 
-def test_a_zombie_writer_cannot_commit_after_it_was_fenced(tmp_path: Path) -> None:
-    store = FilesystemStore(tmp_path)
+def test_a_zombie_writer_cannot_commit_after_it_was_fenced(store: ObjectStore) -> None:
     meta = MetadataStore(store)
     zombie_lease = WriterLease(store, "", "zombie")
     zombie_lease.acquire()
@@ -151,15 +190,12 @@ def test_a_zombie_writer_cannot_commit_after_it_was_fenced(tmp_path: Path) -> No
     with pytest.raises(CommitConflictError, match="already committed"):
         meta.commit(sealed)
 
-    got = read_entries(store, TOPIC)
-    assert [(lid, eid) for lid, eid, _ in got] == [(3, i) for i in range(40)]
-    assert [e.payload for e in published(0, 40)] == [p for _, _, p in got]
+    assert read_entries(store, TOPIC) == triples(published(0, 40))
 
 
 def test_recovery_resumes_after_the_last_commit_and_publishes_a_commit_a_crash_left_unpublished(
-    tmp_path: Path,
+    store: ObjectStore,
 ) -> None:
-    store = FilesystemStore(tmp_path)
     meta = MetadataStore(store)
     state = MemoryState()
     epoch = WriterLease(store, "", "me").acquire().epoch
@@ -184,7 +220,7 @@ def test_recovery_resumes_after_the_last_commit_and_publishes_a_commit_a_crash_l
     epoch2 = WriterLease(store, "", "me").acquire().epoch
     offload(store, entries(25, 20), state=state2, epoch=epoch2, resume=(list(point.last or ()), point.next_ordinal))
     offload(store, [], state=state2, epoch=epoch2, controls=(CONTROL_SEAL,))
-    assert [(lid, eid) for lid, eid, _ in read_entries(store, TOPIC)] == [(3, i) for i in range(45)]
+    assert read_entries(store, TOPIC) == triples(published(0, 45))
     assert [m.ordinal for m in meta.offloaded_segments(TOPIC)] == [0, 1]
 
 
@@ -198,8 +234,7 @@ def _assigned(sealed: Any) -> Any:
 # -- uploads bound to their segment ---------------------------------------------------------------------
 
 
-def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_cleanup(tmp_path: Path) -> None:
-    store = FilesystemStore(tmp_path)
+def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_cleanup(store: ObjectStore) -> None:
     meta = MetadataStore(store)
     state = MemoryState()
     actions = offload(store, entries(0, 30), state=state, epoch=0)
@@ -209,8 +244,7 @@ def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_clea
     phantom.write_part(1, b"junk")
     # Another executor (a fresh sink: no cached upload) writes the next parts and seals.
     offload(store, entries(30, 30), state=state, epoch=0, controls=(CONTROL_SEAL,))
-    got = read_entries(store, TOPIC)
-    assert [(lid, eid) for lid, eid, _ in got] == [(3, i) for i in range(60)]
+    assert read_entries(store, TOPIC) == triples(published(0, 60))
     [pending] = list(store.pending_multiparts(""))
     assert pending.upload_id == phantom.upload_id, "the upload that held the parts was completed, not aborted"
     report = meta.cleanup(TOPIC, grace_ms=0)
@@ -218,10 +252,10 @@ def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_clea
     assert not list(store.pending_multiparts(""))
 
 
-def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(tmp_path: Path) -> None:
-    store = FilesystemStore(tmp_path)
+def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(store: ObjectStore) -> None:
     state = MemoryState()
-    actions = run_segmenter(TOPIC, POLICY, state, entries(0, 30), (), now_ms=10_000, epoch=0)
+    part = store.min_part_size
+    actions = run_segmenter(TOPIC, POLICY, state, entries(0, 30), (), now_ms=10_000, epoch=0, min_part_size=part)
     open_row = next(a for a in actions if a.action == "open").__dict__
     first, second = new_sink(store), new_sink(store)
     first.apply([open_row])
@@ -232,8 +266,9 @@ def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(tmp_pat
     )
     assert mf.driver_property(manifest, mf.PROP_UPLOAD_ID) == pending.upload_id
     second.apply(rows([a for a in actions if a.action != "open"]))
-    new_sink(store).apply(rows(run_segmenter(TOPIC, POLICY, state, [], (CONTROL_SEAL,), now_ms=10_000, epoch=0)))
-    assert len(read_entries(store, TOPIC)) == 30
+    seal = run_segmenter(TOPIC, POLICY, state, [], (CONTROL_SEAL,), now_ms=10_000, epoch=0, min_part_size=part)
+    new_sink(store).apply(rows(seal))
+    assert read_entries(store, TOPIC) == triples(published(0, 30))
 
 
 def test_a_segment_keeps_the_policy_it_was_opened_under(tmp_path: Path) -> None:
@@ -253,12 +288,13 @@ def test_a_segment_keeps_the_policy_it_was_opened_under(tmp_path: Path) -> None:
     )
 
 
-def test_a_disabled_topic_offloads_what_it_already_read_and_then_seals(tmp_path: Path) -> None:
-    store = FilesystemStore(tmp_path)
+def test_a_disabled_topic_offloads_what_it_already_read_and_then_seals(store: ObjectStore) -> None:
     state = MemoryState()
     disabled = OffloadPolicy(enabled=False, managedLedgerOffloadMaxBlockSizeInBytes=4096)
-    actions = run_segmenter(TOPIC, disabled, state, entries(0, 12), (), now_ms=10_000, epoch=0)
+    actions = run_segmenter(
+        TOPIC, disabled, state, entries(0, 12), (), now_ms=10_000, epoch=0, min_part_size=store.min_part_size
+    )
     new_sink(store).apply(rows(actions))
     [seal] = [a for a in actions if a.action == "seal"]
     assert mf.decode_manifest(seal.manifest).sealReason == "disabled"
-    assert len(read_entries(store, TOPIC)) == 12, "paused, never skipped"
+    assert read_entries(store, TOPIC) == triples(published(0, 12)), "paused, never skipped"

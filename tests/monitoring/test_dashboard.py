@@ -30,6 +30,7 @@ from streamoffload.metrics import definitions
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.streaming.job import BatchReport
+from tests.fixtures.tools import debian_prometheus_tool
 
 TOKEN = "glsa_test_token"
 USER, PASSWORD = "admin", "s3cret"
@@ -475,7 +476,6 @@ def test_lag_age_and_staleness_panels_have_thresholds() -> None:
 
 
 def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: Path) -> None:
-    import shutil
     import subprocess
     import time
     import urllib.request
@@ -496,9 +496,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
         "StreamoffloadJobDown",
     }
     assert rules["StreamoffloadLagHigh"]["expr"].endswith("> 900")  # 3 rollovers of 5 minutes
-    promtool, prometheus = shutil.which("promtool"), shutil.which("prometheus")
-    if promtool is None or prometheus is None:
-        pytest.skip("promtool/prometheus not installed (Debian: apt-get install prometheus)")
+    promtool, prometheus = debian_prometheus_tool("promtool"), debian_prometheus_tool("prometheus")
     check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0 and "7 rules found" in check.stdout, check.stdout + check.stderr
     broken = tmp_path / "broken.yml"

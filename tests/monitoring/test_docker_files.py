@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from streamoffload.config import load_config
 from streamoffload.dashboard.export import dashboard_json
 from streamoffload.dashboard.grafana import DATASOURCE_UID
 from streamoffload.metrics.serving import parse_address
+from tests.fixtures.tools import debian_prometheus_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -247,9 +247,7 @@ def test_prometheus_loads_the_committed_alert_rules(compose: dict[str, Any], tmp
     prometheus = load_yaml(DOCKER / "prometheus.yml")
     [rule_file] = prometheus["rule_files"]
     assert rule_file in mounts and (DOCKER / mounts[rule_file]).resolve() == (DOCKER / "prometheus-alerts.yml")
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    promtool = debian_prometheus_tool("promtool")
     # The configuration as the container sees it: the rule file at its mounted path.
     local = tmp_path / "prometheus.yml"
     local.write_text(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -32,6 +31,7 @@ from streamoffload.streaming import raw_reader
 from streamoffload.streaming.job import OffloadJob
 from streamoffload.streaming.ranges import BEFORE_EARLIEST
 from tests.fixtures.broker import unique_topic
+from tests.fixtures.tools import debian_prometheus_tool
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -41,12 +41,7 @@ PAYLOAD = 400
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus") or ("/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None)
-    if found:
-        return found
-    if os.environ.get("CI"):
-        pytest.fail("prometheus is not installed; scripts/test.sh installs it (apt-get install prometheus)")
-    pytest.skip("prometheus binary not found (apt-get install prometheus); CI installs it via scripts/test.sh")
+    return debian_prometheus_tool("prometheus")
 
 
 def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:

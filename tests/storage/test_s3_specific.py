@@ -393,11 +393,9 @@ def test_resume_falls_back_to_list_parts_where_list_multipart_uploads_is_missing
 
 def test_s3rver_list_multipart_uploads_is_not_retried(s3rver_store: S3Store, caplog: pytest.LogCaptureFixture) -> None:
     # s3rver answers ListMultipartUploads with 501: one request, an error naming it, no five retries.
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="streamoffload.storage.s3"), pytest.raises(StorageError) as err:
         list(s3rver_store.pending_multiparts("t/"))
-    assert time.monotonic() - started < 2
-    assert caplog.records == []
+    assert caplog.records == []  # no retry was logged: the one answer was taken as final
     message = str(err.value)
     assert message.startswith(f"{s3rver_store.url}: the S3 endpoint at {s3rver_store.endpoint_url} does not ")
     assert "does not implement ListMultipartUploads, needed for pending_multiparts 't/'" in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import select
@@ -386,13 +387,27 @@ _CRASHING_WRITER = textwrap.dedent(
 
     def stall_half_way(f, chunks):
         data = b"".join(bytes(c) for c in chunks)
+        if not data:
+            return 0
         f.write(data[: len(data) // 2])
         f.flush()
         os.fsync(f.fileno())
         print("HALF", len(data) // 2, flush=True)
         time.sleep(120)  # killed here
 
+    copied = []
+    real_copy = filesystem._copy_range
+
+    def stall_after_the_first_part(src, dst, size):
+        if copied:
+            os.fsync(dst)
+            print("HALF", sum(copied), flush=True)
+            time.sleep(120)  # killed here
+        real_copy(src, dst, size)
+        copied.append(size)
+
     filesystem._write_chunks = stall_half_way
+    filesystem._copy_range = stall_after_the_first_part
     store = filesystem.FilesystemStore(sys.argv[1])
     if sys.argv[2] == "put":
         store.put("t/obj", b"N" * 100_000, {"v": "new"})
@@ -465,6 +480,40 @@ def test_filesystem_complete_killed_mid_write_leaves_no_partial_object(tmp_path:
     store.resume_multipart("t/obj", write.upload_id).complete([1, 2])
     assert store.get("t/obj") == b"1" * 30_000 + b"2" * 30_000
     assert list(store.pending_multiparts("")) == []
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_filesystem_complete_without_hard_links_or_kernel_copies_writes_the_same_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parts: int
+) -> None:
+    """``complete`` links a lone part and has the kernel copy several; where the filesystem refuses either,
+    it reads and writes them instead, with the same result."""
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.EXDEV, "refused for the test")
+
+    store = FilesystemStore(tmp_path / "store")
+    write = store.start_multipart("t/obj", {"v": "1"})
+    payloads = [bytes([n]) * (10_000 + n) for n in range(1, parts + 1)]
+    for n, payload in enumerate(payloads, 1):
+        write.write_part(n, payload)
+    monkeypatch.setattr(os, "link", refused)
+    monkeypatch.setattr(os, "copy_file_range", refused)
+    info = write.complete(list(range(1, parts + 1)))
+    assert store.get("t/obj") == b"".join(payloads) and info.size == sum(map(len, payloads))
+    assert dict(store.head("t/obj").metadata) == {"v": "1"}
+    assert list(store.pending_multiparts("")) == []
+
+
+def test_filesystem_complete_of_one_part_is_the_part_and_outlives_its_staging(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path / "store", file_mode=0o640)
+    write = store.start_multipart("t/obj")
+    write.write_part(1, b"only part")
+    write.complete([1])
+    path = tmp_path / "store" / "t" / "obj"
+    assert path.read_bytes() == b"only part"
+    assert path.stat().st_nlink == 1  # the staging directory and its link are gone
+    assert path.stat().st_mode & 0o777 == 0o640
 
 
 def test_s3_uncompleted_multipart_is_invisible_after_the_writer_is_gone(s3_store: S3Store) -> None:

@@ -1,5 +1,5 @@
 """Spark's local Python workers: pyspark from site-packages (streaming/worker_python), and what they
-import frozen out of the garbage collector's reach (streaming/worker_gc)."""
+import frozen out of the garbage collector's reach (streaming/worker_gc), and the JVM that starts them."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from streamoffload.streaming.session import QUICK_JIT, driver_java_options
 from streamoffload.streaming.worker_python import launcher_directory, worker_python
 
 
-def test_the_launcher_drops_sparks_zips_from_pythonpath_and_keeps_the_rest(tmp_path: Path) -> None:
+def test_the_launcher_drops_sparks_zips_and_jar_from_pythonpath_and_keeps_the_rest(tmp_path: Path) -> None:
     launcher = worker_python(str(tmp_path))
-    path = "/s/python/lib/pyspark.zip:/a b/lib:/s/python/lib/py4j-0.10.9.9-src.zip:/c/*"
+    path = "/s/python/lib/pyspark.zip:/a b/lib:/s/python/lib/py4j-0.10.9.9-src.zip:/c/*:/s/jars/spark-core_2.13.jar"
     result = subprocess.run(
         [launcher, "-c", "import os, sys; print(os.environ['PYTHONPATH']); print(sys.executable)"],
         env={**os.environ, "PYTHONPATH": path},
@@ -52,6 +53,22 @@ def test_spark_python_workers_import_pyspark_from_site_packages(spark: Any) -> N
     assert found == pyspark.__file__ and ".zip" not in found  # the driver's own, from site-packages
 
 
+def test_spark_python_workers_have_no_zip_or_jar_to_search_and_start_with_the_imports_done(spark: Any) -> None:
+    """Every import and every task's ``invalidate_caches`` would read a zip's directory (streaming/worker_python);
+    the daemon imported what tasks need before it forked them (streaming/worker_daemon)."""
+
+    def look(_rows: Any) -> Any:
+        import os
+        import sys
+
+        archives = [p for p in sys.path if p.endswith((".zip", ".jar")) and os.path.exists(p)]
+        yield (archives, sorted(m for m in ("pandas", "pyarrow", "crc32c") if m in sys.modules))
+
+    ((archives, preloaded),) = spark.sparkContext.parallelize([0], 1).mapPartitions(look).collect()
+    assert archives == []
+    assert preloaded == ["crc32c", "pandas", "pyarrow"]
+
+
 def test_a_worker_freezes_what_it_imported_once_so_the_daemons_collections_are_cheap(spark: Any) -> None:
     """Spark's daemon collects garbage after every task of a reused worker (see streaming/worker_gc)."""
 
@@ -67,3 +84,15 @@ def test_a_worker_freezes_what_it_imported_once_so_the_daemons_collections_are_c
 
     ((first, again),) = spark.sparkContext.parallelize([0], 1).mapPartitions(frozen).collect()
     assert first > 10_000 and again == first
+
+
+def test_the_local_jvm_compiles_with_c1_only_unless_the_user_chose_the_tiers() -> None:
+    assert driver_java_options("") == QUICK_JIT
+    assert driver_java_options("-Dx=1") == f"{QUICK_JIT} -Dx=1"
+    assert driver_java_options("-XX:TieredStopAtLevel=4") == "-XX:TieredStopAtLevel=4"
+    assert driver_java_options("-XX:-TieredCompilation -Dx=1") == "-XX:-TieredCompilation -Dx=1"
+
+
+def test_the_sessions_jvm_runs_with_the_quick_jit(spark: Any) -> None:
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert QUICK_JIT in list(runtime.getInputArguments())

@@ -1,0 +1,83 @@
+"""bench/chaos.py's checker on stores whose content is known (no broker, no Spark): it tells missing,
+duplicated, corrupt and out-of-order messages apart, per topic-partition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.chaos import ChaosReport, check_store
+from bench.chaos_processes import _TopicTraffic
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.entry import Message, build_entry
+from streamoffload.produce import expected_payload
+from streamoffload.storage.filesystem import FilesystemStore
+from tests.fixtures.entries import Published
+from tests.read import History, offload
+
+TOPIC = "persistent://public/default/chaos-check-partition-0"
+SIZE = 40
+
+
+class Traffic:
+    """What ``check_store`` reads of the chaos producer: the acknowledged sequence numbers per topic."""
+
+    def __init__(self, acked: range) -> None:
+        self.traffic = {TOPIC: _TopicTraffic(batched=True, sent=len(acked), acked=set(acked))}
+
+
+def stored(tmp_path: Path, seqs: list[int], *, batch: int = 1) -> tuple[FilesystemStore, MetadataStore]:
+    """A store holding ``TOPIC``'s messages with these sequence numbers, in this order (``batch`` to an entry)."""
+    store = FilesystemStore(tmp_path / "store", fsync=False)
+    entries = [
+        Published(
+            3,
+            i,
+            build_entry(
+                [Message(expected_payload(TOPIC, seq, SIZE)) for seq in seqs[at : at + batch]],
+                producer_name="chaos",
+                sequence_id=i,
+                publish_time=1000 + i,
+                batched=batch > 1,
+            ),
+            1000 + i,
+        )
+        for i, at in enumerate(range(0, len(seqs), batch))
+    ]
+    return store, offload(store, History(TOPIC, entries), segment_bytes=1500)
+
+
+def check(tmp_path: Path, seqs: list[int], acked: range, *, batch: int = 1) -> Any:
+    store, meta = stored(tmp_path, seqs, batch=batch)
+    assert len(meta.offloaded_segments(TOPIC)) > 1, "several segments: order is checked across them"
+    return check_store(store, meta, Traffic(acked), SIZE)[TOPIC]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_everything_once_in_order(tmp_path: Path, batch: int) -> None:
+    counts = check(tmp_path, list(range(60)), range(60), batch=batch)
+    assert (counts.stored, counts.missing, counts.duplicated, counts.corrupt, counts.out_of_order) == (60, 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_two_messages_swapped_are_out_of_order_not_missing_or_doubled(tmp_path: Path, batch: int) -> None:
+    seqs = list(range(60))
+    seqs[10], seqs[49] = seqs[49], seqs[10]  # in different segments (and entries)
+    counts = check(tmp_path, seqs, range(60), batch=batch)
+    assert (counts.missing, counts.duplicated, counts.corrupt) == (0, 0, 0)
+    assert counts.out_of_order == 2 and counts.first_out_of_order == [(49, 11), (48, 10)]
+    report = ChaosReport(topics={TOPIC: counts}, converged=True, cleanup_removed=0, orphans_after_cleanup=0)
+    assert not report.ok and report.out_of_order == 2
+    assert "first out of order 49 then 11, 48 then 10" in report.render()
+
+
+def test_a_replayed_stretch_is_duplicated_not_out_of_order(tmp_path: Path) -> None:
+    counts = check(tmp_path, [*range(30), *range(20, 60)], range(60))
+    assert (counts.stored, counts.missing, counts.duplicated, counts.out_of_order) == (70, 0, 10, 0)
+
+
+def test_a_gap_is_missing_not_out_of_order(tmp_path: Path) -> None:
+    counts = check(tmp_path, [*range(25), *range(30, 60)], range(60))
+    assert (counts.missing, counts.first_missing, counts.out_of_order) == (5, [25, 26, 27, 28, 29], 0)
