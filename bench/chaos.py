@@ -78,6 +78,7 @@ from streamoffload.codecs.entry import entry_messages
 from streamoffload.config import Config, load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_payload
+from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 from tests.fixtures.s3 import moto_endpoint, raw_s3_client
 
@@ -603,7 +604,16 @@ def _run(
         offloaded = _offloaded(meta, topic_list)
         segments_after = {mf.manifest_uuid(s) for segs in offloaded.values() for s in segs}
         report.cleanup_dropped_segments = len(segments_before - segments_after)
-        referenced = {k for segs in offloaded.values() for s in segs for k in (s.dataKey, s.indexKey)}
+        referenced = {
+            k
+            for segs in offloaded.values()
+            for s in segs
+            for k in (
+                s.dataKey,
+                s.indexKey,
+                *(keys.block_checksums_key(s.dataKey, n) for n in range(1, mf.checksum_blocks(s) + 1)),
+            )
+        }
         # Besides metadata (a key component starting with "_"), a converged store holds exactly those objects.
         data_keys = {
             k

@@ -22,6 +22,13 @@ segments of --segment-mib; the first 3/4 streaming (v2), the rest ledger-based (
 - S3 (a local moto server; its ranged GETs read the whole object, so figures are moto's, not S3's): the
   same catch-up read against a plain GET of each whole data object.
 
+Entries are random bytes by default (``--entries raw``), which only the CRC-32C recorded at offload can
+check; ``--entries pulsar`` makes them real Pulsar entries with their 0x0e01 checksum section (what a real
+broker hands out; the reader before issue 23 checked that one), ``--entries pulsar-lite`` the same without
+the section (what pulsar-lite hands out). ``--crc`` reads with every entry's checksum checked, as ``read``,
+``TopicReader`` and the DataFrame reader do by default (earlier figures were taken without), and adds a raw
+read that computes a CRC-32C of every buffer: the floor of any reader that checks every byte.
+
 The backlog is written under --work-dir (default /tmp) and deleted afterwards unless --keep.
 """
 
@@ -48,6 +55,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.checkpoints.topic_reader import TopicReader
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
+from streamoffload.codecs.entry import Message, build_entry, crc32c
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.read import ChunkCache
@@ -74,6 +82,7 @@ def build_backlog(
     entries_per_ledger: int,
     v1_fraction: float,
     seed: int = 1,
+    entry_format: str = "raw",
 ) -> tuple[int, int]:
     """Offload ``total`` bytes of entries through the segmenter and sink; returns (entries, payload bytes)."""
     rnd = random.Random(seed)
@@ -110,9 +119,13 @@ def build_backlog(
         start = rnd.randrange(0, len(pool) - size)
         # A unique prefix so that no two entries are equal.
         payload = count.to_bytes(8, "big") + pool[start : start + size - 8] if size > 8 else pool[:size]
+        if entry_format != "raw":
+            payload = build_entry([Message(payload)], producer_name="bench", sequence_id=count, publish_time=now)
+            if entry_format == "pulsar-lite":
+                payload = payload[6:]  # without the 0x0e01 section
         batch.append(Published(ledger, entry_id, payload, now))
-        batch_bytes += size
-        written += size
+        batch_bytes += len(payload)
+        written += len(payload)
         count += 1
         entry_id += 1
         if entry_id == entries_per_ledger:
@@ -149,11 +162,26 @@ def raw_read(paths: list[Path], buffer: int) -> int:
     return total
 
 
+def raw_read_crc(paths: list[Path], buffer: int) -> int:
+    """``raw_read`` that also computes a CRC-32C of every buffer: what checking every byte costs at least."""
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(buffer):
+                crc32c(chunk)
+                total += len(chunk)
+    return total
+
+
+VERIFY = False
+"""``--crc``: readers check every entry's CRC-32C (the readers' default)."""
+
+
 def our_read(
     store: ObjectStore, buffer: int, *, readahead: bool | None, cache_bytes: int
 ) -> tuple[int, int, TopicReader]:
     reader = TopicReader(
-        store, read_buffer_size=buffer, readahead=readahead, cache=ChunkCache(cache_bytes), verify_checksums=False
+        store, read_buffer_size=buffer, readahead=readahead, cache=ChunkCache(cache_bytes), verify_checksums=VERIFY
     )
     entries = payload = 0
     for entry in reader.read(TOPIC):
@@ -212,6 +240,7 @@ def backlog_from_args(store: ObjectStore, args: argparse.Namespace, total: int, 
         block_bytes=args.block_mib * MIB,
         entries_per_ledger=args.entries_per_ledger,
         v1_fraction=0.25,
+        entry_format=args.entries,
     )
 
 
@@ -237,11 +266,14 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
         "default (kernel read-ahead through one descriptor, no thread)": None,
         "with the read-ahead thread": True,
     }
-    best = dict.fromkeys(["raw", *variants], float("inf"))
+    best = dict.fromkeys(["raw", "raw+crc", *variants], float("inf"))
     for _ in range(args.repeat):
         t_raw, n = timed(lambda: raw_read(paths, buf))
         assert n == data_bytes
         best["raw"] = min(best["raw"], t_raw)
+        if VERIFY:
+            t_raw, n = timed(lambda: raw_read_crc(paths, buf))
+            best["raw+crc"] = min(best["raw+crc"], t_raw)
         for label, readahead in variants.items():
             t_ours, (n_entries, n_payload, reader) = timed(
                 lambda readahead=readahead: our_read(store, buf, readahead=readahead, cache_bytes=args.cache_mib * MIB)
@@ -256,6 +288,12 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
             f"catch-up read ({label}): {count / secs:,.0f} entries/s, {mbps(payload, secs):,.0f} MB/s of entries "
             f"({mbps(data_bytes, secs):,.0f} MB/s of objects) vs raw sequential read {raw_mbps:,.0f} MB/s "
             f"(ratio {best['raw'] / secs:.2f})"
+            + (
+                f"; vs raw read + CRC-32C of each buffer {mbps(data_bytes, best['raw+crc']):,.0f} MB/s "
+                f"(ratio {best['raw+crc'] / secs:.2f})"
+                if VERIFY
+                else ""
+            )
         )
 
     # Random single-entry reads.
@@ -272,14 +310,14 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
             os.close(fd)
 
     raw_lat = latencies(raw_entry, sample)
-    warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=False)
+    warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY)
     for _ in warm.read(TOPIC):
         pass
     warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
     warm.close()
     cold_lat = []
     for position in sample[: args.cold_reads]:
-        cold = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=False)
+        cold = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY)
         cold.segments(TOPIC)  # listing the manifests is not the read being measured
         start = time.perf_counter()
         cold.read_entry(TOPIC, position)
@@ -348,7 +386,7 @@ def bench_latency(args: argparse.Namespace, store: FilesystemStore, meta: Metada
     results = {}
     for label, readahead in (("read-ahead (default)", None), ("no read-ahead", False)):
         reader = TopicReader(
-            remote, read_buffer_size=buf, readahead=readahead, cache=ChunkCache(0), verify_checksums=False
+            remote, read_buffer_size=buf, readahead=readahead, cache=ChunkCache(0), verify_checksums=VERIFY
         )
         start = time.perf_counter()
         n = sum(len(e.payload) for e in reader.read(TOPIC, None, end))
@@ -415,7 +453,7 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
                 f"{mbps(data_bytes, best_get):,.0f} MB/s ({len(keys)} GETs) (ratio {best_get / secs:.2f})"
             )
         sample = random.Random(3).sample(_positions(store), min(args.s3_random_reads, count))
-        warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=False)
+        warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY)
         for _ in warm.read(TOPIC):
             pass
         warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
@@ -427,7 +465,7 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
 
 
 def _positions(store: ObjectStore) -> list[tuple[int, int]]:
-    reader = TopicReader(store, cache=ChunkCache(0), readahead=True, verify_checksums=False)
+    reader = TopicReader(store, cache=ChunkCache(0), readahead=True, verify_checksums=VERIFY)
     try:
         return [e.position for e in reader.read(TOPIC)]
     finally:
@@ -457,17 +495,21 @@ def main() -> int:
     parser.add_argument(
         "--latency-ms", type=float, default=10.0, help="per-GET wait of the simulated remote store (0: skip)"
     )
+    parser.add_argument("--entries", choices=["raw", "pulsar", "pulsar-lite"], default="raw", help="entry bytes")
+    parser.add_argument("--crc", action="store_true", help="readers check every entry's CRC-32C (their default)")
     parser.add_argument("--skip-s3", action="store_true")
     parser.add_argument("--skip-filesystem", action="store_true")
     parser.add_argument("--work-dir", default="/tmp", help="where the backlog is written (default: %(default)s)")
     parser.add_argument("--keep", action="store_true", help="keep the backlog afterwards")
     args = parser.parse_args()
+    global VERIFY
+    VERIFY = args.crc
 
     work = Path(tempfile.mkdtemp(prefix="streamoffload-bench-read-", dir=args.work_dir))
     print(
         f"read bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, read buffer {args.read_buffer_kib} KiB, "
         f"entries {args.min_entry_kib}-{args.max_entry_kib} KiB, blocks {args.block_mib} MiB, best of {args.repeat} "
-        f"(S3: {args.s3_repeat})"
+        f"(S3: {args.s3_repeat}), entries {args.entries}, checksums {'checked' if args.crc else 'not checked'}"
     )
     try:
         if not args.skip_filesystem:

@@ -38,6 +38,8 @@ class DeletedRecord:
     seal_reason: str = ""
     data_key: str = ""
     index_key: str = ""
+    checksum_blocks: int = 0
+    """How many block checksum records the segment had (``<data key>-crc-1..n``; 0: none recorded)."""
 
     @classmethod
     def of(cls, manifest: SegmentManifest, deleted_ms: int) -> DeletedRecord:
@@ -53,6 +55,7 @@ class DeletedRecord:
             seal_reason=manifest.sealReason,
             data_key=manifest.dataKey,
             index_key=manifest.indexKey,
+            checksum_blocks=mf.checksum_blocks(manifest),
         )
 
     def encode(self) -> bytes:
@@ -68,6 +71,7 @@ class DeletedRecord:
             "sealReason": self.seal_reason,
             "dataKey": self.data_key,
             "indexKey": self.index_key,
+            **({"checksumBlocks": self.checksum_blocks} if self.checksum_blocks else {}),
         }
         return json.dumps(doc, sort_keys=True).encode()
 
@@ -88,6 +92,7 @@ class DeletedRecord:
                     seal_reason=str(doc.get("sealReason") or ""),
                     data_key=str(doc.get("dataKey") or ""),
                     index_key=str(doc.get("indexKey") or ""),
+                    checksum_blocks=int(doc.get("checksumBlocks") or 0),
                 )
             except (ValueError, KeyError, TypeError, IndexError) as err:
                 raise FormatError(f"not a deleted-segment record: {err}", where=where) from None

@@ -18,6 +18,7 @@ import crc32c
 from google.protobuf.message import DecodeError
 
 from streamoffload import __version__
+from streamoffload.codecs import checksums
 from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, TruncatedError
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, uuid_to_msb_lsb
 from streamoffload.codecs.positions import Position
@@ -45,8 +46,18 @@ PROP_METHOD = "method"
 PROP_EPOCH = "epoch"
 PROP_POLICY = "policy"
 """The offload policy the segment was opened under (JSON): its replays use it, whatever the config says now."""
+PROP_BLOCK_CHECKSUMS = checksums.PROP_BLOCK_CHECKSUMS
+PROP_INDEX_CRC = checksums.PROP_INDEX_CRC
 PROP_UPLOAD_ID = "uploadId"
 """The multipart upload that holds the segment's parts, recorded before the first part is written."""
+
+
+def checksum_blocks(manifest: SegmentManifest) -> int:
+    """How many block checksum records (``storage.keys.block_checksums_key`` 1..n) a sealed segment has: its
+    block count when its manifest says every block has one, else 0."""
+    if driver_property(manifest, PROP_BLOCK_CHECKSUMS) is None or not manifest.HasField("blockCount"):
+        return 0
+    return manifest.blockCount
 
 
 def driver_property(manifest: SegmentManifest, key: str) -> str | None:

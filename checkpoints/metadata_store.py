@@ -345,6 +345,11 @@ class MetadataStore:
 
     def _delete_segment_objects(self, manifest: SegmentManifest) -> None:
         self.store.delete(self.manifest_key(manifest))
+        if manifest.dataKey:
+            if manifest.status == OFFLOADED:  # its manifest says how many (no LIST on the retention path)
+                delete_block_checksums(self.store, manifest.dataKey, mf.checksum_blocks(manifest))
+            else:  # an unfinished attempt wrote some: find them
+                delete_block_checksums(self.store, manifest.dataKey)
         for key in (manifest.indexKey, manifest.dataKey):
             if key:
                 self.store.delete(key)
@@ -447,6 +452,7 @@ class MetadataStore:
             log.warning("cleanup: %s: leaving corrupt segment manifest %s and its objects alone", topic, key)
 
         referenced = {k for m in manifests for k in (m.dataKey, m.indexKey) if k}
+        referenced_data = {m.dataKey for m in manifests if m.dataKey}  # their block checksum records too
         # An open attempt's upload is the one its manifest recorded; any other upload of the same key is
         # a stray (a retried create whose id was never recorded) and goes like every other stray.
         recorded = {m.dataKey: mf.driver_property(m, mf.PROP_UPLOAD_ID) for m in manifests if m.status != OFFLOADED}
@@ -471,7 +477,7 @@ class MetadataStore:
         # 4. Data/index objects that no manifest names (and that are not metadata).
         for info in self._topic_objects(topic_dir):
             name = info.key[len(topic_dir) :]
-            if info.key in referenced or name.startswith("_"):
+            if info.key in referenced or name.startswith("_") or _checksums_of(info.key) in referenced_data:
                 continue
             seg_id = _segment_of(name)
             if seg_id in protected_ids:
@@ -489,5 +495,23 @@ class MetadataStore:
 
 
 def _segment_of(name: str) -> str:
-    """The segment uuid of a data or index object name (``<uuid>[-ledger-<id>][-index]``)."""
-    return name.split("-ledger-")[0].removesuffix("-index")
+    """The segment uuid of a data, index or block checksum object name
+    (``<uuid>[-ledger-<id>][-index]``, ``<uuid>[-ledger-<id>]-crc-<n>``)."""
+    return name.split(keys.CHECKSUMS_INFIX)[0].split("-ledger-")[0].removesuffix("-index")
+
+
+def _checksums_of(key: str) -> str | None:
+    """The data object key a block checksum record belongs to (``<data key>-crc-<n>``), else None."""
+    data_key, infix, ordinal = key.rpartition(keys.CHECKSUMS_INFIX)
+    return data_key if infix and ordinal.isdigit() else None
+
+
+def delete_block_checksums(store: ObjectStore, data_key: str, count: int | None = None) -> None:
+    """Delete a data object's block checksum records: ``count`` of them (1..count), or, with None, those a
+    LIST finds."""
+    if count is not None:
+        found = [keys.block_checksums_key(data_key, n) for n in range(1, count + 1)]
+    else:
+        found = [i.key for i in store.list(keys.block_checksums_prefix(data_key)) if _checksums_of(i.key) == data_key]
+    for key in found:
+        store.delete(key)

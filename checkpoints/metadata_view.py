@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.deleted_segments import DeletedRecord, DeletedSummary, DeletedTotals, select_deletable
 from streamoffload.checkpoints.manifest import OFFLOADED, Position
-from streamoffload.checkpoints.metadata_store import MetadataStore, now_ms
+from streamoffload.checkpoints.metadata_store import MetadataStore, delete_block_checksums, now_ms
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
 from streamoffload.codecs.topics import TopicName
@@ -360,6 +360,8 @@ class MetadataView:
             del snap.summaries[old_seq]
             report.removed_summaries.append(old_seq)
         for record in [*counted, *fold]:
+            if record.data_key and record.checksum_blocks:
+                delete_block_checksums(store, record.data_key, record.checksum_blocks)
             for key in (record.data_key, record.index_key):
                 if key:
                     store.delete(key)

@@ -4,6 +4,7 @@
 <prefix>/<tenant>/<namespace>/<local-name>/      the topic directory, each component encoded
     <uuid> | <uuid>-index                        v2 (streaming) data and index objects
     <uuid>-ledger-<id> | <uuid>-ledger-<id>-index  v1 (ledger-based) data and index objects
+    <data object name>-crc-<n>                   the recorded entry checksums of the data object's n-th block
     _meta/segments/<startLedger:020d>-<startEntry:020d>-<uuid>   segment manifests
     _meta/commits/<ordinal:020d>       the commit of the topic's n-th segment (create-only)
     _meta/failures/<uuid>              the last failure of an unfinished segment attempt
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from streamoffload.storage.base import ObjectStore
 
 INDEX_SUFFIX = "-index"
+CHECKSUMS_INFIX = "-crc-"
 LEDGER_INFIX = "-ledger-"
 META_DIR = "_meta"
 SEGMENTS_DIR = f"{META_DIR}/segments"
@@ -242,6 +244,23 @@ def index_key_for(data_object_key: str) -> str:
     return data_object_key + INDEX_SUFFIX
 
 
+def block_checksums_prefix(data_object_key: str) -> str:
+    """List prefix of the block checksum records of a data object (``<data key>-crc-``)."""
+    return data_object_key + CHECKSUMS_INFIX
+
+
+def block_checksums_key(data_object_key: str, block: int) -> str:
+    """``<data key>-crc-<n>``: the recorded CRC-32C of every entry of the data object's ``block``-th block
+    (1-based, in object order; the index's part id of the block). ``codecs.checksums`` is its format."""
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_ORDINAL:
+        raise ValueError(f"block ordinal must be an integer in [1, {MAX_BLOCK_ORDINAL}], got {block!r}")
+    return block_checksums_prefix(data_object_key) + str(block)
+
+
+MAX_BLOCK_ORDINAL = 2**32 - 1
+"""An index records a block's part id as a u32."""
+
+
 def manifests_prefix(prefix: str, topic: TopicName | str) -> str:
     """List prefix of a topic's segment manifests (they list in start-position order)."""
     return topic_dir(prefix, topic) + SEGMENTS_DIR + "/"
@@ -389,13 +408,15 @@ class TopicTooLongError(TopicNameError):
 
 
 def longest_keys(prefix: str, topic: TopicName | str) -> list[str]:
-    """The longest keys the job writes for ``topic`` under ``prefix``: a manifest, a v1 index object and a
-    deleted-ledger mark with the largest ids (ids are Java longs, zero-padded to 20 digits in names)."""
+    """The longest keys the job writes for ``topic`` under ``prefix``: a manifest, a v1 index object, a v1
+    block checksum record and a deleted-ledger mark with the largest ids (ids are Java longs, zero-padded to
+    20 digits in names)."""
     sample = uuid_module.UUID(int=0)
     biggest = MAX_ID
     return [
         manifest_key(prefix, topic, biggest, biggest, sample),
         index_key(prefix, topic, sample, ledger_id=biggest),
+        block_checksums_key(data_key(prefix, topic, sample, ledger_id=biggest), MAX_BLOCK_ORDINAL),
         deleted_mark_key(prefix, topic, biggest),
     ]
 

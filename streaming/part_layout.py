@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, encode_block, framed_entry_size
+from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.errors import StreamOffloadError
 
 _BLOCK = struct.Struct(">QqqqQI")
@@ -112,6 +113,18 @@ def part_refs(blocks: Sequence[BlockLayout]) -> list[EntryRef]:
 
 def part_length(blocks: Sequence[BlockLayout]) -> int:
     return sum(block.length for block in blocks)
+
+
+def checksum_records(blocks: Sequence[BlockLayout], first_block: int, offset: int) -> list[tuple[int, bytes]]:
+    """``(block ordinal, record)`` of each block of a part whose first block is the data object's
+    ``first_block``-th, starting at ``offset``: the CRC-32C of every entry, as the layouts carry them (the
+    source's, which the fetcher checked the fetched bytes against), in ``codecs.checksums``' format."""
+    out = []
+    for i, block in enumerate(blocks):
+        record = BlockChecksums.of(offset, block.ledger_id, [(entry_id, crc) for entry_id, _, crc in block.entries])
+        out.append((first_block + i, record.encode()))
+        offset += block.length
+    return out
 
 
 def build_part(version: FormatVersion, blocks: Sequence[BlockLayout], payloads: Sequence[bytes]) -> bytes:

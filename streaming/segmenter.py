@@ -37,6 +37,7 @@ from typing import Any
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, framed_entry_size
+from streamoffload.codecs.checksums import PROP_BLOCK_CHECKSUMS, PROP_INDEX_CRC, index_checksum
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import IndexEntry, LedgerIndex, OffloadIndex
 from streamoffload.codecs.metadata import ledger_info_v2, ledger_metadata_v1
@@ -242,7 +243,7 @@ class Segmenter:
             self._emit_part()
             return
         held = seg.held_bytes
-        merge.data = merge.data + self._take_held()
+        merge.data = merge.data + self._take_held()[0]  # its blocks follow the part's: same start, ordinals
         merge.info = _grown(merge.info, held)
 
     def _batch_part(self, seg: OpenSegment) -> Action | None:
@@ -350,6 +351,7 @@ class Segmenter:
             manifest=manifest_bytes.hex(),
             policy=policy_json,
             data_key=data_key,
+            checksums=True,
         )
         self.state.next_ordinal += 1
         self.actions.append(
@@ -392,28 +394,34 @@ class Segmenter:
         if seg.held_bytes >= self.min_part_size:
             self._emit_part()
 
-    def _take_held(self) -> bytes:
-        """The layouts of the complete blocks not yet sent (from state and from this batch), removed from both."""
+    def _take_held(self) -> tuple[bytes, int]:
+        """The layouts of the complete blocks not yet sent (from state and from this batch), removed from
+        both, and how many blocks they are (one layout record each)."""
         seg = self.state.open
         assert seg is not None
         stored = self.store.held_blocks() if seg.held_stored else []
         if seg.held_stored:
             self.store.clear_held_blocks()
-        data = b"".join(stored + self._new_held)
+        held = stored + self._new_held
         self._new_held = []
         seg.held_stored = 0
         seg.held_bytes = 0
-        return data
+        return b"".join(held), len(held)
 
     def _emit_part(self) -> None:
         seg = self.state.open
         assert seg is not None
         length = seg.held_bytes
-        data = self._take_held()
+        data, count = self._take_held()
         if not data:
             return
         seg.parts += 1
         manifest_key = keys.manifest_key(self.key_prefix, self.topic, seg.start[0], seg.start[1], seg.uuid)
+        info: dict[str, Any] = {"manifest_key": manifest_key, "format": seg.version, "length": length}
+        if seg.checksums:
+            # The held blocks are the segment's last ``count``: where the part starts, and its first block's
+            # ordinal, name the blocks' checksum records (the sink writes them with the part).
+            info["checksums"] = {"first_block": len(seg.blocks) - count + 1, "offset": seg.data_bytes - length}
         self.actions.append(
             Action(
                 self.topic,
@@ -422,7 +430,7 @@ class Segmenter:
                 part_number=seg.parts,
                 data=data,
                 data_key=seg.data_key,
-                info=json.dumps({"manifest_key": manifest_key, "format": seg.version, "length": length}),
+                info=json.dumps(info),
             )
         )
 
@@ -453,6 +461,11 @@ class Segmenter:
             publish_time_first=seg.publish_first,
             publish_time_last=seg.publish_last,
         )
+        # What readers check the segment against (codecs.checksums): the index's CRC-32C, and whether every
+        # block has its entries' checksum record (not for a segment opened before they were written).
+        sealed = mf.with_driver_property(sealed, PROP_INDEX_CRC, f"{index_checksum(index_bytes):08x}")
+        if seg.checksums:
+            sealed = mf.with_driver_property(sealed, PROP_BLOCK_CHECKSUMS, "1")
         self.actions.append(
             Action(
                 self.topic,

@@ -125,6 +125,9 @@ class OpenSegment:
     entries: int = 0
     rollover_from_ms: int = 0
     """When the rollover time counts from (``segmenter.rollover_start``); 0: ``assigned_ms``."""
+    checksums: bool = False
+    """Every part of this segment records its blocks' entry checksums (``codecs.checksums``); False for a
+    segment opened by a version that did not, whose sealed manifest then says none were recorded."""
 
 
 @dataclass

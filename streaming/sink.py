@@ -30,12 +30,13 @@ from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
+from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.control import record_request_status
 from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader, fetch_counts
 from streamoffload.streaming.faults import crash_point
-from streamoffload.streaming.part_layout import BlockLayout, build_part, decode_layouts, part_refs
+from streamoffload.streaming.part_layout import BlockLayout, build_part, checksum_records, decode_layouts, part_refs
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,12 @@ class SegmentSink:
             upload = self._upload_for(data_key, info["manifest_key"])
             part = part or _plan_parts([action])[0]
             data = self._part_bytes(action["topic"], part, info, reader)
+            recorded = info.get("checksums")
+            if recorded is not None:
+                # Before the manifest, like the part; a replay writes the same bytes under the same names.
+                first, offset = int(recorded["first_block"]), int(recorded["offset"])
+                for block, record in checksum_records(part.blocks, first, offset):
+                    self.store.put(keys.block_checksums_key(data_key, block), record)
             upload.write_part(int(action["part_number"]), data)
             release = getattr(self.fetcher, "release", None)  # the spool: these entries are written now
             if release is not None:

@@ -3,7 +3,9 @@
 Both objects exist and carry format version 1 in their user metadata; the index decodes (magic, lengths,
 order, offsets inside the data object); every data block decodes (magic, header, entry framing, padding,
 order) and matches the index (``verify_against_blocks``); every entry parses as a Pulsar entry, its batch
-splits into messages, and with ``crc`` its CRC-32C matches; the manifest agrees with the objects (format,
+splits into messages, and with ``crc`` its CRC-32C matches: the one recorded at offload in the block's checksum
+record (``codecs.checksums``) and Pulsar's own 0x0e01 one where the entry carries it; the index's CRC-32C
+matches the one its manifest recorded; the manifest agrees with the objects (format,
 lengths, start and end positions, counts, per-ledger spans: the rules of ``storage.read.checks``, which the
 read handle applies too). Problems are collected, each naming the object and the byte offset, instead of
 stopping at the first.
@@ -26,18 +28,24 @@ from streamoffload.codecs.blocks import (
     OrderingError,
     decode_block,
 )
-from streamoffload.codecs.entry import CompressionType, decode_entry, split_messages
-from streamoffload.codecs.errors import BadMagicError, FormatError, TruncatedError
+from streamoffload.codecs.checksums import BlockChecksums, RecordedChecksums, index_checksum, recorded_checksums
+from streamoffload.codecs.entry import CompressionType, crc32c, decode_entry, split_messages
+from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, TruncatedError
 from streamoffload.codecs.index import OffloadIndex, is_v1_index, verify_against_blocks
 from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metadata_v1
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
+from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
 from streamoffload.storage.read import manifest_disagreements, unsupported_format_version
 
 _SPLITTABLE = (CompressionType.NONE, CompressionType.ZLIB)
 """Compressions whose batches are split into messages here (the others are counted as unsplit)."""
+
+
+class MissingRecordError(FormatError):
+    """A block checksum record the segment's manifest promises is not in the store."""
 
 
 class VerifyError(StreamOffloadError):
@@ -77,6 +85,9 @@ class SegmentReport:
     messages: int = 0
     crc_checked: int = 0
     compressed_unsplit: int = 0
+    recorded_checksums: bool | None = None
+    """Whether the segment recorded its entries' checksums at offload (None: checked without a manifest).
+    A segment sealed before they were written has none: only entries carrying 0x0e01 are CRC-checked."""
     first: tuple[int, int] | None = None
     last: tuple[int, int] | None = None
     problems: list[Problem] = field(default_factory=list)
@@ -114,6 +125,13 @@ class _Checker:
         self.manifest = manifest
         self.manifest_key = manifest_key
         self.tallies: dict[int, _LedgerTally] = {}
+        self.recorded = RecordedChecksums(False, None)
+        if manifest is not None:
+            try:
+                self.recorded = recorded_checksums([(p.key, p.value) for p in manifest.driverMetadata.properties])
+            except FormatError as err:
+                self.problem(manifest_key or report.data_key, None, "CorruptManifest", err.reason)
+            report.recorded_checksums = self.recorded.blocks
 
     def problem(self, obj: str, offset: int | None, error: str, message: str) -> None:
         r = self.report
@@ -181,7 +199,18 @@ class _Checker:
                     "v1 index, which does not record its ledger id, of a data object not named -ledger-<id>: "
                     "give --ledger-id"
                 )
-            return OffloadIndex.decode(raw, ledger_id=ledger_id, where=key)
+            index = OffloadIndex.decode(raw, ledger_id=ledger_id, where=key)
+            want = self.recorded.index_crc
+            if want is not None and index_checksum(raw) != want:
+                # Reported, and the decoded index still checked against the data: that names where it is wrong.
+                self.problem(
+                    key,
+                    0,
+                    "ChecksumError",
+                    f"index object CRC-32C 0x{index_checksum(raw):08x} does not match 0x{want:08x} recorded in its "
+                    f"manifest (the damage is somewhere in its {len(raw)} bytes)",
+                )
+            return index
         except StreamOffloadError as err:
             self.failed(err, key)
             return None
@@ -226,8 +255,19 @@ class _Checker:
                     offset=offset + (28 if version is FormatVersion.V2 else 20),
                     where=key,
                 )
+            sums = self.block_sums(r.blocks + 1, offset, ledger, header.first_entry_id)
             for entry in block.entries:
-                self.check_entry(ledger, entry.entry_id, entry.payload, offset + entry.offset + ENTRY_HEADER_LENGTH)
+                at = offset + entry.offset + ENTRY_HEADER_LENGTH
+                self.check_entry(ledger, entry.entry_id, entry.payload, at)
+                if sums is not None:
+                    self.check_recorded(sums, r.blocks + 1, entry.entry_id, entry.payload, at)
+            if sums is not None and block.last_entry_id != sums.last_entry_id:
+                raise ChecksumError(
+                    f"block of ledger {ledger} ends with entry {block.last_entry_id}, but its checksum record "
+                    f"{keys.block_checksums_key(key, r.blocks + 1)} ends with entry {sums.last_entry_id}",
+                    offset=offset + header.block_length,
+                    where=key,
+                )
             last = (ledger, block.last_entry_id)
             r.last = last
             if r.first is None:
@@ -235,6 +275,49 @@ class _Checker:
             r.blocks += 1
             yield dataclasses.replace(block, offset=offset)
             offset += header.block_length
+
+    def block_sums(self, ordinal: int, offset: int, ledger: int, first_entry_id: int) -> BlockChecksums | None:
+        """The checksum record of the data object's ``ordinal``-th block (with ``crc``, when recorded)."""
+        if not (self.crc and self.recorded.blocks):
+            return None
+        key = keys.block_checksums_key(self.report.data_key, ordinal)
+        try:
+            raw = self.store.get(key)
+        except ObjectNotFoundError:
+            raise MissingRecordError(
+                f"checksum record of block {ordinal} (offset {offset}) does not exist; its manifest says every block "
+                "has one",
+                where=key,
+            ) from None
+        sums = BlockChecksums.decode(raw, where=key)
+        if (sums.offset, sums.ledger_id, sums.first_entry_id) != (offset, ledger, first_entry_id):
+            raise ChecksumError(
+                f"checksum record is of the block of ledger {sums.ledger_id} from entry {sums.first_entry_id} at "
+                f"offset {sums.offset}, but block {ordinal} is ledger {ledger} from entry {first_entry_id} at offset "
+                f"{offset}",
+                offset=12,
+                where=key,
+            )
+        return sums
+
+    def check_recorded(self, sums: BlockChecksums, ordinal: int, entry_id: int, payload: memoryview, at: int) -> None:
+        want = sums.crc_of(entry_id)
+        record = keys.block_checksums_key(self.report.data_key, ordinal)
+        if want is None:
+            raise ChecksumError(
+                f"entry {sums.ledger_id}:{entry_id} is not among the {sums.count} entries {record} records",
+                offset=at - ENTRY_HEADER_LENGTH + 4,
+                where=self.report.data_key,
+            )
+        actual = crc32c(payload)
+        if actual != want:
+            raise ChecksumError(
+                f"entry {sums.ledger_id}:{entry_id} checksum mismatch: CRC-32C 0x{want:08x} recorded at offload "
+                f"({record}), computed 0x{actual:08x} over {len(payload)} bytes (corrupt entry)",
+                offset=at,
+                where=self.report.data_key,
+            )
+        self.report.crc_checked += 1
 
     def v1_ledger(self) -> int:
         if self.ledger_id is not None:
@@ -256,8 +339,8 @@ class _Checker:
         tally.size += len(payload)
         try:
             decoded = decode_entry(payload, verify_checksum=self.crc)
-            if self.crc and decoded.checksum is not None:
-                r.crc_checked += 1
+            if self.crc and decoded.checksum is not None and not self.recorded.blocks:
+                r.crc_checked += 1  # (with a record, check_recorded counts it)
             if decoded.metadata.compression in _SPLITTABLE:
                 r.messages += len(split_messages(decoded))
             else:

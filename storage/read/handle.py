@@ -6,6 +6,7 @@ and ``scan``; what the walk learns in ``offsets``; the rules objects are checked
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -21,12 +22,19 @@ from streamoffload.codecs.blocks import (
     OrderingError,
     first_non_padding,
 )
-from streamoffload.codecs.errors import BadMagicError, LengthMismatchError, TruncatedError
+from streamoffload.codecs.checksums import BlockChecksums, RecordedChecksums, recorded_checksums
+from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, LengthMismatchError, TruncatedError
 from streamoffload.codecs.index import BlockLocation, OffloadIndex, is_v1_index
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
-from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
+from streamoffload.storage.keys import (
+    FORMAT_VERSION_METADATA_KEY,
+    SUPPORTED_FORMAT_VERSION,
+    block_checksums_key,
+    ledger_id_in_key,
+)
 from streamoffload.storage.read.cache import ChunkCache
 from streamoffload.storage.read.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
 from streamoffload.storage.read.errors import (
@@ -47,6 +55,8 @@ if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 
 DEFAULT_READAHEAD_CHUNKS = 4
+CHECKSUM_CACHE_ENTRIES = 1 << 20
+"""Recorded entry checksums a handle keeps (4 bytes each): the records of the blocks it read last."""
 
 
 class SegmentReadHandle:
@@ -97,6 +107,11 @@ class SegmentReadHandle:
         self._closed = False
 
         self.manifest: SegmentManifest | None
+        # What was recorded at offload (codecs.checksums): nothing for objects named without a manifest, or
+        # a segment sealed before records were written; then entries are checked by their own 0x0e01 CRC.
+        self.recorded = RecordedChecksums(False, None)
+        self._sums: OrderedDict[int, BlockChecksums] = OrderedDict()  # by block index, most recent last
+        self._sums_entries = 0
         if isinstance(segment, SegmentKeys):
             self.manifest = None
             self.data_key, self.index_key = segment.data_key, segment.index_key
@@ -113,6 +128,12 @@ class SegmentReadHandle:
                 )
             self.data_key, self.index_key = segment.dataKey, segment.indexKey
             ledger_hint = segment.startLedgerId if segment.formatVersion == 1 else None
+            try:
+                self.recorded = recorded_checksums([(p.key, p.value) for p in segment.driverMetadata.properties])
+            except FormatError as err:
+                raise ManifestMismatchError(
+                    f"segment manifest of {segment.topic}: {err.reason}", where=self.data_key
+                ) from None
 
         data_info = self._head(self.data_key, "data") if check_metadata else None
         index_bytes = self._get_index()
@@ -187,7 +208,73 @@ class SegmentReadHandle:
                 f"{self.data_key} does not end in -ledger-<id>: give the ledger id"
             )
         # decode() reports a bad magic, truncation or inconsistency with its offset.
-        return OffloadIndex.decode(buf, ledger_id=ledger_hint, where=self.index_key)
+        index = OffloadIndex.decode(buf, ledger_id=ledger_hint, where=self.index_key)
+        # A flip that still decodes (an offset, a LedgerInfo field) is caught by the CRC its manifest recorded.
+        want = self.recorded.index_crc
+        if want is not None and self.verify_checksums:
+            actual = crc32c(buf)
+            if actual != want:
+                raise ChecksumError(
+                    f"index object CRC-32C 0x{actual:08x} does not match 0x{want:08x} recorded in its manifest "
+                    f"(corrupt index; the damage is somewhere in its {len(buf)} bytes)",
+                    offset=0,
+                    where=self.index_key,
+                )
+        return index
+
+    def _block_sums(self, bi: int) -> BlockChecksums | None:
+        """The recorded checksums of block ``bi`` (index into the blocks in object order), read once and kept
+        in a small LRU; None when the segment recorded none (or checks are off)."""
+        if not (self.recorded.blocks and self.verify_checksums):
+            return None
+        sums = self._sums.get(bi)
+        if sums is not None:
+            self._sums.move_to_end(bi)
+            return sums
+        loc = self._blocks[bi]
+        key = block_checksums_key(self.data_key, bi + 1)
+        try:
+            raw = self.store.get(key)
+        except ObjectNotFoundError:
+            raise MissingObjectError(
+                f"checksum record {key} of block {bi + 1} (offset {loc.offset}) of {self.data_key} is missing from "
+                f"{self.store.url}: its manifest says every block has one",
+                key,
+            ) from None
+        sums = BlockChecksums.decode(raw, where=key)
+        if (sums.offset, sums.ledger_id, sums.first_entry_id) != (loc.offset, loc.ledger_id, loc.first_entry_id):
+            raise ChecksumError(
+                f"checksum record is of the block of ledger {sums.ledger_id} from entry {sums.first_entry_id} at "
+                f"offset {sums.offset}, but block {bi + 1} of {self.data_key} is ledger {loc.ledger_id} from entry "
+                f"{loc.first_entry_id} at offset {loc.offset}",
+                offset=12,
+                where=key,
+            )
+        self._sums[bi] = sums
+        self._sums_entries += sums.count
+        while self._sums_entries > CHECKSUM_CACHE_ENTRIES and len(self._sums) > 1:
+            self._sums_entries -= self._sums.popitem(last=False)[1].count
+        return sums
+
+    def _check_recorded(self, sums: BlockChecksums, bi: int, payload: memoryview, at: int, entry_id: int) -> None:
+        """``payload`` (entry ``entry_id`` of block ``bi``, at offset ``at``) against its recorded CRC-32C."""
+        want = sums.crc_of(entry_id)
+        key = block_checksums_key(self.data_key, bi + 1)
+        if want is None:
+            raise ChecksumError(
+                f"entry {sums.ledger_id}:{entry_id} is not among the {sums.count} entries {key} records for its "
+                f"block ({sums.first_entry_id}..{sums.last_entry_id})",
+                offset=at - ENTRY_HEADER_LENGTH + 4,
+                where=self.data_key,
+            )
+        actual = crc32c(payload)
+        if actual != want:
+            raise ChecksumError(
+                f"entry {sums.ledger_id}:{entry_id} checksum mismatch: CRC-32C 0x{want:08x} recorded at offload "
+                f"({key}), computed 0x{actual:08x} over {len(payload)} bytes (corrupt entry)",
+                offset=at,
+                where=self.data_key,
+            )
 
     def _check_manifest(self, manifest: SegmentManifest) -> None:
         where = self.data_key
@@ -301,7 +388,11 @@ class SegmentReadHandle:
                 else:
                     payload = memoryview(self._chunks.read_range(start, length))
                 if self.verify_checksums:
-                    check_entry_checksum(payload, self.data_key, start, ledger_id, entry_id)
+                    sums = self._block_sums(i)
+                    if sums is not None:
+                        self._check_recorded(sums, i, payload, start, entry_id)
+                    else:
+                        check_entry_checksum(payload, self.data_key, start, ledger_id, entry_id)
                 return OffloadedEntry(ledger_id, entry_id, payload)
         for entry in self._read((ledger_id, entry_id), (ledger_id, entry_id), sequential=False):
             return entry
@@ -418,6 +509,7 @@ class SegmentReadHandle:
             marks = self._learned.get(loc.offset)
             if marks is None:
                 marks = self._learned[loc.offset] = LearnedOffsets()
+            sums = self._block_sums(bi) if emit else None
             if offset == loc.offset:
                 self._check_header(scan.read(loc.offset, BLOCK_HEADER_LENGTH), loc)
                 cur, cur_start, cur_len = scan.cur, scan.cur_start, len(scan.cur)
@@ -501,7 +593,11 @@ class SegmentReadHandle:
                             cur, cur_start, cur_len = scan.cur, scan.cur_start, len(scan.cur)
                         if keep:
                             scan.keep(pos + ENTRY_HEADER_LENGTH, length)
-                        if verify:
+                        if sums is not None:
+                            want = sums.crc_of(entry_id)
+                            if want is None or crc32c(payload) != want:
+                                self._check_recorded(sums, bi, payload, pos + ENTRY_HEADER_LENGTH, entry_id)
+                        elif verify:
                             check_entry_checksum(payload, key, pos + ENTRY_HEADER_LENGTH, ledger, entry_id)
                         yield OffloadedEntry(ledger, entry_id, payload)
                 pos += ENTRY_HEADER_LENGTH + length
@@ -510,6 +606,14 @@ class SegmentReadHandle:
                     f"block holds no entries (entry {expect} expected)"
                     if pos == loc.offset + BLOCK_HEADER_LENGTH
                     else f"no entry where a learned offset says entry {expect} starts",
+                    offset=pos,
+                    where=key,
+                )
+            if sums is not None and previous != sums.last_entry_id:
+                # The last entry's id is pinned by nothing else when the next block is another ledger's.
+                raise ChecksumError(
+                    f"block of ledger {ledger} ends with entry {previous}, but its checksum record "
+                    f"{block_checksums_key(key, bi + 1)} ends with entry {sums.last_entry_id}",
                     offset=pos,
                     where=key,
                 )

@@ -63,7 +63,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_store_args(parser)
     parser.add_argument("topic_names", metavar="TOPIC", nargs="*", help="topic-partitions to check (default: all)")
-    parser.add_argument("--crc", action="store_true", help="also check every entry's CRC-32C (Pulsar's checksum)")
+    parser.add_argument(
+        "--crc",
+        action="store_true",
+        help="also check every entry's CRC-32C (the one recorded at offload, and Pulsar's own where present)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a summary")
     parser.add_argument(
         "--stale-minutes",
@@ -100,6 +104,7 @@ def _segment_json(s: SegmentReport) -> dict[str, Any]:
         "entry_bytes": s.entry_bytes,
         "messages": s.messages,
         "crc_checked": s.crc_checked,
+        "recorded_checksums": s.recorded_checksums,
         "compressed_unsplit": s.compressed_unsplit,
         "first": list(s.first) if s.first else None,
         "last": list(s.last) if s.last else None,
@@ -164,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         "data_bytes": sum(s.data_length for s in segments),
         "messages": sum(s.messages for s in segments),
         "crc_checked": sum(s.crc_checked for s in segments),
+        "segments_without_recorded_checksums": sum(1 for s in segments if s.recorded_checksums is False),
         "problems": len(problems),
     }
     if args.json:
@@ -214,7 +220,16 @@ def _print_summary(
         )
     for p in problems:
         out.write(p.line() + "\n")
-    checks = "framing, index, manifests, entries" + (", CRC-32C" if crc else "")
+    for s in [s for t in topics for s in t.segments if s.recorded_checksums is False]:
+        # Sealed before entry checksums were recorded: still read, but only entries that carry their own
+        # 0x0e01 section are CRC-checked there.
+        out.write(
+            f"NOTE {s.data_key}: no recorded checksums (sealed by an older version): its entries are CRC-checked "
+            "only where they carry their own 0x0e01 section\n"
+        )
+    checks = "framing, index, manifests, entries"
+    if crc:
+        checks += f", CRC-32C of {totals['crc_checked']} of {totals['entries']} entries"
     verdict = "OK" if not problems else f"{len(problems)} PROBLEM(S)"
     out.write(
         f"verified {totals['segments']} segments ({totals['v2_segments']} v2, {totals['v1_segments']} v1), "

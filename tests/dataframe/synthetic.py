@@ -51,11 +51,13 @@ def build_topic(
     seed: int = 1,
     keep: bool = True,
     encrypted: frozenset[int] = frozenset(),
+    checksummed: bool = True,
 ) -> tuple[list[Sent], int]:
     """Offload ``entries`` entries of ``batch`` messages each (batch 1: not batched); publish times grow by
     ``publish_step_ms`` per entry. Entries numbered in ``encrypted`` carry an encryption algorithm (field 14
     of MessageMetadata), as end-to-end encrypted ones do. Returns the messages (when ``keep``) and the
-    entry bytes written."""
+    entry bytes written. ``checksummed=False`` stores entries without their optional 0x0e01 section, as
+    pulsar-lite hands them out: then only the CRC-32C recorded at offload covers them."""
     rnd = random.Random(seed)
     pool = rnd.randbytes(payload_size + 4096)
     state = MemoryState()
@@ -105,6 +107,8 @@ def build_topic(
             decoded = decode_entry(data)
             md = MessageMetadata.FromString(decoded.metadata.SerializeToString() + bytes([14 << 3 | 2, 3]) + b"aes")
             data = encode_entry(md, decoded.payload)
+        if not checksummed:
+            data = data[6:]  # magic 0x0e01 and the CRC-32C
         if keep:
             for b, m in enumerate(messages):
                 sent.append(

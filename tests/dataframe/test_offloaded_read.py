@@ -15,6 +15,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.errors import ChecksumError, FormatError
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
+from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.read import TopicNotFoundError
 from tests.dataframe.synthetic import CountingStore, Sent, build_topic
@@ -127,7 +128,10 @@ def test_pruned_segments_are_never_opened_and_reads_start_at_the_bound_block(
     got = read_all(store, tasks, times=times, skew_ms=0)
     assert len(got) == 40  # ten entries of four messages
     opened = {key for key in store.read if not key.split("/")[-1].startswith("_") and "/_meta/" not in key}
-    assert opened == {middle.dataKey, middle.indexKey}
+    records = {key for key in opened if key.startswith(keys.block_checksums_prefix(middle.dataKey))}
+    assert opened - records == {middle.dataKey, middle.indexKey}
+    # Only the blocks read had their checksum records read.
+    assert 0 < len(records) <= 3 < middle.blockCount, (records, middle.blockCount)
     data_read = store.read[middle.dataKey]
     assert data_read < middle.dataLength / 2, (data_read, middle.dataLength)
     assert data_read < total / 10
@@ -177,10 +181,11 @@ def test_entries_output_and_encrypted_entries(tmp_path: Path) -> None:
     assert len(ok) == 60
 
 
-def test_a_corrupt_data_object_fails_naming_object_and_offset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checksummed", [True, False], ids=["with-0x0e01", "without-0x0e01"])
+def test_a_corrupt_data_object_fails_naming_object_and_offset(tmp_path: Path, checksummed: bool) -> None:
     store = FilesystemStore(str(tmp_path))
     topic = "persistent://public/default/corrupt"
-    build_topic(store, topic, entries=100, batch=1, segment_bytes=1 << 20)
+    build_topic(store, topic, entries=100, batch=1, segment_bytes=1 << 20, checksummed=checksummed)
     [segment] = MetadataStore(store).offloaded_segments(topic)
     path = tmp_path / segment.dataKey
     data = bytearray(path.read_bytes())

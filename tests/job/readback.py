@@ -10,6 +10,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.codecs.index import OffloadIndex
+from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 
 
@@ -53,6 +54,11 @@ def store_keys(store: ObjectStore) -> set[str]:
 
 
 def referenced_keys(store: ObjectStore, topics: list[str], key_prefix: str = "") -> set[str]:
-    """Data and index keys of every offloaded segment: what a converged store holds besides metadata."""
+    """Data and index keys, and block checksum records, of every offloaded segment: what a converged store
+    holds besides metadata. Every segment the job writes has its records (one per block)."""
     meta = MetadataStore(store, key_prefix)
-    return {k for t in topics for m in meta.offloaded_segments(t) for k in (m.dataKey, m.indexKey)}
+    out = set()
+    for m in (m for t in topics for m in meta.offloaded_segments(t)):
+        assert mf.checksum_blocks(m) == m.blockCount > 0, f"segment {m.dataKey} recorded no checksums"
+        out |= {m.dataKey, m.indexKey, *(keys.block_checksums_key(m.dataKey, n) for n in range(1, m.blockCount + 1))}
+    return out

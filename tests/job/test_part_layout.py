@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, encode_block, framed_entry_size
+from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.filesystem import FilesystemStore
@@ -26,6 +27,7 @@ from streamoffload.streaming.part_layout import (
     EntryRef,
     LayoutError,
     build_part,
+    checksum_records,
     decode_layouts,
     encode_layouts,
     part_length,
@@ -121,6 +123,23 @@ def test_build_part_is_what_encode_block_encodes(
     assert part == expected
     assert len(part) == part_length(layouts)
     assert build_part(version, decode_layouts(encode_layouts(layouts)), payloads) == expected
+
+
+@settings(max_examples=50)
+@given(blocks=st.lists(block_layouts(), min_size=1, max_size=6), first=st.integers(1, 1000), at=st.integers(0, 2**40))
+def test_checksum_records_follow_the_blocks_of_a_part(blocks: list[BlockLayout], first: int, at: int) -> None:
+    """One record per block, numbered from the part's first block, at the offsets the blocks take, holding
+    the CRC-32C each layout carries (the source's, which the fetch checked)."""
+    # Ledger ids and offsets are Java longs.
+    blocks = [BlockLayout(b.ledger_id >> 1, b.entries, b.padded_to % 2**40, b.after) for b in blocks]
+    records = checksum_records(blocks, first, at)
+    assert [n for n, _ in records] == list(range(first, first + len(blocks)))
+    offset = at
+    for block, (_, raw) in zip(blocks, records, strict=True):
+        record = BlockChecksums.decode(raw)
+        assert (record.offset, record.ledger_id) == (offset, block.ledger_id)
+        assert [record.crc_of(entry_id) for entry_id, _, _ in block.entries] == [crc for _, _, crc in block.entries]
+        offset += block.length
 
 
 def test_build_part_refuses_a_payload_count_that_is_not_the_layouts() -> None:
@@ -250,6 +269,7 @@ def test_a_sink_fetching_other_bytes_writes_no_part_and_commits_nothing(
     assert "entry 3:17" in str(info.value)
     assert MetadataStore(store).offloaded_segments(TOPIC) == []
     assert list(store.root.rglob("part-*")) == [], "a part was written"
+    assert list(store.root.rglob("*-crc-*")) == [], "a checksum record was written"
     assert not store.exists(actions[-2].data_key), "the data object was completed"
 
     # The same actions with the entries the segmenter saw: the segment is written as it should be.

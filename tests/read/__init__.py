@@ -41,8 +41,11 @@ class History:
         return [(e.ledger_id, e.entry_id) for e in self.entries]
 
 
-def pulsar_entries(ledgers: dict[int, int], *, seed: int = 7, max_payload: int = 900) -> History:
-    """Real Pulsar entries: about a third batched (2-4 messages), keys and properties on most messages."""
+def pulsar_entries(
+    ledgers: dict[int, int], *, seed: int = 7, max_payload: int = 900, checksummed: bool = True
+) -> History:
+    """Real Pulsar entries: about a third batched (2-4 messages), keys and properties on most messages.
+    ``checksummed=False``: without their optional 0x0e01 checksum section, as pulsar-lite hands them out."""
     rnd = random.Random(seed)
     entries: list[Published] = []
     messages: dict[tuple[int, int], list[Message]] = {}
@@ -61,6 +64,8 @@ def pulsar_entries(ledgers: dict[int, int], *, seed: int = 7, max_payload: int =
             ]
             publish = 1_700_000_000_000 + seq
             data = build_entry(msgs, producer_name="test-producer", sequence_id=seq, publish_time=publish)
+            if not checksummed:
+                data = strip_checksum(data)
             seq += n
             entries.append(Published(ledger, entry_id, data, publish))
             messages[(ledger, entry_id)] = msgs
@@ -128,6 +133,12 @@ def offload(
         ),
     )
     return MetadataStore(store, key_prefix)
+
+
+def strip_checksum(entry: bytes) -> bytes:
+    """The entry without its ``0x0e01`` section (magic and CRC-32C, 6 bytes): what pulsar-lite delivers."""
+    assert entry[:2] == b"\x0e\x01", entry[:2]
+    return entry[6:]
 
 
 def flip_byte(store: ObjectStore, key: str, offset: int) -> None:

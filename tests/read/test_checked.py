@@ -174,11 +174,12 @@ def test_an_empty_manifest_is_corrupt_not_assigned(
 
 
 def _payload_byte(store: FilesystemStore, seg: Any) -> tuple[int, int]:
-    """(offset of the first entry's last byte, offset of its stored CRC) in the segment's data object."""
+    """(offset of the first entry's last byte, offset of its first byte) in the segment's data object: a
+    mismatch against the CRC-32C recorded at offload names where the entry starts."""
     data = store.get(seg.dataKey)
     length = int.from_bytes(data[BLOCK_HEADER_LENGTH : BLOCK_HEADER_LENGTH + 4], "big")
     start = BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH
-    return start + length - 1, start + 2
+    return start + length - 1, start
 
 
 @pytest.mark.parametrize("messages", [False, True], ids=["entries", "messages"])

@@ -145,9 +145,13 @@ def test_index_that_disagrees_with_its_data(
     raw[at] ^= 0x01
     store.put(seg.indexKey, bytes(raw), dict(store.head(seg.indexKey).metadata))
     code, doc = verify(capsys, flags)
-    problem = only_problem(doc)
-    assert code == 1 and problem["error"] == "IndexMismatchError" and problem["object"] == seg.dataKey
-    assert problem["offset"] == index.blocks()[1].offset
+    assert code == 1
+    by_error = {p["error"]: p for p in doc["problems"]}
+    assert sorted(by_error) == ["ChecksumError", "IndexMismatchError"], doc["problems"]
+    # The CRC its manifest recorded says the index is damaged; checking it against the data says where.
+    assert (by_error["ChecksumError"]["object"], by_error["ChecksumError"]["offset"]) == (seg.indexKey, 0)
+    problem = by_error["IndexMismatchError"]
+    assert problem["object"] == seg.dataKey and problem["offset"] == index.blocks()[1].offset
 
 
 def test_manifest_that_disagrees_with_its_objects(

@@ -146,6 +146,10 @@ def test_object_names_follow_the_pulsar_layout() -> None:
     assert keys.deleted_summary_prefix("pfx", topic) == base + "_meta/deleted-summary/"
     assert keys.control_prefix("pfx/", "requests") == "pfx/_control/requests/"
     assert keys.control_prefix("", "status") == "_control/status/"
+    # Block checksum records sit beside their data object; no Pulsar object name ends like them.
+    assert keys.block_checksums_key(base + uid, 3) == base + uid + "-crc-3"
+    assert keys.block_checksums_key(base + uid + "-ledger-42", 1) == base + uid + "-ledger-42-crc-1"
+    assert keys.block_checksums_prefix(base + uid) == base + uid + "-crc-"
 
 
 @settings(max_examples=100, deadline=None)
@@ -173,6 +177,8 @@ def test_deleted_marks_parse_back() -> None:
         lambda: keys.control_prefix("p", "a/b"),
         lambda: keys.control_prefix("p", ""),
         lambda: keys.parse_manifest_name("p/_meta/segments/1-2-x"),
+        lambda: keys.block_checksums_key("p/t/x", 0),
+        lambda: keys.block_checksums_key("p/t/x", 2**32),
     ],
 )
 def test_bad_key_arguments_are_refused(call: object) -> None:
