@@ -132,12 +132,7 @@ class ProcessCensus:
         self._thread.join(5)
 
     def _python_pids(self) -> list[int]:
-        parents: dict[int, list[int]] = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                stat = _proc_stat(int(name))
-                if stat is not None:
-                    parents.setdefault(stat[0], []).append(int(name))
+        parents = _children_by_parent()
         out = []
         for pid in parents.get(os.getpid(), []):
             if "java" in _cmdline(pid).split(" ")[0]:
@@ -298,12 +293,7 @@ class RssSampler:
             self._stop.wait(self.interval)
 
     def sample(self) -> None:
-        parents: dict[int, list[int]] = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                stat = _proc_stat(int(name))
-                if stat is not None:
-                    parents.setdefault(stat[0], []).append(int(name))
+        parents = _children_by_parent()
         me = os.getpid()
         self._peak("driver python", _rss_bytes(me))
         if self.broker_pid is not None:
@@ -333,6 +323,17 @@ class RssSampler:
         for rss, kind in self.worker_peaks.values():
             out[kind] = max(out.get(kind, 0), rss)
         return out
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every live process's children, from /proc."""
+    parents: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _proc_stat(int(name))
+            if stat is not None:
+                parents.setdefault(stat[0], []).append(int(name))
+    return parents
 
 
 def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
