@@ -199,8 +199,6 @@ def build_session(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
-        # Workers forked with pandas, pyarrow and the job's modules already imported (streaming/worker_daemon.py).
-        "spark.python.daemon.module": "streamoffload.streaming.worker_daemon",
         "spark.driver.memory": "2g",
     }
     # Under spark-submit the JVM is already up with the master and resources the user chose.
@@ -212,6 +210,10 @@ def build_session(
     conf.update(extra_conf or {})
     if local:
         conf["spark.driver.extraJavaOptions"] = driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
+        # Workers forked with pandas, pyarrow and the job's modules already imported (streaming/worker_daemon.py).
+        # Local masters only: the daemon starts before a task's --py-files are on the path, so on a cluster that
+        # ships streamoffload that way the daemon could not import itself.
+        conf.setdefault("spark.python.daemon.module", "streamoffload.streaming.worker_daemon")
     settings = _logging
     _launch_gateway(conf, settings)
     builder = SparkSession.builder
