@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
+from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH
 from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, TruncatedError
 from streamoffload.codecs.positions import MAX_ID
 
@@ -84,6 +85,26 @@ class BlockChecksums:
             return self.crcs[i] if 0 <= i < len(self.crcs) else None
         i = bisect.bisect_left(ids, entry_id)
         return self.crcs[i] if i < len(ids) and ids[i] == entry_id else None
+
+    def check(self, entry_id: int, payload: bytes | memoryview, *, at: int, record: str, where: str | None) -> None:
+        """``payload``, entry ``entry_id`` whose bytes start at offset ``at`` of the data object ``where``,
+        against the CRC-32C this record (the object ``record``) holds for it; ``ChecksumError`` otherwise."""
+        want = self.crc_of(entry_id)
+        if want is None:
+            raise ChecksumError(
+                f"entry {self.ledger_id}:{entry_id} is not among the {self.count} entries {record} records for its "
+                f"block ({self.first_entry_id}..{self.last_entry_id})",
+                offset=at - ENTRY_HEADER_LENGTH + 4,  # the entry header's id field
+                where=where,
+            )
+        actual = _crc32c.crc32c(payload)
+        if actual != want:
+            raise ChecksumError(
+                f"entry {self.ledger_id}:{entry_id} checksum mismatch: CRC-32C 0x{want:08x} recorded at offload "
+                f"({record}), computed 0x{actual:08x} over {len(payload)} bytes (corrupt entry)",
+                offset=at,
+                where=where,
+            )
 
     def encode(self) -> bytes:
         flags = EXPLICIT_IDS if self.entry_ids is not None else 0

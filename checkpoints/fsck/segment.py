@@ -29,7 +29,7 @@ from streamoffload.codecs.blocks import (
     decode_block,
 )
 from streamoffload.codecs.checksums import BlockChecksums, RecordedChecksums, index_checksum, recorded_checksums
-from streamoffload.codecs.entry import CompressionType, crc32c, decode_entry, split_messages
+from streamoffload.codecs.entry import CompressionType, decode_entry, split_messages
 from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, TruncatedError
 from streamoffload.codecs.index import OffloadIndex, is_v1_index, verify_against_blocks
 from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metadata_v1
@@ -301,22 +301,8 @@ class _Checker:
         return sums
 
     def check_recorded(self, sums: BlockChecksums, ordinal: int, entry_id: int, payload: memoryview, at: int) -> None:
-        want = sums.crc_of(entry_id)
         record = keys.block_checksums_key(self.report.data_key, ordinal)
-        if want is None:
-            raise ChecksumError(
-                f"entry {sums.ledger_id}:{entry_id} is not among the {sums.count} entries {record} records",
-                offset=at - ENTRY_HEADER_LENGTH + 4,
-                where=self.report.data_key,
-            )
-        actual = crc32c(payload)
-        if actual != want:
-            raise ChecksumError(
-                f"entry {sums.ledger_id}:{entry_id} checksum mismatch: CRC-32C 0x{want:08x} recorded at offload "
-                f"({record}), computed 0x{actual:08x} over {len(payload)} bytes (corrupt entry)",
-                offset=at,
-                where=self.report.data_key,
-            )
+        sums.check(entry_id, payload, at=at, record=record, where=self.report.data_key)
         self.report.crc_checked += 1
 
     def v1_ledger(self) -> int:

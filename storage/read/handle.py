@@ -258,23 +258,7 @@ class SegmentReadHandle:
 
     def _check_recorded(self, sums: BlockChecksums, bi: int, payload: memoryview, at: int, entry_id: int) -> None:
         """``payload`` (entry ``entry_id`` of block ``bi``, at offset ``at``) against its recorded CRC-32C."""
-        want = sums.crc_of(entry_id)
-        key = block_checksums_key(self.data_key, bi + 1)
-        if want is None:
-            raise ChecksumError(
-                f"entry {sums.ledger_id}:{entry_id} is not among the {sums.count} entries {key} records for its "
-                f"block ({sums.first_entry_id}..{sums.last_entry_id})",
-                offset=at - ENTRY_HEADER_LENGTH + 4,
-                where=self.data_key,
-            )
-        actual = crc32c(payload)
-        if actual != want:
-            raise ChecksumError(
-                f"entry {sums.ledger_id}:{entry_id} checksum mismatch: CRC-32C 0x{want:08x} recorded at offload "
-                f"({key}), computed 0x{actual:08x} over {len(payload)} bytes (corrupt entry)",
-                offset=at,
-                where=self.data_key,
-            )
+        sums.check(entry_id, payload, at=at, record=block_checksums_key(self.data_key, bi + 1), where=self.data_key)
 
     def _check_manifest(self, manifest: SegmentManifest) -> None:
         where = self.data_key
