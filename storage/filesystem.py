@@ -33,8 +33,9 @@ import shutil
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from streamoffload.storage.base import (
     MultipartWrite,
@@ -386,10 +387,15 @@ class FilesystemStore(ObjectStore):
         return directory
 
     def _write_temp(
-        self, path: Path, chunks: Iterable[bytes | memoryview], *, create_dirs: bool = True, durable: bool = True
+        self,
+        path: Path,
+        chunks: Iterable[bytes | memoryview] | Callable[[BinaryIO], object],
+        *,
+        create_dirs: bool = True,
+        durable: bool = True,
     ) -> Path:
-        """Write ``chunks`` to a fresh temporary file beside ``path``, fsynced (unless not ``durable``); return
-        its path."""
+        """Write ``chunks`` (or let the callable fill the open file) to a fresh temporary file beside ``path``,
+        fsynced (unless not ``durable``); return its path. The file is removed if writing fails."""
         for attempt in range(5):
             if create_dirs:
                 self._ensure_dir(path.parent)
@@ -410,7 +416,10 @@ class FilesystemStore(ObjectStore):
             raise
         try:
             with open(fd, "wb", closefd=True) as f:
-                _write_chunks(f, chunks)
+                if callable(chunks):
+                    chunks(f)
+                else:
+                    _write_chunks(f, chunks)
                 f.flush()
                 if self._fsync and durable:
                     os.fsync(f.fileno())
@@ -614,26 +623,20 @@ class FilesystemMultipartWrite(MultipartWrite):
                     finally:
                         os.close(fd)
                 return tmp
-        tmp = store._write_temp(path, [], durable=False)
-        try:
-            with open(tmp, "r+b", buffering=0) as out:
-                try:
-                    for number in numbers:
-                        with open(self._part(number), "rb", buffering=0) as part:
-                            _copy_range(part.fileno(), out.fileno(), os.fstat(part.fileno()).st_size)
-                except OSError as err:
-                    if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-                    out.seek(0)
-                    out.truncate()
-                    _write_chunks(out, self._read_parts(numbers))
-                if store._fsync:
-                    os.fsync(out.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return tmp
+
+        def copy_parts(out: BinaryIO) -> None:
+            try:
+                for number in numbers:
+                    with open(self._part(number), "rb", buffering=0) as part:
+                        _copy_range(part.fileno(), out.fileno(), os.fstat(part.fileno()).st_size)
+            except OSError as err:
+                if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                out.seek(0)
+                out.truncate()
+                _write_chunks(out, self._read_parts(numbers))
+
+        return store._write_temp(path, copy_parts)
 
     def _read_parts(self, numbers: list[int]) -> Iterator[bytes]:
         for number in numbers:

@@ -387,8 +387,6 @@ _CRASHING_WRITER = textwrap.dedent(
 
     def stall_half_way(f, chunks):
         data = b"".join(bytes(c) for c in chunks)
-        if not data:
-            return 0
         f.write(data[: len(data) // 2])
         f.flush()
         os.fsync(f.fileno())
