@@ -14,7 +14,7 @@
 <prefix>/_meta/writers/<epoch:020d>              the writer lease of the whole prefix (checkpoints.lease)
 <prefix>/_meta/policies/<effectiveMs:020d>       offload policy versions (streaming.policies)
 <prefix>/_meta/quarantine/<sha256 of topic>      a failing topic's record (streaming.quarantine)
-<prefix>/_control/requests/<id>                  offload-now requests (streaming.control)
+<prefix>/_control/requests/<id>                  offload-now requests (checkpoints.control_requests)
 <prefix>/_control/status/<id>                    what became of them
 ```
 

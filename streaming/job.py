@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamoffload.checkpoints.control_requests import submit_requests
 from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
@@ -34,7 +35,6 @@ from streamoffload.config import Config, PolicySource, StoreSettings
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.urls import parse_store_url
 from streamoffload.streaming.admission import buffer_file_path, write_buffer_file
-from streamoffload.streaming.control import submit_requests
 from streamoffload.streaming.entry_fetch import BrokerFetcherSpec
 from streamoffload.streaming.policies import (
     CLOCK_SKEW_MS,
@@ -596,7 +596,7 @@ class OffloadJob:
         latest position and no offload-now request waits, so that the query would start Spark only to find
         nothing (recovery has abandoned every unfinished attempt, and ``run --once`` leaves no open segment).
         Any doubt (the broker or the store cannot be asked) answers False: the query then finds out."""
-        from streamoffload.streaming.control import pending_requests
+        from streamoffload.checkpoints.control_requests import pending_requests
         from streamoffload.streaming.planner import SourcePlanner
         from streamoffload.streaming.source_options import SourceOptions
 

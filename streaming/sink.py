@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 from streamoffload import __version__
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.control_requests import record_request_status
 from streamoffload.checkpoints.lease import FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.blocks import FormatVersion
@@ -33,7 +34,6 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
-from streamoffload.streaming.control import record_request_status
 from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader, fetch_counts
 from streamoffload.streaming.faults import crash_point
 from streamoffload.streaming.part_layout import BlockLayout, build_part, checksum_records, decode_layouts, part_refs

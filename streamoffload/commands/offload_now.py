@@ -7,11 +7,11 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from streamoffload.checkpoints.control_requests import submit_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
-from streamoffload.streaming.control import submit_requests
 
 
 def register(subparsers: Any) -> None:

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from streamoffload.checkpoints.control_requests import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.offload_now import partitions_of
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.storage.base import ObjectStore
-from streamoffload.streaming.control import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
 NONE = "none"

@@ -15,14 +15,11 @@ from typing import Any
 
 import pytest
 
-from streamoffload.config import StoreSettings
-from streamoffload.storage.base import ObjectStore
-from streamoffload.streaming.control import (
+from streamoffload.checkpoints.control_requests import (
     DONE,
     FAILED,
     PENDING,
     RUNNING,
-    ControlStreamReader,
     UnknownRequestError,
     expire_statuses,
     list_requests,
@@ -33,6 +30,9 @@ from streamoffload.streaming.control import (
     status_prefix,
     submit_requests,
 )
+from streamoffload.config import StoreSettings
+from streamoffload.storage.base import ObjectStore
+from streamoffload.streaming.control import ControlStreamReader
 
 PREFIX = "offload/v1"
 TOPIC = "persistent://a/b/c"
@@ -242,7 +242,7 @@ SUBMITTER = textwrap.dedent(
     """
     import json, os, sys, time
     from streamoffload.config import StoreSettings
-    from streamoffload.streaming.control import submit_requests
+    from streamoffload.checkpoints.control_requests import submit_requests
 
     root, sync, skew, count = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     store = StoreSettings(managedLedgerOffloadDriver="filesystem", root=root).open()
@@ -351,3 +351,23 @@ def test_spark_reads_each_request_once_across_available_now_runs(spark: Any, tmp
     assert Counter(seen) == Counter([*first, late])
     # Starting the second run's batch committed the first one: only its requests are gone.
     assert pending_requests(store, PREFIX) == [late]
+
+
+def test_offload_now_and_offload_status_run_without_loading_spark(tmp_path: Path) -> None:
+    """Submitting a request or reading its status is a small JSON object in the store: no pyspark import
+    (which takes seconds), so an operator's command answers at once."""
+    from streamoffload.storage.filesystem import FilesystemStore
+    from streamoffload.storage.keys import topic_dir
+
+    FilesystemStore(str(tmp_path)).put(topic_dir("", TOPIC) + "_meta/placeholder", b"x")  # a known topic
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from streamoffload.cli import main
+        codes = [main(["offload-now", "--store", {str(tmp_path)!r}, {TOPIC!r}]),
+                 main(["offload-status", "--store", {str(tmp_path)!r}, {TOPIC!r}])]
+        print(codes, sorted({{m.split(".")[0] for m in sys.modules if m.startswith(("pyspark", "py4j"))}}))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip().splitlines()[-1] == "[0, 0] []", result.stdout + result.stderr

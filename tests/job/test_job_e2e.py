@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.control_requests import submit_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.s3 import S3Store
 from streamoffload.streaming.admission import BUFFER_FILE_PREFIX
-from streamoffload.streaming.control import submit_requests
 from streamoffload.streaming.job import OffloadJob
 from tests.fixtures.broker import partition_names, unique_topic
 from tests.job.readback import read_entries, read_messages, referenced_keys, store_keys

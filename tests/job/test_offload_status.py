@@ -7,13 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli import main
-from streamoffload.commands.offload_status import PartitionStatus, wait_for
-from streamoffload.storage.base import ObjectStore
-from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.keys import topic_dir
-from streamoffload.streaming.control import (
+from streamoffload.checkpoints.control_requests import (
     DONE,
     FAILED,
     PENDING,
@@ -23,6 +17,12 @@ from streamoffload.streaming.control import (
     requests_prefix,
     submit_requests,
 )
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.cli import main
+from streamoffload.commands.offload_status import PartitionStatus, wait_for
+from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.keys import topic_dir
 
 TOPIC = "persistent://public/default/orders"
 P0, P1 = f"{TOPIC}-partition-0", f"{TOPIC}-partition-1"
