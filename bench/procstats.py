@@ -64,7 +64,15 @@ def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
             groups["jvm"] += table[pid][2]
             groups["python workers"] += table[pid][3]
             groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid) if p != pid)
+        elif is_fork_server(pid):
+            # Spark's Python processes forked with the imports done (streaming/fork_server.py): the server
+            # itself, the daemons it forked for Spark and theirs.
+            groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid))
     return groups
+
+
+def is_fork_server(pid: int) -> bool:
+    return "streamoffload.streaming.fork_server" in _cmdline(pid)
 
 
 def child_pids(word: str) -> list[int]:
@@ -132,12 +140,7 @@ class ProcessCensus:
         self._thread.join(5)
 
     def _python_pids(self) -> list[int]:
-        parents = _children_by_parent()
-        out = []
-        for pid in parents.get(os.getpid(), []):
-            if "java" in _cmdline(pid).split(" ")[0]:
-                out.extend(p for p in _subtree(parents, pid) if p != pid)
-        return out
+        return spark_python_pids(_children_by_parent())
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -148,7 +151,7 @@ class ProcessCensus:
                 if pid in self.seen:
                     kind = self.seen[pid][0]
                 else:
-                    kind = _worker_kind(_cmdline(pid)) + (" (already running)" if pid in self._before else "")
+                    kind = _process_kind(pid) + (" (already running)" if pid in self._before else "")
                 self.seen[pid] = (kind, stat[2] - self._before.get(pid, 0.0))
             self._stop.wait(self.interval)
 
@@ -299,20 +302,17 @@ class RssSampler:
         if self.broker_pid is not None:
             self._peak("broker", sum(_rss_bytes(p) for p in _subtree(parents, self.broker_pid)))
         for pid in parents.get(me, []):
-            if "java" not in _cmdline(pid).split(" ")[0]:
-                continue
-            self._peak("jvm", _rss_bytes(pid))
-            total = 0
-            for worker in _subtree(parents, pid):
-                if worker == pid:
-                    continue
-                rss = _rss_bytes(worker)
-                total += _pss_bytes(worker)
-                if worker not in self.kinds:  # named at first sight: an exiting process has no cmdline
-                    self.kinds[worker] = _worker_kind(_cmdline(worker))
-                if rss > self.worker_peaks.get(worker, (0, ""))[0]:
-                    self.worker_peaks[worker] = (rss, self.kinds[worker])
-            self._peak("python workers (sum of PSS)", total)
+            if "java" in _cmdline(pid).split(" ")[0]:
+                self._peak("jvm", _rss_bytes(pid))
+        total = 0
+        for worker in spark_python_pids(parents):
+            rss = _rss_bytes(worker)
+            total += _pss_bytes(worker)
+            if worker not in self.kinds:  # named at first sight: an exiting process has no cmdline
+                self.kinds[worker] = _process_kind(worker)
+            if rss > self.worker_peaks.get(worker, (0, ""))[0]:
+                self.worker_peaks[worker] = (rss, self.kinds[worker])
+        self._peak("python workers (sum of PSS)", total)
 
     def _peak(self, name: str, value: int) -> None:
         self.peaks[name] = max(self.peaks.get(name, 0), value)
@@ -343,6 +343,29 @@ def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
         out.append(pid)
         todo.extend(parents.get(pid, []))
     return out
+
+
+def spark_python_pids(parents: dict[int, list[int]]) -> list[int]:
+    """Spark's Python processes for this driver: the JVM's descendants, and the fork server's subtree
+    (streaming/fork_server.py: the daemons it forked for Spark, and what they forked)."""
+    out = []
+    for pid in parents.get(os.getpid(), []):
+        if "java" in _cmdline(pid).split(" ")[0]:
+            out.extend(p for p in _subtree(parents, pid) if p != pid)
+        elif is_fork_server(pid):
+            out.extend(_subtree(parents, pid))
+    return out
+
+
+def _process_kind(pid: int) -> str:
+    """A Spark Python process's kind: the module in its command line, or for one the fork server forked
+    (whose command line is the server's) the name the server gave it, ``fork:<last part of the module>``."""
+    cmdline = _cmdline(pid)
+    if "streamoffload.streaming.fork_server" not in cmdline:
+        return _worker_kind(cmdline)
+    if stat := _proc_stat(pid):
+        return f"fork:{stat[1]}" if stat[1] != "python" else "fork server"
+    return "(exited before it was named)"
 
 
 def _worker_kind(cmdline: str) -> str:

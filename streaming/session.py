@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from streamoffload.streaming import register
+from streamoffload.streaming.fork_client import SOCKET_ENV
+from streamoffload.streaming.fork_server import ForkServer, start_fork_server
 from streamoffload.streaming.worker_python import pyspark_from_directory, worker_python
 
 SPARK_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
@@ -156,6 +158,26 @@ def _remove_quietly(path: str) -> None:
         os.unlink(path)
 
 
+_fork_server: ForkServer | None = None
+
+
+def _start_fork_server() -> None:
+    """The fork server for Spark's one-off driver-side Python processes (``streaming/fork_server.py``), once
+    per driver, before the JVM starts so that the JVM and its Python processes inherit its socket's name.
+    ``STREAMOFFLOAD_FORK_SERVER=off`` leaves it out."""
+    global _fork_server
+    if _fork_server is not None or os.environ.get(SOCKET_ENV) == "off":
+        return
+    from pyspark import SparkContext
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+        return  # the JVM is up already: it would not see the socket's name
+    _fork_server = start_fork_server(log_path=_logging.log_file)
+    if _fork_server is not None:
+        os.environ[SOCKET_ENV] = _fork_server.path
+        atexit.register(_fork_server.stop)
+
+
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 """The JVM compiles hot code with C1 only. In the positions design the JVM carries no payload bytes; its
 work is a fixed cost per micro-batch (planning, the state store, task scheduling), and with the default
@@ -186,6 +208,7 @@ def build_session(
     if local and workers == sys.executable and pyspark_from_directory():
         # This interpreter's pyspark, from site-packages: no recompiling it from the zip in every process.
         workers = worker_python(python=workers)
+        _start_fork_server()
     os.environ["PYSPARK_PYTHON"] = workers
     from pyspark.sql import SparkSession
 

@@ -27,6 +27,7 @@ import shlex
 import sys
 import tempfile
 
+from streamoffload.streaming import fork_client
 from streamoffload.streaming.side_files import write_text_file
 
 LAUNCHER = """#!/bin/sh
@@ -44,6 +45,11 @@ done
 unset IFS
 PYTHONPATH=$kept
 export PYTHONPATH
+# Spark's Python processes (its worker daemons, one per kind, and what they fork) from the fork
+# server, with the imports done (streaming/fork_server.py).
+if [ -n "${{STREAMOFFLOAD_FORK_SERVER-}}" ] && [ "${{1-}}" = -m ]; then
+    exec {python} -I -S {client} "$@"
+fi
 exec {python} "$@"
 """
 
@@ -73,7 +79,7 @@ def launcher_directory() -> str:
 def worker_python(directory: str | None = None, python: str = sys.executable) -> str:
     """The path of a launcher for ``python`` (written once, atomically, under ``directory``, default
     :func:`launcher_directory`), to be Spark's ``PYSPARK_PYTHON`` in local mode."""
-    text = LAUNCHER.format(python=shlex.quote(python))
+    text = LAUNCHER.format(python=shlex.quote(python), client=shlex.quote(fork_client.__file__))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     directory = directory or launcher_directory()
     os.makedirs(directory, mode=0o700, exist_ok=True)
