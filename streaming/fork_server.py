@@ -108,12 +108,15 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data[4 : 4 + length]), fds
 
 
-def _child(request: dict, fds: list[int], listener: socket.socket, conn: socket.socket) -> None:
-    """In the forked child: become the process the client would have started, run the module, exit."""
+def _child(request: dict, fds: list[int], servers: list[int]) -> None:
+    """In the forked child: become the process the client would have started, run the module, exit.
+    ``servers``: the server's own descriptors (its socket, selector, other clients' connections and
+    children), closed first so that a long-lived child (a Spark daemon) holds none of them."""
     code = 1
     try:
-        listener.close()
-        conn.close()
+        for fd in servers:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for target, fd in enumerate(fds):
@@ -150,7 +153,7 @@ def _child(request: dict, fds: list[int], listener: socket.socket, conn: socket.
         os._exit(code & 0xFF if code >= 0 else 1)
 
 
-def _start_child(client: _Client, listener: socket.socket) -> None:
+def _start_child(client: _Client, servers: list[int]) -> None:
     request, fds = _read_request(client.conn)
     argv = request.get("argv") or []
     if len(fds) != 3 or argv[:1] != ["-m"] or len(argv) < 2:
@@ -161,7 +164,7 @@ def _start_child(client: _Client, listener: socket.socket) -> None:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(request, fds, listener, client.conn)
+        _child(request, fds, servers)
     for fd in fds:
         os.close(fd)
     client.pid = pid
@@ -183,6 +186,15 @@ def _finish(selector: selectors.BaseSelector, client: _Client, status: int | Non
         client.pidfd = -1
 
 
+def _server_fds(selector: selectors.BaseSelector) -> list[int]:
+    """Every descriptor the server holds besides stdin, stdout and stderr: its selector's own, and what is
+    registered in it (the listening socket, clients' connections, children's pidfds)."""
+    fds = [key.fd for key in selector.get_map().values()]
+    with contextlib.suppress(AttributeError, NotImplementedError):
+        fds.append(selector.fileno())  # type: ignore[attr-defined]
+    return fds
+
+
 def serve(path: str, parent: int) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -200,7 +212,7 @@ def serve(path: str, parent: int) -> None:
                 conn, _ = listener.accept()
                 client = _Client(conn)
                 try:
-                    _start_child(client, listener)
+                    _start_child(client, [*_server_fds(selector), conn.fileno()])
                 except (OSError, ValueError) as exc:
                     print(f"streamoffload fork server: {exc}", file=sys.stderr)
                     _finish(selector, client, 1)
@@ -216,6 +228,7 @@ def serve(path: str, parent: int) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(client.pid, signal.SIGTERM)
                 selector.unregister(client.conn)
+                client.conn.close()  # closed now: later children must not inherit it
 
 
 class ForkServer:

@@ -23,6 +23,8 @@ MODULE = """\
 import os, sys, time
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "greeting", os.environ.get("GREETING"))
 print("preloaded", "pandas" in sys.modules and "pyspark.sql" in sys.modules, "parent", os.getppid())
+fds = os.listdir("/proc/self/fd")  # stdin, stdout, stderr and the listing's own
+print("descriptors", len(fds) - 1)
 sys.stderr.write("a line on stderr\\n")
 sys.stdout.flush()
 if os.environ.get("PID_FILE"):
@@ -69,6 +71,7 @@ def test_a_module_runs_in_a_child_of_the_server_with_the_callers_arguments_envir
     assert result.stdout.splitlines() == [
         f"argv ['a', 'b c'] cwd {tmp_path} greeting hello",
         f"preloaded True parent {server.process.pid}",
+        "descriptors 3",  # none of the server's: its socket, selector, other clients' connections
     ]
     assert result.stderr == "a line on stderr\n"
 
@@ -76,7 +79,7 @@ def test_a_module_runs_in_a_child_of_the_server_with_the_callers_arguments_envir
 def test_without_a_server_the_module_runs_the_ordinary_way(launch: Any, tmp_path: Path) -> None:
     result = launch("-m", "forkee", "x", socket_path=str(tmp_path / "gone.sock"), EXIT_CODE="4")
     assert result.returncode == 4
-    first, second = result.stdout.splitlines()
+    first, second, _descriptors = result.stdout.splitlines()
     assert first == f"argv ['x'] cwd {tmp_path} greeting None"
     assert second.startswith("preloaded False parent ")  # a fresh interpreter imported nothing
 
@@ -103,6 +106,15 @@ def test_stopping_the_caller_stops_its_child(tmp_path: Path, server: ForkServer)
         time.sleep(0.02)
     child = int(pid_file.read_text())
     assert child != caller.pid
+    # Another child forked meanwhile holds nothing of the server's, not the first caller's connection.
+    other = subprocess.run(
+        [worker_python(str(tmp_path / "launchers")), "-m", "forkee"],
+        env={k: v for k, v in env.items() if k != "PID_FILE"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert other.stdout.splitlines()[-1] == "descriptors 3"
     caller.terminate()
     caller.wait(10)
     while os.path.exists(f"/proc/{child}") and "Z" not in _state(child):
