@@ -9,17 +9,16 @@ error naming its key, never a different manifest.
 
 from __future__ import annotations
 
-import struct
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import crc32c
 from google.protobuf.message import DecodeError
 
 from streamoffload import __version__
 from streamoffload.codecs import checksums
-from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, TruncatedError
+from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.frame import FRAME_LENGTH, frame, unframe
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, uuid_to_msb_lsb
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
@@ -213,8 +212,6 @@ MANIFEST_MAGIC = b"SOM\x01"
 """The first bytes of every manifest and commit object: "SOM" and the frame version 1. No protobuf
 ``SegmentManifest`` starts with them (0x53 would be field 10 as a deprecated group), so a frame is never
 mistaken for an unframed manifest."""
-_FRAME = struct.Struct(">4sI")  # magic, CRC-32C (Castagnoli) of the protobuf that follows
-FRAME_LENGTH = _FRAME.size
 
 
 def encode_manifest(manifest: SegmentManifest) -> bytes:
@@ -223,7 +220,7 @@ def encode_manifest(manifest: SegmentManifest) -> bytes:
     The checksum makes any corruption of a stored manifest (or commit) detectable: protobuf alone parses
     most damaged or empty byte strings into *some* message."""
     body = manifest.SerializeToString(deterministic=True)
-    return _FRAME.pack(MANIFEST_MAGIC, crc32c.crc32c(body)) + body
+    return frame(MANIFEST_MAGIC, body)
 
 
 def decode_manifest(data: bytes, where: str | None = None) -> SegmentManifest:
@@ -234,33 +231,16 @@ def decode_manifest(data: bytes, where: str | None = None) -> SegmentManifest:
     (``IsInitialized``; the upb parser does not enforce proto2 ``required``) and a known status. Unframed
     manifests (written before manifests carried a checksum) are refused like any other corruption: they
     cannot be told from damaged bytes."""
-    data = bytes(data)
-    if len(data) < FRAME_LENGTH:
-        raise TruncatedError(
-            f"segment manifest of {len(data)} bytes is shorter than its {FRAME_LENGTH}-byte checksum frame",
-            offset=len(data),
-            where=where,
-        )
-    magic, stored = _FRAME.unpack_from(data, 0)
-    if magic != MANIFEST_MAGIC:
-        raise BadMagicError(
-            f"not a checksummed segment manifest: starts with 0x{magic.hex()}, expected 0x{MANIFEST_MAGIC.hex()} "
-            "(corrupt, or written before manifests carried a checksum)",
-            offset=0,
-            where=where,
-        )
-    body = data[FRAME_LENGTH:]
-    actual = crc32c.crc32c(body)
-    if actual != stored:
-        raise ChecksumError(
-            f"segment manifest checksum mismatch: stored CRC-32C 0x{stored:08x}, computed 0x{actual:08x} over "
-            f"{len(body)} bytes (corrupt or truncated manifest)",
-            offset=4,
-            where=where,
-        )
+    body = unframe(
+        data,
+        MANIFEST_MAGIC,
+        what="segment manifest",
+        where=where,
+        not_magic_hint=" (corrupt, or written before manifests carried a checksum)",
+    )
     manifest = SegmentManifest()
     try:
-        manifest.ParseFromString(body)
+        manifest.ParseFromString(bytes(body))
     except DecodeError as err:
         raise FormatError(f"not a segment manifest: {err}", offset=FRAME_LENGTH, where=where) from None
     if not manifest.IsInitialized():

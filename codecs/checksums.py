@@ -33,15 +33,14 @@ from dataclasses import dataclass
 import crc32c as _crc32c
 
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH
-from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, TruncatedError
+from streamoffload.codecs.errors import ChecksumError, FormatError
+from streamoffload.codecs.frame import FRAME_LENGTH, frame, unframe
 from streamoffload.codecs.positions import MAX_ID
 
 MAGIC = b"SOC\x01"
 """"SOC" (streamoffload checksums) and the record's version 1."""
 EXPLICIT_IDS = 1
-_FRAME = struct.Struct(">4sI")
 _HEAD = struct.Struct(">QQQII")  # offset, ledger id, first entry id, n, flags
-FRAME_LENGTH = _FRAME.size
 HEADER_LENGTH = FRAME_LENGTH + _HEAD.size
 _KNOWN_FLAGS = EXPLICIT_IDS
 
@@ -113,34 +112,14 @@ class BlockChecksums:
         body += struct.pack(f">{n}I", *self.crcs)
         if self.entry_ids is not None:
             body += struct.pack(f">{n}Q", *self.entry_ids)
-        return _FRAME.pack(MAGIC, _crc32c.crc32c(body)) + body
+        return frame(MAGIC, body)
 
     @classmethod
     def decode(cls, data: bytes | memoryview, *, where: str | None = None) -> BlockChecksums:
         """The record, checked strictly (magic, CRC of the body, lengths, ids); ``FormatError`` naming
         ``where`` and the byte offset otherwise."""
         view = memoryview(data)
-        if len(view) < HEADER_LENGTH:
-            raise TruncatedError(
-                f"block checksum record of {len(view)} bytes is shorter than its {HEADER_LENGTH}-byte header",
-                offset=len(view),
-                where=where,
-            )
-        magic, stored = _FRAME.unpack_from(view, 0)
-        if magic != MAGIC:
-            raise BadMagicError(
-                f"not a block checksum record: starts with 0x{bytes(magic).hex()}, expected 0x{MAGIC.hex()}",
-                offset=0,
-                where=where,
-            )
-        actual = _crc32c.crc32c(view[FRAME_LENGTH:])
-        if actual != stored:
-            raise ChecksumError(
-                f"block checksum record is damaged: stored CRC-32C 0x{stored:08x}, computed 0x{actual:08x} over "
-                f"{len(view) - FRAME_LENGTH} bytes",
-                offset=4,
-                where=where,
-            )
+        unframe(view, MAGIC, what="block checksum record", where=where, min_length=HEADER_LENGTH)
         offset, ledger, first, n, flags = _HEAD.unpack_from(view, FRAME_LENGTH)
         if flags & ~_KNOWN_FLAGS:
             raise FormatError(f"block checksum record has unknown flags 0x{flags:x}", offset=32, where=where)
