@@ -37,24 +37,31 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out, err
 
 
-def test_random_bit_flips_are_harmless_or_reported_and_never_read_back(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    root = tmp_path / "store"
+def _offloaded_store(
+    capsys: pytest.CaptureFixture[str], root: Path, *, seed: int, checksummed: bool
+) -> tuple[FilesystemStore, Any, Any, list[dict[str, Any]]]:
+    """Three ledgers offloaded as v1 then v2 segments; the undamaged store reads back exactly and verifies
+    clean. Returns the store, the history, its metadata store and the ``read`` lines expected."""
     store = FilesystemStore(root, fsync=False)
-    history = pulsar_entries({3: 30, 4: 25, 8: 20}, seed=9)
+    history = pulsar_entries({3: 30, 4: 25, 8: 20}, seed=seed, checksummed=checksummed)
     meta = offload(store, history, switch_at=40)
-    flags = ["--store", str(root)]
     expected = [
         {"ledger_id": e.ledger_id, "entry_id": e.entry_id, "payload": base64.b64encode(e.payload).decode()}
         for e in history.entries
     ]
-
-    # The undamaged store reads back exactly and verifies clean.
-    code, out, _ = run_cli(capsys, "read", *flags, TOPIC)
+    code, out, _ = run_cli(capsys, "read", "--store", str(root), TOPIC)
     assert code == 0 and [json.loads(line) for line in out.splitlines()] == expected
-    code, out, _ = run_cli(capsys, "verify", *flags, "--crc", "--json")
+    code, out, _ = run_cli(capsys, "verify", "--store", str(root), "--crc", "--json")
     assert code == 0, out
+    return store, history, meta, expected
+
+
+def test_random_bit_flips_are_harmless_or_reported_and_never_read_back(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    root = tmp_path / "store"
+    store, _history, meta, expected = _offloaded_store(capsys, root, seed=9, checksummed=True)
+    flags = ["--store", str(root)]
 
     segments = meta.offloaded_segments(TOPIC)
     assert {s.formatVersion for s in segments} == {1, 2}
@@ -139,17 +146,9 @@ def test_every_flip_in_checksum_less_entries_headers_or_index_is_caught(
     --messages``, the DataFrame reader and ``verify --crc``, naming the damaged segment's object and an
     offset. Block padding is left out here (no reader returns it; ``verify`` checks it, the test above)."""
     root = tmp_path / "store"
-    store = FilesystemStore(root, fsync=False)
-    history = pulsar_entries({3: 30, 4: 25, 8: 20}, seed=11, checksummed=False)
+    store, history, meta, expected = _offloaded_store(capsys, root, seed=11, checksummed=False)
     assert all(e.payload[:2] != b"\x0e\x01" for e in history.entries)
-    meta = offload(store, history, switch_at=40)
     flags = ["--store", str(root)]
-    expected = [
-        {"ledger_id": e.ledger_id, "entry_id": e.entry_id, "payload": base64.b64encode(e.payload).decode()}
-        for e in history.entries
-    ]
-    code, out, _ = run_cli(capsys, "read", *flags, TOPIC)
-    assert code == 0 and [json.loads(line) for line in out.splitlines()] == expected
     code, out, _ = run_cli(capsys, "verify", *flags, "--crc", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["totals"]["crc_checked"] == len(history.entries), out
