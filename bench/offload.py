@@ -7,8 +7,8 @@ Run from the repository root:
     .venv/bin/python bench/offload.py --backlog-mb 2000 --defaults      # memory on the default config
 
 It starts the embedded pulsar-lite broker and one local Spark session (``local[2]``), and uses a
-filesystem store, a checkpoint and the broker's data under one temporary work directory (removed at
-the end unless ``--keep``).
+filesystem store (``--store s3``: a local moto_server, throughput only), a checkpoint and the broker's
+data under one temporary work directory (removed at the end unless ``--keep``).
 
 1. **Throughput.** It publishes a backlog of ``--backlog-mb`` MB of ``--payload-size`` messages,
    batched (``--batch-size`` messages per entry), over ``--partitions`` topic-partitions, then drains
@@ -71,6 +71,7 @@ are shared with other work, so wall times move by ±20% and CPU seconds are the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -80,6 +81,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,12 +138,44 @@ def job_config(
         pulsar["max_bytes_per_trigger"] = args.max_bytes_per_trigger
     doc = {
         "pulsar": pulsar,
-        "store": {"managedLedgerOffloadDriver": "filesystem", "root": str(work / f"store-{name}")},
+        "store": _store_section(args, work, name),
         "spark": {"checkpoint": str(work / f"checkpoint-{name}"), "trigger_interval": args.trigger_interval},
         "metrics": {"address": ""},
         "offload": offload,
     }
     return parse_config(doc, f"<bench {name}>")
+
+
+S3_BUCKET = "bench"
+
+
+def _store_section(args: argparse.Namespace, work: Path, name: str) -> dict[str, Any]:
+    """A filesystem store under the work directory, or with ``--store s3`` a prefix per run in the bench's
+    bucket on its moto_server (``args.s3_endpoint``)."""
+    if args.store == "s3":
+        return {
+            "managedLedgerOffloadDriver": "s3",
+            "bucket": S3_BUCKET,
+            "prefix": name,
+            "serviceEndpoint": args.s3_endpoint,
+            "region": "us-east-1",
+            "pathStyle": True,
+        }
+    return {"managedLedgerOffloadDriver": "filesystem", "root": str(work / f"store-{name}")}
+
+
+@contextlib.contextmanager
+def _s3_endpoint(args: argparse.Namespace, work: Path) -> Iterator[None]:
+    """With ``--store s3``: a local moto_server with the bench's bucket, its URL in ``args.s3_endpoint``."""
+    if args.store != "s3":
+        yield
+        return
+    from tests.fixtures.s3 import moto_endpoint, raw_s3_client
+
+    with moto_endpoint(work / "moto.log") as url:
+        raw_s3_client(url).create_bucket(Bucket=S3_BUCKET)
+        args.s3_endpoint = url
+        yield
 
 
 # --- the two drains ----------------------------------------------------------------------------------
@@ -857,6 +891,13 @@ def main(argv: list[str] | None = None) -> int:
         help="lag phase only: alternate --rounds runs with the job's settings (A) and with these on top (B)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="with --compare: lag phases per side (default 3)")
+    parser.add_argument(
+        "--store",
+        choices=("fs", "s3"),
+        default="fs",
+        help="the job's store: fs (default) or s3, a local moto_server (throughput only: the lag is read from "
+        "the manifests' file times on the filesystem store)",
+    )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
     parser.add_argument(
@@ -865,6 +906,13 @@ def main(argv: list[str] | None = None) -> int:
         help="memory on the default configuration only: run_once over the backlog, peak RSS per process",
     )
     args = parser.parse_args(argv)
+    if args.store == "s3":
+        if args.defaults or args.compare:
+            parser.error("--store s3 measures throughput only: not with --defaults or --compare")
+        args.skip_lag = True
+        # moto takes any credentials; set before Spark starts, so that its Python processes inherit them.
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.setdefault(key, "testing")
     extra_conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"}
     extra_conf.update(_key_values(args.conf))
     if args.min_part_mb is not None:
@@ -883,8 +931,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.max_bytes_per_trigger:,}"
     )
     print(
-        f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], pulsar-lite, filesystem "
-        f"store; {args.payload_size} B messages batched by {args.batch_size}, {args.partitions} topic-partitions, "
+        f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], pulsar-lite, "
+        f"{'S3 (moto_server)' if args.store == 's3' else 'filesystem'} store; {args.payload_size} B messages "
+        f"batched by {args.batch_size}, {args.partitions} topic-partitions, "
         f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
     )
     log_beside(work)
@@ -897,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_conf=extra_conf,
     )
     try:
-        with EmbeddedBroker(work / "broker") as broker:
+        with _s3_endpoint(args, work), EmbeddedBroker(work / "broker") as broker:
             warm_up(args, spark, broker, work)
             if args.compare:
                 compare_lag(args, spark, broker, work)
