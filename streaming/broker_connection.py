@@ -19,7 +19,7 @@ import dataclasses
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -261,6 +261,41 @@ class BrokerConnection:
                         f"{what} failed at {self.name}: {cmd.error.message} ({server_error(cmd.error.error)})"
                     )
                 return cmd
+
+    def request_many(
+        self, requests: Sequence[tuple[BaseCommand, int, str]], *, window: int = 256
+    ) -> dict[int, BaseCommand | PulsarIOError]:
+        """Pipelined requests: ``(command, request_id, what)`` sent with up to ``window`` awaiting an answer,
+        and the answers by request id. An ``ERROR`` answer is that request's ``PulsarIOError``, not raised,
+        so one topic's refusal does not cost the others theirs. Raises ``NoAnswerError`` when no answer
+        comes for ``operation_timeout_s``."""
+        answers: dict[int, BaseCommand | PulsarIOError] = {}
+        waiting: dict[int, str] = {}
+        pending = list(requests)
+        pending.reverse()
+        while pending or waiting:
+            while pending and len(waiting) < window:
+                command, request_id, what = pending.pop()
+                self.send(command)
+                waiting[request_id] = what
+            got = self.read(time.monotonic() + self.config.operation_timeout_s)
+            if got is None:
+                raise NoAnswerError(
+                    f"{self.name}: no answer to {len(waiting)} requests (e.g. {next(iter(waiting.values()))}) "
+                    f"within {self.config.operation_timeout_s:g} s"
+                )
+            cmd, _payload = got
+            request_id = request_id_of(cmd)
+            if request_id not in waiting:
+                continue
+            what = waiting.pop(request_id)
+            if cmd.type == T.ERROR:
+                answers[request_id] = PulsarIOError(
+                    f"{what} failed at {self.name}: {cmd.error.message} ({server_error(cmd.error.error)})"
+                )
+            else:
+                answers[request_id] = cmd
+        return answers
 
     def lookup(self, topic: str, authoritative: bool) -> CommandLookupTopicResponse:
         rid = self.next_request_id()

@@ -23,6 +23,7 @@ from streamoffload.streaming import raw_reader as rr
 from streamoffload.streaming.admission import BufferFile, buffer_bound, fair_shares
 from streamoffload.streaming.backlog import PartitionBacklog, entries_between, write_backlog_file
 from streamoffload.streaming.broker_connection import TopicListingUnsupported, list_topics
+from streamoffload.streaming.latest_positions import latest_positions_raw
 from streamoffload.streaming.policies import VersionsFile
 from streamoffload.streaming.quarantine import PauseFile, TopicFailedError
 from streamoffload.streaming.ranges import BEFORE_EARLIEST, DataLossError, Position, Probe, PulsarIOError
@@ -55,6 +56,9 @@ def split_offsets(doc: Mapping[str, Any]) -> tuple[dict[str, Position], bool]:
     """An offset's positions by topic-partition, and whether it marks the seal markers as emitted."""
     positions = {tp: position_of(value) for tp, value in doc.items() if tp != SEALED_KEY}
     return positions, bool(doc.get(SEALED_KEY))
+
+
+_UNKNOWN = object()
 
 
 class SourcePlanner:
@@ -186,15 +190,33 @@ class SourcePlanner:
                 delay = min(delay * 2, 5.0)
 
     def latest_positions(self, partitions: Sequence[str]) -> dict[str, Position | None]:
-        latest = {
-            tp: self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp)) for tp in partitions
-        }
+        """Each topic-partition's latest position on the broker. With the raw reader all of them in a few
+        pipelined round trips (``streaming.latest_positions``); what that could not answer, and everything
+        with the ``pulsar-client`` reader, one at a time with retries."""
+        batch: dict[str, Any] = {}
+        if self.options.reader == "raw" and len(partitions) > 1:
+            batch = self._retrying("latest positions", lambda: self._latest_batch(partitions))
+        latest: dict[str, Position | None] = {}
+        for tp in partitions:
+            got = batch.get(tp, _UNKNOWN)
+            if got is _UNKNOWN or isinstance(got, PulsarIOError):
+                got = self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
+            latest[tp] = got
         if self._target is not None:
             for tp in partitions:
                 cap = self._target.get(tp)
                 if cap is None or (latest[tp] is not None and latest[tp] > cap):  # type: ignore[operator]
                     latest[tp] = cap if tp in self._target else None
         return latest
+
+    def _latest_batch(self, partitions: Sequence[str]) -> dict[str, Any]:
+        """The pipelined lookup; raises when it answered nothing (the broker is unreachable), so that the
+        whole batch is retried rather than each topic-partition on its own."""
+        batch = latest_positions_raw(self.raw_client, partitions)
+        failures = [got for got in batch.values() if isinstance(got, PulsarIOError)]
+        if failures and len(failures) == len(batch):
+            raise failures[0]
+        return batch
 
     def _recheck_latest(self, tp: str, consumed: Position, latest: Position | None) -> Position | None:
         """A latest position before what was consumed means lost entries, or a broker answering

@@ -169,6 +169,53 @@ class RawClient:
         return RawConsumer(self, topic, after, queue_size)
 
 
+def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Position) -> BaseCommand:
+    """``SUBSCRIBE`` to a new non-durable Exclusive subscription (a unique name) starting after ``after``."""
+    cmd = BaseCommand(type=T.SUBSCRIBE)
+    s = cmd.subscribe
+    s.topic = topic
+    s.subscription = f"streamoffload-raw-{uuid.uuid4().hex[:16]}"
+    s.subType = CommandSubscribe.Exclusive
+    s.consumer_id = consumer_id
+    s.request_id = request_id
+    s.durable = False
+    s.read_compacted = False
+    if after <= BEFORE_EARLIEST:
+        s.start_message_id.CopyFrom(MessageIdData(ledgerId=_U64, entryId=_U64))
+    else:
+        s.start_message_id.CopyFrom(MessageIdData(ledgerId=after[0], entryId=after[1]))
+    s.initialPosition = CommandSubscribe.Earliest
+    return cmd
+
+
+def last_message_id_command(consumer_id: int, request_id: int) -> BaseCommand:
+    cmd = BaseCommand(type=T.GET_LAST_MESSAGE_ID)
+    cmd.getLastMessageId.consumer_id = consumer_id
+    cmd.getLastMessageId.request_id = request_id
+    return cmd
+
+
+def last_position(answer: BaseCommand | PulsarIOError) -> Position | None:
+    """The position a ``GET_LAST_MESSAGE_ID`` answer names; None when the topic has no entry (a -1 id, or
+    pulsar-lite's "no messages" error); other errors are raised."""
+    if isinstance(answer, PulsarIOError):
+        if "no messages" in str(answer).lower():  # pulsar-lite's answer for an empty topic
+            return None
+        raise answer
+    last = answer.getLastMessageIdResponse.last_message_id
+    ledger, entry = last.ledgerId, last.entryId
+    if ledger >= 1 << 63 or entry >= 1 << 63:  # -1 as uint64
+        return None
+    return (ledger, entry)
+
+
+def close_consumer_command(consumer_id: int, request_id: int) -> BaseCommand:
+    cmd = BaseCommand(type=T.CLOSE_CONSUMER)
+    cmd.close_consumer.consumer_id = consumer_id
+    cmd.close_consumer.request_id = request_id
+    return cmd
+
+
 class RawConsumer:
     """A non-durable Exclusive subscription that starts after ``after`` and receives raw entries."""
 
@@ -183,22 +230,7 @@ class RawConsumer:
         self._closed = False
         try:
             rid = self.conn.next_request_id()
-            cmd = BaseCommand(type=T.SUBSCRIBE)
-            s = cmd.subscribe
-            s.topic = topic
-            s.subscription = f"streamoffload-raw-{uuid.uuid4().hex[:16]}"
-            s.subType = CommandSubscribe.Exclusive
-            s.consumer_id = self.consumer_id
-            s.request_id = rid
-            s.durable = False
-            s.read_compacted = False
-            if after <= BEFORE_EARLIEST:
-                s.start_message_id.CopyFrom(MessageIdData(ledgerId=_U64, entryId=_U64))
-                s.initialPosition = CommandSubscribe.Earliest
-            else:
-                s.start_message_id.CopyFrom(MessageIdData(ledgerId=after[0], entryId=after[1]))
-                s.initialPosition = CommandSubscribe.Earliest
-            self.conn.request(cmd, rid, f"subscribing to {topic}")
+            self.conn.request(subscribe_command(topic, self.consumer_id, rid, after), rid, f"subscribing to {topic}")
             if flow:
                 self._flow(self._queue)
         except BaseException:
@@ -261,30 +293,18 @@ class RawConsumer:
     def last_message_id(self) -> Position | None:
         """The broker's last position of the topic; None when it has no entry."""
         rid = self.conn.next_request_id()
-        cmd = BaseCommand(type=T.GET_LAST_MESSAGE_ID)
-        cmd.getLastMessageId.consumer_id = self.consumer_id
-        cmd.getLastMessageId.request_id = rid
+        cmd = last_message_id_command(self.consumer_id, rid)
         try:
-            answer = self.conn.request(cmd, rid, f"GetLastMessageId of {self.topic}")
+            return last_position(self.conn.request(cmd, rid, f"GetLastMessageId of {self.topic}"))
         except PulsarIOError as err:
-            if "no messages" in str(err).lower():  # pulsar-lite's answer for an empty topic
-                return None
-            raise
-        last = answer.getLastMessageIdResponse.last_message_id
-        ledger, entry = last.ledgerId, last.entryId
-        if ledger >= 1 << 63 or entry >= 1 << 63:  # -1 as uint64
-            return None
-        return (ledger, entry)
+            return last_position(err)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(Exception):
-            cmd = BaseCommand(type=T.CLOSE_CONSUMER)
-            cmd.close_consumer.consumer_id = self.consumer_id
-            cmd.close_consumer.request_id = self.conn.next_request_id()
-            self.conn.send(cmd)
+            self.conn.send(close_consumer_command(self.consumer_id, self.conn.next_request_id()))
         self.conn.close()
 
 
@@ -405,9 +425,7 @@ def hold_subscription_raw(client: RawClient, topic: str, subscription: str, posi
         ack.ack.ack_type = CommandAck.Cumulative
         ack.ack.message_id.add(ledgerId=position[0], entryId=position[1])
         conn.send(ack)
-        close = BaseCommand(type=T.CLOSE_CONSUMER)
-        close.close_consumer.consumer_id = consumer_id
-        close.close_consumer.request_id = conn.next_request_id()
-        conn.request(close, close.close_consumer.request_id, f"closing {subscription} of {topic}")
+        rid = conn.next_request_id()
+        conn.request(close_consumer_command(consumer_id, rid), rid, f"closing {subscription} of {topic}")
     finally:
         conn.close()

@@ -1,0 +1,84 @@
+"""Latest positions of many topic-partitions in a few pipelined round trips (streaming/latest_positions.py),
+against the embedded broker, and the planner's fallback to one topic-partition at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.produce import produce
+from streamoffload.streaming import broker_connection
+from streamoffload.streaming import raw_reader as rr
+from streamoffload.streaming.latest_positions import latest_positions_raw
+from streamoffload.streaming.planner import SourcePlanner
+from streamoffload.streaming.ranges import PulsarIOError
+from streamoffload.streaming.source_options import SourceOptions
+from tests.fixtures.broker import unique_topic
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The brokers each new connection went to, in order."""
+    opened: list[str] = []
+    original = broker_connection.BrokerConnection.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        opened.append(self.name)
+
+    monkeypatch.setattr(broker_connection.BrokerConnection, "__init__", counting)
+    return opened
+
+
+def test_sixty_topic_partitions_on_one_connection_agree_with_one_at_a_time(
+    pulsar_broker: EmbeddedBroker, connections: list[str]
+) -> None:
+    written = [unique_topic(f"latest-{n}") for n in range(4)]
+    for n, topic in enumerate(written):
+        produce(pulsar_broker.service_url, topic, 3 + n, 16, batching=False)
+    topics = written + [unique_topic(f"latest-empty-{n}") for n in range(56)]
+    client = rr.RawClient(pulsar_broker.service_url)
+
+    batch = latest_positions_raw(client, topics, window=16)  # a window smaller than the batch: in waves
+    assert len(connections) == 1, connections  # lookups, subscriptions and questions: all on one connection
+    one_by_one = {topic: rr.latest_position_raw(client, topic) for topic in topics}
+    assert batch == one_by_one
+    assert all(batch[topic] is not None for topic in written) and all(batch[t] is None for t in topics[4:])
+
+
+def test_a_broker_that_is_not_there_answers_every_topic_with_the_reason(
+    connections: list[str],
+) -> None:
+    client = rr.RawClient("pulsar://127.0.0.1:9", {"connectionTimeoutMs": "500"})
+    answers = latest_positions_raw(client, ["persistent://public/default/a", "persistent://public/default/b"])
+    assert set(answers) == {"persistent://public/default/a", "persistent://public/default/b"}
+    assert all(isinstance(a, PulsarIOError) and "cannot reach 127.0.0.1:9" in str(a) for a in answers.values())
+
+
+def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
+    pulsar_broker: EmbeddedBroker, connections: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topics = [unique_topic(f"planner-latest-{n}") for n in range(3)]
+    produce(pulsar_broker.service_url, topics[0], 5, 16, batching=False)
+    planner = SourcePlanner(SourceOptions.parse({"service.url": pulsar_broker.service_url, "topics": ",".join(topics)}))
+    expected = {topic: rr.latest_position_raw(planner.raw_client, topic) for topic in topics}
+    connections.clear()
+    assert planner.latest_positions(topics) == expected
+    assert len(connections) == 1
+
+    # A topic the pipelined pass could not answer is asked again on its own (here: a lookup it was refused).
+    from streamoffload.streaming import planner as planner_module
+
+    def one_refused(client: Any, asked: list[str], **kwargs: Any) -> dict[str, Any]:
+        answers = latest_positions_raw(client, asked, **kwargs)
+        answers[topics[0]] = PulsarIOError("lookup refused")
+        return answers
+
+    monkeypatch.setattr(planner_module, "latest_positions_raw", one_refused)
+    connections.clear()
+    assert planner.latest_positions(topics) == expected
+    assert len(connections) == 2  # the batch, then the one topic alone
