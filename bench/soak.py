@@ -11,12 +11,15 @@ What it does, in one work directory (a temporary one, removed at the end unless 
 
 1. Starts the embedded pulsar-lite broker and the job as ``python -m streamoffload run --conf FILE`` in its own
    process group (bench/chaos_processes.py's ``JobProcess``; rollover ``--rollover-s``, trigger every second,
-   segments of at most 1 MB, so the rollover seals them). The clock starts with the job.
+   segments of at most 1 MB, so the rollover seals them).
 2. Once the job's query has started (its checkpoint holds the query's metadata), a producer thread
    (bench/chaos_processes.py's ``Producer``) publishes ``--rate`` messages/s of ``--payload-size`` bytes round
    robin over ``--partitions`` topic-partitions in four groups: ``<base>-batched`` (batching on),
    ``<base>-unbatched``, ``<base>-lz4`` (batched, LZ4) and ``<base>-zstd`` (unbatched, ZSTD). Every payload is
-   reproducible (``produce.expected_payload``), so the checker knows what each stored message must be.
+   reproducible (``produce.expected_payload``), so the checker knows what each stored message must be. The
+   run's clock starts once every topic-partition has a segment Offloaded (Spark's start-up and first
+   micro-batches: printed apart), then ``--minutes`` of traffic follow. Messages published before that are
+   checked like the others but left out of the lag figures.
 3. Every ``--sample-s`` seconds it samples, from /proc and the store: the resident set of the job's Python
    driver and of the Spark JVM, the proportional set of the JVM's Python workers (summed) and their number,
    open file descriptors and threads (driver + JVM; the workers' fds apart), and the store's objects
@@ -51,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import logging
 import os
 import shutil
 import signal
@@ -83,6 +87,7 @@ NAMESPACE = "persistent://public/default"
 TRAFFIC_KINDS = [("batched", True, None), ("unbatched", False, None), ("lz4", True, "LZ4"), ("zstd", False, "ZSTD")]
 SEGMENT_POLICY = (1.0, 65536)  # (MB, block bytes): big enough that the rollover seals every segment
 S3_BUCKET = "soak"
+PRODUCER_LOGGER = "bench.chaos.pulsar"  # the logger bench/chaos_processes.py gives the pulsar client
 MIB = 2**20
 
 Row = dict[str, float | None]
@@ -101,10 +106,18 @@ class SoakReport:
     lag_p99: float | None = None
     lag_p99_after_warmup: float | None = None
     lag_max: float | None = None
+    startup_messages: int = 0
+    """Messages published before the clock started (checked exactly once, left out of the lag figures)."""
     topics: dict[str, TopicCounts] = field(default_factory=dict)
+    startup_s: float | None = None
+    """From the job's start until every topic-partition had an Offloaded segment (Spark's start-up, the job's
+    recovery, its first micro-batches): the run's clock starts then."""
     job_exit: str | None = None
     """The job's exit code and last log line when it ended on its own during the run."""
     converged: bool = False
+    publish_failures: int = 0
+    """Sends the client gave up on (e.g. timed out while the broker fell behind): not acknowledged, so not
+    expected in the store; if the broker kept them they are stored but never acknowledged (not an error)."""
     job_errors: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     plot: str = ""
@@ -147,17 +160,18 @@ class SoakReport:
 
     def render(self) -> str:
         sixth = self.minutes / 6
-        unit = "%/10 min" if self.minutes == 60 else f"%/{sixth:g} min"
+        unit = "%/10 min" if self.minutes == 60 else f"%/{sixth:.3g} min"
         lines = [
             f"soak: {self.minutes:g} min, {self.rate:g} msg/s over {self.partitions} topic-partitions, rollover "
-            f"{self.rollover_s:g} s; judged after a warm-up of {self.warmup_s / 60:g} min; "
-            f"wall {self.wall_seconds:.0f} s",
+            f"{self.rollover_s:g} s; judged after a warm-up of {self.warmup_s / 60:.3g} min; start-up (to the "
+            f"first offloads) {self.startup_s or 0:.0f} s; wall {self.wall_seconds:.0f} s",
             *render_stats(self.stats, unit),
         ]
         if self.lag_p99 is not None:
             lines.append(
                 f"  lag (publish to Offloaded)  p50 {self.lag_p50:.2f} s  p99 {self.lag_p99:.2f} s  max "
-                f"{self.lag_max:.2f} s  (p99 after warm-up {self.lag_p99_after_warmup:.2f} s)"
+                f"{self.lag_max:.2f} s  (p99 after warm-up {self.lag_p99_after_warmup or 0:.2f} s; "
+                f"{self.startup_messages:,} messages published during start-up left out)"
             )
         lines.append(
             "  exactly once  "
@@ -166,6 +180,11 @@ class SoakReport:
                 for name in ("published", "stored", "missing", "duplicated", "corrupt", "out_of_order")
             )
         )
+        if self.publish_failures or self.total("unacknowledged"):
+            lines.append(
+                f"  sends that failed (not acknowledged) {self.publish_failures:,}; stored but never acknowledged "
+                f"{self.total('unacknowledged'):,} (the broker kept some of them)"
+            )
         for name, (ok, detail) in self.criteria().items():
             lines.append(f"  {'OK    ' if ok else 'FAILED'}  {name}: {detail}")
         lines.extend(f"  job error: {e}" for e in self.job_errors[:5])
@@ -280,13 +299,20 @@ def _run(
     )
     job = JobProcess(conf, logs / "job.log", env)
     producer: Producer | None = None
+    quiet = ProducerLogFile(logs / "producer.log")
     try:
         if not _wait_query_started(job, checkpoint, startup_timeout):
             report.job_exit = f"the query did not start within {startup_timeout:.0f} s: {job.last_line()}"
             return
         log(f"  query started after {time.monotonic() - job.started:.1f} s; publishing")
         producer = Producer(service_url, batching, report.rate, payload_size, compression=compression).start()
-        report.rows = _sample_until(report, job, producer, census, workdir, sample_s, gc_every_s, log)
+        if not _wait_first_offloads(job, census, report.partitions, startup_timeout):
+            report.job_exit = f"not every topic-partition offloaded within {startup_timeout:.0f} s: {job.last_line()}"
+            return
+        report.startup_s = time.monotonic() - job.started
+        log(f"  every topic-partition has an Offloaded segment after {report.startup_s:.1f} s: the clock starts")
+        traffic_started, traffic_started_wall = time.monotonic(), time.time()
+        report.rows = _sample_until(report, job, producer, census, workdir, traffic_started, sample_s, gc_every_s, log)
         producer.stop()
         log(f"  producer stopped: {producer.acked_total():,} messages acked; waiting for the store to converge")
         last = {t: tr.last_id for t, tr in producer.traffic.items() if tr.last_id is not None}
@@ -303,14 +329,33 @@ def _run(
         if producer is not None:
             with contextlib.suppress(RuntimeError):
                 producer.stop()
+        quiet.close()
     report.job_errors = job_errors(logs)
     if producer is None:
         return  # nothing was published
     log("  reading the store back")
     report.topics = check_store(object_store, meta, producer, payload_size)
-    _measure_lag(report, meta, list(batching), job.started_wall, sample_s)
+    report.publish_failures = sum(tr.failures for tr in producer.traffic.values())
+    _measure_lag(report, meta, list(batching), traffic_started_wall, sample_s)
     _judge(report)
     report.wall_seconds = time.monotonic() - started
+
+
+class ProducerLogFile:
+    """Until closed, the pulsar client's warnings (e.g. send timeouts when the broker falls behind) go to ``path``
+    instead of the terminal: they are counted in the report (``publish_failures``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.logger = logging.getLogger(PRODUCER_LOGGER)
+        self.handler = logging.FileHandler(path)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        self.logger.addHandler(self.handler)
+        self.logger.propagate = False
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.propagate = True
+        self.handler.close()
 
 
 def _wait_query_started(job: JobProcess, checkpoint: Path, timeout: float) -> bool:
@@ -323,25 +368,38 @@ def _wait_query_started(job: JobProcess, checkpoint: Path, timeout: float) -> bo
     return False
 
 
+def _wait_first_offloads(job: JobProcess, census: StoreCensus, partitions: int, timeout: float) -> bool:
+    """The job is warm once each topic-partition has a segment Offloaded: its readers, the segmenter's state and
+    the sink have run (Spark's first micro-batches, with Python workers starting, take far longer than later
+    ones on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.running():
+        if census.count().offloaded_topics >= partitions:
+            return True
+        time.sleep(1.0)
+    return False
+
+
 def _sample_until(
     report: SoakReport,
     job: JobProcess,
     producer: Producer,
     census: StoreCensus,
     workdir: Path,
+    started: float,
     sample_s: float,
     gc_every_s: float,
     log: Callable[[str], None],
 ) -> list[Row]:
-    """Sample every ``sample_s`` until ``minutes`` after the job started (or the job ends)."""
+    """Sample every ``sample_s`` until ``minutes`` after the traffic ``started`` (or the job ends)."""
     rows: list[Row] = []
-    end = job.started + report.minutes * 60
+    end = started + report.minutes * 60
     next_gc = time.monotonic()
     next_log = time.monotonic() + 60
     tick = time.monotonic()
     while tick < end:
         if not job.running():
-            report.job_exit = f"exit {job.proc.returncode} at {tick - job.started:.0f} s: {job.last_line()}"
+            report.job_exit = f"exit {job.proc.returncode} at {tick - started:.0f} s: {job.last_line()}"
             log(f"  the job ended: {report.job_exit}")
             break
         if producer.error is not None:
@@ -349,7 +407,7 @@ def _sample_until(
         tree = job_tree_sample(job.proc.pid)
         count = census.count()
         row: Row = {
-            "t_s": round(time.monotonic() - job.started, 1),
+            "t_s": round(time.monotonic() - started, 1),
             "acked": producer.acked_total(),
             "driver_rss_mib": tree.driver_rss / MIB,
             "jvm_rss_mib": tree.jvm_rss / MIB if tree.jvm_pid else None,
@@ -392,7 +450,11 @@ def _measure_lag(report: SoakReport, meta: MetadataStore, topics: list[str], t0_
             windows.setdefault(int((published - t0_wall) // sample_s), array("d")).append(readable - published)
     if not windows:
         return
-    every = [lag for w in windows.values() for lag in w]
+    # Windows before 0: published while the job started up (before the clock), left out of the figures.
+    report.startup_messages = sum(len(w) for k, w in windows.items() if k < 0)
+    every = [lag for k, w in windows.items() if k >= 0 for lag in w]
+    if not every:
+        return
     after = [lag for k, w in windows.items() if k * sample_s >= report.warmup_s for lag in w]
     report.lag_p50, report.lag_p99, report.lag_max = percentile(every, 0.5), percentile(every, 0.99), max(every)
     report.lag_p99_after_warmup = percentile(after, 0.99) if after else None
@@ -402,7 +464,7 @@ def _measure_lag(report: SoakReport, meta: MetadataStore, topics: list[str], t0_
 
 
 def _seconds(row: Row) -> float:
-    """A sample's time since the job started (every row has one)."""
+    """A sample's time since the traffic started (every row has one)."""
     return float(row["t_s"] or 0.0)
 
 
@@ -454,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bench/soak.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--minutes", type=float, default=60.0, help="length of the run from the job's start (60)")
+    parser.add_argument("--minutes", type=float, default=60.0, help="minutes of traffic after the job's start-up (60)")
     parser.add_argument("--rate", type=float, default=2000.0, help="messages/s over all topic-partitions (2000)")
     parser.add_argument("--partitions", type=int, default=100, help="topic-partitions (100)")
     parser.add_argument("--rollover-s", type=float, default=5.0, help="maxOffloadSegmentRolloverTimeSeconds (5)")

@@ -27,6 +27,8 @@ class StoreCount:
     objects: int
     """Every object the store lists under the prefix."""
     offloaded_segments: int
+    offloaded_topics: int
+    """Topic-partitions with at least one Offloaded segment."""
     loose_objects: int
     """Objects that belong to no Offloaded segment (see the module docstring)."""
     open_uploads: int
@@ -47,6 +49,7 @@ class StoreCensus:
         listed = [info.key for info in self.store.list(f"{self.prefix}/" if self.prefix else "")]
         accounted = 0
         segments = 0
+        topics: set[str] = set()
         for key in listed:
             if SEGMENTS_DIR not in key:
                 continue
@@ -54,8 +57,9 @@ class StoreCensus:
             if objects:
                 accounted += objects
                 segments += 1
+                topics.add(key.partition(SEGMENTS_DIR)[0])
         uploads = sum(1 for _ in self.store.pending_multiparts(f"{self.prefix}/" if self.prefix else ""))
-        return StoreCount(len(listed), segments, len(listed) - accounted, uploads)
+        return StoreCount(len(listed), segments, len(topics), len(listed) - accounted, uploads)
 
     def _read_offloaded(self, key: str) -> int:
         try:
