@@ -59,7 +59,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from array import array
@@ -72,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chaos import TopicCounts, check_store, write_config
 from bench.chaos_processes import JobProcess, Producer, job_errors
+from bench.harness import add_work_arguments, new_work_dir
 from bench.procstats import heap_after_full_gc, job_tree_sample
 from bench.readable import percentile, readable_messages, wait_offloaded
 from bench.soak_plot import plot_samples
@@ -523,21 +523,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples (10)")
     parser.add_argument("--gc-every-s", type=float, default=60.0, help="seconds between forced full GCs (60)")
     parser.add_argument("--payload-size", type=int, default=200, help="bytes per message (200)")
-    parser.add_argument("--store", choices=["fs", "s3"], default="fs", help="filesystem, or S3 on a local moto_server")
     parser.add_argument("--out", default="soak-out", help="directory for the CSV and the PNG (soak-out)")
-    parser.add_argument("--work-dir", help="parent of the temporary work directory (default: the system's)")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (job log under logs/)")
+    add_work_arguments(parser)
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.rate <= 0 or args.partitions < 1 or args.sample_s <= 0 or args.rollover_s <= 0:
         parser.error("--minutes, --rate, --sample-s and --rollover-s must be > 0 and --partitions at least 1")
     if args.payload_size < 16:
         parser.error("--payload-size must be at least 16")
 
-    # On SIGTERM, unwind through the finally blocks: they stop the job, the producer and the broker.
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
-    if args.work_dir:
-        os.makedirs(args.work_dir, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="bench-soak-", dir=args.work_dir))
+    work = new_work_dir(args.work_dir, "bench-soak-")
     print(f"soak bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, store {args.store}", flush=True)
     report: SoakReport | None = None
     try:
