@@ -43,6 +43,8 @@ what flat means); lag p50/p99; the exactly-once counts; then one verdict line pe
   design; what is judged is the objects outside Offloaded segments and the open uploads, which must not grow;
 - lag: p99 over every message of the run <= rollover + 2 s;
 - exactly once: every acknowledged message in the store once, in order, none corrupt;
+- the traffic ran at the rate asked (within 10%, acknowledged by the broker while sampled): a stalled producer
+  would make the rest pass vacuously;
 - the job ran throughout (did not exit) and converged after the traffic stopped.
 
 The exit status is 1 when a criterion fails, 2 on bad arguments. ``run_soak`` is the same as a function
@@ -123,6 +125,16 @@ class SoakReport:
     plot: str = ""
 
     @property
+    def acked_rate(self) -> float | None:
+        """Messages/s the broker acknowledged between the first and the last sample: a soak whose traffic
+        stalled (the broker fell behind, sends timed out) proves little about the job."""
+        if len(self.rows) < 2:
+            return None
+        first, last = self.rows[0], self.rows[-1]
+        seconds = float(last["t_s"] or 0) - float(first["t_s"] or 0)
+        return (float(last["acked"] or 0) - float(first["acked"] or 0)) / seconds if seconds > 0 else None
+
+    @property
     def lag_bound(self) -> float:
         return self.rollover_s + 2.0
 
@@ -147,6 +159,13 @@ class SoakReport:
                 self.total("published") > 0 and not bad,
                 f"{self.total('published'):,} acknowledged, {self.total('stored'):,} stored"
                 + "".join(f", {k.replace('_', ' ')} {v:,}" for k, v in bad.items()),
+            ),
+            f"traffic at the rate asked ({self.rate:g} msg/s, within 10%)": (
+                self.acked_rate is not None and self.acked_rate >= 0.9 * self.rate,
+                "no samples"
+                if self.acked_rate is None
+                else f"{self.acked_rate:,.0f} msg/s acknowledged while sampled"
+                + (f"; {self.publish_failures:,} sends failed" if self.publish_failures else ""),
             ),
             "the job ran throughout and converged": (
                 self.job_exit is None and self.converged,

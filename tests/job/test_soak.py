@@ -50,6 +50,7 @@ def test_two_minutes_of_mixed_traffic_stay_exact_bounded_and_flat(pulsar_broker:
     # Exactly once, and the job ran the whole time.
     assert report.job_exit is None and report.converged, summary
     assert report.total("published") > 10_000, summary
+    assert report.acked_rate is not None and report.acked_rate >= 0.8 * 300.0, summary  # the traffic kept up
     assert criteria["every message in the store exactly once"][0], summary
 
     # Lag: the hour's bound is rollover + 2 s at p99 (on a calm machine the job's p99 is about rollover + 1 s:
