@@ -236,8 +236,11 @@ def write_config(
     checkpoint: Path,
     store_toml: str,
     policy: tuple[float, int],
+    *,
+    rollover_s: float = 3,
 ) -> None:
-    """Write the job's configuration atomically (a rename), so the running job never reads half a file."""
+    """Write the job's configuration atomically (a rename), so the running job never reads half a file.
+    ``rollover_s``: ``maxOffloadSegmentRolloverTimeSeconds`` (bench/soak.py sets its own)."""
     segment_mb, block_size = policy
     topic_list = ", ".join(f'"{t}"' for t in topics)
     text = f"""# written by bench/chaos.py
@@ -263,7 +266,7 @@ address = ""
 [offload]
 maxSizePerOffloadSegmentMbytes = {segment_mb}
 managedLedgerOffloadMaxBlockSizeInBytes = {block_size}
-maxOffloadSegmentRolloverTimeSeconds = 3
+maxOffloadSegmentRolloverTimeSeconds = {rollover_s:g}
 """
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

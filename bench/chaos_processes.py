@@ -42,10 +42,21 @@ class Producer:
 
     Message ``seq`` of topic-partition ``t`` carries ``expected_payload(t, seq, payload_size)``. The
     broker's acknowledgements are recorded per topic-partition (sequence numbers and the last message id).
+    ``compression``: a topic-partition's producer compression (``pulsar.CompressionType`` name, e.g. ``LZ4``,
+    ``ZSTD``); the others publish uncompressed.
     """
 
-    def __init__(self, service_url: str, topics: dict[str, bool], rate: float, payload_size: int) -> None:
+    def __init__(
+        self,
+        service_url: str,
+        topics: dict[str, bool],
+        rate: float,
+        payload_size: int,
+        *,
+        compression: dict[str, str] | None = None,
+    ) -> None:
         self.service_url = service_url
+        self.compression = compression or {}
         self.traffic = {t: _TopicTraffic(batched) for t, batched in topics.items()}
         self.rate = rate
         self.payload_size = payload_size
@@ -82,6 +93,7 @@ class Producer:
                     max_pending_messages=10_000,
                     block_if_queue_full=True,
                     send_timeout_millis=60_000,
+                    compression_type=getattr(pulsar.CompressionType, self.compression.get(t, "NONE")),
                 )
                 for t, tr in self.traffic.items()
             }

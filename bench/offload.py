@@ -91,11 +91,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.logs import log_beside
 from bench.procstats import CpuMeter, JvmThreadCensus, ProcessCensus, RssSampler, jvm_heap_pools
+from bench.readable import offloaded_through, percentile, readable_messages, wait_offloaded
 from bench.source import drain_to_noop
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.codecs.blocks import iter_blocks
-from streamoffload.codecs.entry import entry_messages
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, Config, parse_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.limits import min_block_size
@@ -607,26 +606,6 @@ def _heap_max(heap: dict[str, tuple[int, int]]) -> int:
 # --- lag ------------------------------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def offloaded_through(meta: MetadataStore, topic: str) -> tuple[int, int] | None:
-    segments = meta.offloaded_segments(topic)
-    return mf.end_position(segments[-1]) if segments else None
-
-
-def wait_offloaded(meta: MetadataStore, last: dict[str, tuple[int, int]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all((offloaded_through(meta, t) or (-1, -1)) >= pos for t, pos in last.items()):
-            return
-        time.sleep(0.5)
-    behind = {t: offloaded_through(meta, t) for t, pos in last.items()}
-    raise RuntimeError(f"not everything offloaded after {timeout:.0f} s: offloaded through {behind}, want {last}")
-
-
 def lag(
     args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path, name: str = "lag"
 ) -> dict[str, float]:
@@ -702,20 +681,15 @@ def lag(
 
     lags: list[float] = []
     seal_lags: list[float] = []
-    segments = 0
+    counted: set[str] = set()
     for topic in topics:
-        for manifest in meta.offloaded_segments(topic):
-            readable_ms = store.head(meta.manifest_key(manifest)).last_modified * 1000
-            counted = False
-            for block in iter_blocks(store.get(manifest.dataKey)):
-                for entry in block.entries:
-                    for message in entry_messages(entry.payload, verify_checksum=False):
-                        if message.publish_time < steady_from_ms:
-                            continue  # the warm-up traffic
-                        lags.append((readable_ms - message.publish_time) / 1000)
-                        seal_lags.append((manifest.offloadedTimestamp - message.publish_time) / 1000)
-                        counted = True
-            segments += counted
+        for manifest, readable, message in readable_messages(store, meta, topic):
+            if message.publish_time < steady_from_ms:
+                continue  # the warm-up traffic
+            lags.append(readable - message.publish_time / 1000)
+            seal_lags.append((manifest.offloadedTimestamp - message.publish_time) / 1000)
+            counted.add(manifest.dataKey)
+    segments = len(counted)
     if len(lags) != summary.messages:
         raise RuntimeError(f"read back {len(lags)} messages of the steady phase, {summary.messages} were published")
     rollover = args.rollover_seconds

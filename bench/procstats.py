@@ -4,6 +4,8 @@ and proportional memory by process kind, and the JVM's heap pools. Shared by the
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -388,3 +390,88 @@ def jvm_heap_pools(spark: Any, reset: bool = False) -> dict[str, tuple[int, int]
         peak = pool.getPeakUsage()
         out[str(pool.getName())] = (int(peak.getUsed()), int(peak.getMax()))
     return out
+
+
+# --- one job's process tree, sampled from outside (bench/soak.py) ------------------------------------
+
+
+def open_fds(pid: int) -> int:
+    """File descriptors the process holds open now (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def thread_count(pid: int) -> int:
+    """Threads of the process now (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+@dataclass
+class JobTreeSample:
+    """One moment of a ``streamoffload run`` process tree: the Python driver, the Spark JVM it launched
+    (driver and executor in one on ``local[n]``) and the JVM's Python processes (workers, daemons, source
+    runners). fds and threads are the driver's and the JVM's: the long-lived processes, whose counts a leak
+    would raise; workers come and go with tasks, so theirs are kept apart."""
+
+    driver_rss: int
+    jvm_pid: int | None
+    jvm_rss: int
+    workers: int
+    workers_pss: int
+    """Proportional set size summed over the workers: forked workers share the daemon's pages."""
+    worker_fds: int
+    fds: int
+    threads: int
+
+
+def job_tree_sample(driver_pid: int) -> JobTreeSample:
+    parents = _children_by_parent()
+    jvms = [p for p in parents.get(driver_pid, []) if "java" in _cmdline(p).split(" ")[0]]
+    jvm = jvms[0] if jvms else None
+    workers = [p for p in _subtree(parents, jvm) if p != jvm] if jvm is not None else []
+    long_lived = [driver_pid] if jvm is None else [driver_pid, jvm]
+    return JobTreeSample(
+        driver_rss=_rss_bytes(driver_pid),
+        jvm_pid=jvm,
+        jvm_rss=_rss_bytes(jvm) if jvm is not None else 0,
+        workers=len(workers),
+        workers_pss=sum(_pss_bytes(p) for p in workers),
+        worker_fds=sum(open_fds(p) for p in workers),
+        fds=sum(open_fds(p) for p in long_lived),
+        threads=sum(thread_count(p) for p in long_lived),
+    )
+
+
+@dataclass
+class HeapAfterGc:
+    heap_used: int
+    """Bytes of heap in use right after a full collection: the old generation's live set (a full G1
+    collection leaves nothing young)."""
+    metaspace_used: int
+
+
+_HEAP_USED = re.compile(r"heap\s+total \d+K, used (\d+)K")
+_METASPACE_USED = re.compile(r"Metaspace\s+used (\d+)K")
+
+
+def heap_after_full_gc(jvm_pid: int, scratch: str) -> HeapAfterGc | None:
+    """Force a full collection in the JVM (``jcmd GC.run``, i.e. ``System.gc()``) and read the heap right
+    after it (``GC.heap_info``), in one ``jcmd`` (about 0.3 CPU s). ``scratch``: a file for jcmd's command
+    list. None when jcmd is missing or the JVM does not answer (e.g. it is exiting)."""
+    with open(scratch, "w", encoding="ascii") as f:
+        f.write("GC.run\nGC.heap_info\n")
+    try:
+        out = subprocess.run(
+            ["jcmd", str(jvm_pid), "-f", scratch], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    heap, metaspace = _HEAP_USED.search(out), _METASPACE_USED.search(out)
+    if heap is None or metaspace is None:
+        return None
+    return HeapAfterGc(int(heap.group(1)) * 1024, int(metaspace.group(1)) * 1024)

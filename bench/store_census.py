@@ -1,0 +1,74 @@
+"""What a store holds while a job writes to it, told apart: the objects of Offloaded segments, which grow with
+the traffic as they should, and everything else, which should not.
+
+Every Offloaded segment accounts for a fixed set of objects (``storage/keys.py``): its data object, its index,
+one checksum record per block, its manifest and its commit. What is left over ("loose" objects) is what is
+in flight or forgotten: the open segments' Assigned manifests, committed segments whose manifest is not yet
+rewritten Offloaded, failure notes, superseded attempts, the lease and the policy versions. With steady
+traffic it stays near one open segment per topic-partition plus a few; a leak (objects an aborted attempt
+leaves, notes written per batch, ...) makes it grow. Unfinished multipart uploads are counted apart (the
+store's own list of them: a staging directory on a filesystem store, ``ListMultipartUploads`` on S3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.codecs.errors import FormatError
+from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+
+SEGMENTS_DIR = "/_meta/segments/"
+COMMITS_DIR = "/_meta/commits/"
+
+
+@dataclass
+class StoreCount:
+    objects: int
+    """Every object the store lists under the prefix."""
+    offloaded_segments: int
+    offloaded_topics: int
+    """Topic-partitions with at least one Offloaded segment."""
+    loose_objects: int
+    """Objects that belong to no Offloaded segment (see the module docstring)."""
+    open_uploads: int
+
+
+class StoreCensus:
+    """Counts a store's objects on demand. An Offloaded manifest never changes again, so each is read once and
+    remembered; a manifest not yet Offloaded is read again at the next count (about one per topic-partition).
+    A count lists the whole prefix: on a filesystem store about a second per few hundred thousand objects."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self._offloaded: dict[str, int] = {}
+        """Offloaded manifest key -> the objects its segment accounts for, the commit included."""
+
+    def count(self) -> StoreCount:
+        listed = [info.key for info in self.store.list(f"{self.prefix}/" if self.prefix else "")]
+        accounted = 0
+        segments = 0
+        topics: set[str] = set()
+        for key in listed:
+            if SEGMENTS_DIR not in key:
+                continue
+            objects = self._offloaded.get(key) or self._read_offloaded(key)
+            if objects:
+                accounted += objects
+                segments += 1
+                topics.add(key.partition(SEGMENTS_DIR)[0])
+        uploads = sum(1 for _ in self.store.pending_multiparts(f"{self.prefix}/" if self.prefix else ""))
+        return StoreCount(len(listed), segments, len(topics), len(listed) - accounted, uploads)
+
+    def _read_offloaded(self, key: str) -> int:
+        try:
+            manifest = mf.decode_manifest(self.store.get(key), where=key)
+        except (ObjectNotFoundError, FormatError):
+            return 0  # deleted between list and get, or caught mid-write on a store without atomic puts
+        if manifest.status != mf.OFFLOADED:
+            return 0
+        # data object, index, manifest, commit, and a checksum record per block
+        objects = 4 + mf.checksum_blocks(manifest)
+        self._offloaded[key] = objects
+        return objects
