@@ -21,13 +21,12 @@ from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
 
 log = logging.getLogger(__name__)
 
-HEALTH_KIND = "health"
 BROKER_BACKOFF_CAP_S = 30.0
 """The longest wait between two attempts while the broker is unreachable: the job notices it is back soon."""
 
 
 def health_key(prefix: str) -> str:
-    return keys.prefix_meta_prefix(prefix, HEALTH_KIND) + "job"
+    return keys.prefix_meta_prefix(prefix, keys.HEALTH) + "job"
 
 
 def _endpoints(service_url: str) -> list[tuple[str, int]]:
