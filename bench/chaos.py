@@ -82,6 +82,7 @@ from streamoffload.produce import expected_payload
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import DISK_FULL_FLAG_ENV
+from streamoffload.streaming.faults import CRASH_ARM
 from tests.fixtures.s3 import moto_endpoint, raw_s3_client
 
 NAMESPACE = "persistent://public/default"
@@ -458,6 +459,12 @@ def run_chaos(
             broker = stack.enter_context(EmbeddedBroker(workdir / "broker", default_partitions=0))
             service_url = broker.service_url
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        # Every run can be armed to crash inside a commit (job-kill-commit) while it runs: no extra start-up.
+        env |= {
+            "STREAMOFFLOAD_CRASH_AT": "armed",
+            CRASH_ARM: str(workdir / "crash-arm"),
+            "STREAMOFFLOAD_CRASH_DIR": str(workdir / "crash"),
+        }
         proxy: S3FaultProxy | None = None
         if settings.store == "s3":
             endpoint = stack.enter_context(_moto_server(workdir))
@@ -626,18 +633,24 @@ class _Chaos:
         raise ValueError(f"unknown fault kind {kind!r}")
 
     def _kill_in_commit(self) -> str:
-        """Restart the job with a crash point armed: it SIGKILLs itself inside its first segment commit."""
+        """Arm the running job's crash point: it SIGKILLs itself inside its next segment commit."""
         point = self.rng.choice(CRASH_POINTS)
-        crash_dir = self.workdir / "crash" / f"run-{self.runs + 1:03d}"
-        self.restart({"STREAMOFFLOAD_CRASH_AT": f"{point}:1", "STREAMOFFLOAD_CRASH_DIR": str(crash_dir)})
+        crash_dir = Path(self.env["STREAMOFFLOAD_CRASH_DIR"])
+        shutil.rmtree(crash_dir, ignore_errors=True)
+        crash_dir.mkdir(parents=True)
+        arm = Path(self.env[CRASH_ARM])
+        arm.write_text(f"{point}:1")
         assert self.job is not None
-        deadline = time.monotonic() + self.s.startup_timeout + 60
-        while self.job.running() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        deadline = time.monotonic() + self.s.startup_timeout
+        try:
+            while self.job.running() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            arm.unlink()
         crashed = (crash_dir / "crashed").exists()
-        self.restart()  # whatever of the armed run's group is left goes; an unarmed run takes over
+        self.restart()  # whatever of the crashed group is left goes; a new run takes over
         if not crashed:
-            return f"job restarted with a crash at {point}, which it never reached (killed instead)"
+            return f"job armed to crash at {point}, which it never reached in time (killed instead)"
         return f"job SIGKILLed itself at {point} inside a segment commit, restarted"
 
     # -- the run ------------------------------------------------------------------------------------
@@ -715,7 +728,9 @@ class _Chaos:
     def _cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "streamoffload", *args, "--conf", str(self.harness_conf)],
-            env={k: v for k, v in self.env.items() if k != DISK_FULL_FLAG_ENV},
+            env={
+                k: v for k, v in self.env.items() if k != DISK_FULL_FLAG_ENV and not k.startswith("STREAMOFFLOAD_CRASH")
+            },
             cwd=self.workdir,
             capture_output=True,
             text=True,

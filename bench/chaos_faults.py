@@ -5,9 +5,9 @@ Kinds, and what the harness does for each:
 - ``job-kill``: SIGKILL the job's process group after it made progress, restart it at once;
 - ``job-kill-startup``: kill it, restart it, kill it again 2-8 s into its start-up (before Spark runs a
   batch), restart it;
-- ``job-kill-commit``: kill it and restart it with a crash point armed (``streaming.faults``), so that the
-  job SIGKILLs itself in the middle of its next segment commit (mid-upload, between data object and index,
-  or between index and manifest), then restart it unarmed;
+- ``job-kill-commit``: arm the running job's crash point (``streaming.faults.CRASH_ARM``), so that it
+  SIGKILLs its whole process group in the middle of its next segment commit (mid-upload, between data object
+  and index, or between index and manifest), then restart it;
 - ``broker-kill``: SIGKILL the pulsar-lite broker, restart it 0.5-4 s later on the same data directory and
   port (the producer and the job reconnect);
 - ``disk-full`` (filesystem store): every write to the store fails with ENOSPC for 2-10 s
