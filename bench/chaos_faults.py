@@ -56,8 +56,8 @@ WEIGHTS = {
 CRASH_POINTS = ("after-part", "after-complete", "after-index")
 """Where ``job-kill-commit`` crashes a segment's commit (streaming.faults.POINTS, the ones inside a seal)."""
 
-# The job restarts its Spark session for these: what a fault costs in time.
-RESTARTS_JOB = frozenset({"job-kill", "job-kill-startup", "job-kill-commit", "checkpoint-delete", "policy-offline"})
+AFTER_PROGRESS = frozenset({"job-kill", "job-kill-commit"})
+"""Kinds that need a job that is offloading (a kill after progress, a kill inside a commit)."""
 
 
 def kinds_for(store: str) -> tuple[str, ...]:

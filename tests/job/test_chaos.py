@@ -28,6 +28,9 @@ def test_ten_mixed_faults_lose_double_and_reorder_nothing(tmp_path: Path) -> Non
         # Generous bounds: Spark's start-up alone takes 15 s on a quiet machine and over a minute on a loaded one.
         startup_timeout=240.0,
         converge_timeout=300.0,
+        # Kills after progress wait for it; the other faults may land while the job starts or recovers, so ten
+        # fit in a few Spark start-ups.
+        overlap=True,
     )
     report = run_chaos(tmp_path / "chaos", settings, log=lines.append)  # with its own broker, to kill it
     summary = "\n".join(lines) + "\n" + report.render()
