@@ -86,8 +86,18 @@ from streamoffload.streaming.faults import CRASH_ARM
 from tests.fixtures.s3 import moto_endpoint, raw_s3_client
 
 NAMESPACE = "persistent://public/default"
-# (maxSizePerOffloadSegmentMbytes, managedLedgerOffloadMaxBlockSizeInBytes): the edits cycle through them.
+# (maxSizePerOffloadSegmentMbytes, managedLedgerOffloadMaxBlockSizeInBytes) at 200 msg/s: the edits cycle
+# through them. Faster traffic scales them (``policies_for``), so a topic seals about as many segments a second.
 POLICIES = [(0.05, 8192), (0.08, 16384), (0.03, 8192)]
+
+
+def policies_for(rate: float) -> list[tuple[float, int]]:
+    """``POLICIES`` scaled to the traffic: at 2,000 msg/s segments of 0.3-0.8 MB, not thousands of 50 KB ones a
+    minute (each a data object, an index, a manifest, a commit and a checksum record per block)."""
+    scale = max(1.0, rate / 200.0)
+    return [(round(mb * scale, 3), int(block * scale)) for mb, block in POLICIES]
+
+
 S3_BUCKET = "chaos"
 S3_PREFIX = "offload"
 
@@ -521,8 +531,11 @@ class _Chaos:
         self.logs = workdir / "logs"
         self.logs.mkdir(exist_ok=True)
         self.policy = 0
-        write_config(self.conf, service_url, self.topic_list, self.checkpoint, job_store, POLICIES[0])
-        write_config(self.harness_conf, service_url, self.topic_list, workdir / "unused", harness_store, POLICIES[0])
+        self.policies = policies_for(settings.rate)
+        write_config(self.conf, service_url, self.topic_list, self.checkpoint, job_store, self.policies[0])
+        write_config(
+            self.harness_conf, service_url, self.topic_list, workdir / "unused", harness_store, self.policies[0]
+        )
         self.config: Config = load_config(self.harness_conf)
         self.store = self.config.store.open()
         self.meta = MetadataStore(self.store, self.config.store.key_prefix)
@@ -636,13 +649,18 @@ class _Chaos:
             self.job = self.spawn()
             return "job SIGKILLed, Spark checkpoint deleted, restarted"
         if kind in ("policy-live", "policy-offline"):
-            self.policy = (self.policy + 1) % len(POLICIES)
-            segment_mb, block = POLICIES[self.policy]
+            self.policy = (self.policy + 1) % len(self.policies)
+            segment_mb, block = self.policies[self.policy]
             if kind == "policy-offline":
                 assert self.job is not None
                 self.job.kill()
             write_config(
-                self.conf, self.service_url, self.topic_list, self.checkpoint, self.job_store, POLICIES[self.policy]
+                self.conf,
+                self.service_url,
+                self.topic_list,
+                self.checkpoint,
+                self.job_store,
+                self.policies[self.policy],
             )
             if kind == "policy-offline":
                 self.job = self.spawn()
