@@ -133,6 +133,8 @@ class S3FaultProxy:
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="s3-fault-proxy", daemon=True)
         self._hanging: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        """The connections' tasks: held here, since asyncio keeps only weak references to running tasks."""
         self.url = ""
 
     # -- control (any thread) ----------------------------------------------------------------------
@@ -173,6 +175,7 @@ class S3FaultProxy:
             self._server.close()
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(self._release_hanging(), self._loop).result(10)
+                asyncio.run_coroutine_threadsafe(self._cancel_connections(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
@@ -181,6 +184,12 @@ class S3FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    async def _cancel_connections(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _release_hanging(self) -> None:
         for writer in list(self._hanging):
@@ -191,6 +200,9 @@ class S3FaultProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
         try:
             while True:
                 start, headers = await _read_head(reader)
@@ -234,6 +246,8 @@ class S3FaultProxy:
         except (_Closed, asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.CancelledError):
             pass
         finally:
+            if task is not None:
+                self._tasks.discard(task)
             self._hanging.discard(writer)
             if upstream is not None:
                 upstream[1].close()
