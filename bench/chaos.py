@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import random
 import re
@@ -703,6 +704,10 @@ class _Chaos:
             f"to {len(self.topics)} topic-partitions ({self.base}-a-partition-0/1 batched, -b not), store {s.store}; "
             f"work dir {self.workdir}"
         )
+        # pulsar-client's reconnect errors (a broker kill) go to a file: the terminal shows the harness's lines.
+        client_log = logging.getLogger("bench.chaos.pulsar")
+        client_log.propagate = False
+        client_log.addHandler(logging.FileHandler(self.logs / "producer.log"))
         producer = Producer(self.service_url, self.topics, s.rate, s.payload_size).start()
         report = self.report
         last_fault_end = time.monotonic()
