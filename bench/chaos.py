@@ -707,6 +707,9 @@ class _Chaos:
         # pulsar-client's reconnect errors (a broker kill) go to a file: the terminal shows the harness's lines.
         client_log = logging.getLogger("bench.chaos.pulsar")
         client_log.propagate = False
+        for handler in list(client_log.handlers):  # an earlier run's, in the same process (the suite)
+            client_log.removeHandler(handler)
+            handler.close()
         client_log.addHandler(logging.FileHandler(self.logs / "producer.log"))
         producer = Producer(self.service_url, self.topics, s.rate, s.payload_size).start()
         report = self.report
