@@ -678,6 +678,7 @@ class OffloadJob:
         failures = 0
         if self.health.store is None:
             self.health.store = self.store_settings.open()
+            self.health.clear_stale()
         try:
             while not self._stop.is_set():
                 started = time.monotonic()

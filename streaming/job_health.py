@@ -73,9 +73,10 @@ class JobHealth:
         if not self.broker_unreachable:
             return ""
         since = time.strftime("%H:%M:%S", time.localtime(self.since_ms / 1000))
+        updated = time.strftime("%H:%M:%S", time.localtime(self.updated_ms / 1000))
         return (
             f"JOB: broker {self.broker_url} unreachable since {since}: {self.cause}; "
-            f"retrying every {self.retry_in_s:.0f} s or less (attempt {self.attempts})"
+            f"retrying every {self.retry_in_s:.0f} s or less (attempt {self.attempts}, as of {updated})"
         )
 
 
@@ -88,6 +89,13 @@ class HealthTracker:
         self.prefix = prefix
         self._lock = threading.Lock()
         self.current = JobHealth(broker_url=broker_url)
+
+    def clear_stale(self) -> None:
+        """At a job's start: a record an earlier process left saying the broker was away is no longer true."""
+        if self.store is not None:
+            stale = read_health(self.store, self.prefix)
+            if stale is not None and stale.broker_unreachable:
+                self._publish()
 
     def broker_down(self, cause: str, retry_in_s: float) -> JobHealth:
         now = int(time.time() * 1000)
