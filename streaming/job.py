@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
+from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, LeaseHeldError, WriterLease, instance_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.config import Config, PolicySource, StoreSettings
@@ -673,8 +673,6 @@ class OffloadJob:
         progress; stops at once when fenced. While the broker is unreachable it never gives up: it tries
         again with backoff capped at ``broker_backoff_cap_s`` (at once when the broker answers again), and
         says so in the log, the store's health record (``status``) and ``streamoffload_broker_unreachable``."""
-        from streamoffload.checkpoints.lease import LeaseHeldError
-
         failures = 0
         if self.health.store is None:
             self.health.store = self.store_settings.open()
