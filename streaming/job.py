@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -781,7 +782,19 @@ def _made_progress(query: Any) -> bool:
         return False
 
 
+_CAUSE_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): \S")
+
+
 def _one_line(error: Any) -> str:
-    """An error's first line (Spark's carry a JVM stack trace after it)."""
+    """An error as one line naming its cause. Spark wraps a Python failure as "An exception was raised by the
+    Python Proxy. Return Message: Traceback ..." followed by the JVM stack: the cause is the traceback's last
+    ``SomeError: why`` line that is not a JVM class."""
     text = str(error).strip()
-    return text.splitlines()[0][:500] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    causes = [
+        line.strip()
+        for line in text.splitlines()
+        if _CAUSE_LINE.match(line.strip()) and not line.strip().startswith(("org.", "java.", "py4j.", "scala."))
+    ]
+    return (causes[-1] if causes else text.splitlines()[0])[:500]

@@ -123,3 +123,19 @@ def _messages(store: FilesystemStore, topic: str) -> list[bytes]:
     positions = [(m.ledger_id, m.entry_id, m.batch_index) for m in messages]
     assert positions == sorted(positions) and len(set(positions)) == len(positions), "in order, once each"
     return [m.payload for m in messages]
+
+
+def test_a_failed_query_is_logged_as_one_line_naming_the_cause() -> None:
+    from streamoffload.streaming.job import _one_line
+
+    spark_text = (
+        "An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"
+        '  File "/x/clientserver.py", line 617, in _call_proxy\n'
+        "streamoffload.storage.base.StorageError: file:///s: put 'a' failed: No space left on device (/s/a)\n"
+        "\n\tat org.apache.spark.sql.execution.streaming.sources.PythonForeachBatchHelper$.call(Sink.scala:51)\n"
+        "org.apache.spark.SparkException: Job aborted"
+    )
+    assert _one_line(spark_text) == (
+        "streamoffload.storage.base.StorageError: file:///s: put 'a' failed: No space left on device (/s/a)"
+    )
+    assert _one_line(RuntimeError("plain: why")) == "plain: why"
