@@ -62,6 +62,16 @@ _UPLOAD_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _COPY_CHUNK = 8 * 1024 * 1024
 DEFAULT_FILE_MODE = 0o600
 DEFAULT_DIR_MODE = 0o700
+DISK_FULL_FLAG_ENV = "STREAMOFFLOAD_TEST_DISK_FULL_FLAG"
+"""Tests and the chaos bench only (bench/chaos.py's full-disk fault, where no small tmpfs can be mounted):
+while the file this names exists, every write to a filesystem store fails with ENOSPC, as on a full disk.
+Unset (always, in production) this is one environment lookup per write."""
+
+
+def _fail_if_disk_full(path: Path) -> None:
+    flag = os.environ.get(DISK_FULL_FLAG_ENV)
+    if flag and os.path.exists(flag):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
 def dir_mode_for(file_mode: int) -> int:
@@ -396,6 +406,7 @@ class FilesystemStore(ObjectStore):
     ) -> Path:
         """Write ``chunks`` (or let the callable fill the open file) to a fresh temporary file beside ``path``,
         fsynced (unless not ``durable``); return its path. The file is removed if writing fails."""
+        _fail_if_disk_full(path)
         for attempt in range(5):
             if create_dirs:
                 self._ensure_dir(path.parent)

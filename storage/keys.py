@@ -14,6 +14,7 @@
 <prefix>/_meta/writers/<epoch:020d>              the writer lease of the whole prefix (checkpoints.lease)
 <prefix>/_meta/policies/<effectiveMs:020d>       offload policy versions (streaming.policies)
 <prefix>/_meta/quarantine/<sha256 of topic>      a failing topic's record (streaming.quarantine)
+<prefix>/_meta/health/job                        the running job's health: its broker unreachable (streaming.job_health)
 <prefix>/_control/requests/<id>                  offload-now requests (checkpoints.control_requests)
 <prefix>/_control/status/<id>                    what became of them
 ```
@@ -54,6 +55,7 @@ CONTROL_DIR = "_control"
 WRITERS = "writers"
 POLICIES = "policies"
 QUARANTINE = "quarantine"
+HEALTH = "health"
 CONTROL_REQUESTS = "requests"
 CONTROL_STATUS = "status"
 

@@ -18,6 +18,10 @@ from typing import Any
 
 POINTS = ("after-open", "after-part", "after-complete", "after-index")
 JOB_PGID = "STREAMOFFLOAD_JOB_PGID"
+CRASH_ARM = "STREAMOFFLOAD_CRASH_ARM"
+"""Optional, with ``STREAMOFFLOAD_CRASH_AT`` set to anything: a file naming ``<point>[:<n>]``. The crash points
+fire only while it exists, as it says, so a harness arms a job that is already running (bench/chaos.py's
+kill inside a commit, without a Spark start-up for it); clear ``STREAMOFFLOAD_CRASH_DIR`` before arming."""
 
 
 def arm_for_this_job() -> None:
@@ -57,6 +61,12 @@ def crash_point(name: str) -> None:
     spec = os.environ.get("STREAMOFFLOAD_CRASH_AT")
     if not spec:
         return
+    arm = os.environ.get(CRASH_ARM)
+    if arm:
+        try:
+            spec = Path(arm).read_text().strip()
+        except OSError:
+            return  # not armed now
     point, _, nth = spec.partition(":")
     if point != name:
         return

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from streamoffload.checkpoints.control_requests import submit_requests
-from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
+from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, LeaseHeldError, WriterLease, instance_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.config import Config, PolicySource, StoreSettings
@@ -36,6 +37,7 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.urls import parse_store_url
 from streamoffload.streaming.admission import buffer_file_path, write_buffer_file
 from streamoffload.streaming.entry_fetch import BrokerFetcherSpec
+from streamoffload.streaming.job_health import BROKER_BACKOFF_CAP_S, HealthTracker, broker_unreachable
 from streamoffload.streaming.policies import (
     CLOCK_SKEW_MS,
     DEFAULT_REFRESH_S,
@@ -135,6 +137,12 @@ def _wait(query: Any, seconds: float) -> None:
         query.awaitTermination(seconds)
 
 
+class LeaseUnrenewableError(FencedError):
+    """The run stopped itself: renewing its writer lease failed for most of its time to live (the store was
+    unreachable), so it could not know it still held it. ``run_forever`` starts a new run, which takes the
+    lease again unless another instance took it meanwhile."""
+
+
 @dataclass
 class Run:
     """One run of the job: a lease epoch, where each topic-partition continues, a fresh checkpoint."""
@@ -174,6 +182,8 @@ class OffloadJob:
         self._fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None = None
         self.failed_topics: dict[str, str] = {}
         """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
+        self.health = HealthTracker(None, self.key_prefix, config.pulsar.service_url)
+        """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""
 
     # -- the query ----------------------------------------------------------------------------------
 
@@ -489,7 +499,7 @@ class OffloadJob:
                 except Exception as err:  # the store is unreachable: we cannot know we still hold it
                     failing_since = failing_since or time.monotonic()
                     if time.monotonic() - failing_since > lease.ttl_ms / 1000 * 0.8:
-                        self._fence(FencedError(f"cannot renew the writer lease: {err}"))
+                        self._fence(LeaseUnrenewableError(f"cannot renew the writer lease: {err}"))
                         return
                     log.warning("renewing the writer lease failed (%s); retrying", err)
 
@@ -651,35 +661,67 @@ class OffloadJob:
         the query, since calling into Spark from a handler re-enters the py4j call the main thread is in."""
         self._stop.set()
 
-    def run_forever(self, spark: Any, *, max_restarts: int = 10, backoff_s: float = 5.0) -> None:
-        """Run until ``stop``; after a query failure, start a new run (recovering from the store) with
-        backoff. Gives up after ``max_restarts`` failures in a row; stops at once when fenced."""
+    def run_forever(
+        self,
+        spark: Any,
+        *,
+        max_restarts: int = 10,
+        backoff_s: float = 5.0,
+        broker_backoff_cap_s: float = BROKER_BACKOFF_CAP_S,
+    ) -> None:
+        """Run until ``stop``; after a failure (of the query, or of a run's start), start a new run
+        (recovering from the store) with backoff. Gives up after ``max_restarts`` failures in a row without
+        progress; stops at once when fenced. While the broker is unreachable it never gives up: it tries
+        again with backoff capped at ``broker_backoff_cap_s`` (at once when the broker answers again), and
+        says so in the log, the store's health record (``status``) and ``streamoffload_broker_unreachable``."""
         failures = 0
+        if self.health.store is None:
+            self.health.store = self.store_settings.open()
+            self.health.clear_stale()
         try:
             while not self._stop.is_set():
-                if self.run is None:
-                    self.begin_run()
-                query = self.start(spark)
                 started = time.monotonic()
-                while not self._stop.is_set() and query.isActive:
-                    self.watch_policy()
-                    _wait(query, 1.0)
-                if self._fenced is not None:
-                    raise self._fenced
-                if self._stop.is_set():
-                    query.stop()
-                    break
-                error = query.exception()
-                if error is None:
-                    break
+                query: Any = None
+                error: Any
+                try:
+                    if self.run is None:
+                        self.begin_run()
+                    query = self.start(spark)
+                    if self.health.current.broker_unreachable:
+                        self._broker_back()
+                except (FencedError, LeaseHeldError):
+                    raise
+                except Exception as err:  # e.g. the store or the broker is away while a run starts
+                    error = err
+                else:
+                    while not self._stop.is_set() and query.isActive:
+                        self.watch_policy()
+                        _wait(query, 1.0)
+                    if self._fenced is not None and not isinstance(self._fenced, LeaseUnrenewableError):
+                        raise self._fenced
+                    if self._stop.is_set():
+                        query.stop()
+                        break
+                    # Fenced by our own renewals failing (the store was away): nobody else holds the lease
+                    # unless the next run's ``begin_run`` says so (LeaseHeldError), so this is a failure to retry.
+                    error = self._fenced or query.exception()
+                    if error is None:
+                        break
                 held = self._set_aside(str(error))
                 self.end_run(release=False)
+                self.health.restarted()
                 if held:  # isolated: the next run goes on without them, at once
                     failures = 0
                     continue
+                cause = broker_unreachable(self.config.pulsar.service_url)
+                if cause is not None:
+                    self._wait_for_broker(cause, backoff_s, broker_backoff_cap_s)
+                    continue
+                self._broker_back()
                 if "CommitConflictError" in str(error) or "FencedError" in str(error):
                     log.warning("a segment commit was refused (%s); recovering from the store", error)
-                failures = failures + 1 if time.monotonic() - started < 300 else 1
+                # A run that lasted or made progress starts a new series: only failures in a row give up.
+                failures = 1 if time.monotonic() - started >= 300 or _made_progress(query) else failures + 1
                 if failures > max_restarts:
                     raise StreamOffloadError(f"offload query failed {failures} times in a row; last error: {error}")
                 delay = min(backoff_s * 2 ** (failures - 1), 300.0)
@@ -687,7 +729,72 @@ class OffloadJob:
                 if named:  # the first failure of these topics: retried before they are set aside
                     log.error("offload of %s failed; recovering from the store in %.0f s", ", ".join(named), delay)
                 else:
-                    log.error("offload query failed (%s); recovering from the store in %.0f s", error, delay)
+                    log.error("offload query failed (%s); recovering from the store in %.0f s", _one_line(error), delay)
                 self._stop.wait(delay)
         finally:
             self.end_run()
+
+    def _wait_for_broker(self, cause: str, backoff_s: float, cap_s: float) -> None:
+        """Until the broker answers again (or ``stop``): no run is started meanwhile, since none could read.
+        Each attempt says so in one line and waits with exponential backoff capped at ``cap_s``, probing
+        every second so that a broker back early is used at once."""
+        url = self.config.pulsar.service_url
+        while cause is not None and not self._stop.is_set():
+            attempt = self.health.current.attempts + 1
+            delay = min(backoff_s * 2 ** (attempt - 1), cap_s)
+            health = self.health.broker_down(cause, delay)
+            since = time.strftime("%H:%M:%S", time.localtime(health.since_ms / 1000))
+            (log.error if attempt == 1 else log.warning)(
+                "broker %s unreachable: %s; retrying in %.0f s (attempt %d, unreachable since %s)",
+                url,
+                cause,
+                delay,
+                attempt,
+                since,
+            )
+            deadline = time.monotonic() + delay
+            while not self._stop.wait(min(1.0, delay)) and time.monotonic() < deadline:
+                if broker_unreachable(url) is None:
+                    break
+            cause = broker_unreachable(url)
+        self._broker_back()
+
+    def _broker_back(self) -> None:
+        """The broker answers again (or never was away): end the outage record, if there is one."""
+        if broker_unreachable(self.config.pulsar.service_url) is not None:
+            return
+        ended = self.health.broker_up()
+        if ended is not None:
+            log.warning(
+                "broker %s reachable again after %.0f s unreachable; recovering from the store",
+                ended.broker_url,
+                time.time() - ended.since_ms / 1000,
+            )
+
+
+def _made_progress(query: Any) -> bool:
+    """Whether a failed query had completed a micro-batch (then its failure starts a new series)."""
+    if query is None:
+        return False
+    try:
+        return query.lastProgress is not None
+    except Exception:
+        return False
+
+
+_CAUSE_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): \S")
+
+
+def _one_line(error: Any) -> str:
+    """An error as one line naming its cause. Spark wraps a Python failure as "An exception was raised by the
+    Python Proxy. Return Message: Traceback ..." followed by the JVM stack: the cause is the traceback's last
+    ``SomeError: why`` line that is not a JVM class."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    causes = [
+        line.strip()
+        for line in text.splitlines()
+        if _CAUSE_LINE.match(line.strip()) and not line.strip().startswith(("org.", "java.", "py4j.", "scala."))
+    ]
+    return (causes[-1] if causes else text.splitlines()[0])[:500]

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from streamoffload.cli_common import add_job_args, config_from_args
 from streamoffload.config import Config
+
+T = TypeVar("T")
 
 EPILOG = """\
 examples:
@@ -68,6 +72,32 @@ def check_store_capabilities(config: Config) -> None:
         )
 
 
+STARTUP_RETRY_S = 600.0
+"""How long the continuous job retries a store it cannot write at start-up before it gives up."""
+
+
+def retry_store_at_start(step: Callable[[], T], *, once: bool, what: str) -> T:
+    """Run ``step``; the continuous job rides out a store it cannot write while it starts (a full disk, S3
+    answering 5xx or resetting connections): one line per attempt naming the cause, backoff from 5 s doubling
+    to 60 s, for up to ``STARTUP_RETRY_S``. ``--once`` (a scheduled batch), a store that lacks a capability
+    (``StoreCapabilityError``) and a second instance's lease fail at once."""
+    from streamoffload.storage.base import StorageError
+    from streamoffload.storage.probe import StoreCapabilityError
+
+    delay, deadline = 5.0, time.monotonic() + STARTUP_RETRY_S
+    while True:
+        try:
+            return step()
+        except StoreCapabilityError:
+            raise
+        except StorageError as err:
+            if once or time.monotonic() + delay > deadline:
+                raise
+            print(f"warning: {what}: {err}; retrying in {delay:.0f} s", file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 60.0)
+
+
 def run(args: argparse.Namespace) -> int:
     from streamoffload.streaming.faults import arm_for_this_job
     from streamoffload.streaming.job import OffloadJob
@@ -75,14 +105,14 @@ def run(args: argparse.Namespace) -> int:
 
     arm_for_this_job()  # crash-safety tests only: a no-op unless STREAMOFFLOAD_CRASH_AT is set
     config, path = config_from_args(args)
-    check_store_capabilities(config)
+    retry_store_at_start(lambda: check_store_capabilities(config), once=args.once, what="cannot check the store")
     job = OffloadJob(config, path)
     job.force_lease = args.take_over
     # The writer lease before Spark: a second instance is told at once who writes the store prefix.
     from streamoffload.checkpoints.lease import LeaseHeldError
 
     try:
-        job.begin_run()
+        retry_store_at_start(job.begin_run, once=args.once, what="cannot start a run")
     except LeaseHeldError as err:
         # The way out the lease itself cannot name: this command's option (README "Operating").
         raise LeaseHeldError(f"{err} If it is gone, `run --take-over` takes the lease now.") from err

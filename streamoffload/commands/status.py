@@ -8,6 +8,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -15,6 +16,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.errors import ConfigError
 from streamoffload.status import TopicStatus, latest_positions, store_status
+from streamoffload.streaming.job_health import read_health
 
 EPILOG = """\
 examples:
@@ -204,12 +206,18 @@ def run(args: argparse.Namespace) -> int:
         return watch(fetch, args.watch, config.store.url, as_json=args.json)
     rows = fetch()
     held = config.pulsar.retain_subscription
+    # The running job's own record: while its broker is unreachable it says so here (it keeps retrying).
+    health = read_health(meta.store, config.store.key_prefix)
     if args.json:
         doc = {"store": config.store.url, "topics": [r.to_json() for r in rows]}
         if held:
             doc["retain_subscription"] = held
+        if health is not None:
+            doc["job_health"] = asdict(health)
         print(json.dumps(doc, indent=2))
     else:
+        if health is not None and health.line():
+            print(health.line())
         print(render_table(rows))
         if held:
             print(

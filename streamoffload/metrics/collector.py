@@ -70,6 +70,9 @@ class JobMetrics(Collector):
         self.last_refresh_error: str | None = None
         self._last_refresh_time = 0.0
         self._last_batch_time = 0.0
+        self.job_health: Callable[[], Any] | None = None
+        """The job's ``streaming.job_health.JobHealth`` now (``install_metrics`` sets it): broker reachability
+        and restarts."""
         self._failing: dict[str, tuple[int, int]] = {}
         """Topic-partitions failing in a row (streaming.quarantine): failures and until when set aside."""
 
@@ -327,6 +330,11 @@ class JobMetrics(Collector):
             set_aside.add_metric([topic], 1.0 if until_ms > now_ms else 0.0)
         yield in_a_row
         yield set_aside
+        health = self.job_health() if self.job_health is not None else None
+        yield _gauge(d.BROKER_UNREACHABLE, 1.0 if health is not None and health.broker_unreachable else 0.0)
+        restarts = _family(d.QUERY_RESTARTS)
+        restarts.add_metric([], health.query_restarts if health is not None else 0)
+        yield restarts
 
     # -- running ---------------------------------------------------------------------------------
 

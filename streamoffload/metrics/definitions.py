@@ -116,6 +116,16 @@ QUERY_FAILURES = _define(
     "counter",
     "Offload queries that terminated with an error (the job restarts them from the checkpoint).",
 )
+QUERY_RESTARTS = _define(
+    "query_restarts",
+    "counter",
+    "Runs the job started again after a failure of its query or of a run's start (recovering from the store).",
+)
+BROKER_UNREACHABLE = _define(
+    "broker_unreachable",
+    "gauge",
+    "1 while the job's Pulsar broker is unreachable; the job keeps retrying with capped backoff meanwhile.",
+)
 BUILD_INFO = _define("build_info", "gauge", "streamoffload version.", ("version",))
 
 # -- per topic-partition: what the store holds and what waits ------------------------------------------

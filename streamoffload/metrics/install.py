@@ -37,6 +37,9 @@ def install_metrics(
         job.metadata(), backlog=backlog, store_refresh_s=store_refresh_s, backlog_interval_s=backlog_interval_s
     )
     metrics.start_refresher()
+    health = getattr(job, "health", None)
+    if health is not None:
+        metrics.job_health = lambda: health.current
     job.listeners.append(metrics.on_batch)
     metrics.on_stop(lambda: _remove(job.listeners, metrics.on_batch))
     if spark is not None:

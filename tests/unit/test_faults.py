@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from streamoffload.streaming.faults import group_alive
+from streamoffload.streaming.faults import CRASH_ARM, group_alive
 
 
 def _state(pid: int) -> str:
@@ -39,3 +40,31 @@ def test_a_group_with_a_running_process_is_alive_and_a_gone_one_is_not() -> None
         child.wait()
     assert not group_alive(child.pid)
     assert group_alive(os.getpgrp())
+
+
+def test_an_armable_crash_point_fires_only_while_its_arm_file_names_it(tmp_path: Path) -> None:
+    """bench/chaos.py arms a running job: the crash (SIGKILL of its group) comes at the named point only."""
+    arm, crash_dir = tmp_path / "arm", tmp_path / "crash"
+    script = (
+        "import sys, time\n"
+        "from streamoffload.streaming.faults import arm_for_this_job, crash_point\n"
+        "arm_for_this_job()\n"
+        "for _ in range(300):\n"
+        "    crash_point('after-index')\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(7)\n"
+    )
+    env = {
+        **os.environ,
+        "STREAMOFFLOAD_CRASH_AT": "armed",
+        CRASH_ARM: str(arm),
+        "STREAMOFFLOAD_CRASH_DIR": str(crash_dir),
+    }
+    # Not armed, or armed for another point: the process runs to its end.
+    arm.write_text("after-part:1")
+    assert subprocess.run([sys.executable, "-c", script], env=env, start_new_session=True).returncode == 7
+    arm.unlink()
+    assert subprocess.run([sys.executable, "-c", script], env=env, start_new_session=True).returncode == 7
+    arm.write_text("after-index:1")
+    assert subprocess.run([sys.executable, "-c", script], env=env, start_new_session=True).returncode == -9
+    assert (crash_dir / "crashed").read_text() == "after-index"
