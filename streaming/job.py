@@ -34,6 +34,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.config import Config, PolicySource, StoreSettings
 from streamoffload.errors import StreamOffloadError
+from streamoffload.storage.base import StorageError
 from streamoffload.storage.urls import parse_store_url
 from streamoffload.streaming.admission import buffer_file_path, write_buffer_file
 from streamoffload.streaming.entry_fetch import BrokerFetcherSpec
@@ -182,6 +183,7 @@ class OffloadJob:
         self._fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None = None
         self.failed_topics: dict[str, str] = {}
         """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
+        self._policy_failure: str | None = None
         self.health = HealthTracker(None, self.key_prefix, config.pulsar.service_url)
         """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""
 
@@ -545,11 +547,25 @@ class OffloadJob:
         # could be the rollover time. A wake-up request makes the segmenter look again when it applies.
         open_topics = self.open_segment_topics()
         if open_topics:
-            store = self.store_settings.open()
-            submit_requests(store, self.key_prefix, open_topics, CONTROL_POLICY, effective_ms=effective)
+            try:
+                store = self.store_settings.open()
+                submit_requests(store, self.key_prefix, open_topics, CONTROL_POLICY, effective_ms=effective)
+            except StorageError as err:  # the version is published: segments see it at their next batch
+                log.warning("offload policy published; asking the open segments to look now failed: %s", err)
         when = time.strftime("%H:%M:%S", time.localtime(effective / 1000))
         log.info("offload policy changed: in force from %s", when)
         return True
+
+    def _watch_policy_or_retry(self) -> None:
+        """``watch_policy`` in the running loop: a store that cannot take the new version now (a full disk,
+        S3 failing) is not the job's end; the edit is published at a later second, and said so once per cause."""
+        try:
+            self.watch_policy()
+            self._policy_failure = None
+        except StorageError as err:
+            if self._policy_failure != str(err):
+                log.warning("publishing the edited offload policy failed (%s); retrying every second", err)
+            self._policy_failure = str(err)
 
     # -- running -------------------------------------------------------------------------------------
 
@@ -646,7 +662,7 @@ class OffloadJob:
             if self._stop.is_set():
                 query.stop()
                 raise StreamOffloadError("stopped before the run finished; the next run continues from the store")
-            self.watch_policy()
+            self._watch_policy_or_retry()
             _wait(query, 1.0)
         if self._fenced is not None:
             raise self._fenced
@@ -695,7 +711,7 @@ class OffloadJob:
                     error = err
                 else:
                     while not self._stop.is_set() and query.isActive:
-                        self.watch_policy()
+                        self._watch_policy_or_retry()
                         _wait(query, 1.0)
                     if self._fenced is not None and not isinstance(self._fenced, LeaseUnrenewableError):
                         raise self._fenced
