@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from streamoffload.streaming.fork_client import SOCKET_ENV, STATUS
 
@@ -60,7 +60,10 @@ class _Client:
     conn: socket.socket
     pid: int = 0
     pidfd: int = -1
-    buffered: bytes = field(default=b"")
+    gone: bool = False
+    """The client went away (its connection is closed)."""
+    reaped: bool = False
+    """The child exited and was reaped: its pid is free for reuse."""
 
 
 def _die_with_parent(parent: int) -> None:
@@ -186,6 +189,23 @@ def _finish(selector: selectors.BaseSelector, client: _Client, status: int | Non
         client.pidfd = -1
 
 
+def _on_event(selector: selectors.BaseSelector, kind: str, client: _Client) -> None:
+    """A child exited, or its client went away. Both can come in one ``select``: an event of a client that is
+    finished already is stale (its pid may even belong to another process by now) and is ignored."""
+    if client.reaped:
+        return
+    if kind == "exit":
+        _pid, wait_status = os.waitpid(client.pid, 0)
+        client.reaped = True
+        _finish(selector, client, os.waitstatus_to_exitcode(wait_status))
+    elif not client.gone:  # the client went away (Spark stopped it) before its child exited
+        client.gone = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(client.pid, signal.SIGTERM)  # not reaped yet: the pid is still the child's
+        selector.unregister(client.conn)
+        client.conn.close()  # closed now: later children must not inherit it
+
+
 def _server_fds(selector: selectors.BaseSelector) -> list[int]:
     """Every descriptor the server holds besides stdin, stdout and stderr: its selector's own, and what is
     registered in it (the listening socket, clients' connections, children's pidfds)."""
@@ -209,7 +229,11 @@ def serve(path: str, parent: int) -> None:
     while True:
         for key, _events in selector.select():
             if key.data is None:
-                conn, _ = listener.accept()
+                try:
+                    conn, _ = listener.accept()
+                except OSError as exc:  # e.g. out of descriptors for a moment: the client falls back
+                    print(f"streamoffload fork server: accept: {exc}", file=sys.stderr)
+                    continue
                 client = _Client(conn)
                 try:
                     _start_child(client, [*_server_fds(selector), conn.fileno()])
@@ -220,15 +244,10 @@ def serve(path: str, parent: int) -> None:
                 selector.register(conn, selectors.EVENT_READ, ("conn", client))
                 selector.register(client.pidfd, selectors.EVENT_READ, ("exit", client))
                 continue
-            kind, client = key.data
-            if kind == "exit":
-                _pid, wait_status = os.waitpid(client.pid, 0)
-                _finish(selector, client, os.waitstatus_to_exitcode(wait_status))
-            else:  # the client went away (Spark stopped it) before its child exited
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(client.pid, signal.SIGTERM)
-                selector.unregister(client.conn)
-                client.conn.close()  # closed now: later children must not inherit it
+            try:
+                _on_event(selector, *key.data)
+            except Exception:  # one client's trouble must not end the server (Spark would fall back for good)
+                traceback.print_exc()
 
 
 class ForkServer:

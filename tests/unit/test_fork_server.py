@@ -189,3 +189,28 @@ def test_sparks_driver_side_runners_come_from_the_fork_server(spark: Any) -> Non
     spark.dataSource.register(WhereSource)
     (row,) = spark.read.format("streamoffload-test-where").load().collect()
     assert (row.grandparent, row.preloaded) == (server.process.pid, True)
+
+
+def test_an_event_of_a_finished_client_is_ignored() -> None:
+    """A child's exit and its client's going away can come in one ``select``: once the child is reaped, the
+    client's event is stale (the pid may be another process's by then) and must neither signal nor fail."""
+    import selectors
+    import socket
+
+    from streamoffload.streaming.fork_server import _Client, _on_event
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ours, theirs = socket.socketpair()
+    client = _Client(ours, pid=child.pid, pidfd=os.pidfd_open(child.pid))
+    selector = selectors.DefaultSelector()
+    selector.register(ours, selectors.EVENT_READ, ("conn", client))
+    selector.register(client.pidfd, selectors.EVENT_READ, ("exit", client))
+    ready = {key.data[0] for key, _ in selector.select(timeout=30)}
+    deadline = time.monotonic() + 30
+    while ready != {"exit"} and time.monotonic() < deadline:
+        ready |= {key.data[0] for key, _ in selector.select(timeout=1)}
+    theirs.close()  # now both are ready, as when Spark stops a client whose child just ended
+    _on_event(selector, "exit", client)
+    _on_event(selector, "conn", client)
+    assert client.reaped and ours.fileno() == -1 and not selector.get_map()
+    child.returncode = 0  # reaped by the server's waitpid, not by Popen
