@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chaos_faults import AFTER_PROGRESS, CRASH_POINTS, KILL_KINDS, kinds_for, plan_faults
 from bench.chaos_processes import JobProcess, Producer, job_errors
+from bench.harness import fs_store_section, moto_bucket, moto_credentials, s3_store_section, store_toml
 from bench.s3_fault_proxy import Fault, S3FaultProxy
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
@@ -84,7 +85,6 @@ from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import DISK_FULL_FLAG_ENV
 from streamoffload.streaming.faults import CRASH_ARM
-from tests.fixtures.s3 import moto_endpoint, raw_s3_client
 
 NAMESPACE = "persistent://public/default"
 # (maxSizePerOffloadSegmentMbytes, managedLedgerOffloadMaxBlockSizeInBytes) at 200 msg/s: the edits cycle
@@ -322,21 +322,6 @@ maxOffloadSegmentRolloverTimeSeconds = {rollover_s:g}
     os.replace(tmp, path)
 
 
-def s3_store_toml(endpoint: str) -> str:
-    return (
-        f'[store]\nmanagedLedgerOffloadDriver = "s3"\nbucket = "{S3_BUCKET}"\nprefix = "{S3_PREFIX}"\n'
-        f'serviceEndpoint = "{endpoint}"\nregion = "us-east-1"\npathStyle = true'
-    )
-
-
-@contextlib.contextmanager
-def _moto_server(log_dir: Path) -> Iterator[str]:
-    """A local moto_server (S3) on a free port, with a bucket for the run."""
-    with moto_endpoint(log_dir / "moto.log") as url:
-        raw_s3_client(url).create_bucket(Bucket=S3_BUCKET)
-        yield url
-
-
 # --- progress and convergence ---------------------------------------------------------------------------
 
 
@@ -453,10 +438,10 @@ class ChaosSettings:
     """How long to wait for the job's progress after a fault (a Spark start-up on a loaded machine)."""
     converge_timeout: float = 240.0
     s3_hang_s: float = 70.0
+    """How long the proxy holds a hung S3 request: beyond the job's S3 read timeout (60 s), by default."""
     overlap: bool = False
     """Wait for the job's progress only before the faults that need a running job (``AFTER_PROGRESS``): the
     others may land while it starts up or recovers, as in real life (the suite's short run)."""
-    """How long the proxy holds a hung S3 request: beyond the job's S3 read timeout (60 s), by default."""
 
 
 def run_chaos(
@@ -484,16 +469,13 @@ def run_chaos(
         }
         proxy: S3FaultProxy | None = None
         if settings.store == "s3":
-            endpoint = stack.enter_context(_moto_server(workdir))
+            endpoint = stack.enter_context(moto_bucket(workdir / "moto.log", S3_BUCKET))
             proxy = stack.enter_context(S3FaultProxy(endpoint, seed=settings.seed))
-            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-                os.environ.setdefault(key, "testing")
-                env.setdefault(key, "testing")
-            job_store, harness_store = s3_store_toml(proxy.url), s3_store_toml(endpoint)
+            moto_credentials(env)
+            job_store = store_toml(s3_store_section(proxy.url, S3_BUCKET, S3_PREFIX))
+            harness_store = store_toml(s3_store_section(endpoint, S3_BUCKET, S3_PREFIX))
         else:
-            job_store = harness_store = (
-                f'[store]\nmanagedLedgerOffloadDriver = "filesystem"\nroot = "{workdir / "store"}"'
-            )
+            job_store = harness_store = store_toml(fs_store_section(workdir / "store"))
             env[DISK_FULL_FLAG_ENV] = str(workdir / "disk-full")  # the job's writes fail while this file exists
         chaos = _Chaos(workdir, settings, service_url, broker, proxy, env, job_store, harness_store, log)
         return chaos.run()

@@ -1,15 +1,20 @@
-"""What the benches that drive a job process share on their command line: the store to use, where the work
-directory goes and whether to keep it, and unwinding cleanly on SIGTERM (bench/soak.py; bench/chaos.py does
-the same inline)."""
+"""What the benches that drive a job share: on their command line the store to use, where the work directory
+goes and whether to keep it, and unwinding cleanly on SIGTERM (bench/soak.py; bench/chaos.py does the same
+inline); the ``[store]`` table of the job's configuration, and a local moto_server with a bucket for it
+(bench/offload.py, bench/chaos.py, bench/soak.py)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def add_work_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,3 +31,48 @@ def new_work_dir(parent: str | None, prefix: str) -> Path:
     if parent:
         os.makedirs(parent, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+# --- the store a bench's job writes to ----------------------------------------------------------------------
+
+
+def fs_store_section(root: Path) -> dict[str, Any]:
+    """The ``[store]`` table of a filesystem store at ``root``."""
+    return {"managedLedgerOffloadDriver": "filesystem", "root": str(root)}
+
+
+def s3_store_section(endpoint: str, bucket: str, prefix: str) -> dict[str, Any]:
+    """The ``[store]`` table of ``bucket``/``prefix`` on a local S3 endpoint (moto, or the fault proxy)."""
+    return {
+        "managedLedgerOffloadDriver": "s3",
+        "bucket": bucket,
+        "prefix": prefix,
+        "serviceEndpoint": endpoint,
+        "region": "us-east-1",
+        "pathStyle": True,
+    }
+
+
+def store_toml(section: dict[str, Any]) -> str:
+    """``section`` as the ``[store]`` table of a TOML configuration file."""
+    values = {k: ("true" if v else "false") if isinstance(v, bool) else json.dumps(v) for k, v in section.items()}
+    return "[store]\n" + "\n".join(f"{key} = {value}" for key, value in values.items())
+
+
+def moto_credentials(env: dict[str, str] | None = None) -> None:
+    """moto takes any credentials: set them in this process's environment (before Spark starts, so that its
+    Python processes inherit them) and in ``env``, a job process's environment."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(key, "testing")
+        if env is not None:
+            env.setdefault(key, "testing")
+
+
+@contextlib.contextmanager
+def moto_bucket(log_path: Path, bucket: str) -> Iterator[str]:
+    """A local moto_server on a free port with ``bucket`` created; yields its URL."""
+    from tests.fixtures.s3 import moto_endpoint, raw_s3_client
+
+    with moto_endpoint(log_path) as url:
+        raw_s3_client(url).create_bucket(Bucket=bucket)
+        yield url

@@ -89,6 +89,7 @@ from typing import Any
 # bench/procstats.py is shared by the bench scripts; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import fs_store_section, moto_bucket, moto_credentials, s3_store_section
 from bench.logs import log_beside
 from bench.procstats import CpuMeter, JvmThreadCensus, ProcessCensus, RssSampler, jvm_heap_pools
 from bench.readable import offloaded_through, percentile, readable_messages, wait_offloaded
@@ -152,15 +153,8 @@ def _store_section(args: argparse.Namespace, work: Path, name: str) -> dict[str,
     """A filesystem store under the work directory, or with ``--store s3`` a prefix per run in the bench's
     bucket on its moto_server (``args.s3_endpoint``)."""
     if args.store == "s3":
-        return {
-            "managedLedgerOffloadDriver": "s3",
-            "bucket": S3_BUCKET,
-            "prefix": name,
-            "serviceEndpoint": args.s3_endpoint,
-            "region": "us-east-1",
-            "pathStyle": True,
-        }
-    return {"managedLedgerOffloadDriver": "filesystem", "root": str(work / f"store-{name}")}
+        return s3_store_section(args.s3_endpoint, S3_BUCKET, name)
+    return fs_store_section(work / f"store-{name}")
 
 
 @contextlib.contextmanager
@@ -169,10 +163,7 @@ def _s3_endpoint(args: argparse.Namespace, work: Path) -> Iterator[None]:
     if args.store != "s3":
         yield
         return
-    from tests.fixtures.s3 import moto_endpoint, raw_s3_client
-
-    with moto_endpoint(work / "moto.log") as url:
-        raw_s3_client(url).create_bucket(Bucket=S3_BUCKET)
+    with moto_bucket(work / "moto.log", S3_BUCKET) as url:
         args.s3_endpoint = url
         yield
 
@@ -884,9 +875,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.defaults or args.compare:
             parser.error("--store s3 measures throughput only: not with --defaults or --compare")
         args.skip_lag = True
-        # moto takes any credentials; set before Spark starts, so that its Python processes inherit them.
-        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            os.environ.setdefault(key, "testing")
+        moto_credentials()  # before Spark starts, so that its Python processes inherit them
     extra_conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"}
     extra_conf.update(_key_values(args.conf))
     if args.min_part_mb is not None:

@@ -73,7 +73,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chaos import TopicCounts, check_store, write_config
 from bench.chaos_processes import JobProcess, Producer, job_errors
-from bench.harness import add_work_arguments, new_work_dir
+from bench.harness import (
+    add_work_arguments,
+    fs_store_section,
+    moto_bucket,
+    moto_credentials,
+    new_work_dir,
+    s3_store_section,
+    store_toml,
+)
 from bench.procstats import heap_after_full_gc, job_tree_sample
 from bench.readable import percentile, readable_messages, wait_offloaded
 from bench.soak_plot import plot_samples
@@ -82,7 +90,6 @@ from bench.store_census import StoreCensus
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.embedded_broker import EmbeddedBroker
-from tests.fixtures.s3 import moto_endpoint, raw_s3_client
 
 NAMESPACE = "persistent://public/default"
 # (name, batching, compression): the four kinds of traffic the partitions are dealt into, round robin.
@@ -232,17 +239,11 @@ def store_settings(store: str, workdir: Path, env: dict[str, str]) -> Iterator[s
     """The ``[store]`` table of the job's configuration: a filesystem store under ``workdir``, or a bucket on a
     local moto_server (its credentials go into ``env`` and this process's environment)."""
     if store == "fs":
-        yield f'[store]\nmanagedLedgerOffloadDriver = "filesystem"\nroot = "{workdir / "store"}"'
+        yield store_toml(fs_store_section(workdir / "store"))
         return
-    with moto_endpoint(workdir / "moto.log") as url:
-        raw_s3_client(url).create_bucket(Bucket=S3_BUCKET)
-        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            os.environ.setdefault(key, "testing")
-            env.setdefault(key, "testing")
-        yield (
-            f'[store]\nmanagedLedgerOffloadDriver = "s3"\nbucket = "{S3_BUCKET}"\nprefix = "offload"\n'
-            f'serviceEndpoint = "{url}"\nregion = "us-east-1"\npathStyle = true'
-        )
+    with moto_bucket(workdir / "moto.log", S3_BUCKET) as url:
+        moto_credentials(env)
+        yield store_toml(s3_store_section(url, S3_BUCKET, "offload"))
 
 
 def run_soak(
