@@ -58,9 +58,6 @@ def split_offsets(doc: Mapping[str, Any]) -> tuple[dict[str, Position], bool]:
     return positions, bool(doc.get(SEALED_KEY))
 
 
-_UNKNOWN = object()
-
-
 class SourcePlanner:
     """Everything the source decides on the driver, in plain Python (tests drive it directly)."""
 
@@ -198,8 +195,8 @@ class SourcePlanner:
             batch = self._retrying("latest positions", lambda: self._latest_batch(partitions))
         latest: dict[str, Position | None] = {}
         for tp in partitions:
-            got = batch.get(tp, _UNKNOWN)
-            if got is _UNKNOWN or isinstance(got, PulsarIOError):
+            got = batch.get(tp)
+            if tp not in batch or isinstance(got, PulsarIOError):
                 got = self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
             latest[tp] = got
         if self._target is not None:
