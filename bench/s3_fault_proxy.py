@@ -172,10 +172,8 @@ class S3FaultProxy:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.close()
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._release_hanging(), self._loop).result(10)
-                asyncio.run_coroutine_threadsafe(self._cancel_connections(), self._loop).result(10)
+                asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
@@ -184,6 +182,14 @@ class S3FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    async def _shut_down(self) -> None:
+        """Close the listening socket, then reset held and open connections: on the loop's own thread, since
+        ``Server.close`` from another thread raced with a connection ending (asyncio is not thread-safe)."""
+        assert self._server is not None
+        self._server.close()
+        await self._release_hanging()
+        await self._cancel_connections()
 
     async def _cancel_connections(self) -> None:
         tasks = list(self._tasks)
