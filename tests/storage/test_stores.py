@@ -396,12 +396,12 @@ _CRASHING_WRITER = textwrap.dedent(
     copied = []
     real_copy = filesystem._copy_range
 
-    def stall_after_the_first_part(src, dst, size):
+    def stall_after_the_first_part(src, dst, size, start=0):
         if copied:
             os.fsync(dst)
             print("HALF", sum(copied), flush=True)
             time.sleep(120)  # killed here
-        real_copy(src, dst, size)
+        real_copy(src, dst, size, start)
         copied.append(size)
 
     filesystem._write_chunks = stall_half_way
@@ -467,8 +467,9 @@ def test_filesystem_complete_killed_mid_write_leaves_no_partial_object(tmp_path:
     root = tmp_path / "store"
     store = FilesystemStore(root)
     write = store.start_multipart("t/obj")
-    write.write_part(1, b"1" * 30_000)
+    # Out of order, so part 2 is a file of its own and ``complete`` copies (parts written in order are linked).
     write.write_part(2, b"2" * 30_000)
+    write.write_part(1, b"1" * 30_000)
     assert _kill_half_way(root, "complete", write.upload_id) == 30_000
     with pytest.raises(ObjectNotFoundError):
         store.get("t/obj")
@@ -501,6 +502,99 @@ def test_filesystem_complete_without_hard_links_or_kernel_copies_writes_the_same
     assert store.get("t/obj") == b"".join(payloads) and info.size == sum(map(len, payloads))
     assert dict(store.head("t/obj").metadata) == {"v": "1"}
     assert list(store.pending_multiparts("")) == []
+
+
+def _staged_names(store: FilesystemStore, upload_id: str) -> list[str]:
+    return sorted(p.name for p in (store.root / ".multipart" / upload_id).iterdir() if p.name.startswith("part-"))
+
+
+def test_filesystem_parts_written_in_order_are_placed_in_one_file_and_linked_by_complete(tmp_path: Path) -> None:
+    """The offloader writes parts 1, 2, 3 in order: each goes at its offset into one staging file, and
+    ``complete`` links that file as the object, so no byte is copied a second time."""
+    store = FilesystemStore(tmp_path / "store")
+    write = store.start_multipart("t/obj", {"v": "1"})
+    payloads = [bytes([n]) * (5_000 * n) for n in range(1, 4)]
+    for n, payload in enumerate(payloads, 1):
+        write.write_part(n, payload)
+    assert _staged_names(store, write.upload_id) == [
+        "part-00001.at-0-5000",
+        "part-00002.at-5000-10000",
+        "part-00003.at-15000-15000",
+    ]
+    staged = store.root / ".multipart" / write.upload_id / "object"
+    inode = staged.stat().st_ino
+    info = write.complete([1, 2, 3])
+    path = store.root / "t" / "obj"
+    assert path.read_bytes() == b"".join(payloads) and info.size == 30_000
+    assert path.stat().st_ino == inode and path.stat().st_nlink == 1  # linked, and the staging link is gone
+    assert dict(store.head("t/obj").metadata) == {"v": "1"}
+    assert list(store.pending_multiparts("")) == []
+
+
+@pytest.mark.parametrize(
+    ("writes", "complete"),
+    [
+        ([(2, b"b" * 7), (1, b"a" * 5), (3, b"c" * 9)], [1, 2, 3]),  # out of order: 1 placed, 2 and 3 files
+        ([(1, b"a" * 5), (2, b"b" * 7), (1, b"A" * 6)], [1, 2]),  # a placed part rewritten longer: a file now
+        ([(1, b"a" * 5), (2, b"b" * 7), (2, b"B" * 7)], [1, 2]),  # rewritten, same size: still never torn
+        ([(1, b"a" * 5), (2, b"b" * 7), (3, b"c" * 9)], [1, 3]),  # a placed part left out of the object
+        ([(1, b"a" * 5), (2, b"b" * 7), (3, b"c" * 9)], [2, 3]),  # the first left out
+        ([(1, b"a" * 5), (2, b"b" * 7), (3, b"c" * 9)], [1, 2]),  # the last left out: the placed file is cut
+    ],
+    ids=["out-of-order", "rewrite-longer", "rewrite-same-size", "gap", "no-first", "no-last"],
+)
+def test_filesystem_parts_placed_or_not_complete_to_the_listed_parts_latest_bytes(
+    tmp_path: Path, writes: list[tuple[int, bytes]], complete: list[int]
+) -> None:
+    store = FilesystemStore(tmp_path / "store")
+    write = store.start_multipart("t/obj")
+    latest: dict[int, bytes] = {}
+    for number, data in writes:
+        write.write_part(number, data)
+        latest[number] = data
+    assert store.resume_multipart("t/obj", write.upload_id).complete(complete).size == sum(
+        len(latest[n]) for n in complete
+    )
+    assert store.get("t/obj") == b"".join(latest[n] for n in complete)
+    assert list(store.pending_multiparts("")) == []
+
+
+def test_filesystem_placed_part_killed_before_its_marker_is_not_a_part_and_its_bytes_are_cut(tmp_path: Path) -> None:
+    """A placed write killed after its bytes but before its marker leaves bytes past the placed parts: the part
+    does not exist (``complete`` refuses it), the next write of it overwrites them, and ``complete`` cuts
+    whatever is left beyond the parts it lists."""
+    store = FilesystemStore(tmp_path / "store")
+    write = store.start_multipart("t/obj")
+    write.write_part(1, b"a" * 10)
+    staged = store.root / ".multipart" / write.upload_id / "object"
+    with open(staged, "ab") as f:
+        f.write(b"torn bytes of part 2, never marked")
+    with pytest.raises(StorageError, match=r"parts \[2\] were never written; written parts are \[1\]"):
+        write.complete([1, 2])
+    write.write_part(2, b"b" * 4)
+    write.complete([1, 2])
+    assert store.get("t/obj") == b"a" * 10 + b"b" * 4
+
+
+def test_filesystem_parts_of_one_upload_from_two_processes_are_serialised(tmp_path: Path) -> None:
+    """Two writers of one upload (a retried Spark task beside a slow first attempt) take the upload's lock:
+    every part lands whole, placed or not, and ``complete`` joins them in number order."""
+    root = tmp_path / "store"
+    store = FilesystemStore(root)
+    write = store.start_multipart("t/obj")
+    script = textwrap.dedent(
+        """
+        import sys
+        from streamoffload.storage.filesystem import FilesystemStore
+        write = FilesystemStore(sys.argv[1]).resume_multipart("t/obj", sys.argv[2])
+        for n in range(1, 41):
+            write.write_part(n, bytes([n]) * (1000 + n))
+        """
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(root), write.upload_id]) for _ in range(2)]
+    assert [p.wait(60) for p in procs] == [0, 0]
+    write.complete(list(range(1, 41)))
+    assert store.get("t/obj") == b"".join(bytes([n]) * (1000 + n) for n in range(1, 41))
 
 
 def test_filesystem_complete_of_one_part_is_the_part_and_outlives_its_staging(tmp_path: Path) -> None:
