@@ -227,14 +227,12 @@ def build_dashboard() -> dict[str, Any]:
     )
     lay.panel(
         "Segment size",
-        "Data object size of offloaded segments: median, 95th percentile (bucket bounds) and mean.",
+        "Data object size of offloaded segments, over every topic-partition of the job (all namespaces: one "
+        "histogram per job keeps a scrape small): median, 95th percentile (bucket bounds) and mean.",
         [
-            Target(_quantile(0.5, m.SEGMENT_SIZE.bucket, False, _T), "p50"),
-            Target(_quantile(0.95, m.SEGMENT_SIZE.bucket, False, _T), "p95"),
-            Target(
-                f"sum({m.SEGMENT_SIZE.sum}{_T}) / sum({m.SEGMENT_SIZE.count}{_T})",
-                "mean",
-            ),
+            Target(_quantile(0.5, m.SEGMENT_SIZE.bucket, False, _S), "p50"),
+            Target(_quantile(0.95, m.SEGMENT_SIZE.bucket, False, _S), "p95"),
+            Target(f"sum({m.SEGMENT_SIZE.sum}{_S}) / sum({m.SEGMENT_SIZE.count}{_S})", "mean"),
         ],
         unit="bytes",
     )

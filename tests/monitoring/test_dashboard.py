@@ -91,21 +91,11 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
         for x2, y2, w2, h2 in boxes[i + 1 :]:
             assert x1 + w1 <= x2 or x2 + w2 <= x1 or y1 + h1 <= y2 or y2 + h2 <= y1
     # Every series is filtered by the job and instance variables; every per-topic one by namespace and topic too.
-    per_topic = {
-        "offload_lag",
-        "backlog",
-        "open_segment",
-        "entries_offloaded",
-        "bytes_offloaded",
-        "stored_bytes",
-        "segments",
-        "segment_size",
-        "offload_buffer",
-    }
+    per_topic = {name for name, defn in definitions.METRICS.items() if "topic" in defn.labels}
     for expr in expressions(dash):
         for name, selector in re.findall(r"(streamoffload_\w+)(\{[^}]*\})?", expr):
             assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, expr
-            if any(name.startswith(f"streamoffload_{p}") for p in per_topic):
+            if re.sub(r"_(total|bucket|sum|count)$", "", name) in per_topic:
                 assert 'topic=~"$topic"' in selector and 'topic=~"persistent://$namespace/.*"' in selector, expr
 
 
