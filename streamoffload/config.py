@@ -209,10 +209,19 @@ class SparkSettings:
     conf: Mapping[str, str] = field(default_factory=dict)
 
 
+DEFAULT_TOPIC_SERIES = 100
+"""metrics.topic_series by default: at ~16 series per topic-partition, about 1,600 of a scrape's series."""
+MAX_TOPIC_SERIES = 1_000_000
+"""metrics.topic_series at most (a bound against typos: a million topic-partitions is 16 million series)."""
+
+
 @dataclass(frozen=True)
 class MetricsSettings:
     address: str = "127.0.0.1:9464"
     """host:port of the Prometheus endpoint; empty disables it."""
+    topic_series: int = DEFAULT_TOPIC_SERIES
+    """Per-topic series for at most this many topic-partitions per scrape, the worst first (failing, then
+    by lag and backlog: ``metrics.selection``); 0 exports none. Namespace totals always cover them all."""
 
 
 @dataclass(frozen=True)
@@ -448,6 +457,11 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
     store = _settings(StoreSettings, _section(doc, "store", source), source, "store")
     spark = _settings(SparkSettings, _section(doc, "spark", source), source, "spark")
     metrics = _settings(MetricsSettings, _section(doc, "metrics", source), source, "metrics")
+    if not 0 <= metrics.topic_series <= MAX_TOPIC_SERIES:
+        raise ConfigError(
+            f"{source}: metrics.topic_series must be between 0 (no per-topic series) and {MAX_TOPIC_SERIES}, "
+            f"got {metrics.topic_series!r}"
+        )
 
     if store.managedLedgerOffloadDriver not in DRIVERS:
         raise ConfigError(

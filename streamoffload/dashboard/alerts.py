@@ -21,7 +21,12 @@ def alert_rules(
     """Prometheus alerting rules (a rule file's document) for the offload job scraped under ``job``:
 
     * ``StreamoffloadLagHigh``: the lag (``streamoffload_offload_lag_seconds``, the definition ``status`` shows)
-      is above ``lag_rollovers`` rollover times: segments are not sealed when they should be;
+      of a topic-partition is above ``lag_rollovers`` rollover times: segments are not sealed when they should
+      be. Per-topic series exist only for the worst topic-partitions (``[metrics] topic_series``), and a
+      lagging one ranks high by lag, so it has them unless more than that many are worse;
+    * ``StreamoffloadNamespaceLagHigh``: the same on the largest lag of a namespace
+      (``streamoffload_namespace_max_offload_lag_seconds``), which covers every topic-partition, so it fires
+      even when more topic-partitions lag than have per-topic series;
     * ``StreamoffloadUploadsFailing``: sink actions keep failing (the query restarts and retries them);
     * ``StreamoffloadFailedSegments``: a segment stays Failed;
     * ``StreamoffloadBatchesStale``: no micro-batch finished for ``stale_batch_s`` seconds (a stuck job);
@@ -41,6 +46,19 @@ def alert_rules(
                 "description": f"The newest offloaded entry of {{{{ $labels.topic }}}} is older than {lag_rollovers:g} "
                 f"rollover times ({lag_s:g} s) while newer entries wait. Check the job's log and "
                 "`streamoffload status`.",
+            },
+        },
+        {
+            "alert": "StreamoffloadNamespaceLagHigh",
+            "expr": f"max by (job, instance, namespace) ({m.NAMESPACE_MAX_OFFLOAD_LAG.name}{selector}) > {lag_s:g}",
+            "for": "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "offload lag in namespace {{ $labels.namespace }} is {{ $value | humanizeDuration }}",
+                "description": f"A topic-partition of {{{{ $labels.namespace }}}} has its newest offloaded entry older "
+                f"than {lag_rollovers:g} rollover times ({lag_s:g} s) while newer entries wait. "
+                "`streamoffload_namespace_topic_partitions_failing` and the per-topic series (the worst "
+                "topic-partitions) say which; so does `streamoffload status`.",
             },
         },
         {

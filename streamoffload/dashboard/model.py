@@ -15,10 +15,9 @@ DASHBOARD_TITLE = "streamoffload: Pulsar offload"
 TOPIC_VARIABLE_QUERY = f"label_values({m.ENTRIES_OFFLOADED.total}, topic)"
 JOB_VARIABLE_QUERY = f"label_values({m.BUILD_INFO.name}, job)"
 INSTANCE_VARIABLE_QUERY = f'label_values({m.BUILD_INFO.name}{{job=~"$job"}}, instance)'
-NAMESPACE_VARIABLE_QUERY = f"label_values({m.ENTRIES_OFFLOADED.total}, topic)"
-NAMESPACE_VARIABLE_REGEX = "/^persistent://([^/]+/[^/]+)/.*/"
-"""The namespace variable's values: the tenant/namespace part of every topic label (metrics carry no namespace
-label; the topic name has it)."""
+NAMESPACE_VARIABLE_QUERY = f"label_values({m.NAMESPACE_TOPICS.name}, namespace)"
+"""The namespace variable's values: the ``namespace`` label of the namespace totals, which every namespace the
+job knows has (a topic label would name only the topic-partitions that have per-topic series)."""
 
 VARIABLE_ALL_VALUES = {"job": ".*", "instance": ".*", "namespace": ".*", "topic": ".*"}
 """What each query variable's "All" stands for (``substitute_variables`` uses it for a variable not given)."""
@@ -27,6 +26,7 @@ _DS = {"type": "prometheus", "uid": "${datasource}"}
 _J = 'job=~"$job",instance=~"$instance"'
 _S = "{" + _J + "}"
 _T = "{" + _J + ',topic=~"persistent://$namespace/.*",topic=~"$topic"}'
+_N = "{" + _J + ',namespace=~"$namespace"}'
 _RI = "$__rate_interval"
 
 # Thresholds: green below, then amber, then red (Grafana "absolute" steps; the first step's value is null).
@@ -35,6 +35,13 @@ LAG_WARN_S = 2 * 600.0
 LAG_CRIT_S = 3 * 600.0
 STALE_BATCH_WARN_S = 300.0
 STALE_BATCH_CRIT_S = 900.0
+
+TOP_N = (
+    " Per-topic series exist only for the worst topic-partitions ([metrics] topic_series, 100 by default: "
+    "set aside and failing first, then by offload lag, then by backlog), so this shows at most that many; "
+    "the per-namespace panels cover every topic-partition."
+)
+"""Said by every panel that draws per-topic series."""
 
 
 @dataclass(frozen=True)
@@ -164,38 +171,63 @@ def build_dashboard() -> dict[str, Any]:
 
     lay.row("Lag")
     lay.panel(
+        "Offload lag by namespace",
+        "The largest offload lag of each namespace's topic-partitions: 0 when every published entry is in an "
+        "Offloaded (readable) segment; else now minus the publish time of the newest offloaded entry. Bounded "
+        "by maxOffloadSegmentRolloverTimeMinutes when the job keeps up.",
+        [Target(f"max by (namespace) ({m.NAMESPACE_MAX_OFFLOAD_LAG.name}{_N})", "{{namespace}}")],
+        unit="s",
+        thresholds=(LAG_WARN_S, LAG_CRIT_S),
+    )
+    lay.panel(
         "Offload lag",
-        "0 when every published entry is in an Offloaded (readable) segment; else now minus the publish time of "
-        "the newest offloaded entry. Bounded by maxOffloadSegmentRolloverTimeMinutes when the job keeps up.",
+        "Offload lag of the worst topic-partitions: 0 when every published entry is in an Offloaded (readable) "
+        "segment; else now minus the publish time of the newest offloaded entry." + TOP_N,
         [Target(f"max by (topic) ({m.OFFLOAD_LAG.name}{_T})", "{{topic}}")],
         unit="s",
         thresholds=(LAG_WARN_S, LAG_CRIT_S),
     )
     lay.panel(
-        "Entries behind the latest position",
-        "Entries published but not yet offloaded (shown where the count is exact).",
-        [Target(f"sum by (topic) ({m.BACKLOG_ENTRIES.name}{_T})", "{{topic}}")],
-    )
-    lay.panel(
         "Open segment age",
-        "Age of the open (Assigned or Failed) segment; a time rollover seals it at the configured rollover time.",
+        "Age of the open (Assigned or Failed) segment of the worst topic-partitions; a time rollover seals it at "
+        "the configured rollover time." + TOP_N,
         [Target(f"max by (topic) ({m.OPEN_SEGMENT_AGE.name}{_T})", "{{topic}}")],
         unit="s",
         thresholds=(LAG_WARN_S, LAG_CRIT_S),
+    )
+    lay.panel(
+        "Entries behind the latest position",
+        "Entries published but not yet offloaded, per namespace (summed over the topic-partitions where the "
+        "count is exact).",
+        [Target(f"sum by (namespace) ({m.NAMESPACE_BACKLOG_ENTRIES.name}{_N})", "{{namespace}}")],
+        width=12,
+    )
+    lay.panel(
+        "Topic-partitions",
+        "Topic-partitions the job knows per namespace, those failing (failures since their last commit, or a "
+        "Failed segment), those with per-topic series ([metrics] topic_series), and how many were left out of "
+        "the per-topic series.",
+        [
+            Target(f"sum by (namespace) ({m.NAMESPACE_TOPICS.name}{_N})", "{{namespace}}"),
+            Target(f"sum by (namespace) ({m.NAMESPACE_TOPICS_FAILING.name}{_N})", "{{namespace}} failing"),
+            Target(f"sum by (namespace) ({m.NAMESPACE_TOPICS_EXPORTED.name}{_N})", "{{namespace}} per-topic series"),
+            Target(f"sum({m.TOPIC_SERIES_OMITTED.name}{_S})", "left out of per-topic series"),
+        ],
+        width=12,
     )
 
     lay.row("Throughput")
     lay.panel(
         "Entries offloaded / s",
-        "Entries committed to Offloaded segments per second.",
-        [Target(f"sum by (topic) (rate({m.ENTRIES_OFFLOADED.total}{_T}[{_RI}]))", "{{topic}}")],
+        "Entries committed to Offloaded segments per second, per namespace.",
+        [Target(f"sum by (namespace) (rate({m.NAMESPACE_ENTRIES_OFFLOADED.total}{_N}[{_RI}]))", "{{namespace}}")],
         unit="ops",
         stack=True,
     )
     lay.panel(
         "Bytes offloaded / s",
-        "Bytes of Pulsar entries committed to Offloaded segments per second.",
-        [Target(f"sum by (topic) (rate({m.BYTES_OFFLOADED.total}{_T}[{_RI}]))", "{{topic}}")],
+        "Bytes of Pulsar entries committed to Offloaded segments per second, per namespace.",
+        [Target(f"sum by (namespace) (rate({m.NAMESPACE_BYTES_OFFLOADED.total}{_N}[{_RI}]))", "{{namespace}}")],
         unit="Bps",
         stack=True,
     )
@@ -203,9 +235,9 @@ def build_dashboard() -> dict[str, Any]:
         "Offloaded so far",
         "Entries and entry bytes in Offloaded segments, and the data object bytes the store holds now.",
         [
-            Target(f"sum({m.ENTRIES_OFFLOADED.total}{_T})", "entries"),
-            Target(f"sum({m.BYTES_OFFLOADED.total}{_T})", "entry bytes"),
-            Target(f"sum({m.STORED_BYTES.name}{_T})", "stored bytes"),
+            Target(f"sum({m.NAMESPACE_ENTRIES_OFFLOADED.total}{_N})", "entries"),
+            Target(f"sum({m.NAMESPACE_BYTES_OFFLOADED.total}{_N})", "entry bytes"),
+            Target(f"sum({m.NAMESPACE_STORED_BYTES.name}{_N})", "stored bytes"),
         ],
         kind="stat",
         options={"textMode": "value_and_name", "colorMode": "none"},
@@ -216,25 +248,23 @@ def build_dashboard() -> dict[str, Any]:
     lay.panel(
         "Segments by status",
         "Assigned: open, being written. Offloaded: readable. Failed: retried before any new segment opens.",
-        [Target(f"sum by (status) ({m.SEGMENTS.name}{_T})", "{{status}}")],
+        [Target(f"sum by (status) ({m.NAMESPACE_SEGMENTS.name}{_N})", "{{status}}")],
     )
     lay.panel(
         "Seals by reason",
         "Offloaded segments by what sealed them: size, time, manual (offload-now), ledger, method-switch, end.",
-        [Target(f"sum by (reason) ({m.SEGMENTS_SEALED.total}{_T})", "{{reason}}")],
+        [Target(f"sum by (reason) ({m.NAMESPACE_SEGMENTS_SEALED.total}{_N})", "{{reason}}")],
         kind="bargauge",
         options={"orientation": "horizontal", "displayMode": "basic"},
     )
     lay.panel(
         "Segment size",
-        "Data object size of offloaded segments: median, 95th percentile (bucket bounds) and mean.",
+        "Data object size of offloaded segments, over every topic-partition of the job (all namespaces: one "
+        "histogram per job keeps a scrape small): median, 95th percentile (bucket bounds) and mean.",
         [
-            Target(_quantile(0.5, m.SEGMENT_SIZE.bucket, False, _T), "p50"),
-            Target(_quantile(0.95, m.SEGMENT_SIZE.bucket, False, _T), "p95"),
-            Target(
-                f"sum({m.SEGMENT_SIZE.sum}{_T}) / sum({m.SEGMENT_SIZE.count}{_T})",
-                "mean",
-            ),
+            Target(_quantile(0.5, m.SEGMENT_SIZE.bucket, False, _S), "p50"),
+            Target(_quantile(0.95, m.SEGMENT_SIZE.bucket, False, _S), "p95"),
+            Target(f"sum({m.SEGMENT_SIZE.sum}{_S}) / sum({m.SEGMENT_SIZE.count}{_S})", "mean"),
         ],
         unit="bytes",
     )
@@ -247,7 +277,7 @@ def build_dashboard() -> dict[str, Any]:
         [
             Target(f"sum(increase({m.UPLOAD_ERRORS.total}{_S}[{_RI}]))", "upload errors"),
             Target(f"sum(increase({m.QUERY_FAILURES.total}{_S}[{_RI}]))", "query failures"),
-            Target(f'sum({m.SEGMENTS.name}{{{_T[1:-1]},status="Failed"}})', "failed segments"),
+            Target(f'sum({m.NAMESPACE_SEGMENTS.name}{{{_N[1:-1]},status="Failed"}})', "failed segments"),
             Target(f"min({m.METADATA_REFRESH_OK.name}{_S})", "metadata readable"),
         ],
         overrides=[_unit_override("D", "bool_yes_no")],
@@ -275,15 +305,20 @@ def build_dashboard() -> dict[str, Any]:
     lay.row("Buffer")
     lay.panel(
         "Offload buffer",
-        "Bytes accepted but not yet uploaded, per topic-partition (the PIP-76 buffer, bounded by "
-        "offloadBufferMaxBytes; at the bound the job stops reading that topic-partition).",
-        [Target(f"sum by (topic) ({m.OFFLOAD_BUFFER.name}{_T})", "{{topic}}")],
+        "Bytes accepted but not yet uploaded: per namespace (all its topic-partitions) and per topic-partition "
+        "(the PIP-76 buffer, bounded by offloadBufferMaxBytes; at the bound the job stops reading that "
+        "topic-partition)." + TOP_N,
+        [
+            Target(f"sum by (namespace) ({m.NAMESPACE_OFFLOAD_BUFFER.name}{_N})", "{{namespace}} (all)"),
+            Target(f"sum by (topic) ({m.OFFLOAD_BUFFER.name}{_T})", "{{topic}}"),
+        ],
         unit="bytes",
         width=12,
     )
     lay.panel(
         "Open segment size",
-        "Bytes (left axis) and entries (right axis) assigned to each open segment.",
+        "Bytes (left axis) and entries (right axis) assigned to the open segment of the worst topic-partitions."
+        + TOP_N,
         [
             Target(f"sum by (topic) ({m.OPEN_SEGMENT_BYTES.name}{_T})", "{{topic}} bytes"),
             Target(f"sum by (topic) ({m.OPEN_SEGMENT_ENTRIES.name}{_T})", "{{topic}} entries"),
@@ -351,7 +386,7 @@ def build_dashboard() -> dict[str, Any]:
                 },
                 _query_variable("job", "Job", JOB_VARIABLE_QUERY),
                 _query_variable("instance", "Instance", INSTANCE_VARIABLE_QUERY),
-                _query_variable("namespace", "Namespace", NAMESPACE_VARIABLE_QUERY, regex=NAMESPACE_VARIABLE_REGEX),
+                _query_variable("namespace", "Namespace", NAMESPACE_VARIABLE_QUERY),
                 {
                     "name": "topic",
                     "label": "Topic-partition",

@@ -40,9 +40,14 @@ in one ledger: the sizes of earlier ledgers are not known without Pulsar's admin
 Process-lifetime distributions (upload latency, micro-batch duration) are ordinary prometheus-client
 histograms: they describe this process's work and reset with it, as Prometheus expects.
 
+Bounded: per-topic series exist for at most ``[metrics] topic_series`` topic-partitions per scrape, the
+worst first (set aside, failing, then by lag and backlog); the ``streamoffload_namespace_*`` families sum
+over every topic-partition (``selection``).
+
 The package: ``definitions`` (what is exported), ``model`` (per topic-partition state and
-totals), ``collector`` (``JobMetrics``: recording and exposition), ``sources`` (where latest positions
-and cache counters come from), ``serving`` (the HTTP endpoint) and ``install`` (wiring to a job).
+totals), ``collector`` (``JobMetrics``: recording and exposition), ``selection`` (which topic-partitions
+get per-topic series; namespace totals), ``sources`` (where latest positions and cache counters come
+from), ``serving`` (the HTTP endpoint) and ``install`` (wiring to a job).
 
 Everything lives in a dedicated ``CollectorRegistry`` so tests and several jobs in one process
 never collide with prometheus-client's global registry.

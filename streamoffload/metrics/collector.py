@@ -17,6 +17,7 @@ from streamoffload import __version__
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.codecs.positions import Position
+from streamoffload.config import DEFAULT_TOPIC_SERIES
 from streamoffload.metrics import definitions as d
 from streamoffload.metrics.model import (
     Backlog,
@@ -25,6 +26,15 @@ from streamoffload.metrics.model import (
     OpenSegment,
     TopicState,
     store_totals,
+)
+from streamoffload.metrics.selection import (
+    NamespaceTotals,
+    TopicFigures,
+    job_segment_sizes,
+    namespace_of,
+    namespace_totals,
+    select,
+    topic_figures,
 )
 from streamoffload.metrics.serving import MetricsServer, format_address
 from streamoffload.metrics.sources import backlog_from_source_progress, shared_read_cache
@@ -35,6 +45,9 @@ log = logging.getLogger(__name__)
 class JobMetrics(Collector):
     """Metrics of one offload job. Feed it with :meth:`on_batch` (a job listener), Spark progress
     (``metrics.sources.progress_listener``) and :meth:`refresh_store`; serve it with :meth:`start_server`.
+
+    ``topic_series``: per-topic series for at most this many topic-partitions per scrape, the worst first
+    (``metrics.selection``); 0 exports none. The ``streamoffload_namespace_*`` families cover them all.
     """
 
     def __init__(
@@ -48,7 +61,11 @@ class JobMetrics(Collector):
         clock: Callable[[], float] = time.time,
         read_cache: bool = True,
         topic_rediscovery_s: float = 3600.0,
+        topic_series: int = DEFAULT_TOPIC_SERIES,
     ) -> None:
+        if isinstance(topic_series, bool) or not isinstance(topic_series, int) or topic_series < 0:
+            raise ValueError(f"topic_series must be a whole number >= 0, got {topic_series!r}")
+        self.topic_series = topic_series
         self.metadata = metadata
         self._view = None if metadata is None else MetadataView(metadata, rediscover_s=topic_rediscovery_s)
         self.backlog_provider = backlog
@@ -98,7 +115,7 @@ class JobMetrics(Collector):
     def _topic(self, topic: str) -> TopicState:
         state = self._topics.get(topic)
         if state is None:
-            state = self._topics[topic] = TopicState()
+            state = self._topics[topic] = TopicState(namespace=namespace_of(topic))
         return state
 
     def on_batch(self, report: Any) -> None:
@@ -255,51 +272,24 @@ class JobMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now_ms = int(self.clock() * 1000)
-        entries = _family(d.ENTRIES_OFFLOADED)
-        nbytes = _family(d.BYTES_OFFLOADED)
-        sealed = _family(d.SEGMENTS_SEALED)
-        sizes = _family(d.SEGMENT_SIZE)
-        segments = _family(d.SEGMENTS)
-        stored = _family(d.STORED_BYTES)
-        lag = _family(d.OFFLOAD_LAG)
-        last_publish = _family(d.LAST_OFFLOADED_PUBLISH)
-        backlog = _family(d.BACKLOG_ENTRIES)
-        backlog_bytes = _family(d.SOURCE_BACKLOG_BYTES)
-        open_age = _family(d.OPEN_SEGMENT_AGE)
-        open_entries = _family(d.OPEN_SEGMENT_ENTRIES)
-        open_bytes = _family(d.OPEN_SEGMENT_BYTES)
-        buffer = _family(d.OFFLOAD_BUFFER)
         with self._lock:
-            for topic, st in sorted(self._topics.items()):
-                totals = st.exported()
-                entries.add_metric([topic], totals.entries)
-                nbytes.add_metric([topic], totals.bytes)
-                for reason, n in sorted(totals.seals.items()):
-                    sealed.add_metric([topic, reason], n)
-                sizes.add_metric([topic], totals.sizes.cumulative(), totals.sizes.total)
-                counts = {status: 0 for status in d.STATUSES}
-                counts["Offloaded"] = len(st.offloaded)
-                for seg in st.open.values():
-                    counts[seg.status] = counts.get(seg.status, 0) + 1
-                for status, n in counts.items():
-                    segments.add_metric([topic, status], n)
-                stored.add_metric([topic], sum(st.offloaded.values()))
-                value = st.lag_seconds(now_ms)
-                if value is not None:
-                    lag.add_metric([topic], value)
-                if st.last_publish_ms:
-                    last_publish.add_metric([topic], st.last_publish_ms / 1000)
-                behind = st.backlog_entries()
-                if behind is not None:
-                    backlog.add_metric([topic], behind)
-                if st.backlog is not None and st.backlog.bytes is not None:
-                    backlog_bytes.add_metric([topic], st.backlog.bytes)
-                assigned = [seg.assigned_ms for seg in st.open.values() if seg.assigned_ms]
-                open_age.add_metric([topic], max(0.0, (now_ms - min(assigned)) / 1000) if assigned else 0.0)
-                if st.stats is not None:
-                    open_entries.add_metric([topic], int(st.stats.get("open_segment_entries") or 0))
-                    open_bytes.add_metric([topic], int(st.stats.get("open_segment_bytes") or 0))
-                    buffer.add_metric([topic], int(st.stats.get("buffered_bytes") or 0))
+            # Every known topic-partition's figures (O(T)), the worst ``topic_series`` of them (O(T log N)),
+            # and the namespace totals over all of them; per-topic samples only for the chosen ones.
+            failing = dict(self._failing)
+            figures = [
+                topic_figures(topic, self._topics.get(topic), failing.get(topic), now_ms)
+                for topic in self._topics.keys() | failing.keys()
+            ]
+            chosen = sorted(select(figures, self.topic_series), key=lambda f: f.topic)
+            namespaces = namespace_totals(figures, chosen)
+            # Built under the lock (totals share dicts with the live state); yielded after it.
+            families = [*_topic_families(chosen), *_namespace_families(namespaces)]
+            job_sizes = job_segment_sizes(figures)
+            sizes = _family(d.SEGMENT_SIZE)
+            sizes.add_metric([], job_sizes.cumulative(), job_sizes.total)
+            families.append(sizes)
+            families.append(_gauge(d.TOPIC_SERIES_LIMIT, self.topic_series))
+            families.append(_gauge(d.TOPIC_SERIES_OMITTED, len(figures) - len(chosen)))
             hits = misses = 0
             for source in self._read_caches:
                 try:
@@ -310,10 +300,8 @@ class JobMetrics(Collector):
                 hits += counters.hits
                 misses += counters.misses
             refreshed, batch_time = self._last_refresh_time, self._last_batch_time
-            failing = dict(self._failing)
             refresh_error = self.last_refresh_error
-        yield from (entries, nbytes, sealed, sizes, segments, stored, lag, last_publish, backlog, backlog_bytes)
-        yield from (open_age, open_entries, open_bytes, buffer)
+        yield from families
         cache_hits = _family(d.READ_CACHE_HITS)
         cache_hits.add_metric([], hits)
         cache_misses = _family(d.READ_CACHE_MISSES)
@@ -323,13 +311,6 @@ class JobMetrics(Collector):
         yield _gauge(d.METADATA_REFRESH_TIME, refreshed)
         yield _gauge(d.METADATA_REFRESH_OK, 0.0 if refresh_error else 1.0)
         yield _gauge(d.LAST_BATCH_TIME, batch_time)
-        in_a_row = _family(d.TOPIC_FAILURES_IN_A_ROW)
-        set_aside = _family(d.TOPIC_SET_ASIDE)
-        for topic, (failures, until_ms) in sorted(failing.items()):
-            in_a_row.add_metric([topic], failures)
-            set_aside.add_metric([topic], 1.0 if until_ms > now_ms else 0.0)
-        yield in_a_row
-        yield set_aside
         health = self.job_health() if self.job_health is not None else None
         yield _gauge(d.BROKER_UNREACHABLE, 1.0 if health is not None and health.broker_unreachable else 0.0)
         restarts = _family(d.QUERY_RESTARTS)
@@ -433,6 +414,103 @@ _FAMILIES: dict[str, type[Metric]] = {
 def _family(defn: d.MetricDef) -> Any:
     """An empty family of ``defn`` for :meth:`JobMetrics.collect` to fill, one sample per label set."""
     return _FAMILIES[defn.kind](defn.name, defn.help, labels=list(defn.labels))
+
+
+def _topic_families(chosen: list[TopicFigures]) -> Iterator[Metric]:
+    """The per-topic families, with samples of the ``chosen`` topic-partitions only."""
+    entries = _family(d.ENTRIES_OFFLOADED)
+    nbytes = _family(d.BYTES_OFFLOADED)
+    sealed = _family(d.SEGMENTS_SEALED)
+    segments = _family(d.SEGMENTS)
+    stored = _family(d.STORED_BYTES)
+    lag = _family(d.OFFLOAD_LAG)
+    last_publish = _family(d.LAST_OFFLOADED_PUBLISH)
+    backlog = _family(d.BACKLOG_ENTRIES)
+    backlog_bytes = _family(d.SOURCE_BACKLOG_BYTES)
+    open_age = _family(d.OPEN_SEGMENT_AGE)
+    open_entries = _family(d.OPEN_SEGMENT_ENTRIES)
+    open_bytes = _family(d.OPEN_SEGMENT_BYTES)
+    buffer = _family(d.OFFLOAD_BUFFER)
+    in_a_row = _family(d.TOPIC_FAILURES_IN_A_ROW)
+    set_aside = _family(d.TOPIC_SET_ASIDE)
+    for f in chosen:
+        topic = [f.topic]
+        if f.failures is not None:
+            in_a_row.add_metric(topic, f.failures)
+            set_aside.add_metric(topic, 1.0 if f.set_aside else 0.0)
+        totals = f.totals
+        if totals is None:
+            continue  # known only from its quarantine record
+        entries.add_metric(topic, totals.entries)
+        nbytes.add_metric(topic, totals.bytes)
+        for reason, n in sorted(totals.seals.items()):
+            sealed.add_metric([f.topic, reason], n)
+        for status, n in f.statuses.items():
+            segments.add_metric([f.topic, status], n)
+        stored.add_metric(topic, f.stored)
+        if f.lag is not None:
+            lag.add_metric(topic, f.lag)
+        if f.last_publish is not None:
+            last_publish.add_metric(topic, f.last_publish)
+        if f.behind is not None:
+            backlog.add_metric(topic, f.behind)
+        if f.backlog_bytes is not None:
+            backlog_bytes.add_metric(topic, f.backlog_bytes)
+        open_age.add_metric(topic, f.open_age)
+        if f.open_entries is not None:
+            open_entries.add_metric(topic, f.open_entries)
+        if f.open_bytes is not None:
+            open_bytes.add_metric(topic, f.open_bytes)
+        if f.buffer is not None:
+            buffer.add_metric(topic, f.buffer)
+    yield from (entries, nbytes, sealed, segments, stored, lag, last_publish, backlog, backlog_bytes)
+    yield from (open_age, open_entries, open_bytes, buffer, in_a_row, set_aside)
+
+
+def _namespace_families(namespaces: Mapping[str, NamespaceTotals]) -> Iterator[Metric]:
+    """The ``streamoffload_namespace_*`` families: one sample (per reason or status) of each namespace."""
+    entries = _family(d.NAMESPACE_ENTRIES_OFFLOADED)
+    nbytes = _family(d.NAMESPACE_BYTES_OFFLOADED)
+    sealed = _family(d.NAMESPACE_SEGMENTS_SEALED)
+    segments = _family(d.NAMESPACE_SEGMENTS)
+    stored = _family(d.NAMESPACE_STORED_BYTES)
+    lag = _family(d.NAMESPACE_MAX_OFFLOAD_LAG)
+    backlog = _family(d.NAMESPACE_BACKLOG_ENTRIES)
+    backlog_bytes = _family(d.NAMESPACE_SOURCE_BACKLOG_BYTES)
+    open_age = _family(d.NAMESPACE_MAX_OPEN_SEGMENT_AGE)
+    open_entries = _family(d.NAMESPACE_OPEN_SEGMENT_ENTRIES)
+    open_bytes = _family(d.NAMESPACE_OPEN_SEGMENT_BYTES)
+    buffer = _family(d.NAMESPACE_OFFLOAD_BUFFER)
+    topics = _family(d.NAMESPACE_TOPICS)
+    exported = _family(d.NAMESPACE_TOPICS_EXPORTED)
+    failing = _family(d.NAMESPACE_TOPICS_FAILING)
+    for name, ns in sorted(namespaces.items()):
+        label = [name]
+        topics.add_metric(label, ns.topics)
+        exported.add_metric(label, ns.exported)
+        failing.add_metric(label, ns.failing)
+        entries.add_metric(label, ns.entries)
+        nbytes.add_metric(label, ns.bytes)
+        for reason, n in sorted(ns.seals.items()):
+            sealed.add_metric([name, reason], n)
+        for status, n in ns.statuses.items():
+            segments.add_metric([name, status], n)
+        stored.add_metric(label, ns.stored)
+        if ns.max_lag is not None:
+            lag.add_metric(label, ns.max_lag)
+        if ns.behind is not None:
+            backlog.add_metric(label, ns.behind)
+        if ns.backlog_bytes is not None:
+            backlog_bytes.add_metric(label, ns.backlog_bytes)
+        open_age.add_metric(label, ns.max_open_age)
+        if ns.open_entries is not None:
+            open_entries.add_metric(label, ns.open_entries)
+        if ns.open_bytes is not None:
+            open_bytes.add_metric(label, ns.open_bytes)
+        if ns.buffer is not None:
+            buffer.add_metric(label, ns.buffer)
+    yield from (topics, exported, failing, entries, nbytes, sealed, segments, stored, lag, backlog)
+    yield from (backlog_bytes, open_age, open_entries, open_bytes, buffer)
 
 
 def _gauge(defn: d.MetricDef, value: float) -> GaugeMetricFamily:

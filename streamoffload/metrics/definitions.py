@@ -3,6 +3,13 @@
 The recording side (``metrics.collector``) creates its prometheus-client objects from these definitions,
 and the dashboard and alert rules (``streamoffload.dashboard``) build their queries from them, so a
 renamed metric renames its panels and alerts with it instead of leaving them silently empty.
+
+Families with a ``topic`` label carry samples only for the topic-partitions ``metrics.selection`` picks
+(``[metrics] topic_series``, the worst first), so a job of 10,000 topic-partitions does not export
+hundreds of thousands of series. The ``streamoffload_namespace_*`` families are computed over every
+topic-partition the job knows, exported or not: they are the ones to sum, and their counters never go
+down when a topic leaves the per-topic series. They are separate families, not a ``namespace`` label on
+the per-topic ones, so ``sum(family)`` never adds a topic's figures to its namespace's.
 """
 
 from __future__ import annotations
@@ -135,11 +142,11 @@ BYTES_OFFLOADED = _define("bytes_offloaded", "counter", "Bytes of the Pulsar ent
 SEGMENTS_SEALED = _define(
     "segments_sealed", "counter", "Segments sealed and offloaded, by seal reason.", ("topic", "reason")
 )
+# One histogram for the job: per topic-partition (or per namespace) its 16 series would be most of a scrape.
 SEGMENT_SIZE = _define(
     "segment_size_bytes",
     "histogram",
-    "Data object size of offloaded segments.",
-    _TOPIC,
+    "Data object size of offloaded segments, over every topic-partition of the job.",
     buckets=SEGMENT_SIZE_BUCKETS,
 )
 SEGMENTS = _define(
@@ -200,4 +207,110 @@ TOPIC_SET_ASIDE = _define(
     "gauge",
     "1 while a topic-partition that kept failing is set aside so the other topics go on.",
     _TOPIC,
+)
+
+# -- per namespace (tenant/namespace): totals over EVERY topic-partition, whether it has per-topic series -----
+
+_NS = ("namespace",)
+
+NAMESPACE_ENTRIES_OFFLOADED = _define(
+    "namespace_entries_offloaded",
+    "counter",
+    "Entries in Offloaded (readable) segments, over every topic-partition of the namespace.",
+    _NS,
+)
+NAMESPACE_BYTES_OFFLOADED = _define(
+    "namespace_bytes_offloaded",
+    "counter",
+    "Bytes of the Pulsar entries in Offloaded segments, over every topic-partition of the namespace.",
+    _NS,
+)
+NAMESPACE_SEGMENTS_SEALED = _define(
+    "namespace_segments_sealed",
+    "counter",
+    "Segments sealed and offloaded by seal reason, over every topic-partition of the namespace.",
+    ("namespace", "reason"),
+)
+NAMESPACE_SEGMENTS = _define(
+    "namespace_segments",
+    "gauge",
+    "Segments in the store by status (Assigned, Offloaded, Failed), over every topic-partition of the namespace.",
+    ("namespace", "status"),
+)
+NAMESPACE_STORED_BYTES = _define(
+    "namespace_stored_bytes",
+    "gauge",
+    "Data object bytes of the Offloaded segments now in the store, over every topic-partition of the namespace.",
+    _NS,
+)
+NAMESPACE_MAX_OFFLOAD_LAG = _define(
+    "namespace_max_offload_lag_seconds",
+    "gauge",
+    "The largest offload lag of the namespace's topic-partitions (of those whose lag is known).",
+    _NS,
+)
+NAMESPACE_BACKLOG_ENTRIES = _define(
+    "namespace_backlog_entries",
+    "gauge",
+    "Entries published but not yet in an Offloaded segment, summed over the topic-partitions where it is known.",
+    _NS,
+)
+NAMESPACE_SOURCE_BACKLOG_BYTES = _define(
+    "namespace_source_backlog_bytes",
+    "gauge",
+    "Bytes between the source's read positions and the latest positions, summed where the source knows them.",
+    _NS,
+)
+NAMESPACE_MAX_OPEN_SEGMENT_AGE = _define(
+    "namespace_max_open_segment_age_seconds",
+    "gauge",
+    "Age of the oldest open (Assigned or Failed) segment of the namespace; 0 when none is open.",
+    _NS,
+)
+NAMESPACE_OPEN_SEGMENT_ENTRIES = _define(
+    "namespace_open_segment_entries",
+    "gauge",
+    "Entries assigned to open segments, over every topic-partition of the namespace.",
+    _NS,
+)
+NAMESPACE_OPEN_SEGMENT_BYTES = _define(
+    "namespace_open_segment_bytes",
+    "gauge",
+    "Bytes (blocks) assigned to open segments, over every topic-partition of the namespace.",
+    _NS,
+)
+NAMESPACE_OFFLOAD_BUFFER = _define(
+    "namespace_offload_buffer_bytes",
+    "gauge",
+    "Bytes accepted but not yet uploaded (the PIP-76 offload buffers), over every topic-partition of the namespace.",
+    _NS,
+)
+NAMESPACE_TOPICS = _define(
+    "namespace_topic_partitions", "gauge", "Topic-partitions of the namespace the job knows.", _NS
+)
+NAMESPACE_TOPICS_EXPORTED = _define(
+    "namespace_topic_partitions_exported",
+    "gauge",
+    "Topic-partitions of the namespace exported with per-topic series (the worst first, [metrics] topic_series).",
+    _NS,
+)
+NAMESPACE_TOPICS_FAILING = _define(
+    "namespace_topic_partitions_failing",
+    "gauge",
+    "Topic-partitions of the namespace failing: offload failures since their last commit, or a Failed segment.",
+    _NS,
+)
+
+# -- the per-topic cut ---------------------------------------------------------------------------------
+
+TOPIC_SERIES_LIMIT = _define(
+    "topic_series_limit",
+    "gauge",
+    "At most this many topic-partitions are exported with per-topic series ([metrics] topic_series).",
+)
+TOPIC_SERIES_OMITTED = _define(
+    "topic_series_omitted",
+    "gauge",
+    "Topic-partitions the job knows that were left out of the per-topic series in this scrape "
+    "(their figures are in the streamoffload_namespace_* families).",
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from streamoffload.config import DEFAULT_TOPIC_SERIES
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import BacklogProvider
 from streamoffload.metrics.sources import backlog_file_provider, progress_listener
@@ -19,6 +20,7 @@ def install_metrics(
     store_refresh_s: float = 60.0,
     backlog_interval_s: float = 15.0,
     backlog: BacklogProvider | None = None,
+    topic_series: int | None = None,
 ) -> JobMetrics:
     """Attach metrics to an :class:`~streamoffload.streaming.job.OffloadJob`: read the store's
     metadata, register the batch listener and a ``StreamingQueryListener`` on ``spark``, start the
@@ -27,14 +29,24 @@ def install_metrics(
     Latest positions come from Spark's progress events. ``backlog`` adds a provider: by default the
     source's ``backlogFile`` when the job's source options name one (it adds bytes behind), or pass
     :func:`pulsar_backlog` to ask the broker directly (one short-lived subscription per partition
-    and probe)."""
+    and probe).
+
+    ``topic_series`` (by default the job configuration's ``[metrics] topic_series``): per-topic series for at
+    most this many topic-partitions, the worst first (``metrics.selection``)."""
     from streamoffload.streaming.job import QUERY_NAME
 
     if backlog is None:
         backlog_path = _source_option(job, "backlogFile")
         backlog = backlog_file_provider(backlog_path) if backlog_path else None
+    if topic_series is None:
+        settings = getattr(getattr(job, "config", None), "metrics", None)
+        topic_series = getattr(settings, "topic_series", DEFAULT_TOPIC_SERIES)
     metrics = JobMetrics(
-        job.metadata(), backlog=backlog, store_refresh_s=store_refresh_s, backlog_interval_s=backlog_interval_s
+        job.metadata(),
+        backlog=backlog,
+        store_refresh_s=store_refresh_s,
+        backlog_interval_s=backlog_interval_s,
+        topic_series=topic_series,
     )
     metrics.start_refresher()
     health = getattr(job, "health", None)

@@ -108,6 +108,8 @@ class OpenSegment:
 
 @dataclass
 class TopicState:
+    namespace: str = ""
+    """``tenant/namespace`` of the topic-partition (the ``namespace`` label of its namespace's totals)."""
     # Counted once per segment UUID (monotonic while the process runs).
     counted: set[str] = field(default_factory=set)
     entries_total: int = 0
@@ -172,26 +174,28 @@ class TopicState:
         return max(candidates) if candidates else None
 
     def caught_up(self) -> bool:
-        latest = self.latest_known()
+        return self._caught_up(self.latest_known())
+
+    def _caught_up(self, latest: Position | None) -> bool:
         return latest is not None and self.last_end is not None and latest <= self.last_end
 
     def lag_seconds(self, now_ms: int) -> float | None:
-        if self.caught_up():
-            return 0.0
-        if not self.last_publish_ms:
-            return None
-        return max(0.0, (now_ms - self.last_publish_ms) / 1000)
+        return self.lag_and_behind(now_ms)[0]
 
     def backlog_entries(self) -> int | None:
         """Entries published but not yet in an Offloaded segment, when that is known exactly."""
-        if self.caught_up():
-            return 0
+        return self.lag_and_behind(0)[1]
+
+    def lag_and_behind(self, now_ms: int) -> tuple[float | None, int | None]:
+        """:meth:`lag_seconds` and :meth:`backlog_entries` at once (a scrape asks both of every topic-partition;
+        the latest position is worked out once)."""
+        latest = self.latest_known()
+        if self._caught_up(latest):
+            return 0.0, 0
+        lag = max(0.0, (now_ms - self.last_publish_ms) / 1000) if self.last_publish_ms else None
         if self.backlog is not None and self.backlog.entries is not None:
             # The source counts from its read position; entries read but not yet sealed sit in the open segment.
-            return self.backlog.entries + int((self.stats or {}).get("open_segment_entries") or 0)
-        latest = self.latest_known()
-        if latest is None:
-            return None
-        if self.last_end is not None and latest[0] == self.last_end[0]:
-            return latest[1] - self.last_end[1]
-        return None  # entries of the ledgers in between are not known without asking the broker per ledger
+            return lag, self.backlog.entries + int((self.stats or {}).get("open_segment_entries") or 0)
+        if latest is not None and self.last_end is not None and latest[0] == self.last_end[0]:
+            return lag, latest[1] - self.last_end[1]
+        return lag, None  # entries of the ledgers in between are not known without asking the broker per ledger

@@ -90,23 +90,41 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
     for i, (x1, y1, w1, h1) in enumerate(boxes):
         for x2, y2, w2, h2 in boxes[i + 1 :]:
             assert x1 + w1 <= x2 or x2 + w2 <= x1 or y1 + h1 <= y2 or y2 + h2 <= y1
-    # Every series is filtered by the job and instance variables; every per-topic one by namespace and topic too.
-    per_topic = {
-        "offload_lag",
-        "backlog",
-        "open_segment",
-        "entries_offloaded",
-        "bytes_offloaded",
-        "stored_bytes",
-        "segments",
-        "segment_size",
-        "offload_buffer",
-    }
+    # Every series is filtered by the job and instance variables; every per-topic one by namespace and topic too,
+    # every namespace total by namespace.
+    per_topic = {name for name, defn in definitions.METRICS.items() if "topic" in defn.labels}
+    per_namespace = {name for name, defn in definitions.METRICS.items() if "namespace" in defn.labels}
+    queried = set()
     for expr in expressions(dash):
         for name, selector in re.findall(r"(streamoffload_\w+)(\{[^}]*\})?", expr):
             assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, expr
-            if any(name.startswith(f"streamoffload_{p}") for p in per_topic):
+            family = re.sub(r"_(total|bucket|sum|count)$", "", name)
+            queried.add(family)
+            if family in per_topic:
                 assert 'topic=~"$topic"' in selector and 'topic=~"persistent://$namespace/.*"' in selector, expr
+            if family in per_namespace:
+                assert 'namespace=~"$namespace"' in selector and "topic" not in selector, expr
+    # Per-topic series exist for the worst topic-partitions only: every panel drawing them says so.
+    for drawn in panels:
+        names = {
+            re.sub(r"_(total|bucket|sum|count)$", "", n)
+            for t in drawn["targets"]
+            for n in re.findall(r"streamoffload_\w+", t["expr"])
+        }
+        if names & per_topic:
+            assert "[metrics] topic_series" in drawn["description"], drawn["title"]
+    # Totals and throughput come from the namespace families, which cover every topic-partition.
+    for title in (
+        "Entries offloaded / s",
+        "Bytes offloaded / s",
+        "Offloaded so far",
+        "Segments by status",
+        "Seals by reason",
+    ):
+        [by_title] = [p for p in panels if p["title"] == title]
+        for target in by_title["targets"]:
+            assert "streamoffload_namespace_" in target["expr"], (title, target["expr"])
+    assert {definitions.NAMESPACE_MAX_OFFLOAD_LAG.name, definitions.TOPIC_SERIES_OMITTED.name} <= queried
 
 
 def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
@@ -460,16 +478,18 @@ def test_job_instance_and_namespace_variables() -> None:
         assert v["type"] == "query" and v["multi"] and v["includeAll"] and v["allValue"] == ".*"
         assert v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     assert variables["instance"]["query"]["query"] == 'label_values(streamoffload_build_info{job=~"$job"}, instance)'
-    # The namespace is the tenant/namespace part of the topic label.
-    regex = variables["namespace"]["regex"].strip("/")
-    assert re.fullmatch(regex, "persistent://acme/orders/t-partition-3").group(1) == "acme/orders"
+    # The namespace comes from the namespace totals' label (a topic label names only the exported topics).
+    assert (
+        variables["namespace"]["query"]["query"] == "label_values(streamoffload_namespace_topic_partitions, namespace)"
+    )
+    assert variables["namespace"]["regex"] == ""
     expr = substitute_variables('x{topic=~"persistent://$namespace/.*",job=~"$job"}', {"namespace": "acme/orders"})
     assert expr == 'x{topic=~"persistent://acme/orders/.*",job=~".*"}'
 
 
 def test_lag_age_and_staleness_panels_have_thresholds() -> None:
     dash = build_dashboard()
-    for title in ("Offload lag", "Open segment age", "Since the last micro-batch"):
+    for title in ("Offload lag by namespace", "Offload lag", "Open segment age", "Since the last micro-batch"):
         steps = panel(dash, title)["fieldConfig"]["defaults"]["thresholds"]["steps"]
         assert [s["color"] for s in steps] == ["green", "orange", "red"], title
         assert steps[0]["value"] is None and 0 < steps[1]["value"] < steps[2]["value"], title
@@ -488,6 +508,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
     rules = {r["alert"]: r for r in alert_rules(rollover_minutes=5)["groups"][0]["rules"]}
     assert set(rules) == {
         "StreamoffloadLagHigh",
+        "StreamoffloadNamespaceLagHigh",
         "StreamoffloadUploadsFailing",
         "StreamoffloadFailedSegments",
         "StreamoffloadTopicSetAside",
@@ -496,11 +517,12 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
         "StreamoffloadJobDown",
     }
     assert rules["StreamoffloadLagHigh"]["expr"].endswith("> 900")  # 3 rollovers of 5 minutes
+    assert rules["StreamoffloadNamespaceLagHigh"]["expr"].endswith("> 900")
     promtool, prometheus = debian_prometheus_tool("promtool"), debian_prometheus_tool("prometheus")
     check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and "7 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and f"{len(rules)} rules found" in check.stdout, check.stdout + check.stderr
     broken = tmp_path / "broken.yml"
-    broken.write_text(out.read_text().replace("> 900", "> > 900"))
+    broken.write_text(out.read_text().replace("> 900", "> > 900", 1))
     assert subprocess.run([promtool, "check", "rules", str(broken)], capture_output=True, timeout=60).returncode != 0
 
     # The real Prometheus loads them and evaluates them (the job is not running: StreamoffloadJobDown fires).
@@ -536,7 +558,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
                 pending = [r["name"] for g in groups for r in g["rules"] if r.get("state") in ("pending", "firing")]
             except OSError:
                 pass
-            if len(loaded) == 7 and "StreamoffloadJobDown" in pending:
+            if len(loaded) == len(rules) and "StreamoffloadJobDown" in pending:
                 break
             assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
             time.sleep(0.2)

@@ -99,9 +99,11 @@ def test_batch_reports_drive_counters_gauges_and_histograms() -> None:
     assert value(metrics, "streamoffload_entries_offloaded_total", topic=OTHER) == 4
     assert value(metrics, "streamoffload_segments_sealed_total", topic=TOPIC, reason="size") == 1
     assert value(metrics, "streamoffload_segments_sealed_total", topic=OTHER, reason="time") == 1
-    assert value(metrics, "streamoffload_segment_size_bytes_count", topic=TOPIC) == 1
-    assert value(metrics, "streamoffload_segment_size_bytes_sum", topic=TOPIC) == 1300
-    assert value(metrics, "streamoffload_segment_size_bytes_bucket", topic=TOPIC, le="1048576.0") == 1
+    # Segment sizes: one histogram for the whole job (per topic it would be 16 series each).
+    assert value(metrics, "streamoffload_segment_size_bytes_count") == 2
+    assert value(metrics, "streamoffload_segment_size_bytes_sum") == 2000
+    assert value(metrics, "streamoffload_segment_size_bytes_bucket", le="1048576.0") == 2
+    assert value(metrics, "streamoffload_segment_size_bytes_count", topic=TOPIC) is None
     assert value(metrics, "streamoffload_upload_duration_seconds_count") == 3
     assert value(metrics, "streamoffload_upload_duration_seconds_bucket", le="0.01") == 1
     assert value(metrics, "streamoffload_parts_uploaded_total") == 3
@@ -221,8 +223,8 @@ def test_store_derived_totals_equal_batch_totals_and_survive_a_restart(store: Fi
         n = sum(1 for m in manifests if m.sealReason == reason)
         assert value(restarted, "streamoffload_segments_sealed_total", topic=TOPIC, reason=reason) == n
         assert value(live, "streamoffload_segments_sealed_total", topic=TOPIC, reason=reason) == n
-    assert value(restarted, "streamoffload_segment_size_bytes_count", topic=TOPIC) == len(manifests)
-    assert value(restarted, "streamoffload_segment_size_bytes_sum", topic=TOPIC) == sum(m.dataLength for m in manifests)
+    assert value(restarted, "streamoffload_segment_size_bytes_count") == len(manifests)
+    assert value(restarted, "streamoffload_segment_size_bytes_sum") == sum(m.dataLength for m in manifests)
     assert value(restarted, "streamoffload_segments", topic=TOPIC, status="Offloaded") == len(manifests)
     assert value(restarted, "streamoffload_segments", topic=TOPIC, status="Assigned") == 0
     # Refreshing again (or the live one refreshing) changes nothing: segments are counted once, by UUID.

@@ -23,7 +23,13 @@ import pytest
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import Config, MetricsSettings, PulsarSettings, SparkSettings, StoreSettings
-from streamoffload.dashboard.model import TOPIC_VARIABLE_QUERY, build_dashboard, expressions, substitute_variables
+from streamoffload.dashboard.model import (
+    NAMESPACE_VARIABLE_QUERY,
+    TOPIC_VARIABLE_QUERY,
+    build_dashboard,
+    expressions,
+    substitute_variables,
+)
 from streamoffload.embedded_broker import free_port
 from streamoffload.metrics.install import install_metrics
 from streamoffload.produce import produce
@@ -56,16 +62,17 @@ def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 class Prometheus:
-    def __init__(self, binary: str, work: Path, target: str) -> None:
+    def __init__(self, binary: str, work: Path, target: str, rule_file: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = work / "prometheus.yml"
+        rules = f"rule_files:\n  - {rule_file}\n" if rule_file is not None else ""
         config.write_text(
             f"""
 global:
   scrape_interval: {SCRAPE_INTERVAL_S}s
   evaluation_interval: {SCRAPE_INTERVAL_S}s
-scrape_configs:
+{rules}scrape_configs:
   - job_name: streamoffload
     static_configs:
       - targets: ["{target}"]
@@ -126,14 +133,14 @@ scrape_configs:
 
 
 @pytest.fixture
-def prometheus_factory(tmp_path: Path) -> Iterator[Callable[[str], Prometheus]]:
+def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     binary = prometheus_binary()
     started: list[Prometheus] = []
 
-    def start(target: str) -> Prometheus:
+    def start(target: str, rule_file: Path | None = None) -> Prometheus:
         work = tmp_path / "prometheus"
         work.mkdir()
-        prom = Prometheus(binary, work, target)
+        prom = Prometheus(binary, work, target, rule_file)
         started.append(prom)
         prom.wait_ready()
         return prom
@@ -157,7 +164,7 @@ def published_entries(service_url: str, topic: str) -> tuple[int, int, tuple[int
 
 
 def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
-    spark: Any, pulsar_broker: Any, tmp_path: Path, prometheus_factory: Callable[[str], Prometheus]
+    spark: Any, pulsar_broker: Any, tmp_path: Path, prometheus_factory: Callable[..., Prometheus]
 ) -> None:
     service_url = pulsar_broker.service_url
     base = unique_topic("metrics")
@@ -230,6 +237,13 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
         assert prom.scalar('sum(streamoffload_segments_sealed_total{reason="size"})') >= 1
         assert prom.scalar('sum(streamoffload_segments_sealed_total{reason="time"})') >= len(topics)
         assert prom.scalar("sum(streamoffload_segment_size_bytes_count)") == n_segments
+        # The namespace totals say the same (every topic-partition has per-topic series here: 3 of 100).
+        assert prom.scalar("sum(streamoffload_namespace_entries_offloaded_total)") == total_entries
+        assert prom.scalar("sum(streamoffload_namespace_bytes_offloaded_total)") == total_bytes
+        assert prom.scalar('sum(streamoffload_namespace_segments{status="Offloaded"})') == n_segments
+        assert prom.scalar("sum(streamoffload_namespace_segments_sealed_total)") == n_segments
+        assert prom.scalar("sum(streamoffload_namespace_topic_partitions)") == len(topics)
+        assert prom.scalar("streamoffload_topic_series_omitted") == 0
         assert prom.scalar("sum(streamoffload_segment_size_bytes_sum)") == sum(
             m.dataLength for ms in segments.values() for m in ms
         )
@@ -267,6 +281,9 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
         assert TOPIC_VARIABLE_QUERY.startswith("label_values(streamoffload_entries_offloaded_total, topic")
         values = prom.get("/api/v1/label/topic/values", **{"match[]": "streamoffload_entries_offloaded_total"})
         assert set(topics) <= set(values)
+        assert NAMESPACE_VARIABLE_QUERY == "label_values(streamoffload_namespace_topic_partitions, namespace)"
+        values = prom.get("/api/v1/label/namespace/values", **{"match[]": "streamoffload_namespace_topic_partitions"})
+        assert {t.split("://")[1].rsplit("/", 1)[0] for t in topics} <= set(values)
         # A misspelt metric would have been caught: the same check on a query that matches nothing fails.
         assert prom.query(substitute_variables(expressions(dashboard)[0].replace("lag", "lagg"), variables)) == []
     finally:

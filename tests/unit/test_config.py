@@ -340,3 +340,34 @@ def test_policy_source_keeps_the_last_good_policy_on_an_invalid_edit(tmp_path: P
     assert source.last_error is not None and needle in source.last_error and str(path) in source.last_error
     path.write_text("[offload]\nmaxOffloadSegmentRolloverTimeMinutes = '2m'\n")
     assert source.policy_for("t").rollover_ms == 120_000 and source.last_error is None
+
+
+def test_metrics_topic_series_defaults_to_100_and_takes_0_to_a_million(tmp_path: Path) -> None:
+    assert parse_config({}).metrics.topic_series == 100
+    assert load_config(REPO / "conf" / "streamoffload.toml").metrics.topic_series == 100
+    path = write(tmp_path, '[metrics]\naddress = ""\ntopic_series = 0\n')
+    assert load_config(path).metrics.topic_series == 0  # no per-topic series, namespace totals only
+    assert parse_config({"metrics": {"topic_series": 1_000_000}}).metrics.topic_series == 1_000_000
+    assert parse_config({"metrics": {"topic_series": 250.0}}).metrics.topic_series == 250
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        (-1, "metrics.topic_series must be between 0 (no per-topic series) and 1000000, got -1"),
+        (1_000_001, "metrics.topic_series must be between 0 (no per-topic series) and 1000000"),
+        (2.5, "metrics.topic_series must be int, got float 2.5"),
+        ("100", "metrics.topic_series must be int, got str '100'"),
+        (True, "metrics.topic_series must be int, got bool True"),
+        (float("inf"), "metrics.topic_series must be a finite number"),
+    ],
+)
+def test_metrics_topic_series_errors_name_the_key_and_the_file(tmp_path: Path, value: object, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"metrics": {"topic_series": value}}, "conf/x.toml")
+    assert needle in str(err.value) and "conf/x.toml" in str(err.value)
+    path = write(tmp_path, "[metrics]\ntopic_series = -5\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: metrics.topic_series must be between 0"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"unknown key metrics.topic_serie \(did you mean 'topic_series'\?\)"):
+        parse_config({"metrics": {"topic_serie": 5}}, "conf/x.toml")
