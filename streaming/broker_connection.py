@@ -42,6 +42,9 @@ from streamoffload.streaming.wire import FRAME_HEADER, MAX_FRAME, T, frame, requ
 PROTOCOL_VERSION = 19  # v18 is the first that may receive broker entry metadata
 CLIENT_VERSION = "streamoffload-raw-reader"
 _RECV_CHUNK = 1 << 18
+_DIRECT_PAYLOAD = 1 << 15
+"""A frame's payload at least this long is received straight into its own buffer (one copy, the kernel's),
+not appended to the connection's buffer, compacted and copied out again (three more, of every entry byte)."""
 
 
 class NoAnswerError(PulsarIOError):
@@ -64,6 +67,8 @@ class BrokerConnection:
         self._buf = bytearray()
         self._pos = 0
         self._chunk = bytearray(_RECV_CHUNK)
+        self._partial: tuple[BaseCommand, bytearray, int] | None = None
+        """A large frame being received: its command, its payload buffer and how much of it has arrived."""
         self._request_id = 0
         sock = socket.create_connection((address.host, address.port), timeout=config.connect_timeout_s)
         try:
@@ -186,7 +191,7 @@ class BrokerConnection:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def read(self, deadline: float) -> tuple[BaseCommand, bytes | None] | None:
+    def read(self, deadline: float) -> tuple[BaseCommand, bytes | bytearray | None] | None:
         """The next command and its payload (a MESSAGE's entry bytes), or None at ``deadline``.
 
         PING is answered and AUTH_CHALLENGE re-sends the credentials on the way. A partial frame at
@@ -199,15 +204,9 @@ class BrokerConnection:
                     return None
                 self.sock.settimeout(remaining)
                 try:
-                    n = self.sock.recv_into(self._chunk)
+                    self._receive()
                 except TimeoutError:
                     return None
-                if n == 0:
-                    raise ConnectionError(f"{self.name} closed the connection")
-                if self._pos and self._pos * 2 >= len(self._buf):
-                    del self._buf[: self._pos]
-                    self._pos = 0
-                self._buf += memoryview(self._chunk)[:n]
                 continue
             cmd, payload = got
             if cmd.type == T.PING:
@@ -218,7 +217,34 @@ class BrokerConnection:
                 continue
             return cmd, payload
 
-    def _nextframe(self) -> tuple[BaseCommand, bytes | None] | None:
+    def _receive(self) -> None:
+        """One ``recv``: into the large frame being received, else into the connection's buffer."""
+        partial = self._partial
+        if partial is not None:
+            cmd, payload, filled = partial
+            with memoryview(payload) as mv:
+                n = self.sock.recv_into(mv[filled:])
+            self._partial = (cmd, payload, filled + n)
+        else:
+            n = self.sock.recv_into(self._chunk)
+            if n:
+                if self._pos and self._pos * 2 >= len(self._buf):
+                    del self._buf[: self._pos]
+                    self._pos = 0
+                self._buf += memoryview(self._chunk)[:n]
+        if n == 0:
+            raise ConnectionError(f"{self.name} closed the connection")
+
+    def _nextframe(self) -> tuple[BaseCommand, bytes | bytearray | None] | None:
+        """The next whole frame's command and payload (a large payload as the ``bytearray`` it was received
+        into), or None until more has arrived."""
+        partial = self._partial
+        if partial is not None:
+            cmd, payload, filled = partial
+            if filled < len(payload):
+                return None
+            self._partial = None
+            return cmd, payload
         buf = self._buf
         pos = self._pos
         if len(buf) - pos < 8:
@@ -227,9 +253,20 @@ class BrokerConnection:
         if cmd_size + 4 > total or total > MAX_FRAME:
             raise PulsarIOError(f"bad frame from {self.name}: total size {total}, command size {cmd_size}")
         end = pos + 4 + total
-        if len(buf) < end:
-            return None
         cmd_end = pos + 8 + cmd_size
+        if len(buf) < end:
+            if end - cmd_end < _DIRECT_PAYLOAD or len(buf) < cmd_end:
+                return None
+            # A large payload (an entry): the rest of it goes straight into its own buffer.
+            with memoryview(buf) as mv:
+                cmd = BaseCommand.FromString(mv[pos + 8 : cmd_end])
+                payload = bytearray(end - cmd_end)
+                have = len(buf) - cmd_end
+                payload[:have] = mv[cmd_end:]
+            del buf[:]
+            self._pos = 0
+            self._partial = (cmd, payload, have)
+            return None
         with memoryview(buf) as mv:
             cmd = BaseCommand.FromString(mv[pos + 8 : cmd_end])
             payload = mv[cmd_end:end].tobytes() if end > cmd_end else None

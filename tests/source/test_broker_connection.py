@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -103,3 +104,68 @@ def test_handshake_with_something_that_is_not_a_broker_is_false() -> None:
 
 def test_handshake_with_the_embedded_broker_is_true(pulsar_broker: EmbeddedBroker) -> None:
     assert pulsar_handshake("127.0.0.1", pulsar_broker.port)
+
+
+def test_frames_are_read_whole_however_the_bytes_arrive() -> None:
+    """Large payloads go straight into their own buffers (``_DIRECT_PAYLOAD``), small frames through the
+    connection's buffer: frames split into small pieces, several in one segment, a large frame whose rest comes
+    after a read's deadline (it waits for the next read) all come out whole and in order."""
+    from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand
+    from streamoffload.streaming.broker_connection import _DIRECT_PAYLOAD, BrokerConnection
+    from streamoffload.streaming.client_options import ConnectionConfig, ServiceAddress
+    from streamoffload.streaming.wire import T, frame
+
+    def message(entry: int, payload: bytes) -> bytes:
+        cmd = BaseCommand(type=T.MESSAGE)
+        cmd.message.consumer_id = 1
+        cmd.message.message_id.ledgerId = 7
+        cmd.message.message_id.entryId = entry
+        return frame(cmd, payload)
+
+    payloads = [bytes([n]) * size for n, size in enumerate([100_000, 10, _DIRECT_PAYLOAD, 5, 300_000, 70_000], 1)]
+    frames = [message(i, p) for i, p in enumerate(payloads)]
+    server = socket.create_server(("127.0.0.1", 0))
+    release = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            _total, size = struct.unpack(">II", conn.recv(8, socket.MSG_WAITALL))
+            conn.recv(size, socket.MSG_WAITALL)
+            conn.sendall(frame(BaseCommand(type=T.CONNECTED, connected={"server_version": "fake"})))
+            first = frames[0]
+            for i in range(0, len(first), 7_001):  # the first in small pieces, each its own recv
+                conn.sendall(first[i : i + 7_001])
+                time.sleep(0.001)
+            conn.sendall(b"".join(frames[1:4]))  # a small, a large and a small frame together
+            conn.sendall(frames[4][:150_000])  # half of a large frame, the rest after a deadline
+            release.wait(10)
+            conn.sendall(frames[4][150_000:] + frames[5])
+            conn.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    address = ServiceAddress("127.0.0.1", server.getsockname()[1], False)
+    got: list[tuple[int, bytes | bytearray | None]] = []
+    try:
+        with BrokerConnection(ConnectionConfig(service=address), address) as conn:
+            while len(got) < 4:
+                read = conn.read(time.monotonic() + 10)
+                assert read is not None
+                got.append((read[0].message.message_id.entryId, read[1]))
+            assert conn.read(time.monotonic() + 0.3) is None  # half a frame: nothing yet, kept
+            release.set()
+            while len(got) < 6:
+                read = conn.read(time.monotonic() + 10)
+                assert read is not None
+                got.append((read[0].message.message_id.entryId, read[1]))
+    finally:
+        release.set()
+        server.close()
+    assert [entry for entry, _ in got] == list(range(6))
+    assert [bytes(p or b"") for _, p in got] == payloads
+    # Large frames that arrived in pieces were received into buffers of their own (the direct path); small
+    # frames, and large ones already whole in the connection's buffer, were copied out of it.
+    kinds = [type(p) for _, p in got]
+    assert kinds[0] is bytearray and kinds[4] is bytearray, kinds
+    assert kinds[1] is bytes and kinds[3] is bytes, kinds
