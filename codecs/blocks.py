@@ -225,6 +225,17 @@ def encode_block(
     ``ledger_id`` is written into v2 headers only (v1 headers have no ledger id).
     Raises EntryTooLargeError when an entry cannot fit even alone in a block of ``block_length``.
     """
+    return b"".join(encode_block_chunks(version, ledger_id, entries, block_length))
+
+
+def encode_block_chunks(
+    version: FormatVersion,
+    ledger_id: int,
+    entries: Sequence[tuple[int, bytes | bytearray | memoryview]],
+    block_length: int | None = None,
+) -> list[bytes | bytearray | memoryview]:
+    """:func:`encode_block` as the buffers whose concatenation is the block (header, each entry's header and
+    payload, padding), for a writer that can write them without joining them first (``os.pwritev``)."""
     version = FormatVersion(version)
     if not entries:
         raise ValueError("a block holds at least one entry")
@@ -257,7 +268,7 @@ def encode_block(
     for entry_id, payload in entries:
         parts.append(pack(payload_size(payload), entry_id))
         parts.append(payload)
-    return assemble_block(version, ledger_id, entries[0][0], parts, needed, block_length)
+    return block_chunks(version, ledger_id, entries[0][0], parts, needed, block_length)
 
 
 def payload_size(payload: bytes | bytearray | memoryview) -> int:
@@ -274,6 +285,18 @@ def assemble_block(
 ) -> bytes:
     """Header + already framed entries (``parts``, ``used`` bytes with the header) + padding, in one copy.
     The caller has validated everything."""
+    return b"".join(block_chunks(version, ledger_id, first_entry_id, parts, used, block_length))
+
+
+def block_chunks(
+    version: FormatVersion,
+    ledger_id: int,
+    first_entry_id: int,
+    parts: list[bytes | bytearray | memoryview],
+    used: int,
+    block_length: int,
+) -> list[bytes | bytearray | memoryview]:
+    """:func:`assemble_block`'s buffers, not joined."""
     if version is FormatVersion.V1:
         header = _V1_HEADER.pack(V1_BLOCK_MAGIC, BLOCK_HEADER_LENGTH, block_length, first_entry_id) + _V1_ZEROS
     else:
@@ -281,7 +304,7 @@ def assemble_block(
             _V2_HEADER.pack(V2_BLOCK_MAGIC, BLOCK_HEADER_LENGTH, block_length, first_entry_id, ledger_id) + _V2_ZEROS
         )
     tail = [padding(block_length - used)] if used < block_length else []
-    return b"".join([header, *parts, *tail])
+    return [header, *parts, *tail]
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,10 +547,12 @@ __all__ = [
     "InvalidFieldError",
     "OrderingError",
     "assemble_block",
+    "block_chunks",
     "check_id",
     "decode_block",
     "detect_format",
     "encode_block",
+    "encode_block_chunks",
     "first_non_padding",
     "framed_entry_size",
     "iter_blocks",

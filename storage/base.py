@@ -134,6 +134,21 @@ def check_part_list(part_numbers: Sequence[int]) -> list[int]:
     return sorted(numbers)
 
 
+Buffer = bytes | bytearray | memoryview
+PartData = Buffer | Sequence[Buffer]
+"""A part's bytes: one buffer, or buffers whose concatenation is the part (written without joining them where
+the store can: ``os.pwritev`` on a filesystem)."""
+
+
+def part_buffers(data: PartData) -> list[Buffer]:
+    """The buffers of ``data``, in order."""
+    return [data] if isinstance(data, bytes | bytearray | memoryview) else list(data)
+
+
+def buffers_size(buffers: Sequence[Buffer]) -> int:
+    return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
+
+
 class MultipartWrite(abc.ABC):
     """An object written as numbered parts, visible only once ``complete`` succeeds.
 
@@ -147,7 +162,7 @@ class MultipartWrite(abc.ABC):
     upload_id: str
 
     @abc.abstractmethod
-    def write_part(self, part_number: int, data: bytes | memoryview) -> None: ...
+    def write_part(self, part_number: int, data: PartData) -> None: ...
 
     @abc.abstractmethod
     def complete(self, part_numbers: Sequence[int]) -> ObjectInfo: ...

@@ -44,13 +44,16 @@ from streamoffload.storage.base import (
     ObjectInfo,
     ObjectNotFoundError,
     ObjectStore,
+    PartData,
     PendingUpload,
     RangedReader,
     StorageError,
     UploadNotFoundError,
+    buffers_size,
     check_part_list,
     check_part_number,
     normalize_metadata,
+    part_buffers,
 )
 from streamoffload.storage.keys import check_key, check_prefix
 from streamoffload.storage.local_files import FileRangedReader, ReopeningFileReader, pread_exact
@@ -64,6 +67,7 @@ _PLACED_OBJECT = "object"
 _PLACED_RE = re.compile(r"^part-(\d{5})\.at-(\d+)-(\d+)$")
 _UPLOAD_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _COPY_CHUNK = 8 * 1024 * 1024
+_IOV_MAX = 1024
 DEFAULT_FILE_MODE = 0o600
 DEFAULT_DIR_MODE = 0o700
 DISK_FULL_FLAG_ENV = "STREAMOFFLOAD_TEST_DISK_FULL_FLAG"
@@ -118,12 +122,19 @@ def _copy_range(src: int, dst: int, size: int, start: int = 0) -> None:
         offset += copied
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
+def _pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int) -> None:
+    """Write ``buffers`` one after another at ``offset``: ``os.pwritev`` (``IOV_MAX`` at a time), resumed after
+    a short write."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    i = 0
+    while i < len(views):
+        written = os.pwritev(fd, views[i : i + _IOV_MAX], offset)
         offset += written
+        while i < len(views) and written >= views[i].nbytes:
+            written -= views[i].nbytes
+            i += 1
+        if written:
+            views[i] = views[i][written:]
 
 
 class FilesystemStore(ObjectStore):
@@ -621,11 +632,12 @@ class FilesystemMultipartWrite(MultipartWrite):
                 placed[int(found[1])] = (int(found[2]), int(found[3]), entry.name)
         return placed
 
-    def write_part(self, part_number: int, data: bytes | memoryview) -> None:
+    def write_part(self, part_number: int, data: PartData) -> None:
         check_part_number(part_number)
         store = self._store
         part = self._part(part_number)
-        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        buffers = part_buffers(data)
+        size = buffers_size(buffers)
         with store._errors(f"write_part {part_number} of", self.key, part), self._locked():
             _fail_if_disk_full(part)
             placed = self._placed()
@@ -636,12 +648,12 @@ class FilesystemMultipartWrite(MultipartWrite):
                 offset = max((o + n for o, n, _ in placed.values()), default=0)
                 fd = store._create(self._staging / _PLACED_OBJECT)
                 try:
-                    _pwrite_all(fd, data, offset)
+                    _pwritev_all(fd, buffers, offset)
                 finally:
                     os.close(fd)
                 os.close(store._create(self._staging / f"part-{part_number:05d}.at-{offset}-{size}"))
                 return
-            tmp_path = store._write_temp(part, [data], create_dirs=False, durable=False)
+            tmp_path = store._write_temp(part, buffers, create_dirs=False, durable=False)
             os.replace(tmp_path, part)  # a rewritten part replaces the old one atomically
             if part_number in placed:
                 os.unlink(self._staging / placed[part_number][2])  # the file is the part now

@@ -32,6 +32,7 @@ from streamoffload.storage.base import (
     ObjectInfo,
     ObjectNotFoundError,
     ObjectStore,
+    PartData,
     PartTooSmallError,
     PendingUpload,
     StorageError,
@@ -39,6 +40,7 @@ from streamoffload.storage.base import (
     check_part_list,
     check_part_number,
     normalize_metadata,
+    part_buffers,
 )
 from streamoffload.storage.keys import check_key, check_prefix
 from streamoffload.storage.s3_errors import (
@@ -553,9 +555,12 @@ class S3MultipartWrite(MultipartWrite):
     def __repr__(self) -> str:
         return f"S3MultipartWrite(key={self.key!r}, upload_id={self.upload_id!r}, store={self._store.url!r})"
 
-    def write_part(self, part_number: int, data: bytes | memoryview) -> None:
+    def write_part(self, part_number: int, data: PartData) -> None:
         check_part_number(part_number)
-        self._store._write_part(self.key, self.upload_id, part_number, data)
+        buffers = part_buffers(data)
+        self._store._write_part(
+            self.key, self.upload_id, part_number, buffers[0] if len(buffers) == 1 else b"".join(buffers)
+        )
 
     def complete(self, part_numbers: Sequence[int]) -> ObjectInfo:
         return self._store._complete(self.key, self.upload_id, part_numbers)

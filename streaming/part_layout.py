@@ -24,9 +24,11 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, encode_block, framed_entry_size
+from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, encode_block_chunks, framed_entry_size
 from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.errors import StreamOffloadError
+
+Buffer = bytes | bytearray | memoryview
 
 _BLOCK = struct.Struct(">QqqqQI")
 _ENTRY = struct.Struct(">qII")
@@ -127,16 +129,22 @@ def checksum_records(blocks: Sequence[BlockLayout], first_block: int, offset: in
     return out
 
 
-def build_part(version: FormatVersion, blocks: Sequence[BlockLayout], payloads: Sequence[bytes]) -> bytes:
+def build_part(version: FormatVersion, blocks: Sequence[BlockLayout], payloads: Sequence[Buffer]) -> bytes:
     """The part's bytes: each block encoded from ``payloads`` (the part's entries in order, already
     checked against the layout by the fetcher)."""
-    out: list[bytes] = []
+    return b"".join(part_chunks(version, blocks, payloads))
+
+
+def part_chunks(version: FormatVersion, blocks: Sequence[BlockLayout], payloads: Sequence[Buffer]) -> list[Buffer]:
+    """:func:`build_part` as buffers whose concatenation is the part, not joined: a store writes them as they
+    are (``MultipartWrite.write_part`` takes them), so the entries' bytes are not copied into a part first."""
+    out: list[Buffer] = []
     i = 0
     for block in blocks:
         n = len(block.entries)
         entries = [(entry_id, payloads[i + k]) for k, (entry_id, _, _) in enumerate(block.entries)]
         i += n
-        out.append(encode_block(version, block.ledger_id, entries, block.padded_to or None))
+        out += encode_block_chunks(version, block.ledger_id, entries, block.padded_to or None)
     if i != len(payloads):
         raise LayoutError(f"part layout names {i} entries but {len(payloads)} were fetched")
-    return b"".join(out)
+    return out

@@ -32,11 +32,18 @@ from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
-from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore
+from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore, buffers_size
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader, fetch_counts
 from streamoffload.streaming.faults import crash_point
-from streamoffload.streaming.part_layout import BlockLayout, build_part, checksum_records, decode_layouts, part_refs
+from streamoffload.streaming.part_layout import (
+    BlockLayout,
+    Buffer,
+    checksum_records,
+    decode_layouts,
+    part_chunks,
+    part_refs,
+)
 from streamoffload.streaming.quarantine import TopicFailedError, is_topic_specific
 
 log = logging.getLogger(__name__)
@@ -160,7 +167,7 @@ class SegmentSink:
             info = json.loads(action["info"])
             upload = self._upload_for(data_key, info["manifest_key"])
             part = part or _plan_parts([action])[0]
-            data = self._part_bytes(action["topic"], part, info, reader)
+            data = self._part_chunks(action["topic"], part, info, reader)
             recorded = info.get("checksums")
             if recorded is not None:
                 # Before the manifest, like the part; a replay writes the same bytes under the same names.
@@ -174,7 +181,7 @@ class SegmentSink:
             crash_point("after-part")
             stats.upload_seconds.append(time.monotonic() - started)
             stats.parts += 1
-            stats.part_bytes += len(data)
+            stats.part_bytes += buffers_size(data)
         elif kind == "seal":
             started = time.monotonic()
             info = json.loads(action["info"])
@@ -189,16 +196,19 @@ class SegmentSink:
         else:
             raise ValueError(f"unknown sink action {kind!r}")
 
-    def _part_bytes(self, topic: str, part: PlannedPart, info: Mapping[str, Any], reader: PartReader | None) -> bytes:
-        """The part's bytes: its entries fetched and checked, then its blocks built as the layouts say."""
+    def _part_chunks(
+        self, topic: str, part: PlannedPart, info: Mapping[str, Any], reader: PartReader | None
+    ) -> list[Buffer]:
+        """The part's bytes, as buffers: its entries fetched and checked, then its blocks built as the layouts
+        say (headers and padding around the fetched entries, not joined: the store writes them as they are)."""
         if reader is None:
             raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
         payloads = reader.take(topic, part_refs(part.blocks), part.blocks[0].after, part.run_end)
-        data = build_part(FormatVersion(int(info["format"])), part.blocks, payloads)
+        chunks = part_chunks(FormatVersion(int(info["format"])), part.blocks, payloads)
         expected = info.get("length")
-        if expected is not None and len(data) != int(expected):
-            raise ReplayMismatchError(f"{topic}: a part built {len(data)} bytes, its layout says {expected}")
-        return data
+        if expected is not None and (size := buffers_size(chunks)) != int(expected):
+            raise ReplayMismatchError(f"{topic}: a part built {size} bytes, its layout says {expected}")
+        return chunks
 
     def _object_exists(self, key: str) -> bool:
         if key in self._done:
