@@ -722,6 +722,10 @@ class FilesystemMultipartWrite(MultipartWrite):
                     fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
                     try:
                         os.fsync(fd)
+                        # Durable now, and read back seldom (an offloaded segment): its clean pages leave the page
+                        # cache, so the next objects are written into pages the kernel just freed instead of
+                        # growing the cache into memory never touched (costly on a VM: bench/page_cost.py).
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                     finally:
                         os.close(fd)
                 return tmp
