@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, encode_block_chunks, framed_entry_size
 from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.errors import StreamOffloadError
-
-Buffer = bytes | bytearray | memoryview
+from streamoffload.storage.base import Buffer
 
 _BLOCK = struct.Struct(">QqqqQI")
 _ENTRY = struct.Struct(">qII")

@@ -32,13 +32,12 @@ from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
-from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError, ObjectStore, buffers_size
+from streamoffload.storage.base import Buffer, MultipartWrite, ObjectNotFoundError, ObjectStore, buffers_size
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.streaming.entry_fetch import EntryFetcher, PartReader, fetch_counts
 from streamoffload.streaming.faults import crash_point
 from streamoffload.streaming.part_layout import (
     BlockLayout,
-    Buffer,
     checksum_records,
     decode_layouts,
     part_chunks,
