@@ -18,6 +18,7 @@ Fetchers:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,8 @@ class FetchStats:
     bytes: int = 0
     seconds: float = 0.0
     reads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """A fetcher's stats are shared by the sink's threads (``sink.SINK_THREADS``)."""
 
 
 @dataclass
@@ -130,7 +133,8 @@ class BrokerFetcher:
 
     def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
         client, read_range = self._read_range()
-        self.stats.reads += 1
+        with self.stats.lock:
+            self.stats.reads += 1
         read = read_range(client, topic, after, end, settings=self.settings, end_is_known=True)
         try:
             delivered = (((e.ledger_id, e.entry_id), e.data) for e in _counted(read, self.stats))
@@ -141,8 +145,9 @@ class BrokerFetcher:
 
 def _counted(entries: Iterator[Any], stats: FetchStats) -> Iterator[Any]:
     for entry in entries:
-        stats.entries += 1
-        stats.bytes += len(entry.data)
+        with stats.lock:
+            stats.entries += 1
+            stats.bytes += len(entry.data)
         yield entry
 
 

@@ -23,8 +23,9 @@ import hashlib
 import logging
 import os
 import struct
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,8 @@ class SpoolFetcher:
     fallback: Any
     spooled: int = 0
     """Entries served from the spool (the rest the fallback read: its ``stats``)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """The sink's threads stream several topic-partitions at once: the count is shared."""
 
     @property
     def source(self) -> str:
@@ -217,7 +220,8 @@ class SpoolFetcher:
                         continue
                     if pos > end:
                         return
-                    self.spooled += 1
+                    with self._lock:
+                        self.spooled += 1
                     yield pos, data
                     position = pos
             except (FileNotFoundError, TornSpoolError):
