@@ -54,6 +54,10 @@ from streamoffload.streaming.worker_gc import freeze_long_lived
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "streamoffload"
+METADATA_RELIST_S = 3600.0
+"""How often the driver's periodic passes (retention, metrics) list a topic-partition the job's batches did not
+change: for what other processes change (``cleanup``, ``delete``). Between those, a quiet topic-partition costs
+no store request."""
 STATE_STORE_CONF = {
     # Per micro-batch, commit the state's changes as a changelog instead of a RocksDB checkpoint
     # (a flush, hard links and a copy of the new files): the fixed cost of a batch's state commit.
@@ -162,6 +166,9 @@ class OffloadJob:
         self.config_path = config_path
         self.policies = PolicySource(config, config_path)
         self.listeners: list[BatchListener] = []
+        self.metadata_listeners: list[Callable[[Iterable[str]], None]] = []
+        """Told which topic-partitions' metadata the job wrote (each batch's, and every recovered one at a
+        run's start): the driver's periodic passes (retention, metrics) list only those again."""
         self.query: Any = None
         self._stop = threading.Event()
         self.retention: RetentionRunner | None = None
@@ -359,6 +366,7 @@ class OffloadJob:
             report.topics.update(stats["topics"])
         report.duration_s = time.monotonic() - started
         self.last_topic_stats.update(report.topics)
+        self._metadata_changed({*report.topics, *(seal["topic"] for seal in report.sealed)})
         if self.quarantine is not None and report.sealed:
             for topic in self.quarantine.clear({seal["topic"] for seal in report.sealed}):
                 log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
@@ -418,15 +426,28 @@ class OffloadJob:
         return MetadataStore(self.store_settings.open(), self.key_prefix)
 
     def retention_runner(self) -> RetentionRunner:
-        """Retention and metadata compaction, off the batch path (a thread of the lease holder)."""
+        """Retention and metadata compaction, off the batch path (a thread of the lease holder). Told what the
+        batches wrote, a pass lists only the topic-partitions that changed (and each other one hourly)."""
         if self.retention is None:
             self.retention = RetentionRunner(
                 self.metadata(),
                 self.policies.policy_for,
                 interval_s=self.retention_interval_s,
                 topics=lambda: list(self.last_topic_stats),
+                relist_s=METADATA_RELIST_S,
             )
+            self.metadata_listeners.append(self.retention.view.mark_changed)
         return self.retention
+
+    def _metadata_changed(self, topics: Iterable[str]) -> None:
+        topics = list(topics)
+        if not topics:
+            return
+        for listener in self.metadata_listeners:
+            try:
+                listener(topics)
+            except Exception:
+                log.warning("metadata listener failed", exc_info=True)
 
     def open_segment_topics(self) -> list[str]:
         """Topic-partitions whose segmenter last reported an open segment (this run)."""
@@ -455,10 +476,12 @@ class OffloadJob:
             log.warning("%s: set aside after failing again and again; not offloaded until %s", topic, until)
         meta = MetadataStore(store, self.key_prefix)
         resume: dict[str, tuple[list[int] | None, int]] = {}
-        for topic in meta.topics():
+        recovered = meta.topics()
+        for topic in recovered:
             point = meta.recover(topic)
             if point.next_ordinal:
                 resume[str(topic)] = (list(point.last) if point.last else None, point.next_ordinal)
+        self._metadata_changed(str(t) for t in recovered)  # recovery abandons attempts: list them again
         checkpoint = self._fresh_checkpoint(record.epoch)
         self.run = Run(record.epoch, resume, checkpoint, policy_log, policy_document(config))
         write_versions_file(self._versions_file(), versions)
