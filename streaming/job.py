@@ -54,6 +54,9 @@ from streamoffload.streaming.worker_gc import freeze_long_lived
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "streamoffload"
+IDLE_POLL_S = 2.0
+"""The source's ``idlePollSeconds`` in the job: a quiet topic-partition's first new entry is read up to this much
+later, in exchange for not asking the broker about every topic-partition at every trigger."""
 METADATA_RELIST_S = 3600.0
 """How often the driver's periodic passes (retention, metrics) list a topic-partition the job's batches did not
 change: for what other processes change (``cleanup``, ``delete``). Between those, a quiet topic-partition costs
@@ -318,6 +321,9 @@ class OffloadJob:
             spark.readStream.format("pulsar")
             .options(**self.source_options(seal_at_end=seal_at_end))
             .option("maxPartitions", str(max_partitions))
+            # A quiet topic-partition's latest position every ~2 s, not every trigger (a lookup costs the broker
+            # a subscription): a trigger over thousands of topic-partitions asks about those that move.
+            .option("idlePollSeconds", str(IDLE_POLL_S))
             .load()
             # The source's seal markers (``sealAtEnd``, ledger_id -1) seal their topic-partition's open segment.
             .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))
