@@ -239,8 +239,9 @@ def produce(
             try:
                 producers[name] = client.create_producer(
                     name,
-                    batching_enabled=batching,
-                    batching_max_messages=batch_size,
+                    # A batch of one is no batch (and pulsar-client refuses batchingMaxMessages 1).
+                    batching_enabled=batching and batch_size > 1,
+                    batching_max_messages=max(2, batch_size),
                     batching_max_allowed_size_in_bytes=max(128 * 1024, batch_size * (payload_size + 64)),
                     batching_max_publish_delay_ms=batch_delay_ms,
                     max_pending_messages=max(1000, 2 * batch_size),
