@@ -175,7 +175,7 @@ def main() -> int:
 
         from pyspark.sql import functions as F
 
-        from streamoffload.streaming.session import build_session
+        from streamoffload.streaming.job.session import build_session
 
         log_beside(root)
         spark = build_session(master="local[2]", app_name="bench-dataframe", work_dir=str(root / "_spark"))

@@ -1,6 +1,6 @@
 """Offloaded topics as a batch dataset, without Spark: which segments, and which blocks of them, to read.
 
-``streaming/offloaded_source.py`` (``spark.read.format("pulsar-offloaded")``) is a thin layer over this
+``streaming/source/offloaded_source.py`` (``spark.read.format("pulsar-offloaded")``) is a thin layer over this
 module and ``checkpoints.offloaded_read`` (the reading); tests and benchmarks call both directly.
 
 **Planning** (:func:`plan`, on the driver) lists the ``Offloaded`` segments of each topic-partition and

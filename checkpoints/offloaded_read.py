@@ -1,6 +1,6 @@
 """Offloaded topics as a batch dataset, without Spark: read the rows of one planned task.
 
-``checkpoints.offloaded_plan`` decides what to read; ``streaming/offloaded_source.py`` is the thin Spark
+``checkpoints.offloaded_plan`` decides what to read; ``streaming/source/offloaded_source.py`` is the thin Spark
 layer over both.
 
 **Reading** (:func:`read_task`, in a task) opens the segment (``storage.read.SegmentReadHandle``:

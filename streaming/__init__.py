@@ -12,9 +12,9 @@ def register(spark: Any) -> None:
     source filter pushdown (``spark.sql.python.filterPushdown.enabled``; PySpark >= 4.1), which the batch
     source uses to prune by publish time, topic and position: with it off, Spark refuses a source that
     implements ``pushFilters``."""
-    from streamoffload.streaming.control import ControlDataSource
-    from streamoffload.streaming.offloaded_source import OffloadedDataSource
-    from streamoffload.streaming.source import PulsarDataSource
+    from streamoffload.streaming.source.control_source import ControlDataSource
+    from streamoffload.streaming.source.offloaded_source import OffloadedDataSource
+    from streamoffload.streaming.source.pulsar_source import PulsarDataSource
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(PulsarDataSource)

@@ -205,7 +205,7 @@ class SparkSettings:
     trigger_interval: str = "5 seconds"
     spool: bool = True
     """On ``local`` masters, the source tasks keep the bytes they read in a spool beside the checkpoint for the
-    sink (``streaming.spool``), so the broker sends each entry once; false: the sink reads it again."""
+    sink (``streaming.handoff.spool``), so the broker sends each entry once; false: the sink reads it again."""
     conf: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -217,7 +217,7 @@ def test_a_missing_store_or_topic_is_a_clear_error(
 
 def test_option_errors_name_the_option() -> None:
     pytest.importorskip("pyspark")
-    from streamoffload.streaming.offloaded_source import OffloadedOptions
+    from streamoffload.streaming.source.offloaded_source import OffloadedOptions
 
     good = {"store": "/tmp/x", "topics": "a"}
     cases = [
@@ -242,7 +242,7 @@ def test_pushed_filters_become_pruning_bounds() -> None:
 
     from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan
 
-    from streamoffload.streaming.offloaded_source import PushedBounds
+    from streamoffload.streaming.source.offloaded_source import PushedBounds
 
     pushed = PushedBounds()
     columns = ofr.MESSAGE_COLUMNS

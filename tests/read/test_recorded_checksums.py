@@ -26,8 +26,8 @@ from streamoffload.codecs.index import OffloadIndex
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState, TopicState
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState, TopicState
 from tests.fixtures.entries import holding, memory_sink, metas
 from tests.read import BLOCK_SIZE, TOPIC, History, flip_byte, offload, pulsar_entries
 
