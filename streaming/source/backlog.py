@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from streamoffload.streaming.ranges import Position
-from streamoffload.streaming.side_files import write_json_file
+from streamoffload.streaming.protocol.exactly_once import Position
+from streamoffload.streaming.runtime.side_files import write_json_file
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from streamoffload.config import load_config
 from streamoffload.errors import StreamOffloadError
 from streamoffload.produce import produce
 from streamoffload.status import store_status
+from streamoffload.streaming.control import quarantine
 from streamoffload.streaming.control.quarantine import read_records
 from streamoffload.streaming.job.offload_job import OffloadJob
-from streamoffload.streaming.source.control_source import quarantine
 from tests.fixtures.broker import unique_topic
 from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, poll, write_config
 from tests.job.test_store_truth_e2e import published, stored

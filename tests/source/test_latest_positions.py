@@ -71,7 +71,7 @@ def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
     assert len(connections) == 1
 
     # A topic the pipelined pass could not answer is asked again on its own (here: a lookup it was refused).
-    from streamoffload.streaming.source.pulsar_source import offset_planner as planner_module
+    from streamoffload.streaming.source import offset_planner as planner_module
 
     def one_refused(client: Any, asked: list[str], **kwargs: Any) -> dict[str, Any]:
         answers = latest_positions_raw(client, asked, **kwargs)

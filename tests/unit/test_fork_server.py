@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from streamoffload.streaming.job.offload_job import session
+from streamoffload.streaming.job import session
 from streamoffload.streaming.runtime.fork_client import SOCKET_ENV
 from streamoffload.streaming.runtime.fork_server import ForkServer, start_fork_server
 from streamoffload.streaming.runtime.worker_python import worker_python

@@ -24,7 +24,7 @@ from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.status import offload_lag_seconds, store_status
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.job.offload_job import session
+from streamoffload.streaming.job import session
 from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from tests.fixtures.entries import memory_sink
 from tests.monitoring.test_metrics_unit import TOPIC, FakeClock, entries, run_batch, value
