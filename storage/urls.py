@@ -11,6 +11,7 @@ from urllib.parse import unquote, urlsplit
 
 from streamoffload.errors import ConfigError
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.request_counts import maybe_counting
 
 FILESYSTEM_OPTIONS = frozenset({"fsync", "file_mode", "dir_mode"})
 S3_OPTIONS = frozenset(
@@ -121,14 +122,17 @@ def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:
     raises ``StoreNotFoundError`` naming the path, and nothing is created (commands that only read or
     mark an existing store use it, so a mistyped path is an error and not a new empty store). S3 stores
     never create their bucket, so the flag changes nothing for them.
+
+    With ``STREAMOFFLOAD_STORE_REQUEST_COUNTS`` in the environment the store counts its requests
+    (``storage.request_counts``, for benches); otherwise it is returned as it is.
     """
     location = parse_store_url(url)
     options = {k: v for k, v in options.items() if v is not None}
     if location.scheme == "s3":
         from streamoffload.storage.s3 import S3Store
 
-        return S3Store(location.bucket, location.prefix, **_check_options(url, options, S3_OPTIONS))
-    return _filesystem(url, Path(location.path), options, create)
+        return maybe_counting(S3Store(location.bucket, location.prefix, **_check_options(url, options, S3_OPTIONS)))
+    return maybe_counting(_filesystem(url, Path(location.path), options, create))
 
 
 def _filesystem(url: str, path: Path, options: dict[str, Any], create: bool = True) -> ObjectStore:

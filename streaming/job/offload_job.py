@@ -309,9 +309,13 @@ class OffloadJob:
         if run is None:
             raise StreamOffloadError("the job has no run: call begin_run() first")
 
+        # A task per core, and a second to overlap one task's start with another's reads: a micro-batch over
+        # many quiet topic-partitions packs their ranges into these (input_ranges.group_ranges).
+        max_partitions = 2 * max(1, int(spark.sparkContext.defaultParallelism))
         entries = (
             spark.readStream.format("pulsar")
             .options(**self.source_options(seal_at_end=seal_at_end))
+            .option("maxPartitions", str(max_partitions))
             .load()
             # The source's seal markers (``sealAtEnd``, ledger_id -1) seal their topic-partition's open segment.
             .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))

@@ -21,6 +21,10 @@ from streamoffload.streaming.protocol.exactly_once import Position, ReaderSettin
 from streamoffload.streaming.protocol.option_values import parse_bool, parse_positive, parse_size, parse_topic
 
 READERS = ("raw", "client")
+DEFAULT_MAX_PARTITIONS = 64
+"""Input partitions per micro-batch at most, unless ``maxPartitions`` says otherwise: a Spark task costs more than
+a small range (``input_ranges``), and 64 keep a cluster of dozens of cores busy. The offload job sets it from
+Spark's parallelism."""
 
 
 StartSpec = str | dict[str, Position | str]
@@ -47,6 +51,8 @@ class SourceOptions:
     arrow_batch_bytes: int = 32 << 20
     min_partitions: int = 1
     """At least this many input partitions per micro-batch: one topic-partition's range is cut in pieces."""
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
+    """At most this many input partitions per micro-batch: more ranges are packed into groups a task reads."""
     backlog_file: str | None = None
     policy_versions_file: str | None = None
     buffer_file: str | None = None
@@ -126,6 +132,8 @@ class SourceOptions:
             or 2000,
             arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: parse_size(t, "arrowBatchBytes")) or 32 << 20,
             min_partitions=_opt(get("minPartitions"), lambda t: parse_positive(t, "minPartitions")) or 1,
+            max_partitions=_opt(get("maxPartitions"), lambda t: parse_positive(t, "maxPartitions"))
+            or DEFAULT_MAX_PARTITIONS,
             backlog_file=get("backlogFile"),
             policy_versions_file=get("policyVersionsFile"),
             buffer_file=get("bufferFile"),

@@ -77,6 +77,33 @@ def test_a_batch_read_returns_exactly_the_entries_between_the_offsets(spark: Any
         read(endingOffsets=json.dumps({topic: beyond}))
 
 
+@pytest.mark.spark
+@pytest.mark.broker
+def test_max_partitions_packs_many_topics_into_few_tasks_with_every_entry_once(spark: Any, pulsar_broker: Any) -> None:
+    """Seven topic-partitions, ``maxPartitions`` 3: three tasks read every entry of every topic once, each
+    topic's entries in position order, byte for byte."""
+    base = unique_topic("packed")
+    topics = [f"{base}-partition-{i}" for i in range(7)]
+    for i, topic in enumerate(topics):
+        produce(pulsar_broker.service_url, topic, count=5 + i, payload_size=32, batching=False)
+    frame = (
+        spark.read.format("pulsar")
+        .option("service.url", pulsar_broker.service_url)
+        .option("topics", ",".join(topics))
+        .option("maxPartitions", "3")
+        .load()
+    )
+    assert frame.rdd.getNumPartitions() == 3
+    rows = frame.select("topic", "ledger_id", "entry_id", "entry").collect()
+    for i, topic in enumerate(topics):
+        mine = [row for row in rows if row.topic == topic]
+        assert [(r.ledger_id, r.entry_id) for r in mine] == sorted((r.ledger_id, r.entry_id) for r in mine)
+        assert [decode_entry(bytes(r.entry)).payload for r in mine] == [
+            expected_payload(topic, seq, 32) for seq in range(5 + i)
+        ]
+    assert len(rows) == sum(5 + i for i in range(7))
+
+
 def test_ending_offsets_are_for_batch_reads_and_checked() -> None:
     with pytest.raises(ConfigError, match="applies to batch reads"):
         PulsarStreamReader({"serviceUrl": SERVICE, "topics": "t", "endingOffsets": "latest"})

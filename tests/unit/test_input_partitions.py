@@ -8,7 +8,14 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamoffload.streaming.source.input_partitions import Range, cut, cuttable_entries, split_ranges
+from streamoffload.streaming.source.input_partitions import (
+    Range,
+    cut,
+    cuttable_entries,
+    group_ranges,
+    range_weight,
+    split_ranges,
+)
 
 Position = tuple[int, int]
 
@@ -61,3 +68,34 @@ def test_ranges_are_cut_in_proportion_to_their_cuttable_entries() -> None:
         ((5, 1), (5, 2)),
         ((5, 2), (5, 3)),
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(-1, 50), st.integers(0, 400)), min_size=0, max_size=60),
+    st.integers(1, 16),
+)
+def test_groups_hold_every_range_once_in_order_and_at_most_max_groups(
+    spans: list[tuple[int, int, int]], max_groups: int
+) -> None:
+    ranges = [
+        Range(f"t-{i}", (ledger, first), (ledger, first + 1 + n), True) for i, (ledger, first, n) in enumerate(spans)
+    ]
+    groups = group_ranges(ranges, max_groups)
+    assert len(groups) <= max(max_groups, 0) or not ranges
+    assert sorted(r for g in groups for r in g) == sorted(ranges)  # each range exactly once
+    for g in groups:  # a group keeps the order it was given
+        assert list(g) == sorted(g, key=ranges.index)
+    if len(ranges) <= max_groups:
+        assert groups == [(r,) for r in ranges]
+
+
+def test_groups_balance_weight_heaviest_first() -> None:
+    heavy = Range("heavy", (1, -1), (1, 999), True)  # 1,000 entries
+    light = [Range(f"l{i}", (1, -1), (1, 9), True) for i in range(40)]  # 10 each
+    groups = group_ranges([heavy, *light], 4)
+    loads = sorted(sum(range_weight(r) for r in g) for g in groups)
+    assert len(groups) == 4
+    assert [r for g in groups for r in g if r.topic == "heavy"] == [heavy]
+    assert (heavy,) in groups  # alone: the light ones fill the other three
+    assert max(loads[:3]) - min(loads[:3]) <= range_weight(light[0])  # the light ones spread evenly

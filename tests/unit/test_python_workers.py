@@ -1,5 +1,5 @@
-"""Spark's local Python workers: pyspark from site-packages (streaming/worker_python), and what they
-import frozen out of the garbage collector's reach (streaming/worker_gc), and the JVM that starts them."""
+"""Spark's local Python workers: pyspark from site-packages (streaming/runtime/worker_python), and what they
+import frozen out of the garbage collector's reach (streaming/runtime/worker_gc), and the JVM that starts them."""
 
 from __future__ import annotations
 
