@@ -44,7 +44,7 @@ pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB
    no state and concatenates each topic's entries into one ``data`` row per ~4 MiB -> ``foreachBatch``
    running ``mapInArrow`` (each ``data`` value written to a file under a temporary directory) + ``collect``,
    micro-batches of ``--trigger-mb`` (like the job's ``max_bytes_per_trigger``), with the job's state store
-   settings (``streaming.job.offload_job.STATE_STORE_CONF``: changelog checkpointing) and ``noDataMicroBatches`` off
+   settings (``streaming.job.queries.STATE_STORE_CONF``: changelog checkpointing) and ``noDataMicroBatches`` off
    (as ``run --once``). With ``spark.shuffle.compress`` true and false. To split the job's time into its
    steps: ``shuffle->noop`` is the source repartitioned by topic (the groupBy's exchange, no Python) into
    ``noop``, and ``seg->noop`` the segmenter's output into ``noop`` (everything but the sink); both for the
@@ -74,7 +74,7 @@ come from /proc in ticks of 0.01 s: at ``--mb 20`` one tick is 0.5 s per GB.
    (``tests/fixtures/s3.py``'s ``moto_endpoint``; moto keeps objects in memory and is Python on the same
    cores, so this is moto's ceiling, not S3's); CPU of this process and of moto. Index and manifest puts
    are left out (small). ``--no-store`` skips both.
-7. ``positions job``: ``OffloadJob.run_once`` (``streaming/job/offload_job.py``) end to end over the topic into a
+7. ``positions job``: ``OffloadJob.run_once`` (``streaming/job/supervision.py``) end to end over the topic into a
    FilesystemStore, the default offload settings (``bench/offload.py``'s ``job_config`` with its
    ``--defaults``: only the store, checkpoint and topics set), after a warm-up run on a small topic. MB/s of
    the entry bytes in the sealed segments' manifests, timed (like the Spark lines) as the sum of its
@@ -127,7 +127,7 @@ from bench.source import drain_plain, drain_raw
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.storage.base import ObjectStore
-from streamoffload.streaming.job.offload_job import STATE_STORE_CONF
+from streamoffload.streaming.job.queries import STATE_STORE_CONF
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.source.pulsar_source import SCHEMA, arrow_schema

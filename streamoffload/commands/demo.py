@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from streamoffload.embedded_broker import EmbeddedBroker
     from streamoffload.produce import expected_payload, partition_topics, produce
     from streamoffload.status import latest_positions, store_status
-    from streamoffload.streaming.job.offload_job import BatchReport, OffloadJob
+    from streamoffload.streaming.job.offload_job import OffloadJob
+    from streamoffload.streaming.job.queries import BatchReport
     from streamoffload.streaming.job.session import build_session
 
     work = Path(args.work_dir).resolve()

@@ -119,7 +119,7 @@ class JobMetrics(Collector):
         return state
 
     def on_batch(self, report: Any) -> None:
-        """A job listener: account a :class:`~streamoffload.streaming.job.offload_job.BatchReport`."""
+        """A job listener: account a :class:`~streamoffload.streaming.job.queries.BatchReport`."""
         now = self.clock()
         for seconds in report.upload_seconds:
             self.upload_duration.observe(seconds)

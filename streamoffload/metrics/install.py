@@ -33,7 +33,7 @@ def install_metrics(
 
     ``topic_series`` (by default the job configuration's ``[metrics] topic_series``): per-topic series for at
     most this many topic-partitions, the worst first (``metrics.selection``)."""
-    from streamoffload.streaming.job.offload_job import QUERY_NAME
+    from streamoffload.streaming.job.queries import QUERY_NAME
 
     if backlog is None:
         backlog_path = _source_option(job, "backlogFile")

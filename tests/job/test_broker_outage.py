@@ -66,7 +66,7 @@ def test_a_gone_broker_is_retried_visibly_until_it_is_back_then_the_job_is_exact
     metrics = JobMetrics(read_cache=False)
     metrics.job_health = lambda: job.health.current
     store = FilesystemStore(tmp_path / "store")
-    caplog.set_level(logging.WARNING, logger="streamoffload.streaming.job.offload_job")
+    caplog.set_level(logging.WARNING, logger="streamoffload.streaming.job")
     # Short backoffs, so the test sees several attempts of the series in seconds.
     runner = threading.Thread(
         target=job.run_forever,
@@ -126,7 +126,7 @@ def _messages(store: FilesystemStore, topic: str) -> list[bytes]:
 
 
 def test_a_failed_query_is_logged_as_one_line_naming_the_cause() -> None:
-    from streamoffload.streaming.job.offload_job import _one_line
+    from streamoffload.streaming.job.supervision import _one_line
 
     spark_text = (
         "An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"

@@ -23,7 +23,7 @@ from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog, CacheCounters
 from streamoffload.metrics.serving import parse_address
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.job.offload_job import BatchReport
+from streamoffload.streaming.job.queries import BatchReport
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink

@@ -16,7 +16,7 @@ from streamoffload.errors import ConfigError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.s3 import S3Store
 from streamoffload.storage.urls import open_store
-from streamoffload.streaming.job.offload_job import min_part_size
+from streamoffload.streaming.job.queries import min_part_size
 from tests.unit.test_cli_errors import one_error_line
 
 BAD_URLS = [
