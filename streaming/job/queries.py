@@ -18,7 +18,7 @@ from typing import Any
 
 from streamoffload.config import StoreSettings
 from streamoffload.errors import StreamOffloadError
-from streamoffload.storage.urls import parse_store_url
+from streamoffload.storage.urls import is_url, parse_store_url
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import (
     ACTION_COLUMNS,
@@ -200,7 +200,7 @@ class JobQueries:
 
     def _versions_file(self) -> str:
         checkpoint = self.config.spark.checkpoint
-        base = Path(checkpoint) if "://" not in checkpoint else Path(tempfile.gettempdir()) / self.instance
+        base = Path(checkpoint) if not is_url(checkpoint) else Path(tempfile.gettempdir()) / self.instance
         return str(base / "policy-versions.json")
 
     def _spool_dir(self) -> str | None:

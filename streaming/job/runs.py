@@ -19,6 +19,7 @@ from streamoffload.checkpoints.lease import FencedError, WriterLease
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.storage.base import StorageError
+from streamoffload.storage.urls import is_url
 from streamoffload.streaming.control.policy_versions import (
     PolicyLog,
     policy_document,
@@ -110,7 +111,7 @@ class JobRuns:
         """``<checkpoint>/run-<epoch>``, removing earlier runs' (local) checkpoints: they hold nothing
         the store does not."""
         base = self.config.spark.checkpoint
-        if "://" in base and not base.startswith("file://"):
+        if is_url(base) and not base.startswith("file://"):
             return f"{base.rstrip('/')}/run-{epoch:08d}"
         root = Path(base.removeprefix("file://"))
         if root.is_dir():
