@@ -87,7 +87,7 @@ class PolicyVersions:
     def latest_effective(self) -> int | None:
         return self._effective[-1] if self._effective else None
 
-    def policy_for(self, topic: str, at_ms: int) -> OffloadPolicy:
+    def policy_at(self, topic: str, at_ms: int) -> OffloadPolicy:
         i = bisect.bisect_right(self._effective, at_ms) - 1
         if i < 0:
             if not self._effective:
@@ -145,13 +145,13 @@ class PolicyLog:
 
     # -- executors ---------------------------------------------------------------------------------
 
-    def policy_for(self, topic: str, at_ms: int) -> OffloadPolicy:
+    def policy_at(self, topic: str, at_ms: int) -> OffloadPolicy:
         with self._lock:
             now = time.time()
             if self._listed_at is None or now - self._listed_at > self.refresh_s:
                 self._refresh()
                 self._listed_at = now
-            return self._versions.policy_for(topic, at_ms)
+            return self._versions.policy_at(topic, at_ms)
 
     def _refresh(self) -> None:
         for effective, key in self._list():
@@ -225,4 +225,4 @@ class VersionsFile:
 
     def enabled(self, topic: str, at_ms: int) -> bool:
         versions = self.current()
-        return True if not len(versions) else versions.policy_for(topic, at_ms).enabled
+        return True if not len(versions) else versions.policy_at(topic, at_ms).enabled

@@ -139,7 +139,7 @@ class SegmenterProcessor(StatefulProcessor):
         try:
             segmenter = Segmenter(
                 topic,
-                self.policies.policy_for(topic, now),
+                self.policies.policy_at(topic, now),
                 SparkState(self.topic_state, self.block, self.held),
                 key_prefix=self.key_prefix,
                 min_part_size=self.min_part_size,

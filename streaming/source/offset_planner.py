@@ -421,7 +421,7 @@ class SourcePlanner:
         versions = self._policies.current() if self._policies is not None else None
         rooms: dict[str, int] = {}
         for tp in partitions:
-            policy = versions.policy_for(tp, now_ms) if versions is not None and len(versions) else OffloadPolicy()
+            policy = versions.policy_at(tp, now_ms) if versions is not None and len(versions) else OffloadPolicy()
             rooms[tp] = buffer_bound(policy, min_part) - buffered.get(tp, 0)
         return rooms
 
