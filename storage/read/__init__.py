@@ -5,7 +5,7 @@ and its ``BlobStoreBackedReadHandleImpl``, without the mistakes SPEC 7 lists:
 
 - **No seek per read.** Data is read with ranged GETs of ``read_buffer_size`` bytes
   (``managedLedgerOffloadReadBufferSizeInBytes``), never one per entry. A catch-up (sequential) read is
-  one forward stream of ranges (``planner.RangePlanner``): from a remote store, back-to-back ranges, entries that
+  one forward stream of ranges (``scan_plan.RangePlanner``): from a remote store, back-to-back ranges, entries that
   cross a range end joined in memory (nothing is fetched twice); from local files, ranges cut at entry
   boundaries so nothing is joined (a page-cache re-read of the unfinished entry is cheaper than a copy),
   with block padding skipped. Single-entry reads use aligned chunks, which the cache can share.

@@ -45,11 +45,11 @@ from streamoffload.storage.read.errors import (
     UnsupportedFormatVersionError,
 )
 from streamoffload.storage.read.offsets import LearnedOffsets
-from streamoffload.storage.read.planner import RangePlanner
 from streamoffload.storage.read.prefetch import ParallelPrefetcher, Prefetcher
 from streamoffload.storage.read.ranged import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
 from streamoffload.storage.read.results import OffloadedEntry, SegmentKeys
 from streamoffload.storage.read.scan import ChunkScan, SequentialStream
+from streamoffload.storage.read.scan_plan import RangePlanner
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
