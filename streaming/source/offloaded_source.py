@@ -1,7 +1,7 @@
 """Offloaded topics as a Spark DataFrame: ``spark.read.format("pulsar-offloaded")`` (a batch source).
 
 Reads the ``Offloaded`` segments of a store (filesystem or S3) straight from their objects, no broker
-involved; the planning and reading are ``checkpoints.offloaded_read`` (plain Python). Register it with
+involved; the planning and reading are ``read.dataset_read`` (plain Python). Register it with
 ``streamoffload.streaming.register(spark)``.
 
 Options (names are case-insensitive, as Spark makes them):
@@ -59,11 +59,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from streamoffload.checkpoints import offloaded_plan as ofp
-from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.codecs.blocks import MAX_ID
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
+from streamoffload.read import dataset_plan as ofp
+from streamoffload.read import dataset_read as ofr
 from streamoffload.streaming.protocol.option_values import parse_size, parse_topic
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.source_options import StartSpec, parse_pattern, parse_starting_offsets

@@ -84,9 +84,9 @@ def backlog_file_provider(path: str) -> BacklogProvider:
 
 
 def shared_read_cache() -> CacheCounters:
-    """Counters of the process-wide chunk cache of ``storage.read`` (readers share it unless
+    """Counters of the process-wide chunk cache of ``read.segment`` (readers share it unless
     given their own cache)."""
-    from streamoffload.storage.read import shared_cache
+    from streamoffload.read.segment import shared_cache
 
     stats = shared_cache().stats()
     return CacheCounters(hits=stats.hits, misses=stats.misses)

@@ -453,7 +453,7 @@ def test_backlog_file_of_the_source_is_read(tmp_path: Path) -> None:
 
 
 def test_the_shared_read_cache_of_storage_read_is_exported() -> None:
-    from streamoffload.storage.read import shared_cache
+    from streamoffload.read.segment import shared_cache
 
     metrics = JobMetrics()
     before_hits = value(metrics, "streamoffload_read_cache_hits_total")

@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints import offloaded_plan as ofp
-from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.cli import main
@@ -24,6 +22,8 @@ from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.errors import ChecksumError
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+from streamoffload.read import dataset_plan as ofp
+from streamoffload.read import dataset_read as ofr
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter

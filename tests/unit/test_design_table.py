@@ -11,6 +11,8 @@ FOLDERS = {
     "codecs/": ROOT / "codecs",
     "storage/": ROOT / "storage",
     "checkpoints/": ROOT / "checkpoints",
+    "read/": ROOT / "read",
+    "read/segment/": ROOT / "read" / "segment",
     "metrics/": ROOT / "streamoffload" / "metrics",
     "dashboard/": ROOT / "streamoffload" / "dashboard",
 }

@@ -1,6 +1,6 @@
 """The rules the read path checks stored objects against, each written once.
 
-The read handle raises on the first rule broken; ``verify`` (``checkpoints.fsck``) collects every one as a
+The read handle raises on the first rule broken; ``verify`` (``read.fsck``) collects every one as a
 problem. So the rules return what disagrees, and each caller decides what to do with it.
 """
 

@@ -1,7 +1,7 @@
 """``TopicReader``: a topic-partition's offloaded history read back in one call, across segments, ledgers
 and formats (v1 and v2 objects side by side), the segments found through the offload metadata.
 
-It opens one ``storage.read.SegmentReadHandle`` per segment and keeps the latest open (LRU), so offsets
+It opens one ``read.segment.SegmentReadHandle`` per segment and keeps the latest open (LRU), so offsets
 learned while reading are reused by later reads; all share one ``ChunkCache``."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.positions import MAX_ID, Position
-from streamoffload.storage.base import ObjectStore
-from streamoffload.storage.read import (
+from streamoffload.read.segment import (
     DEFAULT_READ_BUFFER_SIZE,
     ChunkCache,
     EntryNotFoundError,
@@ -27,6 +26,7 @@ from streamoffload.storage.read import (
     TopicNotFoundError,
     shared_cache,
 )
+from streamoffload.storage.base import ObjectStore
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest

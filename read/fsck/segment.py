@@ -6,7 +6,7 @@ order) and matches the index (``verify_against_blocks``); every entry parses as 
 splits into messages, and with ``crc`` its CRC-32C matches: the one recorded at offload in the block's checksum
 record (``codecs.checksums``) and Pulsar's own 0x0e01 one where the entry carries it; the index's CRC-32C
 matches the one its manifest recorded; the manifest agrees with the objects (format,
-lengths, start and end positions, counts, per-ledger spans: the rules of ``storage.read.checks``, which the
+lengths, start and end positions, counts, per-ledger spans: the rules of ``read.segment.checks``, which the
 read handle applies too). Problems are collected, each naming the object and the byte offset, instead of
 stopping at the first.
 """
@@ -35,10 +35,10 @@ from streamoffload.codecs.index import OffloadIndex, is_v1_index, verify_against
 from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metadata_v1
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
+from streamoffload.read.segment import manifest_disagreements, unsupported_format_version
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
-from streamoffload.storage.read import manifest_disagreements, unsupported_format_version
 
 _SPLITTABLE = (CompressionType.NONE, CompressionType.ZLIB)
 """Compressions whose batches are split into messages here (the others are counted as unsplit)."""

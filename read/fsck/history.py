@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.deleted_segments import DeletedRecord
-from streamoffload.checkpoints.fsck.segment import Problem, SegmentReport, verify_segment
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
+from streamoffload.read.fsck.segment import Problem, SegmentReport, verify_segment
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
 

@@ -11,9 +11,9 @@ import threading
 from dataclasses import dataclass
 
 from streamoffload.codecs.errors import TruncatedError
+from streamoffload.read.segment.cache import ChunkCache
+from streamoffload.read.segment.errors import MissingObjectError
 from streamoffload.storage.base import ObjectNotFoundError, RangedReader
-from streamoffload.storage.read.cache import ChunkCache
-from streamoffload.storage.read.errors import MissingObjectError
 from streamoffload.units import MIB
 
 DEFAULT_READ_BUFFER_SIZE = 1 * MIB

@@ -1,9 +1,9 @@
 """Offloaded topics as a batch dataset, without Spark: read the rows of one planned task.
 
-``checkpoints.offloaded_plan`` decides what to read; ``streaming/source/offloaded_source.py`` is the thin Spark
+``read.dataset_plan`` decides what to read; ``streaming/source/offloaded_source.py`` is the thin Spark
 layer over both.
 
-**Reading** (:func:`read_task`, in a task) opens the segment (``storage.read.SegmentReadHandle``:
+**Reading** (:func:`read_task`, in a task) opens the segment (``read.segment.SegmentReadHandle``:
 every entry's CRC-32C is checked, corruption names the object and offset) and reads its position range.
 A position bound starts the read at the index's block holding it. A publish-time bound starts it at the
 block holding the first entry at or after the bound, and ends it after the last block starting at or
@@ -21,15 +21,6 @@ import base64
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from streamoffload.checkpoints.offloaded_plan import (
-    ANY_TIME,
-    DEFAULT_SKEW_MS,
-    ReadTask,
-    StoreLocation,
-    TimeBounds,
-    block_start,
-    position_before,
-)
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
 from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.errors import FormatError, TruncatedError
@@ -38,8 +29,17 @@ from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
+from streamoffload.read.dataset_plan import (
+    ANY_TIME,
+    DEFAULT_SKEW_MS,
+    ReadTask,
+    StoreLocation,
+    TimeBounds,
+    block_start,
+    position_before,
+)
+from streamoffload.read.segment import DEFAULT_READ_BUFFER_SIZE, SegmentReadHandle
 from streamoffload.storage.base import ObjectStore
-from streamoffload.storage.read import DEFAULT_READ_BUFFER_SIZE, SegmentReadHandle
 
 OUTPUT_MESSAGES = "messages"
 OUTPUT_ENTRIES = "entries"

@@ -42,19 +42,19 @@ store's ``RangedReader``), ``planner`` and ``prefetch`` (sequential reads), ``sc
 gets bytes), ``offsets`` (``LearnedOffsets``), ``cache`` (``ChunkCache``), ``checks`` (the rules, shared
 with ``verify``), ``results`` and ``errors``.
 
-``checkpoints.topic_reader.TopicReader`` reads a topic-partition's offloaded history (several segments,
+``read.topic_reader.TopicReader`` reads a topic-partition's offloaded history (several segments,
 several ledgers, v1 and v2 objects side by side) in one call, finding segments through the offload
 metadata: it knows manifests, so it lives in the layer that does.
 """
 
-from streamoffload.storage.read.cache import DEFAULT_CACHE_BYTES, CacheStats, ChunkCache, shared_cache
-from streamoffload.storage.read.checks import (
+from streamoffload.read.segment.cache import DEFAULT_CACHE_BYTES, CacheStats, ChunkCache, shared_cache
+from streamoffload.read.segment.checks import (
     ManifestDisagreement,
     check_entry_checksum,
     manifest_disagreements,
     unsupported_format_version,
 )
-from streamoffload.storage.read.errors import (
+from streamoffload.read.segment.errors import (
     EntryNotFoundError,
     ManifestMismatchError,
     MissingObjectError,
@@ -62,9 +62,9 @@ from streamoffload.storage.read.errors import (
     TopicNotFoundError,
     UnsupportedFormatVersionError,
 )
-from streamoffload.storage.read.handle import SegmentReadHandle
-from streamoffload.storage.read.ranged import DEFAULT_READ_BUFFER_SIZE, SegmentReadStats
-from streamoffload.storage.read.results import OffloadedEntry, SegmentKeys
+from streamoffload.read.segment.handle import SegmentReadHandle
+from streamoffload.read.segment.ranged import DEFAULT_READ_BUFFER_SIZE, SegmentReadStats
+from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",

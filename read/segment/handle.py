@@ -28,6 +28,21 @@ from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatErro
 from streamoffload.codecs.index import BlockLocation, OffloadIndex, is_v1_index
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.codecs.positions import MAX_ID, Position
+from streamoffload.read.segment.cache import ChunkCache
+from streamoffload.read.segment.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
+from streamoffload.read.segment.errors import (
+    EntryNotFoundError,
+    ManifestMismatchError,
+    MissingObjectError,
+    ReadError,
+    UnsupportedFormatVersionError,
+)
+from streamoffload.read.segment.offsets import LearnedOffsets
+from streamoffload.read.segment.prefetch import ParallelPrefetcher, Prefetcher
+from streamoffload.read.segment.ranged import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
+from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
+from streamoffload.read.segment.scan import ChunkScan, SequentialStream
+from streamoffload.read.segment.scan_plan import RangePlanner
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import (
     FORMAT_VERSION_METADATA_KEY,
@@ -35,21 +50,6 @@ from streamoffload.storage.keys import (
     block_checksums_key,
     ledger_id_in_key,
 )
-from streamoffload.storage.read.cache import ChunkCache
-from streamoffload.storage.read.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
-from streamoffload.storage.read.errors import (
-    EntryNotFoundError,
-    ManifestMismatchError,
-    MissingObjectError,
-    ReadError,
-    UnsupportedFormatVersionError,
-)
-from streamoffload.storage.read.offsets import LearnedOffsets
-from streamoffload.storage.read.prefetch import ParallelPrefetcher, Prefetcher
-from streamoffload.storage.read.ranged import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
-from streamoffload.storage.read.results import OffloadedEntry, SegmentKeys
-from streamoffload.storage.read.scan import ChunkScan, SequentialStream
-from streamoffload.storage.read.scan_plan import RangePlanner
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest

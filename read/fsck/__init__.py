@@ -5,7 +5,7 @@ topic-partition's history and every Offloaded segment of it. Both collect ``Prob
 than raising; the command prints them and sets the exit status.
 """
 
-from streamoffload.checkpoints.fsck.history import STALE_MINUTES, TopicReport, verify_topic
-from streamoffload.checkpoints.fsck.segment import Problem, SegmentReport, VerifyError, verify_segment
+from streamoffload.read.fsck.history import STALE_MINUTES, TopicReport, verify_topic
+from streamoffload.read.fsck.segment import Problem, SegmentReport, VerifyError, verify_segment
 
 __all__ = ["STALE_MINUTES", "Problem", "SegmentReport", "TopicReport", "VerifyError", "verify_segment", "verify_topic"]

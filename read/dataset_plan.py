@@ -1,7 +1,7 @@
 """Offloaded topics as a batch dataset, without Spark: which segments, and which blocks of them, to read.
 
 ``streaming/source/offloaded_source.py`` (``spark.read.format("pulsar-offloaded")``) is a thin layer over this
-module and ``checkpoints.offloaded_read`` (the reading); tests and benchmarks call both directly.
+module and ``read.dataset_read`` (the reading); tests and benchmarks call both directly.
 
 **Planning** (:func:`plan`, on the driver) lists the ``Offloaded`` segments of each topic-partition and
 keeps those that may hold a row inside the bounds, using the manifests alone: the position range
@@ -35,8 +35,8 @@ from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.read.segment import SegmentReadHandle, TopicNotFoundError
 from streamoffload.storage.base import ObjectStore
-from streamoffload.storage.read import SegmentReadHandle, TopicNotFoundError
 
 # A quarter of Spark's spark.sql.files.maxPartitionBytes: a Python task decodes some tens of MB/s, so
 # smaller tasks keep the cores evenly busy (the cost per task is one index read).

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH
 from streamoffload.codecs.errors import TruncatedError
-from streamoffload.storage.read.ranged import ChunkedObject, Range
+from streamoffload.read.segment.ranged import ChunkedObject, Range
 
 
 class ChunkScan:
