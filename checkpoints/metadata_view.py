@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -155,21 +156,38 @@ class MetadataView:
     * ``topics()`` lists every key of the store (``keys.list_topic_dirs``) only at the first call and then
       every ``rediscover_s``; in between it returns the topics found then plus those it was told of
       (``add_topics``: configured topics, topics of the job's batches).
+    * ``snapshot(topic)`` is what a periodic pass reads. Without ``relist_s`` it is ``refresh``. With it,
+      the view is told what changed (``mark_changed``: the job whose batches write the metadata, under
+      its writer lease) and lists a topic again only when it was marked, was never listed, or was last
+      listed ``relist_s`` ago (for what other processes change: ``cleanup``, ``delete``): a pass over
+      thousands of quiet topic-partitions then costs no request at all, where it cost a listing each.
 
     Writes made through the view (``mark_ledger_deleted``, ``apply_deletions``, ``compact``) update the
-    cache, so the next pass does not read back what this process wrote. Not thread-safe: one per thread.
+    cache and the snapshot, so the next pass does not read back what this process wrote. Not thread-safe
+    (one per thread), except ``mark_changed``, which any thread may call.
     """
 
     def __init__(
-        self, meta: MetadataStore, *, rediscover_s: float = 3600.0, clock: Callable[[], float] = time.monotonic
+        self,
+        meta: MetadataStore,
+        *,
+        rediscover_s: float = 3600.0,
+        relist_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.meta = meta
         self.rediscover_s = rediscover_s
+        self.relist_s = relist_s
         self.clock = clock
         self._known: set[str] = set()
         self._discovered_at: float | None = None
         self._cache: dict[str, dict[str, _Cached]] = {}
         self._snapshots: dict[str, TopicMeta] = {}
+        self._listed_at: dict[str, float] = {}
+        self._changed: set[str] = set()
+        self._changed_lock = threading.Lock()
+        self.listings = 0
+        """Topic listings made (``refresh``): what a pass cost."""
 
     # -- topics --------------------------------------------------------------------------------
 
@@ -186,11 +204,33 @@ class MetadataView:
         self.add_topics(extra)
         return sorted(self._known)
 
+    def mark_changed(self, topics: Iterable[TopicName | str]) -> None:
+        """These topic-partitions' metadata changed (or may have): ``snapshot`` lists them again."""
+        with self._changed_lock:
+            self._changed.update(str(t) for t in topics)
+
     # -- reading -------------------------------------------------------------------------------
+
+    def snapshot(self, topic: TopicName | str) -> TopicMeta:
+        """The topic's metadata for a periodic pass: ``refresh`` without ``relist_s``; with it, listed again
+        only when marked changed, never listed, or listed ``relist_s`` ago, else as last seen."""
+        name = str(topic)
+        if self.relist_s is None:
+            return self.refresh(name)
+        with self._changed_lock:
+            changed = name in self._changed
+            self._changed.discard(name)  # before the listing: a change marked while it runs is kept
+        listed = self._listed_at.get(name)
+        snap = self._snapshots.get(name)
+        if changed or snap is None or listed is None or self.clock() - listed >= self.relist_s:
+            return self.refresh(name)
+        return snap
 
     def refresh(self, topic: TopicName | str) -> TopicMeta:
         """List the topic's ``_meta/`` once and read what is new or changed."""
         name = str(topic)
+        self._listed_at[name] = self.clock()
+        self.listings += 1
         prefix = keys.topic_dir(self.meta.prefix, name) + _META
         store = self.meta.store
         old = self._cache.get(name, {})

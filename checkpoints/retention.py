@@ -41,11 +41,12 @@ def apply_retention(
 
     The newest offloaded ledger is never marked: it may still be receiving entries, and marking it
     would eventually delete data written after the mark. With ``view`` (kept between passes), the pass
-    lists the topic's metadata once and reads only what changed since the view last looked."""
+    lists the topic's metadata once and reads only what changed since the view last looked (or, with the
+    view's ``relist_s``, lists it only when it was marked changed: ``MetadataView.snapshot``)."""
     at = now_ms() if at_ms is None else at_ms
     view = MetadataView(meta) if view is None else view
     report = RetentionReport()
-    snap = view.refresh(topic)
+    snap = view.snapshot(topic)
     segments = snap.offloaded()
     if policy.retentionTimeInMinutes >= 0 or policy.retentionSizeInMB >= 0:
         deleted = dict(snap.marks)
@@ -99,7 +100,9 @@ class RetentionRunner:
     ``interval_s`` in a daemon thread until ``stop()``. A pass costs one listing per topic-partition plus
     reads of what changed (``MetadataView``); the whole store is listed only to discover topic-partitions,
     at the first pass and every ``rediscover_s``, and ``topics`` (e.g. the job's configured topics and the
-    topic-partitions of its batches) adds the ones it should not wait for.
+    topic-partitions of its batches) adds the ones it should not wait for. With ``relist_s`` (the job, which
+    tells ``view.mark_changed`` what its batches wrote) a pass lists only the topic-partitions that changed,
+    and each of the others once every ``relist_s``: an idle pass costs no request.
 
     ``grace_ms`` protects work in flight from compaction (failure notes) and from the filesystem store's
     sweep of stale temporaries, done every ``temporaries_interval_s`` (0: never) on stores that have one.
@@ -113,6 +116,7 @@ class RetentionRunner:
         interval_s: float = 60.0,
         topics: Callable[[], Iterable[str]] | None = None,
         rediscover_s: float = 3600.0,
+        relist_s: float | None = None,
         grace_ms: int = 3_600_000,
         temporaries_interval_s: float = 3600.0,
         clock: Callable[[], int] = now_ms,
@@ -124,7 +128,7 @@ class RetentionRunner:
         self.grace_ms = grace_ms
         self.temporaries_interval_s = temporaries_interval_s
         self.clock = clock
-        self.view = MetadataView(meta, rediscover_s=rediscover_s)
+        self.view = MetadataView(meta, rediscover_s=rediscover_s, relist_s=relist_s)
         self.passes = 0
         self.last_report: PassReport | None = None
         self._lock = threading.Lock()

@@ -16,6 +16,7 @@ again from the broker.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
@@ -39,6 +40,9 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self.config_path = config_path
         self.policies = PolicySource(config, config_path)
         self.listeners: list[BatchListener] = []
+        self.metadata_listeners: list[Callable[[Iterable[str]], None]] = []
+        """Told which topic-partitions' metadata the job wrote (each batch's, and every recovered one at a
+        run's start): the driver's periodic passes (retention, metrics) list only those again."""
         self.query: Any = None
         self._stop = threading.Event()
         self.retention: RetentionRunner | None = None

@@ -279,6 +279,7 @@ class JobQueries:
             report.topics.update(stats["topics"])
         report.duration_s = time.monotonic() - started
         self.last_topic_stats.update(report.topics)
+        self._metadata_changed({*report.topics, *(seal["topic"] for seal in report.sealed)})
         if self.quarantine is not None and report.sealed:
             for topic in self.quarantine.clear({seal["topic"] for seal in report.sealed}):
                 log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)

@@ -10,6 +10,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,11 @@ from streamoffload.streaming.segmenter.segmenter_model import (
 )
 
 log = logging.getLogger(__name__)
+
+METADATA_RELIST_S = 3600.0
+"""How often the driver's periodic passes (retention, metrics) list a topic-partition the job's batches did not
+change: for what other processes change (``cleanup``, ``delete``). Between those, a quiet topic-partition costs
+no store request."""
 
 
 class LeaseUnrenewableError(FencedError):
@@ -58,15 +64,28 @@ class JobRuns:
         return MetadataStore(self.store_settings.open(), self.key_prefix)
 
     def retention_runner(self) -> RetentionRunner:
-        """Retention and metadata compaction, off the batch path (a thread of the lease holder)."""
+        """Retention and metadata compaction, off the batch path (a thread of the lease holder). Told what the
+        batches wrote, a pass lists only the topic-partitions that changed (and each other one hourly)."""
         if self.retention is None:
             self.retention = RetentionRunner(
                 self.metadata(),
                 self.policies.policy_for,
                 interval_s=self.retention_interval_s,
                 topics=lambda: list(self.last_topic_stats),
+                relist_s=METADATA_RELIST_S,
             )
+            self.metadata_listeners.append(self.retention.view.mark_changed)
         return self.retention
+
+    def _metadata_changed(self, topics: Iterable[str]) -> None:
+        topics = list(topics)
+        if not topics:
+            return
+        for listener in self.metadata_listeners:
+            try:
+                listener(topics)
+            except Exception:
+                log.warning("metadata listener failed", exc_info=True)
 
     def open_segment_topics(self) -> list[str]:
         """Topic-partitions whose segmenter last reported an open segment (this run)."""
@@ -93,10 +112,12 @@ class JobRuns:
             log.warning("%s: set aside after failing again and again; not offloaded until %s", topic, until)
         meta = MetadataStore(store, self.key_prefix)
         resume: dict[str, tuple[list[int] | None, int]] = {}
-        for topic in meta.topics():
+        recovered = meta.topics()
+        for topic in recovered:
             point = meta.recover(topic)
             if point.next_ordinal:
                 resume[str(topic)] = (list(point.last) if point.last else None, point.next_ordinal)
+        self._metadata_changed(str(t) for t in recovered)  # recovery abandons attempts: list them again
         checkpoint = self._fresh_checkpoint(record.epoch)
         self.run = Run(record.epoch, resume, checkpoint, policy_log, policy_document(config))
         write_versions_file(self._versions_file(), versions)

@@ -32,6 +32,17 @@ def parse_positive(text: str, name: str, kind: type = int) -> Any:
     return value
 
 
+def parse_seconds(text: str, name: str) -> float:
+    """A duration in seconds, zero or more; errors name option ``name``."""
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise ConfigError(f"option {name}: expected a number of seconds, got {text!r}") from err
+    if not value >= 0:  # also refuses NaN
+        raise ConfigError(f"option {name}: must be >= 0, got {text!r}")
+    return value
+
+
 TRUE_WORDS = ("true", "1", "yes", "on")
 FALSE_WORDS = ("false", "0", "no", "off")
 

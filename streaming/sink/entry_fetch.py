@@ -18,6 +18,7 @@ Fetchers:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
+from streamoffload.storage.base import Buffer
 from streamoffload.streaming.handoff.part_layout import EntryRef
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, Position, ReaderSettings
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
@@ -41,13 +43,13 @@ class EntryGoneError(DataLossError):
 
 
 class EntryFetcher(Protocol):
-    def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
+    def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, Buffer]]:
         """The entries of ``topic`` in ``(after, end]``, in position order, as ``(position, bytes)``; the sink
         takes each part's entries from it in turn (:class:`PartReader`) and checks them (:func:`match`)."""
         ...
 
 
-def checked(topic: str, ref: EntryRef, data: bytes, source: str) -> bytes:
+def checked(topic: str, ref: EntryRef, data: Buffer, source: str) -> Buffer:
     """``data`` if it is the entry ``ref`` describes, else :class:`EntryChangedError` naming it."""
     if len(data) != ref.size:
         raise EntryChangedError(
@@ -64,11 +66,11 @@ def checked(topic: str, ref: EntryRef, data: bytes, source: str) -> bytes:
 
 
 def match(
-    topic: str, refs: Sequence[EntryRef], delivered: Iterable[tuple[Position, bytes]], source: str
-) -> list[bytes]:
+    topic: str, refs: Sequence[EntryRef], delivered: Iterable[tuple[Position, Buffer]], source: str
+) -> list[Buffer]:
     """Pick ``refs``' entries out of a position-ordered delivery, checking each; entries the delivery has and
     ``refs`` does not (a gap the source skipped with ``failOnDataLoss=false``) are passed over."""
-    out: list[bytes] = []
+    out: list[Buffer] = []
     i = 0
     for pos, data in delivered:
         while i < len(refs) and refs[i].position < pos:
@@ -100,6 +102,8 @@ class FetchStats:
     bytes: int = 0
     seconds: float = 0.0
     reads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """A fetcher's stats are shared by the sink's threads (``sink.SINK_THREADS``)."""
 
 
 @dataclass
@@ -130,7 +134,8 @@ class BrokerFetcher:
 
     def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
         client, read_range = self._read_range()
-        self.stats.reads += 1
+        with self.stats.lock:
+            self.stats.reads += 1
         read = read_range(client, topic, after, end, settings=self.settings, end_is_known=True)
         try:
             delivered = (((e.ledger_id, e.entry_id), e.data) for e in _counted(read, self.stats))
@@ -141,8 +146,9 @@ class BrokerFetcher:
 
 def _counted(entries: Iterator[Any], stats: FetchStats) -> Iterator[Any]:
     for entry in entries:
-        stats.entries += 1
-        stats.bytes += len(entry.data)
+        with stats.lock:
+            stats.entries += 1
+            stats.bytes += len(entry.data)
         yield entry
 
 
@@ -181,7 +187,7 @@ class PartReader:
         self._open: dict[str, tuple[Iterator[tuple[Position, bytes]], Position, Position]] = {}
         self.stats = FetchStats()
 
-    def take(self, topic: str, refs: Sequence[EntryRef], after: Position, run_end: Position) -> list[bytes]:
+    def take(self, topic: str, refs: Sequence[EntryRef], after: Position, run_end: Position) -> list[Buffer]:
         """The checked bytes of ``refs``; ``run_end`` is the last position of the run of consecutive parts
         this one begins or continues (a new stream reads ``(after, run_end]``)."""
         if not refs:
@@ -262,7 +268,7 @@ class BrokerFetcherSpec:
         return SpoolFetcher(self.spool_dir, broker)
 
 
-def fetch(fetcher: EntryFetcher, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[bytes]:
+def fetch(fetcher: EntryFetcher, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[Buffer]:
     """The checked bytes of ``refs`` in one read ``(after, last]`` (one part, or a test's entries)."""
     if not refs:
         return []

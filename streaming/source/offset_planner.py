@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -75,6 +76,8 @@ class SourcePlanner:
         self._entry_size: dict[str, float] = {}
         self._known_ends: dict[str, Position] = {}
         self._round = 0
+        self._next_lookup: dict[str, float] = {}
+        """Quiet topic-partitions: when (monotonic) their latest position is asked for again (``idlePollSeconds``)."""
         self._policies = VersionsFile(options.policy_versions_file) if options.policy_versions_file else None
         self._buffers = BufferFile(options.buffer_file) if options.buffer_file else None
         self._quarantine = PauseFile(options.quarantine_file) if options.quarantine_file else None
@@ -206,6 +209,21 @@ class SourcePlanner:
                     latest[tp] = cap if tp in self._target else None
         return latest
 
+    def _due(self, partitions: Sequence[str], now: float) -> list[str]:
+        """The topic-partitions whose latest position this trigger asks for: those with something new at the
+        last look, and the quiet ones every ``idlePollSeconds``. All of them for ``Trigger.AvailableNow`` (its
+        target is fixed once) and with ``idlePollSeconds`` 0. A job over thousands of mostly quiet
+        topic-partitions then asks about the active ones and a slice of the rest per trigger, not about all."""
+        if self._target is not None or self.options.idle_poll_s <= 0:
+            return list(partitions)
+        return [tp for tp in partitions if self._next_lookup.get(tp, 0.0) <= now]
+
+    def _quiet_interval(self, tp: str) -> float:
+        """``idlePollSeconds`` spread over [0.75, 1.25] of it by the topic's name (stable across runs), so the
+        quiet topic-partitions are asked about a slice at a time rather than all in one trigger."""
+        spread = zlib.crc32(tp.encode()) / 0xFFFFFFFF
+        return self.options.idle_poll_s * (0.75 + 0.5 * spread)
+
     def _latest_batch(self, partitions: Sequence[str]) -> dict[str, Any]:
         """The pipelined lookup; raises when it answered nothing (the broker is unreachable), so that the
         whole batch is retried rather than each topic-partition on its own."""
@@ -290,7 +308,12 @@ class SourcePlanner:
             partitions = [tp for tp in partitions if tp not in held]
             for tp in held:
                 start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
-        latest = self.latest_positions(partitions)
+        now = time.monotonic()
+        due = self._due(partitions, now)
+        latest = self.latest_positions(due)
+        for tp in partitions:
+            if tp not in latest:  # quiet when last asked, and not due yet: nothing new as far as we know
+                latest[tp] = self._latest.get(tp)
         end = dict(start)  # topic-partitions no longer discovered (or paused) keep their position
         pending: list[str] = []
         for tp in partitions:
@@ -310,6 +333,9 @@ class SourcePlanner:
                 continue
             if last is not None and last > s:
                 pending.append(tp)
+                self._next_lookup.pop(tp, None)
+            elif tp in due:
+                self._next_lookup[tp] = now + self._quiet_interval(tp)
         self._latest.update(latest)
         self._known_ends = {}
         rooms = self.buffer_rooms(pending, now_ms)

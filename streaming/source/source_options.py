@@ -18,7 +18,13 @@ from streamoffload.streaming.protocol.client_options import (
     client_options,
 )
 from streamoffload.streaming.protocol.exactly_once import Position, ReaderSettings
-from streamoffload.streaming.protocol.option_values import parse_bool, parse_positive, parse_size, parse_topic
+from streamoffload.streaming.protocol.option_values import (
+    parse_bool,
+    parse_positive,
+    parse_seconds,
+    parse_size,
+    parse_topic,
+)
 
 READERS = ("raw", "client")
 DEFAULT_MAX_PARTITIONS = 64
@@ -47,6 +53,9 @@ class SourceOptions:
     receiver_queue_size: int = 2000
     retry_timeout_s: float = 60.0
     discovery_interval_s: float = 10.0
+    idle_poll_s: float = 2.0
+    """A topic-partition with nothing new at its last lookup is asked for its latest position again only after
+    about this long (0: every trigger)."""
     arrow_batch_entries: int = 2000
     arrow_batch_bytes: int = 32 << 20
     min_partitions: int = 1
@@ -128,6 +137,7 @@ class SourceOptions:
             retry_timeout_s=_opt(get("retryTimeoutSeconds"), lambda t: parse_positive(t, "retryTimeoutSeconds", float))
             or 60.0,
             discovery_interval_s=float(get("discoveryIntervalSeconds") or 10.0),
+            idle_poll_s=parse_seconds(get("idlePollSeconds") or "2", "idlePollSeconds"),
             arrow_batch_entries=_opt(get("arrowBatchEntries"), lambda t: parse_positive(t, "arrowBatchEntries"))
             or 2000,
             arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: parse_size(t, "arrowBatchBytes")) or 32 << 20,

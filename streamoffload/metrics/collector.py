@@ -48,6 +48,10 @@ class JobMetrics(Collector):
 
     ``topic_series``: per-topic series for at most this many topic-partitions per scrape, the worst first
     (``metrics.selection``); 0 exports none. The ``streamoffload_namespace_*`` families cover them all.
+
+    ``relist_s``: the store refresh lists a topic-partition only when :meth:`mark_changed` named it (the job's
+    ``metadata_listeners``), or once every ``relist_s`` (``MetadataView.snapshot``); without it, every refresh
+    lists every topic-partition (metrics of a store others write).
     """
 
     def __init__(
@@ -62,12 +66,15 @@ class JobMetrics(Collector):
         read_cache: bool = True,
         topic_rediscovery_s: float = 3600.0,
         topic_series: int = DEFAULT_TOPIC_SERIES,
+        relist_s: float | None = None,
     ) -> None:
         if isinstance(topic_series, bool) or not isinstance(topic_series, int) or topic_series < 0:
             raise ValueError(f"topic_series must be a whole number >= 0, got {topic_series!r}")
         self.topic_series = topic_series
         self.metadata = metadata
-        self._view = None if metadata is None else MetadataView(metadata, rediscover_s=topic_rediscovery_s)
+        self._view = (
+            None if metadata is None else MetadataView(metadata, rediscover_s=topic_rediscovery_s, relist_s=relist_s)
+        )
         self.backlog_provider = backlog
         self.store_refresh_s = store_refresh_s
         self.backlog_interval_s = backlog_interval_s
@@ -208,6 +215,11 @@ class JobMetrics(Collector):
 
     # -- the store -------------------------------------------------------------------------------
 
+    def mark_changed(self, topics: Iterable[str]) -> None:
+        """The job wrote these topic-partitions' metadata: the next refresh lists them again."""
+        if self._view is not None:
+            self._view.mark_changed(topics)
+
     def refresh_store(self, topics: Iterable[str] | None = None) -> None:
         """Re-read the metadata of ``topics``, or of every topic-partition known (the store's, found at
         the first refresh and every ``topic_rediscovery_s``, and those the job's batches named): one
@@ -222,7 +234,9 @@ class JobMetrics(Collector):
         else:
             names = sorted({str(t) for t in topics})
         for topic in names:
-            snap = view.refresh(topic)
+            # The periodic pass lists only what changed (with relist_s: the job tells mark_changed); topics
+            # named by the caller are listed now.
+            snap = view.snapshot(topic) if topics is None else view.refresh(topic)
             totals = store_totals(snap)
             with self._lock:
                 state = self._topic(topic)

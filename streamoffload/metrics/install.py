@@ -34,6 +34,7 @@ def install_metrics(
     ``topic_series`` (by default the job configuration's ``[metrics] topic_series``): per-topic series for at
     most this many topic-partitions, the worst first (``metrics.selection``)."""
     from streamoffload.streaming.job.queries import QUERY_NAME
+    from streamoffload.streaming.job.runs import METADATA_RELIST_S
 
     if backlog is None:
         backlog_path = _source_option(job, "backlogFile")
@@ -41,13 +42,20 @@ def install_metrics(
     if topic_series is None:
         settings = getattr(getattr(job, "config", None), "metrics", None)
         topic_series = getattr(settings, "topic_series", DEFAULT_TOPIC_SERIES)
+    # The job tells what its batches (and each run's recovery) wrote: the store refresh lists only that, and
+    # every other topic-partition once per METADATA_RELIST_S.
+    listeners = getattr(job, "metadata_listeners", None)
     metrics = JobMetrics(
         job.metadata(),
         backlog=backlog,
         store_refresh_s=store_refresh_s,
         backlog_interval_s=backlog_interval_s,
         topic_series=topic_series,
+        relist_s=METADATA_RELIST_S if listeners is not None else None,
     )
+    if listeners is not None:
+        listeners.append(metrics.mark_changed)
+        metrics.on_stop(lambda: _remove(listeners, metrics.mark_changed))
     metrics.start_refresher()
     health = getattr(job, "health", None)
     if health is not None:

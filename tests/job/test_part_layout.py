@@ -336,3 +336,56 @@ def test_each_part_fetches_after_the_entry_the_segmenter_saw_before_it(tmp_path:
     # Consecutive parts of one micro-batch share one read: at most one read per micro-batch.
     assert len(fetcher.calls) <= applied <= parts
     assert read_entries(store, TOPIC) == triples(published)
+
+
+# --- many topic-partitions at once ------------------------------------------------------------------------
+
+
+def _topic_actions(topics: list[str], published: list[Published]) -> list[dict[str, Any]]:
+    """Each topic-partition's open, parts and seal, interleaved as a micro-batch's rows are."""
+    per_topic = [
+        _rows(run_segmenter(t, POLICY, MemoryState(), metas(published), [CONTROL_SEAL], now_ms=1_000, min_part_size=1))
+        for t in topics
+    ]
+    rows: list[dict[str, Any]] = []
+    for i in range(max(len(p) for p in per_topic)):
+        rows.extend(p[i] for p in per_topic if i < len(p))
+    return rows
+
+
+def test_a_sink_writes_many_topic_partitions_at_once_as_it_writes_them_one_by_one(tmp_path: Path) -> None:
+    """Threads (one topic-partition each at a time) write the same objects, byte for byte, as one thread; a
+    budget of one byte lets only one part be held at a time, and still everything is written."""
+    published = _published()
+    topics = [f"{TOPIC}-{i}" for i in range(12)]
+    rows = _topic_actions(topics, published)
+    written: dict[str, dict[str, bytes]] = {}
+    for name, threads, budget in (("one", 1, 0), ("many", 8, 64 << 20), ("tight", 8, 1)):
+        store = FilesystemStore(tmp_path / name, fsync=False)
+        fetcher = MemoryFetcher({t: {e.position: e.payload for e in published} for t in topics})
+        stats = SegmentSink(store, fetcher=fetcher, threads=threads, part_budget=budget).apply(rows)
+        assert len(stats.sealed) == len(topics) and stats.errors == 0
+        for topic in topics:
+            assert read_entries(store, topic) == triples(published)
+        written[name] = {
+            str(p.relative_to(store.root)): p.read_bytes()
+            for p in store.root.rglob("*")
+            if p.is_file() and "_meta" not in p.parts
+        }
+    assert written["many"] == written["one"] == written["tight"]
+
+
+def test_one_failing_topic_partition_does_not_stop_the_others(tmp_path: Path) -> None:
+    published = _published()
+    topics = [f"{TOPIC}-{i}" for i in range(6)]
+    rows = _topic_actions(topics, published)
+    victim = topics[2]
+    entries = {t: {e.position: e.payload for e in (_changed(published) if t == victim else published)} for t in topics}
+    store = FilesystemStore(tmp_path / "store", fsync=False)
+    with pytest.raises(TopicFailedError) as info:
+        SegmentSink(store, fetcher=MemoryFetcher(entries), threads=4).apply(rows)
+    assert info.value.topic == victim and isinstance(info.value.__cause__, EntryChangedError)
+    assert MetadataStore(store).offloaded_segments(victim) == []
+    for topic in topics:
+        if topic != victim:
+            assert read_entries(store, topic) == triples(published)

@@ -243,6 +243,47 @@ def test_topics_are_rediscovered_rarely_and_extra_topics_join_at_once(tmp_path: 
     assert counting.calls["list"] == 1
 
 
+def test_told_what_changed_a_pass_lists_only_that_and_the_rest_once_per_relist_interval(tmp_path: Path) -> None:
+    """The job's passes (retention, metrics) with ``relist_s``: a quiet topic-partition costs no request until
+    its relist time; one marked changed is listed at the next pass and its new segment seen."""
+    counting = CountingStore(FilesystemStore(tmp_path / "store", fsync=False))
+    meta = MetadataStore(counting)
+    for i in range(5):
+        meta.commit(sealed(topic_name(i), 0))
+    clock = [0.0]
+    view = MetadataView(meta, relist_s=3600, clock=lambda: clock[0])
+    policy = OffloadPolicy()
+
+    def a_pass() -> int:
+        counting.calls.clear()
+        for name in view.topics():
+            apply_retention(meta, name, policy, NOW, view=view)
+        return counting.calls["list"]
+
+    assert a_pass() == 1 + 5  # the store once (discovery), then each topic-partition once
+    clock[0] = 60
+    assert a_pass() == 0  # nothing changed, nothing listed
+    meta.commit(sealed(topic_name(3), 1))
+    view.mark_changed([topic_name(3)])
+    clock[0] = 120
+    assert a_pass() == 1  # only the one the job wrote
+    assert len(view.snapshot(topic_name(3)).offloaded()) == 2
+    meta.commit(sealed(topic_name(4), 1))  # written by another process: not marked
+    clock[0] = 180
+    assert a_pass() == 0
+    assert len(view.snapshot(topic_name(4)).offloaded()) == 1  # not seen yet
+    clock[0] = 3800
+    assert a_pass() == 1 + 5  # the relist interval (and rediscovery) passed: everything once
+    assert len(view.snapshot(topic_name(4)).offloaded()) == 2
+    # Without relist_s every pass lists every topic-partition (a view of a store others write).
+    plain = MetadataView(meta)
+    counting.calls.clear()
+    for _ in range(2):
+        for name in plain.topics():
+            plain.snapshot(name)
+    assert counting.calls["list"] == 1 + 2 * 5
+
+
 # -- compaction --------------------------------------------------------------------------------------
 
 

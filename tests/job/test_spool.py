@@ -55,6 +55,19 @@ def test_spooled_ranges_are_read_from_the_spool_and_the_rest_from_the_broker(tmp
         assert stat.S_IMODE(spooled.path.stat().st_mode) == 0o600
 
 
+def test_entries_taken_from_the_spool_stay_readable_after_their_file_is_released(tmp_path: Path) -> None:
+    """The spool hands out views of the mapped file (no copy): what the sink holds stays valid when the file is
+    removed under it (the mapping outlives the name), and the file's descriptor and mapping go with the views."""
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:10], (-1, -1))
+    fetcher = SpoolFetcher(str(root), CountingFetcher())
+    got = PartReader(fetcher).take(TOPIC, refs(ENTRIES[:10]), (-1, -1), ENTRIES[9].position)
+    assert all(isinstance(g, memoryview) and g.readonly for g in got)
+    fetcher.release(TOPIC, ENTRIES[9].position)
+    assert spool_files(root, TOPIC) == []
+    assert [bytes(g) for g in got] == [e.payload for e in ENTRIES[:10]]
+
+
 def test_release_removes_the_files_whose_entries_are_written(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     spool_range(root, ENTRIES[:10], (-1, -1))

@@ -82,3 +82,54 @@ def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
     connections.clear()
     assert planner.latest_positions(topics) == expected
     assert len(connections) == 2  # the batch, then the one topic alone
+
+
+def test_quiet_topic_partitions_are_asked_about_every_idle_poll_not_every_trigger(
+    pulsar_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five quiet topic-partitions and one with new entries: after the first trigger, only the active one is
+    asked about until ``idlePollSeconds`` has passed; then a quiet one's new entries are seen."""
+    from streamoffload.streaming.source import offset_planner as planner_module
+
+    topics = [unique_topic(f"idle-poll-{n}") for n in range(6)]
+    busy, quiet = topics[0], topics[1:]
+    for topic in topics:
+        produce(pulsar_broker.service_url, topic, 1, 16, batching=False)
+    clock = [1000.0]
+    monkeypatch.setattr(planner_module.time, "monotonic", lambda: clock[0])
+    asked: list[list[str]] = []
+    real = SourcePlanner.latest_positions
+
+    def recording(self: SourcePlanner, partitions: list[str]) -> dict[str, Any]:
+        asked.append(sorted(partitions))
+        return real(self, partitions)
+
+    monkeypatch.setattr(SourcePlanner, "latest_positions", recording)
+    options = {"service.url": pulsar_broker.service_url, "topics": ",".join(topics), "idlePollSeconds": "10"}
+    planner = SourcePlanner(SourceOptions.parse(options))
+    start = planner.initial_offset()
+    end = planner.latest_offset(start, None, None)  # everything is due the first time
+    assert asked[-1] == sorted(topics)
+    assert all(end[t] != start[t] for t in topics)
+    produce(pulsar_broker.service_url, busy, 1, 16, batching=False)
+    clock[0] += 1
+    end = planner.latest_offset(end, None, None)  # all had something new last time: all asked again
+    assert asked[-1] == sorted(topics)
+    clock[0] += 1
+    end = planner.latest_offset(end, None, None)
+    assert asked[-1] == [busy], "the quiet ones were quiet at their last look"
+    clock[0] += 1
+    before = dict(end)
+    end = planner.latest_offset(end, None, None)
+    assert asked[-1] == [], "nobody had anything new at the last look: no lookup within 0.75 x 10 s"
+    assert end == before
+    produce(pulsar_broker.service_url, quiet[0], 2, 16, batching=False)
+    clock[0] += 6.0  # 0.75 x idlePollSeconds after the quiet ones' last look: the first are due
+    seen = end
+    for _ in range(8):  # within 1.25 x idlePollSeconds every one was asked about again
+        clock[0] += 0.5
+        seen = planner.latest_offset(seen, None, None)
+    assert {t for batch in asked[3:] for t in batch} == set(topics)
+    assert all(len(batch) < len(topics) for batch in asked[3:]), "spread over triggers, not all at once"
+    assert seen[quiet[0]] != end[quiet[0]]  # its new entries were admitted once it was due
+    assert all(seen[t] == end[t] for t in [busy, *quiet[1:]])
