@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,11 @@ class Producer:
     broker's acknowledgements are recorded per topic-partition (sequence numbers and the last message id).
     ``compression``: a topic-partition's producer compression (``pulsar.CompressionType`` name, e.g. ``LZ4``,
     ``ZSTD``); the others publish uncompressed.
+
+    ``active`` (bench/scale.py): each round publishes one message to each topic-partition it returns (asked again
+    every round; a subset of ``topics``), instead of to all of them. A topic-partition's producer is then created
+    when it becomes active and flushed and closed when it stops being active, so thousands of mostly idle
+    topic-partitions do not hold a producer each.
     """
 
     def __init__(
@@ -54,8 +59,10 @@ class Producer:
         payload_size: int,
         *,
         compression: dict[str, str] | None = None,
+        active: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         self.service_url = service_url
+        self.active = active
         self.compression = compression or {}
         self.traffic = {t: _TopicTraffic(batched) for t, batched in topics.items()}
         self.rate = rate
@@ -82,21 +89,11 @@ class Producer:
     def _run(self) -> None:
         import pulsar
 
+        producers: dict[str, Any] = {}
         try:
             client = pulsar.Client(self.service_url, logger=_QUIET)
-            producers = {
-                t: client.create_producer(
-                    t,
-                    batching_enabled=tr.batched,
-                    batching_max_messages=20,
-                    batching_max_publish_delay_ms=20,
-                    max_pending_messages=10_000,
-                    block_if_queue_full=True,
-                    send_timeout_millis=60_000,
-                    compression_type=getattr(pulsar.CompressionType, self.compression.get(t, "NONE")),
-                )
-                for t, tr in self.traffic.items()
-            }
+            if self.active is None:
+                producers = {t: self._create(client, t) for t in self.traffic}
         except BaseException as err:  # reported by start()
             self.error = err
             self._ready.set()
@@ -106,7 +103,13 @@ class Producer:
         sent = 0
         try:
             while not self._stop.is_set():
-                for topic, tr in self.traffic.items():
+                topics = list(self.traffic) if self.active is None else self._activate(client, producers)
+                if not topics:  # nothing active: the pacing starts again with the next round
+                    started, sent = time.monotonic(), 0
+                    self._stop.wait(0.05)
+                    continue
+                for topic in topics:
+                    tr = self.traffic[topic]
                     seq = tr.sent
                     tr.sent += 1
                     producers[topic].send_async(
@@ -130,6 +133,35 @@ class Producer:
                 with contextlib.suppress(Exception):
                     producer.close()
             client.close()
+
+    def _create(self, client: Any, topic: str) -> Any:
+        import pulsar
+
+        return client.create_producer(
+            topic,
+            batching_enabled=self.traffic[topic].batched,
+            batching_max_messages=20,
+            batching_max_publish_delay_ms=20,
+            max_pending_messages=10_000,
+            block_if_queue_full=True,
+            send_timeout_millis=60_000,
+            compression_type=getattr(pulsar.CompressionType, self.compression.get(topic, "NONE")),
+        )
+
+    def _activate(self, client: Any, producers: dict[str, Any]) -> list[str]:
+        """With ``active``: this round's topic-partitions, their producers created; the producers of those that
+        stopped being active flushed and closed."""
+        assert self.active is not None
+        topics = list(dict.fromkeys(self.active()))
+        wanted = set(topics)
+        for topic in [t for t in producers if t not in wanted]:
+            producer = producers.pop(topic)
+            producer.flush()
+            producer.close()
+        for topic in topics:
+            if topic not in producers:
+                producers[topic] = self._create(client, topic)
+        return topics
 
     def _callback(self, topic: str, seq: int) -> Callable[[Any, Any], None]:
         import pulsar

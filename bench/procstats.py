@@ -414,9 +414,10 @@ def thread_count(pid: int) -> int:
 @dataclass
 class JobTreeSample:
     """One moment of a ``streamoffload run`` process tree: the Python driver, the Spark JVM it launched
-    (driver and executor in one on ``local[n]``) and the JVM's Python processes (workers, daemons, source
-    runners). fds and threads are the driver's and the JVM's: the long-lived processes, whose counts a leak
-    would raise; workers come and go with tasks, so theirs are kept apart."""
+    (driver and executor in one on ``local[n]``) and Spark's Python processes (workers, daemons, source
+    runners: the JVM's descendants and the fork server's, ``streaming/fork_server.py``). fds and threads are the
+    driver's and the JVM's: the long-lived processes, whose counts a leak would raise; workers come and go with
+    tasks, so theirs are kept apart."""
 
     driver_rss: int
     jvm_pid: int | None
@@ -434,6 +435,10 @@ def job_tree_sample(driver_pid: int) -> JobTreeSample:
     jvms = [p for p in parents.get(driver_pid, []) if "java" in _cmdline(p).split(" ")[0]]
     jvm = jvms[0] if jvms else None
     workers = [p for p in _subtree(parents, jvm) if p != jvm] if jvm is not None else []
+    # The fork server is the driver's child; Spark's daemons and workers it forked are its descendants, not the
+    # JVM's (whose children are then the fork clients).
+    for server in (p for p in parents.get(driver_pid, []) if p != jvm and is_fork_server(p)):
+        workers.extend(_subtree(parents, server))
     long_lived = [driver_pid] if jvm is None else [driver_pid, jvm]
     return JobTreeSample(
         driver_rss=_rss_bytes(driver_pid),

@@ -32,6 +32,9 @@ from streamoffload.streaming.source.admission import buffer_file_path, write_buf
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "streamoffload"
+IDLE_POLL_S = 2.0
+"""The source's ``idlePollSeconds`` in the job: a quiet topic-partition's first new entry is read up to this much
+later, in exchange for not asking the broker about every topic-partition at every trigger."""
 STATE_STORE_CONF = {
     # Per micro-batch, commit the state's changes as a changelog instead of a RocksDB checkpoint
     # (a flush, hard links and a copy of the new files): the fixed cost of a batch's state commit.
@@ -231,6 +234,9 @@ class JobQueries:
             spark.readStream.format("pulsar")
             .options(**self.source_options(seal_at_end=seal_at_end))
             .option("maxPartitions", str(max_partitions))
+            # A quiet topic-partition's latest position every ~2 s, not every trigger (a lookup costs the broker
+            # a subscription): a trigger over thousands of topic-partitions asks about those that move.
+            .option("idlePollSeconds", str(IDLE_POLL_S))
             .load()
             # The source's seal markers (``sealAtEnd``, ledger_id -1) seal their topic-partition's open segment.
             .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))

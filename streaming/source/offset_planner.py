@@ -212,8 +212,9 @@ class SourcePlanner:
     def _due(self, partitions: Sequence[str], now: float) -> list[str]:
         """The topic-partitions whose latest position this trigger asks for: those with something new at the
         last look, and the quiet ones every ``idlePollSeconds``. All of them for ``Trigger.AvailableNow`` (its
-        target is fixed once) and with ``idlePollSeconds`` 0. A job over thousands of mostly quiet
-        topic-partitions then asks about the active ones and a slice of the rest per trigger, not about all."""
+        target is fixed once) and with ``idlePollSeconds`` 0 (the source's default; the offload job sets 2 s).
+        A job over thousands of mostly quiet topic-partitions then asks about the active ones and a slice of
+        the rest per trigger, not about all."""
         if self._target is not None or self.options.idle_poll_s <= 0:
             return list(partitions)
         return [tp for tp in partitions if self._next_lookup.get(tp, 0.0) <= now]

@@ -76,11 +76,12 @@ Options (names are case-insensitive, as Spark makes them):
     Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
     long a read (or the driver's position lookups) keeps retrying without progress before failing.
 ``discoveryIntervalSeconds`` (10), ``arrowBatchEntries`` (2000), ``arrowBatchBytes`` (32 MiB)
-``idlePollSeconds`` (2)
-    A topic-partition that had nothing new at its last lookup is asked for its latest position again only
-    after about this long (spread over 0.75-1.25 of it by name), not at every trigger: a query over thousands
-    of mostly quiet topic-partitions asks about the active ones and a slice of the rest. New entries on a
-    quiet topic-partition are then seen up to this much later. 0 asks about every one at every trigger;
+``idlePollSeconds`` (0)
+    When above 0, a topic-partition that had nothing new at its last lookup is asked for its latest position
+    again only after about this long (spread over 0.75-1.25 of it by name), not at every trigger: a query over
+    thousands of mostly quiet topic-partitions asks about the active ones and a slice of the rest. New entries
+    on a quiet topic-partition are then seen up to this much later, and ``processAllAvailable`` may return
+    before it has seen them. 0 (the default) asks about every one at every trigger; the offload job sets 2 s.
     ``Trigger.AvailableNow`` always asks about all of them once.
 ``minPartitions`` (1)
     As in Spark's Kafka source: a micro-batch with fewer topic-partition ranges than this cuts the

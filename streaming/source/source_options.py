@@ -53,9 +53,9 @@ class SourceOptions:
     receiver_queue_size: int = 2000
     retry_timeout_s: float = 60.0
     discovery_interval_s: float = 10.0
-    idle_poll_s: float = 2.0
+    idle_poll_s: float = 0.0
     """A topic-partition with nothing new at its last lookup is asked for its latest position again only after
-    about this long (0: every trigger)."""
+    about this long (0, the default: every trigger; the offload job sets 2 s)."""
     arrow_batch_entries: int = 2000
     arrow_batch_bytes: int = 32 << 20
     min_partitions: int = 1
@@ -137,7 +137,7 @@ class SourceOptions:
             retry_timeout_s=_opt(get("retryTimeoutSeconds"), lambda t: parse_positive(t, "retryTimeoutSeconds", float))
             or 60.0,
             discovery_interval_s=float(get("discoveryIntervalSeconds") or 10.0),
-            idle_poll_s=parse_seconds(get("idlePollSeconds") or "2", "idlePollSeconds"),
+            idle_poll_s=parse_seconds(get("idlePollSeconds") or "0", "idlePollSeconds"),
             arrow_batch_entries=_opt(get("arrowBatchEntries"), lambda t: parse_positive(t, "arrowBatchEntries"))
             or 2000,
             arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: parse_size(t, "arrowBatchBytes")) or 32 << 20,
