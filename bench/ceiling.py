@@ -25,7 +25,7 @@ payload.
 One local[2] Spark session, built with the project's ``build_session`` (the job's confs), and the embedded
 pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB/s of entry bytes for:
 
-1. ``memcopy``: a plain Python loop building the source's Arrow record batches (``streaming/source.py``
+1. ``memcopy``: a plain Python loop building the source's Arrow record batches (``streaming/source/pulsar_source.py``
    ``SCHEMA``) from ``bytes`` entries, in this process: what one core does with the bytes, no Spark.
 2. ``plain``: ``bench/source.py``'s ``drain_plain`` over the batched topic above (MB/s of message payload),
    the denominator of issues 11 and 12 and of every ``ratio``; ``raw``: ``read_range_raw`` over the same
@@ -44,7 +44,7 @@ pulsar-lite broker. In alternating rounds (best of ``--repeat``), it measures MB
    no state and concatenates each topic's entries into one ``data`` row per ~4 MiB -> ``foreachBatch``
    running ``mapInArrow`` (each ``data`` value written to a file under a temporary directory) + ``collect``,
    micro-batches of ``--trigger-mb`` (like the job's ``max_bytes_per_trigger``), with the job's state store
-   settings (``streaming.job.STATE_STORE_CONF``: changelog checkpointing) and ``noDataMicroBatches`` off
+   settings (``streaming.job.queries.STATE_STORE_CONF``: changelog checkpointing) and ``noDataMicroBatches`` off
    (as ``run --once``). With ``spark.shuffle.compress`` true and false. To split the job's time into its
    steps: ``shuffle->noop`` is the source repartitioned by topic (the groupBy's exchange, no Python) into
    ``noop``, and ``seg->noop`` the segmenter's output into ``noop`` (everything but the sink); both for the
@@ -74,7 +74,7 @@ come from /proc in ticks of 0.01 s: at ``--mb 20`` one tick is 0.5 s per GB.
    (``tests/fixtures/s3.py``'s ``moto_endpoint``; moto keeps objects in memory and is Python on the same
    cores, so this is moto's ceiling, not S3's); CPU of this process and of moto. Index and manifest puts
    are left out (small). ``--no-store`` skips both.
-7. ``positions job``: ``OffloadJob.run_once`` (``streaming/job.py``) end to end over the topic into a
+7. ``positions job``: ``OffloadJob.run_once`` (``streaming/job/supervision.py``) end to end over the topic into a
    FilesystemStore, the default offload settings (``bench/offload.py``'s ``job_config`` with its
    ``--defaults``: only the store, checkpoint and topics set), after a warm-up run on a small topic. MB/s of
    the entry bytes in the sealed segments' manifests, timed (like the Spark lines) as the sum of its
@@ -127,10 +127,10 @@ from bench.source import drain_plain, drain_raw
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.storage.base import ObjectStore
-from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.job import STATE_STORE_CONF
-from streamoffload.streaming.source import SCHEMA, arrow_schema
+from streamoffload.streaming.job.queries import STATE_STORE_CONF
+from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.source.pulsar_source import SCHEMA, arrow_schema
 from streamoffload.units import MIB
 
 SOURCE_NAME = "ceiling-memory"
@@ -252,8 +252,8 @@ def start_drain(spec: str) -> Any:
 
 def drain(spec: str) -> None:
     # Not bench/source.py's drain_raw: this runs in Spark's Python worker, which cannot import ``bench``.
-    from streamoffload.streaming import raw_reader as rr
-    from streamoffload.streaming.ranges import BEFORE_EARLIEST, ReaderSettings
+    from streamoffload.streaming.protocol import raw_reader as rr
+    from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, ReaderSettings
 
     _how, url, topic, end_text, stall_ms = spec.split("|")
     ledger, entry = (int(v) for v in end_text.split(":"))
@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({shape.entries * shape.entry_bytes / 1e6:.0f} MB) per figure, best of {args.repeat}, work dir {work}"
     )
     log_beside(work)
-    from streamoffload.streaming.session import build_session
+    from streamoffload.streaming.job.session import build_session
 
     # No Spark query without the old shape's lines and the positions job: no session (its JVM, ~15 s).
     spark: Any = None

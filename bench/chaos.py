@@ -84,7 +84,7 @@ from streamoffload.produce import expected_payload
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import DISK_FULL_FLAG_ENV
-from streamoffload.streaming.faults import CRASH_ARM
+from streamoffload.streaming.runtime.faults import CRASH_ARM
 
 NAMESPACE = "persistent://public/default"
 # (maxSizePerOffloadSegmentMbytes, managedLedgerOffloadMaxBlockSizeInBytes) at 200 msg/s: the edits cycle

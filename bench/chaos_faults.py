@@ -5,7 +5,7 @@ Kinds, and what the harness does for each:
 - ``job-kill``: SIGKILL the job's process group after it made progress, restart it at once;
 - ``job-kill-startup``: kill it, restart it, kill it again 2-8 s into its start-up (before Spark runs a
   batch), restart it;
-- ``job-kill-commit``: arm the running job's crash point (``streaming.faults.CRASH_ARM``), so that it
+- ``job-kill-commit``: arm the running job's crash point (``streaming.runtime.faults.CRASH_ARM``), so that it
   SIGKILLs its whole process group in the middle of its next segment commit (mid-upload, between data object
   and index, or between index and manifest), then restart it;
 - ``broker-kill``: SIGKILL the pulsar-lite broker, restart it 0.5-4 s later on the same data directory and
@@ -54,7 +54,7 @@ WEIGHTS = {
     "policy-offline": 1,
 }
 CRASH_POINTS = ("after-part", "after-complete", "after-index")
-"""Where ``job-kill-commit`` crashes a segment's commit (streaming.faults.POINTS, the ones inside a seal)."""
+"""Where ``job-kill-commit`` crashes a segment's commit (streaming.runtime.faults.POINTS, the ones inside a seal)."""
 
 AFTER_PROGRESS = frozenset({"job-kill", "job-kill-commit"})
 """Kinds that need a job that is offloading (a kill after progress, a kill inside a commit)."""

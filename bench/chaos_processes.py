@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from streamoffload.produce import expected_payload
-from streamoffload.streaming.faults import group_alive
+from streamoffload.streaming.runtime.faults import group_alive
 
 # pulsar-client logs every producer's life at INFO; the harness's own lines should stand out.
 _QUIET = logging.getLogger("bench.chaos.pulsar")

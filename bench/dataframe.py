@@ -38,13 +38,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.logs import log_beside
-from streamoffload.checkpoints import offloaded_plan as ofp
-from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.checkpoints.topic_reader import TopicReader
 from streamoffload.codecs.entry import entry_messages
+from streamoffload.read import dataset_plan as ofp
+from streamoffload.read import dataset_read as ofr
+from streamoffload.read.segment import ChunkCache
+from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read import ChunkCache
 from tests.dataframe.synthetic import CountingStore, build_topic
 
 MIB = 1024 * 1024
@@ -175,7 +175,7 @@ def main() -> int:
 
         from pyspark.sql import functions as F
 
-        from streamoffload.streaming.session import build_session
+        from streamoffload.streaming.job.session import build_session
 
         log_beside(root)
         spark = build_session(master="local[2]", app_name="bench-dataframe", work_dir=str(root / "_spark"))

@@ -51,12 +51,12 @@ data under one temporary work directory (removed at the end unless ``--keep``).
    the Spark JVM (driver and executor in one, ``local[2]``), its Python workers, and the broker. It prints
    each peak beside the configured bounds, the JVM heap's peak use (per pool, from its MemoryPoolMXBeans)
    and the largest micro-batch and offload buffer seen. The job's ``bufferFile`` is written by a batch
-   listener here (``streaming.admission.write_buffer_file``, what the job's foreachBatch does).
+   listener here (``streaming.source.admission.write_buffer_file``, what the job's foreachBatch does).
 
 Comparing settings: ``--conf KEY=VALUE`` adds a Spark setting to the session (a run each, for settings
 fixed when the JVM starts). ``--compare KEY=VALUE --rounds N`` runs only the lag phase, ``N`` times on
 each side, alternating in one session: A with the job's settings, B with these on top (query-level
-settings such as ``streaming.job.STATE_STORE_CONF``'s), then prints each figure's median on both sides
+settings such as ``streaming.job.queries.STATE_STORE_CONF``'s), then prints each figure's median on both sides
 and B/A, so both sides see the same load:
 
     M=org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager
@@ -100,7 +100,8 @@ from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, Config, parse_co
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.limits import min_block_size
 from streamoffload.produce import ProduceSummary, produce
-from streamoffload.streaming.job import BatchReport, OffloadJob, min_part_size
+from streamoffload.streaming.job.offload_job import OffloadJob
+from streamoffload.streaming.job.queries import BatchReport, min_part_size
 
 MIB = 1024 * 1024
 NAMESPACE = "persistent://public/default"
@@ -310,7 +311,7 @@ def drain_plain_client(service_url: str, topics: list[str]) -> float:
     """Seconds a plain ``pulsar-client`` Reader loop (``bench/source.py``'s) takes to drain ``topics``."""
     import importlib.util
 
-    from streamoffload.streaming import pulsar_io as pio
+    from streamoffload.streaming.protocol import client_reader as pio
 
     spec = importlib.util.spec_from_file_location("bench_source", Path(__file__).with_name("source.py"))
     assert spec is not None and spec.loader is not None
@@ -505,8 +506,8 @@ def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_
 
 
 def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
-    from streamoffload.streaming.admission import buffer_bound, buffer_file_path, write_buffer_file
-    from streamoffload.streaming.source_options import SourceOptions
+    from streamoffload.streaming.source.admission import buffer_bound, buffer_file_path, write_buffer_file
+    from streamoffload.streaming.source.source_options import SourceOptions
 
     summary = publish_backlog(args, broker, "memory", "bench-offload-memory")
     topics = list(summary.partitions)
@@ -732,7 +733,7 @@ def compare_lag(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wo
     """``--compare``: the lag phase ``--rounds`` times on each side, alternating in this one session: A
     with the job's settings, B with the ``--compare`` settings on top of them (the job sets
     ``STATE_STORE_CONF`` on the session when a query starts, so B replaces those entries there)."""
-    import streamoffload.streaming.job as job_module
+    import streamoffload.streaming.job.queries as job_module
 
     job_settings = dict(job_module.STATE_STORE_CONF)
     overrides = dict(_key_values(args.compare))
@@ -798,9 +799,9 @@ def warm_up(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: 
 
 def use_min_part(size: int) -> None:
     """Give the segmenter ``size`` as its minimum part whatever the store (the job reads it from
-    ``streaming.job.min_part_size`` when it builds the query), e.g. S3's 5 MiB on the filesystem store."""
+    ``streaming.job.queries.min_part_size`` when it builds the query), e.g. S3's 5 MiB on the filesystem store."""
     global min_part_size
-    import streamoffload.streaming.job as job_module
+    import streamoffload.streaming.job.queries as job_module
 
     def fixed(_store: Any) -> int:
         return size
@@ -900,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
     )
     log_beside(work)
-    from streamoffload.streaming.session import build_session
+    from streamoffload.streaming.job.session import build_session
 
     spark = build_session(
         master="local[2]",

@@ -67,14 +67,14 @@ def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
             groups["python workers"] += table[pid][3]
             groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid) if p != pid)
         elif is_fork_server(pid):
-            # Spark's Python processes forked with the imports done (streaming/fork_server.py): the server
+            # Spark's Python processes forked with the imports done (streaming/runtime/fork_server.py): the server
             # itself, the daemons it forked for Spark and theirs.
             groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid))
     return groups
 
 
 def is_fork_server(pid: int) -> bool:
-    return "streamoffload.streaming.fork_server" in _cmdline(pid)
+    return "streamoffload.streaming.runtime.fork_server" in _cmdline(pid)
 
 
 def child_pids(word: str) -> list[int]:
@@ -349,7 +349,7 @@ def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
 
 def spark_python_pids(parents: dict[int, list[int]]) -> list[int]:
     """Spark's Python processes for this driver: the JVM's descendants, and the fork server's subtree
-    (streaming/fork_server.py: the daemons it forked for Spark, and what they forked)."""
+    (streaming/runtime/fork_server.py: the daemons it forked for Spark, and what they forked)."""
     out = []
     for pid in parents.get(os.getpid(), []):
         if "java" in _cmdline(pid).split(" ")[0]:
@@ -363,7 +363,7 @@ def _process_kind(pid: int) -> str:
     """A Spark Python process's kind: the module in its command line, or for one the fork server forked
     (whose command line is the server's) the name the server gave it, ``fork:<last part of the module>``."""
     cmdline = _cmdline(pid)
-    if "streamoffload.streaming.fork_server" not in cmdline:
+    if "streamoffload.streaming.runtime.fork_server" not in cmdline:
         return _worker_kind(cmdline)
     if stat := _proc_stat(pid):
         return f"fork:{stat[1]}" if stat[1] != "python" else "fork server"

@@ -53,14 +53,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
-from streamoffload.checkpoints.topic_reader import TopicReader
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
 from streamoffload.codecs.entry import Message, build_entry, crc32c
+from streamoffload.read.segment import ChunkCache
+from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read import ChunkCache
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
 from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
 

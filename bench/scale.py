@@ -19,12 +19,12 @@ run is said so):
    they would walk a real namespace's history. The time this takes and pulsar-lite's memory are printed; if
    creating fails or passes ``--create-timeout``, the step goes on with what exists and says exactly what
    (where pulsar-lite stops is a finding of its own).
-2. **Discovery**, measured in this process with the job's own planner (``streaming/planner.py``
+2. **Discovery**, measured in this process with the job's own planner (``streaming/source/offset_planner.py``
    ``SourcePlanner``, with the source options the job uses): pulsar-lite does not answer GetTopicsOfNamespace,
    so the job's ``topics_pattern`` comes with ``topics_pattern_candidates`` (every name above) and discovery
    expands each candidate (``SourcePlanner._list_namespace``). The first discovery waits out the unanswered
    GetTopicsOfNamespace; the job repeats the expansion every ``discoveryIntervalSeconds`` (10 s) inside a
-   trigger. Also one pipelined pass of every latest position (``streaming/latest_positions.py``), the other
+   trigger. Also one pipelined pass of every latest position (``streaming/protocol/latest_positions.py``), the other
    part of a trigger's planning.
 3. **The job** as ``python -m streamoffload run --conf FILE`` in its own process group (bench/chaos_processes.py
    ``JobProcess``): the pattern, a trigger every ``--trigger-s``, rollover ``--rollover-s``, segments of at most
@@ -120,9 +120,10 @@ from streamoffload.storage.request_counts import (
     counts_by_process,
     where_by_process,
 )
-from streamoffload.streaming.job import QUERY_NAME, OffloadJob
-from streamoffload.streaming.planner import SourcePlanner
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.job.offload_job import OffloadJob
+from streamoffload.streaming.job.queries import QUERY_NAME
+from streamoffload.streaming.source.offset_planner import SourcePlanner
+from streamoffload.streaming.source.source_options import SourceOptions
 
 NAMESPACE = "persistent://public/default"
 PARTITIONS_PER_TOPIC = 10

@@ -15,9 +15,9 @@ it several ways, in the same run, from the same broker:
 - ``plain``: a ``pulsar-client`` Reader loop reading every message and its payload -- the minimum a
   correct client does on pulsar-lite: skip what it already saw and re-open the reader at the last
   message when it stalls (SPEC 6), nothing else;
-- ``pulsar_io``: ``streaming.pulsar_io.read_range``, the source's reading without Spark: regrouping
+- ``pulsar_io``: ``streaming.protocol.client_reader.read_range``, the source's reading without Spark: regrouping
   batches, rebuilding every entry's bytes with ``codecs.entry.build_entry``, the exactness checks;
-- ``raw``: ``streaming.raw_reader.read_range_raw``, the raw-entry reader: the stored entries byte
+- ``raw``: ``streaming.protocol.raw_reader.read_range_raw``, the raw-entry reader: the stored entries byte
   for byte over the binary protocol (CRC-32C checked, message count from the metadata; no
   unpacking, no rebuilding), with the same exactness checks;
 - ``spark``: ``spark.readStream.format("pulsar")`` with ``Trigger.AvailableNow`` into Spark's
@@ -51,10 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.logs import log_beside
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.ranges import Position, ReaderSettings, ReadStats
-from streamoffload.streaming.wire import batch_size_of
+from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.exactly_once import Position, ReaderSettings, ReadStats
+from streamoffload.streaming.protocol.wire import batch_size_of
 
 
 def drain_plain(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark = None
     if not args.no_spark:
-        from streamoffload.streaming.session import build_session
+        from streamoffload.streaming.job.session import build_session
 
         log_beside(work)
         spark = build_session(

@@ -1,6 +1,7 @@
 """Control requests in the store: what ``offload-now`` (and ``run --once``'s final seal) asks of the job, and
 what became of each request. Plain Python on an ``ObjectStore``; the Spark source that turns requests into
-rows of the job's query is ``streaming/control.py``, so ``offload-now`` and ``offload-status`` never load Spark.
+rows of the job's query is ``streaming/source/control_source.py``, so ``offload-now`` and ``offload-status``
+never load Spark.
 
 A request is a small JSON object in the store under ``<prefix>/_control/requests/<id>``, written
 create-only. Ids are ``<time_ns>-<uuid4 hex>``: the uuid makes them unique without trusting any

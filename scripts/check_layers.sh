@@ -9,7 +9,7 @@ PY="${PY:-$ROOT/.venv/bin/python}"
 VIEW="$(mktemp -d)"
 trap 'rm -rf "$VIEW"' EXIT
 cp -r "$ROOT/streamoffload" "$VIEW/streamoffload"
-for pkg in codecs storage checkpoints streaming; do
+for pkg in codecs storage checkpoints read streaming; do
     cp -r "$ROOT/$pkg" "$VIEW/streamoffload/$pkg"
 done
 cp "$ROOT/pyproject.toml" "$VIEW/"

@@ -72,6 +72,12 @@ class StoreURL:
         return FilesystemStore
 
 
+def is_url(location: str) -> bool:
+    """Whether a location (a store, a checkpoint) is written as a URL (``scheme://...``) rather than a path:
+    the one test of it, for every caller."""
+    return "://" in location
+
+
 def parse_store_url(url: str) -> StoreURL:
     """The one parser of store URLs: ``file:///abs/dir``, ``file://localhost/abs/dir``, ``/abs/dir`` or
     ``rel/dir`` (no ``://``: a path), ``s3://bucket`` or ``s3://bucket/prefix``.
@@ -81,7 +87,7 @@ def parse_store_url(url: str) -> StoreURL:
     URL are refused without echoing them (they would end up in logs)."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("store URL is empty")
-    if "://" not in url:
+    if not is_url(url):
         return StoreURL("file", path=url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()

@@ -1,5 +1,8 @@
-"""Spark Structured Streaming pieces: the Pulsar source, the segmenter, the sink and the job. Spark
-code is kept thin over plain Python that tests can call without Spark."""
+"""The offload job on Spark Structured Streaming, in rooms (docs/DESIGN.md "Layers"): ``job/`` over the
+stages ``source/``, ``segmenter/`` and ``sink/`` (which never import each other), over what they share
+(``control/``, ``handoff/``), over Spark's process plumbing (``runtime/``) and the Pulsar protocol client
+(``protocol/``, no Spark). Spark code is kept thin over plain Python that tests can call without Spark.
+This module holds only :func:`register`."""
 
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ def register(spark: Any) -> None:
     source filter pushdown (``spark.sql.python.filterPushdown.enabled``; PySpark >= 4.1), which the batch
     source uses to prune by publish time, topic and position: with it off, Spark refuses a source that
     implements ``pushFilters``."""
-    from streamoffload.streaming.control import ControlDataSource
-    from streamoffload.streaming.offloaded_source import OffloadedDataSource
-    from streamoffload.streaming.source import PulsarDataSource
+    from streamoffload.streaming.source.control_source import ControlDataSource
+    from streamoffload.streaming.source.offloaded_source import OffloadedDataSource
+    from streamoffload.streaming.source.pulsar_source import PulsarDataSource
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(PulsarDataSource)

@@ -16,7 +16,7 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.storage.urls import parse_store_url
-from streamoffload.streaming.client_options import PULSAR_LOGGER
+from streamoffload.streaming.protocol.client_options import PULSAR_LOGGER
 
 if TYPE_CHECKING:
     from streamoffload.storage.base import ObjectStore
@@ -171,7 +171,7 @@ def log_settings() -> LogSettings:
 
 def configure_logging(settings: LogSettings) -> LogSettings:
     """Apply ``settings`` to the Python root logger, pulsar-client's logger (``pulsar_logger``) and Spark (through
-    ``streaming.session.configure_spark_logging``, used by the next ``build_session``). Idempotent: replaces the
+    ``streaming.job.session.configure_spark_logging``, used by the next ``build_session``). Idempotent: replaces the
     handlers it installed before."""
     global _current
     root = logging.getLogger()
@@ -207,7 +207,7 @@ def configure_logging(settings: LogSettings) -> LogSettings:
     logging.getLogger("py4j").setLevel(logging.DEBUG if level <= logging.DEBUG else max(level, logging.WARNING))
     # pulsar-client copies its logger's level into the C++ client when the client is created.
     logging.getLogger(PULSAR_LOGGER).setLevel(level)
-    from streamoffload.streaming.session import configure_spark_logging
+    from streamoffload.streaming.job.session import configure_spark_logging
 
     configure_spark_logging(settings.spark_level, settings.log_file, quiet=settings.quiet)
     _current = settings

@@ -25,6 +25,7 @@ from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
+from streamoffload.storage.urls import is_url
 from streamoffload.units import MIB
 
 # The smallest block: a header and one framed entry of one byte.
@@ -205,7 +206,7 @@ class SparkSettings:
     trigger_interval: str = "5 seconds"
     spool: bool = True
     """On ``local`` masters, the source tasks keep the bytes they read in a spool beside the checkpoint for the
-    sink (``streaming.spool``), so the broker sends each entry once; false: the sink reads it again."""
+    sink (``streaming.handoff.spool``), so the broker sends each entry once; false: the sink reads it again."""
     conf: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -481,7 +482,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
         # Relative paths in a file are relative to the file, not to wherever the job was started.
         if store.managedLedgerOffloadDriver == "filesystem" and not os.path.isabs(store.root):
             store = replace(store, root=str(base_dir / store.root))
-        if "://" not in spark.checkpoint and not os.path.isabs(spark.checkpoint):
+        if not is_url(spark.checkpoint) and not os.path.isabs(spark.checkpoint):
             spark = replace(spark, checkpoint=str(base_dir / spark.checkpoint))
 
     broker_policy = _normalise_policy(_section(doc, "offload", source), source, "offload")

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 from streamoffload.errors import StreamOffloadError
-from streamoffload.streaming.broker_connection import pulsar_handshake
+from streamoffload.streaming.protocol.broker_connection import pulsar_handshake
 
 __all__ = ["BrokerError", "EmbeddedBroker", "find_binary", "free_port", "pulsar_handshake"]
 

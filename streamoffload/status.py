@@ -19,7 +19,7 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.positions import Position
 from streamoffload.errors import StreamOffloadError
-from streamoffload.streaming.quarantine import read_records
+from streamoffload.streaming.control.quarantine import read_records
 
 
 def is_caught_up(last_offloaded: Sequence[int] | None, latest: Sequence[int] | None, latest_known: bool) -> bool | None:
@@ -68,7 +68,7 @@ class TopicStatus:
     error: str | None = None
     """Why this topic-partition's status could not be read (the other topics are still shown)."""
     set_aside: dict[str, Any] | None = None
-    """The job's record of this topic-partition's failures in a row (``streaming.quarantine``): failures,
+    """The job's record of this topic-partition's failures in a row (``streaming.control.quarantine``): failures,
     reason, and ``until_ms`` while it is set aside so the other topics go on."""
 
     def to_json(self) -> dict[str, Any]:
@@ -139,8 +139,8 @@ def latest_positions(
 
     import pulsar
 
-    from streamoffload.streaming import pulsar_io
-    from streamoffload.streaming.client_options import client_kwargs, pulsar_logger
+    from streamoffload.streaming.protocol import client_reader
+    from streamoffload.streaming.protocol.client_options import client_kwargs, pulsar_logger
 
     log = logging.getLogger(__name__)
     options = {"operationTimeoutSeconds": "3", "connectionTimeoutMs": "2000", **dict(client_options or {})}
@@ -159,7 +159,7 @@ def latest_positions(
     try:
         for topic in topics:
             try:
-                out[topic] = pulsar_io.latest_position(client, topic)
+                out[topic] = client_reader.latest_position(client, topic)
             except Exception as err:
                 if not out:  # the first one failed: the broker is not there; do not wait once per topic
                     log.warning("cannot ask %s for the latest positions (%s): LAG shown with '?'", service_url, err)

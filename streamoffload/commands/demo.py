@@ -55,15 +55,16 @@ def _say(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from streamoffload.checkpoints.metadata_store import MetadataStore
-    from streamoffload.checkpoints.topic_reader import TopicReader
     from streamoffload.codecs.entry import entry_messages
     from streamoffload.commands.status import render_table
     from streamoffload.config import load_config
     from streamoffload.embedded_broker import EmbeddedBroker
     from streamoffload.produce import expected_payload, partition_topics, produce
+    from streamoffload.read.topic_reader import TopicReader
     from streamoffload.status import latest_positions, store_status
-    from streamoffload.streaming.job import BatchReport, OffloadJob
-    from streamoffload.streaming.session import build_session
+    from streamoffload.streaming.job.offload_job import OffloadJob
+    from streamoffload.streaming.job.queries import BatchReport
+    from streamoffload.streaming.job.session import build_session
 
     work = Path(args.work_dir).resolve()
     if work.exists() and not args.keep:

@@ -1,6 +1,6 @@
 """``streamoffload inspect``: decode a local data object (and its index) and describe what it holds.
 
-The command layer (arguments, the summary or JSON); the describing is ``storage.read.describe``."""
+The command layer (arguments, the summary or JSON); the describing is ``read.segment.describe``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from streamoffload.storage.read.describe import UNKNOWN_LEDGER_KEY, InspectError, inspect_objects
+from streamoffload.read.segment.describe import UNKNOWN_LEDGER_KEY, InspectError, inspect_objects
 
 EPILOG = """\
 examples:

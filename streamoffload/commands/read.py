@@ -9,8 +9,6 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from streamoffload.checkpoints.offloaded_plan import refuse_corrupt
-from streamoffload.checkpoints.topic_reader import TopicReader, parse_position
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -23,8 +21,10 @@ from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import StreamOffloadError
+from streamoffload.read.dataset_plan import refuse_corrupt
+from streamoffload.read.segment import DEFAULT_CACHE_BYTES, ChunkCache, EntryNotFoundError, OffloadedEntry
+from streamoffload.read.topic_reader import TopicReader, parse_position
 from streamoffload.storage import keys
-from streamoffload.storage.read import DEFAULT_CACHE_BYTES, ChunkCache, EntryNotFoundError, OffloadedEntry
 
 EPILOG = """\
 examples:

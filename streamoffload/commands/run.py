@@ -99,9 +99,9 @@ def retry_store_at_start(step: Callable[[], T], *, once: bool, what: str) -> T:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamoffload.streaming.faults import arm_for_this_job
-    from streamoffload.streaming.job import OffloadJob
-    from streamoffload.streaming.session import build_session
+    from streamoffload.streaming.job.offload_job import OffloadJob
+    from streamoffload.streaming.job.session import build_session
+    from streamoffload.streaming.runtime.faults import arm_for_this_job
 
     arm_for_this_job()  # crash-safety tests only: a no-op unless STREAMOFFLOAD_CRASH_AT is set
     config, path = config_from_args(args)

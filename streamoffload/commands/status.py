@@ -16,7 +16,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
 from streamoffload.errors import ConfigError
 from streamoffload.status import TopicStatus, latest_positions, store_status
-from streamoffload.streaming.job_health import read_health
+from streamoffload.streaming.job.health import read_health
 
 EPILOG = """\
 examples:

@@ -95,10 +95,10 @@ class JobMetrics(Collector):
         self._last_refresh_time = 0.0
         self._last_batch_time = 0.0
         self.job_health: Callable[[], Any] | None = None
-        """The job's ``streaming.job_health.JobHealth`` now (``install_metrics`` sets it): broker reachability
+        """The job's ``streaming.job.health.JobHealth`` now (``install_metrics`` sets it): broker reachability
         and restarts."""
         self._failing: dict[str, tuple[int, int]] = {}
-        """Topic-partitions failing in a row (streaming.quarantine): failures and until when set aside."""
+        """Topic-partitions failing in a row (streaming.control.quarantine): failures and until when set aside."""
 
         reg = self.registry
         self.upload_duration = _histogram(d.UPLOAD_DURATION, reg)
@@ -126,7 +126,7 @@ class JobMetrics(Collector):
         return state
 
     def on_batch(self, report: Any) -> None:
-        """A job listener: account a :class:`~streamoffload.streaming.job.BatchReport`."""
+        """A job listener: account a :class:`~streamoffload.streaming.job.queries.BatchReport`."""
         now = self.clock()
         for seconds in report.upload_seconds:
             self.upload_duration.observe(seconds)
@@ -261,7 +261,7 @@ class JobMetrics(Collector):
                 if state.store_totals is None or totals.segments >= state.store_totals.segments:
                     state.store_totals = totals
         if topics is None:  # one LIST (records exist only while a topic is failing)
-            from streamoffload.streaming.quarantine import read_records
+            from streamoffload.streaming.control.quarantine import read_records
 
             failing = read_records(view.meta.store, view.meta.prefix)
             with self._lock:

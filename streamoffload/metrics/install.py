@@ -22,7 +22,7 @@ def install_metrics(
     backlog: BacklogProvider | None = None,
     topic_series: int | None = None,
 ) -> JobMetrics:
-    """Attach metrics to an :class:`~streamoffload.streaming.job.OffloadJob`: read the store's
+    """Attach metrics to an :class:`~streamoffload.streaming.job.offload_job.OffloadJob`: read the store's
     metadata, register the batch listener and a ``StreamingQueryListener`` on ``spark``, start the
     refresher and serve ``/metrics`` on ``address``. ``JobMetrics.stop()`` undoes all of it.
 
@@ -33,7 +33,8 @@ def install_metrics(
 
     ``topic_series`` (by default the job configuration's ``[metrics] topic_series``): per-topic series for at
     most this many topic-partitions, the worst first (``metrics.selection``)."""
-    from streamoffload.streaming.job import METADATA_RELIST_S, QUERY_NAME
+    from streamoffload.streaming.job.queries import QUERY_NAME
+    from streamoffload.streaming.job.runs import METADATA_RELIST_S
 
     if backlog is None:
         backlog_path = _source_option(job, "backlogFile")

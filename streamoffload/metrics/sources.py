@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamoffload.codecs.positions import Position
 from streamoffload.metrics.model import Backlog, BacklogProvider, CacheCounters
-from streamoffload.streaming.backlog import entries_between
+from streamoffload.streaming.source.backlog import entries_between
 
 if TYPE_CHECKING:
     from streamoffload.metrics.collector import JobMetrics
@@ -58,12 +58,12 @@ def backlog_from_source_progress(source: Any) -> dict[str, Backlog]:
 
 
 def backlog_file_provider(path: str) -> BacklogProvider:
-    """A :data:`BacklogProvider` reading the Pulsar source's ``backlogFile`` (``streaming.source``
+    """A :data:`BacklogProvider` reading the Pulsar source's ``backlogFile`` (``streaming.source.pulsar_source``
     rewrites it at every trigger and commit from Spark's source-runner process). Entry and byte
     counts are taken only where the source marks them exact."""
 
     def provide(_known: Sequence[str]) -> Mapping[str, Backlog]:
-        from streamoffload.streaming.backlog import read_backlog_file
+        from streamoffload.streaming.source.backlog import read_backlog_file
 
         try:
             doc = read_backlog_file(path)
@@ -84,9 +84,9 @@ def backlog_file_provider(path: str) -> BacklogProvider:
 
 
 def shared_read_cache() -> CacheCounters:
-    """Counters of the process-wide chunk cache of ``storage.read`` (readers share it unless
+    """Counters of the process-wide chunk cache of ``read.segment`` (readers share it unless
     given their own cache)."""
-    from streamoffload.storage.read import shared_cache
+    from streamoffload.read.segment import shared_cache
 
     stats = shared_cache().stats()
     return CacheCounters(hits=stats.hits, misses=stats.misses)
@@ -123,23 +123,23 @@ def progress_listener(metrics: JobMetrics, query_name: str) -> Any:
 
 def pulsar_backlog(service_url: str, options: Mapping[str, str], configured: Sequence[str] = ()) -> BacklogProvider:
     """The default :data:`BacklogProvider`: each topic-partition's latest position, asked from Pulsar
-    (``streaming.pulsar_io.latest_position``), for the partitions of the configured topics and the
+    (``streaming.protocol.client_reader.latest_position``), for the partitions of the configured topics and the
     topic-partitions the metrics already know. Entries and bytes behind stay unknown (``None``): the
     Python client cannot count the entries of the ledgers in between."""
 
     def provide(known: Sequence[str]) -> Mapping[str, Backlog]:
-        from streamoffload.streaming import pulsar_io
-        from streamoffload.streaming.client_options import client_options
+        from streamoffload.streaming.protocol import client_reader
+        from streamoffload.streaming.protocol.client_options import client_options
 
-        client = pulsar_io.shared_client(service_url, client_options(options))
+        client = client_reader.shared_client(service_url, client_options(options))
         names = set(known)
         for topic in configured:
             with contextlib.suppress(Exception):
-                names.update(pulsar_io.topic_partitions(client, topic))
+                names.update(client_reader.topic_partitions(client, topic))
         out: dict[str, Backlog] = {}
         for name in sorted(names):
             try:
-                out[name] = Backlog(latest=pulsar_io.latest_position(client, name))
+                out[name] = Backlog(latest=client_reader.latest_position(client, name))
             except Exception as err:
                 log.debug("metrics: latest position of %s unknown: %s", name, err)
         return out

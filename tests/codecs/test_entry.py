@@ -472,7 +472,7 @@ def test_read_messages_says_an_entry_is_encrypted() -> None:
     import json
 
     from streamoffload.commands.read import write_lines
-    from streamoffload.storage.read import OffloadedEntry
+    from streamoffload.read.segment import OffloadedEntry
 
     secret = encode_entry(_encrypted_metadata(), b"\x13\x37 ciphertext")
     clear = build_entry([Message(b"hello", key="k")], producer_name="q", sequence_id=0, publish_time=5)

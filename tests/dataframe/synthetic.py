@@ -12,8 +12,8 @@ from typing import Any
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, MessageMetadata, build_entry, decode_entry, encode_entry
 from streamoffload.storage.base import ObjectStore, RangedReader
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
 
 MIB = 1024 * 1024

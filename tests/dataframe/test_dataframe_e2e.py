@@ -17,7 +17,7 @@ import pytest
 from streamoffload.codecs.entry import CompressionType, decode_entry
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.config import load_config
-from streamoffload.streaming.job import OffloadJob
+from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import partition_names, unique_topic
 from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, write_config
 

@@ -1,4 +1,4 @@
-"""The planner and reader behind ``pulsar-offloaded`` (``checkpoints.offloaded_read``), without Spark, on
+"""The planner and reader behind ``pulsar-offloaded`` (``read.dataset_read``), without Spark, on
 stores of known messages (``tests.dataframe.synthetic``); and the Spark source's option errors."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from streamoffload.checkpoints import offloaded_plan as ofp
-from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.errors import ChecksumError, FormatError
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
+from streamoffload.read import dataset_plan as ofp
+from streamoffload.read import dataset_read as ofr
+from streamoffload.read.segment import TopicNotFoundError
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read import TopicNotFoundError
 from tests.dataframe.synthetic import CountingStore, Sent, build_topic
 
 BASE = "persistent://public/default/orders"
@@ -217,7 +217,7 @@ def test_a_missing_store_or_topic_is_a_clear_error(
 
 def test_option_errors_name_the_option() -> None:
     pytest.importorskip("pyspark")
-    from streamoffload.streaming.offloaded_source import OffloadedOptions
+    from streamoffload.streaming.source.offloaded_source import OffloadedOptions
 
     good = {"store": "/tmp/x", "topics": "a"}
     cases = [
@@ -242,7 +242,7 @@ def test_pushed_filters_become_pruning_bounds() -> None:
 
     from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan
 
-    from streamoffload.streaming.offloaded_source import PushedBounds
+    from streamoffload.streaming.source.offloaded_source import PushedBounds
 
     pushed = PushedBounds()
     columns = ofr.MESSAGE_COLUMNS

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from streamoffload.config import load_config
-from streamoffload.streaming.job import OffloadJob
+from streamoffload.streaming.job.offload_job import OffloadJob
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from streamoffload.config import load_config
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.produce import expected_payload, produce
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.job import OffloadJob
-from streamoffload.streaming.job_health import broker_unreachable, read_health
+from streamoffload.streaming.job.health import broker_unreachable, read_health
+from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import unique_topic
 from tests.job.readback import read_messages
 from tests.job.test_job_e2e import fs_store, write_config
@@ -126,7 +126,7 @@ def _messages(store: FilesystemStore, topic: str) -> list[bytes]:
 
 
 def test_a_failed_query_is_logged_as_one_line_naming_the_cause() -> None:
-    from streamoffload.streaming.job import _one_line
+    from streamoffload.streaming.job.supervision import _one_line
 
     spark_text = (
         "An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"

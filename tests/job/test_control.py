@@ -32,7 +32,7 @@ from streamoffload.checkpoints.control_requests import (
 )
 from streamoffload.config import StoreSettings
 from streamoffload.storage.base import ObjectStore
-from streamoffload.streaming.control import ControlStreamReader
+from streamoffload.streaming.source.control_source import ControlStreamReader
 
 PREFIX = "offload/v1"
 TOPIC = "persistent://a/b/c"

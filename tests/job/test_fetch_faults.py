@@ -4,7 +4,7 @@ first did not (a changed byte, another size, a missing entry), nothing wrong is 
 named, and the next run offloads everything exactly. A broker restart between the two reads is only a
 reconnect for the fetch.
 
-The faults are injected into the fetch (``streaming.faults.FETCH_FAULT``): pulsar-lite's entries cannot
+The faults are injected into the fetch (``streaming.runtime.faults.FETCH_FAULT``): pulsar-lite's entries cannot
 be changed in place, and it has no retention trim; ``drop`` is what a trimmed ledger looks like to the
 sink (the entry is not delivered).
 """
@@ -24,8 +24,8 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_payload, produce
-from streamoffload.streaming.faults import FETCH_FAULT
-from streamoffload.streaming.quarantine import Quarantine
+from streamoffload.streaming.control.quarantine import Quarantine
+from streamoffload.streaming.runtime.faults import FETCH_FAULT
 from tests.fixtures.broker import unique_topic
 from tests.job.readback import read_messages
 from tests.job.test_job_e2e import check_messages, fs_store, poll, write_config
@@ -133,7 +133,7 @@ def test_the_retain_subscription_is_acknowledged_up_to_the_last_commit(
     entries."""
     import pulsar
 
-    from streamoffload.streaming.job import OffloadJob
+    from streamoffload.streaming.job.offload_job import OffloadJob
 
     topic = unique_topic("retain")
     publish(pulsar_broker.service_url, topic)

@@ -21,8 +21,8 @@ from streamoffload.config import load_config
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.s3 import S3Store
-from streamoffload.streaming.admission import BUFFER_FILE_PREFIX
-from streamoffload.streaming.job import OffloadJob
+from streamoffload.streaming.job.offload_job import OffloadJob
+from streamoffload.streaming.source.admission import BUFFER_FILE_PREFIX
 from tests.fixtures.broker import partition_names, unique_topic
 from tests.job.readback import read_entries, read_messages, referenced_keys, store_keys
 

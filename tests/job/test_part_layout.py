@@ -21,8 +21,8 @@ from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.entry_fetch import EntryChangedError, EntryGoneError, MemoryFetcher, fetch, match
-from streamoffload.streaming.part_layout import (
+from streamoffload.streaming.control.quarantine import TopicFailedError
+from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
     EntryRef,
     LayoutError,
@@ -33,11 +33,11 @@ from streamoffload.streaming.part_layout import (
     part_length,
     part_refs,
 )
-from streamoffload.streaming.quarantine import TopicFailedError
-from streamoffload.streaming.ranges import DataLossError
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.protocol.exactly_once import DataLossError
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, MemoryState
+from streamoffload.streaming.sink.entry_fetch import EntryChangedError, EntryGoneError, MemoryFetcher, fetch, match
+from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
 from tests.job.readback import read_entries
 

@@ -15,10 +15,10 @@ from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.part_layout import decode_layouts, encode_layouts, part_length
-from streamoffload.streaming.segmenter import rollover_start, run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, Entry, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.handoff.part_layout import decode_layouts, encode_layouts, part_length
+from streamoffload.streaming.segmenter.segmenter import rollover_start, run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, Entry, MemoryState
+from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, fetcher_of, memory_sink, metas, publish_to, triples
 
 TOPIC = "persistent://public/default/orders-partition-0"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from streamoffload.streaming.entry_fetch import EntryGoneError, MemoryFetcher, PartReader
-from streamoffload.streaming.part_layout import EntryRef
-from streamoffload.streaming.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
+from streamoffload.streaming.handoff.part_layout import EntryRef
+from streamoffload.streaming.handoff.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
+from streamoffload.streaming.sink.entry_fetch import EntryGoneError, MemoryFetcher, PartReader
 from tests.fixtures.entries import Published
 
 TOPIC = "persistent://public/default/spooled-partition-0"

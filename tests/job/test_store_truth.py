@@ -19,9 +19,9 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import CONTROL_SEAL, Action, Entry, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, Action, Entry, MemoryState
+from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
 from tests.job.readback import read_entries
 

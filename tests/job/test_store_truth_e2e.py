@@ -20,8 +20,8 @@ from streamoffload.checkpoints.lease import LeaseHeldError
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_payload, produce
-from streamoffload.streaming.job import OffloadJob
-from streamoffload.streaming.policies import VersionsFile
+from streamoffload.streaming.control.policy_versions import VersionsFile
+from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import unique_topic
 from tests.job.readback import read_messages, referenced_keys, store_keys
 from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, poll

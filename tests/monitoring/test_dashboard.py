@@ -29,7 +29,7 @@ from streamoffload.dashboard.model import (
 from streamoffload.metrics import definitions
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
-from streamoffload.streaming.job import BatchReport
+from streamoffload.streaming.job.queries import BatchReport
 from tests.fixtures.tools import debian_prometheus_tool
 
 TOKEN = "glsa_test_token"

@@ -109,7 +109,16 @@ def test_dockerfile_copies_files_that_exist_and_are_not_ignored(compose: dict[st
             assert not dockerignored(source, rules), f"COPY {source} is excluded by the .dockerignore"
     # Everything the package build needs is copied.
     copied = {s.rstrip("/") for args in copies for s in args[:-1]}
-    assert {"pyproject.toml", "README.md", "codecs", "storage", "checkpoints", "streaming", "streamoffload"} <= copied
+    assert {
+        "pyproject.toml",
+        "README.md",
+        "codecs",
+        "storage",
+        "checkpoints",
+        "read",
+        "streaming",
+        "streamoffload",
+    } <= copied
     entrypoint = re.search(r"^ENTRYPOINT (.*)$", text, re.M)
     assert entrypoint is not None and "streamoffload" in entrypoint.group(1)
 

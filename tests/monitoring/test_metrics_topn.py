@@ -22,8 +22,8 @@ from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.job import BatchReport
-from streamoffload.streaming.segmenter_model import MemoryState
+from streamoffload.streaming.job.queries import BatchReport
+from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from tests.fixtures.entries import memory_sink
 from tests.monitoring.test_metrics_unit import FakeClock, FakeJob, entries, run_batch
 

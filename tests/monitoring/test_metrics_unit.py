@@ -23,10 +23,10 @@ from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog, CacheCounters
 from streamoffload.metrics.serving import parse_address
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.job import BatchReport
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.job.queries import BatchReport
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, memory_sink, publish_to
 
 TOPIC = "persistent://public/default/orders-partition-0"
@@ -431,7 +431,7 @@ def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind
 
 def test_backlog_file_of_the_source_is_read(tmp_path: Path) -> None:
     from streamoffload.metrics.sources import backlog_file_provider
-    from streamoffload.streaming.backlog import PartitionBacklog
+    from streamoffload.streaming.source.backlog import PartitionBacklog
 
     path = tmp_path / "backlog.json"
     provider = backlog_file_provider(str(path))
@@ -453,7 +453,7 @@ def test_backlog_file_of_the_source_is_read(tmp_path: Path) -> None:
 
 
 def test_the_shared_read_cache_of_storage_read_is_exported() -> None:
-    from streamoffload.storage.read import shared_cache
+    from streamoffload.read.segment import shared_cache
 
     metrics = JobMetrics()
     before_hits = value(metrics, "streamoffload_read_cache_hits_total")

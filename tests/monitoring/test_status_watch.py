@@ -15,8 +15,8 @@ from streamoffload.commands import status as status_cmd
 from streamoffload.commands.status import CLEAR, watch
 from streamoffload.status import TopicStatus
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from tests.fixtures.entries import Published, holding, memory_sink, metas
 
 TOPIC = "persistent://public/default/watch-partition-0"

@@ -14,9 +14,9 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.base import ObjectStore
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
-from streamoffload.streaming.sink import SegmentSink
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
 
 TOPIC = "persistent://public/default/orders-partition-0"

@@ -20,14 +20,14 @@ import pytest
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.checkpoints.topic_reader import TopicReader
 from streamoffload.cli import main
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
 from streamoffload.codecs.errors import ChecksumError
+from streamoffload.read.segment import ChunkCache
+from streamoffload.read.topic_reader import TopicReader
 from streamoffload.status import store_status
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read import ChunkCache
 from tests.fixtures.entries import Published
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries
 

@@ -1,12 +1,12 @@
-"""The rules the read handle and ``verify`` share (``storage.read.checks``, ``codecs.blocks.first_non_padding``):
+"""The rules the read handle and ``verify`` share (``read.segment.checks``, ``codecs.blocks.first_non_padding``):
 each returns what disagrees, so one caller can raise and the other collect."""
 
 from __future__ import annotations
 
 from streamoffload.codecs.blocks import first_non_padding, padding
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+from streamoffload.read.segment import ManifestDisagreement, manifest_disagreements, unsupported_format_version
 from streamoffload.storage.base import ObjectInfo
-from streamoffload.storage.read import ManifestDisagreement, manifest_disagreements, unsupported_format_version
 
 
 def sealed(**fields: int) -> SegmentManifest:

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from streamoffload.checkpoints import offloaded_plan as ofp
-from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.cli import main
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, iter_blocks
 from streamoffload.errors import StreamOffloadError
+from streamoffload.read import dataset_plan as ofp
+from streamoffload.read import dataset_read as ofr
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from tests.read import TOPIC, offload, pulsar_entries

@@ -14,12 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.checkpoints.topic_reader import TopicReader, parse_position
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH
 from streamoffload.codecs.errors import FormatError, LengthMismatchError, TruncatedError
-from streamoffload.storage.base import ObjectStore
-from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.read import (
+from streamoffload.read.segment import (
     ChunkCache,
     EntryNotFoundError,
     MissingObjectError,
@@ -28,6 +25,9 @@ from streamoffload.storage.read import (
     TopicNotFoundError,
     UnsupportedFormatVersionError,
 )
+from streamoffload.read.topic_reader import TopicReader, parse_position
+from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.filesystem import FilesystemStore
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries, truncate
 
 # Ledgers 3, 4, 7, 9, 12: the last two ledgers are offloaded ledger-based (v1), the rest streaming (v2).

@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints import offloaded_plan as ofp
-from streamoffload.checkpoints import offloaded_read as ofr
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.cli import main
@@ -24,10 +22,12 @@ from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.errors import ChecksumError
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+from streamoffload.read import dataset_plan as ofp
+from streamoffload.read import dataset_read as ofr
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState, TopicState
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState, TopicState
 from tests.fixtures.entries import holding, memory_sink, metas
 from tests.read import BLOCK_SIZE, TOPIC, History, flip_byte, offload, pulsar_entries
 

@@ -1,4 +1,4 @@
-"""What the source's reader tests share: the two range readers (``pulsar_io`` over pulsar-client, ``raw_reader``
+"""What the source's reader tests share: the two range readers (``client_reader`` over pulsar-client, ``raw_reader``
 over the binary protocol) behind one interface, so the exactness tests run once on each; the checks of what
 they read; and publishing through pulsar-client with every codec and metadata field set."""
 
@@ -12,9 +12,9 @@ import pulsar
 
 from streamoffload.codecs.entry import CompressionType, entry_messages
 from streamoffload.produce import expected_key, expected_payload, expected_properties
-from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.ranges import Position, ReadEntry
+from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.exactly_once import Position, ReadEntry
 
 READERS = ("client", "raw")
 

@@ -18,15 +18,16 @@ from pyspark.sql.streaming.datasource import ReadMaxBytes
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
-from streamoffload.streaming.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
-from streamoffload.streaming.job import OffloadJob, Run
-from streamoffload.streaming.planner import SEALED_KEY, SourcePlanner
-from streamoffload.streaming.policies import policy_document, write_versions_file
-from streamoffload.streaming.ranges import Position, Probe
-from streamoffload.streaming.segmenter import run_segmenter
-from streamoffload.streaming.segmenter_model import Entry, MemoryState
-from streamoffload.streaming.source import PulsarStreamReader
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.control.policy_versions import policy_document, write_versions_file
+from streamoffload.streaming.job.offload_job import OffloadJob
+from streamoffload.streaming.job.runs import Run
+from streamoffload.streaming.protocol.exactly_once import Position, Probe
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import Entry, MemoryState
+from streamoffload.streaming.source.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
+from streamoffload.streaming.source.offset_planner import SEALED_KEY, SourcePlanner
+from streamoffload.streaming.source.pulsar_source import PulsarStreamReader
+from streamoffload.streaming.source.source_options import SourceOptions
 from streamoffload.units import MIB
 
 LEDGER = 7

@@ -11,8 +11,8 @@ import pytest
 from streamoffload.codecs.entry import decode_entry
 from streamoffload.errors import ConfigError
 from streamoffload.produce import expected_payload, produce
-from streamoffload.streaming.source import PulsarStreamReader
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.source.pulsar_source import PulsarStreamReader
+from streamoffload.streaming.source.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic
 
 SERVICE = "pulsar://127.0.0.1:6650"

@@ -1,4 +1,4 @@
-"""Exact position ranges against the embedded broker, on both readers (``client``: ``pulsar_io`` over
+"""Exact position ranges against the embedded broker, on both readers (``client``: ``client_reader`` over
 pulsar-client; ``raw``: ``raw_reader`` over the binary protocol): every entry once and in order, sub-ranges
 that partition a topic, a ledger rollover, a broker restart mid-read, a broker gone for good."""
 
@@ -11,7 +11,7 @@ import pytest
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_payload, produce
-from streamoffload.streaming.ranges import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 from tests.source.readers import READERS, RangeReader, assert_strictly_increasing, check_messages, open_reader
 

@@ -1,4 +1,4 @@
-"""Latest positions of many topic-partitions in a few pipelined round trips (streaming/latest_positions.py),
+"""Latest positions of many topic-partitions in a few pipelined round trips (streaming/protocol/latest_positions.py),
 against the embedded broker, and the planner's fallback to one topic-partition at a time."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming import broker_connection
-from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.latest_positions import latest_positions_raw
-from streamoffload.streaming.planner import SourcePlanner
-from streamoffload.streaming.ranges import PulsarIOError
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.protocol import broker_connection
+from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.exactly_once import PulsarIOError
+from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
+from streamoffload.streaming.source.offset_planner import SourcePlanner
+from streamoffload.streaming.source.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic
 
 pytestmark = pytest.mark.broker
@@ -71,7 +71,7 @@ def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
     assert len(connections) == 1
 
     # A topic the pipelined pass could not answer is asked again on its own (here: a lookup it was refused).
-    from streamoffload.streaming import planner as planner_module
+    from streamoffload.streaming.source import offset_planner as planner_module
 
     def one_refused(client: Any, asked: list[str], **kwargs: Any) -> dict[str, Any]:
         answers = latest_positions_raw(client, asked, **kwargs)
@@ -89,7 +89,7 @@ def test_quiet_topic_partitions_are_asked_about_every_idle_poll_not_every_trigge
 ) -> None:
     """Five quiet topic-partitions and one with new entries: after the first trigger, only the active one is
     asked about until ``idlePollSeconds`` has passed; then a quiet one's new entries are seen."""
-    from streamoffload.streaming import planner as planner_module
+    from streamoffload.streaming.source import offset_planner as planner_module
 
     topics = [unique_topic(f"idle-poll-{n}") for n in range(6)]
     busy, quiet = topics[0], topics[1:]

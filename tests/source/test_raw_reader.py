@@ -1,4 +1,4 @@
-"""The raw-entry reader (streaming/raw_reader.py): entries byte for byte as pulsar-client's producer
+"""The raw-entry reader (streaming/protocol/raw_reader.py): entries byte for byte as pulsar-client's producer
 wrote them and the broker stores them, read over the binary protocol from the real embedded broker
 (its exactness tests, shared with the client reader, are in test_exact_ranges.py); scripted faults; and the connection
 features against a scripted broker (auth, redirects, proxies) and a TLS terminator in front of the
@@ -33,9 +33,9 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookup
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
-from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.ranges import (
+from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
     Probe,

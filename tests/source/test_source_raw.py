@@ -22,10 +22,10 @@ import pytest
 from streamoffload.codecs.entry import CompressionType, decode_entry, entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
-from streamoffload.streaming import raw_reader as rr
-from streamoffload.streaming.planner import SourcePlanner
-from streamoffload.streaming.ranges import BEFORE_EARLIEST
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
+from streamoffload.streaming.source.offset_planner import SourcePlanner
+from streamoffload.streaming.source.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic
 from tests.source.readers import CODECS, send_with_client
 from tests.source.test_source_stream import rows_of, run_available_now, source_options

@@ -17,11 +17,11 @@ import pytest
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
-from streamoffload.streaming import pulsar_io as pio
-from streamoffload.streaming.backlog import read_backlog_file
-from streamoffload.streaming.planner import SourcePlanner
-from streamoffload.streaming.ranges import BEFORE_EARLIEST
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
+from streamoffload.streaming.source.backlog import read_backlog_file
+from streamoffload.streaming.source.offset_planner import SourcePlanner
+from streamoffload.streaming.source.source_options import SourceOptions
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamoffload.streaming.faults import CRASH_ARM, group_alive
+from streamoffload.streaming.runtime.faults import CRASH_ARM, group_alive
 
 
 def _state(pid: int) -> str:
@@ -47,7 +47,7 @@ def test_an_armable_crash_point_fires_only_while_its_arm_file_names_it(tmp_path:
     arm, crash_dir = tmp_path / "arm", tmp_path / "crash"
     script = (
         "import sys, time\n"
-        "from streamoffload.streaming.faults import arm_for_this_job, crash_point\n"
+        "from streamoffload.streaming.runtime.faults import arm_for_this_job, crash_point\n"
         "arm_for_this_job()\n"
         "for _ in range(300):\n"
         "    crash_point('after-index')\n"

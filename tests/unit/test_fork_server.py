@@ -1,5 +1,5 @@
-"""The fork server for Spark's one-off driver-side Python processes (streaming/fork_server.py), reached
-through the workers' launcher (streaming/worker_python.py) and its client (streaming/fork_client.py)."""
+"""The fork server for Spark's one-off driver-side Python processes (streaming/runtime/fork_server.py), reached
+through the workers' launcher (streaming/runtime/worker_python.py) and its client (streaming/runtime/fork_client.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from streamoffload.streaming import session
-from streamoffload.streaming.fork_client import SOCKET_ENV
-from streamoffload.streaming.fork_server import ForkServer, start_fork_server
-from streamoffload.streaming.worker_python import worker_python
+from streamoffload.streaming.job import session
+from streamoffload.streaming.runtime.fork_client import SOCKET_ENV
+from streamoffload.streaming.runtime.fork_server import ForkServer, start_fork_server
+from streamoffload.streaming.runtime.worker_python import worker_python
 
 MODULE = """\
 import os, sys, time
@@ -140,7 +140,7 @@ def test_the_server_goes_when_its_driver_does(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import time; from streamoffload.streaming.fork_server import start_fork_server as s; "
+            "import time; from streamoffload.streaming.runtime.fork_server import start_fork_server as s; "
             "server = s(wait_s=60); print(server.process.pid, flush=True); time.sleep(120)",
         ],
         stdout=subprocess.PIPE,
@@ -197,7 +197,7 @@ def test_an_event_of_a_finished_client_is_ignored() -> None:
     import selectors
     import socket
 
-    from streamoffload.streaming.fork_server import _Client, _on_event
+    from streamoffload.streaming.runtime.fork_server import _Client, _on_event
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     ours, theirs = socket.socketpair()

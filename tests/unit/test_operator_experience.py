@@ -24,8 +24,8 @@ from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.status import offload_lag_seconds, store_status
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming import session
-from streamoffload.streaming.segmenter_model import MemoryState
+from streamoffload.streaming.job import session
+from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from tests.fixtures.entries import memory_sink
 from tests.monitoring.test_metrics_unit import TOPIC, FakeClock, entries, run_batch, value
 

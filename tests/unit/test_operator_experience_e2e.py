@@ -48,7 +48,7 @@ def test_produce_json_is_clean_on_stdout_and_client_logs_go_to_the_log(
 SPARK_SCRIPT = """
 import sys
 from streamoffload.cli_common import LogSettings, configure_logging
-from streamoffload.streaming.session import build_session
+from streamoffload.streaming.job.session import build_session
 log_file = sys.argv[1] or None
 configure_logging(LogSettings(log_file=log_file))
 spark = build_session(master="local[1]", work_dir=sys.argv[2])

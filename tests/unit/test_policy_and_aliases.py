@@ -13,8 +13,8 @@ import pytest
 from streamoffload.commands.policy import applied_policy
 from streamoffload.config import load_config
 from streamoffload.errors import ConfigError
-from streamoffload.streaming.job import OffloadJob
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.job.offload_job import OffloadJob
+from streamoffload.streaming.source.source_options import SourceOptions
 
 CONF = """
 [pulsar]

@@ -1,5 +1,5 @@
-"""Spark's local Python workers: pyspark from site-packages (streaming/worker_python), and what they
-import frozen out of the garbage collector's reach (streaming/worker_gc), and the JVM that starts them."""
+"""Spark's local Python workers: pyspark from site-packages (streaming/runtime/worker_python), and what they
+import frozen out of the garbage collector's reach (streaming/runtime/worker_gc), and the JVM that starts them."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from streamoffload.streaming.session import QUICK_JIT, driver_java_options
-from streamoffload.streaming.worker_python import launcher_directory, worker_python
+from streamoffload.streaming.job.session import QUICK_JIT, driver_java_options
+from streamoffload.streaming.runtime.worker_python import launcher_directory, worker_python
 
 
 def test_the_launcher_drops_sparks_zips_and_jar_from_pythonpath_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_a_worker_freezes_what_it_imported_once_so_the_daemons_collections_are_c
     def frozen(_rows: Any) -> Any:
         import gc
 
-        from streamoffload.streaming.worker_gc import freeze_long_lived
+        from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 
         freeze_long_lived()
         first = gc.get_freeze_count()

@@ -12,7 +12,7 @@ from streamoffload.checkpoints.lease import FencedError
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.quarantine import (
+from streamoffload.streaming.control.quarantine import (
     FIRST_BACKOFF_MS,
     MAX_BACKOFF_MS,
     Quarantine,
@@ -23,8 +23,8 @@ from streamoffload.streaming.quarantine import (
     is_topic_specific,
     read_records,
 )
-from streamoffload.streaming.ranges import DataLossError, PulsarIOError
-from streamoffload.streaming.source_options import SourceOptions
+from streamoffload.streaming.protocol.exactly_once import DataLossError, PulsarIOError
+from streamoffload.streaming.source.source_options import SourceOptions
 from tests.source.test_admission import LEDGER, A, B, C, ModelPlanner
 
 ODD = 'persistent://public/default/odd "quoted" ]name'

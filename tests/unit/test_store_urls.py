@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from streamoffload.checkpoints.offloaded_plan import StoreLocation
 from streamoffload.cli import main
 from streamoffload.cli_common import store_settings_from_url
 from streamoffload.config import StoreSettings
 from streamoffload.errors import ConfigError
+from streamoffload.read.dataset_plan import StoreLocation
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.s3 import S3Store
 from streamoffload.storage.urls import open_store
-from streamoffload.streaming.job import min_part_size
+from streamoffload.streaming.job.queries import min_part_size
 from tests.unit.test_cli_errors import one_error_line
 
 BAD_URLS = [

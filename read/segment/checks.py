@@ -1,0 +1,101 @@
+"""The rules the read path checks stored objects against, each written once.
+
+The read handle raises on the first rule broken; ``verify`` (``read.fsck``) collects every one as a
+problem. So the rules return what disagrees, and each caller decides what to do with it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, NamedTuple
+
+from streamoffload.codecs.entry import crc32c, decode_entry
+from streamoffload.codecs.errors import ChecksumError, FormatError
+from streamoffload.codecs.positions import Position
+from streamoffload.storage.base import ObjectInfo
+from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
+
+if TYPE_CHECKING:
+    from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+
+_U32 = struct.Struct(">I")
+_CRC_HEADER = 6  # u16 magic 0x0e01, u32 CRC-32C
+
+
+def check_entry_checksum(payload: memoryview, where: str, at: int, ledger_id: int, entry_id: int) -> None:
+    """Raise a ``FormatError`` naming ``where`` and the absolute offset unless ``payload`` (an entry whose
+    bytes start at offset ``at`` of object ``where``) is a Pulsar entry whose CRC-32C matches.
+
+    The common entry (checksum first) is checked here directly; one with broker entry metadata ahead of the
+    checksum, or written without one, goes through the full entry decoder."""
+    if len(payload) >= _CRC_HEADER and payload[0] == 0x0E and payload[1] == 0x01:
+        stored = _U32.unpack_from(payload, 2)[0]
+        actual = crc32c(payload[_CRC_HEADER:])
+        if actual != stored:
+            raise ChecksumError(
+                f"entry {ledger_id}:{entry_id} checksum mismatch: stored CRC-32C 0x{stored:08x}, computed "
+                f"0x{actual:08x} over {len(payload) - _CRC_HEADER} bytes (corrupt entry)",
+                offset=at + 2,
+                where=where,
+            )
+        return
+    try:
+        decode_entry(payload, verify_checksum=True)
+    except FormatError as err:
+        located = err.located(where, at)
+        raise type(located)(
+            f"entry {ledger_id}:{entry_id}: {located.reason}", offset=located.offset, where=where
+        ) from None
+
+
+def unsupported_format_version(info: ObjectInfo) -> str | None:
+    """The object's ``s3managedledgeroffloaderformatversion`` user metadata when it is present and not the
+    version Pulsar's readers read (``SUPPORTED_FORMAT_VERSION``); None when the object is readable."""
+    version = info.metadata.get(FORMAT_VERSION_METADATA_KEY)
+    if version is not None and version != SUPPORTED_FORMAT_VERSION:
+        return version
+    return None
+
+
+class ManifestDisagreement(NamedTuple):
+    """One manifest field that disagrees with the objects: what the manifest says, what was found."""
+
+    field: str
+    """``formatVersion``, ``dataLength``, ``indexLength``, ``start``, ``end``, ``entries``, ``entryBytes`` or
+    ``blockCount``."""
+    said: object
+    found: object
+
+
+def manifest_disagreements(
+    manifest: SegmentManifest,
+    *,
+    format_version: int | None = None,
+    data_length: int | None = None,
+    index_length: int | None = None,
+    first: Position | None = None,
+    last: Position | None = None,
+    entries: int | None = None,
+    entry_bytes: int | None = None,
+    blocks: int | None = None,
+) -> list[ManifestDisagreement]:
+    """Where ``manifest`` disagrees with what its objects hold, in the order above. A fact left None is not
+    known (not checked); optional manifest fields that are absent are not compared; the end position is
+    compared only when the manifest records it (a segment still being written does not)."""
+    out: list[ManifestDisagreement] = []
+    if format_version is not None and manifest.formatVersion != format_version:
+        out.append(ManifestDisagreement("formatVersion", manifest.formatVersion, format_version))
+    if data_length is not None and manifest.HasField("dataLength") and manifest.dataLength != data_length:
+        out.append(ManifestDisagreement("dataLength", manifest.dataLength, data_length))
+    if index_length is not None and manifest.HasField("indexLength") and manifest.indexLength != index_length:
+        out.append(ManifestDisagreement("indexLength", manifest.indexLength, index_length))
+    start = (manifest.startLedgerId, manifest.startEntryId)
+    if first is not None and first != start:
+        out.append(ManifestDisagreement("start", start, first))
+    end = (manifest.endLedgerId, manifest.endEntryId)
+    if last is not None and manifest.HasField("endEntryId") and last != end:
+        out.append(ManifestDisagreement("end", end, last))
+    for name, found in (("entries", entries), ("entryBytes", entry_bytes), ("blockCount", blocks)):
+        if found is not None and manifest.HasField(name) and getattr(manifest, name) != found:
+            out.append(ManifestDisagreement(name, getattr(manifest, name), found))
+    return out

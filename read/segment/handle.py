@@ -1,0 +1,685 @@
+"""The read handle of one offload segment (Pulsar's ``BlobStoreBackedReadHandleImpl``): opens and checks
+its objects, answers ``ReadHandle``-like queries, and walks its blocks for sequential and single-entry
+reads. What it returns is in ``results``; how bytes are fetched in ``ranged``, ``planner``, ``prefetch``
+and ``scan``; what the walk learns in ``offsets``; the rules objects are checked against in ``checks``."""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from streamoffload.codecs.blocks import (
+    BLOCK_HEADER_LENGTH,
+    ENTRY_HEADER,
+    ENTRY_HEADER_LENGTH,
+    PADDING_PATTERN,
+    PADDING_WORD,
+    BlockHeader,
+    FormatVersion,
+    InvalidFieldError,
+    OrderingError,
+    first_non_padding,
+)
+from streamoffload.codecs.checksums import BlockChecksums, RecordedChecksums, recorded_checksums
+from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.errors import BadMagicError, ChecksumError, FormatError, LengthMismatchError, TruncatedError
+from streamoffload.codecs.index import BlockLocation, OffloadIndex, is_v1_index
+from streamoffload.codecs.metadata import parse_ledger_metadata_v1
+from streamoffload.codecs.positions import MAX_ID, Position
+from streamoffload.read.segment.cache import ChunkCache
+from streamoffload.read.segment.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
+from streamoffload.read.segment.errors import (
+    EntryNotFoundError,
+    ManifestMismatchError,
+    MissingObjectError,
+    ReadError,
+    UnsupportedFormatVersionError,
+)
+from streamoffload.read.segment.offsets import LearnedOffsets
+from streamoffload.read.segment.prefetch import ParallelPrefetcher, Prefetcher
+from streamoffload.read.segment.ranged import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
+from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
+from streamoffload.read.segment.scan import ChunkScan, SequentialStream
+from streamoffload.read.segment.scan_plan import RangePlanner
+from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
+from streamoffload.storage.keys import (
+    FORMAT_VERSION_METADATA_KEY,
+    SUPPORTED_FORMAT_VERSION,
+    block_checksums_key,
+    ledger_id_in_key,
+)
+
+if TYPE_CHECKING:
+    from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+
+DEFAULT_READAHEAD_CHUNKS = 4
+CHECKSUM_CACHE_ENTRIES = 1 << 20
+"""Recorded entry checksums a handle keeps (4 bytes each): the records of the blocks it read last."""
+
+
+class SegmentReadHandle:
+    """Reads one offload segment: a data object and its index object (v1 or v2).
+
+    ``segment`` is a ``SegmentManifest`` (its ``dataKey``/``indexKey``, format version and positions are
+    used and checked) or a ``SegmentKeys``. Opening reads the index object and HEADs both objects (their
+    sizes and format-version metadata are checked; ``check_metadata=False`` skips the HEADs).
+
+    ``read_buffer_size`` is the chunk (ranged GET) size; ``readahead_bytes`` bounds what the read-ahead
+    thread fetches beyond what the reader consumed (default 4 chunks). ``readahead`` None (auto) runs the
+    thread where the store's ranged reader says one pays off (``RangedReader.readahead``: not through a
+    filesystem store's held descriptor, which the kernel already reads ahead). Sequential reads look the
+    ``cache`` up but do not fill it (a catch-up scan would only evict what random reads use); single-entry
+    reads fill it. The data object is read through the store's ranged reader (``ObjectStore.open_ranged_reader``:
+    on a filesystem store one open descriptor per handle; ``local_files=False`` asks it to hold none);
+    ``close()`` releases it and stops any read-ahead.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        segment: SegmentManifest | SegmentKeys,
+        *,
+        read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+        cache: ChunkCache | None = None,
+        readahead: bool | None = None,
+        readahead_bytes: int | None = None,
+        check_metadata: bool = True,
+        local_files: bool = True,
+        verify_checksums: bool = True,
+    ) -> None:
+        if read_buffer_size < BLOCK_HEADER_LENGTH:
+            raise ValueError(f"read buffer size {read_buffer_size} is smaller than a block header")
+        self.store = store
+        self.read_buffer_size = read_buffer_size
+        self.verify_checksums = verify_checksums
+        self.readahead_bytes = (
+            readahead_bytes if readahead_bytes is not None else DEFAULT_READAHEAD_CHUNKS * read_buffer_size
+        )
+        self.cache = cache
+        self.stats = SegmentReadStats()
+        # One learned entry per ~1/8 read buffer: entries that size or larger are read back exactly, others
+        # from at most 1/8 buffer before them; about 1 MB of offsets per GiB of data read, per open handle.
+        self._learn_spacing = max(read_buffer_size // 8, 1)
+        self._learned: dict[int, LearnedOffsets] = {}  # by block offset
+        self._prefetchers: set[Prefetcher | ParallelPrefetcher] = set()
+        self._closed = False
+
+        self.manifest: SegmentManifest | None
+        # What was recorded at offload (codecs.checksums): nothing for objects named without a manifest, or
+        # a segment sealed before records were written; then entries are checked by their own 0x0e01 CRC.
+        self.recorded = RecordedChecksums(False, None)
+        self._sums: OrderedDict[int, BlockChecksums] = OrderedDict()  # by block index, most recent last
+        self._sums_entries = 0
+        if isinstance(segment, SegmentKeys):
+            self.manifest = None
+            self.data_key, self.index_key = segment.data_key, segment.index_key
+            ledger_hint = segment.ledger_id
+            if ledger_hint is None:
+                ledger_hint = ledger_id_in_key(segment.data_key)
+        else:
+            self.manifest = segment
+            if not segment.dataKey or not segment.indexKey:
+                raise ManifestMismatchError(
+                    f"segment manifest of {segment.topic} starting at {segment.startLedgerId}:{segment.startEntryId} "
+                    "names no data or index object",
+                    where=segment.topic,
+                )
+            self.data_key, self.index_key = segment.dataKey, segment.indexKey
+            ledger_hint = segment.startLedgerId if segment.formatVersion == 1 else None
+            try:
+                self.recorded = recorded_checksums([(p.key, p.value) for p in segment.driverMetadata.properties])
+            except FormatError as err:
+                raise ManifestMismatchError(
+                    f"segment manifest of {segment.topic}: {err.reason}", where=self.data_key
+                ) from None
+
+        data_info = self._head(self.data_key, "data") if check_metadata else None
+        index_bytes = self._get_index()
+        if check_metadata:
+            self._check_format_metadata(self._head(self.index_key, "index"))
+        self.index = self._decode_index(index_bytes, ledger_hint)
+        self.version: FormatVersion = self.index.version
+        self.length = self.index.data_object_length
+        if data_info is not None:
+            if data_info.size < self.length:
+                raise TruncatedError(
+                    f"data object has {data_info.size} bytes but its index {self.index_key} says {self.length}",
+                    offset=data_info.size,
+                    where=self.data_key,
+                )
+            if data_info.size > self.length:
+                raise LengthMismatchError(
+                    f"data object has {data_info.size} bytes but its index {self.index_key} says {self.length}",
+                    offset=self.length,
+                    where=self.data_key,
+                )
+        if self.manifest is not None:
+            self._check_manifest(self.manifest)
+        self._blocks = self.index.blocks()
+        self._block_offsets = [b.offset for b in self._blocks]
+        self._block_positions = [(b.ledger_id, b.first_entry_id) for b in self._blocks]
+        reader = store.open_ranged_reader(self.data_key, hold_open=local_files)
+        # Auto: a thread where the reader says one pays off (remote stores). A local file read through one
+        # descriptor gets the kernel's own read-ahead, and a Python thread would only add hand-over costs
+        # (see bench/README.md).
+        self.readahead = reader.readahead if readahead is None else readahead
+        self._chunks = ChunkedObject(reader, self.length, read_buffer_size, cache, self.stats)
+
+    # -- opening ---------------------------------------------------------------------------------------
+
+    def _head(self, key: str, what: str) -> ObjectInfo:
+        try:
+            info = self.store.head(key)
+        except ObjectNotFoundError:
+            other = self.index_key if what == "data" else self.data_key
+            raise MissingObjectError(
+                f"{what} object {key} is missing from {self.store.url} (the {'index' if what == 'data' else 'data'}"
+                f" object is {other}; never completely written, or deleted?)",
+                key,
+            ) from None
+        self._check_format_metadata(info)
+        return info
+
+    def _check_format_metadata(self, info: ObjectInfo) -> None:
+        version = unsupported_format_version(info)
+        if version is not None:
+            raise UnsupportedFormatVersionError(
+                f"object metadata {FORMAT_VERSION_METADATA_KEY}={version!r}; this reader reads format version "
+                f"{SUPPORTED_FORMAT_VERSION} (the one Pulsar's offloader writes)",
+                where=info.key,
+            )
+
+    def _get_index(self) -> bytes:
+        try:
+            return self.store.get(self.index_key)
+        except ObjectNotFoundError:
+            raise MissingObjectError(
+                f"index object {self.index_key} of data object {self.data_key} is missing from {self.store.url} "
+                "(the segment was never sealed, or was deleted)",
+                self.index_key,
+            ) from None
+
+    def _decode_index(self, buf: bytes, ledger_hint: int | None) -> OffloadIndex:
+        if is_v1_index(buf) and ledger_hint is None:
+            raise ReadError(
+                f"{self.index_key} is a v1 (ledger-based) index, which does not record its ledger id, and the data key "
+                f"{self.data_key} does not end in -ledger-<id>: give the ledger id"
+            )
+        # decode() reports a bad magic, truncation or inconsistency with its offset.
+        index = OffloadIndex.decode(buf, ledger_id=ledger_hint, where=self.index_key)
+        # A flip that still decodes (an offset, a LedgerInfo field) is caught by the CRC its manifest recorded.
+        want = self.recorded.index_crc
+        if want is not None and self.verify_checksums:
+            actual = crc32c(buf)
+            if actual != want:
+                raise ChecksumError(
+                    f"index object CRC-32C 0x{actual:08x} does not match 0x{want:08x} recorded in its manifest "
+                    f"(corrupt index; the damage is somewhere in its {len(buf)} bytes)",
+                    offset=0,
+                    where=self.index_key,
+                )
+        return index
+
+    def _block_sums(self, bi: int) -> BlockChecksums | None:
+        """The recorded checksums of block ``bi`` (index into the blocks in object order), read once and kept
+        in a small LRU; None when the segment recorded none (or checks are off)."""
+        if not (self.recorded.blocks and self.verify_checksums):
+            return None
+        sums = self._sums.get(bi)
+        if sums is not None:
+            self._sums.move_to_end(bi)
+            return sums
+        loc = self._blocks[bi]
+        key = block_checksums_key(self.data_key, bi + 1)
+        try:
+            raw = self.store.get(key)
+        except ObjectNotFoundError:
+            raise MissingObjectError(
+                f"checksum record {key} of block {bi + 1} (offset {loc.offset}) of {self.data_key} is missing from "
+                f"{self.store.url}: its manifest says every block has one",
+                key,
+            ) from None
+        sums = BlockChecksums.decode(raw, where=key)
+        if (sums.offset, sums.ledger_id, sums.first_entry_id) != (loc.offset, loc.ledger_id, loc.first_entry_id):
+            raise ChecksumError(
+                f"checksum record is of the block of ledger {sums.ledger_id} from entry {sums.first_entry_id} at "
+                f"offset {sums.offset}, but block {bi + 1} of {self.data_key} is ledger {loc.ledger_id} from entry "
+                f"{loc.first_entry_id} at offset {loc.offset}",
+                offset=12,
+                where=key,
+            )
+        self._sums[bi] = sums
+        self._sums_entries += sums.count
+        while self._sums_entries > CHECKSUM_CACHE_ENTRIES and len(self._sums) > 1:
+            self._sums_entries -= self._sums.popitem(last=False)[1].count
+        return sums
+
+    def _check_recorded(self, sums: BlockChecksums, bi: int, payload: memoryview, at: int, entry_id: int) -> None:
+        """``payload`` (entry ``entry_id`` of block ``bi``, at offset ``at``) against its recorded CRC-32C."""
+        sums.check(entry_id, payload, at=at, record=block_checksums_key(self.data_key, bi + 1), where=self.data_key)
+
+    def _check_manifest(self, manifest: SegmentManifest) -> None:
+        where = self.data_key
+        facts = manifest_disagreements(manifest, format_version=int(self.version), data_length=self.length)
+        for field, said, _ in facts:
+            if field == "formatVersion":
+                message = f"manifest says format version {said} but the index {self.index_key} is {self.version.label}"
+            else:
+                message = f"manifest says the data object has {said} bytes, its index says {self.length}"
+            raise ManifestMismatchError(message, where=where)
+        ledgers = set(self.index.ledger_ids)
+        for lid in (manifest.startLedgerId, manifest.endLedgerId):
+            if lid not in ledgers:
+                raise ManifestMismatchError(
+                    f"manifest positions {manifest.startLedgerId}:{manifest.startEntryId}.."
+                    f"{manifest.endLedgerId}:{manifest.endEntryId} name ledger {lid}, which the index "
+                    f"{self.index_key} does not hold (it holds {sorted(ledgers)})",
+                    where=where,
+                )
+
+    # -- Pulsar ReadHandle-like queries ----------------------------------------------------------------
+
+    @property
+    def ledger_ids(self) -> list[int]:
+        return self.index.ledger_ids
+
+    @property
+    def first_position(self) -> Position:
+        first = self._blocks[0]
+        return (first.ledger_id, first.first_entry_id)
+
+    @property
+    def last_position(self) -> Position:
+        last = self.ledger_ids[-1]
+        return (last, self.last_add_confirmed(last))
+
+    def get_length(self) -> int:
+        """Bytes of the data object (Pulsar ``getLength``)."""
+        return self.length
+
+    def last_add_confirmed(self, ledger_id: int | None = None) -> int:
+        """The last entry id of ``ledger_id`` in this segment (default: the segment's only/last ledger).
+
+        From the manifest when there is one, from a v1 index's ledger metadata, else by reading the
+        ledger's last block (once; remembered)."""
+        lid = self._ledger(ledger_id, default_last=True)
+        manifest = self.manifest
+        if manifest is not None:
+            if lid == manifest.endLedgerId:
+                return manifest.endEntryId
+            for info in manifest.ledgers:
+                if info.ledgerId == lid:
+                    ends = [s.endEntryId for s in info.offloadContext.offloadSegment if s.HasField("endEntryId")]
+                    if ends:
+                        return max(ends)
+        if self.version is FormatVersion.V1:
+            meta = parse_ledger_metadata_v1(self.index.ledger(lid).metadata, where=self.index_key)
+            if meta.HasField("lastEntryId") and meta.lastEntryId >= 0:
+                return meta.lastEntryId
+        last_block = [b for b in self._blocks if b.ledger_id == lid][-1]
+        marks = self._learned.get(last_block.offset)
+        if marks is None or marks.last_entry_id is None:
+            for _ in self._walk(last_block, None, (lid, MAX_ID), ChunkScan(self._chunks), emit=False):
+                pass
+            marks = self._learned[last_block.offset]
+        assert marks.last_entry_id is not None
+        return marks.last_entry_id
+
+    def _ledger(self, ledger_id: int | None, *, default_last: bool = False) -> int:
+        ids = self.ledger_ids
+        if ledger_id is None:
+            if len(ids) == 1 or default_last:
+                return ids[-1]
+            raise ValueError(f"segment {self.data_key} holds ledgers {ids}: say which one")
+        if ledger_id not in ids:
+            raise EntryNotFoundError(f"ledger {ledger_id} is not in segment {self.data_key} (it holds {ids})")
+        return ledger_id
+
+    # -- reading ----------------------------------------------------------------------------------------
+
+    def read(self, first_entry: int, last_entry: int, ledger_id: int | None = None) -> list[OffloadedEntry]:
+        """Entries ``first_entry..last_entry`` (inclusive) of one ledger, all of them or an error (Pulsar
+        ``readAsync``). ``ledger_id`` may be left out for a segment of one ledger."""
+        lid = self._ledger(ledger_id)
+        if first_entry < 0 or first_entry > last_entry:
+            raise ValueError(f"invalid entry range {first_entry}..{last_entry}")
+        out = list(self.read_range((lid, first_entry), (lid, last_entry)))
+        want = last_entry - first_entry + 1
+        if len(out) != want or (out and (out[0].entry_id, out[-1].entry_id) != (first_entry, last_entry)):
+            got = f"{len(out)} entries" + (f" ({out[0].entry_id}..{out[-1].entry_id})" if out else "")
+            raise EntryNotFoundError(
+                f"ledger {lid} entries {first_entry}..{last_entry} are not all in segment {self.data_key}: found {got}"
+            )
+        return out
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> OffloadedEntry:
+        """One entry by position. A learned entry is read with one exact ranged GET (or from cached chunks);
+        any other is found by walking from the nearest learned offset (or its block's head) through cached,
+        aligned chunks: a chunk or two once the handle has read nearby."""
+        if self._closed:
+            raise ReadError(f"read handle of {self.data_key} is closed")
+        i = bisect.bisect_right(self._block_positions, (ledger_id, entry_id)) - 1
+        if i >= 0 and self._blocks[i].ledger_id == ledger_id:
+            marks = self._learned.get(self._blocks[i].offset)
+            known = marks.exact(entry_id) if marks is not None else None
+            if known is not None:
+                start, length = known[0] + ENTRY_HEADER_LENGTH, known[1]
+                self.stats.entries += 1
+                if self._chunks.all_cached(start, length):
+                    payload = ChunkScan(self._chunks).read(start, length)
+                else:
+                    payload = memoryview(self._chunks.read_range(start, length))
+                if self.verify_checksums:
+                    sums = self._block_sums(i)
+                    if sums is not None:
+                        self._check_recorded(sums, i, payload, start, entry_id)
+                    else:
+                        check_entry_checksum(payload, self.data_key, start, ledger_id, entry_id)
+                return OffloadedEntry(ledger_id, entry_id, payload)
+        for entry in self._read((ledger_id, entry_id), (ledger_id, entry_id), sequential=False):
+            return entry
+        raise EntryNotFoundError(f"entry {ledger_id}:{entry_id} is not in segment {self.data_key}")
+
+    def read_range(self, start: Position | None = None, end: Position | None = None) -> Iterator[OffloadedEntry]:
+        """Every entry with a position in ``[start, end]`` (inclusive; None = from the first / to the last),
+        in position order, as one sequential stream with read-ahead. Close the iterator (or exhaust it)
+        to stop the read-ahead thread; abandoning it does so too, once it is garbage collected."""
+        return self._read(start, end, sequential=True)
+
+    def _read(self, start: Position | None, end: Position | None, *, sequential: bool) -> Iterator[OffloadedEntry]:
+        if self._closed:
+            raise ReadError(f"read handle of {self.data_key} is closed")
+        first = self._first_block(start)
+        if first is None:
+            return iter(())
+        loc = self._blocks[first]
+        return self._stream(first, loc, start, end, sequential)
+
+    def _stream(
+        self, first: int, loc: BlockLocation, start: Position | None, end: Position | None, sequential: bool
+    ) -> Iterator[OffloadedEntry]:
+        if not sequential:
+            yield from self._walk(loc, start, end, ChunkScan(self._chunks), emit=True, block_index=first)
+            return
+        begin = self._resume(loc, start)[0]
+        planner_end = self._blocks[self._last_block(end)].end
+        planner = RangePlanner(self._chunks, self._blocks, first, begin, planner_end, contiguous=self._chunks.remote)
+        prefetch: Prefetcher | ParallelPrefetcher | None = None
+        if self.readahead and self._chunks.remote:
+            prefetch = ParallelPrefetcher(self._chunks, begin, planner_end, self.readahead_bytes, self.data_key)
+        elif self.readahead:
+            prefetch = Prefetcher(planner.next, self.readahead_bytes, self.data_key)
+        if prefetch is not None:
+            self._prefetchers.add(prefetch)
+            stream = SequentialStream(self._chunks, prefetch.get, threaded=True)
+        elif self._chunks.remote:
+            stream = SequentialStream(self._chunks, planner.next)
+        else:
+            stream = SequentialStream(self._chunks, None, limit=planner_end)
+        try:
+            yield from self._walk(loc, start, end, stream, emit=True, block_index=first)
+        finally:
+            if prefetch is not None:
+                prefetch.close()
+                self._prefetchers.discard(prefetch)
+
+    def _first_block(self, start: Position | None) -> int | None:
+        """Index (into the blocks in object order) of the first block that may hold ``start`` or a later
+        position."""
+        if start is None:
+            return 0
+        i = bisect.bisect_right(self._block_positions, start) - 1
+        if i < 0:
+            return 0
+        if self._blocks[i].ledger_id != start[0]:
+            # Block i belongs to an earlier ledger: all its entries precede start.
+            return i + 1 if i + 1 < len(self._blocks) else None
+        return i
+
+    def _last_block(self, end: Position | None) -> int:
+        if end is None:
+            return len(self._blocks) - 1
+        i = bisect.bisect_right(self._block_positions, end) - 1
+        return max(i, 0)
+
+    def _resume(self, loc: BlockLocation, start: Position | None) -> tuple[int, int | None]:
+        """Where to start reading ``loc`` for ``start``: (offset, entry id expected there), or the block
+        head (offset, None)."""
+        if start is not None and start[0] == loc.ledger_id:
+            marks = self._learned.get(loc.offset)
+            if marks is not None:
+                best = marks.best(start[1])
+                if best is not None:
+                    return best[1], best[0]
+        return loc.offset, None
+
+    def _walk(
+        self,
+        loc: BlockLocation,
+        start: Position | None,
+        end: Position | None,
+        scan: ChunkScan | SequentialStream,
+        *,
+        emit: bool,
+        block_index: int | None = None,
+    ) -> Iterator[OffloadedEntry]:
+        """Decode blocks from ``loc`` on, yielding the entries in ``[start, end]``; checks as it goes."""
+        key = self.data_key
+        blocks = self._blocks
+        bi = block_index if block_index is not None else self._block_offsets.index(loc.offset)
+        spacing = self._learn_spacing
+        unpack = ENTRY_HEADER.unpack_from
+        keep = isinstance(scan, ChunkScan)
+        manifest = self.manifest
+        start_pos = start if start is not None else (-1, -1)
+        offset, expect = self._resume(loc, start)
+        from_head = bi == 0 and offset == loc.offset and start_pos <= (loc.ledger_id, loc.first_entry_id)
+        stats = self.stats
+        verify = self.verify_checksums
+        previous_block_last: tuple[int, int] | None = None
+        first_seen: Position | None = None
+        last_ledger = last_entry = -1
+        cur, cur_start, cur_len = scan.cur, scan.cur_start, len(scan.cur)
+        while bi < len(blocks):
+            loc = blocks[bi]
+            ledger = loc.ledger_id
+            if end is not None and (ledger, loc.first_entry_id) > end:
+                return
+            # Entry-id bounds of [start, end] within this block's ledger: plain int compares per entry.
+            lo = -1 if start is None or start[0] < ledger else (start[1] if start[0] == ledger else MAX_ID + 1)
+            hi = MAX_ID if end is None or end[0] > ledger else end[1]
+            marks = self._learned.get(loc.offset)
+            if marks is None:
+                marks = self._learned[loc.offset] = LearnedOffsets()
+            sums = self._block_sums(bi) if emit else None
+            if offset == loc.offset:
+                self._check_header(scan.read(loc.offset, BLOCK_HEADER_LENGTH), loc)
+                cur, cur_start, cur_len = scan.cur, scan.cur_start, len(scan.cur)
+                pos = loc.offset + BLOCK_HEADER_LENGTH
+                expect = loc.first_entry_id
+                if (
+                    previous_block_last is not None
+                    and previous_block_last[0] == ledger
+                    and loc.first_entry_id <= previous_block_last[1]
+                ):
+                    raise OrderingError(
+                        f"block of ledger {ledger} starts at entry {loc.first_entry_id}, but the previous block "
+                        f"ended at entry {previous_block_last[1]}",
+                        offset=loc.offset + 20,
+                        where=key,
+                    )
+            else:
+                pos = offset
+            block_end = loc.end
+            previous = -1 if expect is None else expect - 1
+            last_mark = -spacing
+            while True:
+                remaining = block_end - pos
+                if remaining < ENTRY_HEADER_LENGTH:
+                    if remaining:
+                        self._check_padding(scan.read(pos, remaining), pos)
+                    break
+                rel = pos - cur_start
+                if 0 <= rel <= cur_len - ENTRY_HEADER_LENGTH:
+                    length, entry_id = unpack(cur, rel)
+                else:
+                    length, entry_id = unpack(scan.read(pos, ENTRY_HEADER_LENGTH), 0)
+                    cur, cur_start, cur_len = scan.cur, scan.cur_start, len(scan.cur)
+                if length == PADDING_WORD:
+                    self._check_padding(scan.read(pos, min(remaining, ENTRY_HEADER_LENGTH)), pos)
+                    break
+                if length > remaining - ENTRY_HEADER_LENGTH:
+                    raise LengthMismatchError(
+                        f"entry header declares {length} payload bytes but only {remaining - ENTRY_HEADER_LENGTH} "
+                        f"remain before the end of its block (block at offset {loc.offset}, ending at {block_end})",
+                        offset=pos,
+                        where=key,
+                    )
+                if entry_id <= previous or entry_id > MAX_ID:
+                    if entry_id > MAX_ID:
+                        raise InvalidFieldError(
+                            f"entry id {entry_id} is negative as a Java long", offset=pos + 4, where=key
+                        )
+                    raise OrderingError(
+                        f"entry id {entry_id} of ledger {ledger} does not follow entry id {previous} (ids must "
+                        "strictly increase)",
+                        offset=pos + 4,
+                        where=key,
+                    )
+                if expect is not None:
+                    if entry_id != expect:
+                        what = "the block header's first entry id" if pos == loc.offset + 128 else "a learned offset"
+                        raise LengthMismatchError(
+                            f"entry id {entry_id} where {what} says entry {expect} starts",
+                            offset=pos + 4,
+                            where=key,
+                        )
+                    expect = None
+                previous = entry_id
+                if pos - last_mark >= spacing:
+                    marks.learn(entry_id, pos, length, spacing)
+                    last_mark = pos
+                if entry_id > hi:
+                    return
+                if entry_id >= lo:
+                    if first_seen is None:
+                        first_seen = (ledger, entry_id)
+                    last_ledger, last_entry = ledger, entry_id
+                    if emit:
+                        stats.entries += 1
+                        rel = pos + ENTRY_HEADER_LENGTH - cur_start
+                        if 0 <= rel <= cur_len - length:
+                            payload = cur[rel : rel + length]
+                        else:
+                            payload = scan.read(pos + ENTRY_HEADER_LENGTH, length)
+                            cur, cur_start, cur_len = scan.cur, scan.cur_start, len(scan.cur)
+                        if keep:
+                            scan.keep(pos + ENTRY_HEADER_LENGTH, length)
+                        if sums is not None:
+                            want = sums.crc_of(entry_id)
+                            if want is None or crc32c(payload) != want:
+                                self._check_recorded(sums, bi, payload, pos + ENTRY_HEADER_LENGTH, entry_id)
+                        elif verify:
+                            check_entry_checksum(payload, key, pos + ENTRY_HEADER_LENGTH, ledger, entry_id)
+                        yield OffloadedEntry(ledger, entry_id, payload)
+                pos += ENTRY_HEADER_LENGTH + length
+            if expect is not None:
+                raise LengthMismatchError(
+                    f"block holds no entries (entry {expect} expected)"
+                    if pos == loc.offset + BLOCK_HEADER_LENGTH
+                    else f"no entry where a learned offset says entry {expect} starts",
+                    offset=pos,
+                    where=key,
+                )
+            if sums is not None and previous != sums.last_entry_id:
+                # The last entry's id is pinned by nothing else when the next block is another ledger's.
+                raise ChecksumError(
+                    f"block of ledger {ledger} ends with entry {previous}, but its checksum record "
+                    f"{block_checksums_key(key, bi + 1)} ends with entry {sums.last_entry_id}",
+                    offset=pos,
+                    where=key,
+                )
+            marks.last_entry_id = previous
+            previous_block_last = (ledger, previous)
+            bi += 1
+            if bi < len(blocks):
+                offset = blocks[bi].offset
+                expect = None
+        # The walk reached the end of the data object: it must end where the manifest says.
+        if manifest is not None and (end is None or end >= (manifest.endLedgerId, manifest.endEntryId)):
+            last_seen = (last_ledger, last_entry) if last_entry >= 0 else None
+            self._check_manifest_positions(manifest, first_seen if from_head else None, last_seen)
+
+    def _check_header(self, raw: memoryview, loc: BlockLocation) -> None:
+        header = BlockHeader.decode(raw, where=self.data_key, base_offset=loc.offset)
+        problems = []
+        if header.version is not self.version:
+            problems.append(f"{header.version.label} block in an object whose index is {self.version.label}")
+        if header.block_length != loc.length:
+            problems.append(f"block length {header.block_length}, the index says {loc.length}")
+        if header.first_entry_id != loc.first_entry_id:
+            problems.append(f"first entry id {header.first_entry_id}, the index says {loc.first_entry_id}")
+        if header.ledger_id is not None and header.ledger_id != loc.ledger_id:
+            problems.append(f"ledger id {header.ledger_id}, the index says {loc.ledger_id}")
+        if problems:
+            cls = BadMagicError if header.version is not self.version else LengthMismatchError
+            raise cls(
+                f"block header disagrees with the index {self.index_key}: " + "; ".join(problems),
+                offset=loc.offset,
+                where=self.data_key,
+            )
+
+    def _check_padding(self, raw: memoryview, at: int) -> None:
+        bad = first_non_padding(raw, 0, len(raw))
+        if bad is not None:
+            raise LengthMismatchError(
+                f"neither an entry header nor block padding: byte 0x{raw[bad]:02X} where padding has "
+                f"0x{PADDING_PATTERN[bad % 4]:02X}",
+                offset=at + bad,
+                where=self.data_key,
+            )
+
+    def _check_manifest_positions(
+        self, manifest: SegmentManifest, first_seen: Position | None, last_seen: Position | None
+    ) -> None:
+        for field, said, found in manifest_disagreements(manifest, first=first_seen, last=last_seen):
+            (s_ledger, s_entry), (f_ledger, f_entry) = said, found  # type: ignore[misc]
+            if field == "start":
+                raise ManifestMismatchError(
+                    f"manifest says the segment starts at {s_ledger}:{s_entry}, the data object starts with entry "
+                    f"{f_ledger}:{f_entry}",
+                    offset=0,
+                    where=self.data_key,
+                )
+            raise ManifestMismatchError(
+                f"manifest says the segment ends at {s_ledger}:{s_entry}, the data object ends with entry "
+                f"{f_ledger}:{f_entry}",
+                offset=self.length,
+                where=self.data_key,
+            )
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    @property
+    def readahead_threads(self) -> int:
+        """Read-ahead threads still running for this handle (0 once every read is finished or closed)."""
+        return sum(1 for p in self._prefetchers if p.alive)
+
+    def close(self) -> None:
+        """Stop any read-ahead still running; the handle cannot read afterwards."""
+        self._closed = True
+        for prefetch in list(self._prefetchers):
+            prefetch.close()
+        self._prefetchers.clear()
+        self._chunks.close()
+
+    def __enter__(self) -> SegmentReadHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SegmentReadHandle({self.data_key!r}, {self.version.label}, ledgers={self.ledger_ids})"

@@ -1,0 +1,340 @@
+"""The offload job's query: the Pulsar source and the control requests, into the segmenter
+(``transformWithStateInPandas``), into the sink (``foreachBatch``, uploads on executors); the source's
+options, and what each micro-batch reports.
+
+Part of :class:`~streamoffload.streaming.job.offload_job.OffloadJob` (``JobQueries``); its runs are
+``streaming/job/runs.py``, their supervision ``streaming/job/supervision.py``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamoffload.config import StoreSettings
+from streamoffload.errors import StreamOffloadError
+from streamoffload.storage.urls import is_url, parse_store_url
+from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
+from streamoffload.streaming.segmenter.segmenter_model import (
+    ACTION_COLUMNS,
+    ACTION_SCHEMA,
+    CONTROL_SEAL,
+)
+from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
+from streamoffload.streaming.sink.sink import SinkStats, sink_for
+from streamoffload.streaming.source.admission import buffer_file_path, write_buffer_file
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "streamoffload"
+IDLE_POLL_S = 2.0
+"""The source's ``idlePollSeconds`` in the job: a quiet topic-partition's first new entry is read up to this much
+later, in exchange for not asking the broker about every topic-partition at every trigger."""
+STATE_STORE_CONF = {
+    # Per micro-batch, commit the state's changes as a changelog instead of a RocksDB checkpoint
+    # (a flush, hard links and a copy of the new files): the fixed cost of a batch's state commit.
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # Checkpoint files (offset and commit logs, state changelogs) through Hadoop's FileSystem instead of
+    # FileContext: FileContext's rename on a local filesystem forks `readlink` (Hadoop without its native
+    # library) for the file and its .crc, several processes per file and micro-batch, ~0.2 s of state
+    # commit per batch here. It only gives up FileContext's atomic no-overwrite rename against a
+    # concurrent writer of the same checkpoint, which cannot exist: each run has its own under the lease.
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
+}
+"""Session settings the job's queries need (a query copies them when it starts; each run's checkpoint
+is fresh, so they never meet a checkpoint written without them)."""
+
+
+def min_part_size(store: StoreSettings) -> int:
+    """The segmenter's minimum part: the store class's ``min_part_size``, from the URL (no store is opened)."""
+    return parse_store_url(store.url).store_class.min_part_size
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    duration_s: float
+    parts: int = 0
+    part_bytes: int = 0
+    fetch_seconds: float = 0.0
+    spooled_entries: int = 0
+    broker_entries: int = 0
+    broker_reads: int = 0
+    opened: int = 0
+    sealed: list[dict[str, Any]] = field(default_factory=list)
+    upload_seconds: list[float] = field(default_factory=list)
+    errors: int = 0
+    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per topic-partition: buffered_bytes, open_segment, open_segment_entries, open_segment_bytes,
+    open_segment_assigned_ms, last_position, now_ms (see Segmenter.stats)."""
+
+
+BatchListener = Callable[[BatchReport], None]
+
+
+SINK_STATS_SCHEMA = "stats STRING"
+
+
+def _arrow_actions(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    """The action rows of Arrow record batches, one at a time (a part's bytes are copied out of the
+    batch only when its row is applied)."""
+    for batch in batches:
+        columns = [batch.column(name) for name in ACTION_COLUMNS]
+        for i in range(batch.num_rows):
+            yield {name: column[i].as_py() for name, column in zip(ACTION_COLUMNS, columns, strict=True)}
+
+
+def _apply_arrow(
+    store: StoreSettings, key_prefix: str, fetcher: BrokerFetcherSpec
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The sink as a ``mapInArrow`` function: the actions (part layouts, not entry bytes) reach the
+    executor's Python worker as Arrow batches; it fetches each part's entries from the broker (``fetcher``),
+    writes the store, and returns one row of ``SinkStats``."""
+
+    def apply(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        freeze_long_lived()
+        sink = sink_for(store.open, key_prefix, fetcher)
+        stats: SinkStats = sink.apply(_arrow_actions(batches))
+        yield pa.RecordBatch.from_pydict({"stats": [json.dumps(asdict(stats))]})
+
+    return apply
+
+
+class JobQueries:
+    """Building and starting the job's query, and handling each micro-batch's results."""
+
+    @property
+    def store_settings(self) -> StoreSettings:
+        return self.config.store
+
+    @property
+    def key_prefix(self) -> str:
+        return self.config.store.key_prefix
+
+    def source_options(self, *, seal_at_end: bool = False) -> dict[str, str]:
+        """The Pulsar source's options: ``positionsOnly`` rows (the sink fetches the bytes), ``maxBytesPerTrigger``
+        (default 1 GiB of entries) per micro-batch, and per topic-partition the offload buffer bound through
+        ``bufferFile``.
+        ``seal_at_end``: ``run_once``'s query ends with a micro-batch of seal markers (``sealAtEnd``)."""
+        from streamoffload.streaming.source.admission import buffer_file_path
+
+        pulsar = self.config.pulsar
+        options = {
+            "serviceUrl": pulsar.service_url,
+            "startingOffsets": self._starting_offsets(),
+            "failOnDataLoss": str(pulsar.fail_on_data_loss).lower(),
+            # The query carries positions, sizes and CRC-32Cs; the sink fetches the bytes (entry_fetch).
+            "positionsOnly": "true",
+        }
+        options["keyPrefix"] = self.key_prefix
+        if self.run is not None:
+            options["policyVersionsFile"] = self._versions_file()
+            options["bufferFile"] = buffer_file_path(self._versions_file(), self.run.epoch)
+            options["quarantineFile"] = self._pause_file()
+        if seal_at_end:
+            options["sealAtEnd"] = "true"
+        spool = self._spool_dir()
+        if spool is not None:
+            options["spoolDir"] = spool
+        if pulsar.topics:
+            options["topics"] = ",".join(pulsar.topics)
+        elif pulsar.topics_pattern:
+            options["topicsPattern"] = pulsar.topics_pattern
+            if pulsar.topics_pattern_candidates:
+                options["topicsPatternCandidates"] = ",".join(pulsar.topics_pattern_candidates)
+        else:
+            raise StreamOffloadError("no topics to offload: set pulsar.topics or pulsar.topics_pattern (or --topics)")
+        if pulsar.max_entries_per_trigger:
+            options["maxEntriesPerTrigger"] = str(pulsar.max_entries_per_trigger)
+        if pulsar.max_bytes_per_trigger:
+            options["maxBytesPerTrigger"] = str(pulsar.max_bytes_per_trigger)
+        for key, value in pulsar.client.items():
+            options[f"pulsar.client.{key}"] = value
+        return options
+
+    def _hold_broker_retention(self, committed: dict[str, Any]) -> None:
+        """``pulsar.retain_subscription``: acknowledge each topic-partition's durable subscription up to its last
+        committed position, so the broker keeps what the store does not have yet. A failure is logged, not
+        fatal: the next commit (or run) acknowledges again, and the store stays exact either way."""
+        name = self.config.pulsar.retain_subscription
+        if not name or not committed:
+            return
+        from streamoffload.streaming.protocol import raw_reader as rr
+
+        pulsar = self.config.pulsar
+        client = rr.RawClient(pulsar.service_url, dict(pulsar.client))
+        for topic, end in sorted(committed.items()):
+            try:
+                rr.hold_subscription_raw(client, topic, name, (int(end[0]), int(end[1])))
+            except Exception as err:
+                log.warning("%s: could not acknowledge the subscription %s up to %s: %s", topic, name, end, err)
+
+    def fetcher_spec(self) -> BrokerFetcherSpec:
+        """How the sink fetches the entries of its parts: from the broker, as the source reads them."""
+        from streamoffload.streaming.source.source_options import SourceOptions
+
+        epoch = self.run.epoch if self.run is not None else None
+        if self._fetcher_spec is None or self._fetcher_spec[0] != epoch:  # the spool is the run's
+            self._fetcher_spec = (epoch, BrokerFetcherSpec.of(SourceOptions.parse(self.source_options())))
+        return self._fetcher_spec[1]
+
+    def _starting_offsets(self) -> str:
+        """Where each topic-partition starts: after its last committed segment when the store has one
+        (whatever Spark's checkpoint holds), else the configured ``starting_offsets``."""
+        configured = self.config.pulsar.starting_offsets
+        resume = {tp: last for tp, (last, _ordinal) in (self.run.resume if self.run else {}).items() if last}
+        if not resume:
+            return configured
+        if configured.strip().lower() in ("earliest", "latest"):
+            doc: dict[str, Any] = {"*": configured.strip().lower()}
+        else:
+            doc = dict(json.loads(configured))
+        doc.update({tp: list(last) for tp, last in resume.items()})
+        return json.dumps(doc, sort_keys=True)
+
+    def _versions_file(self) -> str:
+        checkpoint = self.config.spark.checkpoint
+        base = Path(checkpoint) if not is_url(checkpoint) else Path(tempfile.gettempdir()) / self.instance
+        return str(base / "policy-versions.json")
+
+    def _spool_dir(self) -> str | None:
+        """Where the source tasks keep the bytes they read for the sink (``streaming.handoff.spool``): beside the
+        checkpoint, one per run. Only where every task runs on this machine (``local`` masters): elsewhere a
+        sink on another executor would not find the files, and they would not be removed."""
+        spark = self.config.spark
+        if self.run is None or not spark.spool or not spark.master.startswith("local"):
+            return None
+        return str(Path(self._versions_file()).with_name(f"spool-{self.run.epoch:08d}"))
+
+    def _pause_file(self) -> str:
+        return str(Path(self._versions_file()).with_name("quarantine.json"))
+
+    def build(self, spark: Any, *, seal_at_end: bool = False) -> Any:
+        from pyspark.sql import functions as F
+
+        from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor
+
+        run = self.run
+        if run is None:
+            raise StreamOffloadError("the job has no run: call begin_run() first")
+
+        # A task per core, and a second to overlap one task's start with another's reads: a micro-batch over
+        # many quiet topic-partitions packs their ranges into these (input_ranges.group_ranges).
+        max_partitions = 2 * max(1, int(spark.sparkContext.defaultParallelism))
+        entries = (
+            spark.readStream.format("pulsar")
+            .options(**self.source_options(seal_at_end=seal_at_end))
+            .option("maxPartitions", str(max_partitions))
+            # A quiet topic-partition's latest position every ~2 s, not every trigger (a lookup costs the broker
+            # a subscription): a trigger over thousands of topic-partitions asks about those that move.
+            .option("idlePollSeconds", str(IDLE_POLL_S))
+            .load()
+            # The source's seal markers (``sealAtEnd``, ledger_id -1) seal their topic-partition's open segment.
+            .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))
+        )
+        controls = (
+            spark.readStream.format("streamoffload-control")
+            .option("store", json.dumps(asdict(self.store_settings)))
+            .option("keyPrefix", self.key_prefix)
+            .load()
+        )
+        processor = SegmenterProcessor(
+            run.policy_log,
+            self.key_prefix,
+            min_part_size(self.store_settings),
+            epoch=run.epoch,
+            resume=run.resume,
+        )
+        return (
+            entries.unionByName(controls)
+            .groupBy("topic")
+            .transformWithStateInPandas(
+                statefulProcessor=processor,
+                outputStructType=ACTION_SCHEMA,
+                outputMode="Append",
+                timeMode="ProcessingTime",
+            )
+        )
+
+    def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        apply = _apply_arrow(self.store_settings, self.key_prefix, self.fetcher_spec())
+        # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
+        results = [json.loads(r.stats) for r in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect()]
+        report = BatchReport(batch_id, 0.0)
+        for stats in results:
+            report.parts += stats["parts"]
+            report.part_bytes += stats["part_bytes"]
+            report.fetch_seconds += stats.get("fetch_seconds", 0.0)
+            report.spooled_entries += stats.get("spooled_entries", 0)
+            report.broker_entries += stats.get("broker_entries", 0)
+            report.broker_reads += stats.get("broker_reads", 0)
+            report.opened += stats["opened"]
+            report.sealed.extend(stats["sealed"])
+            report.upload_seconds.extend(stats["upload_seconds"])
+            report.errors += stats["errors"]
+            report.topics.update(stats["topics"])
+        report.duration_s = time.monotonic() - started
+        self.last_topic_stats.update(report.topics)
+        self._metadata_changed({*report.topics, *(seal["topic"] for seal in report.sealed)})
+        if self.quarantine is not None and report.sealed:
+            for topic in self.quarantine.clear({seal["topic"] for seal in report.sealed}):
+                log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
+        if self.run is not None:  # the source's admission control reads each topic-partition's buffer here
+            write_buffer_file(
+                buffer_file_path(self._versions_file(), self.run.epoch),
+                self.last_topic_stats,
+                min_part_size(self.store_settings),
+            )
+        self._hold_broker_retention({seal["topic"]: seal["end"] for seal in report.sealed if "end" in seal})
+        for seal in report.sealed:
+            log.info(
+                "sealed segment %s of %s: %d entries, %d bytes (%s)",
+                seal["segment"],
+                seal["topic"],
+                seal["entries"],
+                seal["data_length"],
+                seal["reason"],
+            )
+        for listener in self.listeners:
+            try:
+                listener(report)
+            except Exception:
+                log.warning("batch listener failed", exc_info=True)
+
+    def start(self, spark: Any, *, once: bool = False) -> Any:
+        if self.run is None:
+            self.begin_run()
+        assert self.run is not None
+        for key, value in STATE_STORE_CONF.items():
+            spark.conf.set(key, value)
+        writer = (
+            self.build(spark, seal_at_end=once)
+            .writeStream.queryName(QUERY_NAME)
+            .foreachBatch(self._foreach_batch)
+            .option("checkpointLocation", self.run.checkpoint)
+        )
+        if not once:
+            self.query = writer.trigger(processingTime=self.config.spark.trigger_interval).start()
+            self.retention_runner().start()
+            return self.query
+        # A pending rollover timer makes Spark run no-data batches until it fires, so an AvailableNow
+        # run would not end before the rollover time: batch runs turn them off (the query copies the
+        # session's settings when it starts, so the continuous job keeps them).
+        key = "spark.sql.streaming.noDataMicroBatches.enabled"
+        previous = spark.conf.get(key, "true")
+        spark.conf.set(key, "false")
+        try:
+            self.query = writer.trigger(availableNow=True).start()
+        finally:
+            spark.conf.set(key, previous)
+        return self.query

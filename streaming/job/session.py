@@ -1,0 +1,249 @@
+"""Creating the Spark session the job and tests use, with the settings streaming offload needs.
+
+Logging: the JVM (and the Python workers it starts, which print to its output) writes through a pipe
+that this process drains (:func:`_pump`). With a log file (``configure_spark_logging``) every line goes
+there; without one, the terminal gets Spark's WARN/ERROR records only, never the banner, Java stack
+frames or the "TransformWithStateInPandas Python worker" chatter; errors reach the caller as Python
+exceptions anyway. Spark's log4j level and configuration come from :func:`log4j_properties`, so there is
+no "Setting default log level" banner either.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import IO, Any
+
+from streamoffload.streaming import register
+from streamoffload.streaming.runtime.fork_client import SOCKET_ENV
+from streamoffload.streaming.runtime.fork_server import ForkServer, start_fork_server
+from streamoffload.streaming.runtime.worker_python import pyspark_from_directory, worker_python
+
+SPARK_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
+
+NOISY_LOGGERS = (
+    # One or more WARN lines per started query that say nothing an operator can act on.
+    "org.apache.spark.sql.execution.streaming",
+    "org.apache.spark.sql.execution.streaming.runtime",
+    "org.apache.spark.sql.execution.streaming.state",
+    "org.apache.spark.sql.catalyst.analysis.ResolveWriteToStream",
+    "org.apache.spark.sql.execution.datasources.v2.python",
+    "org.apache.spark.sql.execution.python",
+    "org.apache.spark.api.python",
+    "org.apache.spark.util.ShutdownHookManager",
+    "org.apache.spark.SparkContext",
+    "org.apache.spark.storage",
+    "org.apache.spark.executor",
+    "org.apache.spark.scheduler",
+    "org.apache.spark.rpc",
+    "org.apache.hadoop.util.NativeCodeLoader",
+    "org.apache.hadoop.fs",
+    "org.apache.spark.sql.internal.SharedState",
+    "org.apache.spark.util.Utils",  # "Your hostname resolves to a loopback address", at every start
+)
+"""Quieted to ERROR on the terminal (a log file keeps them at the chosen level)."""
+
+
+@dataclass(frozen=True)
+class SparkLogging:
+    level: str = "WARN"
+    log_file: str | None = None
+    quiet: bool = False
+
+
+_logging = SparkLogging()
+
+
+def configure_spark_logging(level: str = "WARN", log_file: str | None = None, *, quiet: bool = False) -> None:
+    """Where the next :func:`build_session` sends Spark's output: ``log_file`` (everything), or the terminal
+    (WARN/ERROR records only; nothing when ``quiet``). ``level`` is log4j's (WARNING is taken as WARN)."""
+    global _logging
+    level = {"WARNING": "WARN"}.get(level.upper(), level.upper())
+    if level not in SPARK_LEVELS:
+        raise ValueError(f"Spark log level {level!r}: expected one of {', '.join(SPARK_LEVELS)}")
+    _logging = SparkLogging(level, log_file, quiet)
+
+
+def spark_logging() -> SparkLogging:
+    return _logging
+
+
+def log4j_properties(settings: SparkLogging) -> str:
+    """A log4j2 configuration: everything to the JVM's stderr (which :func:`_pump` reads) at ``settings.level``;
+    the noisy loggers at ERROR unless a log file takes everything or a verbose level was asked for."""
+    lines = [
+        f"rootLogger.level = {settings.level.lower()}",
+        "rootLogger.appenderRef.stderr.ref = console",
+        "appender.console.type = Console",
+        "appender.console.name = console",
+        "appender.console.target = SYSTEM_ERR",
+        "appender.console.layout.type = PatternLayout",
+        "appender.console.layout.pattern = %d{yyyy-MM-dd HH:mm:ss,SSS} %p %c: %m%n%ex",
+    ]
+    verbose = settings.level in ("ALL", "TRACE", "DEBUG", "INFO")
+    if not verbose:
+        for i, name in enumerate(NOISY_LOGGERS):
+            lines += [f"logger.quiet{i}.name = {name}", f"logger.quiet{i}.level = error"]
+    return "\n".join(lines) + "\n"
+
+
+_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (WARN|ERROR|FATAL) ")
+
+
+def terminal_line(line: str, settings: SparkLogging) -> bool:
+    """Whether a line of the JVM's output is shown on the terminal when there is no log file: Spark's WARN and
+    ERROR records (their first line), unless ``quiet``; everything at a verbose level; never the rest (banner,
+    stack frames, Python workers' prints)."""
+    if settings.level in ("ALL", "TRACE", "DEBUG", "INFO"):
+        return True
+    return not settings.quiet and _RECORD.match(line) is not None
+
+
+def _pump(stream: IO[bytes], settings: SparkLogging) -> None:
+    """Copy the JVM's output to the log file, or the lines :func:`terminal_line` admits to stderr."""
+    out: IO[str] | None = None
+    if settings.log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(settings.log_file)), exist_ok=True)
+        out = open(settings.log_file, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives with the JVM
+    try:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            try:
+                if out is not None:
+                    out.write(line)
+                elif terminal_line(line, settings):
+                    os.write(2, raw)  # file descriptor 2, where the JVM itself would have written it
+            except (OSError, ValueError):  # stderr closed (a pipe's reader left): keep draining the JVM
+                pass
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _launch_gateway(conf: dict[str, str], settings: SparkLogging) -> None:
+    """Start the JVM with its output piped to :func:`_pump` and a log4j2 configuration of ours, unless a
+    gateway is already there (a session was built before, or spark-submit started this process)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+        return
+    if os.environ.get("STREAMOFFLOAD_SPARK_OUTPUT") == "inherit":  # debugging: the JVM writes to our stdout/stderr
+        return
+    fd, path = tempfile.mkstemp(prefix="streamoffload-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(log4j_properties(settings))
+    atexit.register(_remove_quietly, path)
+    conf = dict(conf)
+    option = f"-Dlog4j2.configurationFile=file:{path}"
+    key = "spark.driver.extraJavaOptions"
+    conf[key] = f"{conf[key]} {option}" if conf.get(key) else option
+    popen: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())), popen_kwargs=popen)
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.stdout is not None:
+        threading.Thread(target=_pump, args=(proc.stdout, settings), name="spark-output", daemon=True).start()
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+_fork_server: ForkServer | None = None
+
+
+def _start_fork_server() -> None:
+    """The fork server for Spark's one-off driver-side Python processes (``streaming/runtime/fork_server.py``), once
+    per driver, before the JVM starts so that the JVM and its Python processes inherit its socket's name.
+    ``STREAMOFFLOAD_FORK_SERVER=off`` leaves it out."""
+    global _fork_server
+    if _fork_server is not None or os.environ.get(SOCKET_ENV) == "off":
+        return
+    from pyspark import SparkContext
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+        return  # the JVM is up already: it would not see the socket's name
+    _fork_server = start_fork_server(log_path=_logging.log_file)
+    if _fork_server is not None:
+        os.environ[SOCKET_ENV] = _fork_server.path
+        atexit.register(_fork_server.stop)
+
+
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+"""The JVM compiles hot code with C1 only. In the positions design the JVM carries no payload bytes; its
+work is a fixed cost per micro-batch (planning, the state store, task scheduling), and with the default
+tiered JIT the C2 compiler kept a core busy compiling it: 18.5 of the JVM's 34.8 CPU seconds over
+``bench/offload.py``'s lag phase, and 4.5 of 7.8 in a 600 MB ``run --once``. With C1 only: 3.4 of 25.8
+(and 45 micro-batches instead of 27 in the same minute), 0.8 of 3.3. Measured 2026-11-25, bench/README."""
+
+
+def driver_java_options(user: str) -> str:
+    """The local JVM's options: :data:`QUICK_JIT` unless the user chose the JIT's tiers themselves."""
+    if "TieredStopAtLevel" in user or "TieredCompilation" in user:
+        return user
+    return f"{QUICK_JIT} {user}".strip()
+
+
+def build_session(
+    master: str = "local[2]",
+    app_name: str = "streamoffload",
+    work_dir: str | None = None,
+    extra_conf: dict[str, str] | None = None,
+) -> Any:
+    """A SparkSession with the RocksDB state store (transformWithState needs it), few shuffle
+    partitions (one key per topic-partition; the default 200 would mostly run empty tasks), and
+    streamoffload's Python data sources registered (``streaming.register``)."""
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    workers = os.environ.get("PYSPARK_PYTHON") or sys.executable
+    local = master.startswith("local") and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if local and workers == sys.executable and pyspark_from_directory():
+        # This interpreter's pyspark, from site-packages: no recompiling it from the zip in every process.
+        workers = worker_python(python=workers)
+        _start_fork_server()
+    os.environ["PYSPARK_PYTHON"] = workers
+    from pyspark.sql import SparkSession
+
+    conf: dict[str, str] = {
+        "spark.app.name": app_name,
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.python.worker.reuse": "true",
+        "spark.driver.memory": "2g",
+    }
+    # Under spark-submit the JVM is already up with the master and resources the user chose.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        conf["spark.master"] = master
+    if work_dir:
+        conf["spark.sql.warehouse.dir"] = os.path.join(work_dir, "warehouse")
+        conf["spark.local.dir"] = os.path.join(work_dir, "local")
+    conf.update(extra_conf or {})
+    if local:
+        conf["spark.driver.extraJavaOptions"] = driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
+        # Workers forked with pandas, pyarrow and the job's modules already imported
+        # (streaming/runtime/worker_daemon.py).
+        # Local masters only: the daemon starts before a task's --py-files are on the path, so on a cluster that
+        # ships streamoffload that way the daemon could not import itself.
+        conf.setdefault("spark.python.daemon.module", "streamoffload.streaming.runtime.worker_daemon")
+    settings = _logging
+    _launch_gateway(conf, settings)
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(settings.level)
+    register(session)
+    return session

@@ -1,0 +1,163 @@
+"""The latest positions of many topic-partitions in a few round trips, over Pulsar's binary protocol.
+
+The source asks for every topic-partition's latest position at each trigger. One at a time
+(:func:`raw_reader.latest_position_raw`) that is a connection, a lookup, a subscription, a
+``GET_LAST_MESSAGE_ID`` and a close per topic-partition: five round trips each, every trigger. Here the
+lookups of all of them go out pipelined on one connection to the service URL; the topic-partitions are
+grouped by the broker that owns them, and on one connection per broker the subscriptions, then the
+``GET_LAST_MESSAGE_ID`` requests, go out pipelined too (``window`` awaiting an answer at once). So a
+trigger costs about three round trips per broker, whatever the number of topic-partitions.
+
+What cannot be answered this way is left to the caller, one topic-partition at a time, with its retries:
+a lookup that redirects (a real cluster answers the first lookup with the owner or a proxy; a second hop
+is rare), a refused subscription, and every topic-partition of a broker whose connection failed. Each
+comes back as its ``PulsarIOError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
+from streamoffload.streaming.protocol.broker_connection import BrokerConnection
+from streamoffload.streaming.protocol.client_options import ServiceAddress
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Position, PulsarIOError
+from streamoffload.streaming.protocol.raw_reader import (
+    RawClient,
+    close_consumer_command,
+    last_message_id_command,
+    last_position,
+    subscribe_command,
+)
+from streamoffload.streaming.protocol.wire import T, server_error
+
+Route = tuple[str, int, bool, str | None]
+"""Where a topic-partition is served: host, port, TLS, and the broker URL to ask a proxy for (or None)."""
+
+Answer = Position | None | PulsarIOError
+"""A topic-partition's latest position, None when it has no entry, or why it could not be had here."""
+
+
+def latest_positions_raw(client: RawClient, topics: Sequence[str], *, window: int = 256) -> dict[str, Answer]:
+    """Every topic's latest position (see the module's docstring); each topic has an answer."""
+    answers: dict[str, Answer] = {}
+    cfg = client.config
+    try:
+        service = BrokerConnection(cfg, cfg.service)
+    except (OSError, PulsarIOError) as err:
+        failed = PulsarIOError(f"cannot reach {cfg.service.host}:{cfg.service.port} for latest positions: {err}")
+        return dict.fromkeys(topics, failed)
+    try:
+        routes = _routes(service, topics, window, answers)
+        for route, routed in routes.items():
+            here = route == _route_of(service)
+            try:
+                conn = service if here else _connect(client, route)
+            except (OSError, PulsarIOError) as err:
+                answers.update(dict.fromkeys(routed, PulsarIOError(f"cannot reach {route[0]}:{route[1]}: {err}")))
+                continue
+            try:
+                answers.update(_positions_on(conn, routed, window))
+            except (OSError, PulsarIOError) as err:
+                failure = PulsarIOError(f"latest positions at {conn.name}: {err}")
+                answers.update({t: failure for t in routed if t not in answers})
+            finally:
+                if not here:
+                    conn.close()
+    except (OSError, PulsarIOError) as err:
+        failure = PulsarIOError(f"lookups at {service.name}: {err}")
+        answers.update({t: failure for t in topics if t not in answers})
+    finally:
+        service.close()
+    return answers
+
+
+def _route_of(conn: BrokerConnection, proxy_to: str | None = None) -> Route:
+    return (conn.address.host, conn.address.port, conn.address.tls, proxy_to)
+
+
+def _routes(
+    service: BrokerConnection, topics: Sequence[str], window: int, answers: dict[str, Answer]
+) -> dict[Route, list[str]]:
+    """The topics grouped by the connection that serves them; those that cannot be placed go to
+    ``answers`` as errors."""
+    requests = []
+    for topic in topics:
+        rid = service.next_request_id()
+        cmd = BaseCommand(type=T.LOOKUP)
+        cmd.lookupTopic.topic = topic
+        cmd.lookupTopic.request_id = rid
+        cmd.lookupTopic.authoritative = False
+        requests.append((cmd, rid, f"lookup of {topic}"))
+    replies = service.request_many(requests, window=window)
+    routes: dict[Route, list[str]] = {}
+    tls = service.config.service.tls
+    for (_cmd, rid, _what), topic in zip(requests, topics, strict=True):
+        reply = replies[rid]
+        if isinstance(reply, PulsarIOError):
+            answers[topic] = reply
+            continue
+        resp = reply.lookupTopicResponse
+        if resp.response == CommandLookupTopicResponse.Failed:
+            answers[topic] = PulsarIOError(
+                f"lookup of {topic} at {service.name} failed: {resp.message or 'no reason given'} "
+                f"({server_error(resp.error)})"
+            )
+            continue
+        url = resp.brokerServiceUrlTls if tls else resp.brokerServiceUrl
+        target = ServiceAddress.parse(url) if url else None
+        if resp.response != CommandLookupTopicResponse.Connect and target is not None:
+            answers[topic] = PulsarIOError(f"lookup of {topic} redirected to {url}: asked again on its own")
+            continue
+        if target is None or (target.host, target.port) == (service.address.host, service.address.port):
+            route = _route_of(service)
+        elif resp.proxy_through_service_url:
+            route = _route_of(service, f"{target.host}:{target.port}")
+        else:
+            route = (target.host, target.port, target.tls, None)
+        routes.setdefault(route, []).append(topic)
+    return routes
+
+
+def _connect(client: RawClient, route: Route) -> BrokerConnection:
+    host, port, tls, proxy_to = route
+    cfg = client.config
+    if proxy_to is not None:
+        return BrokerConnection(cfg, cfg.service, proxy_to_broker_url=proxy_to)
+    return BrokerConnection(cfg, ServiceAddress(host, port, tls))
+
+
+def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) -> dict[str, Answer]:
+    """On one broker: subscribe to every topic (one consumer each), ask each its last message id, close."""
+    answers: dict[str, Answer] = {}
+    subscribes = []
+    for consumer_id, topic in enumerate(topics, start=1):
+        rid = conn.next_request_id()
+        subscribes.append((subscribe_command(topic, consumer_id, rid, BEFORE_EARLIEST), rid, f"subscribing to {topic}"))
+    subscribed = conn.request_many(subscribes, window=window)
+    asked: list[tuple[str, int]] = []  # (topic, consumer id) of the subscriptions made
+    asks = []
+    for consumer_id, ((_cmd, rid, _what), topic) in enumerate(zip(subscribes, topics, strict=True), start=1):
+        reply = subscribed[rid]
+        if isinstance(reply, PulsarIOError):
+            answers[topic] = reply
+            continue
+        ask_id = conn.next_request_id()
+        asks.append((last_message_id_command(consumer_id, ask_id), ask_id, f"GetLastMessageId of {topic}"))
+        asked.append((topic, consumer_id))
+    try:
+        lasts = conn.request_many(asks, window=window)
+        for (topic, _consumer_id), (_cmd, ask_id, _what) in zip(asked, asks, strict=True):
+            try:
+                answers[topic] = last_position(lasts[ask_id])
+            except PulsarIOError as err:
+                answers[topic] = err
+    finally:
+        with contextlib.suppress(OSError):  # the connection closes next anyway: this only spares the broker
+            for _topic, consumer_id in asked:
+                conn.send(close_consumer_command(consumer_id, conn.next_request_id()))
+    return answers
+
+
+__all__ = ["latest_positions_raw"]

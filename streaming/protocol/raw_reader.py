@@ -1,0 +1,431 @@
+"""Reading topic-partitions as the broker stores them: entries byte for byte, over Pulsar's binary protocol.
+
+:func:`read_range_raw` is :func:`streamoffload.streaming.protocol.exactly_once.read_exactly_once` -- the loop the
+``pulsar-client`` reader (:func:`streamoffload.streaming.protocol.client_reader.read_range`) uses too: exact
+``(start, end]`` ranges, once each and in order, duplicates dropped, stalled readers re-opened at the
+last emitted position, reconnects with backoff, data loss confirmed by one re-read -- over
+:class:`RawConsumer`. It does not rebuild entries: each
+``CommandMessage`` frame the broker pushes carries one stored entry as headers-and-payload::
+
+    [u32 totalSize][u32 commandSize][BaseCommand{MESSAGE}]
+    ([u16 0x0e02][u32 n][BrokerEntryMetadata])? [u16 0x0e01][u32 crc32c][u32 m][MessageMetadata][payload]
+
+and everything after the command is the entry, emitted untouched: compression, sequence ids,
+encryption, schema versions, chunking fields, null values and keys stay as the producer wrote them.
+The CRC-32C is verified on receipt (a mismatch re-opens the reader, like any error) and the message
+count comes from the metadata (``num_messages_in_batch``), without unpacking anything. pulsar-lite
+hands entries out without their ``0x0e01`` checksum section (a pre-v6 layout ``decode_entry`` accepts,
+as Pulsar does): there nothing can be verified, and the entries are the producer's bytes after it.
+
+Broker entry metadata (``0x0e02``, PIP-70): a broker with ``brokerEntryMetadataInterceptors`` stores
+it in front of every entry, so Pulsar's offloaders, which copy the stored ledger entries, keep it.
+A broker sends it to a consumer only when the consumer says it supports it (protocol version >= 18
+and ``FeatureFlags.supports_broker_entry_metadata``, both sent here) and the broker has
+``exposingBrokerEntryMetadataToClientEnabled=true``; with that setting the entries read here are the
+stored bytes exactly. Without it the broker strips the prefix before sending, and the entries are
+the stored bytes minus that prefix (pulsar-lite has no broker entry metadata at all).
+
+Protocol steps (field numbers in ``codecs/proto/pulsar_api.proto``, checked against upstream
+``PulsarApi.proto``): the connection's ``CONNECT`` handshake, TLS and authentication
+(``streaming/protocol/broker_connection.py``), then ``LOOKUP`` (``Redirect``
+followed, ``Connect`` to the owning broker, ``proxy_through_service_url`` honoured by reconnecting to
+the service URL with ``proxy_to_broker_url``), ``SUBSCRIBE`` (Exclusive, non-durable, a unique
+subscription name, ``start_message_id`` = the last emitted position or earliest), ``FLOW`` permits
+(counted in messages, topped up as they are used), ``MESSAGE`` frames, ``GET_LAST_MESSAGE_ID``,
+cumulative ``ACK`` of what arrived (as Pulsar's own readers do), ``CLOSE_CONSUMER``; ``PING`` is
+answered with ``PONG``.
+
+Connection options (the source's ``pulsar.client.*`` options, prefix removed, names as
+:func:`client_options.client_kwargs` takes them; parsed by :class:`client_options.ConnectionConfig`):
+``authToken`` or ``authPluginClassName`` + ``authParams`` for the token (``token:...``, ``file:...``),
+basic (``{"userId": .., "password": ..}`` or ``userId:..,password:..``) and TLS
+(``tlsCertFile:..,tlsKeyFile:..``) plugins; ``pulsar+ssl://`` with ``tlsTrustCertsFilePath``,
+``tlsAllowInsecureConnection``, ``tlsValidateHostname``; ``connectionTimeoutMs`` and
+``operationTimeoutSeconds``. Other plugins (OAuth2, custom) raise
+:class:`ConfigError`: read such clusters with the ``pulsar-client`` reader.
+
+TLS failures that configuration causes are not retried (``streaming/protocol/broker_connection.py``). What is
+tested against what:
+``tests/source/test_raw_tls.py`` (TLS, through a TLS-terminating proxy in front of pulsar-lite) and
+the module docstring of ``tests/source/test_raw_reader.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+from streamoffload.codecs.entry import decode_entry, metadata_num_messages
+from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.proto.pulsar_api_pb2 import (
+    BaseCommand,
+    CommandAck,
+    CommandLookupTopicResponse,
+    CommandSubscribe,
+    MessageIdData,
+)
+from streamoffload.streaming.protocol.broker_connection import BrokerConnection
+from streamoffload.streaming.protocol.client_options import ConnectionConfig, ServiceAddress
+from streamoffload.streaming.protocol.exactly_once import (
+    BEFORE_EARLIEST,
+    Position,
+    Probe,
+    PulsarIOError,
+    RangeConsumer,
+    ReadEntry,
+    ReaderSettings,
+    ReadStats,
+    read_exactly_once,
+)
+from streamoffload.streaming.protocol.wire import T, server_error
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "RawClient",
+    "RawConsumer",
+    "RawMessage",
+    "hold_subscription_raw",
+    "latest_position_raw",
+    "probe_after_raw",
+    "read_range_raw",
+]
+
+_U64 = (1 << 64) - 1  # MessageId.earliest's -1, as the uint64 the protocol carries
+_MAX_LOOKUP_HOPS = 8
+_ACK_EVERY = 16  # entries between cumulative acks (brokers redeliver what a consumer never acks)
+
+
+# ---------------------------------------------------------------------------------------------
+# client and consumer
+
+
+class RawMessage(NamedTuple):
+    """One entry as received: position, publish time (ms), message count and the stored bytes."""
+
+    ledger_id: int
+    entry_id: int
+    publish_time: int
+    num_messages: int
+    data: bytes
+
+
+class RawClient:
+    """A cluster to read raw entries from: configuration only (each consumer has its own connection,
+    so a stalled or broken consumer is dropped with its connection and nothing stale is read later)."""
+
+    def __init__(self, service_url: str, options: Mapping[str, str] | None = None) -> None:
+        self.service_url = service_url
+        self.config = ConnectionConfig.parse(service_url, options)
+
+    def close(self) -> None:
+        """Nothing to release: connections belong to consumers."""
+
+    def connect_for(self, topic: str) -> BrokerConnection:
+        """A connection to the broker that serves ``topic``, found by binary-protocol lookup."""
+        cfg = self.config
+        conn = BrokerConnection(cfg, cfg.service)
+        authoritative = False
+        try:
+            for _hop in range(_MAX_LOOKUP_HOPS):
+                resp = conn.lookup(topic, authoritative)
+                if resp.response == CommandLookupTopicResponse.Failed:
+                    raise PulsarIOError(
+                        f"lookup of {topic} at {conn.name} failed: {resp.message or 'no reason given'} "
+                        f"({server_error(resp.error)})"
+                    )
+                url = resp.brokerServiceUrlTls if cfg.service.tls else resp.brokerServiceUrl
+                target = ServiceAddress.parse(url) if url else None
+                if resp.proxy_through_service_url and target is not None:
+                    # A proxy: keep talking to the service URL, asking it to forward to the broker.
+                    conn.close()
+                    conn = BrokerConnection(cfg, cfg.service, proxy_to_broker_url=f"{target.host}:{target.port}")
+                    if resp.response == CommandLookupTopicResponse.Connect:
+                        return conn
+                    authoritative = resp.authoritative
+                    continue
+                if target is None or (target.host, target.port) == (conn.address.host, conn.address.port):
+                    # No URL for our scheme (e.g. a TLS terminator in front of a plain broker) or the
+                    # broker we are talking to: stay on this connection.
+                    if resp.response == CommandLookupTopicResponse.Connect or target is None:
+                        return conn
+                    authoritative = resp.authoritative
+                    continue
+                conn.close()
+                conn = BrokerConnection(cfg, target)
+                if resp.response == CommandLookupTopicResponse.Connect:
+                    return conn
+                authoritative = resp.authoritative
+            raise PulsarIOError(f"lookup of {topic} was redirected more than {_MAX_LOOKUP_HOPS} times")
+        except BaseException:
+            conn.close()
+            raise
+
+    def open_consumer(self, topic: str, after: Position, queue_size: int) -> RawConsumer:
+        return RawConsumer(self, topic, after, queue_size)
+
+
+def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Position) -> BaseCommand:
+    """``SUBSCRIBE`` to a new non-durable Exclusive subscription (a unique name) starting after ``after``."""
+    cmd = BaseCommand(type=T.SUBSCRIBE)
+    s = cmd.subscribe
+    s.topic = topic
+    s.subscription = f"streamoffload-raw-{uuid.uuid4().hex[:16]}"
+    s.subType = CommandSubscribe.Exclusive
+    s.consumer_id = consumer_id
+    s.request_id = request_id
+    s.durable = False
+    s.read_compacted = False
+    if after <= BEFORE_EARLIEST:
+        s.start_message_id.CopyFrom(MessageIdData(ledgerId=_U64, entryId=_U64))
+    else:
+        s.start_message_id.CopyFrom(MessageIdData(ledgerId=after[0], entryId=after[1]))
+    s.initialPosition = CommandSubscribe.Earliest
+    return cmd
+
+
+def last_message_id_command(consumer_id: int, request_id: int) -> BaseCommand:
+    cmd = BaseCommand(type=T.GET_LAST_MESSAGE_ID)
+    cmd.getLastMessageId.consumer_id = consumer_id
+    cmd.getLastMessageId.request_id = request_id
+    return cmd
+
+
+def last_position(answer: BaseCommand | PulsarIOError) -> Position | None:
+    """The position a ``GET_LAST_MESSAGE_ID`` answer names; None when the topic has no entry (a -1 id, or
+    pulsar-lite's "no messages" error); other errors are raised."""
+    if isinstance(answer, PulsarIOError):
+        if "no messages" in str(answer).lower():  # pulsar-lite's answer for an empty topic
+            return None
+        raise answer
+    last = answer.getLastMessageIdResponse.last_message_id
+    ledger, entry = last.ledgerId, last.entryId
+    if ledger >= 1 << 63 or entry >= 1 << 63:  # -1 as uint64
+        return None
+    return (ledger, entry)
+
+
+def close_consumer_command(consumer_id: int, request_id: int) -> BaseCommand:
+    cmd = BaseCommand(type=T.CLOSE_CONSUMER)
+    cmd.close_consumer.consumer_id = consumer_id
+    cmd.close_consumer.request_id = request_id
+    return cmd
+
+
+class RawConsumer:
+    """A non-durable Exclusive subscription that starts after ``after`` and receives raw entries."""
+
+    def __init__(self, client: RawClient, topic: str, after: Position, queue_size: int, *, flow: bool = True) -> None:
+        self.topic = topic
+        self.conn = client.connect_for(topic)
+        self.consumer_id = 1
+        self._queue = max(int(queue_size), 1)
+        self._used = 0
+        self._unacked = 0
+        self._acked_to: Position = BEFORE_EARLIEST
+        self._closed = False
+        try:
+            rid = self.conn.next_request_id()
+            self.conn.request(subscribe_command(topic, self.consumer_id, rid, after), rid, f"subscribing to {topic}")
+            if flow:
+                self._flow(self._queue)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _ack(self) -> None:
+        """Acknowledge cumulatively up to the highest position received, as Pulsar's readers do for
+        their non-durable subscriptions: the broker then neither keeps nor redelivers those entries
+        (pulsar-lite redelivers unacknowledged entries over and over)."""
+        self._unacked = 0
+        if self._acked_to < (0, 0):
+            return
+        cmd = BaseCommand(type=T.ACK)
+        cmd.ack.consumer_id = self.consumer_id
+        cmd.ack.ack_type = CommandAck.Cumulative
+        cmd.ack.message_id.add(ledgerId=self._acked_to[0], entryId=self._acked_to[1])
+        self.conn.send(cmd)
+
+    def _flow(self, permits: int) -> None:
+        cmd = BaseCommand(type=T.FLOW)
+        cmd.flow.consumer_id = self.consumer_id
+        cmd.flow.messagePermits = permits
+        self.conn.send(cmd)
+
+    def receive(self, timeout_ms: int) -> RawMessage | None:
+        """The next entry, its CRC-32C verified; None when none arrives within ``timeout_ms``."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            got = self.conn.read(deadline)
+            if got is None:
+                return None
+            cmd, payload = got
+            kind = cmd.type
+            if kind == T.MESSAGE:
+                m = cmd.message
+                if m.consumer_id != self.consumer_id:
+                    continue
+                if payload is None:
+                    raise PulsarIOError(f"{self.topic}: message frame without an entry from {self.conn.name}")
+                mid = m.message_id
+                where = f"{self.topic} entry {mid.ledgerId}:{mid.entryId}"
+                decoded = decode_entry(payload, where=where)  # checks the CRC-32C and the metadata
+                count = metadata_num_messages(decoded.metadata)
+                self._used += count
+                self._unacked += 1
+                if (mid.ledgerId, mid.entryId) > self._acked_to:
+                    self._acked_to = (mid.ledgerId, mid.entryId)
+                if self._unacked >= _ACK_EVERY or self._used >= (self._queue + 1) // 2:
+                    self._ack()
+                if self._used >= (self._queue + 1) // 2:
+                    self._flow(self._used)
+                    self._used = 0
+                return RawMessage(mid.ledgerId, mid.entryId, decoded.metadata.publish_time, count, payload)
+            if kind == T.CLOSE_CONSUMER:
+                raise PulsarIOError(f"{self.topic}: the broker {self.conn.name} closed the consumer")
+            if kind == T.ERROR:
+                log.warning("%s: broker error: %s (%s)", self.topic, cmd.error.message, server_error(cmd.error.error))
+
+    def last_message_id(self) -> Position | None:
+        """The broker's last position of the topic; None when it has no entry."""
+        rid = self.conn.next_request_id()
+        cmd = last_message_id_command(self.consumer_id, rid)
+        try:
+            return last_position(self.conn.request(cmd, rid, f"GetLastMessageId of {self.topic}"))
+        except PulsarIOError as err:
+            return last_position(err)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self.conn.send(close_consumer_command(self.consumer_id, self.conn.next_request_id()))
+        self.conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# positions
+
+
+def latest_position_raw(client: RawClient, topic: str) -> Position | None:
+    """The position of the last entry of a topic-partition (``GetLastMessageId`` on a non-durable
+    subscription, which goes with its consumer), ``None`` when it has none."""
+    try:
+        consumer = RawConsumer(client, topic, BEFORE_EARLIEST, 1, flow=False)
+    except (OSError, PulsarIOError) as err:
+        raise PulsarIOError(f"cannot ask {topic} for its last entry: {err}") from err
+    try:
+        return consumer.last_message_id()
+    except (OSError, PulsarIOError) as err:
+        raise PulsarIOError(f"cannot ask {topic} for its last entry: {err}") from err
+    finally:
+        consumer.close()
+
+
+def probe_after_raw(
+    client: Any,
+    topic: str,
+    after: Position,
+    *,
+    settings: ReaderSettings | None = None,
+    attempts: int = 3,
+) -> Probe | None:
+    """The first entry after ``after`` with its exact size and message count, or ``None`` if none
+    arrives in ``attempts`` subscriptions."""
+    settings = settings or ReaderSettings()
+    timeout = max(settings.stall_timeout_ms, 500)
+    for _ in range(attempts):
+        try:
+            consumer = client.open_consumer(topic, after, 1)
+        except (OSError, PulsarIOError) as err:
+            log.warning("%s: probe after %s could not subscribe: %s", topic, after, err)
+            time.sleep(settings.initial_backoff_s)
+            continue
+        try:
+            while True:
+                msg = consumer.receive(timeout)
+                if msg is None:
+                    break
+                pos = (msg.ledger_id, msg.entry_id)
+                if pos <= after:
+                    continue
+                return Probe(pos, msg.num_messages, len(msg.data))
+        except (OSError, PulsarIOError, FormatError) as err:
+            log.warning("%s: probe after %s failed: %s", topic, after, err)
+        finally:
+            consumer.close()
+        timeout = min(timeout * 2, settings.max_stall_timeout_ms)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# reading ranges
+
+
+def read_range_raw(
+    client: Any,
+    topic: str,
+    start: Position,
+    end: Position,
+    *,
+    settings: ReaderSettings | None = None,
+    end_is_known: bool = True,
+    stats: ReadStats | None = None,
+) -> Iterator[ReadEntry]:
+    """The stored entries of ``topic`` with positions in ``(start, end]``, in order, once each.
+
+    ``client`` is a :class:`RawClient` (or anything with ``open_consumer(topic, after, queue_size)``
+    returning a :class:`~streamoffload.streaming.protocol.exactly_once.RangeConsumer`). The contract, including
+    ``end_is_known`` and the fault handling, is
+    :func:`~streamoffload.streaming.protocol.exactly_once.read_exactly_once`'s, which this is.
+    """
+    settings = settings or ReaderSettings()
+
+    def open_consumer(after: Position) -> RangeConsumer:
+        return client.open_consumer(topic, after, settings.receiver_queue_size)
+
+    # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
+    # pulsar-lite does) would otherwise cost a re-subscription each time.
+    return read_exactly_once(
+        open_consumer, topic, start, end, settings=settings, end_is_known=end_is_known, stats=stats
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# holding the broker's retention
+
+
+def hold_subscription_raw(client: RawClient, topic: str, subscription: str, position: Position) -> None:
+    """Acknowledge the durable subscription ``subscription`` of ``topic`` cumulatively up to ``position``
+    (created at the earliest entry if it does not exist): the broker keeps every entry after it. A
+    ``Failover`` subscription (cumulative acks allowed, and a second holder does not fail), no permits (it
+    receives nothing); the consumer is closed with a request, so the ack is processed before the connection
+    goes."""
+    conn = client.connect_for(topic)
+    try:
+        consumer_id = 1
+        rid = conn.next_request_id()
+        cmd = BaseCommand(type=T.SUBSCRIBE)
+        s = cmd.subscribe
+        s.topic = topic
+        s.subscription = subscription
+        s.subType = CommandSubscribe.Failover
+        s.consumer_id = consumer_id
+        s.request_id = rid
+        s.durable = True
+        s.initialPosition = CommandSubscribe.Earliest
+        conn.request(cmd, rid, f"subscribing {subscription} to {topic}")
+        ack = BaseCommand(type=T.ACK)
+        ack.ack.consumer_id = consumer_id
+        ack.ack.ack_type = CommandAck.Cumulative
+        ack.ack.message_id.add(ledgerId=position[0], entryId=position[1])
+        conn.send(ack)
+        rid = conn.next_request_id()
+        conn.request(close_consumer_command(consumer_id, rid), rid, f"closing {subscription} of {topic}")
+    finally:
+        conn.close()

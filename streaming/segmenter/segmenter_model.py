@@ -1,0 +1,205 @@
+"""What the segmenter reads, keeps and emits: its input entries and control requests, the actions it
+hands the sink (``ACTION_SCHEMA``), and its per-topic-partition state (``TopicState`` with the open
+segment) behind ``SegmenterState``, which Spark's state store or ``MemoryState`` implements.
+
+Plain data, no logic beyond (de)serialising it: ``streaming.segmenter.segmenter`` decides, this module holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from streamoffload.codecs.entry import crc32c
+
+# Why a segment was sealed (also a metric label).
+SEAL_SIZE = "size"
+SEAL_TIME = "time"
+SEAL_MANUAL = "manual"
+SEAL_LEDGER = "ledger"
+SEAL_METHOD_SWITCH = "method-switch"
+SEAL_DISABLED = "disabled"
+
+CONTROL_SEAL = "seal"
+CONTROL_POLICY = "policy"
+"""The job published a policy version: look at the open segment again when it takes effect."""
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    kind: str
+    request_id: str | None = None
+    effective_ms: int | None = None
+    """For ``policy``: when the new policy version takes effect (the segmenter wakes up then)."""
+
+    @classmethod
+    def parse(cls, text: str) -> ControlRequest:
+        """A control row's value: JSON ``{"kind": ..., "id": ..., "effective_ms": ...}`` or a bare kind."""
+        if text.startswith("{"):
+            doc = json.loads(text)
+            effective = doc.get("effective_ms")
+            return cls(str(doc.get("kind", CONTROL_SEAL)), doc.get("id"), None if effective is None else int(effective))
+        return cls(text)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry as the segmenter sees it: position, size, CRC-32C and publish time, never its bytes
+    (the sink fetches those, ``streaming.sink.entry_fetch``)."""
+
+    ledger_id: int
+    entry_id: int
+    size: int
+    crc32c: int
+    publish_time_ms: int = 0
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.ledger_id, self.entry_id)
+
+    @classmethod
+    def of(cls, ledger_id: int, entry_id: int, payload: bytes, publish_time_ms: int = 0) -> Entry:
+        """The metadata of an entry whose bytes are at hand (tests, benches, the fetcher's checks)."""
+        return cls(ledger_id, entry_id, len(payload), crc32c(payload), publish_time_ms)
+
+
+@dataclass
+class Action:
+    """One instruction to the sink. ``data`` is the part's block layouts (``streaming.handoff.part_layout``) for
+    ``part`` and the index bytes for ``seal``."""
+
+    topic: str
+    segment: str
+    action: str
+    part_number: int = 0
+    data: bytes = b""
+    manifest: bytes = b""
+    data_key: str = ""
+    index_key: str = ""
+    info: str = "{}"
+
+
+ACTION_SCHEMA = (
+    "topic STRING, segment STRING, action STRING, part_number INT, data BINARY, manifest BINARY, "
+    "data_key STRING, index_key STRING, info STRING"
+)
+ACTION_COLUMNS = ["topic", "segment", "action", "part_number", "data", "manifest", "data_key", "index_key", "info"]
+
+
+@dataclass
+class OpenSegment:
+    uuid: str
+    ordinal: int
+    version: int
+    method: str
+    start: list[int]
+    last: list[int]
+    assigned_ms: int
+    manifest: str
+    """The Assigned manifest, hex, so the sealed one is derived from exactly what was written."""
+    policy: dict[str, Any] = field(default_factory=dict)
+    """The policy the segment was opened under (``OffloadPolicy.to_json``); it governs the segment."""
+    data_key: str = ""
+    data_bytes: int = 0
+    """Bytes of the blocks already cut: the data-object offset of the open block."""
+    parts: int = 0
+    blocks: list[list[int]] = field(default_factory=list)
+    """Index entries so far: [ledger_id, first_entry_id, part_id, offset]."""
+    spans: dict[str, list[int]] = field(default_factory=dict)
+    """Per ledger: [first_entry_id, last_entry_id, entries, payload bytes]."""
+    block_ledger: int = -1
+    block_first_entry: int = -1
+    block_after: list[int] = field(default_factory=lambda: [-1, -1])
+    """The position before the open block's first entry: a fetch of its entries reads after it."""
+    block_bytes: int = 0
+    """Bytes the open block would take if cut now (header + framed entries); 0 when none is open."""
+    block_entries_stored: int = 0
+    """Entries of the open block already in the state store (from earlier batches)."""
+    held_bytes: int = 0
+    """Data-object bytes of the blocks cut but not yet sent as a part (their layouts wait in state)."""
+    held_stored: int = 0
+    publish_first: int = 0
+    publish_last: int = 0
+    entries: int = 0
+    rollover_from_ms: int = 0
+    """When the rollover time counts from (``segmenter.rollover_start``); 0: ``assigned_ms``."""
+    checksums: bool = False
+    """Every part of this segment records its blocks' entry checksums (``codecs.checksums``); False for a
+    segment opened by a version that did not, whose sealed manifest then says none were recorded."""
+
+
+@dataclass
+class TopicState:
+    topic: str
+    next_ordinal: int = 0
+    last: list[int] | None = None
+    """The last position assigned to a segment: anything at or before it is a duplicate."""
+    method: str | None = None
+    open: OpenSegment | None = None
+    sealed_count: int = 0
+    wake_ms: int | None = None
+    """When a published policy version takes effect (a timer re-runs the topic then, traffic or not)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> TopicState:
+        raw = json.loads(text)
+        seg = raw.pop("open")
+        return cls(**raw, open=OpenSegment(**seg) if seg else None)
+
+
+BlockEntry = tuple[int, int, int, int]
+"""An entry of the open block in state: (ledger id, entry id, size, crc32c)."""
+
+
+class SegmenterState(Protocol):
+    """Where the segmenter keeps its state between micro-batches."""
+
+    def load(self) -> TopicState | None: ...
+    def save(self, state: TopicState) -> None: ...
+    def block_entries(self) -> list[BlockEntry]: ...
+    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None: ...
+    def clear_block_entries(self) -> None: ...
+    def held_blocks(self) -> list[bytes]:
+        """Layouts (``part_layout.encode_layouts``) of the blocks cut but not yet sent."""
+        ...
+
+    def append_held_blocks(self, blocks: Sequence[bytes]) -> None: ...
+    def clear_held_blocks(self) -> None: ...
+
+
+class MemoryState:
+    """In-memory ``SegmenterState`` for tests and for running the segmenter without Spark."""
+
+    def __init__(self) -> None:
+        self.state: str | None = None
+        self.block: list[BlockEntry] = []
+        self.held: list[bytes] = []
+
+    def load(self) -> TopicState | None:
+        return TopicState.from_json(self.state) if self.state else None
+
+    def save(self, state: TopicState) -> None:
+        self.state = state.to_json()
+
+    def block_entries(self) -> list[BlockEntry]:
+        return list(self.block)
+
+    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None:
+        self.block.extend(entries)
+
+    def clear_block_entries(self) -> None:
+        self.block = []
+
+    def held_blocks(self) -> list[bytes]:
+        return list(self.held)
+
+    def append_held_blocks(self, blocks: Sequence[bytes]) -> None:
+        self.held.extend(blocks)
+
+    def clear_held_blocks(self) -> None:
+        self.held = []

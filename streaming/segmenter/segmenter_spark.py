@@ -1,0 +1,169 @@
+"""The segmenter inside Spark: a ``transformWithStateInPandas`` processor keyed by topic-partition.
+
+Thin: it maps Spark's state variables (RocksDB state store) onto ``SegmenterState``, turns input rows
+(the source's ``positionsOnly`` rows: positions, sizes and CRC-32Cs, no bytes) into ``Entry`` objects and
+control requests, keeps one processing-time timer at the open segment's
+rollover deadline (so a quiet topic is sealed by time with no new traffic), and yields the actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+from streamoffload.streaming.control.policy_versions import PolicyLog
+from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
+from streamoffload.streaming.segmenter.segmenter import Segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, BlockEntry, Entry, TopicState
+
+TOPIC_STATE_SCHEMA = StructType([StructField("json", StringType())])
+BLOCK_STATE_SCHEMA = StructType(
+    [
+        StructField("ledger_id", LongType()),
+        StructField("entry_id", LongType()),
+        StructField("size", LongType()),
+        StructField("crc32c", LongType()),
+    ]
+)
+HELD_STATE_SCHEMA = StructType([StructField("data", BinaryType())])
+
+
+class SparkState:
+    """``SegmenterState`` over the processor's state variables for the current key."""
+
+    def __init__(self, topic: Any, block: Any, held: Any) -> None:
+        self._topic, self._block, self._held = topic, block, held
+
+    def load(self) -> TopicState | None:
+        value = self._topic.get()  # None when unset: one round trip to the state server, not two
+        return None if value is None else TopicState.from_json(value[0])
+
+    def save(self, state: TopicState) -> None:
+        self._topic.update((state.to_json(),))
+
+    def block_entries(self) -> list[BlockEntry]:
+        if not self._block.exists():
+            return []
+        return [(int(lid), int(eid), int(size), int(crc)) for lid, eid, size, crc in self._block.get()]
+
+    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None:
+        self._block.appendList(list(entries))
+
+    def clear_block_entries(self) -> None:
+        self._block.clear()
+
+    def held_blocks(self) -> list[bytes]:
+        if not self._held.exists():
+            return []
+        return [bytes(data) for (data,) in self._held.get()]
+
+    def append_held_blocks(self, blocks: Sequence[bytes]) -> None:
+        self._held.appendList([(b,) for b in blocks])
+
+    def clear_held_blocks(self) -> None:
+        self._held.clear()
+
+
+class SegmenterProcessor(StatefulProcessor):
+    def __init__(
+        self,
+        policies: PolicyLog,
+        key_prefix: str,
+        min_part_size: int,
+        *,
+        epoch: int,
+        resume: dict[str, tuple[list[int] | None, int]],
+    ) -> None:
+        """``resume``: per topic-partition with history in the store, its last committed position and
+        next ordinal (a topic-partition not named starts with ordinal 0)."""
+        self.policies = policies
+        self.key_prefix = key_prefix
+        self.min_part_size = min_part_size
+        self.epoch = epoch
+        self.resume = resume
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        freeze_long_lived()
+        self.handle = handle
+        # Schemas as StructType: a DDL string costs two more round trips to the JVM each, to parse it.
+        self.topic_state = handle.getValueState("topic", TOPIC_STATE_SCHEMA)
+        self.block = handle.getListState("block", BLOCK_STATE_SCHEMA)
+        self.held = handle.getListState("held", HELD_STATE_SCHEMA)
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        topic = key[0]
+        entries: list[Entry] = []
+        controls: list[str] = []
+        for frame in rows:
+            is_control = frame["control"].notna()
+            controls.extend(frame.loc[is_control, "control"].tolist())
+            data = frame.loc[~is_control]
+            publish = data["publish_time"]
+            publish_ms = (
+                (publish.astype("int64") // 1_000_000).tolist()
+                if pd.api.types.is_datetime64_any_dtype(publish)
+                else [0] * len(data)
+            )
+            for ledger_id, entry_id, size, crc, pub in zip(
+                data["ledger_id"].tolist(),
+                data["entry_id"].tolist(),
+                data["size"].tolist(),
+                data["crc32c"].tolist(),
+                publish_ms,
+                strict=True,
+            ):
+                entries.append(Entry(int(ledger_id), int(entry_id), int(size), int(crc), int(pub)))
+        yield from self._run(topic, entries, controls, timerValues)
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        yield from self._run(key[0], [], [], timerValues)
+
+    def _run(
+        self, topic: str, entries: list[Entry], controls: list[str], timer_values: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        now = timer_values.getCurrentProcessingTimeInMs()
+        try:
+            segmenter = Segmenter(
+                topic,
+                self.policies.policy_at(topic, now),
+                SparkState(self.topic_state, self.block, self.held),
+                key_prefix=self.key_prefix,
+                min_part_size=self.min_part_size,
+                now_ms=now,
+                epoch=self.epoch,
+                resume=self.resume.get(topic),
+            )
+            segmenter.process(entries, controls)
+            actions = segmenter.finish()
+        except Exception as err:
+            if is_topic_specific(err):  # e.g. an entry larger than a block: this topic only
+                raise TopicFailedError(topic, err) from err
+            raise
+        self._set_timer(segmenter.next_deadline())
+        if actions:
+            yield pd.DataFrame([[getattr(a, c) for c in ACTION_COLUMNS] for a in actions], columns=ACTION_COLUMNS)
+
+    def _set_timer(self, deadline: int | None) -> None:
+        registered = list(self.handle.listTimers())
+        for timer in registered:
+            if timer != deadline:
+                self.handle.deleteTimer(timer)
+        if deadline is not None and deadline not in registered:
+            self.handle.registerTimer(deadline)
+
+    def close(self) -> None:
+        pass

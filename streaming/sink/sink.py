@@ -1,0 +1,471 @@
+"""The sink: carries out the segmenter's actions against the object store, on Spark executors.
+
+Order within a segment is the crash-safety argument: ``open`` starts the multipart upload and writes
+the Assigned manifest recording its id (create-only: a replay keeps to what was written first);
+``part`` fetches the entries its block layouts name (``streaming.sink.entry_fetch``: re-read from the broker
+and checked, size and CRC-32C, against what the source read), builds the blocks and uploads them as a
+numbered part into that upload (rewriting a part is harmless: the same entries make the same bytes); ``seal`` completes
+the data object with the exact part list, writes the index, checks the writer still holds the lease,
+commits the segment create-only in its place in the topic's history, and writes the Offloaded manifest,
+last. A replayed micro-batch therefore converges on the same objects, a reader never sees half a
+segment, and a fenced writer's commit is refused. No manifest is ever read and then overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from streamoffload import __version__
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.control_requests import record_request_status
+from streamoffload.checkpoints.lease import FencedError, check_epoch
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.blocks import FormatVersion
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
+from streamoffload.storage import keys
+from streamoffload.storage.base import Buffer, MultipartWrite, ObjectNotFoundError, ObjectStore, buffers_size
+from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
+from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.handoff.part_layout import (
+    BlockLayout,
+    checksum_records,
+    decode_layouts,
+    part_chunks,
+    part_refs,
+)
+from streamoffload.streaming.runtime.faults import crash_point
+from streamoffload.streaming.sink.entry_fetch import EntryFetcher, PartReader, fetch_counts
+
+log = logging.getLogger(__name__)
+
+MANAGED_LEDGER_KEY = "managedledgername"
+SOFTWARE_VERSION_KEY = "streamoffloadversion"
+SEGMENT_KEY = "streamoffloadsegment"
+
+
+class ReplayMismatchError(StreamOffloadError):
+    """A replayed seal disagrees with the data object a failed attempt already completed."""
+
+
+def managed_ledger_name(topic: str) -> str:
+    """Pulsar's managed-ledger name of a topic-partition: ``tenant/namespace/persistent/local-name``."""
+    name = TopicName.parse(topic)
+    return f"{name.tenant}/{name.namespace}/{name.domain}/{name.local_name}"
+
+
+def object_metadata(topic: str, segment: str) -> dict[str, str]:
+    return {
+        FORMAT_VERSION_METADATA_KEY: SUPPORTED_FORMAT_VERSION,
+        # S3 metadata values are ASCII: a topic with other characters is percent-encoded here.
+        MANAGED_LEDGER_KEY: quote(managed_ledger_name(topic), safe="/-._~"),
+        SOFTWARE_VERSION_KEY: __version__,
+        SEGMENT_KEY: segment,
+    }
+
+
+@dataclass
+class SinkStats:
+    parts: int = 0
+    part_bytes: int = 0
+    fetch_seconds: float = 0.0
+    """Time spent fetching and checking the parts' entries (the data plane's read)."""
+    spooled_entries: int = 0
+    """Entries the sink took from the spool; the rest it read from the broker (``broker_entries``)."""
+    broker_entries: int = 0
+    broker_reads: int = 0
+    sealed: list[dict[str, Any]] = field(default_factory=list)
+    opened: int = 0
+    upload_seconds: list[float] = field(default_factory=list)
+    errors: int = 0
+    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per topic-partition figures from the segmenter (buffer, open segment, last position)."""
+
+    def merge(self, other: SinkStats) -> None:
+        """Add ``other``'s figures (another topic-partition's, from another thread) to these."""
+        self.parts += other.parts
+        self.part_bytes += other.part_bytes
+        self.fetch_seconds += other.fetch_seconds
+        self.spooled_entries += other.spooled_entries
+        self.broker_entries += other.broker_entries
+        self.broker_reads += other.broker_reads
+        self.sealed.extend(other.sealed)
+        self.opened += other.opened
+        self.upload_seconds.extend(other.upload_seconds)
+        self.errors += other.errors
+        self.topics.update(other.topics)
+
+
+class _Bounded:
+    """A small LRU map: per-executor caches must not grow with the number of segments ever written.
+    Shared by the sink's threads (one per topic-partition at a time), hence the lock."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            return self._items.get(key)
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            return self._items.pop(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._items
+
+
+class ByteBudget:
+    """Bytes of parts the sink's threads may hold at once: a part waits until it fits, except that a part is
+    never refused when nothing else is held (so one part larger than the budget still goes, alone). Keeps the
+    sink's memory at about one largest part however many threads write small ones."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, size: int) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: self.held == 0 or self.held + size <= self.limit)
+            self.held += size
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.held -= size
+                self._cond.notify_all()
+
+
+PART_BUDGET = 64 << 20
+"""Bytes of parts a sink task holds at once over its threads (``ByteBudget``): small parts of many
+topic-partitions go together, a part as large as a default block goes alone, as it did before."""
+
+SINK_THREADS = 8
+"""Topic-partitions a sink task writes at once. Each store request waits on the store (a filesystem's fsyncs,
+an S3 round trip) far longer than it computes, and a micro-batch of a job over many topic-partitions seals
+many small segments, each a handful of requests: one at a time, a task spent most of its time waiting (the
+scale bench, 100 topic-partitions: ~0.1 task s per segment). Memory stays bounded by ``ByteBudget``."""
+
+
+class SegmentSink:
+    """Applies actions (rows with the segmenter's ``ACTION_COLUMNS``): each topic-partition's in order, up to
+    ``threads`` topic-partitions at once."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        key_prefix: str = "",
+        fetcher: EntryFetcher | None = None,
+        *,
+        threads: int = SINK_THREADS,
+        part_budget: int = 0,
+    ) -> None:
+        """``fetcher`` supplies the entries the parts name (the broker, in the job). ``part_budget``: bytes of
+        parts held at once over the threads (0: one part at a time, whatever its size)."""
+        self.store = store
+        self.key_prefix = key_prefix
+        self.fetcher = fetcher
+        self.threads = max(1, threads)
+        self.budget = ByteBudget(part_budget)
+        self.metadata = MetadataStore(store, key_prefix)
+        self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
+        self._done = _Bounded()  # data keys whose object already exists (a replay after success)
+
+    def apply(self, actions: Iterable[Mapping[str, Any]]) -> SinkStats:
+        """Apply a task's actions, each topic-partition's in order; topic-partitions are independent (their own
+        segments, uploads and commits), so up to ``threads`` of them go at once. They are small (layouts,
+        indexes, manifests: no entry bytes), so they are read ahead to find the runs of consecutive parts each
+        topic-partition's read can cover.
+
+        A topic-partition stops at its first failure, the others finish (what they wrote is what a replay
+        writes again); then the failure is raised: one that is not a topic's own first (it fails the batch),
+        else the first topic's as :class:`TopicFailedError` (the job sets that topic aside)."""
+        actions = list(actions)
+        parts = _plan_parts(actions)
+        by_topic: dict[str, list[int]] = {}
+        for i, action in enumerate(actions):
+            by_topic.setdefault(str(action["topic"]), []).append(i)
+        counts_before = fetch_counts(self.fetcher)
+        groups = list(by_topic.values())
+        if self.threads == 1 or len(groups) <= 1:
+            results = [self._apply_topic(actions, group, parts) for group in groups]
+        else:
+            with ThreadPoolExecutor(min(self.threads, len(groups)), thread_name_prefix="sink") as pool:
+                results = list(pool.map(lambda group: self._apply_topic(actions, group, parts), groups))
+        stats = SinkStats()
+        failures: list[tuple[str, Exception]] = []
+        for topic_stats, failure in results:
+            stats.merge(topic_stats)
+            if failure is not None:
+                failures.append(failure)
+        after = fetch_counts(self.fetcher)
+        stats.spooled_entries, stats.broker_entries, stats.broker_reads = (
+            a - b for a, b in zip(after, counts_before, strict=True)
+        )
+        if failures:
+            for _topic, err in failures:
+                if not is_topic_specific(err):
+                    raise err
+            topic, err = failures[0]
+            raise TopicFailedError(topic, err) from err
+        return stats
+
+    def _apply_topic(
+        self, actions: list[Mapping[str, Any]], indexes: list[int], parts: dict[int, PlannedPart]
+    ) -> tuple[SinkStats, tuple[str, Exception] | None]:
+        """One topic-partition's actions, in order, with its own reader: its stats, and its failure if any."""
+        stats = SinkStats()
+        reader = PartReader(self.fetcher) if self.fetcher is not None else None
+        try:
+            for i in indexes:
+                action = actions[i]
+                try:
+                    self._apply_one(action, stats, reader, parts.get(i))
+                except Exception as err:
+                    stats.errors += 1
+                    self._record_failure(action, err)
+                    return stats, (str(action["topic"]), err)
+            return stats, None
+        finally:
+            if reader is not None:
+                reader.close()
+                stats.fetch_seconds += reader.stats.seconds
+
+    def _apply_one(
+        self,
+        action: Mapping[str, Any],
+        stats: SinkStats,
+        reader: PartReader | None = None,
+        part: PlannedPart | None = None,
+    ) -> None:
+        kind = action["action"]
+        if kind == "stats":
+            stats.topics[action["topic"]] = json.loads(action["info"])
+        elif kind == "open":
+            self._open(mf.decode_manifest(bytes(action["manifest"])))
+            crash_point("after-open")
+            stats.opened += 1
+        elif kind == "part":
+            data_key = action["data_key"]
+            if self._object_exists(data_key):
+                return
+            started = time.monotonic()
+            info = json.loads(action["info"])
+            upload = self._upload_for(data_key, info["manifest_key"])
+            part = part or _plan_parts([action])[0]
+            with self.budget.hold(int(info.get("length") or 0)):
+                data = self._part_chunks(action["topic"], part, info, reader)
+                recorded = info.get("checksums")
+                if recorded is not None:
+                    # Before the manifest, like the part; a replay writes the same bytes under the same names.
+                    first, offset = int(recorded["first_block"]), int(recorded["offset"])
+                    for block, record in checksum_records(part.blocks, first, offset):
+                        self.store.put(keys.block_checksums_key(data_key, block), record)
+                upload.write_part(int(action["part_number"]), data)
+                size = buffers_size(data)
+                del data
+            release = getattr(self.fetcher, "release", None)  # the spool: these entries are written now
+            if release is not None:
+                release(action["topic"], part.last)
+            crash_point("after-part")
+            stats.upload_seconds.append(time.monotonic() - started)
+            stats.parts += 1
+            stats.part_bytes += size
+        elif kind == "seal":
+            started = time.monotonic()
+            info = json.loads(action["info"])
+            self._seal(action, info)
+            stats.upload_seconds.append(time.monotonic() - started)
+            self._requests_done(action["topic"], info.get("requests", []), action["segment"])
+            info["topic"] = action["topic"]
+            info["segment"] = action["segment"]
+            stats.sealed.append(info)
+        elif kind == "requests":
+            self._requests_done(action["topic"], json.loads(action["info"])["requests"], None)
+        else:
+            raise ValueError(f"unknown sink action {kind!r}")
+
+    def _part_chunks(
+        self, topic: str, part: PlannedPart, info: Mapping[str, Any], reader: PartReader | None
+    ) -> list[Buffer]:
+        """The part's bytes, as buffers: its entries fetched and checked, then its blocks built as the layouts
+        say (headers and padding around the fetched entries, not joined: the store writes them as they are)."""
+        if reader is None:
+            raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
+        payloads = reader.take(topic, part_refs(part.blocks), part.blocks[0].after, part.run_end)
+        chunks = part_chunks(FormatVersion(int(info["format"])), part.blocks, payloads)
+        expected = info.get("length")
+        if expected is not None and (size := buffers_size(chunks)) != int(expected):
+            raise ReplayMismatchError(f"{topic}: a part built {size} bytes, its layout says {expected}")
+        return chunks
+
+    def _object_exists(self, key: str) -> bool:
+        if key in self._done:
+            return True
+        if self.store.exists(key):
+            self._done.remember(key, True)
+            return True
+        return False
+
+    def _open(self, manifest: SegmentManifest) -> None:
+        """Start the segment's multipart upload and record its id in the Assigned manifest, written
+        create-only. A replay finds the manifest written first and keeps to its upload; an upload this
+        attempt started in vain is aborted at once (never the one holding parts)."""
+        key = self.metadata.manifest_key(manifest)
+        if self.store.exists(key):
+            written = mf.decode_manifest(self.store.get(key), where=key)
+            if written.status != mf.OFFLOADED:
+                self._resume(written)
+            return
+        segment = str(mf.manifest_uuid(manifest))
+        upload = self.store.start_multipart(manifest.dataKey, object_metadata(manifest.topic, segment))
+        recorded = mf.with_driver_property(manifest, mf.PROP_UPLOAD_ID, upload.upload_id)
+        written = self.metadata.open_attempt(recorded)
+        if mf.driver_property(written, mf.PROP_UPLOAD_ID) != upload.upload_id:
+            upload.abort()
+            if written.status != mf.OFFLOADED:
+                self._resume(written)
+            return
+        self._uploads.remember(manifest.dataKey, upload)
+
+    def _resume(self, written: SegmentManifest) -> MultipartWrite:
+        upload_id = mf.driver_property(written, mf.PROP_UPLOAD_ID)
+        if not upload_id:
+            raise StreamOffloadError(
+                f"{written.topic}: segment {mf.manifest_uuid(written)} has no recorded upload id "
+                "(written by an older version); run `streamoffload cleanup` and restart"
+            )
+        upload = self.store.resume_multipart(written.dataKey, upload_id)
+        self._uploads.remember(written.dataKey, upload)
+        return upload
+
+    def _upload_for(self, data_key: str, manifest_key: str) -> MultipartWrite:
+        upload = self._uploads.get(data_key)
+        if upload is not None:
+            return upload
+        # Another executor opened the segment: its manifest says which upload holds the parts.
+        try:
+            written = self.store.get(manifest_key)
+        except ObjectNotFoundError:
+            raise FencedError(
+                f"the manifest {manifest_key} of this open segment is gone: a newer writer recovered the topic "
+                "and abandoned the segment, so this writer must stop"
+            ) from None
+        return self._resume(mf.decode_manifest(written, where=manifest_key))
+
+    def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any]) -> None:
+        data_key = action["data_key"]
+        topic, segment = action["topic"], action["segment"]
+        expected = int(info["data_length"])
+        parts = int(action["part_number"])
+        sealed = mf.decode_manifest(bytes(action["manifest"]))
+        if self._object_exists(data_key):
+            size = self.store.head(data_key).size
+            if size != expected:
+                raise ReplayMismatchError(
+                    f"{topic}: segment {segment}: data object {data_key} has {size} bytes but the replayed seal "
+                    f"expects {expected}; the replay differs from the attempt that completed it"
+                )
+        else:
+            upload = self._upload_for(data_key, self.metadata.manifest_key(sealed))
+            written = upload.complete(list(range(1, parts + 1)))
+            self._uploads.pop(data_key, None)
+            self._done.remember(data_key, True)
+            if written.size != expected:
+                raise ReplayMismatchError(
+                    f"{topic}: segment {segment}: completed data object {data_key} has {written.size} bytes, "
+                    f"expected {expected}"
+                )
+        crash_point("after-complete")
+        self.store.put(action["index_key"], bytes(action["data"]), object_metadata(topic, segment))
+        crash_point("after-index")
+        # Fencing: a writer whose lease was taken over commits nothing; and the commit itself is
+        # create-only in the segment's place in the topic's history, so two writers never both win.
+        check_epoch(self.store, self.key_prefix, int(info.get("epoch", 0)))
+        self.metadata.commit(sealed)
+
+    def _requests_done(self, topic: str, request_ids: Iterable[str], segment: str | None) -> None:
+        for request_id in request_ids:
+            record_request_status(self.store, self.key_prefix, request_id, "done", topic=topic, segment=segment)
+
+    def _record_failure(self, action: Mapping[str, Any], err: BaseException) -> None:
+        if not action.get("segment"):
+            return
+        why = f"{type(err).__name__}: {err}"
+        try:
+            self.metadata.record_failure(action["topic"], action["segment"], why)
+            if action["action"] == "seal":
+                for request_id in json.loads(action["info"]).get("requests", []):
+                    record_request_status(
+                        self.store, self.key_prefix, request_id, "failed", topic=action["topic"], error=why
+                    )
+        except Exception:  # the store itself may be what failed; the next run retries the segment
+            log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
+
+
+@dataclass
+class PlannedPart:
+    """A part action's block layouts, decoded once, and where the run of consecutive parts it belongs to ends."""
+
+    blocks: list[BlockLayout]
+    run_end: tuple[int, int]
+
+    @property
+    def last(self) -> tuple[int, int]:
+        return (self.blocks[-1].ledger_id, self.blocks[-1].entries[-1][0])
+
+
+def _plan_parts(actions: list[Mapping[str, Any]]) -> dict[int, PlannedPart]:
+    """The part actions (by index), each with the last position of the run of consecutive parts of its
+    topic-partition it belongs to, so one read covers the run (``PartReader``)."""
+    planned: dict[int, PlannedPart] = {}
+    current: dict[str, PlannedPart] = {}  # topic -> the last part of its open run
+    runs: dict[int, list[PlannedPart]] = {}  # id of a run's first part -> the run
+    for i, action in enumerate(actions):
+        if action["action"] != "part":
+            continue
+        part = PlannedPart(decode_layouts(bytes(action["data"])), (0, 0))
+        previous = current.get(action["topic"])
+        run = runs[id(previous)] if previous is not None and previous.last == part.blocks[0].after else []
+        run.append(part)
+        runs[id(part)] = run
+        current[action["topic"]] = planned[i] = part
+    for part in planned.values():
+        part.run_end = runs[id(part)][-1].last
+    return planned
+
+
+_SINKS: dict[tuple[str, str, str], SegmentSink] = {}
+
+
+def sink_for(store_factory: Any, key_prefix: str, fetcher_factory: Any = None) -> SegmentSink:
+    """One sink (and store connection, and broker fetcher) per executor process, store and source."""
+    ident = (repr(store_factory), key_prefix, repr(fetcher_factory))
+    sink = _SINKS.get(ident)
+    if sink is None:
+        fetcher = fetcher_factory() if fetcher_factory is not None else None
+        sink = _SINKS[ident] = SegmentSink(store_factory(), key_prefix, fetcher, part_budget=PART_BUDGET)
+    return sink

@@ -1,0 +1,67 @@
+"""The Pulsar source's backlog, per topic-partition, in plain Python: how far the consumed position is
+behind the latest one (:class:`PartitionBacklog`), and the ``backlogFile`` through which a dashboard in
+another process reads it (the source runs in Spark's Python source-runner process)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from streamoffload.streaming.protocol.exactly_once import Position
+from streamoffload.streaming.runtime.side_files import write_json_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionBacklog:
+    """One topic-partition's backlog: ``entries`` behind (exact when ``exact``, else a lower bound: see
+    :func:`entries_between`) and ``bytes`` behind (entries times the sampled entry size; ``None`` before
+    any sample)."""
+
+    topic: str
+    latest: Position | None
+    consumed: Position
+    entries: int
+    exact: bool
+    bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["latest"] = list(self.latest) if self.latest else None
+        doc["consumed"] = list(self.consumed)
+        return doc
+
+
+def entries_between(consumed: Position, latest: Position | None) -> tuple[int, bool]:
+    """Entries after ``consumed`` up to ``latest``: ``(count, exact)``; a lower bound across ledgers."""
+    if latest is None or latest <= consumed:
+        return 0, True
+    if latest[0] == consumed[0]:
+        return latest[1] - consumed[1], True
+    return latest[1] + 1, False  # the latest ledger's entries; earlier ledgers' remainders unknown
+
+
+def read_backlog_file(path: str) -> dict[str, Any]:
+    """The backlog document a source with ``backlogFile`` writes: ``{"updated": unix seconds,
+    "partitions": {topic-partition: {latest, consumed, entries, exact, bytes}}}``."""
+    with open(path, encoding="utf-8") as fh:
+        doc: dict[str, Any] = json.load(fh)
+    return doc
+
+
+def write_backlog_file(path: str, backlog: Mapping[str, PartitionBacklog]) -> None:
+    """Write (atomically) the document :func:`read_backlog_file` reads. A failure is logged, never raised:
+    metrics must never stop the stream."""
+    doc = {"updated": time.time(), "partitions": {tp: b.to_dict() for tp, b in backlog.items()}}
+    try:
+        write_json_file(path, doc, temp_prefix=".backlog-")
+    except OSError as err:
+        log.warning("pulsar source: cannot write backlogFile %s: %s", path, err)
+
+
+__all__ = ["PartitionBacklog", "entries_between", "read_backlog_file", "write_backlog_file"]

@@ -1,0 +1,544 @@
+"""The Pulsar source for Spark Structured Streaming: ``spark.readStream.format("pulsar")``.
+
+One row per Pulsar **entry**::
+
+    topic string, partition int, ledger_id long, entry_id long, publish_time timestamp,
+    num_messages int, entry binary, size int
+
+``entry`` holds the entry in Pulsar's headers-and-payload format: with ``reader=raw`` (the default)
+the stored entry byte for byte, as the broker sends it (compression, sequence ids, encryption, schema
+versions stay as the producer wrote them; ``streaming/protocol/raw_reader.py``); with ``reader=client`` rebuilt
+from the messages ``pulsar-client`` delivers (see ``streaming/protocol/client_reader.py`` for what is exact and what
+the Python client cannot carry). ``size`` is ``len(entry)``, ``partition`` the partition index (-1 for a topic that is
+not a partition) and ``publish_time`` the entry's publish time. ``streamoffload.codecs.entry.
+entry_messages(entry)`` splits an entry into its messages.
+
+Options (names are case-insensitive, as Spark makes them):
+
+``serviceUrl`` (required)
+    ``pulsar://host:port`` or ``pulsar+ssl://host:port``.
+``topic`` (pulsar-spark's name, one topic), ``service.url`` (for ``serviceUrl``), ``admin.url`` (accepted,
+    unused: nothing here needs the admin API)
+``topics``
+    Comma-separated topic names (short names mean ``persistent://public/default/NAME``). A
+    partitioned topic is expanded to its partitions through the broker's partition metadata, and
+    re-expanded every ``discoveryIntervalSeconds``, so added partitions are picked up.
+``topicsPattern``
+    A regular expression for topics of one namespace: ``persistent://tenant/ns/REGEX``,
+    ``tenant/ns/REGEX`` or just ``REGEX`` (``public/default``). It must match a topic's whole local
+    name (or, for a partition, its base topic's). Topics are listed with the binary protocol's
+    ``GetTopicsOfNamespace`` (what Pulsar's clients use for patterns; no admin API needed) every
+    ``discoveryIntervalSeconds``, so new topics are picked up while running. pulsar-lite 0.2 does
+    not answer that command: there, the pattern filters ``topicsPatternCandidates`` (a comma list
+    of names, each expanded like ``topics``); a candidate without data is read as an empty topic
+    and picked up when data arrives, but topics outside the list cannot be discovered.
+``startingOffsets``
+    ``earliest`` (default: offloading starts with the history), ``latest``, or JSON mapping
+    topic-partition names to ``[ledgerId, entryId]`` -- the last position already processed, so
+    reading starts after it (``[L, -1]`` starts at ledger L's first entry) -- or to ``"earliest"`` /
+    ``"latest"``. Topic-partitions the JSON does not name start at the earliest position.
+    The key ``"*"`` (``"earliest"`` or ``"latest"``) sets the start of topic-partitions the JSON does
+    not name. Only used when a query starts without a checkpoint.
+``endingOffsets`` (batch reads only, as in pulsar-spark)
+    ``spark.read.format("pulsar")`` reads each topic-partition from ``startingOffsets`` up to and
+    including ``endingOffsets``: ``latest`` (default: what the broker holds when the read is planned) or
+    JSON mapping topic-partitions to ``[ledgerId, entryId]`` or ``"latest"``, with ``"*"`` for those not
+    named. A streaming query refuses it: it reads on as data arrives.
+``failOnDataLoss``
+    ``true`` (default): fail when entries that should exist are gone (a gap of entry ids within a
+    ledger, a ledger not starting at entry 0, the range's known last entry missing, or a
+    topic-partition whose latest position went backwards). ``false``: log, skip and go on.
+``maxEntriesPerTrigger`` / ``maxBytesPerTrigger``
+    Admission control through Spark's ``ReadLimit``: at most that many entries (exactly) or about
+    that many bytes (estimated from sampled entry sizes: the driver never sees the entries) per
+    micro-batch, split max-min fairly across the topic-partitions with data, leftovers rotating.
+    A single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls.
+    ``Trigger.AvailableNow`` stops at the positions that were latest when the query started.
+    Without either (and without ``bufferFile``) a micro-batch takes everything available; the offload
+    job always passes ``maxBytesPerTrigger`` (``pulsar.max_bytes_per_trigger``, default 1 GiB).
+``reader``
+    ``raw`` (default): entries are read over Pulsar's binary protocol and stored as the broker sends
+    them (``raw_reader.read_range_raw``); the driver's position lookups and probes use the same
+    protocol. ``client``: the ``pulsar-client`` reader, which rebuilds each entry from its messages
+    (``client_reader.read_range``; compression is dropped, sequence ids renumbered), for clusters whose
+    authentication the raw reader does not speak (OAuth2, custom plugins). Topic discovery uses
+    ``pulsar-client`` and the binary protocol's topic listing either way.
+``pulsar.client.*``
+    Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``client_options.client_kwargs``) and, with
+    ``reader=raw``, to the raw reader's connections (token, basic and TLS auth, ``pulsar+ssl://``
+    settings, timeouts; see ``client_options.ConnectionConfig``).
+``pulsar.reader.*``
+    pulsar-spark's reader settings: ``pulsar.reader.receiverQueueSize`` sets ``receiverQueueSize``;
+    ``readerName``, ``subscriptionRolePrefix`` and ``cryptoFailureAction`` are accepted and have no
+    effect (no subscription is named; encrypted entries are carried as the broker stores them);
+    ``readCompacted = true`` is refused (an offloader reads the whole log). Other names are refused.
+``stallTimeoutMs`` (200), ``receiverQueueSize`` (2000), ``retryTimeoutSeconds`` (60)
+    Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
+    long a read (or the driver's position lookups) keeps retrying without progress before failing.
+``discoveryIntervalSeconds`` (10), ``arrowBatchEntries`` (2000), ``arrowBatchBytes`` (32 MiB)
+``idlePollSeconds`` (0)
+    When above 0, a topic-partition that had nothing new at its last lookup is asked for its latest position
+    again only after about this long (spread over 0.75-1.25 of it by name), not at every trigger: a query over
+    thousands of mostly quiet topic-partitions asks about the active ones and a slice of the rest. New entries
+    on a quiet topic-partition are then seen up to this much later, and ``processAllAvailable`` may return
+    before it has seen them. 0 (the default) asks about every one at every trigger; the offload job sets 2 s.
+    ``Trigger.AvailableNow`` always asks about all of them once.
+``minPartitions`` (1)
+    As in Spark's Kafka source: a micro-batch with fewer topic-partition ranges than this cuts the
+    largest in pieces read by separate tasks (``streaming/source/input_partitions.py``; only where the entries are
+    known to exist, so loss is still detected). Rows of one topic-partition then come from several input
+    partitions, in position order across them.
+``maxPartitions`` (64)
+    At most this many input partitions (Spark tasks) per micro-batch: a micro-batch with more
+    topic-partition ranges packs them into groups of about equal weight, each read by one task range after
+    range (``streaming/source/input_partitions.py``). A task costs far more than reading a small range, so a query
+    over thousands of mostly quiet topic-partitions must not run a task for each. The offload job sets it to
+    twice Spark's default parallelism. Never below ``minPartitions``.
+``policyVersionsFile``
+    A JSON file of offload policy versions (written by the offload job, ``streaming.control.policy_versions``): a
+    topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not
+    advance, so nothing is read (or skipped) until it is enabled again.
+``bufferFile``
+    A JSON file the offload job rewrites after every micro-batch (``admission.write_buffer_file``): each
+    topic-partition's offload buffer (``buffered_bytes``: bytes the segmenter accepted but has not
+    uploaded) and the store's minimum part size. With it, admission control enforces the buffer bound
+    of the policy in force (``offloadBufferMaxBytes``, from ``policyVersionsFile``, else the default):
+    a topic-partition is admitted at most ``bound - buffered_bytes`` more bytes per micro-batch (at
+    least one entry while below the bound), and none at or above it. The bound used is at least one
+    block plus one minimum part, the most the segmenter can hold between micro-batches (a full block
+    waiting for the entry that does not fit, and complete blocks short of a part), so a topic-partition
+    is never refused for a buffer that only drains when new entries arrive.
+``positionsOnly``
+    ``true`` (the offload job): each row describes its entry without carrying it:
+    ``topic, partition, ledger_id, entry_id, publish_time, num_messages, size, crc32c`` (no
+    ``entry`` column; ``crc32c`` is the CRC-32C of the entry's stored bytes, computed as they are read).
+    The offload job's sink fetches the bytes itself and checks them against these
+    (``streaming/sink/entry_fetch.py``), so no payload byte passes through Spark.
+``spoolDir``, ``spoolMaxBytes`` (2 GiB)
+    With ``positionsOnly``: each task also writes the entries it reads to a private spool file under
+    ``spoolDir`` (``streaming/handoff/spool.py``) while the spool holds less than ``spoolMaxBytes``, so a sink on
+    the same machine need not read them from the broker again.
+``sealAtEnd``
+    ``true`` (the offload job's ``run --once``), with ``Trigger.AvailableNow``: when the query has read
+    entries and has nothing more to read, it runs one more micro-batch of **seal markers**, one row per
+    topic-partition with ``ledger_id = -1``, ``entry_id = -1`` and no entry (the offset gains
+    ``"sealedAtEnd": true``). The job turns each marker into a seal of that topic-partition's open
+    segment, so a batch run drains and seals in one query.
+``backlogFile``
+    When set, a JSON file rewritten (atomically) at every trigger and commit with the backlog below,
+    for a dashboard running in another process.
+
+The Spark classes here are thin: options are parsed by ``streaming/source/source_options.py``, every driver-side
+decision (discovery, positions, admission control, backlog) is ``streaming/source/offset_planner.py``'s
+:class:`~streamoffload.streaming.source.offset_planner.SourcePlanner`, in plain Python.
+
+Offsets are JSON objects ``{topic-partition: [ledgerId, entryId]}``: the last position emitted, or
+``[-1, -1]`` before the first entry. A micro-batch reads one range per topic-partition with new data,
+exactly ``(start, end]`` (in at most ``maxPartitions`` input partitions) (see ``client_reader.read_range``,
+whose contract ``raw_reader.read_range_raw`` shares).
+
+Backlog metrics (for the dashboard): :meth:`PulsarStreamReader.backlog` returns, per
+topic-partition, the latest position, the position consumed (the start of the current micro-batch,
+then its end once committed), ``entries`` behind and ``bytes`` behind (entries times the sampled
+entry size, ``None`` before any sample). ``entries`` is exact when both positions are in the same
+ledger; across ledgers it is a lower bound (``exact`` false): without an admin API the sizes of
+earlier ledgers are unknown. The reader lives in Spark's Python source-runner process, not the
+driver's Python, so other processes read it through ``backlogFile`` (``backlog.read_backlog_file``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import ConfigError
+from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.handoff.spool import SpoolWriter
+from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, ReadEntry, ReadStats
+from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
+from streamoffload.streaming.source.backlog import PartitionBacklog
+from streamoffload.streaming.source.input_partitions import Range, group_ranges, split_ranges
+from streamoffload.streaming.source.offset_planner import SourcePlanner, position_of, split_offsets
+from streamoffload.streaming.source.source_options import SourceOptions, positions_only
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "pulsar"
+SCHEMA = (
+    "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
+    "num_messages int, entry binary, size int"
+)
+POSITIONS_SCHEMA = (
+    "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
+    "num_messages int, size int, crc32c long"
+)
+"""The rows of ``positionsOnly``: an entry's position, size and CRC-32C, not its bytes."""
+
+# ---------------------------------------------------------------------------------------------
+# Spark
+
+
+class PulsarRangePartition(InputPartition):
+    """The position ranges ``(start, end]`` one task reads, one after the other: usually one topic-partition's
+    range; several when a micro-batch has more ranges than ``maxPartitions`` (``input_ranges.group_ranges``)."""
+
+    def __init__(self, ranges: Sequence[Range]) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{r.topic} ({r.start[0]}:{r.start[1]}, {r.end[0]}:{r.end[1]}]" for r in self.ranges[:3])
+        more = f" and {len(self.ranges) - 3} more" if len(self.ranges) > 3 else ""
+        return f"PulsarRangePartition({shown}{more})"
+
+
+class SealMarkerPartition(InputPartition):
+    """``sealAtEnd``'s last micro-batch: one seal marker row per topic-partition, no entries."""
+
+    def __init__(self, topics: list[str]) -> None:
+        super().__init__(tuple(topics))
+        self.topics = topics
+
+
+class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Spark's view of the source; the work is done by :class:`SourcePlanner` (driver) and
+    :func:`raw_reader.read_range_raw` or :func:`client_reader.read_range` (tasks). Constructed on executors
+    too, so ``__init__`` only parses."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType | None = None) -> None:
+        self.options = SourceOptions.parse(options)
+        if self.options.ending_offsets is not None:
+            raise ConfigError(
+                "option endingOffsets applies to batch reads (spark.read.format('pulsar')); a streaming query "
+                "reads on as data arrives"
+            )
+        self.schema = schema
+        self._planner: SourcePlanner | None = None
+
+    @property
+    def planner(self) -> SourcePlanner:
+        if self._planner is None:
+            self._planner = SourcePlanner(self.options)
+        return self._planner
+
+    def initialOffset(self) -> dict:
+        return self.planner.initial_offset()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_entries_per_trigger is not None:
+            return ReadMaxRows(self.options.max_entries_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        max_entries: int | None = None
+        max_bytes: int | None = None
+        if isinstance(limit, ReadMaxRows):
+            max_entries, max_bytes = limit.max_rows, self.options.max_bytes_per_trigger
+        elif isinstance(limit, ReadMaxBytes):
+            max_entries, max_bytes = self.options.max_entries_per_trigger, limit.max_bytes
+        elif not isinstance(limit, ReadAllAvailable):
+            log.warning("pulsar source: read limit %r is not supported; reading all available", limit)
+        return self.planner.latest_offset(start, max_entries, max_bytes)
+
+    def reportLatestOffset(self) -> dict | None:
+        return self.planner.latest_offset_report()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.planner.prepare_available_now()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        starts, sealed_before = split_offsets(start)
+        ends, sealed = split_offsets(end)
+        ranges: list[Range] = []
+        for tp in sorted(ends):
+            s = starts.get(tp, BEFORE_EARLIEST)
+            e = ends[tp]
+            if e > s:
+                ranges.append(Range(tp, s, e, self.planner.end_is_known(tp, e)))
+        partitions: list[InputPartition] = list(_input_partitions(ranges, self.options))
+        if sealed and not sealed_before:
+            partitions.append(SealMarkerPartition(sorted(ends)))
+        return partitions
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        freeze_long_lived()
+        if isinstance(partition, SealMarkerPartition):
+            yield seal_markers(partition.topics, self.schema, self.options.positions_only)
+            return
+        assert isinstance(partition, PulsarRangePartition)
+        yield from read_partition(self.options, partition, self.schema, topic_errors=True)
+
+    def commit(self, end: dict) -> None:
+        self.planner.commit(end)
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+
+    def backlog(self) -> dict[str, PartitionBacklog]:
+        """Per topic-partition backlog as of the last trigger or commit (see the module docstring)."""
+        return self.planner.backlog()
+
+
+def arrow_schema(schema: StructType | None, positions_only: bool = False) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if schema is None:
+        schema = StructType.fromDDL(POSITIONS_SCHEMA if positions_only else SCHEMA)
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def rows_batch(
+    pa_schema: Any,
+    topics: Sequence[str],
+    partitions: Sequence[int],
+    ledger_ids: Sequence[int],
+    entry_ids: Sequence[int],
+    publish_us: Sequence[int | None],
+    counts: Sequence[int],
+    entries: Sequence[bytes | None] | None,
+    sizes: Sequence[int],
+    crcs: Sequence[int] | None = None,
+) -> Any:
+    """The source's rows as one Arrow record batch, built column by column: ``SCHEMA`` with ``entries``,
+    ``POSITIONS_SCHEMA`` with ``crcs`` instead."""
+    import pyarrow as pa
+
+    columns = [
+        pa.array(topics, pa.string()),
+        pa.array(partitions, pa.int32()),
+        pa.array(ledger_ids, pa.int64()),
+        pa.array(entry_ids, pa.int64()),
+        pa.array(publish_us, pa.timestamp("us", tz="UTC")),
+        pa.array(counts, pa.int32()),
+    ]
+    if crcs is None:
+        columns += [pa.array(entries, pa.binary()), pa.array(sizes, pa.int32())]
+    else:
+        columns += [pa.array(sizes, pa.int32()), pa.array(crcs, pa.int64())]
+    return pa.RecordBatch.from_arrays(columns, schema=pa_schema)
+
+
+def seal_markers(topics: Sequence[str], schema: StructType | None, positions_only: bool = False) -> Any:
+    """The seal marker rows (``sealAtEnd``): ``ledger_id = entry_id = -1``, no entry, no publish time."""
+    n = len(topics)
+    partitions = [TopicName.parse(tp).partition for tp in topics]
+    none = [None] * n
+    pa_schema = arrow_schema(schema, positions_only)
+    crcs = [0] * n if positions_only else None
+    return rows_batch(pa_schema, topics, partitions, [-1] * n, [-1] * n, none, [0] * n, none, [0] * n, crcs)
+
+
+def _input_partitions(ranges: list[Range], options: SourceOptions) -> list[PulsarRangePartition]:
+    pieces = split_ranges(ranges, options.min_partitions)
+    # minPartitions wins over a smaller maxPartitions: packing must not undo the cutting.
+    most = max(options.max_partitions, options.min_partitions)
+    return [PulsarRangePartition(group) for group in group_ranges(pieces, most)]
+
+
+def read_partition(
+    options: SourceOptions, partition: PulsarRangePartition, schema: StructType | None, *, topic_errors: bool = False
+) -> Iterator[Any]:
+    """The rows of a partition's ranges, one range after the other, as Arrow record batches.
+
+    ``topic_errors``: an error that belongs to one topic-partition (lost or corrupt entries) is raised as
+    :class:`TopicFailedError` naming it, so the offload job sets that topic-partition aside (quarantine);
+    a broker that cannot be reached is everyone's problem and fails the batch as it is."""
+    if options.reader == "raw":
+        # Each consumer has its own connection, so nothing is shared between tasks.
+        client: Any = rr.RawClient(options.service_url, options.client_opts)
+        read_range: Callable[..., Iterator[ReadEntry]] = rr.read_range_raw
+    else:
+        client = pio.shared_client(options.service_url, options.client_opts)
+        read_range = pio.read_range
+    for r in partition.ranges:
+        try:
+            yield from _read_range_rows(options, r, schema, client, read_range)
+        except Exception as err:
+            if not topic_errors or not is_topic_specific(err):
+                raise
+            raise TopicFailedError(r.topic, err) from err
+
+
+def _read_range_rows(
+    options: SourceOptions,
+    rng: Range,
+    schema: StructType | None,
+    client: Any,
+    read_range: Callable[..., Iterator[ReadEntry]],
+) -> Iterator[Any]:
+    """The rows of one range as Arrow record batches, built column by column: Spark's worker then
+    skips its per-row conversion of tuples (measured here: 0.7 µs per row this way, 3.3 µs as tuples)."""
+    pa_schema = arrow_schema(schema, options.positions_only)
+    positions_only = options.positions_only
+    partition_index = TopicName.parse(rng.topic).partition
+    stats = ReadStats()
+    started = time.monotonic()
+    spool = (
+        SpoolWriter(options.spool_dir, rng.topic, rng.start, rng.end, options.spool_max_bytes)
+        if positions_only and options.spool_dir
+        else None
+    )
+    ledger_ids: list[int] = []
+    entry_ids: list[int] = []
+    publish: list[int] = []
+    counts: list[int] = []
+    datas: list[bytes] = []
+    sizes: list[int] = []
+    crcs: list[int] = []
+    pending_bytes = 0
+
+    def batch() -> Any:
+        n = len(sizes)
+        publish_us = [t * 1000 for t in publish]
+        topics, partitions = [rng.topic] * n, [partition_index] * n
+        return rows_batch(
+            pa_schema,
+            topics,
+            partitions,
+            ledger_ids,
+            entry_ids,
+            publish_us,
+            counts,
+            None if positions_only else datas,
+            sizes,
+            crcs if positions_only else None,
+        )
+
+    try:
+        for entry in read_range(
+            client,
+            rng.topic,
+            rng.start,
+            rng.end,
+            settings=options.reader_settings(),
+            end_is_known=rng.end_known,
+            stats=stats,
+        ):
+            ledger_ids.append(entry.ledger_id)
+            entry_ids.append(entry.entry_id)
+            publish.append(entry.publish_time)
+            counts.append(entry.num_messages)
+            sizes.append(len(entry.data))
+            if positions_only:
+                crcs.append(crc32c(entry.data))
+                if spool is not None:
+                    spool.add(entry.ledger_id, entry.entry_id, entry.data)
+            else:
+                datas.append(entry.data)
+                pending_bytes += len(entry.data)
+            if len(sizes) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
+                yield batch()
+                for column in (ledger_ids, entry_ids, publish, counts, datas, sizes, crcs):
+                    column.clear()
+                pending_bytes = 0
+        if sizes:
+            yield batch()
+        if spool is not None:
+            spool.finish()
+    finally:
+        if spool is not None:
+            spool.abandon()  # a read that failed leaves no temporary file behind (no-op once finished)
+    log.info(
+        "pulsar source: %s reader: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
+        "%d stalls, %d reader re-opens, %d errors",
+        options.reader,
+        rng,
+        time.monotonic() - started,
+        stats.entries,
+        stats.messages,
+        stats.bytes,
+        stats.duplicates,
+        stats.stalls,
+        stats.reopens,
+        stats.errors,
+    )
+
+
+class PulsarBatchReader(DataSourceReader):
+    """``spark.read.format("pulsar")``: each topic-partition from ``startingOffsets`` to ``endingOffsets``
+    (inclusive; default ``latest`` as the read is planned), one range per topic-partition (input partitions as
+    for the stream: ``minPartitions``, ``maxPartitions``)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType | None = None) -> None:
+        self.options = SourceOptions.parse(options)
+        self.schema = schema
+
+    def plan(self, planner: SourcePlanner) -> list[PulsarRangePartition]:
+        start = {tp: position_of(v) for tp, v in planner.initial_offset().items()}
+        ending = self.options.ending_offsets or "latest"
+        latest = planner.latest_positions(sorted(start))
+        ranges: list[Range] = []
+        for tp in sorted(start):
+            choice = ending if isinstance(ending, str) else ending.get(tp, ending.get("*", "latest"))
+            last = latest[tp]
+            end = last if choice == "latest" else choice
+            if end is None:
+                continue  # an empty topic-partition
+            if last is None or end > last:  # type: ignore[operator]
+                raise ConfigError(
+                    f"option endingOffsets: {tp} ends at {end[0]}:{end[1]} (a position it does not hold yet; "  # type: ignore[index]
+                    f"its latest is {'none: it is empty' if last is None else f'{last[0]}:{last[1]}'})"
+                )
+            if end > start[tp]:  # type: ignore[operator]
+                ranges.append(Range(tp, start[tp], end, end == last))  # type: ignore[arg-type]
+        return _input_partitions(ranges, self.options)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        planner = SourcePlanner(self.options)
+        try:
+            return self.plan(planner)
+        finally:
+            planner.close()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        freeze_long_lived()
+        assert isinstance(partition, PulsarRangePartition)
+        yield from read_partition(self.options, partition, self.schema)
+
+
+class PulsarDataSource(DataSource):
+    """``spark.readStream.format("pulsar")`` and ``spark.read.format("pulsar")``: see the module docstring
+    for options and rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return POSITIONS_SCHEMA if positions_only(self.options) else SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PulsarStreamReader(self.options, schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PulsarBatchReader(self.options, schema)
+
+
+__all__ = [
+    "POSITIONS_SCHEMA",
+    "SCHEMA",
+    "PulsarBatchReader",
+    "PulsarDataSource",
+    "PulsarRangePartition",
+    "PulsarStreamReader",
+    "read_partition",
+]
