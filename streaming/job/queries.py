@@ -323,18 +323,21 @@ class JobQueries:
             .foreachBatch(self._foreach_batch)
             .option("checkpointLocation", self.run.checkpoint)
         )
-        if not once:
-            self.query = writer.trigger(processingTime=self.config.spark.trigger_interval).start()
-            self.retention_runner().start()
-            return self.query
-        # A pending rollover timer makes Spark run no-data batches until it fires, so an AvailableNow
-        # run would not end before the rollover time: batch runs turn them off (the query copies the
-        # session's settings when it starts, so the continuous job keeps them).
+        # No no-data micro-batches: with processing-time timers Spark runs one at every trigger whatever the
+        # timers say (SPARK-50180), each most of a CPU second of the JVM's, so an idle job kept a core busy.
+        # The continuous job's source plans a micro-batch when a timer is due instead (offset_planner's
+        # WAKE_KEY); an AvailableNow run would otherwise not end before the rollover time. The query copies
+        # the session's settings when it starts.
         key = "spark.sql.streaming.noDataMicroBatches.enabled"
         previous = spark.conf.get(key, "true")
         spark.conf.set(key, "false")
         try:
-            self.query = writer.trigger(availableNow=True).start()
+            if once:
+                self.query = writer.trigger(availableNow=True).start()
+            else:
+                self.query = writer.trigger(processingTime=self.config.spark.trigger_interval).start()
         finally:
             spark.conf.set(key, previous)
+        if not once:
+            self.retention_runner().start()
         return self.query

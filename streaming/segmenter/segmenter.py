@@ -195,6 +195,9 @@ class Segmenter:
             "now_ms": self.now_ms,
             "batch_entries": self.batch_entries,
             "batch_bytes": self.batch_bytes,
+            # When this topic-partition's timer fires (rollover, policy wake-up): the job's source plans a
+            # micro-batch then, because Spark runs no batch without new data (``offset_planner`` wakes).
+            "wake_ms": self.next_deadline(),
         }
 
     def finish(self) -> list[Action]:

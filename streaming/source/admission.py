@@ -76,6 +76,13 @@ def write_buffer_file(path: str, topic_stats: Mapping[str, Mapping[str, Any]], m
             for tp, stats in sorted(topic_stats.items())
             if stats.get("batch_entries")
         },
+        # The earliest processing-time timer of any topic-partition (a rollover deadline or a policy wake-up):
+        # the source plans a micro-batch when it is due (``offset_planner.SourcePlanner``), since the job runs
+        # no micro-batch without new data, and a timer fires only in a micro-batch.
+        "next_wake_ms": min(
+            (int(stats["wake_ms"]) for stats in topic_stats.values() if stats.get("wake_ms") is not None),
+            default=None,
+        ),
     }
     try:
         write_json_file(path, doc, temp_prefix=".buffers-")
@@ -99,18 +106,24 @@ def buffer_bound(policy: OffloadPolicy, min_part_size: int) -> int:
 @dataclass(frozen=True)
 class OffloadBuffers:
     """What :func:`write_buffer_file` wrote: the store's minimum part size, each topic-partition's
-    ``buffered_bytes`` and its measured mean entry size."""
+    ``buffered_bytes`` and its measured mean entry size, and the earliest timer of any topic-partition."""
 
     min_part_size: int = 1
     buffered_bytes: dict[str, int] = field(default_factory=dict)
     entry_bytes: dict[str, float] = field(default_factory=dict)
+    next_wake_ms: int | None = None
+    written: bool = False
+    """Whether the job wrote the file yet (this run has had a micro-batch): until then, its timers are unknown."""
 
     @classmethod
     def from_json(cls, doc: Any) -> OffloadBuffers:
+        wake = doc.get("next_wake_ms")
         return cls(
             int(doc.get("min_part_size", 1)),
             {str(tp): int(b) for tp, b in dict(doc.get("buffered_bytes", {})).items()},
             {str(tp): float(b) for tp, b in dict(doc.get("entry_bytes", {})).items() if b > 0},
+            None if wake is None else int(wake),
+            True,
         )
 
 
@@ -132,6 +145,12 @@ class BufferFile:
         """Measured mean entry size per topic-partition as of the last :meth:`current` (see
         :func:`write_buffer_file`)."""
         return self._last.entry_bytes
+
+    def wake(self) -> tuple[bool, int | None]:
+        """``(written, next_wake_ms)``, read again: whether this run's job wrote the file yet, and the earliest
+        timer of any topic-partition it reported (None: no timer pending)."""
+        self._last = self._file.current()
+        return self._last.written, self._last.next_wake_ms
 
 
 __all__ = [

@@ -53,9 +53,22 @@ SEALED_KEY = "sealedAtEnd"
 so offset readers that want positions skip it (:func:`split_offsets`)."""
 
 
+WAKE_KEY = "wakeAt"
+"""In the offload job's offset: when (epoch ms) the source last planned a micro-batch with no new entries, so
+that the segmenter's processing-time timers fire (a rollover deadline of a quiet topic-partition). The job turns
+Spark's no-data micro-batches off: with processing-time timers Spark would otherwise run one at every trigger,
+whatever the timers say (SPARK-50180), and each costs the JVM most of a CPU second. Not a topic-partition."""
+
+WAKE_FALLBACK_S = 30.0
+"""A micro-batch at least this often while nothing moves, whatever the job reported: timers the job cannot
+report yet (state restored from a checkpoint, before the run's first micro-batch) fire at most this late."""
+
+_NOT_TOPICS = (SEALED_KEY, WAKE_KEY)
+
+
 def split_offsets(doc: Mapping[str, Any]) -> tuple[dict[str, Position], bool]:
     """An offset's positions by topic-partition, and whether it marks the seal markers as emitted."""
-    positions = {tp: position_of(value) for tp, value in doc.items() if tp != SEALED_KEY}
+    positions = {tp: position_of(value) for tp, value in doc.items() if tp not in _NOT_TOPICS}
     return positions, bool(doc.get(SEALED_KEY))
 
 
@@ -84,6 +97,8 @@ class SourcePlanner:
         self._unfit: set[str] = set()
         self._read_any = False
         """Whether this query planned a micro-batch with entries (``sealAtEnd`` seals only then)."""
+        self._planned_at = time.monotonic()
+        """When this planner last planned a micro-batch (entries or a wake), for ``WAKE_FALLBACK_S``."""
         self._lock = threading.Lock()
 
     @property
@@ -277,7 +292,7 @@ class SourcePlanner:
             start_positions, sealed = split_offsets(start)
             end: dict[str, Any] = self._latest_offset(start_positions, max_entries, max_bytes)
             if not (self.options.seal_at_end and self._target is not None):
-                return end
+                return self._with_wake(start, start_positions, end)
             moved = any(position_of(pos) > start_positions.get(tp, BEFORE_EARLIEST) for tp, pos in end.items())
             if moved:
                 self._read_any = True
@@ -288,6 +303,34 @@ class SourcePlanner:
             if sealed:
                 end[SEALED_KEY] = True
             return end
+
+    def _with_wake(
+        self, start: Mapping[str, Any], start_positions: Mapping[str, Position], end: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``end`` with ``WAKE_KEY``: carried over from ``start`` (an offset that changes is a micro-batch), or
+        set to now when nothing moved and a timer is due (see ``WAKE_KEY``). Only in the offload job (which
+        writes the buffer file the due timers are read from)."""
+        if self._buffers is None:
+            return end
+        now = time.monotonic()
+        woken = start.get(WAKE_KEY)
+        moved = any(position_of(pos) != start_positions.get(tp, BEFORE_EARLIEST) for tp, pos in end.items())
+        if moved:
+            self._planned_at = now
+        else:
+            written, next_wake = self._buffers.wake()
+            now_ms = int(time.time() * 1000)
+            due = (
+                not written  # this run has had no micro-batch yet: its restored timers are unknown
+                or (next_wake is not None and next_wake <= now_ms and (woken is None or int(woken) < next_wake))
+                or now - self._planned_at >= WAKE_FALLBACK_S
+            )
+            if due:
+                self._planned_at = now
+                woken = now_ms
+        if woken is not None:
+            end[WAKE_KEY] = int(woken)
+        return end
 
     def _latest_offset(
         self, start_positions: Mapping[str, Position], max_entries: int | None, max_bytes: int | None
@@ -502,4 +545,4 @@ class SourcePlanner:
             self._client = None
 
 
-__all__ = ["SEALED_KEY", "SourcePlanner", "offsets_json", "position_of", "split_offsets"]
+__all__ = ["SEALED_KEY", "WAKE_FALLBACK_S", "WAKE_KEY", "SourcePlanner", "offsets_json", "position_of", "split_offsets"]

@@ -186,6 +186,13 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     [sealed] = poll(lambda: meta.offloaded_segments(quiet), what="the quiet topic's segment sealed by time")
     assert sealed.sealReason == "time" and sealed.entries == 20
 
+    # With no timer pending and nothing new, the job runs no micro-batch (Spark would run one at every
+    # trigger for processing-time timers: offset_planner's WAKE_KEY plans them only when a timer is due).
+    time.sleep(2)  # the seal's micro-batch ends
+    idle_from = job.query.lastProgress["batchId"]
+    time.sleep(3)  # three triggers
+    assert job.query.lastProgress["batchId"] == idle_from
+
     # offload-now seals the busy topic's open segment at once (its rollover is 10 minutes).
     phases = [produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)]
     poll(lambda: any(m.status == mf.ASSIGNED for m in meta.manifests(busy)), what="an open segment")

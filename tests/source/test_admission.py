@@ -24,8 +24,9 @@ from streamoffload.streaming.job.runs import Run
 from streamoffload.streaming.protocol.exactly_once import Position, Probe
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import Entry, MemoryState
+from streamoffload.streaming.source import offset_planner
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
-from streamoffload.streaming.source.offset_planner import SEALED_KEY, SourcePlanner
+from streamoffload.streaming.source.offset_planner import SEALED_KEY, WAKE_FALLBACK_S, WAKE_KEY, SourcePlanner
 from streamoffload.streaming.source.pulsar_source import PulsarStreamReader
 from streamoffload.streaming.source.source_options import SourceOptions
 from streamoffload.units import MIB
@@ -315,3 +316,64 @@ def test_micro_batches_are_sized_by_the_measured_entry_size_not_one_sample(tmp_p
     end = planner.latest_offset(after_first, None, 10 * MIB)
     assert admitted(after_first, end)[A] == 102  # 10 MiB of 100 KiB entries
     assert json.loads(Path(buffers).read_text())["entry_bytes"] == {A: 100 * 1024}
+
+
+# --- waking the segmenter's timers: the job runs no micro-batch without new data --------------------------
+
+
+def test_a_micro_batch_is_planned_when_a_timer_is_due_and_not_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job turns Spark's no-data micro-batches off (each cost most of a JVM CPU second at every trigger), so
+    the source plans a micro-batch with no entries (``WAKE_KEY`` moves) when the segmenter reported a timer due:
+    before the run's first report (restored timers are unknown), at the reported time, and after
+    ``WAKE_FALLBACK_S`` whatever was reported. Never while entries move: that micro-batch fires timers anyway."""
+    clock = {"wall": 1_000_000.0, "mono": 500.0}
+    monkeypatch.setattr(offset_planner.time, "time", lambda: clock["wall"])
+    monkeypatch.setattr(offset_planner.time, "monotonic", lambda: clock["mono"])
+    path = str(tmp_path / "buffers.json")
+    model = {A: (5, 100), B: (0, 100)}
+    planner = ModelPlanner(options(bufferFile=path), model)
+    start = planner.initial_offset()
+
+    # Before the run's first report: every trigger plans a micro-batch, moving or not.
+    moved = planner.latest_offset(start, None, None)
+    assert moved == {A: [LEDGER, 4], B: [-1, -1]}  # entries move: no wake key needed
+    woken = planner.latest_offset(moved, None, None)
+    assert woken == {**moved, WAKE_KEY: 1_000_000_000}
+    assert list(woken)[-1] == WAKE_KEY  # canonical JSON text: topic-partitions first
+
+    # The job reported a timer 3 s ahead: nothing is planned (the offset stays), until it is due, once.
+    write_buffer_file(path, {A: {"wake_ms": 1_000_003_000}, B: {"wake_ms": None}}, 1)
+    clock["wall"] += 1
+    clock["mono"] += 1
+    assert planner.latest_offset(woken, None, None) == woken
+    clock["wall"] += 2
+    clock["mono"] += 2
+    due = planner.latest_offset(woken, None, None)
+    assert due == {**moved, WAKE_KEY: 1_000_003_000}
+    assert planner.latest_offset(due, None, None) == due  # that timer was woken for: not again
+
+    # No timer pending: nothing, until the fallback interval has passed since the last micro-batch.
+    write_buffer_file(path, {A: {"wake_ms": None}}, 1)
+    clock["wall"] += WAKE_FALLBACK_S - 1
+    clock["mono"] += WAKE_FALLBACK_S - 1
+    assert planner.latest_offset(due, None, None) == due
+    clock["wall"] += 1
+    clock["mono"] += 1
+    assert planner.latest_offset(due, None, None)[WAKE_KEY] == 1_000_033_000
+
+    # New entries: a micro-batch of them, carrying the last wake over (only positions changed).
+    model[B] = (3, 100)
+    assert planner.latest_offset(due, None, None) == {A: [LEDGER, 4], B: [LEDGER, 2], WAKE_KEY: 1_000_003_000}
+
+    # The key is not a topic-partition: the ranges of a wake-only micro-batch are none.
+    reader = PulsarStreamReader({"serviceUrl": "pulsar://127.0.0.1:6650", "topics": f"{A},{B}", "bufferFile": path})
+    assert reader.partitions(woken, due) == []
+
+
+def test_without_the_jobs_buffer_file_no_wake_key_is_ever_added() -> None:
+    planner = ModelPlanner(options(), {A: (0, 100)})
+    start = planner.initial_offset()
+    for _ in range(3):
+        assert WAKE_KEY not in planner.latest_offset(start, None, None)
