@@ -73,6 +73,25 @@ def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
     return groups
 
 
+def tree_cpu(root: int) -> float:
+    """CPU seconds so far of ``root`` and every process below it, those that exited included (they count in
+    their parents' reaped children's times): a job started as a subprocess, its JVM and Python workers."""
+    table: dict[int, tuple[int, str, float, float]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := _proc_stat(int(name))) is not None:
+            table[int(name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_rest) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            total += table[pid][2] + table[pid][3]
+        todo.extend(children.get(pid, []))
+    return total
+
+
 def is_fork_server(pid: int) -> bool:
     return "streamoffload.streaming.runtime.fork_server" in _cmdline(pid)
 

@@ -98,7 +98,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.chaos import TopicCounts, check_store
 from bench.chaos_processes import JobProcess, Producer, job_errors
 from bench.harness import add_work_arguments, new_work_dir
-from bench.procstats import _proc_stat, _rss_bytes, job_tree_sample
+from bench.procstats import _proc_stat, _rss_bytes, job_tree_sample, tree_cpu
 from bench.readable import percentile, readable_messages
 from bench.soak import ProducerLogFile, _wait_query_started, store_settings
 from bench.store_census import StoreCensus
@@ -281,6 +281,8 @@ class StepReport:
     idle_where_per_min: dict[str, float] = field(default_factory=dict)
     """Per ``"<process> <op> <key kind>"`` (storage.request_counts.key_kind): requests per minute."""
     idle_window_s: float | None = None
+    idle_cpu_per_min: float | None = None
+    """CPU seconds per minute of the job's processes (driver, JVM, Python workers) in the idle window."""
     exactly: dict[str, TopicCounts] = field(default_factory=dict)
     check_s: float | None = None
     job_exit: str | None = None
@@ -351,6 +353,8 @@ class StepReport:
             f"  idle store requests / min     {_rate_text(self.idle_per_min)} (driver: "
             f"{_rate_text(self.idle_driver_per_min)}) over {f(self.idle_window_s, '.0f')}   [target: independent of "
             "the topic-partitions]",
+            f"  idle job CPU                  {f(self.idle_cpu_per_min, '.1f', ' s per minute')} (driver, JVM and "
+            "Python workers)",
         ]
         if self.idle_where_per_min:
             lines.append(
@@ -1068,6 +1072,7 @@ def _idle(
     log(f"  idle: {seconds:.0f} s" + (" with nothing to offload" if report.converged else " (still catching up)"))
     before, driver_before = _snapshot(counts_dir, job.proc.pid)
     where_before = _where(counts_dir, job.proc.pid)
+    cpu_before = tree_cpu(job.proc.pid)
     started = time.monotonic()
     time.sleep(seconds / 2)
     with contextlib.suppress(OSError):
@@ -1083,6 +1088,8 @@ def _idle(
     time.sleep(1.5)  # each process writes its counts once a second
     after, driver_after = _snapshot(counts_dir, job.proc.pid)
     where_after = _where(counts_dir, job.proc.pid)
+    cpu_after = tree_cpu(job.proc.pid)
+    report.idle_cpu_per_min = (cpu_after - cpu_before) * 60 / (time.monotonic() - started)
     window = time.monotonic() - started - 1.5
     report.idle_window_s = window
     idle = _minus(after, before)
@@ -1289,6 +1296,7 @@ def closing_table(reports: list[StepReport]) -> str:
             ),
             "",
         ),
+        ("idle job CPU (s per minute)", lambda r: _cell(r.idle_cpu_per_min, ".1f"), ""),
         ("pulsar-lite: subscriptions kept at the end", lambda r: _num(r.subscriptions_end), "0 (non-durable)"),
         ("pulsar-lite: CPU s in the traffic window", lambda r: _cell(r.broker_cpu_traffic, ".0f"), ""),
         ("exactly once", lambda r: {None: "-", True: "OK", False: "FAILED"}[r.exactly_once], ""),
