@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from streamoffload.streaming.handoff import spool
 from streamoffload.streaming.handoff.part_layout import EntryRef
 from streamoffload.streaming.handoff.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
 from streamoffload.streaming.sink.entry_fetch import EntryGoneError, MemoryFetcher, PartReader
@@ -116,3 +117,23 @@ def test_an_entry_neither_holds_is_gone(tmp_path: Path) -> None:
     empty = MemoryFetcher()
     with pytest.raises(EntryGoneError, match="entry 4:0"):  # the part is asked of the broker again, whole
         PartReader(SpoolFetcher(str(root), empty)).take(TOPIC, refs(ENTRIES[:8]), (-1, -1), ENTRIES[7].position)
+
+
+def test_the_spool_is_counted_again_when_old_or_half_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task counts the spool's files at most once a second while it is under half its bound (a count is a
+    ``stat`` per file); what other tasks spooled is seen once the count is older, and near the bound always."""
+    clock = [100.0]
+    monkeypatch.setattr(spool.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(spool, "_USAGE", spool._SpoolUsage(max_age_s=1.0))
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:3], (-1, -1), max_bytes=10_000)
+    counted = spool_bytes(root)
+    foreign = root / "other-topic"
+    foreign.mkdir()
+    (foreign / "x.spool").write_bytes(b"x" * 5_000)  # another task's range, not counted by this one yet
+    assert spool._USAGE.room(root, 10_000) == 10_000 - counted
+    clock[0] += 1.5
+    assert spool._USAGE.room(root, 10_000) == 10_000 - counted - 5_000
+    # Past half the bound, every range counts again, however recent the last count.
+    (foreign / "y.spool").write_bytes(b"y" * 100)
+    assert spool._USAGE.room(root, 10_000) == 10_000 - counted - 5_100
