@@ -69,6 +69,7 @@ _ENCODED_RE = re.compile(r"^(?:[A-Za-z0-9-]|%[0-9A-F]{2})+$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MANIFEST_RE = re.compile(r"^(\d{20})-(\d{20})-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 _DELETED_RE = re.compile(r"^\d{20}$")
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # --- key validation (shared by every store) ---------------------------------------------------------
@@ -89,7 +90,7 @@ def check_key(key: str) -> str:
         raise InvalidKeyError(key, "absolute keys are not allowed (keys are relative to the store root)")
     if "\\" in key:
         raise InvalidKeyError(key, "backslashes are not allowed")
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+    if _CONTROL_CHARACTER.search(key):
         raise InvalidKeyError(key, "NUL and other control characters are not allowed")
     try:
         size = len(key.encode("utf-8"))
