@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, ServerError
 
 FRAME_HEADER = struct.Struct(">II")  # totalSize, commandSize
 MAX_FRAME = 128 << 20  # Pulsar's maxMessageSize is 5 MiB by default; a larger frame is corruption
 
-T = BaseCommand.Type
+T = SimpleNamespace(**dict(BaseCommand.Type.items()))
+"""``BaseCommand.Type``'s values as plain attributes: protobuf's enum wrapper looks a name up in a dict through
+``__getattr__`` at every use, and the readers compare a frame's type per entry (4% of a source task's time)."""
 
 
 def frame(command: BaseCommand, payload: bytes = b"") -> bytes:
