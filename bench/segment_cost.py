@@ -1,0 +1,138 @@
+"""What one small segment costs the job, apart from Spark and the broker: the segmenter's decisions and the sink's
+store writes for segments of ``--entries`` entries of ``--entry-size`` bytes, on a filesystem store with and
+without its fsyncs (bench/README, issue 24 session 26).
+
+Run from the repository root:
+
+    .venv/bin/python bench/segment_cost.py                    # 200 segments of 100 entries of 200 B
+    .venv/bin/python bench/segment_cost.py --segments 500 --entries 20 --dir /tmp
+
+A job over N topic-partitions with a rollover of R seconds seals about N / R segments a second (the scale bench:
+100 / 5 s = 20). Each segment here is one micro-batch of its entries (``run_segmenter``) and one seal request,
+applied by the job's sink (``SegmentSink``) reading the entries' bytes from memory, so what is timed is the
+segmenter, the sink and the store: open (multipart upload, Assigned manifest), a part with its checksum records,
+seal (complete, index, lease check, commit, Offloaded manifest). Printed per segment: wall and CPU milliseconds
+(this process, so a filesystem's fsync counts what the kernel spends in it), fsyncs, and store requests by
+operation, each round once with the store's fsyncs and once without; the median of ``--rounds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.fixtures, from the repository root
+
+from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.storage import filesystem
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.sink.entry_fetch import MemoryFetcher
+from tests.fixtures.entries import Published, memory_sink, publish_to
+
+TOPIC = "persistent://public/default/segment-cost"
+OPERATIONS = ("put", "get", "head", "exists", "list", "delete", "start_multipart", "resume_multipart")
+
+
+class CountingFilesystemStore(FilesystemStore):
+    """A filesystem store that counts its requests by operation."""
+
+    def __init__(self, root: str, *, fsync: bool) -> None:
+        super().__init__(root, fsync=fsync)
+        self.requests: collections.Counter[str] = collections.Counter()
+
+    def __getattribute__(self, name: str) -> Any:
+        attribute = super().__getattribute__(name)
+        if name in OPERATIONS:
+            requests = super().__getattribute__("requests")
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                requests[name] += 1
+                return attribute(*args, **kwargs)
+
+            return counted
+        return attribute
+
+
+def one_round(directory: str, segments: int, entries: int, entry_size: int, *, fsync: bool) -> dict[str, Any]:
+    """Offload ``segments`` segments into a new store; per segment: wall ms, CPU ms, fsyncs, requests."""
+    fsyncs = [0]
+    real_fsync: Callable[[int], None] = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        fsyncs[0] += 1
+        real_fsync(fd)
+
+    store = CountingFilesystemStore(tempfile.mkdtemp(dir=directory, prefix="segment-cost-"), fsync=fsync)
+    fetcher = MemoryFetcher()
+    sink = memory_sink(store, fetcher=fetcher)
+    policy = OffloadPolicy()
+    state = MemoryState()
+    now_ms = int(time.time() * 1000)
+    payload = os.urandom(entry_size)
+    filesystem.os.fsync = counting_fsync  # type: ignore[assignment]
+    try:
+        wall = cpu = 0.0
+        for segment in range(segments):
+            batch = [Published(1, segment * entries + i, payload, now_ms) for i in range(entries)]
+            fetcher.entries.clear()  # the broker's part: this segment's entries only (a scan of all is not the job's)
+            metas = publish_to(fetcher, TOPIC, batch)
+            started, started_cpu = time.perf_counter(), time.process_time()
+            actions = run_segmenter(TOPIC, policy, state, metas, now_ms=now_ms)
+            actions += run_segmenter(TOPIC, policy, state, [], [CONTROL_SEAL], now_ms=now_ms + 1)
+            sink.apply([{c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions])
+            wall += time.perf_counter() - started
+            cpu += time.process_time() - started_cpu
+    finally:
+        filesystem.os.fsync = real_fsync  # type: ignore[assignment]
+    sealed = sum(1 for _ in sink.metadata.offloaded_segments(TOPIC))
+    if sealed != segments:
+        raise SystemExit(f"expected {segments} segments offloaded, found {sealed}")
+    return {
+        "wall_ms": 1000 * wall / segments,
+        "cpu_ms": 1000 * cpu / segments,
+        "fsyncs": fsyncs[0] / segments,
+        "requests": {op: n / segments for op, n in sorted(store.requests.items())},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="bench/segment_cost.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--segments", type=int, default=200, help="segments per round (default 200)")
+    parser.add_argument("--entries", type=int, default=100, help="entries per segment (default 100)")
+    parser.add_argument("--entry-size", type=int, default=200, help="bytes per entry (default 200)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the median is printed (default 3)")
+    parser.add_argument("--dir", default="var", help="where the stores go (default var/, as the demo's store)")
+    args = parser.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    print(
+        f"segment cost: {args.segments} segments of {args.entries} entries of {args.entry_size} B per round, "
+        f"filesystem store under {args.dir}, median of {args.rounds}"
+    )
+    for fsync in (True, False):
+        rounds = [
+            one_round(args.dir, args.segments, args.entries, args.entry_size, fsync=fsync) for _ in range(args.rounds)
+        ]
+        wall = statistics.median(r["wall_ms"] for r in rounds)
+        cpu = statistics.median(r["cpu_ms"] for r in rounds)
+        print(
+            f"  {'with fsyncs   ' if fsync else 'without fsyncs'}  {wall:6.1f} ms wall, {cpu:5.1f} ms CPU per segment "
+            f"({1000 * cpu / args.entries:.0f} us per entry); {rounds[0]['fsyncs']:.1f} fsyncs; requests "
+            + ", ".join(f"{op} {n:g}" for op, n in rounds[0]["requests"].items())
+        )
+    print("  (a job sealing S segments a second spends S times the CPU figure per second on them)")
+
+
+if __name__ == "__main__":
+    main()
