@@ -151,7 +151,7 @@ def test_empty_key_null_key_and_schema_version_reach_the_store(
     config_path = write_config(tmp_path, pulsar_broker.service_url, [topic], fs_store(tmp_path))
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
-    stored = read_entries(config.store.open(), topic)
+    stored = read_entries(config.store.location.open(), topic)
     assert [(ledger, entry) for ledger, entry, _ in stored] == positions
     assert [data for _, _, data in stored] == [e.data for e in direct]  # byte for byte what the broker has
     _check_fields([data for _, _, data in stored])
