@@ -245,11 +245,13 @@ def test_status_records_of_finished_requests_expire_after_a_day(store: ObjectSto
 SUBMITTER = textwrap.dedent(
     """
     import json, os, sys, time
+    from dataclasses import replace
     from streamoffload.config import StoreSettings
     from streamoffload.checkpoints.control_requests import submit_requests
 
     root, sync, skew, count = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-    store = StoreSettings(managedLedgerOffloadDriver="filesystem", root=root).open()
+    location = StoreSettings(managedLedgerOffloadDriver="filesystem", root=root).location
+    scoped = replace(location, prefix="offload/v1").open()
     clock = lambda: time.time() + skew
 
     def wait_for(name):
@@ -262,7 +264,7 @@ SUBMITTER = textwrap.dedent(
         if i == count // 2:  # let the reader take an offset before the second half
             open(os.path.join(sync, f"half-{skew:g}"), "w").close()
             wait_for("go2")
-        ids += submit_requests(ScopedStore(store, "offload/v1"), [f"persistent://a/b/t-partition-{i % 3}"], clock=clock)
+        ids += submit_requests(scoped, [f"persistent://a/b/t-partition-{i % 3}"], clock=clock)
     print(json.dumps(ids))
     """
 )
