@@ -159,7 +159,7 @@ def published_entries(service_url: str, topic: str) -> tuple[int, int, tuple[int
     count = size = 0
     for entry in raw_reader.read_range_raw(client, topic, BEFORE_EARLIEST, latest):
         count += 1
-        size += len(entry.data)
+        size += len(entry.payload)
     return count, size, latest
 
 

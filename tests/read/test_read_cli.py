@@ -85,7 +85,7 @@ def test_messages_recover_payload_key_and_properties(
                         "batch_index": -1 if len(sent) == 1 else i,
                         "key": msg.key,
                         "properties": msg.properties,
-                        "publish_time": entry.publish_time_ms,
+                        "publish_time": entry.publish_time,
                         "event_time": msg.event_time,
                         "payload": base64.b64encode(msg.payload).decode(),
                     }
