@@ -67,6 +67,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamoffload.storage.location import ScopedStore
+
 # bench/ modules sit beside this script; run from the repository root or imported as bench.chaos.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -416,8 +418,8 @@ def check_store(
     return out
 
 
-def _store_keys(store: ObjectStore, prefix: str) -> set[str]:
-    return {info.key for info in store.list(f"{prefix}/" if prefix else "")}
+def _store_keys(scoped: ScopedStore) -> set[str]:
+    return {info.key for info in scoped.store.list(f"{scoped.prefix}/" if scoped.prefix else "")}
 
 
 # --- the run --------------------------------------------------------------------------------------------
@@ -523,8 +525,9 @@ class _Chaos:
             self.harness_conf, service_url, self.topic_list, workdir / "unused", harness_store, self.policies[0]
         )
         self.config: Config = load_config(self.harness_conf)
-        self.store = self.config.store.open()
-        self.meta = MetadataStore(self.store, self.config.store.key_prefix)
+        self.scoped = self.config.store.location.open()
+        self.store = self.scoped.store
+        self.meta = MetadataStore(self.scoped)
         self.job: JobProcess | None = None
         self.runs = 0
         self.pending: list[tuple[str, float]] = []
@@ -802,11 +805,7 @@ class _Chaos:
             )
         }
         # Besides metadata (a key component starting with "_"), a converged store holds exactly those objects.
-        data_keys = {
-            k
-            for k in _store_keys(self.store, self.config.store.key_prefix)
-            if not any(part.startswith("_") for part in k.split("/"))
-        }
+        data_keys = {k for k in _store_keys(self.scoped) if not any(part.startswith("_") for part in k.split("/"))}
         report.orphans_after_cleanup = len(data_keys - referenced)
 
 

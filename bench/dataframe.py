@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamoffload.storage.location import ScopedStore
+
 # The synthetic store builder is shared with tests/dataframe; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -61,7 +63,7 @@ def build(root: Path, args: argparse.Namespace) -> tuple[list[str], int]:
     written = 0
     for p, topic in enumerate(topics):
         _, n = build_topic(
-            store,
+            ScopedStore(store),
             topic,
             entries=entries,
             batch=args.batch,
@@ -79,7 +81,7 @@ def build(root: Path, args: argparse.Namespace) -> tuple[list[str], int]:
 
 
 def data_files(root: Path, store: FilesystemStore, topics: list[str]) -> list[Path]:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     return [root / m.dataKey for t in topics for m in meta.offloaded_segments(t)]
 
 
@@ -105,7 +107,7 @@ def timed(fn: Any, runs: int = 1) -> tuple[float, Any]:
 
 def topic_reader_scan(store: FilesystemStore, topics: list[str]) -> tuple[int, int]:
     messages = value_bytes = 0
-    with TopicReader(store, cache=ChunkCache(64 * MIB)) as reader:
+    with TopicReader(ScopedStore(store), cache=ChunkCache(64 * MIB)) as reader:
         for topic in topics:
             for entry in reader.read(topic):
                 for msg in entry_messages(entry.payload, verify_checksum=False):  # the read checked the CRC
@@ -117,10 +119,10 @@ def topic_reader_scan(store: FilesystemStore, topics: list[str]) -> tuple[int, i
 def window_bytes(store: FilesystemStore, topics: list[str], times: ofp.TimeBounds) -> tuple[int, int]:
     """What the source's planner and reader read for ``times``: (bytes read from the store, rows)."""
     counting = CountingStore(store)
-    tasks = ofp.plan(counting, "", topics, {}, times)  # type: ignore[arg-type]
+    tasks = ofp.plan(ScopedStore(counting), topics, {}, times)  # type: ignore[arg-type]
     rows = 0
     for task in tasks:
-        for batch in ofr.read_task((counting, ""), task, times=times):  # type: ignore[arg-type]
+        for batch in ofr.read_task(ScopedStore(counting), task, times=times):  # type: ignore[arg-type]
             rows += len(batch[0])
     return counting.bytes_read, rows
 

@@ -101,7 +101,7 @@ from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.limits import min_block_size
 from streamoffload.produce import ProduceSummary, produce
 from streamoffload.streaming.job.offload_job import OffloadJob
-from streamoffload.streaming.job.queries import BatchReport, min_part_size
+from streamoffload.streaming.job.queries import BatchReport
 
 MIB = 1024 * 1024
 NAMESPACE = "persistent://public/default"
@@ -257,7 +257,7 @@ def drain_job(spark: Any, config: Config) -> JobRun:
     for i, (at, query) in enumerate(starts):
         until = starts[i + 1][0] if i + 1 < len(starts) else ended
         queries.append(QueryTimes.of(until - at, list(query.recentProgress)))
-    meta = MetadataStore(config.store.open(), config.store.key_prefix)
+    meta = MetadataStore(config.store.location.open())
     entries = entry_bytes = segments = 0
     reasons: dict[str, int] = {}
     for topic in config.pulsar.topics:
@@ -476,7 +476,7 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
     )
     print(
         f"  peak state bytes per topic-partition: {best.job.peak_state:,} "
-        f"(bound: less than one minimum part, {min_part_size(config.store):,})"
+        f"(bound: less than one minimum part, {config.store.location.min_part_size:,})"
     )
 
 
@@ -519,7 +519,9 @@ def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: P
         nonlocal buffered_peak
         assert job.run is not None
         write_buffer_file(
-            buffer_file_path(job._versions_file(), job.run.epoch), job.last_topic_stats, min_part_size(config.store)
+            buffer_file_path(job._versions_file(), job.run.epoch),
+            job.last_topic_stats,
+            config.store.location.min_part_size,
         )
         for stats in report.topics.values():
             buffered_peak = max(buffered_peak, int(stats.get("buffered_bytes") or 0))
@@ -541,7 +543,7 @@ def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: P
         job.run_once(spark)
         wall = time.monotonic() - started
     heap = jvm_heap_pools(spark)
-    meta = MetadataStore(config.store.open(), config.store.key_prefix)
+    meta = MetadataStore(config.store.location.open())
     entries = sum(m.entries for t in topics for m in meta.manifests(t) if m.status == mf.OFFLOADED)
     entry_bytes = sum(m.entryBytes for t in topics for m in meta.manifests(t) if m.status == mf.OFFLOADED)
     behind = {
@@ -557,7 +559,7 @@ def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: P
     pulsar = config.pulsar
     policy = config.policy_for(topics[0])
     options = SourceOptions.parse({"serviceUrl": pulsar.service_url, "topics": topics[0]})
-    bound = buffer_bound(policy, min_part_size(config.store))
+    bound = buffer_bound(policy, config.store.location.min_part_size)
     driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", "1g")
     mib = 1 << 20
     print(
@@ -606,8 +608,9 @@ def lag(
     base = f"{NAMESPACE}/bench-offload-{name}"
     topics = [f"{base}-partition-{i}" for i in range(args.partitions)]
     config = job_config(args, work, name, broker.service_url, topics, args.rollover_seconds)
-    store = config.store.open()
-    meta = MetadataStore(store, config.store.key_prefix)
+    scoped = config.store.location.open()
+    store = scoped.store
+    meta = MetadataStore(scoped)
     job = OffloadJob(config)
     reports: list[BatchReport] = []
     job.listeners.append(reports.append)
@@ -716,7 +719,7 @@ def lag(
         print(
             f"  Spark jobs per micro-batch: {jobs / max(all_batches, 1):.2f} ({jobs} jobs, {all_batches} "
             f"micro-batches); peak state bytes per topic-partition {peak_state_bytes(reports):,} "
-            f"(bound: less than one minimum part, {min_part_size(config.store):,})"
+            f"(bound: less than one minimum part, {config.store.location.min_part_size:,})"
         )
         added = p50 - rollover / 2
         mb_per_batch = summary.bytes / 1e6 / len(batch_seconds)

@@ -48,6 +48,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from streamoffload.storage.location import ScopedStore
+
 # tests/fixtures/s3.py starts moto for the tests and for this bench; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -88,7 +90,7 @@ def build_backlog(
     rnd = random.Random(seed)
     pool = os.urandom(max_entry + 4096)
     state = MemoryState()
-    sink = memory_sink(store)  # fetches the entries from memory: the broker's part
+    sink = memory_sink(ScopedStore(store))  # fetches the entries from memory: the broker's part
     switch = int(total * (1 - v1_fraction))
 
     def policy(method: str) -> OffloadPolicy:
@@ -181,7 +183,11 @@ def our_read(
     store: ObjectStore, buffer: int, *, readahead: bool | None, cache_bytes: int
 ) -> tuple[int, int, TopicReader]:
     reader = TopicReader(
-        store, read_buffer_size=buffer, readahead=readahead, cache=ChunkCache(cache_bytes), verify_checksums=VERIFY
+        ScopedStore(store),
+        read_buffer_size=buffer,
+        readahead=readahead,
+        cache=ChunkCache(cache_bytes),
+        verify_checksums=VERIFY,
     )
     entries = payload = 0
     for entry in reader.read(TOPIC):
@@ -251,7 +257,7 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
     store = FilesystemStore(root, fsync=False)
     total = args.size_mib * MIB
     t, (count, payload) = timed(lambda: backlog_from_args(store, args, total, args.segment_mib))
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     segments = meta.offloaded_segments(TOPIC)
     paths = [root / s.dataKey for s in segments]
     data_bytes = sum(s.dataLength for s in segments)
@@ -310,14 +316,18 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
             os.close(fd)
 
     raw_lat = latencies(raw_entry, sample)
-    warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY)
+    warm = TopicReader(
+        ScopedStore(store), read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY
+    )
     for _ in warm.read(TOPIC):
         pass
     warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
     warm.close()
     cold_lat = []
     for position in sample[: args.cold_reads]:
-        cold = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY)
+        cold = TopicReader(
+            ScopedStore(store), read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY
+        )
         cold.segments(TOPIC)  # listing the manifests is not the read being measured
         start = time.perf_counter()
         cold.read_entry(TOPIC, position)
@@ -386,7 +396,7 @@ def bench_latency(args: argparse.Namespace, store: FilesystemStore, meta: Metada
     results = {}
     for label, readahead in (("read-ahead (default)", None), ("no read-ahead", False)):
         reader = TopicReader(
-            remote, read_buffer_size=buf, readahead=readahead, cache=ChunkCache(0), verify_checksums=VERIFY
+            ScopedStore(remote), read_buffer_size=buf, readahead=readahead, cache=ChunkCache(0), verify_checksums=VERIFY
         )
         start = time.perf_counter()
         n = sum(len(e.payload) for e in reader.read(TOPIC, None, end))
@@ -414,7 +424,7 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
         store = S3Store(bucket, endpoint_url=endpoint, region=S3_REGION, path_style=True, **S3_CREDENTIALS)
         total = args.s3_size_mib * MIB
         t, (count, payload) = timed(lambda: backlog_from_args(store, args, total, args.s3_segment_mib))
-        segments = MetadataStore(store).offloaded_segments(TOPIC)
+        segments = MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC)
         keys = [s.dataKey for s in segments]
         data_bytes = sum(s.dataLength for s in segments)
         print(
@@ -453,7 +463,9 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
                 f"{mbps(data_bytes, best_get):,.0f} MB/s ({len(keys)} GETs) (ratio {best_get / secs:.2f})"
             )
         sample = random.Random(3).sample(_positions(store), min(args.s3_random_reads, count))
-        warm = TopicReader(store, read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY)
+        warm = TopicReader(
+            ScopedStore(store), read_buffer_size=buf, cache=ChunkCache(args.cache_mib * MIB), verify_checksums=VERIFY
+        )
         for _ in warm.read(TOPIC):
             pass
         warm_lat = latencies(lambda p: warm.read_entry(TOPIC, p), sample)
@@ -465,7 +477,7 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
 
 
 def _positions(store: ObjectStore) -> list[tuple[int, int]]:
-    reader = TopicReader(store, cache=ChunkCache(0), readahead=True, verify_checksums=VERIFY)
+    reader = TopicReader(ScopedStore(store), cache=ChunkCache(0), readahead=True, verify_checksums=VERIFY)
     try:
         return [e.position for e in reader.read(TOPIC)]
     finally:

@@ -92,6 +92,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from streamoffload.storage.location import ScopedStore
+
 # bench/ sits beside streamoffload's checkout; run from the repository root or imported as bench.scale.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -755,8 +757,9 @@ def _step(
             trigger_s=settings.trigger_s,
         )
         config = load_config(conf)
-        object_store = config.store.open()
-        meta = MetadataStore(object_store, config.store.key_prefix)
+        scoped = config.store.location.open()
+        object_store = scoped.store
+        meta = MetadataStore(scoped)
         if settings.measure_discovery and not deadline.passed:
             _discovery(report, OffloadJob(config, str(conf)).source_options(), broker, settings.latest_sample, log)
 
@@ -767,7 +770,7 @@ def _step(
         counts_dir.mkdir(exist_ok=True)
         job = JobProcess(conf, workdir / "logs" / "job.log", {**env, COUNTS_ENV: str(counts_dir)})
         log(f"  job started (pid {job.proc.pid}); waiting for every topic-partition's first segment")
-        census = StoreCensus(object_store, config.store.key_prefix)
+        census = StoreCensus(scoped)
         warm = _wait_warm(job, checkpoint, census, created, deadline.left(settings.startup_timeout))
         if warm:
             report.startup_s = time.monotonic() - job.started
@@ -1134,7 +1137,8 @@ def _status(
 
 def _retention(report: StepReport, config: Any, conf: Path, log: Callable[[str], None]) -> None:
     counts = RequestCounts()
-    meta = MetadataStore(CountingStore(config.store.open(), counts), config.store.key_prefix)
+    scoped = config.store.location.open()
+    meta = MetadataStore(ScopedStore(CountingStore(scoped.store, counts), scoped.prefix))
     runner = RetentionRunner(meta, PolicySource(config, str(conf)).policy_for)
     started = time.monotonic()
     runner.run_pass()

@@ -313,9 +313,10 @@ def _run(
     rollover = report.rollover_s
     write_config(conf, service_url, list(batching), checkpoint, store_toml, SEGMENT_POLICY, rollover_s=rollover)
     config = load_config(conf)
-    object_store = config.store.open()
-    meta = MetadataStore(object_store, config.store.key_prefix)
-    census = StoreCensus(object_store, config.store.key_prefix)
+    scoped = config.store.location.open()
+    object_store = scoped.store
+    meta = MetadataStore(scoped)
+    census = StoreCensus(scoped)
     log(
         f"soak: {report.minutes:g} min, {report.rate:g} msg/s of {payload_size} B over {report.partitions} "
         f"topic-partitions ({base}-batched/unbatched/lz4/zstd), rollover {report.rollover_s:g} s; work dir {workdir}"

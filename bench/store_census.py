@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.codecs.errors import FormatError
-from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+from streamoffload.storage.base import ObjectNotFoundError
+from streamoffload.storage.location import ScopedStore
 
 SEGMENTS_DIR = "/_meta/segments/"
 COMMITS_DIR = "/_meta/commits/"
@@ -39,9 +40,9 @@ class StoreCensus:
     remembered; a manifest not yet Offloaded is read again at the next count (about one per topic-partition).
     A count lists the whole prefix: on a filesystem store about a second per few hundred thousand objects."""
 
-    def __init__(self, store: ObjectStore, prefix: str) -> None:
-        self.store = store
-        self.prefix = prefix.strip("/")
+    def __init__(self, scoped: ScopedStore) -> None:
+        self.store = scoped.store
+        self.prefix = scoped.prefix
         self._offloaded: dict[str, int] = {}
         """Offloaded manifest key -> the objects its segment accounts for, the commit included."""
 

@@ -1,7 +1,7 @@
 """Control requests in the store: what ``offload-now`` (and ``run --once``'s final seal) asks of the job, and
-what became of each request. Plain Python on an ``ObjectStore``; the Spark source that turns requests into
-rows of the job's query is ``streaming/source/control_source.py``, so ``offload-now`` and ``offload-status``
-never load Spark.
+what became of each request. Plain Python on a ``ScopedStore`` (the store and its key prefix); the Spark
+source that turns requests into rows of the job's query is ``streaming/source/control_source.py``, so
+``offload-now`` and ``offload-status`` never load Spark.
 
 A request is a small JSON object in the store under ``<prefix>/_control/requests/<id>``, written
 create-only. Ids are ``<time_ns>-<uuid4 hex>``: the uuid makes them unique without trusting any
@@ -30,6 +30,7 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError, ObjectStore
+from streamoffload.storage.location import ScopedStore
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 RECORDED_STATES = (RUNNING, DONE, FAILED)
@@ -43,12 +44,12 @@ class UnknownRequestError(StreamOffloadError):
     """No request object and no status record for a request id."""
 
 
-def requests_prefix(key_prefix: str) -> str:
-    return keys.control_prefix(key_prefix, keys.CONTROL_REQUESTS)
+def requests_prefix(prefix: str) -> str:
+    return keys.control_prefix(prefix, keys.CONTROL_REQUESTS)
 
 
-def status_prefix(key_prefix: str) -> str:
-    return keys.control_prefix(key_prefix, keys.CONTROL_STATUS)
+def status_prefix(prefix: str) -> str:
+    return keys.control_prefix(prefix, keys.CONTROL_STATUS)
 
 
 def new_request_id(clock: Callable[[], float] = time.time) -> str:
@@ -58,8 +59,7 @@ def new_request_id(clock: Callable[[], float] = time.time) -> str:
 
 
 def submit_requests(
-    store: ObjectStore,
-    key_prefix: str,
+    scoped: ScopedStore,
     topics: Sequence[str],
     kind: str = "seal",
     *,
@@ -78,27 +78,26 @@ def submit_requests(
         while True:
             request_id = new_request_id(clock)
             try:
-                store.put(requests_prefix(key_prefix) + request_id, body.encode(), if_absent=True)
+                scoped.store.put(requests_prefix(scoped.prefix) + request_id, body.encode(), if_absent=True)
             except ObjectExistsError:  # a uuid4 collision: never in practice, but never overwrite either
                 continue
             break
         ids.append(request_id)
-    expire_statuses(store, key_prefix, now=clock())
+    expire_statuses(scoped, now=clock())
     return ids
 
 
-def pending_requests(store: ObjectStore, key_prefix: str) -> list[str]:
+def pending_requests(scoped: ScopedStore) -> list[str]:
     """Ids of the request objects in the store (read or not; ``commit`` deletes the ones read), sorted."""
-    prefix = requests_prefix(key_prefix)
-    return sorted(info.key[len(prefix) :] for info in store.list(prefix))
+    prefix = requests_prefix(scoped.prefix)
+    return sorted(info.key[len(prefix) :] for info in scoped.store.list(prefix))
 
 
 # --- status records ---------------------------------------------------------------------------------
 
 
 def record_request_status(
-    store: ObjectStore,
-    key_prefix: str,
+    scoped: ScopedStore,
     request_id: str,
     state: str,
     *,
@@ -115,7 +114,7 @@ def record_request_status(
     body = {"id": request_id, "state": state, "topic": topic, "segment": segment, "error": error}
     body["at_ms"] = int(time.time() * 1000)
     with contextlib.suppress(ObjectExistsError):  # raised only with if_absent: a record is already there
-        store.put(status_prefix(key_prefix) + request_id, json.dumps(body).encode(), if_absent=if_absent)
+        scoped.store.put(status_prefix(scoped.prefix) + request_id, json.dumps(body).encode(), if_absent=if_absent)
 
 
 @dataclass(frozen=True)
@@ -156,13 +155,13 @@ def _get_json(store: ObjectStore, key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _state_of(store: ObjectStore, key_prefix: str, request_id: str, *, has_status: bool = True) -> RequestState | None:
-    status = _get_json(store, status_prefix(key_prefix) + request_id) if has_status else None
+def _state_of(scoped: ScopedStore, request_id: str, *, has_status: bool = True) -> RequestState | None:
+    status = _get_json(scoped.store, status_prefix(scoped.prefix) + request_id) if has_status else None
     if status is None:
-        request = _get_json(store, requests_prefix(key_prefix) + request_id)
+        request = _get_json(scoped.store, requests_prefix(scoped.prefix) + request_id)
         if request is None:
             # Read (and deleted) since it was listed: its outcome is recorded by now, if anywhere.
-            status = _get_json(store, status_prefix(key_prefix) + request_id)
+            status = _get_json(scoped.store, status_prefix(scoped.prefix) + request_id)
             if status is None:
                 return None
         else:
@@ -177,27 +176,27 @@ def _state_of(store: ObjectStore, key_prefix: str, request_id: str, *, has_statu
     )
 
 
-def request_status(store: ObjectStore, key_prefix: str, request_id: str) -> dict[str, Any]:
+def request_status(scoped: ScopedStore, request_id: str) -> dict[str, Any]:
     """What became of one request: ``RequestState.as_dict()`` (state pending | running | done | failed)."""
-    state = _state_of(store, key_prefix, request_id)
+    state = _state_of(scoped, request_id)
     if state is None:
         raise UnknownRequestError(
-            f"no offload request {request_id} in {store.url} under {requests_prefix(key_prefix)!r} "
+            f"no offload request {request_id} in {scoped.store.url} under {requests_prefix(scoped.prefix)!r} "
             "(never submitted, or finished more than a day ago)"
         )
     return state.as_dict()
 
 
-def list_requests(store: ObjectStore, key_prefix: str, topic: str | None = None) -> list[RequestState]:
+def list_requests(scoped: ScopedStore, topic: str | None = None) -> list[RequestState]:
     """Every request the store knows (pending ones, and finished ones until their status expires), sorted
     by id; with ``topic``, only those of that topic-partition or, for a topic, of any of its partitions."""
-    req_prefix, st_prefix = requests_prefix(key_prefix), status_prefix(key_prefix)
-    ids = {info.key[len(req_prefix) :] for info in store.list(req_prefix)}
-    with_status = {info.key[len(st_prefix) :] for info in store.list(st_prefix)}
+    req_prefix, st_prefix = requests_prefix(scoped.prefix), status_prefix(scoped.prefix)
+    ids = {info.key[len(req_prefix) :] for info in scoped.store.list(req_prefix)}
+    with_status = {info.key[len(st_prefix) :] for info in scoped.store.list(st_prefix)}
     wanted = _topic_filter(topic)
     out = []
     for request_id in sorted(ids | with_status):
-        state = _state_of(store, key_prefix, request_id, has_status=request_id in with_status)
+        state = _state_of(scoped, request_id, has_status=request_id in with_status)
         if state is not None and state.kind == "seal" and wanted(state.topic):
             out.append(state)
     return out
@@ -218,21 +217,19 @@ def _topic_filter(topic: str | None) -> Callable[[str], bool]:
     return wanted
 
 
-def expire_statuses(
-    store: ObjectStore, key_prefix: str, *, max_age_s: float = STATUS_RETENTION_S, now: float | None = None
-) -> int:
+def expire_statuses(scoped: ScopedStore, *, max_age_s: float = STATUS_RETENTION_S, now: float | None = None) -> int:
     """Delete status records last written more than ``max_age_s`` ago (by the store's clock) whose
     request object is gone; returns how many. A still-pending request keeps its record."""
     cutoff = (time.time() if now is None else now) - max_age_s
-    req_prefix, st_prefix = requests_prefix(key_prefix), status_prefix(key_prefix)
-    old = [info for info in store.list(st_prefix) if info.last_modified and info.last_modified < cutoff]
+    req_prefix, st_prefix = requests_prefix(scoped.prefix), status_prefix(scoped.prefix)
+    old = [info for info in scoped.store.list(st_prefix) if info.last_modified and info.last_modified < cutoff]
     if not old:
         return 0
-    pending = {info.key[len(req_prefix) :] for info in store.list(req_prefix)}
+    pending = {info.key[len(req_prefix) :] for info in scoped.store.list(req_prefix)}
     expired = 0
     for info in old:
         if info.key[len(st_prefix) :] not in pending:
-            store.delete(info.key)
+            scoped.store.delete(info.key)
             expired += 1
     return expired
 
@@ -245,6 +242,6 @@ def control_value(kind: str, request_id: str, effective_ms: int | None = None) -
     return json.dumps(doc)
 
 
-def read_request(store: ObjectStore, key_prefix: str, request_id: str) -> dict[str, Any] | None:
+def read_request(scoped: ScopedStore, request_id: str) -> dict[str, Any] | None:
     """A request object's JSON, or None when it is gone (read and deleted since it was listed)."""
-    return _get_json(store, requests_prefix(key_prefix) + request_id)
+    return _get_json(scoped.store, requests_prefix(scoped.prefix) + request_id)

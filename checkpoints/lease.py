@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
-from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError, ObjectStore
+from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError
+from streamoffload.storage.location import ScopedStore
 
 DEFAULT_TTL_MS = 60_000
 KEEP_EPOCHS = 5
@@ -83,9 +84,10 @@ def _describe(record: LeaseRecord, now_ms: int) -> str:
 class WriterLease:
     """The lease of one store prefix, as seen by one instance."""
 
-    def __init__(self, store: ObjectStore, prefix: str, holder: str, *, ttl_ms: int = DEFAULT_TTL_MS) -> None:
-        self.store = store
-        self.prefix = prefix.strip("/")
+    def __init__(self, scoped: ScopedStore, holder: str, *, ttl_ms: int = DEFAULT_TTL_MS) -> None:
+        self.scoped = scoped
+        self.store = scoped.store
+        self.prefix = scoped.prefix
         self.holder = holder
         self.ttl_ms = ttl_ms
         self.record: LeaseRecord | None = None
@@ -139,7 +141,7 @@ class WriterLease:
     def check(self) -> None:
         """Raise ``FencedError`` if a later epoch exists (another instance took over)."""
         epoch = self.epoch
-        if _taken_over(self.store, self.prefix, epoch):
+        if _taken_over(self.scoped, epoch):
             try:
                 taker = LeaseRecord.decode(self.store.get(self._key(epoch + 1)))
                 who = f"instance {taker.holder} (pid {taker.pid} on {taker.host}, epoch {taker.epoch})"
@@ -168,14 +170,15 @@ class WriterLease:
             pass
 
 
-def _taken_over(store: ObjectStore, prefix: str, epoch: int) -> bool:
+def _taken_over(scoped: ScopedStore, epoch: int) -> bool:
     """A later epoch exists, or ours is gone (later holders prune epochs older than ``KEEP_EPOCHS``)."""
-    base = keys.prefix_meta_prefix(prefix, keys.WRITERS)
+    base = keys.prefix_meta_prefix(scoped.prefix, keys.WRITERS)
+    store = scoped.store
     return store.exists(base + f"{epoch + 1:020d}") or not store.exists(base + f"{epoch:020d}")
 
 
-def check_epoch(store: ObjectStore, prefix: str, epoch: int) -> None:
+def check_epoch(scoped: ScopedStore, epoch: int) -> None:
     """Executor-side fencing check before a commit: refuse if a later epoch than ``epoch`` exists.
     Epoch 0 is a writer without a lease (the segmenter and sink used as a library, in tests)."""
-    if epoch > 0 and _taken_over(store, prefix, epoch):
+    if epoch > 0 and _taken_over(scoped, epoch):
         raise FencedError(f"the writer lease of epoch {epoch} was taken over by a later instance; commit refused")

@@ -33,6 +33,7 @@ from streamoffload.storage.base import (
     ObjectStore,
     StorageError,
 )
+from streamoffload.storage.location import ScopedStore
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,12 @@ class CorruptManifest:
 
 
 class MetadataStore:
-    """Offload metadata of every topic-partition under ``prefix`` in ``store``."""
+    """Offload metadata of every topic-partition in a scoped store (under its key prefix)."""
 
-    def __init__(self, store: ObjectStore, prefix: str = "") -> None:
-        self.store = store
-        self.prefix = prefix.strip("/")
+    def __init__(self, scoped: ScopedStore) -> None:
+        self.scoped = scoped
+        self.store = scoped.store
+        self.prefix = scoped.prefix
 
     # -- manifests ---------------------------------------------------------------------------------
 
@@ -273,7 +275,7 @@ class MetadataStore:
         ]
 
     def topics(self) -> list[TopicName]:
-        return keys.list_topic_dirs(self.store, self.prefix)
+        return keys.list_topic_dirs(self.scoped)
 
     def ledgers(self, topic: TopicName | str) -> list[LedgerInfo]:
         """The managed-ledger view: one LedgerInfo per offloaded ledger, whose OffloadContext lists

@@ -37,6 +37,7 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.read.segment import SegmentReadHandle, TopicNotFoundError
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 
 # A quarter of Spark's spark.sql.files.maxPartitionBytes: a Python task decodes some tens of MB/s, so
 # smaller tasks keep the cores evenly busy (the cost per task is one index read).
@@ -47,35 +48,6 @@ DEFAULT_SKEW_MS = 1000
 class CorruptManifestError(StreamOffloadError):
     """A segment manifest that may cover the requested range does not decode: reading around it would
     silently leave its entries out."""
-
-
-# --- where to read ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoreLocation:
-    """A store named by URL (``file:///dir``, a path, or ``s3://bucket[/prefix]``), opened in each task."""
-
-    url: str
-    endpoint: str | None = None
-    region: str | None = None
-
-    def open(self) -> tuple[ObjectStore, str]:
-        """The store and the key prefix its topics live under. A filesystem store must exist (a mistyped
-        path is an error, not a new empty store)."""
-        from streamoffload.storage.urls import open_store, parse_store_url
-
-        location = parse_store_url(self.url)
-        if location.scheme == "s3":
-            # Keys in manifests are relative to the bucket: open its root, read under the prefix.
-            store = open_store(
-                f"s3://{location.bucket}",
-                endpoint_url=self.endpoint,
-                region=self.region,
-                path_style=True if self.endpoint else None,
-            )
-            return store, location.prefix
-        return open_store(self.url, create=False), ""
 
 
 @dataclass(frozen=True)
@@ -196,9 +168,8 @@ def resolve_topics(
     def missing(what: str) -> TopicNotFoundError:
         names = sorted(known)
         shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-        where = metadata.store.url + (f" under prefix {metadata.prefix!r}" if metadata.prefix else "")
         return TopicNotFoundError(
-            f"{what} has no offloaded data in {where}"
+            f"{what} has no offloaded data in {metadata.scoped.describe()}"
             + (f" (topics with offloaded data: {shown})" if names else " (no topic has offloaded data there)")
         )
 
@@ -310,8 +281,7 @@ def position_before(position: Position) -> Position:
 
 
 def plan(
-    store: ObjectStore,
-    prefix: str,
+    scoped: ScopedStore,
     topics: Sequence[str],
     positions: Mapping[str, PositionBounds],
     times: TimeBounds = ANY_TIME,
@@ -320,7 +290,7 @@ def plan(
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
 ) -> list[ReadTask]:
     """The read tasks of ``topics`` (resolved topic-partitions) within the bounds; see the module notes."""
-    metadata = MetadataStore(store, prefix)
+    metadata = MetadataStore(scoped)
     tasks: list[ReadTask] = []
     if times.empty:
         return tasks
@@ -334,7 +304,7 @@ def plan(
         for segment in segments:
             if not _segment_in_positions(segment, bounds) or not segment_in_time(segment, times, skew_ms):
                 continue
-            tasks += _split(store, topic, segment, bounds, max_partition_bytes)
+            tasks += _split(scoped.store, topic, segment, bounds, max_partition_bytes)
     return tasks
 
 

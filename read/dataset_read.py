@@ -33,13 +33,13 @@ from streamoffload.read.dataset_plan import (
     ANY_TIME,
     DEFAULT_SKEW_MS,
     ReadTask,
-    StoreLocation,
     TimeBounds,
     block_start,
     position_before,
 )
 from streamoffload.read.segment import DEFAULT_READ_BUFFER_SIZE, SegmentReadHandle
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore, StoreLocation
 
 OUTPUT_MESSAGES = "messages"
 OUTPUT_ENTRIES = "entries"
@@ -149,7 +149,7 @@ class _Unprobed(Exception):
 
 
 def read_task(
-    location: StoreLocation | tuple[ObjectStore, str],
+    location: StoreLocation | ScopedStore,
     task: ReadTask,
     *,
     output: str = OUTPUT_MESSAGES,
@@ -162,10 +162,9 @@ def read_task(
     """The rows of one task as column batches (lists in ``MESSAGE_COLUMNS`` or ``ENTRY_COLUMNS`` order;
     times in ms since the epoch, ``None`` for a missing event time)."""
     if isinstance(location, StoreLocation):
-        store, _prefix = location.open()
-        owned = True
+        store, owned = location.open(create=False).store, True  # in a Spark task: open it here, close it after
     else:
-        store, owned = location[0], False
+        store, owned = location.store, False
     segment = task.segment
     handle = SegmentReadHandle(store, segment, read_buffer_size=read_buffer_size)
     try:

@@ -26,7 +26,7 @@ from streamoffload.read.segment import (
     TopicNotFoundError,
     shared_cache,
 )
-from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
@@ -56,14 +56,13 @@ def _segment_holding(segments: list[SegmentManifest], position: Position) -> Seg
 
 
 class TopicReader:
-    """Reads offloaded entries of topic-partitions from ``store`` (under ``key_prefix``), across segments,
+    """Reads offloaded entries of topic-partitions from a scoped store (under its key prefix), across segments,
     ledgers and formats. Keeps up to ``max_open_segments`` handles open (LRU), so offsets learned while
     reading are reused by later reads; all share one ``ChunkCache``."""
 
     def __init__(
         self,
-        store: ObjectStore,
-        key_prefix: str = "",
+        scoped: ScopedStore,
         *,
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         cache: ChunkCache | None = None,
@@ -74,9 +73,9 @@ class TopicReader:
         local_files: bool = True,
         verify_checksums: bool = True,
     ) -> None:
-        self.store = store
-        self.key_prefix = key_prefix.strip("/")
-        self.metadata = MetadataStore(store, self.key_prefix)
+        self.scoped = scoped
+        self.store = scoped.store
+        self.metadata = MetadataStore(scoped)
         self.read_buffer_size = read_buffer_size
         self.cache = cache if cache is not None else shared_cache()
         self.readahead = readahead
@@ -105,8 +104,7 @@ class TopicReader:
             known = self.metadata.topics()
             shown = ", ".join(str(t) for t in known[:10]) + (", ..." if len(known) > 10 else "")
             raise TopicNotFoundError(
-                f"no offloaded segments for topic {topic} in {self.store.url}"
-                + (f" under prefix {self.key_prefix!r}" if self.key_prefix else "")
+                f"no offloaded segments for topic {topic} in {self.scoped.describe()}"
                 + (f" (topics with offloaded data: {shown})" if known else " (no topic has offloaded data there)")
             )
         return found

@@ -38,7 +38,7 @@ from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.storage.base import InvalidKeyError
 
 if TYPE_CHECKING:
-    from streamoffload.storage.base import ObjectStore
+    from streamoffload.storage.location import ScopedStore
 
 INDEX_SUFFIX = "-index"
 CHECKSUMS_INFIX = "-crc-"
@@ -368,13 +368,14 @@ def deleted_summary_prefix(prefix: str, topic: TopicName | str) -> str:
 # --- discovery --------------------------------------------------------------------------------------
 
 
-def list_topic_dirs(store: ObjectStore, prefix: str) -> list[TopicName]:
-    """Topics that have at least one object under ``prefix`` in ``store``, sorted.
+def list_topic_dirs(scoped: ScopedStore) -> list[TopicName]:
+    """Topics that have at least one object under the scoped store's prefix, sorted.
 
     Keys that are not inside a well-formed topic directory are ignored. (The store interface lists
-    whole keys, so this reads every key under ``prefix`` once.)
+    whole keys, so this reads every key under the prefix once.)
     """
-    base = _norm_prefix(prefix)
+    store = scoped.store
+    base = _norm_prefix(scoped.prefix)
     start = base + "/" if base else ""
     found: dict[str, TopicName] = {}
     for info in store.list(start):

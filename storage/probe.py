@@ -35,6 +35,7 @@ from streamoffload.storage.base import (
     UploadNotFoundError,
 )
 from streamoffload.storage.keys import META_DIR
+from streamoffload.storage.location import ScopedStore
 
 __all__ = ["PROBE_DIR", "Problem", "StoreCapabilityError", "StoreReport", "check_store"]
 
@@ -274,12 +275,12 @@ class _Probe:
                 self.store.delete(key)
 
 
-def check_store(store: ObjectStore, key_prefix: str = "") -> StoreReport:
-    """Exercise every capability the job relies on, on probe keys under ``<key_prefix>/_meta/probe/<random>``
+def check_store(scoped: ScopedStore) -> StoreReport:
+    """Exercise every capability the job relies on, on probe keys under ``<prefix>/_meta/probe/<random>``
     (removed again), and return what was found; raise ``StoreCapabilityError`` naming each capability the
     store lacks. Other ``StorageError``s (no such bucket, no credentials, unreachable) propagate as they are."""
     started = time.monotonic()
-    prefix = key_prefix.strip("/")
+    store, prefix = scoped.store, scoped.prefix
     base = f"{prefix}/{PROBE_DIR}/{uuid.uuid4().hex}" if prefix else f"{PROBE_DIR}/{uuid.uuid4().hex}"
     probe = _Probe(store, base)
     try:

@@ -2,7 +2,7 @@
 per minute of a job that has nothing to do, issue 24).
 
 Opt-in and off by default: with ``STREAMOFFLOAD_STORE_REQUEST_COUNTS=DIR`` in a process's environment, every store
-``storage.urls.open_store`` opens is wrapped in a :class:`CountingStore`, and the process's totals (since it
+``storage.location.open_store`` opens is wrapped in a :class:`CountingStore`, and the process's totals (since it
 started, all its stores together) are written to ``DIR/<pid>.json`` about once a second while they change, and at
 exit. Without the variable nothing is wrapped and nothing is counted.
 

@@ -9,17 +9,13 @@ import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
-from streamoffload.storage.urls import parse_store_url
+from streamoffload.storage.location import parse_store_url
 from streamoffload.streaming.protocol.client_options import PULSAR_LOGGER
-
-if TYPE_CHECKING:
-    from streamoffload.storage.base import ObjectStore
 
 STORE_HELP = "object store as a URL: file:///abs/dir (or a plain directory) or s3://bucket/prefix"
 
@@ -44,17 +40,17 @@ def add_job_args(parser: argparse.ArgumentParser) -> None:
 
 def store_settings_from_url(url: str, endpoint: str | None = None, region: str | None = None) -> StoreSettings:
     """The store settings ``--store URL`` (with ``--s3-endpoint``/``--s3-region``) means. The URL goes through
-    ``storage.urls.parse_store_url``, so it is accepted or refused, with the same message, as everywhere."""
-    location = parse_store_url(url)
+    ``storage.location.parse_store_url``, so it is accepted or refused, with the same message, as everywhere."""
+    location = parse_store_url(url, endpoint=endpoint, region=region)
     if location.scheme == "file":
         return StoreSettings(managedLedgerOffloadDriver="filesystem", root=str(Path(location.path).resolve()))
     return StoreSettings(
         managedLedgerOffloadDriver="aws-s3" if endpoint is None else "s3",
         bucket=location.bucket,
         prefix=location.prefix,
-        serviceEndpoint=endpoint,
-        region=region,
-        pathStyle=endpoint is not None,
+        serviceEndpoint=location.endpoint,
+        region=location.region,
+        pathStyle=location.path_style,
     )
 
 
@@ -83,18 +79,6 @@ def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = Tru
     return config, path
 
 
-def open_existing_store(settings: StoreSettings) -> ObjectStore:
-    """The configured store, which must exist: a filesystem store whose directory is missing is a
-    ``StoreNotFoundError`` ("no store at /x: the directory does not exist") and nothing is created. For
-    commands that read or mark a store (status, verify, read, delete-ledger, cleanup), where a mistyped
-    path must not become a new, empty store."""
-    from streamoffload.storage.urls import open_store
-
-    if settings.managedLedgerOffloadDriver == "filesystem":
-        return open_store(settings.url, create=False)
-    return settings.open()
-
-
 class ArgumentError(StreamOffloadError):
     """A command-line value out of its range (printed as one line, exit status 1)."""
 
@@ -119,7 +103,7 @@ def topic_arg(text: str, config: Config) -> TopicName:
     store error about a file name further on."""
     from streamoffload.storage.keys import check_topic_fits
 
-    return check_topic_fits(config.store.key_prefix, text)
+    return check_topic_fits(config.store.location.prefix, text)
 
 
 def ledger_id_arg(value: int | None, flag: str) -> int | None:

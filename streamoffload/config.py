@@ -25,7 +25,7 @@ from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
-from streamoffload.storage.urls import is_url
+from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.units import MIB
 
 # The smallest block: a header and one framed entry of one byte.
@@ -174,29 +174,20 @@ class StoreSettings:
         return out[0], out[1]
 
     @property
-    def url(self) -> str:
-        if self.managedLedgerOffloadDriver == "filesystem":
-            return Path(self.root).resolve().as_uri()
-        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-
-    def open(self) -> Any:
-        """Open the configured ``ObjectStore``."""
-        from streamoffload.storage.urls import open_store
-
+    def location(self) -> StoreLocation:
+        """Where this configuration says the store is (a filesystem root resolved against the current directory
+        now). A filesystem store has no key prefix; ``prefix`` is the S3 drivers'."""
         if self.managedLedgerOffloadDriver == "filesystem":
             file_mode, dir_mode = self.modes()
-            return open_store(self.url, file_mode=file_mode, dir_mode=dir_mode)
-        return open_store(
-            f"s3://{self.bucket}",
-            endpoint_url=self.serviceEndpoint,
+            return StoreLocation("file", path=str(Path(self.root).resolve()), file_mode=file_mode, dir_mode=dir_mode)
+        return StoreLocation(
+            "s3",
+            bucket=self.bucket or "",
+            prefix=self.prefix.strip("/"),
+            endpoint=self.serviceEndpoint,
             region=self.region,
             path_style=self.pathStyle,
         )
-
-    @property
-    def key_prefix(self) -> str:
-        """The prefix inside the store that object keys start with (S3 keys live under it)."""
-        return "" if self.managedLedgerOffloadDriver == "filesystem" else self.prefix.strip("/")
 
 
 @dataclass(frozen=True)
@@ -541,7 +532,7 @@ def check_topics_fit(config: Config) -> None:
     from streamoffload.storage.keys import check_prefix, check_topic_fits
 
     source = config.source
-    prefix = config.store.key_prefix
+    prefix = config.store.location.prefix
     try:
         check_prefix(prefix)
     except InvalidKeyError as err:

@@ -123,7 +123,7 @@ def store_status(
         except StreamOffloadError as err:
             out[str(topic)] = TopicStatus(topic=str(topic), error=f"{type(err).__name__}: {err}")
     # A failing topic may have nothing in the store yet (a name the store cannot hold, say): shown all the same.
-    for record in read_records(meta.store, meta.prefix):
+    for record in read_records(meta.scoped):
         status = out.setdefault(record.topic, TopicStatus(topic=record.topic))
         status.set_aside = asdict(record)
     return list(out.values())

@@ -23,7 +23,8 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.fsck.segment import Problem, SegmentReport, verify_segment
 from streamoffload.storage import keys
-from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+from streamoffload.storage.base import ObjectNotFoundError
+from streamoffload.storage.location import ScopedStore
 
 
 @dataclass
@@ -60,8 +61,7 @@ def _pos(p: tuple[int, int]) -> str:
 
 
 def verify_topic(
-    store: ObjectStore,
-    prefix: str,
+    scoped: ScopedStore,
     topic: TopicName,
     *,
     crc: bool = False,
@@ -76,6 +76,7 @@ def verify_topic(
     within a ledger); commits that disagree with the manifests; Failed attempts and stale Assigned ones
     (superseded, or older than ``stale_ms``). A topic whose segments were all deleted is fine; one with
     nothing at all is ``NoSegments``."""
+    store, prefix = scoped.store, scoped.prefix
     name = str(topic)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     report = TopicReport(name)

@@ -37,10 +37,10 @@ and its ``BlobStoreBackedReadHandleImpl``, without the mistakes SPEC 7 lists:
 Payloads come back as read-only ``memoryview``s into the range read (zero-copy; a single-entry read of an
 entry straddling two cached chunks joins them). ``bytes(entry.payload)`` makes an owned copy.
 
-Modules: ``handle`` (``SegmentReadHandle``), ``ranged`` (ranged access to one object, through the
-store's ``RangedReader``), ``planner`` and ``prefetch`` (sequential reads), ``scan`` (the two ways the walk
-gets bytes), ``offsets`` (``LearnedOffsets``), ``cache`` (``ChunkCache``), ``checks`` (the rules, shared
-with ``verify``), ``results`` and ``errors``.
+Modules: ``handle`` (``SegmentReadHandle``), ``chunked_object`` (``ChunkedObject``: one data object read by
+range, through the store's ``RangedReader``), ``scan_plan`` and ``prefetch`` (sequential reads), ``scan`` (the
+two ways the walk gets bytes), ``offsets`` (``LearnedOffsets``), ``cache`` (``ChunkCache``), ``checks`` (the
+rules, shared with ``verify``), ``results`` and ``errors``.
 
 ``read.topic_reader.TopicReader`` reads a topic-partition's offloaded history (several segments,
 several ledgers, v1 and v2 objects side by side) in one call, finding segments through the offload
@@ -54,6 +54,7 @@ from streamoffload.read.segment.checks import (
     manifest_disagreements,
     unsupported_format_version,
 )
+from streamoffload.read.segment.chunked_object import DEFAULT_READ_BUFFER_SIZE, SegmentReadStats
 from streamoffload.read.segment.errors import (
     EntryNotFoundError,
     ManifestMismatchError,
@@ -63,7 +64,6 @@ from streamoffload.read.segment.errors import (
     UnsupportedFormatVersionError,
 )
 from streamoffload.read.segment.handle import SegmentReadHandle
-from streamoffload.read.segment.ranged import DEFAULT_READ_BUFFER_SIZE, SegmentReadStats
 from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
 
 __all__ = [

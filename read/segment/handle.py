@@ -1,7 +1,8 @@
 """The read handle of one offload segment (Pulsar's ``BlobStoreBackedReadHandleImpl``): opens and checks
 its objects, answers ``ReadHandle``-like queries, and walks its blocks for sequential and single-entry
-reads. What it returns is in ``results``; how bytes are fetched in ``ranged``, ``planner``, ``prefetch``
-and ``scan``; what the walk learns in ``offsets``; the rules objects are checked against in ``checks``."""
+reads. What it returns is in ``results``; how bytes are fetched in ``chunked_object``, ``scan_plan``,
+``prefetch`` and ``scan``; what the walk learns in ``offsets``; the rules objects are checked against in
+``checks``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.read.segment.cache import ChunkCache
 from streamoffload.read.segment.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
+from streamoffload.read.segment.chunked_object import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
 from streamoffload.read.segment.errors import (
     EntryNotFoundError,
     ManifestMismatchError,
@@ -39,7 +41,6 @@ from streamoffload.read.segment.errors import (
 )
 from streamoffload.read.segment.offsets import LearnedOffsets
 from streamoffload.read.segment.prefetch import ParallelPrefetcher, Prefetcher
-from streamoffload.read.segment.ranged import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
 from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
 from streamoffload.read.segment.scan import ChunkScan, SequentialStream
 from streamoffload.read.segment.scan_plan import RangePlanner

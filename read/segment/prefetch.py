@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from streamoffload.read.segment.ranged import ChunkedObject, Range
+from streamoffload.read.segment.chunked_object import ChunkedObject, Range
 
 
 class Prefetcher:

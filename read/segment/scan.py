@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH
 from streamoffload.codecs.errors import TruncatedError
-from streamoffload.read.segment.ranged import ChunkedObject, Range
+from streamoffload.read.segment.chunked_object import ChunkedObject, Range
 
 
 class ChunkScan:

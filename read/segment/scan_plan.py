@@ -6,7 +6,7 @@ import struct
 
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, PADDING_WORD
 from streamoffload.codecs.index import BlockLocation
-from streamoffload.read.segment.ranged import ChunkedObject, Range
+from streamoffload.read.segment.chunked_object import ChunkedObject, Range
 
 _U32 = struct.Struct(">I")
 

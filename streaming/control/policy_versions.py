@@ -31,6 +31,7 @@ from streamoffload.config import Config
 from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+from streamoffload.storage.location import StoreLocation
 from streamoffload.streaming.runtime.side_files import WatchedJsonFile, write_json_file
 
 log = logging.getLogger(__name__)
@@ -105,13 +106,12 @@ class PolicyLog:
 
     def __init__(
         self,
-        store_factory: Any,
-        prefix: str,
+        location: StoreLocation,
         refresh_s: float = DEFAULT_REFRESH_S,
         clock_skew_ms: int = CLOCK_SKEW_MS,
     ) -> None:
-        self.store_factory = store_factory
-        self.prefix = prefix
+        self.location = location
+        self.prefix = location.prefix
         self.refresh_s = refresh_s
         self.clock_skew_ms = clock_skew_ms
         self._store: ObjectStore | None = None
@@ -121,7 +121,7 @@ class PolicyLog:
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to executors: they open their own store and list the versions themselves.
-        return {k: getattr(self, k) for k in ("store_factory", "prefix", "refresh_s", "clock_skew_ms")}
+        return {k: getattr(self, k) for k in ("location", "refresh_s", "clock_skew_ms")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -129,7 +129,7 @@ class PolicyLog:
     @property
     def store(self) -> ObjectStore:
         if self._store is None:
-            self._store = self.store_factory()
+            self._store = self.location.open().store
         return self._store
 
     def _dir(self) -> str:

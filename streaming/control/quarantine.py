@@ -35,7 +35,8 @@ from streamoffload.checkpoints.lease import FencedError
 from streamoffload.checkpoints.metadata_store import CommitConflictError
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
-from streamoffload.storage.base import InvalidKeyError, ObjectNotFoundError, ObjectStore, StorageError
+from streamoffload.storage.base import InvalidKeyError, ObjectNotFoundError, StorageError
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.protocol.exactly_once import DataLossError, PulsarIOError
 from streamoffload.streaming.runtime.side_files import WatchedJsonFile, write_json_file
 
@@ -127,9 +128,9 @@ def backoff_ms(failures: int) -> int:
 class Quarantine:
     """The driver's view of failing topics, kept in the store (see the module docstring)."""
 
-    def __init__(self, store: ObjectStore, prefix: str, pause_file: str | None = None) -> None:
-        self.store = store
-        self.prefix = prefix
+    def __init__(self, scoped: ScopedStore, pause_file: str | None = None) -> None:
+        self.store = scoped.store
+        self.prefix = scoped.prefix
         self.pause_file = pause_file
         self.records: dict[str, QuarantineRecord] = {}
 
@@ -188,9 +189,9 @@ class Quarantine:
             write_pause_file(self.pause_file, {t: r.until_ms for t, r in self.records.items() if r.until_ms})
 
 
-def read_records(store: ObjectStore, prefix: str) -> list[QuarantineRecord]:
+def read_records(scoped: ScopedStore) -> list[QuarantineRecord]:
     """Every topic with failures in a row (for ``status``), newest failure first."""
-    records = Quarantine(store, prefix).load().values()
+    records = Quarantine(scoped).load().values()
     return sorted(records, key=lambda r: r.last_failed_ms, reverse=True)
 
 

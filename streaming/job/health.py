@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from streamoffload.storage import keys
-from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
+from streamoffload.storage.base import ObjectNotFoundError
+from streamoffload.storage.location import ScopedStore
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +85,16 @@ class HealthTracker:
     """The job's health, kept in memory (metrics) and mirrored to the store (``status``); writing it never
     fails the job (the store may be the thing that is away)."""
 
-    def __init__(self, store: ObjectStore | None, prefix: str, broker_url: str) -> None:
-        self.store = store
-        self.prefix = prefix
+    def __init__(self, scoped: ScopedStore | None, broker_url: str) -> None:
+        self.scoped = scoped
+        """Where the record is mirrored (None: not yet, in memory only)."""
         self._lock = threading.Lock()
         self.current = JobHealth(broker_url=broker_url)
 
     def clear_stale(self) -> None:
         """At a job's start: a record an earlier process left saying the broker was away is no longer true."""
-        if self.store is not None:
-            stale = read_health(self.store, self.prefix)
+        if self.scoped is not None:
+            stale = read_health(self.scoped)
             if stale is not None and stale.broker_unreachable:
                 self._publish()
 
@@ -130,18 +131,19 @@ class HealthTracker:
             self.current = replace(self.current, query_restarts=self.current.query_restarts + 1)
 
     def _publish(self) -> None:
-        if self.store is None:
+        if self.scoped is None:
             return
         try:
-            self.store.put(health_key(self.prefix), json.dumps(asdict(self.current), sort_keys=True).encode())
+            record = json.dumps(asdict(self.current), sort_keys=True).encode()
+            self.scoped.store.put(health_key(self.scoped.prefix), record)
         except Exception as err:
             log.debug("cannot write the job's health record: %s", err)
 
 
-def read_health(store: ObjectStore, prefix: str) -> JobHealth | None:
+def read_health(scoped: ScopedStore) -> JobHealth | None:
     """The job's last health record in the store, or None."""
     try:
-        doc: dict[str, Any] = json.loads(store.get(health_key(prefix)))
+        doc: dict[str, Any] = json.loads(scoped.store.get(health_key(scoped.prefix)))
     except ObjectNotFoundError:
         return None
     except Exception as err:

@@ -65,5 +65,5 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self.failed_topics: dict[str, str] = {}
         """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
         self._policy_failure: str | None = None
-        self.health = HealthTracker(None, self.key_prefix, config.pulsar.service_url)
+        self.health = HealthTracker(None, config.pulsar.service_url)
         """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamoffload.config import StoreSettings
 from streamoffload.errors import StreamOffloadError
-from streamoffload.storage.urls import is_url, parse_store_url
+from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import (
     ACTION_COLUMNS,
@@ -50,11 +49,6 @@ STATE_STORE_CONF = {
 }
 """Session settings the job's queries need (a query copies them when it starts; each run's checkpoint
 is fresh, so they never meet a checkpoint written without them)."""
-
-
-def min_part_size(store: StoreSettings) -> int:
-    """The segmenter's minimum part: the store class's ``min_part_size``, from the URL (no store is opened)."""
-    return parse_store_url(store.url).store_class.min_part_size
 
 
 @dataclass
@@ -91,9 +85,7 @@ def _arrow_actions(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
             yield {name: column[i].as_py() for name, column in zip(ACTION_COLUMNS, columns, strict=True)}
 
 
-def _apply_arrow(
-    store: StoreSettings, key_prefix: str, fetcher: BrokerFetcherSpec
-) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _apply_arrow(location: StoreLocation, fetcher: BrokerFetcherSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The sink as a ``mapInArrow`` function: the actions (part layouts, not entry bytes) reach the
     executor's Python worker as Arrow batches; it fetches each part's entries from the broker (``fetcher``),
     writes the store, and returns one row of ``SinkStats``."""
@@ -102,7 +94,7 @@ def _apply_arrow(
         import pyarrow as pa
 
         freeze_long_lived()
-        sink = sink_for(store.open, key_prefix, fetcher)
+        sink = sink_for(location, fetcher)
         stats: SinkStats = sink.apply(_arrow_actions(batches))
         yield pa.RecordBatch.from_pydict({"stats": [json.dumps(asdict(stats))]})
 
@@ -113,12 +105,9 @@ class JobQueries:
     """Building and starting the job's query, and handling each micro-batch's results."""
 
     @property
-    def store_settings(self) -> StoreSettings:
-        return self.config.store
-
-    @property
-    def key_prefix(self) -> str:
-        return self.config.store.key_prefix
+    def location(self) -> StoreLocation:
+        """Where the configured store is (``StoreSettings.location``)."""
+        return self.config.store.location
 
     def source_options(self, *, seal_at_end: bool = False) -> dict[str, str]:
         """The Pulsar source's options: ``positionsOnly`` rows (the sink fetches the bytes), ``maxBytesPerTrigger``
@@ -135,7 +124,7 @@ class JobQueries:
             # The query carries positions, sizes and CRC-32Cs; the sink fetches the bytes (entry_fetch).
             "positionsOnly": "true",
         }
-        options["keyPrefix"] = self.key_prefix
+        options["keyPrefix"] = self.location.prefix
         if self.run is not None:
             options["policyVersionsFile"] = self._versions_file()
             options["bufferFile"] = buffer_file_path(self._versions_file(), self.run.epoch)
@@ -242,15 +231,12 @@ class JobQueries:
             .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))
         )
         controls = (
-            spark.readStream.format("streamoffload-control")
-            .option("store", json.dumps(asdict(self.store_settings)))
-            .option("keyPrefix", self.key_prefix)
-            .load()
+            spark.readStream.format("streamoffload-control").option("store", json.dumps(asdict(self.location))).load()
         )
         processor = SegmenterProcessor(
             run.policy_log,
-            self.key_prefix,
-            min_part_size(self.store_settings),
+            self.location.prefix,
+            self.location.min_part_size,
             epoch=run.epoch,
             resume=run.resume,
         )
@@ -267,7 +253,7 @@ class JobQueries:
 
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        apply = _apply_arrow(self.store_settings, self.key_prefix, self.fetcher_spec())
+        apply = _apply_arrow(self.location, self.fetcher_spec())
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
         results = [json.loads(r.stats) for r in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect()]
         report = BatchReport(batch_id, 0.0)
@@ -293,7 +279,7 @@ class JobQueries:
             write_buffer_file(
                 buffer_file_path(self._versions_file(), self.run.epoch),
                 self.last_topic_stats,
-                min_part_size(self.store_settings),
+                self.location.min_part_size,
             )
         self._hold_broker_retention({seal["topic"]: seal["end"] for seal in report.sealed if "end" in seal})
         for seal in report.sealed:

@@ -20,7 +20,7 @@ from streamoffload.checkpoints.lease import FencedError, WriterLease
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.storage.base import StorageError
-from streamoffload.storage.urls import is_url
+from streamoffload.storage.location import is_url
 from streamoffload.streaming.control.policy_versions import (
     PolicyLog,
     policy_document,
@@ -61,7 +61,7 @@ class JobRuns:
     """A run's lifecycle: lease, recovery, checkpoint, policy; and the retention beside it."""
 
     def metadata(self) -> MetadataStore:
-        return MetadataStore(self.store_settings.open(), self.key_prefix)
+        return MetadataStore(self.location.open())
 
     def retention_runner(self) -> RetentionRunner:
         """Retention and metadata compaction, off the batch path (a thread of the lease holder). Told what the
@@ -95,22 +95,20 @@ class JobRuns:
         """Take the writer lease (a new epoch), publish the policy, recover every topic-partition the
         store holds, and choose a fresh checkpoint. Raises ``LeaseHeldError`` when another instance
         writes the prefix."""
-        store = self.store_settings.open()
-        self.lease = WriterLease(store, self.key_prefix, self.instance, ttl_ms=self.lease_ttl_ms)
+        scoped = self.location.open()
+        self.lease = WriterLease(scoped, self.instance, ttl_ms=self.lease_ttl_ms)
         record = self.lease.acquire(force=self.force_lease)
         self.force_lease = False
         self._fenced = None
         config = self.policies.current()
-        policy_log = PolicyLog(
-            self.store_settings.open, self.key_prefix, self.policy_refresh_s, self.policy_clock_skew_ms
-        )
+        policy_log = PolicyLog(self.location, self.policy_refresh_s, self.policy_clock_skew_ms)
         versions = policy_log.start_run(config, int(time.time() * 1000))
-        self.quarantine = Quarantine(store, self.key_prefix, self._pause_file())
+        self.quarantine = Quarantine(scoped, self._pause_file())
         self.quarantine.load()
         for topic, until_ms in sorted(self.quarantine.paused().items()):
             until = time.strftime("%H:%M:%S", time.localtime(until_ms / 1000))
             log.warning("%s: set aside after failing again and again; not offloaded until %s", topic, until)
-        meta = MetadataStore(store, self.key_prefix)
+        meta = MetadataStore(scoped)
         resume: dict[str, tuple[list[int] | None, int]] = {}
         recovered = meta.topics()
         for topic in recovered:
@@ -211,8 +209,7 @@ class JobRuns:
         open_topics = self.open_segment_topics()
         if open_topics:
             try:
-                store = self.store_settings.open()
-                submit_requests(store, self.key_prefix, open_topics, CONTROL_POLICY, effective_ms=effective)
+                submit_requests(self.location.open(), open_topics, CONTROL_POLICY, effective_ms=effective)
             except StorageError as err:  # the version is published: segments see it at their next batch
                 log.warning("offload policy published; asking the open segments to look now failed: %s", err)
         when = time.strftime("%H:%M:%S", time.localtime(effective / 1000))

@@ -95,7 +95,7 @@ class JobSupervision:
         if run is None:
             return False
         try:
-            if pending_requests(self.store_settings.open(), self.key_prefix):
+            if pending_requests(self.location.open()):
                 return False
             planner = SourcePlanner(SourceOptions.parse(self.source_options()))
             try:
@@ -156,8 +156,8 @@ class JobSupervision:
         again with backoff capped at ``broker_backoff_cap_s`` (at once when the broker answers again), and
         says so in the log, the store's health record (``status``) and ``streamoffload_broker_unreachable``."""
         failures = 0
-        if self.health.store is None:
-            self.health.store = self.store_settings.open()
+        if self.health.scoped is None:
+            self.health.scoped = self.location.open()
             self.health.clear_stale()
         try:
             while not self._stop.is_set():

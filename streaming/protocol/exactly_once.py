@@ -68,7 +68,7 @@ class ReadEntry(NamedTuple):
     entry_id: int
     publish_time: int
     num_messages: int
-    data: bytes
+    payload: bytes
 
     @property
     def position(self) -> Position:
@@ -76,7 +76,7 @@ class ReadEntry(NamedTuple):
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self.payload)
 
 
 @dataclass(frozen=True)
@@ -281,11 +281,11 @@ def read_exactly_once(
                     continue
                 lost(f"entries between {last[0]}:{last[1]} and {pos[0]}:{pos[1]} are missing", pos)
                 accepted_gap = pos
-            entry = ReadEntry(topic, pos[0], pos[1], msg.publish_time, msg.num_messages, msg.data)
+            entry = ReadEntry(topic, pos[0], pos[1], msg.publish_time, msg.num_messages, msg.payload)
             last = pos
             stats.entries += 1
             stats.messages += entry.num_messages
-            stats.bytes += len(entry.data)
+            stats.bytes += len(entry.payload)
             progress_at = time.monotonic()
             if reset_stall_timeout:
                 timeout = settings.stall_timeout_ms

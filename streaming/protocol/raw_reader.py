@@ -111,7 +111,7 @@ class RawMessage(NamedTuple):
     entry_id: int
     publish_time: int
     num_messages: int
-    data: bytes
+    payload: bytes
 
 
 class RawClient:
@@ -354,7 +354,7 @@ def probe_after_raw(
                 pos = (msg.ledger_id, msg.entry_id)
                 if pos <= after:
                     continue
-                return Probe(pos, msg.num_messages, len(msg.data))
+                return Probe(pos, msg.num_messages, len(msg.payload))
         except (OSError, PulsarIOError, FormatError) as err:
             log.warning("%s: probe after %s failed: %s", topic, after, err)
         finally:

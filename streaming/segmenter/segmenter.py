@@ -309,11 +309,11 @@ class Segmenter:
         span[3] += entry.size
         seg.last = [entry.ledger_id, entry.entry_id]
         seg.entries += 1
-        if entry.publish_time_ms:
+        if entry.publish_time:
             # The earliest and latest publish time, not the first and last entry's: producers' clocks
             # differ, and readers prune whole segments by this range (pulsar-offloaded, retention).
-            seg.publish_first = min(seg.publish_first or entry.publish_time_ms, entry.publish_time_ms)
-            seg.publish_last = max(seg.publish_last, entry.publish_time_ms)
+            seg.publish_first = min(seg.publish_first or entry.publish_time, entry.publish_time)
+            seg.publish_last = max(seg.publish_last, entry.publish_time)
 
     def _size_if_added(self, seg: OpenSegment, entry: Entry, framed: int) -> int:
         """The data object's size if ``entry`` were the last entry of the segment."""
@@ -359,7 +359,7 @@ class Segmenter:
             start=list(entry.position),
             last=list(entry.position),
             assigned_ms=self.now_ms,
-            rollover_from_ms=rollover_start(entry.publish_time_ms, self.now_ms, self.policy.rollover_ms),
+            rollover_from_ms=rollover_start(entry.publish_time, self.now_ms, self.policy.rollover_ms),
             manifest=manifest_bytes.hex(),
             policy=policy_json,
             data_key=data_key,

@@ -53,16 +53,16 @@ class Entry:
     entry_id: int
     size: int
     crc32c: int
-    publish_time_ms: int = 0
+    publish_time: int = 0
 
     @property
     def position(self) -> tuple[int, int]:
         return (self.ledger_id, self.entry_id)
 
     @classmethod
-    def of(cls, ledger_id: int, entry_id: int, payload: bytes, publish_time_ms: int = 0) -> Entry:
+    def of(cls, ledger_id: int, entry_id: int, payload: bytes, publish_time: int = 0) -> Entry:
         """The metadata of an entry whose bytes are at hand (tests, benches, the fetcher's checks)."""
-        return cls(ledger_id, entry_id, len(payload), crc32c(payload), publish_time_ms)
+        return cls(ledger_id, entry_id, len(payload), crc32c(payload), publish_time)
 
 
 @dataclass

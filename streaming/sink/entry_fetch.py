@@ -138,7 +138,7 @@ class BrokerFetcher:
             self.stats.reads += 1
         read = read_range(client, topic, after, end, settings=self.settings, end_is_known=True)
         try:
-            delivered = (((e.ledger_id, e.entry_id), e.data) for e in _counted(read, self.stats))
+            delivered = (((e.ledger_id, e.entry_id), e.payload) for e in _counted(read, self.stats))
             yield from with_fetch_fault(fetch_fault(topic), delivered)  # tests only; unset, one lookup
         finally:
             read.close()  # its consumer and connection, when the sink stops early
@@ -148,7 +148,7 @@ def _counted(entries: Iterator[Any], stats: FetchStats) -> Iterator[Any]:
     for entry in entries:
         with stats.lock:
             stats.entries += 1
-            stats.bytes += len(entry.data)
+            stats.bytes += len(entry.payload)
         yield entry
 
 

@@ -35,8 +35,9 @@ from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
-from streamoffload.storage.base import Buffer, MultipartWrite, ObjectNotFoundError, ObjectStore, buffers_size
+from streamoffload.storage.base import Buffer, MultipartWrite, ObjectNotFoundError, buffers_size
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
+from streamoffload.storage.location import ScopedStore, StoreLocation
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
@@ -176,8 +177,7 @@ class SegmentSink:
 
     def __init__(
         self,
-        store: ObjectStore,
-        key_prefix: str = "",
+        scoped: ScopedStore,
         fetcher: EntryFetcher | None = None,
         *,
         threads: int = SINK_THREADS,
@@ -185,12 +185,12 @@ class SegmentSink:
     ) -> None:
         """``fetcher`` supplies the entries the parts name (the broker, in the job). ``part_budget``: bytes of
         parts held at once over the threads (0: one part at a time, whatever its size)."""
-        self.store = store
-        self.key_prefix = key_prefix
+        self.scoped = scoped
+        self.store = scoped.store
         self.fetcher = fetcher
         self.threads = max(1, threads)
         self.budget = ByteBudget(part_budget)
-        self.metadata = MetadataStore(store, key_prefix)
+        self.metadata = MetadataStore(scoped)
         self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
         self._done = _Bounded()  # data keys whose object already exists (a replay after success)
 
@@ -404,12 +404,12 @@ class SegmentSink:
         crash_point("after-index")
         # Fencing: a writer whose lease was taken over commits nothing; and the commit itself is
         # create-only in the segment's place in the topic's history, so two writers never both win.
-        check_epoch(self.store, self.key_prefix, int(info.get("epoch", 0)))
+        check_epoch(self.scoped, int(info.get("epoch", 0)))
         self.metadata.commit(sealed)
 
     def _requests_done(self, topic: str, request_ids: Iterable[str], segment: str | None) -> None:
         for request_id in request_ids:
-            record_request_status(self.store, self.key_prefix, request_id, "done", topic=topic, segment=segment)
+            record_request_status(self.scoped, request_id, "done", topic=topic, segment=segment)
 
     def _record_failure(self, action: Mapping[str, Any], err: BaseException) -> None:
         if not action.get("segment"):
@@ -419,9 +419,7 @@ class SegmentSink:
             self.metadata.record_failure(action["topic"], action["segment"], why)
             if action["action"] == "seal":
                 for request_id in json.loads(action["info"]).get("requests", []):
-                    record_request_status(
-                        self.store, self.key_prefix, request_id, "failed", topic=action["topic"], error=why
-                    )
+                    record_request_status(self.scoped, request_id, "failed", topic=action["topic"], error=why)
         except Exception:  # the store itself may be what failed; the next run retries the segment
             log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
 
@@ -458,14 +456,14 @@ def _plan_parts(actions: list[Mapping[str, Any]]) -> dict[int, PlannedPart]:
     return planned
 
 
-_SINKS: dict[tuple[str, str, str], SegmentSink] = {}
+_SINKS: dict[tuple[StoreLocation, str], SegmentSink] = {}
 
 
-def sink_for(store_factory: Any, key_prefix: str, fetcher_factory: Any = None) -> SegmentSink:
+def sink_for(location: StoreLocation, fetcher_factory: Any = None) -> SegmentSink:
     """One sink (and store connection, and broker fetcher) per executor process, store and source."""
-    ident = (repr(store_factory), key_prefix, repr(fetcher_factory))
+    ident = (location, repr(fetcher_factory))
     sink = _SINKS.get(ident)
     if sink is None:
         fetcher = fetcher_factory() if fetcher_factory is not None else None
-        sink = _SINKS[ident] = SegmentSink(store_factory(), key_prefix, fetcher, part_budget=PART_BUDGET)
+        sink = _SINKS[ident] = SegmentSink(location.open(), fetcher, part_budget=PART_BUDGET)
     return sink

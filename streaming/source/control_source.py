@@ -33,7 +33,8 @@ from streamoffload.checkpoints.control_requests import (
     record_request_status,
     requests_prefix,
 )
-from streamoffload.storage.base import ObjectStore, StorageError
+from streamoffload.storage.base import StorageError
+from streamoffload.storage.location import ScopedStore, StoreLocation
 
 log = logging.getLogger(__name__)
 
@@ -74,22 +75,20 @@ class _Ids(InputPartition):
         self.ids = list(ids)
 
 
-def _open_store(options: dict[str, str]) -> ObjectStore:
-    from streamoffload.config import StoreSettings
-
-    return StoreSettings(**json.loads(options["store"])).open()
+def _open_store(options: dict[str, str]) -> ScopedStore:
+    """The store the ``store`` option names: a ``StoreLocation`` as JSON (the job writes ``asdict`` of it)."""
+    return StoreLocation(**json.loads(options["store"])).open()
 
 
 class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         # Spark hands Python data sources their option names lowercased.
         self.options = {k.lower(): v for k, v in options.items()}
-        self.key_prefix = self.options.get("keyprefix", "")
-        self._store: ObjectStore | None = None
+        self._store: ScopedStore | None = None
         self._available_now: set[str] | None = None
 
     @property
-    def store(self) -> ObjectStore:
+    def scoped(self) -> ScopedStore:
         if self._store is None:
             self._store = _open_store(self.options)
         return self._store
@@ -100,7 +99,7 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         # Requests are tiny and few: no read limit applies (Spark passes one under AvailableNow).
         start = start if start is not None else self.initialOffset()
-        ids = pending_requests(self.store, self.key_prefix)
+        ids = pending_requests(self.scoped)
         if self._available_now is not None:
             ids = [i for i in ids if i in self._available_now]
         end = _offset(ids)
@@ -113,12 +112,11 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _mark_running(self, ids: Sequence[str]) -> None:
         for request_id in ids:
             try:
-                request = read_request(self.store, self.key_prefix, request_id)
+                request = read_request(self.scoped, request_id)
                 # Only what an operator asked for has a status (not the job's own policy wake-ups).
                 if request is not None and request.get("kind", "seal") == "seal":
                     record_request_status(
-                        self.store,
-                        self.key_prefix,
+                        self.scoped,
                         request_id,
                         RUNNING,
                         topic=str(request.get("topic", "")),
@@ -129,7 +127,7 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         # Trigger.AvailableNow: requests made after the query started wait for the next run.
-        self._available_now = set(pending_requests(self.store, self.key_prefix))
+        self._available_now = set(pending_requests(self.scoped))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         new = _new_ids(start, end)
@@ -137,9 +135,9 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, _Ids)
-        store = _open_store(self.options)
+        scoped = _open_store(self.options)
         for request_id in partition.ids:
-            request = read_request(store, self.key_prefix, request_id)
+            request = read_request(scoped, request_id)
             if request is None:
                 continue  # deleted meanwhile (e.g. by ``run --once`` after its own seal)
             kind = str(request.get("kind", "seal"))
@@ -148,9 +146,9 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         # Only the requests this offset names: one submitted since is not named and survives.
-        prefix = requests_prefix(self.key_prefix)
+        prefix = requests_prefix(self.scoped.prefix)
         for request_id in sorted(_named(end)):
-            self.store.delete(prefix + request_id)
+            self.scoped.store.delete(prefix + request_id)
 
 
 class ControlDataSource(DataSource):

@@ -64,6 +64,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
 from streamoffload.read import dataset_plan as ofp
 from streamoffload.read import dataset_read as ofr
+from streamoffload.storage.location import StoreLocation, parse_store_url
 from streamoffload.streaming.protocol.option_values import parse_size, parse_topic
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.source_options import StartSpec, parse_pattern, parse_starting_offsets
@@ -73,7 +74,7 @@ SOURCE_NAME = "pulsar-offloaded"
 
 @dataclass(frozen=True)
 class OffloadedOptions:
-    location: ofp.StoreLocation
+    location: StoreLocation
     topics: tuple[str, ...] = ()
     topics_pattern: str | None = None
     starting: StartSpec = "earliest"
@@ -129,7 +130,7 @@ class OffloadedOptions:
         if max_bytes <= 0 or read_buffer <= 0:
             raise ConfigError("options maxPartitionBytes and readBufferSize must be positive")
         return cls(
-            location=ofp.StoreLocation(store, get("s3.endpoint"), get("s3.region")),
+            location=parse_store_url(store, endpoint=get("s3.endpoint"), region=get("s3.region")),
             topics=topics,
             topics_pattern=pattern,
             starting=starting,
@@ -272,11 +273,11 @@ class OffloadedReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.options
-        store, prefix = opts.location.open()
+        scoped = opts.location.open(create=False)  # a mistyped path is an error, not a new empty store
         try:
             from streamoffload.checkpoints.metadata_store import MetadataStore
 
-            metadata = MetadataStore(store, prefix)
+            metadata = MetadataStore(scoped)
             pattern = parse_pattern(opts.topics_pattern) if opts.topics_pattern else None
             topics = ofp.resolve_topics(metadata, opts.topics, pattern)
             if self.pushed.topics is not None:
@@ -288,8 +289,7 @@ class OffloadedReader(DataSourceReader):
                 for t in topics
             }
             tasks = ofp.plan(
-                store,
-                prefix,
+                scoped,
                 topics,
                 positions,
                 self._times(),
@@ -297,7 +297,7 @@ class OffloadedReader(DataSourceReader):
                 max_partition_bytes=opts.max_partition_bytes,
             )
         finally:
-            store.close()
+            scoped.store.close()
         # Spark wants at least one partition; an empty one reads nothing.
         return [OffloadedPartition(t) for t in tasks] or [OffloadedPartition(None)]
 

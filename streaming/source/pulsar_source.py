@@ -437,14 +437,14 @@ def _read_range_rows(
             entry_ids.append(entry.entry_id)
             publish.append(entry.publish_time)
             counts.append(entry.num_messages)
-            sizes.append(len(entry.data))
+            sizes.append(len(entry.payload))
             if positions_only:
-                crcs.append(crc32c(entry.data))
+                crcs.append(crc32c(entry.payload))
                 if spool is not None:
-                    spool.add(entry.ledger_id, entry.entry_id, entry.data)
+                    spool.add(entry.ledger_id, entry.entry_id, entry.payload)
             else:
-                datas.append(entry.data)
-                pending_bytes += len(entry.data)
+                datas.append(entry.payload)
+                pending_bytes += len(entry.payload)
             if len(sizes) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
                 yield batch()
                 for column in (ledger_ids, entry_ids, publish, counts, datas, sizes, crcs):

@@ -7,7 +7,7 @@ from typing import Any
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.metadata_view import MetadataView
-from streamoffload.cli_common import add_store_args, config_from_args, float_arg, open_existing_store, topic_arg
+from streamoffload.cli_common import add_store_args, config_from_args, float_arg, topic_arg
 from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     float_arg(args.grace_minutes, "--grace-minutes", 0, MAX_RETENTION_MINUTES, "the grace period is minutes")
     config, _ = config_from_args(args)
     topic = topic_arg(args.topic, config) if args.topic else None
-    store = open_existing_store(config.store)
-    meta = MetadataStore(store, config.store.key_prefix)
+    scoped = config.store.location.open(create=False)  # a mistyped path is an error, not a new empty store
+    store = scoped.store
+    meta = MetadataStore(scoped)
     if topic is not None:
         if next(iter(store.list(keys.topic_dir(meta.prefix, topic))), None) is None:
             raise CleanupError(f"--topic {topic}: the store {store.url} holds no objects of this topic-partition")

@@ -8,7 +8,7 @@ from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args, ledger_id_arg, open_existing_store, topic_arg
+from streamoffload.cli_common import add_store_args, config_from_args, ledger_id_arg, topic_arg
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 
@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
     config, _ = config_from_args(args)
     topic = topic_arg(args.topic, config)
     lag = 0 if args.now else config.policy_for(topic).managedLedgerOffloadDeletionLagMs
-    store = open_existing_store(config.store)
-    meta = MetadataStore(store, config.store.key_prefix)
+    meta = MetadataStore(config.store.location.open(create=False))
     try:
         _check_targets(meta, topic, args.ledgers, force=args.force)
         for ledger in args.ledgers:
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 f"({manifest.startLedgerId}:{manifest.startEntryId}..{manifest.endLedgerId}:{manifest.endEntryId})"
             )
     finally:
-        store.close()
+        meta.store.close()
     return 0
 
 

@@ -116,7 +116,7 @@ maxOffloadSegmentRolloverTimeMinutes = 1
         )
         config = load_config(config_path)
         check_config_block_sizes(config)
-        _say(f"running the offload job (local Spark) into {config.store.url}")
+        _say(f"running the offload job (local Spark) into {config.store.location.describe()}")
         started = time.monotonic()
         spark = build_session(master=config.spark.master, work_dir=str(work / "spark"))
         try:
@@ -134,15 +134,15 @@ maxOffloadSegmentRolloverTimeMinutes = 1
         finally:
             spark.stop()
         print(f"job finished in {time.monotonic() - started:.0f} s")
-        store = config.store.open()
-        meta = MetadataStore(store, config.store.key_prefix)
+        scoped = config.store.location.open()
+        meta = MetadataStore(scoped)
         latest = latest_positions(broker.service_url, [str(t) for t in meta.topics()])
 
     _say("status")
     print(render_table(store_status(meta, latest=latest)))
 
     _say("reading back from the store and checking every payload")
-    reader = TopicReader(store, config.store.key_prefix)
+    reader = TopicReader(scoped)
     failures = 0
     for topic in [*orders, audit]:
         messages = [m for e in reader.read(topic) for m in entry_messages(e.payload)]
@@ -154,9 +154,9 @@ maxOffloadSegmentRolloverTimeMinutes = 1
     first = next(iter(reader.read(orders[0])))
     print(f"  e.g. {orders[0]} entry {first.ledger_id}:{first.entry_id}, {len(first.payload)} bytes")
     program = _program()
-    print(f"\ntry: {program} status --store {config.store.url}")
-    print(f"     {program} read --store {config.store.url} {orders[0]} --messages --limit 3")
-    print(f"     {program} verify --store {config.store.url} --crc")
+    print(f"\ntry: {program} status --store {config.store.location.describe()}")
+    print(f"     {program} read --store {config.store.location.describe()} {orders[0]} --messages --limit 3")
+    print(f"     {program} verify --store {config.store.location.describe()} --crc")
     print(f"logs: {settings.log_file}")
     return 1 if failures else 0
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from streamoffload.checkpoints.control_requests import submit_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
+from streamoffload.cli_common import add_store_args, config_from_args
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 
@@ -71,9 +71,9 @@ def store_args_text(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config, _ = config_from_args(args)
-    store = open_existing_store(config.store)
-    topics = partitions_of(MetadataStore(store, config.store.key_prefix), args.topic, config.pulsar.topics)
-    ids = submit_requests(store, config.store.key_prefix, topics)
+    scoped = config.store.location.open(create=False)  # a mistyped path is an error, not a new empty store
+    topics = partitions_of(MetadataStore(scoped), args.topic, config.pulsar.topics)
+    ids = submit_requests(scoped, topics)
     for topic, request_id in zip(topics, ids, strict=True):
         print(f"requested offload of {topic} (request {request_id})")
     follow = " ".join(p for p in ("streamoffload offload-status", store_args_text(args), shlex.quote(args.topic)) if p)

@@ -13,11 +13,11 @@ from typing import Any, TextIO
 
 from streamoffload.checkpoints.control_requests import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
+from streamoffload.cli_common import add_store_args, config_from_args
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.offload_now import partitions_of
 from streamoffload.errors import ConfigError, StreamOffloadError
-from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
 NONE = "none"
@@ -112,14 +112,14 @@ class PartitionStatus:
         }
 
 
-def topic_status(store: ObjectStore, key_prefix: str, topic: str) -> list[PartitionStatus]:
+def topic_status(scoped: ScopedStore, topic: str) -> list[PartitionStatus]:
     """Per topic-partition of ``topic`` (known to the metadata, or named by a request), its requests."""
     name = TopicName.parse(topic)
-    requests = list_requests(store, key_prefix, topic)
+    requests = list_requests(scoped, topic)
     by_topic: dict[str, list[RequestState]] = {}
     for request in requests:
         by_topic.setdefault(str(TopicName.parse(request.topic)), []).append(request)
-    known = MetadataStore(store, key_prefix).topics()
+    known = MetadataStore(scoped).topics()
     names = {str(t) for t in known if t == name or (not name.is_partition and t.base == name)} | set(by_topic)
     return [PartitionStatus(n, by_topic.get(n, [])) for n in sorted(names or {str(name)})]
 
@@ -155,18 +155,17 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, interval: float 
     if args.timeout is not None and args.timeout < 0:
         raise ConfigError(f"--timeout {args.timeout}: must be zero or more seconds")
     config, _ = config_from_args(args)
-    store = open_existing_store(config.store)  # a mistyped path is an error, not a new empty store
-    key_prefix = config.store.key_prefix
+    scoped = config.store.location.open(create=False)  # a mistyped path is an error, not a new empty store
 
     def fetch() -> list[PartitionStatus]:
-        return topic_status(store, key_prefix, args.topic)
+        return topic_status(scoped, args.topic)
 
     partitions = fetch()
     if not any(p.requests for p in partitions):
         # A mistyped name has no requests either: say so, as offload-now does, rather than "none submitted".
-        partitions_of(MetadataStore(store, key_prefix), args.topic, config.pulsar.topics)
+        partitions_of(MetadataStore(scoped), args.topic, config.pulsar.topics)
         raise NoOffloadRequestsError(
-            f"no offload requests for {args.topic} in {store.url} (none submitted with offload-now, "
+            f"no offload requests for {args.topic} in {scoped.store.url} (none submitted with offload-now, "
             "or all finished more than a day ago)"
         )
     timed_out = False

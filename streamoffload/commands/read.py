@@ -14,7 +14,6 @@ from streamoffload.cli_common import (
     config_from_args,
     int_arg,
     ledger_id_arg,
-    open_existing_store,
     topic_arg,
 )
 from streamoffload.codecs.entry import decode_entry, split_messages
@@ -178,13 +177,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.topic and not args.data_key:
         raise ReadCommandError("give a TOPIC (or --data-key KEY to read one segment's objects)")
     topic = topic_arg(args.topic, config) if args.topic else None
-    prefix = config.store.key_prefix
+    location = config.store.location
+    prefix = location.prefix
     policy_topic = topic or _topic_of_key(prefix, args.data_key)
     read_buffer = config.policy_for(policy_topic).managedLedgerOffloadReadBufferSizeInBytes
-    store = open_existing_store(config.store)
+    scoped = location.open(create=False)  # a mistyped path is an error, not a new empty store
     reader = TopicReader(
-        store,
-        prefix,
+        scoped,
         read_buffer_size=read_buffer,
         cache=ChunkCache(args.cache_bytes),
         readahead=False if args.no_readahead else None,
@@ -211,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
                 close()
     finally:
         reader.close()
-        store.close()
+        scoped.store.close()
     return 0
 
 

@@ -62,8 +62,9 @@ def check_store_capabilities(config: Config) -> None:
     line naming it); note on stderr what only ``cleanup`` misses."""
     from streamoffload.storage.probe import check_store
 
-    with config.store.open() as store:
-        report = check_store(store, config.store.key_prefix)
+    scoped = config.store.location.open()
+    with scoped.store:
+        report = check_store(scoped)
     if not report.stray_upload_listing:
         print(
             f"note: {report.url} cannot list unfinished multipart uploads (ListMultipartUploads); the job does not "
@@ -124,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             job.end_run()
         print(
-            f"nothing new to offload: {config.store.url} holds every topic-partition up to its latest entry",
+            f"nothing new to offload: {config.store.location.describe()} holds every topic-partition up to its"
+            " latest entry",
             file=sys.stderr,
         )
         return 0
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                 )
         if args.once:
             job.run_once(spark)
-            print(f"offloaded everything available into {config.store.url}", file=sys.stderr)
+            print(f"offloaded everything available into {config.store.location.describe()}", file=sys.stderr)
             return 0
 
         def stop(signum: int, _frame: Any) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args, open_existing_store
+from streamoffload.cli_common import add_store_args, config_from_args
 from streamoffload.errors import ConfigError
 from streamoffload.status import TopicStatus, latest_positions, store_status
 from streamoffload.streaming.job.health import read_health
@@ -192,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
             f"--watch {args.watch:g}: the refresh interval must be positive and at most {MAX_WATCH_SECONDS:g} seconds"
         )
     config, path = config_from_args(args)
-    meta = MetadataStore(open_existing_store(config.store), config.store.key_prefix)
+    location = config.store.location
+    meta = MetadataStore(location.open(create=False))  # a mistyped path is an error, not a new empty store
     service_url = None if args.no_broker else (args.service_url or (config.pulsar.service_url if path else None))
 
     def fetch() -> list[TopicStatus]:
@@ -203,13 +204,13 @@ def run(args: argparse.Namespace) -> int:
         return store_status(meta, latest=latest_positions(service_url, topics, client_options))
 
     if args.watch is not None:
-        return watch(fetch, args.watch, config.store.url, as_json=args.json)
+        return watch(fetch, args.watch, location.describe(), as_json=args.json)
     rows = fetch()
     held = config.pulsar.retain_subscription
     # The running job's own record: while its broker is unreachable it says so here (it keeps retrying).
-    health = read_health(meta.store, config.store.key_prefix)
+    health = read_health(meta.scoped)
     if args.json:
-        doc = {"store": config.store.url, "topics": [r.to_json() for r in rows]}
+        doc = {"store": location.describe(), "topics": [r.to_json() for r in rows]}
         if held:
             doc["retain_subscription"] = held
         if health is not None:

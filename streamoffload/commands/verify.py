@@ -19,7 +19,6 @@ from streamoffload.cli_common import (
     config_from_args,
     float_arg,
     ledger_id_arg,
-    open_existing_store,
     topic_arg,
 )
 from streamoffload.codecs.topics import TopicName
@@ -34,7 +33,7 @@ from streamoffload.read.fsck import (
     verify_topic,
 )
 from streamoffload.storage import keys
-from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 
 EPILOG = """\
 examples:
@@ -112,17 +111,16 @@ def _segment_json(s: SegmentReport) -> dict[str, Any]:
     }
 
 
-def _refuse_unknown_topics(store: ObjectStore, prefix: str, names: list[TopicName]) -> None:
+def _refuse_unknown_topics(scoped: ScopedStore, names: list[TopicName]) -> None:
     """A named topic-partition with no object at all in the store is a mistyped name: one error line listing
     what the store holds (as ``read`` says), not a report of one problem. One with objects but no manifest
     stays a problem of the report."""
-    stored = keys.list_topic_dirs(store, prefix)
+    stored = keys.list_topic_dirs(scoped)
     missing = [str(n) for n in names if n not in stored]
     if missing:
         shown = ", ".join(str(t) for t in stored[:10]) + (", ..." if len(stored) > 10 else "")
         raise VerifyError(
-            f"no offloaded data for topic {', '.join(missing)} in {store.url}"
-            + (f" under prefix {prefix!r}" if prefix else "")
+            f"no offloaded data for topic {', '.join(missing)} in {scoped.describe()}"
             + (f" (topics with offloaded data: {shown})" if stored else " (no topic has offloaded data there)")
         )
 
@@ -131,11 +129,13 @@ def run(args: argparse.Namespace) -> int:
     ledger_id_arg(args.ledger_id, "--ledger-id")
     float_arg(args.stale_minutes, "--stale-minutes", 0, MAX_RETENTION_MINUTES, "the staleness age is minutes")
     config, _ = config_from_args(args)
-    prefix = config.store.key_prefix
+    location = config.store.location
+    prefix = location.prefix
     if args.index_key and not args.data_key:
         raise VerifyError("--index-key needs --data-key")
     names = [topic_arg(t, config) for t in args.topic_names]
-    store = open_existing_store(config.store)
+    scoped = location.open(create=False)  # a mistyped path is an error, not a new empty store
+    store = scoped.store
     try:
         topics: list[TopicReport] = []
         loose: list[SegmentReport] = []
@@ -144,15 +144,13 @@ def run(args: argparse.Namespace) -> int:
             index_key = _under(prefix, args.index_key) if args.index_key else keys.index_key_for(data_key)
             loose.append(verify_segment(store, data_key, index_key, crc=args.crc, ledger_id=args.ledger_id))
         if names:
-            _refuse_unknown_topics(store, prefix, names)
+            _refuse_unknown_topics(scoped, names)
         elif not args.data_key:
-            names = keys.list_topic_dirs(store, prefix)
+            names = keys.list_topic_dirs(scoped)
             if not names:
-                raise VerifyError(
-                    f"no offloaded topics in {store.url}" + (f" under prefix {prefix!r}" if prefix else "")
-                )
+                raise VerifyError(f"no offloaded topics in {scoped.describe()}")
         for name in names:
-            topics.append(verify_topic(store, prefix, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000))
+            topics.append(verify_topic(scoped, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000))
     finally:
         store.close()
 

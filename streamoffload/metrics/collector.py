@@ -263,7 +263,7 @@ class JobMetrics(Collector):
         if topics is None:  # one LIST (records exist only while a topic is failing)
             from streamoffload.streaming.control.quarantine import read_records
 
-            failing = read_records(view.meta.store, view.meta.prefix)
+            failing = read_records(view.meta.scoped)
             with self._lock:
                 self._failing = {r.topic: (r.failures, r.until_ms) for r in failing}
         with self._lock:

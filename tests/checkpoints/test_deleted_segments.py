@@ -9,11 +9,12 @@ from streamoffload.checkpoints.deleted_segments import DeletedRecord, DeletedSum
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.errors import FormatError
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 from tests.checkpoints.segments import NOW, write_segment
 
 
 def test_a_record_keeps_the_segments_counts_and_keys(fs_store: ObjectStore) -> None:
-    done = write_segment(MetadataStore(fs_store), 4, [9, 10], publish_last=NOW)
+    done = write_segment(MetadataStore(ScopedStore(fs_store)), 4, [9, 10], publish_last=NOW)
     record = DeletedRecord.of(done, NOW)
     assert DeletedRecord.decode(record.encode(), where="k") == record
     assert record.has_counts and (record.start, record.end, record.ordinal) == ((9, 0), (10, 9), 4)

@@ -16,13 +16,14 @@ from streamoffload.checkpoints.lease import (
 from streamoffload.checkpoints.metadata_store import CommitConflictError, MetadataStore
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 from tests.checkpoints.segments import NOW, write_segment
 
 TTL_MS = 30_000
 
 
 def lease(store: ObjectStore, holder: str) -> WriterLease:
-    return WriterLease(store, "prefix", holder, ttl_ms=TTL_MS)
+    return WriterLease(ScopedStore(store, "prefix"), holder, ttl_ms=TTL_MS)
 
 
 def test_a_second_writers_epoch_fences_the_first(store: ObjectStore) -> None:
@@ -38,9 +39,9 @@ def test_a_second_writers_epoch_fences_the_first(store: ObjectStore) -> None:
     with pytest.raises(FencedError):
         first.renew(now_ms=NOW + TTL_MS + 1)
     with pytest.raises(FencedError, match="epoch 1"):
-        check_epoch(store, "prefix", 1)  # the executors' check before a commit
-    check_epoch(store, "prefix", 2)
-    check_epoch(store, "prefix", 0)  # no lease: a library user, never fenced
+        check_epoch(ScopedStore(store, "prefix"), 1)  # the executors' check before a commit
+    check_epoch(ScopedStore(store, "prefix"), 2)
+    check_epoch(ScopedStore(store, "prefix"), 0)  # no lease: a library user, never fenced
 
     first.release()  # a fenced writer's release leaves the new holder's lease alone
     current = second.current()
@@ -83,7 +84,7 @@ def test_old_epochs_are_pruned_and_a_pruned_writer_counts_as_fenced(fs_store: Ob
 def test_a_fenced_writers_commit_is_refused_by_the_store(store: ObjectStore) -> None:
     """Fencing does not rest on clocks: a writer that missed the check still cannot commit a place the
     new holder committed, and its manifest never says Offloaded."""
-    meta = MetadataStore(store, "prefix")
+    meta = MetadataStore(ScopedStore(store, "prefix"))
     new = write_segment(meta, 0, [5], publish_last=NOW, epoch=2)
     with pytest.raises(CommitConflictError, match=r"already committed by segment .*epoch 2.*refused"):
         write_segment(meta, 0, [5], publish_last=NOW + 1, epoch=1)

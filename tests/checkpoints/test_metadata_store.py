@@ -10,23 +10,24 @@ from streamoffload.checkpoints.metadata_store import CommitConflictError, Metada
 from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 from tests.checkpoints.segments import NOW, TOPIC, opened, readable_ledgers, sealed, write_segment
 
 
 def test_resume_point_comes_from_the_store_alone(store: ObjectStore) -> None:
-    meta = MetadataStore(store, "p")
+    meta = MetadataStore(ScopedStore(store, "p"))
     assert meta.resume_point(TOPIC) == ResumePoint(None, 0)
     write_segment(meta, 0, [3], publish_last=NOW)
     write_segment(meta, 1, [4, 5], publish_last=NOW)
     opened(meta, 2, (6, 0))  # an open attempt does not move the resume point
 
     # A new process knows nothing but the store.
-    assert MetadataStore(store, "p").resume_point(TOPIC) == ResumePoint((5, 9), 2)
-    assert MetadataStore(store, "other").resume_point(TOPIC) == ResumePoint(None, 0)
+    assert MetadataStore(ScopedStore(store, "p")).resume_point(TOPIC) == ResumePoint((5, 9), 2)
+    assert MetadataStore(ScopedStore(store, "other")).resume_point(TOPIC) == ResumePoint(None, 0)
 
 
 def test_commit_is_idempotent_for_the_same_segment_and_refuses_another(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     done = write_segment(meta, 0, [7], publish_last=NOW)
     meta.commit(done)  # a replayed micro-batch commits the same segment again
     assert readable_ledgers(meta) == [7]
@@ -39,7 +40,7 @@ def test_commit_is_idempotent_for_the_same_segment_and_refuses_another(store: Ob
 
 
 def test_recover_publishes_a_commit_a_crash_left_unpublished_and_abandons_later_attempts(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     write_segment(meta, 0, [1], publish_last=NOW)
     # Crash between the two writes of a commit: the commit object exists, the manifest says Assigned.
     attempt = opened(meta, 1, (2, 0))
@@ -60,7 +61,7 @@ def test_recover_publishes_a_commit_a_crash_left_unpublished_and_abandons_later_
 
 
 def test_the_view_reports_segment_states_without_decoding_manifests_for_the_caller(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     done = write_segment(meta, 0, [1], publish_last=NOW)
     assigned = opened(meta, 1, (2, 0))
     failed = opened(meta, 2, (3, 0))

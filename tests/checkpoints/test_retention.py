@@ -13,6 +13,7 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.checkpoints.retention import apply_retention
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.units import MIB
 from tests.checkpoints.segments import HOUR_MS, NOW, TOPIC, readable_ledgers, write_segment
 
@@ -22,7 +23,7 @@ def policy(*, minutes: int = -1, mb: int = -1, lag_ms: int = 0) -> OffloadPolicy
 
 
 def test_time_retention_deletes_the_segments_of_ledgers_older_than_the_retention(store: ObjectStore) -> None:
-    meta = MetadataStore(store, "pre")
+    meta = MetadataStore(ScopedStore(store, "pre"))
     # Ledgers 10..13 published 5, 4, 1 and 0.5 hours before NOW.
     ages_h = [5, 4, 1, 0.5]
     segments = [write_segment(meta, i, [10 + i], publish_last=NOW - int(age * HOUR_MS)) for i, age in enumerate(ages_h)]
@@ -44,7 +45,7 @@ def test_time_retention_deletes_the_segments_of_ledgers_older_than_the_retention
 
 
 def test_the_newest_ledger_is_never_marked_even_when_past_retention(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     for i in range(3):
         write_segment(meta, i, [20 + i], publish_last=NOW - (10 - i) * HOUR_MS)
 
@@ -56,7 +57,7 @@ def test_the_newest_ledger_is_never_marked_even_when_past_retention(store: Objec
 
 
 def test_size_retention_marks_the_oldest_ledgers_until_the_rest_fits(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     for i in range(5):  # 5 ledgers of 1 MiB, all recent
         write_segment(meta, i, [30 + i], size=MIB, publish_last=NOW - (5 - i) * 60_000)
 
@@ -69,7 +70,7 @@ def test_size_retention_marks_the_oldest_ledgers_until_the_rest_fits(store: Obje
 
 
 def test_no_retention_configured_marks_nothing(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     for i in range(3):
         write_segment(meta, i, [40 + i], publish_last=NOW - 1000 * HOUR_MS)
 
@@ -80,7 +81,7 @@ def test_no_retention_configured_marks_nothing(store: ObjectStore) -> None:
 
 
 def test_the_deletion_lag_keeps_marked_segments_readable_until_it_has_passed(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     lag_ms = 10 * 60_000
     for i in range(3):
         write_segment(meta, i, [50 + i], publish_last=NOW - (10 - i) * HOUR_MS)
@@ -101,7 +102,7 @@ def test_the_deletion_lag_keeps_marked_segments_readable_until_it_has_passed(sto
 
 
 def test_a_segment_goes_only_when_every_ledger_it_holds_is_marked(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     write_segment(meta, 0, [60, 61], publish_last=NOW - 9 * HOUR_MS)  # spans two ledgers
     write_segment(meta, 1, [62], publish_last=NOW - 8 * HOUR_MS)
     write_segment(meta, 2, [63], publish_last=NOW)
@@ -117,7 +118,7 @@ def test_a_segment_goes_only_when_every_ledger_it_holds_is_marked(store: ObjectS
 
 
 def test_a_view_kept_between_passes_gives_the_same_result_as_a_fresh_one(fs_store: ObjectStore) -> None:
-    kept, fresh = MetadataStore(fs_store, "a"), MetadataStore(fs_store, "b")
+    kept, fresh = MetadataStore(ScopedStore(fs_store, "a")), MetadataStore(ScopedStore(fs_store, "b"))
     for meta in (kept, fresh):
         for i in range(4):
             write_segment(meta, i, [70 + i], publish_last=NOW - (4 - i) * HOUR_MS)
@@ -129,13 +130,13 @@ def test_a_view_kept_between_passes_gives_the_same_result_as_a_fresh_one(fs_stor
         assert with_view.marked_ledgers == without.marked_ledgers
         assert len(with_view.deleted_segments) == len(without.deleted_segments)
     assert readable_ledgers(kept) == readable_ledgers(fresh) == [73]
-    assert keys.list_topic_dirs(fs_store, "a") == keys.list_topic_dirs(fs_store, "b")
+    assert keys.list_topic_dirs(ScopedStore(fs_store, "a")) == keys.list_topic_dirs(ScopedStore(fs_store, "b"))
 
 
 @pytest.mark.parametrize("minutes", [0, 59])
 def test_retention_time_boundary_is_strict(fs_store: ObjectStore, minutes: int) -> None:
     """A ledger whose newest entry is exactly at the horizon stays; one a millisecond older goes."""
-    meta = MetadataStore(fs_store)
+    meta = MetadataStore(ScopedStore(fs_store))
     horizon = NOW - minutes * 60_000
     write_segment(meta, 0, [80], publish_last=horizon)
     write_segment(meta, 1, [81], publish_last=horizon - 1)

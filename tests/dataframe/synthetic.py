@@ -12,6 +12,7 @@ from typing import Any
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, MessageMetadata, build_entry, decode_entry, encode_entry
 from streamoffload.storage.base import ObjectStore, RangedReader
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
@@ -35,7 +36,7 @@ class Sent:
 
 
 def build_topic(
-    store: ObjectStore,
+    scoped: ScopedStore,
     topic: str,
     *,
     entries: int,
@@ -46,7 +47,6 @@ def build_topic(
     entries_per_ledger: int = 1_000_000,
     block_bytes: int = 8192,
     segment_bytes: int = 64 * 1024,
-    key_prefix: str = "",
     keys: int = 5,
     seed: int = 1,
     keep: bool = True,
@@ -61,7 +61,7 @@ def build_topic(
     rnd = random.Random(seed)
     pool = rnd.randbytes(payload_size + 4096)
     state = MemoryState()
-    sink = memory_sink(store, key_prefix)
+    sink = memory_sink(scoped)
     policy = OffloadPolicy(
         managedLedgerOffloadMaxBlockSizeInBytes=block_bytes,
         maxSizePerOffloadSegmentMbytes=segment_bytes / MIB,
@@ -83,8 +83,8 @@ def build_topic(
             publish_to(sink, topic, pending),
             controls,
             now_ms=now,
-            key_prefix=key_prefix,
-            min_part_size=store.min_part_size,
+            key_prefix=scoped.prefix,
+            min_part_size=scoped.store.min_part_size,
         )
         sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
         forget_sent(sink, topic, state)  # only what a later part may name stays in memory

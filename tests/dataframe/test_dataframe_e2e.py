@@ -17,6 +17,7 @@ import pytest
 from streamoffload.codecs.entry import CompressionType, decode_entry
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.config import load_config
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import partition_names, unique_topic
 from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, write_config
@@ -256,8 +257,8 @@ def test_a_corrupt_object_fails_the_query_naming_object_and_offset(spark: Any, t
     store = FilesystemStore(str(tmp_path))
     topic = "persistent://public/default/df-corrupt"
     # Entries without the 0x0e01 section (as pulsar-lite delivers them): only the recorded CRC covers them.
-    sent, _ = build_topic(store, topic, entries=200, batch=3, checksummed=False)
-    segments = MetadataStore(store).offloaded_segments(topic)
+    sent, _ = build_topic(ScopedStore(store), topic, entries=200, batch=3, checksummed=False)
+    segments = MetadataStore(ScopedStore(store)).offloaded_segments(topic)
     victim = segments[len(segments) // 2]
     path = tmp_path / victim.dataKey
     data = bytearray(path.read_bytes())

@@ -18,6 +18,7 @@ from streamoffload.read import dataset_read as ofr
 from streamoffload.read.segment import TopicNotFoundError
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore, parse_store_url
 from tests.dataframe.synthetic import CountingStore, Sent, build_topic
 
 BASE = "persistent://public/default/orders"
@@ -31,9 +32,11 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     store = FilesystemStore(str(root))
     sent = {
         # batches of 4 across two ledgers, several segments of several blocks
-        P0: build_topic(store, P0, entries=600, batch=4, entries_per_ledger=250, seed=1)[0],
-        P1: build_topic(store, P1, entries=300, batch=4, entries_per_ledger=1000, seed=2)[0],
-        AUDIT: build_topic(store, AUDIT, entries=400, batch=1, seed=3, first_publish_ms=1_700_000_100_000)[0],
+        P0: build_topic(ScopedStore(store), P0, entries=600, batch=4, entries_per_ledger=250, seed=1)[0],
+        P1: build_topic(ScopedStore(store), P1, entries=300, batch=4, entries_per_ledger=1000, seed=2)[0],
+        AUDIT: build_topic(ScopedStore(store), AUDIT, entries=400, batch=1, seed=3, first_publish_ms=1_700_000_100_000)[
+            0
+        ],
     }
     return root, sent
 
@@ -42,7 +45,7 @@ def read_all(store: Any, tasks: list[ofp.ReadTask], **kwargs: Any) -> list[dict[
     out: list[dict[str, Any]] = []
     names = ofr.ENTRY_COLUMNS if kwargs.get("output") == ofr.OUTPUT_ENTRIES else ofr.MESSAGE_COLUMNS
     for task in tasks:
-        for batch in ofr.read_task((store, ""), task, **kwargs):
+        for batch in ofr.read_task(ScopedStore(store), task, **kwargs):
             out += ofr.rows(batch, names)
     return out
 
@@ -68,10 +71,10 @@ def expected_row(topic: str, s: Sent, batch: int) -> dict[str, Any]:
 def test_every_message_and_column_across_split_segments(store_dir: tuple[Path, dict[str, list[Sent]]]) -> None:
     root, sent = store_dir
     store = FilesystemStore(str(root))
-    topics = ofp.resolve_topics(MetadataStore(store), [BASE, AUDIT])
+    topics = ofp.resolve_topics(MetadataStore(ScopedStore(store)), [BASE, AUDIT])
     assert topics == [AUDIT, P0, P1]  # the partitioned topic expands to its partitions in the store
-    whole = ofp.plan(store, "", topics, {})
-    split = ofp.plan(store, "", topics, {}, max_partition_bytes=20_000)
+    whole = ofp.plan(ScopedStore(store), topics, {})
+    split = ofp.plan(ScopedStore(store), topics, {}, max_partition_bytes=20_000)
     assert len(split) > len(whole)  # large segments are read by several tasks, a run of blocks each
     assert any(t.first_block > 0 for t in split)
     for tasks in (whole, split):
@@ -104,7 +107,7 @@ def test_time_bounds_return_exactly_the_messages_inside(
     store = CountingStore(FilesystemStore(str(root)))
     entries = sorted({s.publish_time for s in sent[P0]})
     times = ofp.TimeBounds(entries[lo_i], entries[hi_i] if hi_i < len(entries) else None)
-    tasks = ofp.plan(store, "", [P0], {}, times, skew_ms=0, max_partition_bytes=20_000)
+    tasks = ofp.plan(ScopedStore(store), [P0], {}, times, skew_ms=0, max_partition_bytes=20_000)
     got = read_all(store, tasks, times=times, skew_ms=0)
     want = [expected_row(P0, s, 4) for s in sent[P0] if times.contains(s.publish_time)]
     assert got == want
@@ -115,7 +118,7 @@ def test_pruned_segments_are_never_opened_and_reads_start_at_the_bound_block(
 ) -> None:
     root, sent = store_dir
     fs = FilesystemStore(str(root))
-    segments = MetadataStore(fs).offloaded_segments(P0)
+    segments = MetadataStore(ScopedStore(fs)).offloaded_segments(P0)
     total = sum(s.dataLength for s in segments)
     middle = segments[len(segments) // 2]
     store = CountingStore(fs)
@@ -123,7 +126,7 @@ def test_pruned_segments_are_never_opened_and_reads_start_at_the_bound_block(
     inside = sorted({s.publish_time for s in sent[P0] if mf_contains(middle, s)})
     lo = inside[len(inside) // 2]
     times = ofp.TimeBounds(lo, inside[len(inside) // 2 + 10])
-    tasks = ofp.plan(store, "", [P0], {}, times, skew_ms=0)
+    tasks = ofp.plan(ScopedStore(store), [P0], {}, times, skew_ms=0)
     assert [t.segment.dataKey for t in tasks] == [middle.dataKey]
     got = read_all(store, tasks, times=times, skew_ms=0)
     assert len(got) == 40  # ten entries of four messages
@@ -154,12 +157,12 @@ def test_position_bounds_as_the_live_source_offsets(store_dir: tuple[Path, dict[
     end = ofp.end_bound((ledgers[1], 20), P0)
     assert (start, end) == ((ledgers[0], 101), (ledgers[1], 20))
     bounds = {P0: ofp.PositionBounds(start, end)}
-    got = read_all(store, ofp.plan(store, "", [P0], bounds, max_partition_bytes=20_000))
+    got = read_all(store, ofp.plan(ScopedStore(store), [P0], bounds, max_partition_bytes=20_000))
     assert got == [expected_row(P0, s, 4) for s in sent[P0] if start <= (s.ledger_id, s.entry_id) <= end]
     # [L, -1] starts at ledger L's first entry; an end [L, -1] ends before ledger L.
     assert ofp.start_bound((ledgers[1], -1), P0) == (ledgers[1], 0)
     before_second = ofp.PositionBounds(None, ofp.end_bound((ledgers[1], -1), P0))
-    got = read_all(store, ofp.plan(store, "", [P0], {P0: before_second}))
+    got = read_all(store, ofp.plan(ScopedStore(store), [P0], {P0: before_second}))
     assert {r["__ledgerId"] for r in got} == {ledgers[0]}
     assert ofp.spec_for({"*": "earliest", BASE: (3, 4)}, P1) == (3, 4)  # a partitioned topic's entry applies
 
@@ -167,8 +170,8 @@ def test_position_bounds_as_the_live_source_offsets(store_dir: tuple[Path, dict[
 def test_entries_output_and_encrypted_entries(tmp_path: Path) -> None:
     store = FilesystemStore(str(tmp_path))
     topic = "persistent://public/default/secret"
-    sent, _ = build_topic(store, topic, entries=50, batch=2, encrypted=frozenset({30}))
-    tasks = ofp.plan(store, "", [topic], {})
+    sent, _ = build_topic(ScopedStore(store), topic, entries=50, batch=2, encrypted=frozenset({30}))
+    tasks = ofp.plan(ScopedStore(store), [topic], {})
     entries = read_all(store, tasks, output=ofr.OUTPUT_ENTRIES)
     assert [(r["ledger_id"], r["entry_id"]) for r in entries] == sorted({(s.ledger_id, s.entry_id) for s in sent})
     assert all(r["num_messages"] == 2 and r["topic"] == topic for r in entries)
@@ -177,7 +180,7 @@ def test_entries_output_and_encrypted_entries(tmp_path: Path) -> None:
     with pytest.raises(ofr.EncryptedEntryError, match=encrypted):
         read_all(store, tasks)
     # Bounds that leave the encrypted entry out read fine.
-    ok = read_all(store, ofp.plan(store, "", [topic], {topic: ofp.PositionBounds(None, (3, 29))}))
+    ok = read_all(store, ofp.plan(ScopedStore(store), [topic], {topic: ofp.PositionBounds(None, (3, 29))}))
     assert len(ok) == 60
 
 
@@ -185,14 +188,14 @@ def test_entries_output_and_encrypted_entries(tmp_path: Path) -> None:
 def test_a_corrupt_data_object_fails_naming_object_and_offset(tmp_path: Path, checksummed: bool) -> None:
     store = FilesystemStore(str(tmp_path))
     topic = "persistent://public/default/corrupt"
-    build_topic(store, topic, entries=100, batch=1, segment_bytes=1 << 20, checksummed=checksummed)
-    [segment] = MetadataStore(store).offloaded_segments(topic)
+    build_topic(ScopedStore(store), topic, entries=100, batch=1, segment_bytes=1 << 20, checksummed=checksummed)
+    [segment] = MetadataStore(ScopedStore(store)).offloaded_segments(topic)
     path = tmp_path / segment.dataKey
     data = bytearray(path.read_bytes())
     data[5000] ^= 0x40
     path.write_bytes(bytes(data))
     with pytest.raises(FormatError) as err:
-        read_all(store, ofp.plan(store, "", [topic], {}))
+        read_all(store, ofp.plan(ScopedStore(store), [topic], {}))
     assert isinstance(err.value, ChecksumError) or "offset" in str(err.value)
     assert segment.dataKey in str(err.value)
 
@@ -202,8 +205,8 @@ def test_a_missing_store_or_topic_is_a_clear_error(
 ) -> None:
     root, _ = store_dir
     with pytest.raises(ConfigError, match=r"no store at .*nowhere: the directory does not exist"):
-        ofp.StoreLocation(f"file://{tmp_path}/nowhere").open()
-    metadata = MetadataStore(FilesystemStore(str(root)))
+        parse_store_url(f"file://{tmp_path}/nowhere").open(create=False)
+    metadata = MetadataStore(ScopedStore(FilesystemStore(str(root))))
     with pytest.raises(
         TopicNotFoundError,
         match=r"topic persistent://public/default/nope has no offloaded data in "

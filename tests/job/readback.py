@@ -12,6 +12,7 @@ from streamoffload.codecs.entry import entry_messages
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,9 @@ class ReadMessage:
     properties: dict[str, str]
 
 
-def read_entries(store: ObjectStore, topic: str, key_prefix: str = "") -> list[tuple[int, int, bytes]]:
-    meta = MetadataStore(store, key_prefix)
+def read_entries(scoped: ScopedStore, topic: str) -> list[tuple[int, int, bytes]]:
+    store = scoped.store
+    meta = MetadataStore(scoped)
     out: list[tuple[int, int, bytes]] = []
     for manifest in meta.offloaded_segments(topic):
         data = store.get(manifest.dataKey)
@@ -41,10 +43,10 @@ def read_entries(store: ObjectStore, topic: str, key_prefix: str = "") -> list[t
     return out
 
 
-def read_messages(store: ObjectStore, topic: str, key_prefix: str = "") -> list[ReadMessage]:
+def read_messages(scoped: ScopedStore, topic: str) -> list[ReadMessage]:
     return [
         ReadMessage(ledger, entry, m.batch_index, bytes(m.payload), m.key, dict(m.properties))
-        for ledger, entry, payload in read_entries(store, topic, key_prefix)
+        for ledger, entry, payload in read_entries(scoped, topic)
         for m in entry_messages(payload)
     ]
 
@@ -53,10 +55,10 @@ def store_keys(store: ObjectStore) -> set[str]:
     return {info.key for info in store.list("")}
 
 
-def referenced_keys(store: ObjectStore, topics: list[str], key_prefix: str = "") -> set[str]:
+def referenced_keys(scoped: ScopedStore, topics: list[str]) -> set[str]:
     """Data and index keys, and block checksum records, of every offloaded segment: what a converged store
     holds besides metadata. Every segment the job writes has its records (one per block)."""
-    meta = MetadataStore(store, key_prefix)
+    meta = MetadataStore(scoped)
     out = set()
     for m in (m for t in topics for m in meta.offloaded_segments(t)):
         assert mf.checksum_blocks(m) == m.blockCount > 0, f"segment {m.dataKey} recorded no checksums"

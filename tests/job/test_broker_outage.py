@@ -17,6 +17,7 @@ from streamoffload.config import load_config
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.produce import expected_payload, produce
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.health import broker_unreachable, read_health
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import unique_topic
@@ -99,7 +100,7 @@ def test_a_gone_broker_is_retried_visibly_until_it_is_back_then_the_job_is_exact
         produce(broker.service_url, topic, count=100, payload_size=200, batching=True, batch_size=10)
         poll(lambda: not job.health.current.broker_unreachable, 60, "the job to see the broker back")
         assert gauge(metrics, "streamoffload_broker_unreachable") == 0.0
-        record = read_health(store, "")
+        record = read_health(ScopedStore(store))
         assert record is not None and not record.broker_unreachable and record.line() == ""
 
         def stored() -> int:
@@ -119,7 +120,7 @@ def test_a_gone_broker_is_retried_visibly_until_it_is_back_then_the_job_is_exact
 
 
 def _messages(store: FilesystemStore, topic: str) -> list[bytes]:
-    messages = read_messages(store, topic)
+    messages = read_messages(ScopedStore(store), topic)
     positions = [(m.ledger_id, m.entry_id, m.batch_index) for m in messages]
     assert positions == sorted(positions) and len(set(positions)) == len(positions), "in order, once each"
     return [m.payload for m in messages]

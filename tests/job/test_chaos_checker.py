@@ -14,6 +14,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.produce import expected_payload
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from tests.fixtures.entries import Published
 from tests.read import History, offload
 
@@ -46,7 +47,7 @@ def stored(tmp_path: Path, seqs: list[int], *, batch: int = 1) -> tuple[Filesyst
         )
         for i, at in enumerate(range(0, len(seqs), batch))
     ]
-    return store, offload(store, History(TOPIC, entries), segment_bytes=1500)
+    return store, offload(ScopedStore(store), History(TOPIC, entries), segment_bytes=1500)
 
 
 def check(tmp_path: Path, seqs: list[int], acked: range, *, batch: int = 1) -> Any:

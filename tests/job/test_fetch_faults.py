@@ -24,6 +24,7 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_payload, produce
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.control.quarantine import Quarantine
 from streamoffload.streaming.runtime.faults import FETCH_FAULT
 from tests.fixtures.broker import unique_topic
@@ -52,7 +53,7 @@ def run_once(config_path: Path, env: dict[str, str]) -> subprocess.CompletedProc
 
 def committed_prefix_is_exact(store: Any, topic: str) -> int:
     """Whatever is committed for ``topic`` is its first messages, exact and in order; returns how many."""
-    got = read_messages(store, topic, "")
+    got = read_messages(ScopedStore(store), topic)
     for seq, message in enumerate(got):
         assert message.payload == expected_payload(topic, seq, SIZE), (topic, seq)
     return len(got)
@@ -83,20 +84,20 @@ def test_a_changed_resized_or_missing_entry_commits_nothing_wrong_then_the_next_
         assert topic in err, err[-3000:]  # each failed topic is named
     assert "CRC-32C" in err and "bytes, but the source read" in err and "is gone from" in err, err[-3000:]
 
-    store = load_config(config_path).store.open()
-    check_messages(store, clean, COUNT, keys=KEYS, size=SIZE)  # the other topics went on
+    store = load_config(config_path).store.location.open().store
+    check_messages(ScopedStore(store), clean, COUNT, keys=KEYS, size=SIZE)  # the other topics went on
     for topic in faults.values():
         assert committed_prefix_is_exact(store, topic) < COUNT  # the faulted part was not committed
 
     # The set-aside topics' backoff ends (an operator's wait, shortened), and the next run is exact.
-    quarantine = Quarantine(store, "")
+    quarantine = Quarantine(ScopedStore(store))
     assert set(quarantine.load()) == set(faults.values())
     quarantine.clear(faults.values())
     proc = run_once(config_path, {**os.environ})
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     for topic in topics:
-        check_messages(store, topic, COUNT, keys=KEYS, size=SIZE)
+        check_messages(ScopedStore(store), topic, COUNT, keys=KEYS, size=SIZE)
         assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
 
     # Nothing new now: `run --once` says so without starting Spark.
@@ -122,7 +123,7 @@ def test_a_broker_restart_between_the_two_reads_is_a_reconnect(make_broker: Any,
     job.join(300)
     proc = result["proc"]
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    check_messages(load_config(config_path).store.open(), topic, COUNT, keys=KEYS, size=SIZE)
+    check_messages(load_config(config_path).store.location.open(), topic, COUNT, keys=KEYS, size=SIZE)
 
 
 def test_the_retain_subscription_is_acknowledged_up_to_the_last_commit(
@@ -143,7 +144,7 @@ def test_the_retain_subscription_is_acknowledged_up_to_the_last_commit(
     config = load_config(config_path)
     assert config.pulsar.retain_subscription == "streamoffload-retain"
     OffloadJob(config, str(config_path)).run_once(spark)
-    check_messages(config.store.open(), topic, COUNT, keys=KEYS, size=SIZE)
+    check_messages(config.store.location.open(), topic, COUNT, keys=KEYS, size=SIZE)
 
     job = OffloadJob(config, str(config_path))
     job.begin_run()
@@ -183,6 +184,6 @@ def test_two_executor_jvms_offload_exactly_when_the_sink_reads_from_the_broker(
     )
     proc = run_once(config_path, dict(os.environ))
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    store = load_config(config_path).store.open()
+    store = load_config(config_path).store.location.open().store
     for topic in topics:
-        check_messages(store, topic, COUNT, keys=KEYS, size=SIZE)
+        check_messages(ScopedStore(store), topic, COUNT, keys=KEYS, size=SIZE)

@@ -18,6 +18,7 @@ from streamoffload.config import load_config
 from streamoffload.errors import StreamOffloadError
 from streamoffload.produce import produce
 from streamoffload.status import store_status
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.control import quarantine
 from streamoffload.streaming.control.quarantine import read_records
 from streamoffload.streaming.job.offload_job import OffloadJob
@@ -44,7 +45,7 @@ def test_run_once_offloads_the_other_topics_and_names_the_bad_one(
     produce(pulsar_broker.service_url, good, count=80, payload_size=300, batching=True, batch_size=10)
     produce(pulsar_broker.service_url, bad, count=5, payload_size=100, batching=False)
     config_path = _config(tmp_path, pulsar_broker.service_url, bad, good)
-    store = load_config(config_path).store.open()
+    store = load_config(config_path).store.location.open().store
 
     with pytest.raises(StreamOffloadError) as failure:
         OffloadJob(load_config(config_path), str(config_path)).run_once(spark)
@@ -53,10 +54,10 @@ def test_run_once_offloads_the_other_topics_and_names_the_bad_one(
     assert "[streamoffload:" not in message.split(bad, 1)[1], "the marker is not shown to people"
 
     assert stored(store, good) == published(good, 80, size=300)
-    assert not MetadataStore(store).offloaded_segments(bad)
-    [record] = read_records(store, "")
+    assert not MetadataStore(ScopedStore(store)).offloaded_segments(bad)
+    [record] = read_records(ScopedStore(store))
     assert record.topic == bad and record.quarantined and record.until_ms > time.time() * 1000
-    rows = {s.topic: s for s in store_status(MetadataStore(store))}
+    rows = {s.topic: s for s in store_status(MetadataStore(ScopedStore(store)))}
     assert rows[bad].set_aside is not None and "entries were lost" in rows[bad].set_aside["reason"]
 
     # While it is set aside, a later run leaves it alone (no failure) and the others go on.
@@ -73,13 +74,13 @@ def test_the_running_job_sets_a_failing_topic_aside_and_keeps_the_others_going(
         "maxOffloadSegmentRolloverTimeMinutes = 10", "maxOffloadSegmentRolloverTimeSeconds = 2"
     )
     config_path = _config(tmp_path, pulsar_broker.service_url, bad, good, policy)
-    store = load_config(config_path).store.open()
-    meta = MetadataStore(store)
+    store = load_config(config_path).store.location.open().store
+    meta = MetadataStore(ScopedStore(store))
     job = running_job(config_path)
 
     produce(pulsar_broker.service_url, bad, count=3, payload_size=100, batching=False)
     produce(pulsar_broker.service_url, good, count=50, payload_size=100, batching=False)
-    poll(lambda: any(r.quarantined for r in read_records(store, "")), what="the bad topic set aside")
+    poll(lambda: any(r.quarantined for r in read_records(ScopedStore(store))), what="the bad topic set aside")
     produce(pulsar_broker.service_url, good, count=30, payload_size=100, batching=False)
     poll(
         lambda: sum(m.entries for m in meta.offloaded_segments(good)) == 80,

@@ -20,6 +20,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.storage.s3 import S3Store
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.source.admission import BUFFER_FILE_PREFIX
@@ -63,9 +64,9 @@ def fs_store(tmp_path: Path) -> str:
     return f'[store]\nroot = "{tmp_path / "store"}"'
 
 
-def check_messages(store: Any, topic: str, count: int, *, keys: int, size: int, key_prefix: str = "") -> None:
+def check_messages(scoped: ScopedStore, topic: str, count: int, *, keys: int, size: int) -> None:
     """Every published message exactly once, in order, with its exact payload, key and properties."""
-    got = read_messages(store, topic, key_prefix)
+    got = read_messages(scoped, topic)
     assert len(got) == count, f"{topic}: {len(got)} messages offloaded, {count} published"
     positions = [(m.ledger_id, m.entry_id, m.batch_index) for m in got]
     assert positions == sorted(positions) and len(set(positions)) == count
@@ -109,25 +110,27 @@ def test_once_offloads_batched_and_unbatched_traffic_across_a_ledger_rollover(
     OffloadJob(config, str(config_path)).run_once(spark)
     assert min_part_used(tmp_path) == FilesystemStore.min_part_size
 
-    store = config.store.open()
-    meta = MetadataStore(store)
+    store = config.store.location.open().store
+    meta = MetadataStore(ScopedStore(store))
     for topic in [*partitioned, plain, rolled]:
         segments = meta.offloaded_segments(topic)
         assert segments, topic
         assert all(s.dataLength <= config.policy_for(topic).max_segment_bytes for s in segments)
         assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
     for topic in partitioned:
-        check_messages(store, topic, 300, keys=7, size=200)
-        assert any(m.batch_index > 0 for m in read_messages(store, topic)), "batched entries hold several messages"
-    check_messages(store, plain, 200, keys=0, size=300)
-    assert all(m.batch_index == -1 for m in read_messages(store, plain))
+        check_messages(ScopedStore(store), topic, 300, keys=7, size=200)
+        assert any(m.batch_index > 0 for m in read_messages(ScopedStore(store), topic)), (
+            "batched entries hold several messages"
+        )
+    check_messages(ScopedStore(store), plain, 200, keys=0, size=300)
+    assert all(m.batch_index == -1 for m in read_messages(ScopedStore(store), plain))
 
-    entries = read_entries(store, rolled)
+    entries = read_entries(ScopedStore(store), rolled)
     assert len(entries) == rolled_count
     ledgers = sorted({ledger for ledger, _, _ in entries})
     assert len(ledgers) == 2, f"{rolled} should span a ledger rollover, got ledgers {ledgers}"
     assert any(len(s.ledgers) == 2 for s in meta.offloaded_segments(rolled)), "a segment spans both ledgers"
-    check_messages(store, rolled, rolled_count, keys=0, size=16)
+    check_messages(ScopedStore(store), rolled, rolled_count, keys=0, size=16)
 
     # Deletion: marking the first ledger deletes exactly the segments that hold only that ledger.
     topic = rolled
@@ -158,10 +161,10 @@ def test_once_to_s3(spark: Any, pulsar_broker: Any, tmp_path: Path, moto_server:
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
     assert min_part_used(tmp_path) == S3Store.min_part_size
-    s3 = config.store.open()
-    assert len(MetadataStore(s3, "offload/v1").offloaded_segments(topic)) >= 2
-    check_messages(s3, topic, 400, keys=3, size=500, key_prefix="offload/v1")
-    assert MetadataStore(s3, "offload/v1").cleanup(topic, grace_ms=0).total == 0
+    s3 = config.store.location.open().store
+    assert len(MetadataStore(ScopedStore(s3, "offload/v1")).offloaded_segments(topic)) >= 2
+    check_messages(ScopedStore(s3, "offload/v1"), topic, 400, keys=3, size=500)
+    assert MetadataStore(ScopedStore(s3, "offload/v1")).cleanup(topic, grace_ms=0).total == 0
     assert not list(s3.pending_multiparts(""))
 
 
@@ -178,7 +181,7 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     )
     config_path = write_config(tmp_path, pulsar_broker.service_url, [quiet, busy], fs_store(tmp_path), policy)
     config = load_config(config_path)
-    meta = MetadataStore(config.store.open())
+    meta = MetadataStore(config.store.location.open())
     job = running_job(config_path)
 
     # A quiet topic's open segment is sealed by time with no further traffic.
@@ -197,7 +200,7 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     phases = [produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)]
     poll(lambda: any(m.status == mf.ASSIGNED for m in meta.manifests(busy)), what="an open segment")
     poll(lambda: sum(m.entries for m in meta.manifests(busy)) == 0 and _open_entries(job, busy) == 30)
-    submit_requests(config.store.open(), "", [busy])
+    submit_requests(config.store.location.open(), [busy])
     [manual] = poll(lambda: meta.offloaded_segments(busy), what="the manual seal")
     assert manual.sealReason == "manual" and manual.entries == 30
 
@@ -213,7 +216,7 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     )
     assert switched[0].formatVersion == 2 and switched[0].entries == 10
     poll(lambda: _open_entries(job, busy) == 10, what="the ledger-mode segment")
-    submit_requests(config.store.open(), "", [busy])
+    submit_requests(config.store.location.open(), [busy])
     poll(lambda: any(s.formatVersion == 1 for s in meta.offloaded_segments(busy)), what="a v1 segment")
     # The mixed v2/v1 history reads back whole: each segment holds exactly one phase's entries, at the
     # positions the broker acknowledged, with the payloads published (each phase numbers from 0).
@@ -222,7 +225,7 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     acked = [(p.partitions[busy].first_message_id, p.partitions[busy].last_message_id) for p in phases]
     assert [(mf.start_position(s), mf.end_position(s)) for s in segments] == [(a[:2], b[:2]) for a, b in acked]
     want = [(a[0], e, -1) for a, b in acked for e in range(a[1], b[1] + 1)]
-    got = read_messages(config.store.open(), busy)
+    got = read_messages(config.store.location.open(), busy)
     assert [(m.ledger_id, m.entry_id, m.batch_index) for m in got] == want
     payloads = [expected_payload(busy, seq, 100) for p in phases for seq in range(p.partitions[busy].messages)]
     assert [m.payload for m in got] == payloads
@@ -274,13 +277,13 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(pulsar_broke
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
 
     config = load_config(config_path)
-    store = config.store.open()
-    meta = MetadataStore(store)
+    store = config.store.location.open().store
+    meta = MetadataStore(ScopedStore(store))
     for topic in topics:
-        check_messages(store, topic, 300, keys=5, size=150)
+        check_messages(ScopedStore(store), topic, 300, keys=5, size=150)
         meta.cleanup(topic, grace_ms=0)
         assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
     # Converged: besides metadata, the store holds exactly the offloaded segments' objects.
     data_keys = {k for k in store_keys(store) if "/_" not in k and not k.startswith("_")}
-    assert data_keys == referenced_keys(store, topics)
+    assert data_keys == referenced_keys(ScopedStore(store), topics)
     assert not list(store.pending_multiparts(""))

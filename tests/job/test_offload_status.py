@@ -23,6 +23,7 @@ from streamoffload.commands.offload_status import PartitionStatus, wait_for
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.keys import topic_dir
+from streamoffload.storage.location import ScopedStore
 
 TOPIC = "persistent://public/default/orders"
 P0, P1 = f"{TOPIC}-partition-0", f"{TOPIC}-partition-1"
@@ -64,28 +65,30 @@ def test_a_mistyped_topic_is_an_error_saying_so(
 
 
 def test_pending_then_running_then_done(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
-    [request_id] = submit_requests(store, "", [P0])
+    [request_id] = submit_requests(ScopedStore(store), [P0])
     assert status(root, P0) == 0
     assert capsys.readouterr().out == f"{P0}: Offload in progress (waiting for the job to pick the request up)\n"
-    record_request_status(store, "", request_id, RUNNING, topic=P0)
+    record_request_status(ScopedStore(store), request_id, RUNNING, topic=P0)
     assert status(root, P0) == 0
     assert capsys.readouterr().out == f"{P0}: Offload in progress\n"
-    record_request_status(store, "", request_id, DONE, topic=P0, segment="0f1e2d3c-aaaa-bbbb-cccc-0123456789ab")
+    record_request_status(
+        ScopedStore(store), request_id, DONE, topic=P0, segment="0f1e2d3c-aaaa-bbbb-cccc-0123456789ab"
+    )
     store.delete(requests_prefix("") + request_id)  # committed by the source
     assert status(root, P0, "--wait") == 0
     assert capsys.readouterr().out == f"{P0}: Offload was a success (segment 0f1e2d3c-aaaa-bbbb-cccc-0123456789ab)\n"
 
 
 def test_done_with_nothing_open(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
-    [request_id] = submit_requests(store, "", [P0])
-    record_request_status(store, "", request_id, DONE, topic=P0)
+    [request_id] = submit_requests(ScopedStore(store), [P0])
+    record_request_status(ScopedStore(store), request_id, DONE, topic=P0)
     assert status(root, P0) == 0
     assert capsys.readouterr().out == f"{P0}: Offload was a success (no open segment to seal)\n"
 
 
 def test_failed_says_why_and_wait_exits_1(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
-    [request_id] = submit_requests(store, "", [P0])
-    record_request_status(store, "", request_id, FAILED, topic=P0, error="upload of part 3 failed: 503")
+    [request_id] = submit_requests(ScopedStore(store), [P0])
+    record_request_status(ScopedStore(store), request_id, FAILED, topic=P0, error="upload of part 3 failed: 503")
     assert status(root, P0) == 0
     assert capsys.readouterr().out == f"{P0}: Error in offload: upload of part 3 failed: 503\n"
     assert status(root, P0, "--wait") == 1
@@ -98,11 +101,11 @@ def test_a_partitioned_topic_reports_every_partition_and_the_latest_outcome(
     # The metadata knows partition 2 (it has offloaded data) but it was never asked to offload.
     p2 = f"{TOPIC}-partition-2"
     store.put(topic_dir("", p2) + "_meta/placeholder", b"x")
-    first, p1_id = submit_requests(store, "", [P0, P1])
-    record_request_status(store, "", first, FAILED, topic=P0, error="boom")
-    [second] = submit_requests(store, "", [P0])
-    record_request_status(store, "", second, DONE, topic=P0, segment="seg-2")
-    record_request_status(store, "", p1_id, RUNNING, topic=P1)
+    first, p1_id = submit_requests(ScopedStore(store), [P0, P1])
+    record_request_status(ScopedStore(store), first, FAILED, topic=P0, error="boom")
+    [second] = submit_requests(ScopedStore(store), [P0])
+    record_request_status(ScopedStore(store), second, DONE, topic=P0, segment="seg-2")
+    record_request_status(ScopedStore(store), p1_id, RUNNING, topic=P1)
     assert status(root, "orders") == 0
     assert capsys.readouterr().out.splitlines() == [
         f"{P0}: Offload was a success (segment seg-2)",
@@ -121,7 +124,7 @@ def test_a_partitioned_topic_reports_every_partition_and_the_latest_outcome(
 
 
 def test_wait_times_out_with_exit_2(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
-    submit_requests(store, "", [P0])
+    submit_requests(ScopedStore(store), [P0])
     assert status(root, P0, "--wait", "--timeout", "0.05", "--json") == 2
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
@@ -130,7 +133,7 @@ def test_wait_times_out_with_exit_2(root: Path, store: ObjectStore, capsys: pyte
 
 
 def test_timeout_without_wait_is_refused(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
-    submit_requests(store, "", [P0])
+    submit_requests(ScopedStore(store), [P0])
     assert status(root, P0, "--timeout", "5") == 1
     assert "--timeout applies only with --wait" in capsys.readouterr().err
 
@@ -154,7 +157,7 @@ def test_offload_now_prints_the_ids_and_how_to_follow_them(
     root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # offload-now refuses a topic neither the store nor the configuration knows: the store knows this one.
-    MetadataStore(store).mark_ledger_deleted(P0, 1, "test")
+    MetadataStore(ScopedStore(store)).mark_ledger_deleted(P0, 1, "test")
     assert main(["offload-now", "--store", str(root), P0]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"requested offload of {P0} (request ")

@@ -21,6 +21,7 @@ from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.control.quarantine import TopicFailedError
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
@@ -262,28 +263,28 @@ def test_a_sink_fetching_other_bytes_writes_no_part_and_commits_nothing(
         TOPIC, POLICY, MemoryState(), metas(published), [CONTROL_SEAL], now_ms=1_000, min_part_size=5 * MIB
     )
     assert [a.action for a in actions] == ["open", "part", "seal", "stats"]
-    sink = memory_sink(store, fetcher=holding(TOPIC, mutate(published)))
+    sink = memory_sink(ScopedStore(store), fetcher=holding(TOPIC, mutate(published)))
     with pytest.raises(TopicFailedError) as info:
         sink.apply(_rows(actions))
     assert info.value.topic == TOPIC and isinstance(info.value.__cause__, error)
     assert "entry 3:17" in str(info.value)
-    assert MetadataStore(store).offloaded_segments(TOPIC) == []
+    assert MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC) == []
     assert list(store.root.rglob("part-*")) == [], "a part was written"
     assert list(store.root.rglob("*-crc-*")) == [], "a checksum record was written"
     assert not store.exists(actions[-2].data_key), "the data object was completed"
 
     # The same actions with the entries the segmenter saw: the segment is written as it should be.
     fresh = FilesystemStore(tmp_path / "fresh", fsync=False)
-    memory_sink(fresh, fetcher=holding(TOPIC, published)).apply(_rows(actions))
-    assert read_entries(fresh, TOPIC) == triples(published)
+    memory_sink(ScopedStore(fresh), fetcher=holding(TOPIC, published)).apply(_rows(actions))
+    assert read_entries(ScopedStore(fresh), TOPIC) == triples(published)
 
 
 def test_a_sink_without_a_fetcher_refuses_to_write_a_part(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path, fsync=False)
     actions = run_segmenter(TOPIC, POLICY, MemoryState(), metas(_published(5)), [CONTROL_SEAL], now_ms=1_000)
     with pytest.raises(StreamOffloadError, match="no entry fetcher"):
-        SegmentSink(store).apply(_rows(actions))
-    assert MetadataStore(store).offloaded_segments(TOPIC) == []
+        SegmentSink(ScopedStore(store)).apply(_rows(actions))
+    assert MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC) == []
 
 
 # --- what a part asks the fetcher for ----------------------------------------------------------------------
@@ -315,7 +316,7 @@ def test_each_part_fetches_after_the_entry_the_segmenter_saw_before_it(tmp_path:
             ledger, entry = ledger + rnd.randint(1, 3), rnd.randint(0, 2)
     fetcher = RecordingFetcher(published)
     store = FilesystemStore(tmp_path, fsync=False)
-    sink = SegmentSink(store, fetcher=fetcher)
+    sink = SegmentSink(ScopedStore(store), fetcher=fetcher)
     state = MemoryState()
     policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096, maxSizePerOffloadSegmentMbytes=0.015)
     parts = applied = 0
@@ -326,7 +327,7 @@ def test_each_part_fetches_after_the_entry_the_segmenter_saw_before_it(tmp_path:
     seal = run_segmenter(TOPIC, policy, state, [], [CONTROL_SEAL], now_ms=99, min_part_size=3000)
     parts += sink.apply(_rows(seal)).parts
     applied += 1
-    assert len(MetadataStore(store).offloaded_segments(TOPIC)) > 2
+    assert len(MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC)) > 2
 
     before = {e.position: p.position for p, e in itertools.pairwise(published)}
     before[published[0].position] = (-1, -1)
@@ -335,7 +336,7 @@ def test_each_part_fetches_after_the_entry_the_segmenter_saw_before_it(tmp_path:
     assert all(after == before[positions[0]] for after, positions in fetcher.calls)
     # Consecutive parts of one micro-batch share one read: at most one read per micro-batch.
     assert len(fetcher.calls) <= applied <= parts
-    assert read_entries(store, TOPIC) == triples(published)
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published)
 
 
 # --- many topic-partitions at once ------------------------------------------------------------------------
@@ -363,10 +364,10 @@ def test_a_sink_writes_many_topic_partitions_at_once_as_it_writes_them_one_by_on
     for name, threads, budget in (("one", 1, 0), ("many", 8, 64 << 20), ("tight", 8, 1)):
         store = FilesystemStore(tmp_path / name, fsync=False)
         fetcher = MemoryFetcher({t: {e.position: e.payload for e in published} for t in topics})
-        stats = SegmentSink(store, fetcher=fetcher, threads=threads, part_budget=budget).apply(rows)
+        stats = SegmentSink(ScopedStore(store), fetcher=fetcher, threads=threads, part_budget=budget).apply(rows)
         assert len(stats.sealed) == len(topics) and stats.errors == 0
         for topic in topics:
-            assert read_entries(store, topic) == triples(published)
+            assert read_entries(ScopedStore(store), topic) == triples(published)
         written[name] = {
             str(p.relative_to(store.root)): p.read_bytes()
             for p in store.root.rglob("*")
@@ -383,9 +384,9 @@ def test_one_failing_topic_partition_does_not_stop_the_others(tmp_path: Path) ->
     entries = {t: {e.position: e.payload for e in (_changed(published) if t == victim else published)} for t in topics}
     store = FilesystemStore(tmp_path / "store", fsync=False)
     with pytest.raises(TopicFailedError) as info:
-        SegmentSink(store, fetcher=MemoryFetcher(entries), threads=4).apply(rows)
+        SegmentSink(ScopedStore(store), fetcher=MemoryFetcher(entries), threads=4).apply(rows)
     assert info.value.topic == victim and isinstance(info.value.__cause__, EntryChangedError)
-    assert MetadataStore(store).offloaded_segments(victim) == []
+    assert MetadataStore(ScopedStore(store)).offloaded_segments(victim) == []
     for topic in topics:
         if topic != victim:
-            assert read_entries(store, topic) == triples(published)
+            assert read_entries(ScopedStore(store), topic) == triples(published)

@@ -25,6 +25,7 @@ from streamoffload.metrics.collector import JobMetrics
 from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectInfo, ObjectStore, PendingUpload
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.units import MIB
 
 TOPICS = 100
@@ -149,7 +150,7 @@ def test_second_passes_with_no_change_list_once_per_topic_and_read_nothing(tmp_p
     root = tmp_path / "store"
     write_history(root, TOPICS, SEGMENTS)
     counting = CountingStore(FilesystemStore(root, fsync=False))
-    meta = MetadataStore(counting)
+    meta = MetadataStore(ScopedStore(counting))
 
     # The metrics refresher: the first refresh reads every manifest once (and lists the whole store once,
     # to find the topic-partitions); the second lists each topic's metadata once and reads nothing.
@@ -210,7 +211,7 @@ def test_a_change_costs_reads_of_what_changed_only(tmp_path: Path) -> None:
     root = tmp_path / "store"
     write_history(root, 10, 20, commits=True)
     counting = CountingStore(FilesystemStore(root, fsync=False))
-    meta = MetadataStore(counting)
+    meta = MetadataStore(ScopedStore(counting))
     view = MetadataView(meta)
     for i in range(10):
         view.refresh(topic_name(i))
@@ -227,7 +228,7 @@ def test_a_change_costs_reads_of_what_changed_only(tmp_path: Path) -> None:
 
 def test_topics_are_rediscovered_rarely_and_extra_topics_join_at_once(tmp_path: Path) -> None:
     counting = CountingStore(FilesystemStore(tmp_path / "store", fsync=False))
-    meta = MetadataStore(counting)
+    meta = MetadataStore(ScopedStore(counting))
     meta.commit(sealed(topic_name(0), 0))
     clock = [0.0]
     view = MetadataView(meta, rediscover_s=600, clock=lambda: clock[0])
@@ -247,7 +248,7 @@ def test_told_what_changed_a_pass_lists_only_that_and_the_rest_once_per_relist_i
     """The job's passes (retention, metrics) with ``relist_s``: a quiet topic-partition costs no request until
     its relist time; one marked changed is listed at the next pass and its new segment seen."""
     counting = CountingStore(FilesystemStore(tmp_path / "store", fsync=False))
-    meta = MetadataStore(counting)
+    meta = MetadataStore(ScopedStore(counting))
     for i in range(5):
         meta.commit(sealed(topic_name(i), 0))
     clock = [0.0]
@@ -290,7 +291,7 @@ def test_told_what_changed_a_pass_lists_only_that_and_the_rest_once_per_relist_i
 @pytest.fixture
 def small(tmp_path: Path) -> tuple[FilesystemStore, MetadataStore]:
     store = FilesystemStore(tmp_path / "store", fsync=False)
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     for ordinal in range(6):
         manifest = sealed(TOPIC, ordinal)
         meta.commit(manifest)

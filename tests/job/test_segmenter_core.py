@@ -15,6 +15,7 @@ from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.handoff.part_layout import decode_layouts, encode_layouts, part_length
 from streamoffload.streaming.segmenter.segmenter import rollover_start, run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, Entry, MemoryState
@@ -66,7 +67,7 @@ def read_back(store: FilesystemStore, meta: MetadataStore) -> list[tuple[int, in
 @pytest.fixture
 def env(tmp_path: Path) -> tuple[FilesystemStore, MetadataStore, SegmentSink, MemoryState]:
     store = FilesystemStore(tmp_path / "store")
-    return store, MetadataStore(store), memory_sink(store), MemoryState()
+    return store, MetadataStore(ScopedStore(store)), memory_sink(ScopedStore(store)), MemoryState()
 
 
 def published_to(sink: SegmentSink, ledgers: dict[int, int], seed: int = 1) -> tuple[list[Entry], list[tuple]]:
@@ -179,8 +180,8 @@ def test_replayed_batch_is_idempotent(env: tuple) -> None:
     assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
         (a.action, a.segment, a.part_number, a.data) for a in actions
     ]
-    apply(memory_sink(store, fetcher=fetcher_of(sink)), replay)  # a new executor process
-    apply(memory_sink(store, fetcher=fetcher_of(sink)), replay)  # and a second replay after success
+    apply(memory_sink(ScopedStore(store), fetcher=fetcher_of(sink)), replay)  # a new executor process
+    apply(memory_sink(ScopedStore(store), fetcher=fetcher_of(sink)), replay)  # and a second replay after success
     assert read_back(store, meta) == expected
     assert all(m.status == mf.OFFLOADED for m in meta.manifests(TOPIC))
     assert meta.cleanup(TOPIC, grace_ms=0).total == 0
@@ -285,7 +286,7 @@ def test_replay_of_a_batch_boundary_cut_sends_the_same_parts(env: tuple) -> None
     assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
         (a.action, a.segment, a.part_number, a.data) for a in actions
     ]
-    apply(memory_sink(store, fetcher=fetcher_of(sink)), replay)
+    apply(memory_sink(ScopedStore(store), fetcher=fetcher_of(sink)), replay)
     apply(sink, run_segmenter(TOPIC, pol, state, entries[40:], [CONTROL_SEAL], now_ms=9, min_part_size=min_part))
     assert read_back(store, meta) == expected
 

@@ -19,6 +19,7 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, Action, Entry, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
@@ -52,7 +53,7 @@ BROKER = holding(TOPIC, published(0, 500))
 
 def new_sink(store: ObjectStore) -> SegmentSink:
     """A sink as a (new) executor process has it: fetching from the broker."""
-    return memory_sink(store, fetcher=BROKER)
+    return memory_sink(ScopedStore(store), fetcher=BROKER)
 
 
 @pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.s3)])
@@ -123,7 +124,7 @@ def test_two_instances_started_at_once_one_wins_and_the_other_is_told_who_holds_
     barrier = threading.Barrier(2)
 
     def start(name: str) -> None:
-        lease = WriterLease(reopen(), "", f"instance-{name}")
+        lease = WriterLease(ScopedStore(reopen()), f"instance-{name}")
         barrier.wait()
         try:
             results[name] = lease.acquire()
@@ -139,21 +140,21 @@ def test_two_instances_started_at_once_one_wins_and_the_other_is_told_who_holds_
     winners = [v for v in results.values() if not isinstance(v, LeaseHeldError)]
     assert len(errors) == 1 and len(winners) == 1
     assert winners[0].holder in str(errors[0]) and "expires" in str(errors[0])
-    assert WriterLease(store, "", "x").current() == winners[0]
+    assert WriterLease(ScopedStore(store), "x").current() == winners[0]
 
 
 def test_a_restart_of_the_same_instance_takes_its_lease_at_once_others_wait_for_expiry(store: ObjectStore) -> None:
-    first = WriterLease(store, "p", "host-a", ttl_ms=60_000)
+    first = WriterLease(ScopedStore(store, "p"), "host-a", ttl_ms=60_000)
     assert first.acquire(now_ms=1_000).epoch == 1
     with pytest.raises(LeaseHeldError, match="host-a"):
-        WriterLease(store, "p", "host-b").acquire(now_ms=2_000)
+        WriterLease(ScopedStore(store, "p"), "host-b").acquire(now_ms=2_000)
     # The same instance after a crash: no waiting.
-    again = WriterLease(store, "p", "host-a")
+    again = WriterLease(ScopedStore(store, "p"), "host-a")
     assert again.acquire(now_ms=3_000).epoch == 2
     with pytest.raises(FencedError, match="epoch 2"):
         first.renew()
     # Another instance takes over once the lease has expired, and fences the old holder.
-    taker = WriterLease(store, "p", "host-b")
+    taker = WriterLease(ScopedStore(store, "p"), "host-b")
     assert taker.acquire(now_ms=3_000 + 60_001).epoch == 3
     with pytest.raises(FencedError, match="host-b"):
         again.check()
@@ -164,15 +165,15 @@ def test_a_restart_of_the_same_instance_takes_its_lease_at_once_others_wait_for_
 
 
 def test_a_zombie_writer_cannot_commit_after_it_was_fenced(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
-    zombie_lease = WriterLease(store, "", "zombie")
+    meta = MetadataStore(ScopedStore(store))
+    zombie_lease = WriterLease(ScopedStore(store), "zombie")
     zombie_lease.acquire()
     zombie_state = MemoryState()
     offload(store, entries(0, 30), state=zombie_state, epoch=zombie_lease.epoch)
     assert not meta.offloaded_segments(TOPIC), "nothing sealed yet: the zombie's segment is open"
 
     # A new instance takes over (forced), recovers from the store, and offloads the same entries.
-    owner = WriterLease(store, "", "owner")
+    owner = WriterLease(ScopedStore(store), "owner")
     owner.acquire(force=True)
     point = meta.recover(TOPIC)
     assert point.last is None and point.next_ordinal == 0
@@ -190,15 +191,15 @@ def test_a_zombie_writer_cannot_commit_after_it_was_fenced(store: ObjectStore) -
     with pytest.raises(CommitConflictError, match="already committed"):
         meta.commit(sealed)
 
-    assert read_entries(store, TOPIC) == triples(published(0, 40))
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 40))
 
 
 def test_recovery_resumes_after_the_last_commit_and_publishes_a_commit_a_crash_left_unpublished(
     store: ObjectStore,
 ) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     state = MemoryState()
-    epoch = WriterLease(store, "", "me").acquire().epoch
+    epoch = WriterLease(ScopedStore(store), "me").acquire().epoch
     offload(store, entries(0, 25), state=state, epoch=epoch)
     offload(store, [], state=state, epoch=epoch, controls=(CONTROL_SEAL,))
     [first] = meta.offloaded_segments(TOPIC)
@@ -217,10 +218,10 @@ def test_recovery_resumes_after_the_last_commit_and_publishes_a_commit_a_crash_l
 
     # The next run continues exactly there, with a new epoch: nothing is written twice or skipped.
     state2 = MemoryState()
-    epoch2 = WriterLease(store, "", "me").acquire().epoch
+    epoch2 = WriterLease(ScopedStore(store), "me").acquire().epoch
     offload(store, entries(25, 20), state=state2, epoch=epoch2, resume=(list(point.last or ()), point.next_ordinal))
     offload(store, [], state=state2, epoch=epoch2, controls=(CONTROL_SEAL,))
-    assert read_entries(store, TOPIC) == triples(published(0, 45))
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 45))
     assert [m.ordinal for m in meta.offloaded_segments(TOPIC)] == [0, 1]
 
 
@@ -235,7 +236,7 @@ def _assigned(sealed: Any) -> Any:
 
 
 def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_cleanup(store: ObjectStore) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     state = MemoryState()
     actions = offload(store, entries(0, 30), state=state, epoch=0)
     data_key = next(a.data_key for a in actions if a.action == "open")
@@ -244,7 +245,7 @@ def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_clea
     phantom.write_part(1, b"junk")
     # Another executor (a fresh sink: no cached upload) writes the next parts and seals.
     offload(store, entries(30, 30), state=state, epoch=0, controls=(CONTROL_SEAL,))
-    assert read_entries(store, TOPIC) == triples(published(0, 60))
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 60))
     [pending] = list(store.pending_multiparts(""))
     assert pending.upload_id == phantom.upload_id, "the upload that held the parts was completed, not aborted"
     report = meta.cleanup(TOPIC, grace_ms=0)
@@ -262,13 +263,13 @@ def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(store: 
     second.apply([open_row])  # a speculative or retried task: its own create is aborted at once
     [pending] = list(store.pending_multiparts(""))
     manifest = mf.decode_manifest(
-        store.get(MetadataStore(store).manifest_key(mf.decode_manifest(open_row["manifest"])))
+        store.get(MetadataStore(ScopedStore(store)).manifest_key(mf.decode_manifest(open_row["manifest"])))
     )
     assert mf.driver_property(manifest, mf.PROP_UPLOAD_ID) == pending.upload_id
     second.apply(rows([a for a in actions if a.action != "open"]))
     seal = run_segmenter(TOPIC, POLICY, state, [], (CONTROL_SEAL,), now_ms=10_000, epoch=0, min_part_size=part)
     new_sink(store).apply(rows(seal))
-    assert read_entries(store, TOPIC) == triples(published(0, 30))
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 30))
 
 
 def test_a_segment_keeps_the_policy_it_was_opened_under(tmp_path: Path) -> None:
@@ -297,4 +298,4 @@ def test_a_disabled_topic_offloads_what_it_already_read_and_then_seals(store: Ob
     new_sink(store).apply(rows(actions))
     [seal] = [a for a in actions if a.action == "seal"]
     assert mf.decode_manifest(seal.manifest).sealReason == "disabled"
-    assert read_entries(store, TOPIC) == triples(published(0, 12)), "paused, never skipped"
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 12)), "paused, never skipped"

@@ -20,6 +20,7 @@ from streamoffload.checkpoints.lease import LeaseHeldError
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_payload, produce
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.control.policy_versions import VersionsFile
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import unique_topic
@@ -41,7 +42,7 @@ def published(topic: str, *phases: int, size: int) -> list[bytes]:
 
 
 def stored(store: Any, topic: str) -> list[bytes]:
-    messages = read_messages(store, topic)
+    messages = read_messages(ScopedStore(store), topic)
     positions = [(m.ledger_id, m.entry_id, m.batch_index) for m in messages]
     assert positions == sorted(positions) and len(set(positions)) == len(positions), "in order, once each"
     return [m.payload for m in messages]
@@ -59,7 +60,7 @@ def test_a_new_or_lost_checkpoint_continues_from_the_store(spark: Any, pulsar_br
     second = write_config(tmp_path / "b", pulsar_broker.service_url, [topic], fs_store(tmp_path))
     second.write_text(second.read_text().replace("[pulsar]", '[pulsar]\nstarting_offsets = "latest"'))
     OffloadJob(load_config(second), str(second)).run_once(spark)
-    store = load_config(second).store.open()
+    store = load_config(second).store.location.open().store
     assert stored(store, topic) == published(topic, 120, 90, size=200)
 
     # ... and the first (now stale) checkpoint, starting at the earliest position, rewrites nothing.
@@ -69,14 +70,14 @@ def test_a_new_or_lost_checkpoint_continues_from_the_store(spark: Any, pulsar_br
 
     # A broker that trimmed its log gives a new reader an earliest position inside what the store
     # already holds; a new checkpoint starting there (as startingOffsets says) must not overlap it.
-    [segment, *_] = MetadataStore(store).offloaded_segments(topic)
+    [segment, *_] = MetadataStore(ScopedStore(store)).offloaded_segments(topic)
     inside = {topic: [segment.startLedgerId, segment.startEntryId + 3]}
     third = write_config(tmp_path / "c", pulsar_broker.service_url, [topic], fs_store(tmp_path))
     third.write_text(third.read_text().replace("[pulsar]", f"[pulsar]\nstarting_offsets = '{json.dumps(inside)}'"))
     produce(pulsar_broker.service_url, topic, count=20, payload_size=200, batching=True, batch_size=10)
     OffloadJob(load_config(third), str(third)).run_once(spark)
     assert stored(store, topic) == published(topic, 120, 90, 30, 20, size=200)
-    ordinals = [m.ordinal for m in MetadataStore(store).offloaded_segments(topic)]
+    ordinals = [m.ordinal for m in MetadataStore(ScopedStore(store)).offloaded_segments(topic)]
     assert ordinals == list(range(len(ordinals)))
 
 
@@ -90,8 +91,8 @@ def test_a_policy_edit_between_a_crash_and_the_restart(pulsar_broker: Any, tmp_p
         cmd, env={**env, "STREAMOFFLOAD_CRASH_AT": "after-part:4"}, start_new_session=True, capture_output=True
     )
     assert crashed.returncode == -9, crashed.stderr.decode()[-2000:]
-    store = load_config(config_path).store.open()
-    before = {mf.manifest_uuid(m) for m in MetadataStore(store).offloaded_segments(topic)}
+    store = load_config(config_path).store.location.open().store
+    before = {mf.manifest_uuid(m) for m in MetadataStore(ScopedStore(store)).offloaded_segments(topic)}
     # Other block and segment sizes: a replay under them would write different bytes into the same
     # objects. The restart recovers from the store instead and offloads under the new policy.
     config_path.write_text(config_path.read_text().replace("= 8192", "= 16384").replace("0.03", "0.05"))
@@ -99,15 +100,17 @@ def test_a_policy_edit_between_a_crash_and_the_restart(pulsar_broker: Any, tmp_p
     assert done.returncode == 0, done.stderr.decode()[-3000:]
 
     config = load_config(config_path)
-    store = config.store.open()
+    store = config.store.location.open().store
     assert stored(store, topic) == published(topic, 400, size=150)
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     after = [m for m in meta.offloaded_segments(topic) if mf.manifest_uuid(m) not in before]
     assert after, "segments were offloaded after the restart"
     for segment in after:  # committed before the crash: the old policy; opened after: the new one
         assert '"managedLedgerOffloadMaxBlockSizeInBytes":16384' in str(mf.driver_property(segment, mf.PROP_POLICY))
     meta.cleanup(topic, grace_ms=0)
-    assert {k for k in store_keys(store) if "/_" not in k and not k.startswith("_")} == referenced_keys(store, [topic])
+    assert {k for k in store_keys(store) if "/_" not in k and not k.startswith("_")} == referenced_keys(
+        ScopedStore(store), [topic]
+    )
     assert not list(store.pending_multiparts(""))
 
 
@@ -150,8 +153,8 @@ def test_a_topic_disabled_while_traffic_continues_then_enabled_misses_nothing(
         "maxOffloadSegmentRolloverTimeMinutes = 10", "maxOffloadSegmentRolloverTimeSeconds = 2"
     )
     config_path = write_config(tmp_path, pulsar_broker.service_url, [topic, other], fs_store(tmp_path), policy)
-    store = load_config(config_path).store.open()
-    meta = MetadataStore(store)
+    store = load_config(config_path).store.location.open().store
+    meta = MetadataStore(ScopedStore(store))
     running_job(config_path)
 
     def offloaded(t: str) -> int:

@@ -22,6 +22,7 @@ from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.queries import BatchReport
 from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from tests.fixtures.entries import memory_sink
@@ -451,8 +452,8 @@ def test_a_topic_with_a_failed_segment_ranks_first(tmp_path: Path) -> None:
     from tests.monitoring.test_metrics_unit import TOPIC
 
     store = FilesystemStore(tmp_path / "store", fsync=False)
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     run_batch(sink, state, entries(1, 5, 1), now_ms=NOW_MS - 1000)  # opens a segment, not sealed
     [opened] = meta.manifests(TOPIC)
     meta.put_manifest(mf.failed_manifest(opened, "OSError: disk full"))
@@ -474,7 +475,7 @@ def test_topic_series_must_not_be_negative() -> None:
 
 
 def test_install_takes_topic_series_from_the_job_configuration(tmp_path: Path) -> None:
-    job = FakeJob(MetadataStore(FilesystemStore(tmp_path / "store", fsync=False)))
+    job = FakeJob(MetadataStore(ScopedStore(FilesystemStore(tmp_path / "store", fsync=False))))
     job.config = Config(metrics=MetricsSettings(address="", topic_series=7))  # type: ignore[attr-defined]
     metrics = install_metrics(job, None, "127.0.0.1:0", backlog=lambda _known: {})
     try:

@@ -23,6 +23,7 @@ from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog, CacheCounters
 from streamoffload.metrics.serving import parse_address
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.queries import BatchReport
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
@@ -196,8 +197,8 @@ def store(tmp_path: Path) -> FilesystemStore:
 
 
 def test_store_derived_totals_equal_batch_totals_and_survive_a_restart(store: FilesystemStore) -> None:
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     live = JobMetrics(meta)
     live.refresh_store()  # empty store
     published = entries(7, 150, publish_base=1_700_000_000_000)
@@ -235,8 +236,8 @@ def test_store_derived_totals_equal_batch_totals_and_survive_a_restart(store: Fi
 
 
 def test_lag_is_zero_when_caught_up_and_grows_from_the_newest_publish_time_when_behind(store: FilesystemStore) -> None:
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     published = entries(3, 60, publish_base=5_000_000)
     run_batch(sink, state, published, now_ms=1, seal_all=True)
     latest: dict[str, Backlog] = {TOPIC: Backlog(latest=(3, 59))}
@@ -263,8 +264,8 @@ def test_lag_is_zero_when_caught_up_and_grows_from_the_newest_publish_time_when_
 
 
 def test_without_a_latest_position_the_job_s_own_read_position_decides(store: FilesystemStore) -> None:
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     clock = FakeClock(5_100.0)
     metrics = JobMetrics(meta, clock=clock)
     published = entries(3, 30, publish_base=5_000_000)
@@ -279,8 +280,8 @@ def test_without_a_latest_position_the_job_s_own_read_position_decides(store: Fi
 
 
 def test_retention_deletion_keeps_counters_and_shrinks_gauges(store: FilesystemStore) -> None:
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     run_batch(sink, state, entries(1, 120, 1), now_ms=1, seal_all=True)
     metrics = JobMetrics(meta)
     metrics.refresh_store()
@@ -297,8 +298,8 @@ def test_retention_deletion_keeps_counters_and_shrinks_gauges(store: FilesystemS
 def test_failed_segments_show_with_their_status_and_age(store: FilesystemStore) -> None:
     from streamoffload.checkpoints import manifest as mf
 
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     run_batch(sink, state, entries(1, 5, 1), now_ms=10_000)  # opens a segment, not sealed
     [opened] = meta.manifests(TOPIC)
     meta.put_manifest(mf.failed_manifest(opened, "OSError: disk full"))
@@ -313,15 +314,15 @@ def test_an_unreadable_store_is_reported_not_raised(tmp_path: Path) -> None:
         def list(self, prefix: str) -> Iterator[Any]:
             raise OSError("connection refused")
 
-    metrics = JobMetrics(MetadataStore(Broken(tmp_path)))
+    metrics = JobMetrics(MetadataStore(ScopedStore(Broken(tmp_path))))
     metrics.safe_refresh_store()
     assert value(metrics, "streamoffload_metadata_refresh_ok") == 0.0
     assert "connection refused" in (metrics.last_refresh_error or "")
 
 
 def test_a_seal_triggers_a_refresh_of_its_topic_for_the_publish_time(store: FilesystemStore) -> None:
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     metrics = JobMetrics(meta, store_refresh_s=3600, backlog_interval_s=3600)
     metrics.start_refresher()
     try:
@@ -359,8 +360,8 @@ class FakeJob:
 
 
 def test_install_serves_prometheus_text_and_stop_detaches(store: FilesystemStore) -> None:
-    meta = MetadataStore(store)
-    sink, state = memory_sink(store), MemoryState()
+    meta = MetadataStore(ScopedStore(store))
+    sink, state = memory_sink(ScopedStore(store)), MemoryState()
     run_batch(sink, state, entries(1, 25, 1), now_ms=1, seal_all=True)
     job = FakeJob(meta)
     metrics = install_metrics(job, None, "127.0.0.1:0", backlog=lambda topics: {})

@@ -159,7 +159,7 @@ def published_entries(service_url: str, topic: str) -> tuple[int, int, tuple[int
     count = size = 0
     for entry in raw_reader.read_range_raw(client, topic, BEFORE_EARLIEST, latest):
         count += 1
-        size += len(entry.data)
+        size += len(entry.payload)
     return count, size, latest
 
 
@@ -223,7 +223,7 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
             assert prom.scalar(f'streamoffload_bytes_offloaded_total{{topic="{topic}"}}') == nbytes
 
         # The store agrees, and so do the segment gauges and seal counters.
-        meta = MetadataStore(config.store.open())
+        meta = MetadataStore(config.store.location.open())
         segments = {t: meta.offloaded_segments(t) for t in topics}
         assert sum(m.entries for ms in segments.values() for m in ms) == total_entries
         n_segments = sum(len(ms) for ms in segments.values())

@@ -15,6 +15,7 @@ from streamoffload.commands import status as status_cmd
 from streamoffload.commands.status import CLEAR, watch
 from streamoffload.status import TopicStatus
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from tests.fixtures.entries import Published, holding, memory_sink, metas
@@ -100,7 +101,7 @@ def test_status_watch_command_on_a_real_store(tmp_path: Path, monkeypatch: pytes
     policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096, offloadBufferMaxBytes=1 << 20)
     entries = [Published(1, i, b"x" * 50, 1_000 + i) for i in range(12)]
     actions = run_segmenter(TOPIC, policy, MemoryState(), metas(entries), [CONTROL_SEAL], now_ms=5)
-    sink = memory_sink(store, fetcher=holding(TOPIC, entries))
+    sink = memory_sink(ScopedStore(store), fetcher=holding(TOPIC, entries))
     sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
 
     def interrupt(_seconds: float) -> None:

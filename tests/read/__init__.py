@@ -14,6 +14,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.base import ObjectStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
@@ -77,10 +78,9 @@ def _apply(sink: SegmentSink, actions: list) -> None:
 
 
 def offload(
-    store: ObjectStore,
+    scoped: ScopedStore,
     history: History,
     *,
-    key_prefix: str = "",
     switch_at: int | None = None,
     block_size: int = BLOCK_SIZE,
     segment_bytes: int = SEGMENT_BYTES,
@@ -90,7 +90,7 @@ def offload(
     ``switch_at`` (all of them when None), ledger-based (v1) after; then seal. The sink fetches the entries'
     bytes from ``history``."""
     state = MemoryState()
-    sink = memory_sink(store, key_prefix, holding(history.topic, history.entries))
+    sink = memory_sink(scoped, holding(history.topic, history.entries))
 
     def policy(method: str) -> OffloadPolicy:
         return OffloadPolicy(
@@ -113,8 +113,8 @@ def offload(
                 state,
                 chunk,
                 now_ms=now,
-                key_prefix=key_prefix,
-                min_part_size=store.min_part_size,
+                key_prefix=scoped.prefix,
+                min_part_size=scoped.store.min_part_size,
             ),
         )
         now += 10
@@ -128,11 +128,11 @@ def offload(
             [],
             [CONTROL_SEAL],
             now_ms=now,
-            key_prefix=key_prefix,
-            min_part_size=store.min_part_size,
+            key_prefix=scoped.prefix,
+            min_part_size=scoped.store.min_part_size,
         ),
     )
-    return MetadataStore(store, key_prefix)
+    return MetadataStore(scoped)
 
 
 def strip_checksum(entry: bytes) -> bytes:

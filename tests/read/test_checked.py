@@ -28,6 +28,7 @@ from streamoffload.read.topic_reader import TopicReader
 from streamoffload.status import store_status
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from tests.fixtures.entries import Published
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries
 
@@ -51,9 +52,9 @@ def history() -> History:
 
 @pytest.fixture
 def meta(store: FilesystemStore, history: History) -> MetadataStore:
-    offload(store, history, switch_at=40)
-    offload(store, History(OTHER, history.entries, history.messages))
-    return MetadataStore(store)
+    offload(ScopedStore(store), history, switch_at=40)
+    offload(ScopedStore(store), History(OTHER, history.entries, history.messages))
+    return MetadataStore(ScopedStore(store))
 
 
 def verify(capsys: pytest.CaptureFixture[str], root: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -203,14 +204,14 @@ def test_a_flipped_payload_bit_fails_the_read_in_both_modes(
 
 
 def _entries(store: FilesystemStore, seg: Any) -> list[Any]:
-    with TopicReader(store, cache=ChunkCache()) as reader:
+    with TopicReader(ScopedStore(store), cache=ChunkCache()) as reader:
         return list(reader.open_segment(seg).read_range())
 
 
 def test_single_entry_reads_check_the_checksum_too(store: FilesystemStore, meta: MetadataStore) -> None:
     seg = meta.offloaded_segments(TOPIC)[0]
     # local_files=False: a held descriptor would keep reading the object as it was before the rewrite.
-    with TopicReader(store, cache=ChunkCache(), local_files=False) as reader:
+    with TopicReader(ScopedStore(store), cache=ChunkCache(), local_files=False) as reader:
         list(reader.read(TOPIC))  # learn offsets: the next read of the entry is one exact GET
         at, crc_at = _payload_byte(store, seg)
         flip_byte(store, seg.dataKey, at)
@@ -218,7 +219,7 @@ def test_single_entry_reads_check_the_checksum_too(store: FilesystemStore, meta:
         with pytest.raises(ChecksumError) as err:
             reader.read_entry(TOPIC, (seg.startLedgerId, seg.startEntryId))
         assert (err.value.where, err.value.offset) == (seg.dataKey, crc_at)
-    with TopicReader(store, cache=ChunkCache()) as reader, pytest.raises(ChecksumError):
+    with TopicReader(ScopedStore(store), cache=ChunkCache()) as reader, pytest.raises(ChecksumError):
         reader.read_entry(TOPIC, (seg.startLedgerId, seg.startEntryId))  # walked to, not learned
 
 
@@ -311,7 +312,7 @@ def test_stale_and_failed_attempts(
 def test_a_store_holding_only_failed_segments_is_not_ok(
     capsys: pytest.CaptureFixture[str], root: Path, store: FilesystemStore
 ) -> None:
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     seg_id = uuid.uuid4()
     manifest = mf.new_manifest(
         topic=TOPIC,

@@ -25,6 +25,7 @@ from streamoffload.read import dataset_plan as ofp
 from streamoffload.read import dataset_read as ofr
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from tests.read import TOPIC, offload, pulsar_entries
 
 FLIPS = 200
@@ -44,7 +45,7 @@ def _offloaded_store(
     clean. Returns the store, the history, its metadata store and the ``read`` lines expected."""
     store = FilesystemStore(root, fsync=False)
     history = pulsar_entries({3: 30, 4: 25, 8: 20}, seed=seed, checksummed=checksummed)
-    meta = offload(store, history, switch_at=40)
+    meta = offload(ScopedStore(store), history, switch_at=40)
     expected = [
         {"ledger_id": e.ledger_id, "entry_id": e.entry_id, "payload": base64.b64encode(e.payload).decode()}
         for e in history.entries
@@ -131,8 +132,8 @@ def _covered_ranges(store: FilesystemStore, seg: Any) -> list[tuple[int, int]]:
 def _dataframe_read(store: FilesystemStore) -> list[dict[str, Any]]:
     """Every row the ``pulsar-offloaded`` reader gives for the topic (its plain core, without Spark)."""
     out: list[dict[str, Any]] = []
-    for task in ofp.plan(store, "", [TOPIC], {}):
-        for batch in ofr.read_task((store, ""), task, output=ofr.OUTPUT_ENTRIES):
+    for task in ofp.plan(ScopedStore(store), [TOPIC], {}):
+        for batch in ofr.read_task(ScopedStore(store), task, output=ofr.OUTPUT_ENTRIES):
             out += ofr.rows(batch, ofr.ENTRY_COLUMNS)
     return out
 

@@ -13,6 +13,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli import main
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from tests.fixtures.s3 import S3_REGION
 from tests.read import TOPIC, History, offload, pulsar_entries
 
@@ -46,7 +47,7 @@ def history() -> History:
 def offloaded(target: tuple[ObjectStore, list], history: History) -> MetadataStore:
     store, flags = target
     prefix = PREFIX if flags[1].startswith("s3://") else ""
-    return offload(store, history, key_prefix=prefix, switch_at=40)
+    return offload(ScopedStore(store, prefix), history, switch_at=40)
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict[str, Any]], str]:
@@ -84,7 +85,7 @@ def test_messages_recover_payload_key_and_properties(
                         "batch_index": -1 if len(sent) == 1 else i,
                         "key": msg.key,
                         "properties": msg.properties,
-                        "publish_time": entry.publish_time_ms,
+                        "publish_time": entry.publish_time,
                         "event_time": msg.event_time,
                         "payload": base64.b64encode(msg.payload).decode(),
                     }
@@ -137,7 +138,7 @@ def test_clear_errors(capsys: pytest.CaptureFixture[str], target: tuple, offload
 
 def test_reads_with_a_configuration_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, history: History) -> None:
     root = tmp_path / "store"
-    offload(FilesystemStore(root, fsync=False), history)
+    offload(ScopedStore(FilesystemStore(root, fsync=False)), history)
     conf = tmp_path / "so.toml"
     conf.write_text(
         f'[store]\nmanagedLedgerOffloadDriver = "filesystem"\nroot = "{root}"\n\n'

@@ -28,6 +28,7 @@ from streamoffload.read.segment import (
 from streamoffload.read.topic_reader import TopicReader, parse_position
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries, truncate
 
 # Ledgers 3, 4, 7, 9, 12: the last two ledgers are offloaded ledger-based (v1), the rest streaming (v2).
@@ -54,7 +55,7 @@ def history() -> History:
 
 @pytest.fixture
 def offloaded(store: ObjectStore, history: History) -> MetadataStore:
-    return offload(store, history, switch_at=SWITCH_AT)
+    return offload(ScopedStore(store), history, switch_at=SWITCH_AT)
 
 
 def read_all(reader: TopicReader, *args: Any) -> list[tuple[int, int, bytes]]:
@@ -69,7 +70,7 @@ def test_reads_everything_back_byte_for_byte_across_segments_ledgers_and_formats
     assert len(segments) >= 5 and any(s.startLedgerId != s.endLedgerId for s in segments)
     results = {}
     for readahead in (True, False):
-        with TopicReader(store, read_buffer_size=BUF, readahead=readahead, cache=ChunkCache(0)) as reader:
+        with TopicReader(ScopedStore(store), read_buffer_size=BUF, readahead=readahead, cache=ChunkCache(0)) as reader:
             results[readahead] = read_all(reader)
             stats = reader.stats
         assert results[readahead] == history.expected
@@ -100,13 +101,13 @@ def test_readahead_defaults_to_a_thread_for_remote_stores_only(store: ObjectStor
 def test_random_single_entry_reads(store: ObjectStore, history: History, offloaded: MetadataStore) -> None:
     rnd = random.Random(3)
     picks = rnd.sample(history.entries, 25)
-    with TopicReader(store, read_buffer_size=BUF, cache=ChunkCache(0)) as cold:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF, cache=ChunkCache(0)) as cold:
         for entry in picks:
             got = cold.read_entry(TOPIC, entry.position)
             assert (got.ledger_id, got.entry_id, bytes(got.payload)) == (entry.ledger_id, entry.entry_id, entry.payload)
     # After a sequential read the handles know where entries start: a random read then costs at most the
     # chunks of its entry plus one, never a walk from the block head.
-    with TopicReader(store, read_buffer_size=BUF, cache=ChunkCache(0)) as warm:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF, cache=ChunkCache(0)) as warm:
         read_all(warm)
         for entry in picks:
             before = warm.stats.gets
@@ -121,7 +122,7 @@ def test_reads_from_the_middle_and_ranges_across_segments(
 ) -> None:
     expected = history.expected
     positions = history.positions()
-    with TopicReader(store, read_buffer_size=BUF) as reader:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader:
         for i, j in [(0, 0), (37, 180), (59, 60), (104, 105), (150, len(positions) - 1), (len(positions) - 1, None)]:
             end = positions[j] if j is not None else None
             assert read_all(reader, positions[i], end) == expected[i : (j + 1 if j is not None else None)]
@@ -169,7 +170,7 @@ def test_handle_answers_like_pulsars_read_handle(
 
 def test_read_objects_without_metadata(store: ObjectStore, history: History, offloaded: MetadataStore) -> None:
     segments = offloaded.offloaded_segments(TOPIC)
-    with TopicReader(store, read_buffer_size=BUF) as reader:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader:
         got = []
         for seg in segments:
             got += [(e.ledger_id, e.entry_id, bytes(e.payload)) for e in reader.read_objects(seg.dataKey)]
@@ -177,7 +178,7 @@ def test_read_objects_without_metadata(store: ObjectStore, history: History, off
 
 
 def test_messages_of_read_entries(store: ObjectStore, history: History, offloaded: MetadataStore) -> None:
-    with TopicReader(store, read_buffer_size=BUF) as reader:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader:
         for entry in reader.read(TOPIC, (7, 0), (9, 5)):
             sent = history.messages[entry.position]
             got = entry.messages()
@@ -188,15 +189,15 @@ def test_messages_of_read_entries(store: ObjectStore, history: History, offloade
 
 
 def test_key_prefix(store: ObjectStore, history: History) -> None:
-    offload(store, history, key_prefix="offload/cluster-a", switch_at=SWITCH_AT)
-    with TopicReader(store, "offload/cluster-a", read_buffer_size=BUF) as reader:
+    offload(ScopedStore(store, "offload/cluster-a"), history, switch_at=SWITCH_AT)
+    with TopicReader(ScopedStore(store, "offload/cluster-a"), read_buffer_size=BUF) as reader:
         assert read_all(reader) == history.expected
-    with TopicReader(store, "other", read_buffer_size=BUF) as reader, pytest.raises(TopicNotFoundError):
+    with TopicReader(ScopedStore(store, "other"), read_buffer_size=BUF) as reader, pytest.raises(TopicNotFoundError):
         reader.read(TOPIC)
 
 
 def test_missing_topic_and_missing_index(store: ObjectStore, offloaded: MetadataStore) -> None:
-    with TopicReader(store, read_buffer_size=BUF) as reader:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader:
         with pytest.raises(TopicNotFoundError, match="orders-partition-0"):
             reader.read("persistent://public/default/nope")
         seg = offloaded.offloaded_segments(TOPIC)[1]
@@ -210,7 +211,7 @@ def test_truncated_data_object(store: ObjectStore, offloaded: MetadataStore) -> 
     seg = offloaded.offloaded_segments(TOPIC)[2]
     cut = seg.dataLength - 700
     truncate(store, seg.dataKey, cut)
-    with TopicReader(store, read_buffer_size=BUF) as reader, pytest.raises(TruncatedError) as err:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader, pytest.raises(TruncatedError) as err:
         read_all(reader)
     assert err.value.where == seg.dataKey and err.value.offset == cut
     assert seg.dataKey in str(err.value) and f"offset {cut}" in str(err.value)
@@ -228,7 +229,7 @@ def test_flipped_byte_in_a_block_header(store: ObjectStore, offloaded: MetadataS
     index = OffloadIndex.decode(store.get(seg.indexKey), ledger_id=seg.startLedgerId)
     block = index.blocks()[2]
     flip_byte(store, seg.dataKey, block.offset + 15)  # inside the block length field
-    with TopicReader(store, read_buffer_size=BUF) as reader, pytest.raises(FormatError) as err:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader, pytest.raises(FormatError) as err:
         read_all(reader)
     assert err.value.where == seg.dataKey
     assert block.offset <= err.value.offset < block.offset + BLOCK_HEADER_LENGTH
@@ -238,7 +239,7 @@ def test_flipped_byte_in_an_entry_header(store: ObjectStore, offloaded: Metadata
     seg = offloaded.offloaded_segments(TOPIC)[1]
     first_entry = BLOCK_HEADER_LENGTH  # the first entry header of the first block
     flip_byte(store, seg.dataKey, first_entry)  # the top byte of its length
-    with TopicReader(store, read_buffer_size=BUF) as reader, pytest.raises(LengthMismatchError) as err:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader, pytest.raises(LengthMismatchError) as err:
         read_all(reader)
     assert (err.value.where, err.value.offset) == (seg.dataKey, first_entry)
     assert readahead_threads() == 0
@@ -349,7 +350,7 @@ def test_cache_is_shared_and_stays_within_its_bound(
 ) -> None:
     bound = 8 * BUF
     cache = ChunkCache(max_bytes=bound)
-    with TopicReader(store, read_buffer_size=BUF, cache=cache) as reader:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF, cache=cache) as reader:
         # A catch-up scan does not fill the cache (it would only evict what random reads use).
         assert read_all(reader) == history.expected
         assert cache.current_bytes == 0
@@ -360,7 +361,7 @@ def test_cache_is_shared_and_stays_within_its_bound(
         assert (reader.stats.gets - gets, reader.stats.bytes_fetched - fetched) == (1, len(target.payload))
     # Single-entry reads of a reader that has learned nothing walk through chunks and fill the cache, within
     # its bound.
-    with TopicReader(store, read_buffer_size=BUF, cache=cache) as reader:
+    with TopicReader(ScopedStore(store), read_buffer_size=BUF, cache=cache) as reader:
         for entry in random.Random(5).sample(history.entries, 30):
             assert bytes(reader.read_entry(TOPIC, entry.position).payload) == entry.payload
             assert cache.current_bytes <= bound
@@ -370,7 +371,7 @@ def test_cache_is_shared_and_stays_within_its_bound(
     # caches the chunks it returns the entry from; a second new reader finds those in the cache.
     gets = []
     for _ in range(2):
-        with TopicReader(store, read_buffer_size=BUF, cache=cache) as other:
+        with TopicReader(ScopedStore(store), read_buffer_size=BUF, cache=cache) as other:
             hits = cache.hits
             assert bytes(other.read_entry(TOPIC, target.position).payload) == target.payload
             gets.append(other.stats.gets)
@@ -389,7 +390,7 @@ def test_parse_position() -> None:
 def fs_history(tmp_path_factory: pytest.TempPathFactory) -> tuple[FilesystemStore, History]:
     store = FilesystemStore(tmp_path_factory.mktemp("prop") / "store", fsync=False)
     history = pulsar_entries({1: 50, 2: 40, 5: 50}, seed=11, max_payload=1500)
-    offload(store, history, switch_at=100)
+    offload(ScopedStore(store), history, switch_at=100)
     return store, history
 
 
@@ -420,7 +421,11 @@ def test_any_range_reads_exactly_the_entries_in_it(
     positions = history.positions()
     j = min(i + n, len(positions) - 1)
     with TopicReader(
-        store, read_buffer_size=buf, readahead=readahead, readahead_bytes=window * buf, cache=ChunkCache(cache)
+        ScopedStore(store),
+        read_buffer_size=buf,
+        readahead=readahead,
+        readahead_bytes=window * buf,
+        cache=ChunkCache(cache),
     ) as reader:
         assert read_all(reader, positions[i], positions[j]) == history.expected[i : j + 1]
         entry = history.entries[(i * 7 + n) % len(positions)]

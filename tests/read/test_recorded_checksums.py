@@ -26,6 +26,7 @@ from streamoffload.read import dataset_plan as ofp
 from streamoffload.read import dataset_read as ofr
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState, TopicState
 from tests.fixtures.entries import holding, memory_sink, metas
@@ -63,7 +64,7 @@ def as_written_before_checksums(store: FilesystemStore, meta: MetadataStore, seg
 def test_the_sink_records_every_block_before_the_manifest(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path, fsync=False)
     history = pulsar_entries({3: 30, 4: 25, 8: 20}, seed=5, checksummed=False)
-    meta = offload(store, history, switch_at=40)
+    meta = offload(ScopedStore(store), history, switch_at=40)
     crcs = {(e.ledger_id, e.entry_id): crc32c(e.payload) for e in history.entries}
     seen = 0
     for seg in meta.offloaded_segments(TOPIC):
@@ -95,7 +96,7 @@ def test_a_replayed_batch_rewrites_the_same_records(tmp_path: Path) -> None:
     stores = []
     for replays in (1, 2):
         store = FilesystemStore(tmp_path / f"r{replays}", fsync=False)
-        sink = memory_sink(store, "", holding(TOPIC, history.entries))
+        sink = memory_sink(ScopedStore(store), holding(TOPIC, history.entries))
         state = MemoryState()
         for chunk, controls in ((metas(history.entries[:25]), []), (metas(history.entries[25:]), [CONTROL_SEAL])):
             saved = state.state, list(state.block), list(state.held)
@@ -114,7 +115,7 @@ def test_a_segment_opened_before_the_upgrade_is_sealed_without_records(tmp_path:
     store = FilesystemStore(tmp_path, fsync=False)
     history = pulsar_entries({3: 30}, seed=8, checksummed=False)
     policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=BLOCK_SIZE, offloadBufferMaxBytes=64 * MIB)
-    sink = memory_sink(store, "", holding(TOPIC, history.entries))
+    sink = memory_sink(ScopedStore(store), holding(TOPIC, history.entries))
     state = MemoryState()
     actions = run_segmenter(TOPIC, policy, state, metas(history.entries[:10]), now_ms=1_000, min_part_size=1)
     sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
@@ -129,10 +130,12 @@ def test_a_segment_opened_before_the_upgrade_is_sealed_without_records(tmp_path:
         TOPIC, policy, state, metas(history.entries[10:]), [CONTROL_SEAL], now_ms=2_000, min_part_size=1
     )
     sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
-    [seg] = MetadataStore(store).offloaded_segments(TOPIC)
+    [seg] = MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC)
     assert mf.checksum_blocks(seg) == 0 and records_of(store, seg) == []
     assert mf.driver_property(seg, mf.PROP_INDEX_CRC) is not None  # the index is covered all the same
-    rows = [r for t in ofp.plan(store, "", [TOPIC], {}) for b in ofr.read_task((store, ""), t) for r in [b]]
+    rows = [
+        r for t in ofp.plan(ScopedStore(store), [TOPIC], {}) for b in ofr.read_task(ScopedStore(store), t) for r in [b]
+    ]
     assert sum(len(b[0]) for b in rows) == sum(len(history.messages[p]) for p in history.positions())
 
 
@@ -143,7 +146,7 @@ def mixed(tmp_path: Path) -> tuple[Path, FilesystemStore, MetadataStore, History
     root = tmp_path / "store"
     store = FilesystemStore(root, fsync=False)
     history = pulsar_entries({3: 30, 4: 25, 8: 20}, seed=9)
-    meta = offload(store, history, switch_at=40)
+    meta = offload(ScopedStore(store), history, switch_at=40)
     old = meta.offloaded_segments(TOPIC)[:2]
     for seg in old:
         as_written_before_checksums(store, meta, seg)
@@ -195,7 +198,7 @@ def test_a_flip_in_a_segment_sealed_before_is_caught_by_the_entry_s_own_crc(
 def test_a_missing_record_is_an_error_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """The manifest says every block has a record: deleting one must not turn the check off."""
     store = FilesystemStore(tmp_path, fsync=False)
-    meta = offload(store, pulsar_entries({3: 30}, seed=3, checksummed=False))
+    meta = offload(ScopedStore(store), pulsar_entries({3: 30}, seed=3, checksummed=False))
     seg = meta.offloaded_segments(TOPIC)[0]
     gone = keys.block_checksums_key(seg.dataKey, 2)
     store.delete(gone)
@@ -208,13 +211,13 @@ def test_a_missing_record_is_an_error_naming_it(capsys: pytest.CaptureFixture[st
 
 def test_a_record_of_another_block_is_refused(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path, fsync=False)
-    meta = offload(store, pulsar_entries({3: 30}, seed=3, checksummed=False))
+    meta = offload(ScopedStore(store), pulsar_entries({3: 30}, seed=3, checksummed=False))
     seg = meta.offloaded_segments(TOPIC)[0]
     first, second = (keys.block_checksums_key(seg.dataKey, n) for n in (1, 2))
     store.put(second, store.get(first))
     with pytest.raises(ChecksumError) as err:
-        for task in ofp.plan(store, "", [TOPIC], {}):
-            for _ in ofr.read_task((store, ""), task):
+        for task in ofp.plan(ScopedStore(store), [TOPIC], {}):
+            for _ in ofr.read_task(ScopedStore(store), task):
                 pass
     assert err.value.where == second
 
@@ -222,7 +225,7 @@ def test_a_record_of_another_block_is_refused(tmp_path: Path) -> None:
 def test_retention_and_cleanup_delete_records_with_their_segment(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path, fsync=False)
     history = pulsar_entries({3: 30, 4: 25, 8: 20}, seed=4, checksummed=False)
-    meta = offload(store, history, switch_at=40)
+    meta = offload(ScopedStore(store), history, switch_at=40)
     segments = meta.offloaded_segments(TOPIC)
     doomed, kept = segments[0], segments[1:]
     # cleanup leaves every live segment's records alone, however old they are

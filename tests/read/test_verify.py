@@ -15,6 +15,7 @@ from streamoffload.codecs.entry import decode_entry
 from streamoffload.codecs.index import OffloadIndex
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from tests.fixtures.s3 import S3_REGION
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries, truncate
 
@@ -38,7 +39,7 @@ def history() -> History:
 
 @pytest.fixture
 def offloaded(target: tuple[ObjectStore, list], history: History) -> MetadataStore:
-    return offload(target[0], history, switch_at=40)
+    return offload(ScopedStore(target[0]), history, switch_at=40)
 
 
 def verify(capsys: pytest.CaptureFixture[str], flags: list, *extra: str) -> tuple[int, dict[str, Any]]:

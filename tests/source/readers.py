@@ -57,7 +57,7 @@ def check_messages(entries: list[ReadEntry], topic: str, payload_size: int, keys
     """Every message in order, with the payload, key and properties `produce` gave it; returns the count."""
     seq = first_seq
     for entry in entries:
-        messages = entry_messages(entry.data)
+        messages = entry_messages(entry.payload)
         assert len(messages) == entry.num_messages
         for msg in messages:
             assert bytes(msg.payload) == expected_payload(topic, seq, payload_size), (entry.position, seq)

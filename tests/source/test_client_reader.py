@@ -185,9 +185,9 @@ def test_batches_are_regrouped_and_torn_batches_reread() -> None:
     assert positions(entries) == [(2, 0), (2, 1), (2, 2), (2, 3)]
     assert [e.num_messages for e in entries] == [3, 4, 2, 1]
     for entry in entries:
-        payloads = [bytes(m.payload) for m in entry_messages(entry.data)]
+        payloads = [bytes(m.payload) for m in entry_messages(entry.payload)]
         assert payloads == [f"2:{entry.entry_id}:{i}".encode() for i in range(entry.num_messages)]
-        assert all(m.batch_index == i for i, m in enumerate(entry_messages(entry.data)))
+        assert all(m.batch_index == i for i, m in enumerate(entry_messages(entry.payload)))
     assert stats.duplicates == 1 and stats.reopens == 2
 
 

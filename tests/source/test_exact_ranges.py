@@ -50,8 +50,8 @@ def test_reads_every_entry_once_with_exact_messages(
     assert entries[-1].position == end
     assert check_messages(entries, topic, 200, keys=3) == 600
     assert stats.entries == len(entries) and stats.messages == 600
-    assert stats.bytes == sum(len(e.data) for e in entries)
-    assert all(e.topic == topic and e.size == len(e.data) for e in entries)
+    assert stats.bytes == sum(len(e.payload) for e in entries)
+    assert all(e.topic == topic and e.size == len(e.payload) for e in entries)
     if batching:
         assert len(entries) < 600 and any(e.num_messages > 1 for e in entries)
     else:
@@ -88,7 +88,7 @@ def test_reads_across_a_ledger_rollover(reader: RangeReader, rollover_topic: tup
     assert len(first_ledger) == ROLLOVER_ENTRIES and first_ledger[-1].entry_id == ROLLOVER_ENTRIES - 1
     assert entries[ROLLOVER_ENTRIES].position == (ledgers[1], 0)
     for seq in (0, ROLLOVER_ENTRIES - 1, ROLLOVER_ENTRIES, count - 1):
-        (msg,) = entry_messages(entries[seq].data)
+        (msg,) = entry_messages(entries[seq].payload)
         assert bytes(msg.payload) == expected_payload(topic, seq, 16)
     # a range that starts at the last entry of the first ledger and crosses into the next one
     tail = list(reader.read(topic, first_ledger[-2].position, (ledgers[1], 1), settings=FAST))

@@ -144,16 +144,16 @@ def test_empty_key_null_key_and_schema_version_reach_the_store(
     for (entry, _seq, count), got in zip(sent, direct, strict=True):
         assert int.from_bytes(entry[:2], "big") == MAGIC_CRC32C
         assert int.from_bytes(entry[2:6], "big") == crc32c(entry[CHECKSUM_SECTION:])
-        assert got.data == entry[CHECKSUM_SECTION:], "pulsar-lite changed more than the checksum section"
-        assert decode_entry(got.data).checksum is None and got.num_messages == count
+        assert got.payload == entry[CHECKSUM_SECTION:], "pulsar-lite changed more than the checksum section"
+        assert decode_entry(got.payload).checksum is None and got.num_messages == count
     assert stats.messages == 7
 
     config_path = write_config(tmp_path, pulsar_broker.service_url, [topic], fs_store(tmp_path))
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
-    stored = read_entries(config.store.open(), topic)
+    stored = read_entries(config.store.location.open(), topic)
     assert [(ledger, entry) for ledger, entry, _ in stored] == positions
-    assert [data for _, _, data in stored] == [e.data for e in direct]  # byte for byte what the broker has
+    assert [data for _, _, data in stored] == [e.payload for e in direct]  # byte for byte what the broker has
     _check_fields([data for _, _, data in stored])
 
 
@@ -174,12 +174,12 @@ def test_broker_entry_metadata_prefix_passes_through(scripted: Any) -> None:  # 
     budget = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=100, retry_timeout_s=0.5)
     it = rr.read_range_raw(rr.RawClient(broker.url), "t", BEFORE_EARLIEST, (7, 1), settings=budget, stats=stats)
     first = next(it)
-    assert first.data == prefixed and first.num_messages == 2 and first.publish_time == 77
-    decoded = decode_entry(first.data)
+    assert first.payload == prefixed and first.num_messages == 2 and first.publish_time == 77
+    decoded = decode_entry(first.payload)
     assert decoded.broker_entry_metadata is not None
     meta = parse_broker_entry_metadata(decoded.broker_entry_metadata)
     assert (meta.broker_timestamp, meta.index) == (1_750_000_000_999, 41)
-    assert [m.key for m in entry_messages(first.data)] == ["", None]
+    assert [m.key for m in entry_messages(first.payload)] == ["", None]
     with pytest.raises(PulsarIOError, match=r"no progress .* last problem: receiving: .*checksum mismatch"):
         next(it)  # the corrupt copy is refused every time it is delivered
     assert stats.errors >= 1

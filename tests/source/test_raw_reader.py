@@ -100,7 +100,7 @@ def test_entries_are_the_producers_bytes(
     assert stats.messages == count and stats.entries == len(entries)
     received = []
     for entry in entries:
-        decoded = decode_entry(entry.data)  # the CRC-32C holds: the bytes are the producer's
+        decoded = decode_entry(entry.payload)  # the CRC-32C holds: the bytes are the producer's
         md = decoded.metadata
         assert md.producer_name == f"producer-{codec}"
         assert decoded.num_messages == entry.num_messages and md.publish_time == entry.publish_time
@@ -109,7 +109,7 @@ def test_entries_are_the_producers_bytes(
             assert md.HasField("num_messages_in_batch")
         if wire_codec != CompressionType.NONE and entry.num_messages > 1:
             assert len(decoded.payload) < md.uncompressed_size, "a compressed batch must stay compressed"
-        messages = entry_messages(entry.data)
+        messages = entry_messages(entry.payload)
         assert md.sequence_id == messages[0].sequence_id  # the producer's, not renumbered from 0
         received += messages
     assert len(received) == count
@@ -144,7 +144,8 @@ def test_same_positions_and_messages_as_the_client_reader(pulsar_broker: Embedde
         (e.position, e.num_messages, e.publish_time) for e in via_client
     ]
     for a, b in zip(via_raw, via_client, strict=True):
-        assert [bytes(m.payload) for m in entry_messages(a.data)] == [bytes(m.payload) for m in entry_messages(b.data)]
+        via_a = [bytes(m.payload) for m in entry_messages(a.payload)]
+        assert via_a == [bytes(m.payload) for m in entry_messages(b.payload)]
 
 
 def test_probe_finds_the_next_entry_with_its_exact_size(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
@@ -152,7 +153,7 @@ def test_probe_finds_the_next_entry_with_its_exact_size(pulsar_broker: EmbeddedB
     produce(pulsar_broker.service_url, topic, 30, 100, batching=True, batch_size=10)
     entries = read_all(raw, topic)
     probe = rr.probe_after_raw(raw, topic, BEFORE_EARLIEST, settings=FAST)
-    assert probe == Probe(entries[0].position, entries[0].num_messages, len(entries[0].data))
+    assert probe == Probe(entries[0].position, entries[0].num_messages, len(entries[0].payload))
     after_first = rr.probe_after_raw(raw, topic, entries[0].position, settings=FAST)
     assert after_first is not None and after_first.position == entries[1].position
     assert rr.probe_after_raw(raw, topic, entries[-1].position, settings=FAST, attempts=1) is None
@@ -221,7 +222,7 @@ def test_duplicates_stalls_and_errors_are_absorbed() -> None:
     stats = ReadStats()
     entries = list(rr.read_range_raw(client, "t", BEFORE_EARLIEST, (1, 5), settings=QUICK, stats=stats))
     assert [e.position for e in entries] == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]
-    assert [e.data for e in entries] == [_entry_bytes(1, i) for i in range(6)]
+    assert [e.payload for e in entries] == [_entry_bytes(1, i) for i in range(6)]
     assert stats.duplicates == 5 and stats.stalls == 1 and stats.errors == 2
     assert client.opened_at == [BEFORE_EARLIEST, (1, 2), (1, 2), (1, 3)]
 
@@ -459,7 +460,7 @@ def test_a_corrupt_entry_is_refused_and_read_again(scripted: Callable[..., Scrip
     mender.start()
     it = rr.read_range_raw(rr.RawClient(broker.url), "t", BEFORE_EARLIEST, (7, 1), settings=QUICK, stats=stats)
     assert next(it).position == (7, 0)
-    assert [e.data for e in it] == [good]
+    assert [e.payload for e in it] == [good]
     mender.join(5)
     assert stats.errors >= 1 and "checksum mismatch" in (stats.last_error or "")
 
@@ -476,7 +477,7 @@ def test_compressed_entry_bytes_pass_through_untouched(scripted: Callable[..., S
     data = encode_entry(md, compress(CompressionType.ZSTD, payload))
     broker = scripted(entries=[(7, 0, data)])
     (entry,) = rr.read_range_raw(rr.RawClient(broker.url), "t", BEFORE_EARLIEST, (7, 0), settings=FAST)
-    assert entry.data == data and entry.publish_time == 5 and entry.num_messages == 1
+    assert entry.payload == data and entry.publish_time == 5 and entry.num_messages == 1
 
 
 def test_unsupported_auth_plugin_is_a_config_error() -> None:

@@ -133,7 +133,7 @@ def test_raw_reader_rows_are_the_stored_entries(
         end = rr.latest_position_raw(raw, topic)
         assert end is not None
         direct = list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, end))
-        assert [(e.ledger_id, e.entry_id, e.data) for e in direct] == [
+        assert [(e.ledger_id, e.entry_id, e.payload) for e in direct] == [
             (r.ledger_id, r.entry_id, bytes(r.entry)) for r in rows
         ]
 
@@ -180,7 +180,7 @@ def test_planner_positions_and_probes_on_both_readers(pulsar_broker: EmbeddedBro
         entries = list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, rr.latest_position_raw(raw, topic)))
         assert len(entries) == COUNT // BATCH
         assert planner.latest_offset_report() == {topic: list(entries[-1].position)}
-        stored = len(entries) * len(entries[0].data)
+        stored = len(entries) * len(entries[0].payload)
         if reader == "raw":
             assert probed == stored  # the probe measured the first entry as stored: LZ4-compressed
             assert planner._raw is not None

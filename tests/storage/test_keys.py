@@ -15,6 +15,7 @@ from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.storage import keys
 from streamoffload.storage.base import InvalidKeyError
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 
 NASTY = [
     "..",
@@ -260,7 +261,7 @@ def test_nasty_topics_stay_inside_their_directory_on_disk(tmp_path: Path) -> Non
         assert file.parent == (root / keys.topic_dir("offload", topic)).resolve()
         assert root.resolve() in file.parents
         written.append(topic)
-    found = keys.list_topic_dirs(store, "offload")
+    found = keys.list_topic_dirs(ScopedStore(store, "offload"))
     assert found == sorted(written)
     for topic in written:
         assert [i.key for i in store.list(keys.topic_dir("offload", topic))] == [
@@ -276,9 +277,9 @@ def test_list_topic_dirs_ignores_foreign_keys(tmp_path: Path) -> None:
     store.put("p/README", b"not a topic")
     store.put("p/a/b/c.d/obj", b"raw '.' is never produced by the encoding")
     store.put("elsewhere/t/n/y/obj", b"other prefix")
-    assert keys.list_topic_dirs(store, "p") == [topic]
+    assert keys.list_topic_dirs(ScopedStore(store, "p")) == [topic]
     # Without the prefix, the first three components of every deep enough key are taken as a topic.
-    assert [str(t) for t in keys.list_topic_dirs(store, "")] == [
+    assert [str(t) for t in keys.list_topic_dirs(ScopedStore(store))] == [
         "persistent://elsewhere/t/n",
         "persistent://p/a/b",
         "persistent://p/t/n",

@@ -24,7 +24,7 @@ from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore, dir_mode_for
-from streamoffload.storage.urls import open_store
+from streamoffload.storage.location import ScopedStore, open_store
 from streamoffload.units import MIB
 
 TOPIC = "persistent://tenant/ns/leaky-partition-0"
@@ -73,7 +73,7 @@ def test_modes_are_configurable_in_the_store_section(tmp_path: Path, open_umask:
     conf.write_text(f'[store]\nroot = "{tmp_path / "store"}"\nfileMode = "0640"\n')
     settings = load_config(conf).store
     assert settings.modes() == (0o640, None)
-    store = settings.open()
+    store = settings.location.open().store
     store.put("x/y/z", b"1")
     assert mode(tmp_path / "store" / "x" / "y" / "z") == 0o640
     assert mode(tmp_path / "store" / "x" / "y") == 0o750
@@ -159,7 +159,7 @@ def sealed(ordinal: int) -> SegmentManifest:
 def test_cleanup_command_removes_every_leak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "store"
     store = FilesystemStore(root, fsync=False)
-    meta = MetadataStore(store)
+    meta = MetadataStore(ScopedStore(store))
     for ordinal in range(5):
         manifest = sealed(ordinal)
         store.put(manifest.dataKey, b"d")

@@ -15,6 +15,7 @@ import pytest
 
 from streamoffload.storage.base import MultipartWrite, ObjectInfo, StorageError
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.storage.probe import (
     CONDITIONAL_CREATE,
     LISTING,
@@ -53,7 +54,7 @@ class RecordingStore(FilesystemStore):
 def test_probe_passes_on_the_filesystem_store_and_leaves_nothing_behind(tmp_path: Path) -> None:
     store = RecordingStore(tmp_path)
     store.put("tenant/ns/topic/existing", b"kept")
-    report = check_store(store, "/deploy/prod/")
+    report = check_store(ScopedStore(store, "/deploy/prod/"))
     assert report.url == tmp_path.as_uri()
     assert report.stray_upload_listing is True
     assert report.notes == ()
@@ -66,7 +67,7 @@ def test_probe_passes_on_the_filesystem_store_and_leaves_nothing_behind(tmp_path
     assert [info.key for info in store.list("")] == ["tenant/ns/topic/existing"]
     assert list(store.pending_multiparts("")) == []
     # A second probe picks another random directory: two jobs starting at once do not collide.
-    check_store(store, "deploy/prod")
+    check_store(ScopedStore(store, "deploy/prod"))
     assert {key.rsplit("/", 1)[0] for key in store.written[len(probe_keys) + 1 :]} != prefixes
 
 
@@ -76,7 +77,7 @@ def test_probe_passes_on_moto_quickly_and_cleans_up(
 ) -> None:
     store = S3Store(s3_bucket, **s3_settings)
     started = time.monotonic()
-    report = check_store(store, "deploy/prod")
+    report = check_store(ScopedStore(store, "deploy/prod"))
     elapsed = time.monotonic() - started
     assert report.url == f"s3://{s3_bucket} (endpoint {s3_settings['endpoint_url']})"
     assert report.stray_upload_listing is True
@@ -90,7 +91,7 @@ def test_probe_passes_on_moto_quickly_and_cleans_up(
 @pytest.mark.s3
 def test_probe_refuses_s3rver_naming_if_none_match(s3rver_store: S3Store, s3rver_server: str) -> None:
     with pytest.raises(StoreCapabilityError) as err:
-        check_store(s3rver_store, "deploy")
+        check_store(ScopedStore(s3rver_store, "deploy"))
     message = str(err.value)
     assert isinstance(err.value, StorageError)
     assert message.startswith(
@@ -161,7 +162,7 @@ def test_each_missing_capability_is_named(
 ) -> None:
     store = store_class(tmp_path)
     with pytest.raises(StoreCapabilityError) as err:
-        check_store(store)
+        check_store(ScopedStore(store))
     assert err.value.missing == ((capability, MULTIPART) if store_class is IgnoresRanges else (capability,))
     message = str(err.value)
     assert message.startswith(f"{tmp_path.as_uri()} ")
@@ -171,7 +172,7 @@ def test_each_missing_capability_is_named(
 
 def test_the_if_none_match_message_in_full(tmp_path: Path) -> None:
     with pytest.raises(StoreCapabilityError) as err:
-        check_store(IgnoresIfNoneMatch(tmp_path), "p")
+        check_store(ScopedStore(IgnoresIfNoneMatch(tmp_path), "p"))
     assert str(err.value) == (
         f"{tmp_path.as_uri()} ignores If-None-Match (conditional create): a second create-only PUT overwrote the "
         "object; streamoffload needs it for fencing and exactly-once commits. Use AWS S3, MinIO, or another store "
@@ -186,7 +187,7 @@ class NoUploadListing(FilesystemStore):
 
 
 def test_missing_upload_listing_is_reported_not_fatal(tmp_path: Path) -> None:
-    report = check_store(NoUploadListing(tmp_path))
+    report = check_store(ScopedStore(NoUploadListing(tmp_path)))
     assert report.stray_upload_listing is False
     assert [note.capability for note in report.notes] == [STRAY_UPLOAD_LISTING]
     assert "does not implement ListMultipartUploads" in report.notes[0].detail
@@ -196,7 +197,7 @@ def test_missing_upload_listing_is_reported_not_fatal(tmp_path: Path) -> None:
 def test_a_store_that_cannot_write_at_all_fails_with_its_own_error(tmp_path: Path) -> None:
     (tmp_path / "_meta").write_bytes(b"a file where the probe needs a directory")
     with pytest.raises(StorageError) as err:
-        check_store(FilesystemStore(tmp_path))
+        check_store(ScopedStore(FilesystemStore(tmp_path)))
     assert not isinstance(err.value, StoreCapabilityError)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import open_store
 from streamoffload.storage.request_counts import (
     ENV,
     CountingStore,
@@ -20,7 +21,6 @@ from streamoffload.storage.request_counts import (
     key_kind,
     read_counts,
 )
-from streamoffload.storage.urls import open_store
 
 
 def test_every_operation_is_counted_and_the_store_behaves_as_before(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_open_store_counts_only_when_the_environment_asks(tmp_path: Path, monkey
     counts_dir = tmp_path / "counts"
     counts_dir.mkdir()
     script = (
-        "from streamoffload.storage.urls import open_store\n"
+        "from streamoffload.storage.location import open_store\n"
         f"s = open_store({str(tmp_path / 'store')!r})\n"
         "s.put('k', b'v'); s.get('k'); list(s.list(''))\n"
     )

@@ -27,8 +27,8 @@ from streamoffload.storage.base import (
     UploadNotFoundError,
 )
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import StoreLocation, open_store, parse_store_url
 from streamoffload.storage.s3 import S3Store
-from streamoffload.storage.urls import StoreURL, open_store, parse_store_url
 
 
 @pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.s3)])
@@ -750,17 +750,17 @@ def test_open_store_errors(url: str, options: dict[str, Any], message: str) -> N
 @pytest.mark.parametrize(
     ("url", "parsed"),
     [
-        ("file:///abs/dir%20x", StoreURL("file", path="/abs/dir x")),
-        ("file://localhost/abs/dir", StoreURL("file", path="/abs/dir")),
-        ("FILE:///abs", StoreURL("file", path="/abs")),
-        ("rel/dir", StoreURL("file", path="rel/dir")),
-        ("odd:name", StoreURL("file", path="odd:name")),  # no '://': a path, whatever its colons
-        ("s3://bucket", StoreURL("s3", bucket="bucket")),
-        ("s3://bucket/some/prefix/", StoreURL("s3", bucket="bucket", prefix="some/prefix")),
-        ("S3://bucket/a%2Bb", StoreURL("s3", bucket="bucket", prefix="a+b")),
+        ("file:///abs/dir%20x", StoreLocation("file", path="/abs/dir x")),
+        ("file://localhost/abs/dir", StoreLocation("file", path="/abs/dir")),
+        ("FILE:///abs", StoreLocation("file", path="/abs")),
+        ("rel/dir", StoreLocation("file", path="rel/dir")),
+        ("odd:name", StoreLocation("file", path="odd:name")),  # no '://': a path, whatever its colons
+        ("s3://bucket", StoreLocation("s3", bucket="bucket")),
+        ("s3://bucket/some/prefix/", StoreLocation("s3", bucket="bucket", prefix="some/prefix")),
+        ("S3://bucket/a%2Bb", StoreLocation("s3", bucket="bucket", prefix="a+b")),
     ],
 )
-def test_parse_store_url(url: str, parsed: StoreURL) -> None:
+def test_parse_store_url(url: str, parsed: StoreLocation) -> None:
     assert parse_store_url(url) == parsed
 
 

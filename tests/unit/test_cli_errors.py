@@ -18,7 +18,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli import EXIT_BROKEN_PIPE, main
 from streamoffload.errors import ConfigError
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.storage.urls import StoreNotFoundError, open_store
+from streamoffload.storage.location import ScopedStore, StoreNotFoundError, open_store
 from tests.read import TOPIC, offload, pulsar_entries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ LEDGERS = {3: 30, 4: 25, 8: 20}  # ledger 8 is the newest offloaded ledger
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     path = tmp_path / "store"
-    offload(FilesystemStore(path, fsync=False), pulsar_entries(LEDGERS, seed=9), switch_at=40)
+    offload(ScopedStore(FilesystemStore(path, fsync=False)), pulsar_entries(LEDGERS, seed=9), switch_at=40)
     return path
 
 
@@ -185,7 +185,7 @@ def test_delete_ledger_refuses_a_topic_the_store_does_not_hold(root: Path, capsy
 
 
 def test_delete_ledger_refuses_a_ledger_the_topic_does_not_hold(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    meta = MetadataStore(FilesystemStore(root, fsync=False))
+    meta = MetadataStore(ScopedStore(FilesystemStore(root, fsync=False)))
     assert main(["delete-ledger", "--store", str(root), TOPIC, "3", "5"]) == 1
     line = one_error_line(capsys.readouterr().err, "delete-ledger")
     assert "no offloaded ledger 5" in line and "3-4, 8" in line
@@ -193,7 +193,7 @@ def test_delete_ledger_refuses_a_ledger_the_topic_does_not_hold(root: Path, caps
 
 
 def test_delete_ledger_refuses_the_newest_ledger_unless_forced(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    meta = MetadataStore(FilesystemStore(root, fsync=False))
+    meta = MetadataStore(ScopedStore(FilesystemStore(root, fsync=False)))
     assert main(["delete-ledger", "--store", str(root), TOPIC, "4", "8"]) == 1
     line = one_error_line(capsys.readouterr().err, "delete-ledger")
     assert "ledger 8 is the newest offloaded ledger" in line and "open at the broker" in line and "--force" in line
@@ -247,7 +247,7 @@ def test_a_second_instance_is_refused_with_the_way_out(tmp_path: Path, capsys: p
 
     store_dir = tmp_path / "store"
     store_dir.mkdir()
-    WriterLease(FilesystemStore(str(store_dir)), "", "other-instance").acquire()
+    WriterLease(ScopedStore(FilesystemStore(str(store_dir))), "other-instance").acquire()
     argv = ["run", "--store", str(store_dir), "--service-url", "pulsar://127.0.0.1:1", "--topics", "t"]
     assert main([*argv, "--checkpoint", str(tmp_path / "ckpt"), "--once", "--metrics-address", ""]) == 1
     line = one_error_line(capsys.readouterr().err, "run")

@@ -14,6 +14,7 @@ import pytest
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 
 TOPIC = "persistent://public/default/orders-partition-0"
 
@@ -37,7 +38,7 @@ def run_command(*args: str) -> dict[str, object]:
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A filesystem store that knows one topic-partition (offload-now refuses a topic nobody knows)."""
     root = tmp_path_factory.mktemp("store")
-    MetadataStore(FilesystemStore(root, fsync=False)).mark_ledger_deleted(TOPIC, 1, "test")
+    MetadataStore(ScopedStore(FilesystemStore(root, fsync=False))).mark_ledger_deleted(TOPIC, 1, "test")
     return root
 
 

@@ -24,6 +24,7 @@ from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.status import offload_lag_seconds, store_status
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job import session
 from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from tests.fixtures.entries import memory_sink
@@ -203,8 +204,10 @@ def test_every_policy_of_a_configuration_is_checked_when_it_is_loaded(tmp_path: 
 
 def test_status_lag_is_the_metric_lag(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path / "store", fsync=False)
-    meta = MetadataStore(store)
-    run_batch(memory_sink(store), MemoryState(), entries(3, 60, publish_base=5_000_000), now_ms=1, seal_all=True)
+    meta = MetadataStore(ScopedStore(store))
+    run_batch(
+        memory_sink(ScopedStore(store)), MemoryState(), entries(3, 60, publish_base=5_000_000), now_ms=1, seal_all=True
+    )
     now_ms = 5_000_000 + 100_000
     latest: dict[str, Backlog] = {}
     metrics = JobMetrics(meta, backlog=lambda topics: dict(latest), clock=FakeClock(now_ms / 1000))
@@ -234,7 +237,9 @@ def test_offload_now_refuses_a_topic_neither_stored_nor_configured(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = FilesystemStore(tmp_path / "store", fsync=False)
-    run_batch(memory_sink(store), MemoryState(), entries(3, 5, publish_base=1_000), now_ms=1, seal_all=True)
+    run_batch(
+        memory_sink(ScopedStore(store)), MemoryState(), entries(3, 5, publish_base=1_000), now_ms=1, seal_all=True
+    )
     url = str(tmp_path / "store")
     code = main(["offload-now", "--store", url, "persistent://public/default/nonexistent-topic"])
     err = capsys.readouterr().err.strip()

@@ -12,6 +12,7 @@ from streamoffload.checkpoints.lease import FencedError
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.control.quarantine import (
     FIRST_BACKOFF_MS,
     MAX_BACKOFF_MS,
@@ -53,33 +54,33 @@ def test_only_errors_of_one_topic_set_it_aside() -> None:
 def test_failures_in_a_row_set_a_topic_aside_with_a_doubling_backoff(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path / "store", fsync=False)
     pause_file = tmp_path / "quarantine.json"
-    q = Quarantine(store, "pfx", str(pause_file))
+    q = Quarantine(ScopedStore(store, "pfx"), str(pause_file))
     first = q.note_failure(ODD, "EntryTooLargeError: x", now_ms=1_000)
     assert not first.quarantined, "one failure may be transient"
     second = q.note_failure(ODD, "EntryTooLargeError: x", now_ms=2_000)
     assert second.quarantined and second.until_ms == 2_000 + FIRST_BACKOFF_MS
     assert q.note_failure(ODD, "again", now_ms=3_000).until_ms == 3_000 + 2 * FIRST_BACKOFF_MS
     assert backoff_ms(100) == MAX_BACKOFF_MS
-    batch = Quarantine(store, "batch-runs")  # a batch run sets a topic aside at its first failure
+    batch = Quarantine(ScopedStore(store, "batch-runs"))  # a batch run sets a topic aside at its first failure
     assert batch.note_failure(A, "x", now_ms=4_000, at_once=True).until_ms == 4_000 + FIRST_BACKOFF_MS
 
     # Kept in the store: a restarted job (or `status`) sees it, with a name no topic directory could hold.
-    [record] = read_records(store, "pfx")
+    [record] = read_records(ScopedStore(store, "pfx"))
     assert (record.topic, record.failures, record.reason, record.first_failed_ms) == (ODD, 3, "again", 1_000)
-    again = Quarantine(store, "pfx", str(pause_file))
+    again = Quarantine(ScopedStore(store, "pfx"), str(pause_file))
     assert again.load()[ODD].failures == 3
     assert again.paused(now_ms=3_001) == {ODD: 3_000 + 2 * FIRST_BACKOFF_MS}
     assert again.paused(now_ms=3_000 + 2 * FIRST_BACKOFF_MS) == {}
 
     assert again.clear([A, ODD]) == [ODD]
-    assert read_records(store, "pfx") == [] and again.paused(now_ms=3_001) == {}
+    assert read_records(ScopedStore(store, "pfx")) == [] and again.paused(now_ms=3_001) == {}
     assert pause_file.read_text() == "{}"
 
 
 def test_the_source_pauses_a_topic_set_aside_and_skips_nothing(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path / "store", fsync=False)
     pause_file = tmp_path / "quarantine.json"
-    q = Quarantine(store, "", str(pause_file))
+    q = Quarantine(ScopedStore(store), str(pause_file))
     options = SourceOptions.parse(
         {"serviceUrl": "pulsar://127.0.0.1:6650", "topics": f"{A},{B},{C}", "quarantineFile": str(pause_file)}
     )

@@ -1,5 +1,8 @@
-"""Store URLs: ``file:///abs/dir`` (or a plain path) and ``s3://bucket/prefix``, parsed by one parser
-(``parse_store_url``) for every caller, and opened as stores (``open_store``)."""
+"""Where the store is: ``StoreLocation`` (a directory, or an S3 bucket and key prefix, and how to reach it), built
+once from the configuration or from a store URL (``file:///abs/dir``, a plain path, ``s3://bucket/prefix``) by the
+one parser (``parse_store_url``), and opened as a ``ScopedStore`` (the store and its key prefix, passed as one).
+``open_store`` opens a URL as a bare ``ObjectStore`` (tests, benches, tools); ``is_url`` is the one test of
+"is this a URL"."""
 
 from __future__ import annotations
 
@@ -46,22 +49,58 @@ class StoreNotFoundError(ConfigError):
 
 
 @dataclass(frozen=True)
-class StoreURL:
-    """A store URL, parsed and checked (``parse_store_url``): what ``open_store`` opens and what the
-    command line's ``--store`` configures."""
+class ScopedStore:
+    """An open store and the key prefix everything of this project lives under in it: what ``StoreLocation.open``
+    returns and what code that reads or writes the store takes, as one argument.
+
+    ``prefix`` is the key prefix inside ``store`` without leading or trailing ``/`` ("" for none). The keys
+    built from it (``storage.keys``) are relative to the store's root, prefix included: on S3 the store is
+    the bucket's root, so manifests record data keys relative to the bucket, as Pulsar's readers expect."""
+
+    store: ObjectStore
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", self.prefix.strip("/"))
+
+    def describe(self) -> str:
+        """The store's URL and the prefix, for messages."""
+        return self.store.url + (f" under prefix {self.prefix!r}" if self.prefix else "")
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where the store is: a filesystem directory or an S3 bucket and key prefix, with how to reach and write it.
+    Built once, from the configuration (``StoreSettings.location``) or a URL (``parse_store_url``); plain values,
+    so it pickles (Spark ships it to executors, which ``open`` it there).
+
+    An S3 location opens the bucket's root and scopes it to ``prefix``, so keys (and the data keys manifests
+    record) are relative to the bucket, prefix included."""
 
     scheme: str
     """``"file"`` or ``"s3"``."""
     path: str = ""
-    """file: the directory, unquoted, as given (a plain path may be relative)."""
+    """file: the directory, unquoted (from a URL as given: a plain path may be relative; from the configuration,
+    resolved)."""
     bucket: str = ""
     """s3: the bucket."""
     prefix: str = ""
-    """s3: the key prefix inside the bucket, unquoted, without leading or trailing ``/``."""
+    """The key prefix inside the store (s3: inside the bucket), unquoted, without leading or trailing ``/``. A
+    filesystem store from the configuration or a URL has none (its keys start at the directory)."""
+    endpoint: str | None = None
+    """s3: the endpoint URL (None: AWS itself)."""
+    region: str | None = None
+    """s3: the region (None: the AWS chain's)."""
+    path_style: bool = False
+    """s3: path-style addressing (``endpoint/bucket/key``), as local S3 servers want."""
+    file_mode: int | None = None
+    """file: permissions of the files the store creates (None: ``FilesystemStore``'s default, 0600)."""
+    dir_mode: int | None = None
+    """file: permissions of its directories (None: the one that goes with ``file_mode``)."""
 
     @property
     def store_class(self) -> type[ObjectStore]:
-        """The class that opens this URL, without opening anything: its class attributes (``min_part_size``)
+        """The class that opens this location, without opening anything: its class attributes (``min_part_size``)
         are known before a store is opened or an endpoint reached."""
         if self.scheme == "s3":
             from streamoffload.storage.s3 import S3Store
@@ -71,6 +110,30 @@ class StoreURL:
 
         return FilesystemStore
 
+    @property
+    def min_part_size(self) -> int:
+        """The smallest part but the last of a multipart upload to this store (the segmenter's minimum part)."""
+        return self.store_class.min_part_size
+
+    def describe(self) -> str:
+        """The location as a URL, for messages and logs (never parsed again)."""
+        if self.scheme == "s3":
+            return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        return Path(os.path.abspath(self.path)).as_uri()
+
+    def open(self, *, create: bool = True) -> ScopedStore:
+        """The store, scoped to the key prefix. ``create=False`` opens an existing store only (a filesystem
+        store whose directory is missing raises ``StoreNotFoundError``; see ``open_store``)."""
+        if self.scheme == "s3":
+            from streamoffload.storage.s3 import S3Store
+
+            options = {"endpoint_url": self.endpoint, "region": self.region, "path_style": self.path_style}
+            store: ObjectStore = S3Store(self.bucket, "", **{k: v for k, v in options.items() if v is not None})
+            return ScopedStore(maybe_counting(store), self.prefix)
+        modes = {"file_mode": self.file_mode, "dir_mode": self.dir_mode}
+        options = {k: v for k, v in modes.items() if v is not None}
+        return ScopedStore(maybe_counting(_filesystem(self.path, Path(self.path), options, create)), self.prefix)
+
 
 def is_url(location: str) -> bool:
     """Whether a location (a store, a checkpoint) is written as a URL (``scheme://...``) rather than a path:
@@ -78,9 +141,10 @@ def is_url(location: str) -> bool:
     return "://" in location
 
 
-def parse_store_url(url: str) -> StoreURL:
+def parse_store_url(url: str, *, endpoint: str | None = None, region: str | None = None) -> StoreLocation:
     """The one parser of store URLs: ``file:///abs/dir``, ``file://localhost/abs/dir``, ``/abs/dir`` or
-    ``rel/dir`` (no ``://``: a path), ``s3://bucket`` or ``s3://bucket/prefix``.
+    ``rel/dir`` (no ``://``: a path), ``s3://bucket`` or ``s3://bucket/prefix``. ``endpoint`` and ``region``
+    apply to s3 URLs (an endpoint means path-style addressing, as local S3 servers want).
 
     Raises ``ConfigError`` ("store URL <url>: <what is wrong>") for an empty URL, other schemes, a file URL
     with a host, query or relative path, an s3 URL without bucket or with a query; credentials inside an s3
@@ -88,7 +152,7 @@ def parse_store_url(url: str) -> StoreURL:
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("store URL is empty")
     if not is_url(url):
-        return StoreURL("file", path=url)
+        return StoreLocation("file", path=url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -99,7 +163,7 @@ def parse_store_url(url: str) -> StoreURL:
         path = unquote(parts.path)
         if not path.startswith("/"):
             raise ConfigError(f"store URL {url}: the path of a file URL must be absolute (file:///abs/dir)")
-        return StoreURL("file", path=path)
+        return StoreLocation("file", path=path)
     if scheme == "s3":
         # urlsplit would put user:password@ into netloc; refuse without echoing it.
         if "@" in parts.netloc:
@@ -108,7 +172,14 @@ def parse_store_url(url: str) -> StoreURL:
             raise ConfigError(f"store URL {url}: s3 URLs take no query or fragment")
         if not parts.netloc:
             raise ConfigError(f"store URL {url}: missing bucket (s3://bucket/prefix)")
-        return StoreURL("s3", bucket=parts.netloc, prefix=unquote(parts.path).strip("/"))
+        return StoreLocation(
+            "s3",
+            bucket=parts.netloc,
+            prefix=unquote(parts.path).strip("/"),
+            endpoint=endpoint,
+            region=region,
+            path_style=endpoint is not None,
+        )
     raise ConfigError(f"store URL {url}: unsupported scheme {parts.scheme!r} (use file:///dir or s3://bucket/prefix)")
 
 
