@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.fixture
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.storage import filesystem
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import MemoryFetcher
@@ -74,7 +75,7 @@ def one_round(directory: str, segments: int, entries: int, entry_size: int, *, f
 
     store = CountingFilesystemStore(tempfile.mkdtemp(dir=directory, prefix="segment-cost-"), fsync=fsync)
     fetcher = MemoryFetcher()
-    sink = memory_sink(store, fetcher=fetcher)
+    sink = memory_sink(ScopedStore(store), fetcher=fetcher)
     policy = OffloadPolicy()
     state = MemoryState()
     now_ms = int(time.time() * 1000)
