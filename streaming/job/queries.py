@@ -53,6 +53,9 @@ is fresh, so they never meet a checkpoint written without them)."""
 
 @dataclass
 class BatchReport:
+    """A micro-batch's ``SinkStats`` summed over its tasks (``SinkStats.merge``: the same fields), with its id and
+    how long the sink's Spark job took."""
+
     batch_id: int
     duration_s: float
     parts: int = 0
@@ -255,21 +258,10 @@ class JobQueries:
         started = time.monotonic()
         apply = _apply_arrow(self.location, self.fetcher_spec())
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
-        results = [json.loads(r.stats) for r in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect()]
-        report = BatchReport(batch_id, 0.0)
-        for stats in results:
-            report.parts += stats["parts"]
-            report.part_bytes += stats["part_bytes"]
-            report.fetch_seconds += stats.get("fetch_seconds", 0.0)
-            report.spooled_entries += stats.get("spooled_entries", 0)
-            report.broker_entries += stats.get("broker_entries", 0)
-            report.broker_reads += stats.get("broker_reads", 0)
-            report.opened += stats["opened"]
-            report.sealed.extend(stats["sealed"])
-            report.upload_seconds.extend(stats["upload_seconds"])
-            report.errors += stats["errors"]
-            report.topics.update(stats["topics"])
-        report.duration_s = time.monotonic() - started
+        total = SinkStats()
+        for row in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect():
+            total.merge(SinkStats(**json.loads(row.stats)))  # each task's, as _apply_arrow wrote it
+        report = BatchReport(batch_id, time.monotonic() - started, **asdict(total))
         self.last_topic_stats.update(report.topics)
         self._metadata_changed({*report.topics, *(seal["topic"] for seal in report.sealed)})
         if self.quarantine is not None and report.sealed:
