@@ -31,65 +31,48 @@ def _proc_stat(pid: int) -> tuple[int, str, float, float] | None:
     return ppid, comm, own, children
 
 
+def _process_table() -> tuple[dict[int, tuple[int, str, float, float]], dict[int, list[int]]]:
+    """Every live process's ``_proc_stat``, and each one's children (for ``_subtree``)."""
+    table: dict[int, tuple[int, str, float, float]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := _proc_stat(int(name))) is not None:
+            table[int(name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _comm, _own, _reaped) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    return table, children
+
+
 def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
     """CPU seconds so far of: the broker, the Spark JVM, its Python workers, and this (driver) process.
 
     Workers that exited were reaped by their parent (PySpark's daemon) and count in its children's
     times, so differences of two snapshots are right even when workers come and go in between.
     """
-    table: dict[int, tuple[int, str, float, float]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = _proc_stat(int(name))
-            if stat is not None:
-                table[int(name)] = stat
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _comm, _own, _reaped) in table.items():
-        children.setdefault(ppid, []).append(pid)
-
-    def subtree(root: int) -> list[int]:
-        out, todo = [], [root]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            todo.extend(children.get(pid, []))
-        return out
-
+    table, children = _process_table()
     me = os.getpid()
     groups = {"broker": 0.0, "jvm": 0.0, "python workers": 0.0, "driver": table[me][2] if me in table else 0.0}
     if broker_pid is not None and broker_pid in table:
-        groups["broker"] = sum(table[p][2] + table[p][3] for p in subtree(broker_pid))
+        groups["broker"] = sum(table[p][2] + table[p][3] for p in _subtree(children, broker_pid))
     for pid in children.get(me, []):
         if table[pid][1] == "java":
             # The JVM's children are all Python (daemons, workers, data source planners); those that
             # exited count in its children's times.
             groups["jvm"] += table[pid][2]
             groups["python workers"] += table[pid][3]
-            groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid) if p != pid)
+            groups["python workers"] += sum(table[p][2] + table[p][3] for p in _subtree(children, pid) if p != pid)
         elif is_fork_server(pid):
             # Spark's Python processes forked with the imports done (streaming/runtime/fork_server.py): the server
             # itself, the daemons it forked for Spark and theirs.
-            groups["python workers"] += sum(table[p][2] + table[p][3] for p in subtree(pid))
+            groups["python workers"] += sum(table[p][2] + table[p][3] for p in _subtree(children, pid))
     return groups
 
 
 def tree_cpu(root: int) -> float:
     """CPU seconds so far of ``root`` and every process below it, those that exited included (they count in
     their parents' reaped children's times): a job started as a subprocess, its JVM and Python workers."""
-    table: dict[int, tuple[int, str, float, float]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (stat := _proc_stat(int(name))) is not None:
-            table[int(name)] = stat
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, *_rest) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            total += table[pid][2] + table[pid][3]
-        todo.extend(children.get(pid, []))
-    return total
+    table, children = _process_table()
+    return sum(table[pid][2] + table[pid][3] for pid in _subtree(children, root) if pid in table)
 
 
 def is_fork_server(pid: int) -> bool:
@@ -348,13 +331,7 @@ class RssSampler:
 
 def _children_by_parent() -> dict[int, list[int]]:
     """Every live process's children, from /proc."""
-    parents: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = _proc_stat(int(name))
-            if stat is not None:
-                parents.setdefault(stat[0], []).append(int(name))
-    return parents
+    return _process_table()[1]
 
 
 def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
