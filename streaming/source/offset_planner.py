@@ -24,10 +24,18 @@ from streamoffload.streaming.control.quarantine import PauseFile, TopicFailedErr
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.broker_connection import TopicListingUnsupported, list_topics
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, Position, Probe, PulsarIOError
+from streamoffload.streaming.protocol.exactly_once import (
+    BEFORE_EARLIEST,
+    DataLossError,
+    Position,
+    Probe,
+    PulsarIOError,
+    gap,
+)
 from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, fair_shares
 from streamoffload.streaming.source.backlog import PartitionBacklog, entries_between, write_backlog_file
+from streamoffload.streaming.source.read_through import BrokerFront, TierView
 from streamoffload.streaming.source.source_options import SourceOptions, parse_pattern
 
 log = logging.getLogger(__name__)
@@ -99,6 +107,9 @@ class SourcePlanner:
         """Whether this query planned a micro-batch with entries (``sealAtEnd`` seals only then)."""
         self._planned_at = time.monotonic()
         """When this planner last planned a micro-batch (entries or a wake), for ``WAKE_FALLBACK_S``."""
+        self._tier = TierView(options.offloaded, options.discovery_interval_s) if options.offloaded else None
+        """``offloaded.store``: the store that holds what the broker no longer does (read-through)."""
+        self._fronts: dict[str, tuple[float, BrokerFront]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -217,6 +228,12 @@ class SourcePlanner:
             if tp not in batch or isinstance(got, PulsarIOError):
                 got = self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
             latest[tp] = got
+        if self._tier is not None:
+            # Read-through: a topic-partition ends at the later of the broker's latest and the store's last.
+            for tp in partitions:
+                stored = self._tier.history(tp).last()
+                if stored is not None and (latest[tp] is None or stored > latest[tp]):  # type: ignore[operator]
+                    latest[tp] = stored
         if self._target is not None:
             for tp in partitions:
                 cap = self._target.get(tp)
@@ -496,15 +513,48 @@ class SourcePlanner:
         return rooms
 
     def _probe(self, tp: str, after: Position) -> Probe | None:
-        settings = self.options.reader_settings()
-        if self.options.reader == "raw":
-            probe = rr.probe_after_raw(self.raw_client, tp, after, settings=settings)
-        else:
-            probe = pio.probe_after(self.client, tp, after, settings=settings)
+        probe = self._tier_probe(tp, after)
+        if probe is None:
+            probe = self._broker_probe(tp, after)
         if probe is not None:
             old = self._entry_size.get(tp)
             self._entry_size[tp] = probe.approx_bytes if old is None else 0.7 * old + 0.3 * probe.approx_bytes
         return probe
+
+    def _broker_probe(self, tp: str, after: Position) -> Probe | None:
+        if self._tier is not None:  # read-through: the broker may have dropped ``after``'s ledger
+            now = time.monotonic()
+            known = self._fronts.get(tp)
+            if known is None or now - known[0] >= self.options.discovery_interval_s:
+                known = self._fronts[tp] = (now, BrokerFront(lambda after: self._probe_broker(tp, after)))
+            return known[1].next_after(after)
+        return self._probe_broker(tp, after)
+
+    def _probe_broker(self, tp: str, after: Position) -> Probe | None:
+        settings = self.options.reader_settings()
+        if self.options.reader == "raw":
+            return rr.probe_after_raw(self.raw_client, tp, after, settings=settings)
+        return pio.probe_after(self.client, tp, after, settings=settings)
+
+    def _tier_probe(self, tp: str, after: Position) -> Probe | None:
+        """Read-through: the next position after ``after`` where the tasks will read it from the store
+        (``read_through.read_through_range``'s rules), else None (the broker's next, probed as usual)."""
+        if self._tier is None:
+            return None
+        history = self._tier.history(tp)
+        nxt = history.next_after(after)
+        if nxt is None:
+            return None
+        if after <= BEFORE_EARLIEST or gap(after, nxt):
+            # Either side may hold the next entry: the broker's wins if it comes first (the store then has a
+            # hole the broker fills, or the broker's history starts earlier); a missing entry is the tasks' to
+            # report, with the read.
+            broker = self._broker_probe(tp, after)
+            if broker is not None and broker.position < nxt:
+                return broker
+        span = history.span_holding(nxt)
+        size = span.size // max(span.entries, 1) if span is not None else 1
+        return Probe(nxt, 1, size)
 
     def end_is_known(self, tp: str, end: Position) -> bool:
         return self._known_ends.get(tp) == end

@@ -166,15 +166,24 @@ from pyspark.sql.types import StructType
 from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
+from streamoffload.read.topic_reader import TopicReader
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.handoff.spool import SpoolWriter
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, ReadEntry, ReadStats
+from streamoffload.streaming.protocol.exactly_once import (
+    BEFORE_EARLIEST,
+    Position,
+    Probe,
+    ReadEntry,
+    ReaderSettings,
+    ReadStats,
+)
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.backlog import PartitionBacklog
 from streamoffload.streaming.source.input_partitions import Range, group_ranges, split_ranges
 from streamoffload.streaming.source.offset_planner import SourcePlanner, position_of, split_offsets
+from streamoffload.streaming.source.read_through import BrokerFront, TierView, read_through_range, stored_entries
 from streamoffload.streaming.source.source_options import SourceOptions, positions_only
 
 log = logging.getLogger(__name__)
@@ -366,16 +375,67 @@ def read_partition(
         # Each consumer has its own connection, so nothing is shared between tasks.
         client: Any = rr.RawClient(options.service_url, options.client_opts)
         read_range: Callable[..., Iterator[ReadEntry]] = rr.read_range_raw
+        probe: Callable[..., Probe | None] = rr.probe_after_raw
     else:
         client = pio.shared_client(options.service_url, options.client_opts)
         read_range = pio.read_range
-    for r in partition.ranges:
-        try:
-            yield from _read_range_rows(options, r, schema, client, read_range)
-        except Exception as err:
-            if not topic_errors or not is_topic_specific(err):
-                raise
-            raise TopicFailedError(r.topic, err) from err
+        probe = pio.probe_after
+    tier: TierView | None = None
+    stored: TopicReader | None = None
+    if options.offloaded is not None:
+        tier = TierView(options.offloaded)
+        stored = TopicReader(tier.scoped)
+        read_range = _read_through(tier, stored, read_range, probe)
+    try:
+        for r in partition.ranges:
+            try:
+                yield from _read_range_rows(options, r, schema, client, read_range)
+            except Exception as err:
+                if not topic_errors or not is_topic_specific(err):
+                    raise
+                raise TopicFailedError(r.topic, err) from err
+    finally:
+        if stored is not None:
+            stored.close()
+
+
+def _read_through(
+    tier: TierView,
+    stored: TopicReader,
+    read_broker: Callable[..., Iterator[ReadEntry]],
+    probe: Callable[..., Probe | None],
+) -> Callable[..., Iterator[ReadEntry]]:
+    """A ``read_range`` that reads what the store holds from the store and the rest from the broker
+    (``offloaded.store``; ``streaming/source/read_through.py``)."""
+
+    def read_range(
+        client: Any,
+        topic: str,
+        start: Position,
+        end: Position,
+        *,
+        settings: ReaderSettings,
+        end_is_known: bool = True,
+        stats: ReadStats | None = None,
+    ) -> Iterator[ReadEntry]:
+        def broker(after: Position, last: Position, known: bool) -> Iterator[ReadEntry]:
+            return read_broker(client, topic, after, last, settings=settings, end_is_known=known, stats=stats)
+
+        return read_through_range(
+            topic,
+            start,
+            end,
+            history=tier.history(topic, fresh=True),
+            read_stored=lambda after, last: stored_entries(stored, topic, after, last),
+            read_broker=broker,
+            broker=BrokerFront(lambda after: probe(client, topic, after, settings=settings)),
+            end_is_known=end_is_known,
+            fail_on_data_loss=settings.fail_on_data_loss,
+            store_name=f"the store ({tier.describe()})",
+            stats=stats,
+        )
+
+    return read_range
 
 
 def _read_range_rows(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamoffload.errors import ConfigError
+from streamoffload.storage.location import StoreLocation, parse_store_url
 from streamoffload.streaming.protocol.client_options import (
     ConnectionConfig,
     ServiceAddress,
@@ -76,6 +77,9 @@ class SourceOptions:
     spool_dir: str | None = None
     """With ``positions_only``: where the tasks keep the bytes they read for the sink (``streaming.handoff.spool``)."""
     spool_max_bytes: int = 2 << 30
+    offloaded: StoreLocation | None = None
+    """``offloaded.store``: read through the tier -- what the broker no longer holds comes from this store
+    (``streaming/source/read_through.py``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -154,6 +158,7 @@ class SourceOptions:
             positions_only=positions_only(options),
             spool_dir=get("spoolDir"),
             spool_max_bytes=_opt(get("spoolMaxBytes"), lambda t: parse_size(t, "spoolMaxBytes")) or 2 << 30,
+            offloaded=_offloaded_store(get),
         )
 
     @property
@@ -167,6 +172,21 @@ class SourceOptions:
             retry_timeout_s=self.retry_timeout_s,
             fail_on_data_loss=self.fail_on_data_loss,
         )
+
+
+def _offloaded_store(get: Callable[[str], str | None]) -> StoreLocation | None:
+    url = get("offloaded.store")
+    endpoint, region = get("offloaded.s3.endpoint"), get("offloaded.s3.region")
+    if url is None:
+        if endpoint or region:
+            raise ConfigError("options offloaded.s3.endpoint and offloaded.s3.region need offloaded.store")
+        return None
+    if positions_only({"positionsOnly": get("positionsOnly") or "false"}):
+        raise ConfigError("option offloaded.store does not go with positionsOnly: the offload job reads the broker")
+    try:
+        return parse_store_url(url, endpoint=endpoint, region=region)
+    except ConfigError as err:
+        raise ConfigError(f"option offloaded.store: {err}") from None
 
 
 def _opt(text: str | None, parse: Callable[[str], Any]) -> Any:
