@@ -343,7 +343,7 @@ def probe_after(
                     continue
                 count = batch_size_of(mid.serialize()) if mid.batch_index() >= 0 else 1
                 per_message = len(msg.data()) + 64  # + metadata, roughly
-                return Probe(pos, max(count, 1), per_message * max(count, 1))
+                return Probe(pos, max(count, 1), per_message * max(count, 1), msg.publish_timestamp())
         except Exception as err:
             log.warning("%s: probe after %s failed: %s", topic, after, err)
         finally:

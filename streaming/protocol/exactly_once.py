@@ -81,11 +81,13 @@ class ReadEntry(NamedTuple):
 
 @dataclass(frozen=True)
 class Probe:
-    """The first entry after a position: where it is and roughly how big (for byte limits)."""
+    """The first entry after a position: where it is, roughly how big (for byte limits) and when it was
+    published (ms; for ``startingTime``)."""
 
     position: Position
     num_messages: int
     approx_bytes: int
+    publish_time: int | None = None
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,9 @@ def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Posi
     if after <= BEFORE_EARLIEST:
         s.start_message_id.CopyFrom(MessageIdData(ledgerId=_U64, entryId=_U64))
     else:
-        s.start_message_id.CopyFrom(MessageIdData(ledgerId=after[0], entryId=after[1]))
+        # (L, -1), "before ledger L's first entry", starts at (L, 0): ids are unsigned on the wire, and
+        # the reader drops whatever arrives at or before ``after`` anyway.
+        s.start_message_id.CopyFrom(MessageIdData(ledgerId=after[0], entryId=max(after[1], 0)))
     s.initialPosition = CommandSubscribe.Earliest
     return cmd
 
@@ -354,7 +356,7 @@ def probe_after_raw(
                 pos = (msg.ledger_id, msg.entry_id)
                 if pos <= after:
                     continue
-                return Probe(pos, msg.num_messages, len(msg.payload))
+                return Probe(pos, msg.num_messages, len(msg.payload), msg.publish_time)
         except (OSError, PulsarIOError, FormatError) as err:
             log.warning("%s: probe after %s failed: %s", topic, after, err)
         finally:

@@ -18,6 +18,7 @@ from typing import Any
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage import keys
 from streamoffload.streaming.control.policy_versions import VersionsFile
 from streamoffload.streaming.control.quarantine import PauseFile, TopicFailedError
@@ -37,6 +38,7 @@ from streamoffload.streaming.source.admission import BufferFile, buffer_bound, f
 from streamoffload.streaming.source.backlog import PartitionBacklog, entries_between, write_backlog_file
 from streamoffload.streaming.source.read_through import BrokerFront, TierView
 from streamoffload.streaming.source.source_options import SourceOptions, parse_pattern
+from streamoffload.streaming.source.starting_time import broker_position_at, stored_position_at
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +280,10 @@ class SourcePlanner:
 
     def initial_offset(self) -> dict[str, list[int]]:
         partitions = self.topic_partitions(force=True)
+        if self.options.starting_time is not None:
+            start = self._starts_at_time(partitions, self.options.starting_time)
+            self._consumed = dict(start)
+            return offsets_json(start)
         spec = self.options.starting_offsets
         latest: dict[str, Position | None] = {}
         wants_latest = spec == "latest" or (isinstance(spec, dict) and "latest" in spec.values())
@@ -298,6 +304,26 @@ class SourcePlanner:
                 log.warning("pulsar source: startingOffsets names topic-partitions not read: %s", unknown)
         self._consumed = dict(start)
         return offsets_json(start)
+
+    def _starts_at_time(self, partitions: Sequence[str], at_ms: int) -> dict[str, Position]:
+        """``startingTime``: per topic-partition, the position before its first entry published at ``at_ms`` or
+        later: in the store (read-through) or on the broker; after its latest entry when nothing is that recent."""
+        latest = self.latest_positions(partitions)
+        start: dict[str, Position] = {}
+        reader = TopicReader(self._tier.scoped) if self._tier is not None else None
+        try:
+            for tp in partitions:
+                found: Position | None = None
+                if reader is not None:
+                    found = stored_position_at(reader, tp, reader.metadata.offloaded_segments(tp), at_ms)
+                if found is None:
+                    found = broker_position_at(lambda after, tp=tp: self._broker_probe(tp, after), latest[tp], at_ms)
+                start[tp] = (found[0], found[1] - 1) if found is not None else latest[tp] or BEFORE_EARLIEST
+                log.info("pulsar source: %s starts after %s (startingTime %d)", tp, start[tp], at_ms)
+        finally:
+            if reader is not None:
+                reader.close()
+        return start
 
     def prepare_available_now(self) -> None:
         partitions = self.topic_partitions(force=True)

@@ -39,6 +39,23 @@ Options (names are case-insensitive, as Spark makes them):
     ``"latest"``. Topic-partitions the JSON does not name start at the earliest position.
     The key ``"*"`` (``"earliest"`` or ``"latest"``) sets the start of topic-partitions the JSON does
     not name. Only used when a query starts without a checkpoint.
+``startingTime``
+    Instead of ``startingOffsets``: each topic-partition starts at its first entry published at or after this
+    time (ms since the epoch, or ISO-8601, UTC unless it says otherwise), found in the store (with
+    ``offloaded.store``) or on the broker by a binary search over probed entries, not by reading the history
+    (``streaming/source/starting_time.py``; publish times are assumed to grow along a topic-partition, as
+    Pulsar's seek by time assumes). A topic-partition with nothing that recent starts after its latest entry.
+    Only used when a query starts without a checkpoint.
+``offloaded.store``, ``offloaded.s3.endpoint``, ``offloaded.s3.region``
+    **Read through the tier**: the offload store (``file:///dir`` or ``s3://bucket/prefix``, and the S3
+    endpoint and region of an S3-compatible store) that holds what the broker may no longer hold. A range is
+    read from the store wherever it holds the next entry and from the broker elsewhere: a query from
+    ``earliest``, a position or ``startingTime`` before the broker's first entry reads the stored segments
+    (through the read path's read-ahead, cache and checks) and goes on from the broker at the entry after the
+    last stored one: one stream, the same rows, every entry once, in order (ledger entries are immutable, so
+    both places hold the same bytes). A topic-partition's latest position is the later of the broker's and
+    the store's. ``failOnDataLoss`` then fires only for entries in neither, naming the ledger range
+    (``streaming/source/read_through.py``). Not with ``positionsOnly``.
 ``endingOffsets`` (batch reads only, as in pulsar-spark)
     ``spark.read.format("pulsar")`` reads each topic-partition from ``startingOffsets`` up to and
     including ``endingOffsets``: ``latest`` (default: what the broker holds when the read is planned) or
@@ -571,7 +588,8 @@ class PulsarBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         freeze_long_lived()
-        assert isinstance(partition, PulsarRangePartition)
+        if not isinstance(partition, PulsarRangePartition):
+            return  # nothing to read: Spark runs one task with its own partition when the plan has none
         yield from read_partition(self.options, partition, self.schema)
 
 

@@ -77,6 +77,9 @@ class SourceOptions:
     spool_dir: str | None = None
     """With ``positions_only``: where the tasks keep the bytes they read for the sink (``streaming.handoff.spool``)."""
     spool_max_bytes: int = 2 << 30
+    starting_time: int | None = None
+    """``startingTime`` (ms since the epoch): each topic-partition starts at its first entry published then or
+    later (``streaming/source/starting_time.py``); only when a query starts without a checkpoint."""
     offloaded: StoreLocation | None = None
     """``offloaded.store``: read through the tier -- what the broker no longer holds comes from this store
     (``streaming/source/read_through.py``)."""
@@ -159,6 +162,7 @@ class SourceOptions:
             spool_dir=get("spoolDir"),
             spool_max_bytes=_opt(get("spoolMaxBytes"), lambda t: parse_size(t, "spoolMaxBytes")) or 2 << 30,
             offloaded=_offloaded_store(get),
+            starting_time=_starting_time(get),
         )
 
     @property
@@ -172,6 +176,17 @@ class SourceOptions:
             retry_timeout_s=self.retry_timeout_s,
             fail_on_data_loss=self.fail_on_data_loss,
         )
+
+
+def _starting_time(get: Callable[[str], str | None]) -> int | None:
+    text = get("startingTime")
+    if text is None:
+        return None
+    if get("startingOffsets") is not None:
+        raise ConfigError("give the option startingOffsets or startingTime, not both")
+    from streamoffload.read.dataset_plan import parse_time
+
+    return parse_time(text, "startingTime")
 
 
 def _offloaded_store(get: Callable[[str], str | None]) -> StoreLocation | None:

@@ -6,9 +6,11 @@ import argparse
 import base64
 import json
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -24,6 +26,7 @@ from streamoffload.read.dataset_plan import refuse_corrupt
 from streamoffload.read.segment import DEFAULT_CACHE_BYTES, ChunkCache, EntryNotFoundError, OffloadedEntry
 from streamoffload.read.topic_reader import TopicReader, parse_position
 from streamoffload.storage import keys
+from streamoffload.storage.location import ScopedStore
 
 EPILOG = """\
 examples:
@@ -71,6 +74,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--index-key", metavar="KEY", help="its index object (default: DATA_KEY-index)")
     parser.add_argument(
         "--ledger-id", type=int, metavar="N", help="ledger id of a v1 data object not named ...-ledger-<N>"
+    )
+    follow = parser.add_argument_group("following the broker")
+    follow.add_argument(
+        "--follow",
+        action="store_true",
+        help="after the store's last entry, go on from the broker at the entry after it and print new entries as "
+        "they arrive, until interrupted (or --to, or --limit): the store's history and the broker's present as one "
+        "stream, each entry once",
+    )
+    follow.add_argument(
+        "--service-url", metavar="URL", help="the broker for --follow (default: [pulsar] service_url of --conf)"
+    )
+    follow.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="with --follow, how often to ask the broker for new entries when there are none (default: %(default)s)",
     )
     parser.add_argument(
         "--no-readahead",
@@ -176,6 +197,10 @@ def run(args: argparse.Namespace) -> int:
         raise ReadCommandError("--index-key needs --data-key")
     if not args.topic and not args.data_key:
         raise ReadCommandError("give a TOPIC (or --data-key KEY to read one segment's objects)")
+    if args.follow and args.data_key:
+        raise ReadCommandError("--follow reads a TOPIC, not one segment's objects (--data-key)")
+    if not args.poll_seconds > 0:
+        raise ReadCommandError(f"--poll-seconds: expected a number of seconds above 0, got {args.poll_seconds}")
     topic = topic_arg(args.topic, config) if args.topic else None
     location = config.store.location
     prefix = location.prefix
@@ -194,11 +219,19 @@ def run(args: argparse.Namespace) -> int:
             data_key = _under(prefix, args.data_key)
             index_key = _under(prefix, args.index_key) if args.index_key else None
             entries = reader.read_objects(data_key, index_key, start, end, ledger_id=args.ledger_id)
+        elif args.follow:
+            assert topic is not None
+            _refuse_corrupt(reader, topic, start, end)
+            service_url = args.service_url or config.pulsar.service_url
+            entries = follow_entries(
+                reader, scoped, str(topic), service_url, dict(config.pulsar.client), start, end, args
+            )
         else:
             assert topic is not None
             _refuse_corrupt(reader, topic, start, end)
             entries = reader.read(topic, start, end)
-        entries = _check_start(entries, start, topic, reader)
+        if not args.follow:
+            entries = _check_start(entries, start, topic, reader)
         try:
             # A reader of our output that goes away (`| head`) is a BrokenPipeError, which streamoffload.cli
             # turns into a quiet exit for every command.
@@ -212,6 +245,62 @@ def run(args: argparse.Namespace) -> int:
         reader.close()
         scoped.store.close()
     return 0
+
+
+def follow_entries(
+    reader: TopicReader,
+    scoped: ScopedStore,
+    topic: str,
+    service_url: str,
+    client_options: dict[str, str],
+    start: Position | None,
+    end: Position | None,
+    args: argparse.Namespace,
+) -> Iterator[Any]:
+    """``--follow``: the topic-partition's entries from ``start`` (or its first) through the store and then the
+    broker (``streaming.source.read_through``: the store where it holds the next entry, the broker after),
+    asking the broker for its latest position every ``--poll-seconds`` while nothing is new; ends at ``end``."""
+    from streamoffload.streaming.protocol import raw_reader as rr
+    from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, ReaderSettings
+    from streamoffload.streaming.source.read_through import (
+        BrokerFront,
+        StoredHistory,
+        read_through_range,
+        stored_entries,
+    )
+
+    client = rr.RawClient(service_url, client_options)
+    settings = ReaderSettings()
+    metadata = MetadataStore(scoped)
+    cur: Position = BEFORE_EARLIEST if start is None else (start[0], start[1] - 1)
+    try:
+        while end is None or cur < end:
+            history = StoredHistory.of(metadata.offloaded_segments(topic))
+            latest = rr.latest_position_raw(client, topic)
+            stored_last = history.last()
+            if stored_last is not None and (latest is None or stored_last > latest):
+                latest = stored_last
+            target = latest if end is None or (latest is not None and latest < end) else end
+            if latest is None or target is None or target <= cur:
+                time.sleep(args.poll_seconds)
+                continue
+            for entry in read_through_range(
+                topic,
+                cur,
+                target,
+                history=history,
+                read_stored=lambda after, last: stored_entries(reader, topic, after, last),
+                read_broker=lambda after, last, known: rr.read_range_raw(
+                    client, topic, after, last, settings=settings, end_is_known=known
+                ),
+                broker=BrokerFront(lambda after: rr.probe_after_raw(client, topic, after, settings=settings)),
+                end_is_known=target == latest,
+                store_name=f"the store ({scoped.describe()})",
+            ):
+                cur = entry.position
+                yield entry
+    finally:
+        client.close()
 
 
 def _topic_of_key(prefix: str, key: str) -> TopicName:

@@ -12,12 +12,16 @@ byte for byte against the broker that wrote it.
 
 from __future__ import annotations
 
+import base64
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from streamoffload.codecs.entry import decode_entry
 from streamoffload.config import load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
@@ -49,13 +53,13 @@ def entries(spark: Any, service_url: str, topic: str, **options: str) -> list[En
 def trimmed(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Two topics offloaded from a first broker, which is then replaced by a second holding only later entries."""
     tmp = tmp_path_factory.mktemp("read-through")
-    topic, holed = unique_topic("rt-orders"), unique_topic("rt-holed")
+    topic, holed, follow = unique_topic("rt-orders"), unique_topic("rt-holed"), unique_topic("rt-follow")
     first = EmbeddedBroker(tmp / "broker-old", default_partitions=0).start()
     try:
-        for name in (topic, holed):
+        for name in (topic, holed, follow):
             produce(first.service_url, name, count=OLD, payload_size=2000, batching=False)
-        old = {name: entries(spark, first.service_url, name) for name in (topic, holed)}
-        config_path = write_config(tmp, first.service_url, [topic, holed], fs_store(tmp), SMALL_SEGMENTS)
+        old = {name: entries(spark, first.service_url, name) for name in (topic, holed, follow)}
+        config_path = write_config(tmp, first.service_url, [topic, holed, follow], fs_store(tmp), SMALL_SEGMENTS)
         OffloadJob(load_config(config_path), str(config_path)).run_once(spark)
     finally:
         first.stop()
@@ -63,12 +67,21 @@ def trimmed(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     try:
         for i in range(4):  # ledgers 0..3 go to other topics: the topics' new ledgers come after the stored ones
             produce(second.service_url, unique_topic(f"rt-pad{i}"), count=1, payload_size=10, batching=False)
-        for name in (topic, holed):
+        for name in (topic, holed, follow):
             produce(second.service_url, name, count=NEW, payload_size=2000, batching=False)
-        new = {name: entries(spark, second.service_url, name) for name in (topic, holed)}
+        new = {name: entries(spark, second.service_url, name) for name in (topic, holed, follow)}
         assert min(e[:2] for e in new[topic]) > max(e[:2] for e in old[topic])  # the broker's history starts later
         store = f"file://{tmp / 'store'}"
-        yield {"broker": second, "store": store, "topic": topic, "holed": holed, "old": old, "new": new, "tmp": tmp}
+        yield {
+            "broker": second,
+            "store": store,
+            "topic": topic,
+            "holed": holed,
+            "follow": follow,
+            "old": old,
+            "new": new,
+            "tmp": tmp,
+        }
     finally:
         second.stop()
 
@@ -187,3 +200,45 @@ def test_a_hole_neither_side_holds_is_named_and_skipped_only_when_asked(spark: A
         entries(spark, url, holed, **{"offloaded.store": store})
     skipped = entries(spark, url, holed, **{"offloaded.store": store, "failOnDataLoss": "false"})
     assert skipped == [e for e in old if not first <= e[1] <= last] + new
+
+
+def test_starting_time_inside_the_store_and_inside_the_broker(spark: Any, trimmed: Any) -> None:
+    t = trimmed
+    topic = t["topic"]
+    everything = t["old"][topic] + t["new"][topic]
+    times = [decode_entry(e[2]).metadata.publish_time for e in everything]
+    assert times == sorted(times)
+    url, store = t["broker"].service_url, t["store"]
+    for index in (0, 7, len(t["old"][topic]) - 1, len(t["old"][topic]) + 4, len(everything) - 1):
+        at = times[index]
+        first = next(i for i, ms in enumerate(times) if ms >= at)  # equal times: the first entry of that ms
+        got = entries(spark, url, topic, **{"offloaded.store": store, "startingTime": str(at)})
+        assert got == everything[first:], index
+    # Later than everything: nothing yet; without the store, a time in the stored history starts at the broker's.
+    assert entries(spark, url, topic, **{"offloaded.store": store, "startingTime": str(times[-1] + 1)}) == []
+    assert entries(spark, url, topic, startingTime=str(times[3])) == t["new"][topic]
+
+
+def test_read_follow_goes_on_from_the_broker_and_prints_new_entries_as_they_arrive(trimmed: Any) -> None:
+    t = trimmed
+    topic, url = t["follow"], t["broker"].service_url
+    before = t["old"][topic] + t["new"][topic]
+    command = [sys.executable, "-m", "streamoffload", "read", "--store", t["store"], topic, "--follow"]
+    command += ["--service-url", url, "--poll-seconds", "0.2", "--limit", str(len(before) + 5)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines: list[dict[str, Any]] = []
+        assert proc.stdout is not None
+        while len(lines) < len(before):  # the store's history, then the broker's present
+            lines.append(json.loads(proc.stdout.readline()))
+        produce(url, topic, count=5, payload_size=2000, batching=False)  # new entries while it follows
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    lines += [json.loads(line) for line in out.splitlines()]
+    got = [(d["ledger_id"], d["entry_id"], base64.b64decode(d["payload"])) for d in lines]
+    assert got[: len(before)] == before
+    later = got[len(before) :]
+    assert len(later) == 5 and [e[:2] for e in later] == sorted({e[:2] for e in later})
+    assert later[0][:2] == (before[-1][0], before[-1][1] + 1)
