@@ -153,7 +153,8 @@ def test_probe_finds_the_next_entry_with_its_exact_size(pulsar_broker: EmbeddedB
     produce(pulsar_broker.service_url, topic, 30, 100, batching=True, batch_size=10)
     entries = read_all(raw, topic)
     probe = rr.probe_after_raw(raw, topic, BEFORE_EARLIEST, settings=FAST)
-    assert probe == Probe(entries[0].position, entries[0].num_messages, len(entries[0].payload))
+    first = entries[0]
+    assert probe == Probe(first.position, first.num_messages, len(first.payload), first.publish_time)
     after_first = rr.probe_after_raw(raw, topic, entries[0].position, settings=FAST)
     assert after_first is not None and after_first.position == entries[1].position
     assert rr.probe_after_raw(raw, topic, entries[-1].position, settings=FAST, attempts=1) is None

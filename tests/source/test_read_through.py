@@ -29,7 +29,7 @@ from streamoffload.storage import keys
 from streamoffload.storage.location import parse_store_url
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import unique_topic
-from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, write_config
+from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, poll, write_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -242,3 +242,53 @@ def test_read_follow_goes_on_from_the_broker_and_prints_new_entries_as_they_arri
     later = got[len(before) :]
     assert len(later) == 5 and [e[:2] for e in later] == sorted({e[:2] for e in later})
     assert later[0][:2] == (before[-1][0], before[-1][1] + 1)
+
+
+def test_a_running_stream_goes_on_when_the_broker_trims_under_it(spark: Any, tmp_path: Path) -> None:
+    """The broker is replaced by a trimmed one (same address, new data directory) while a query runs."""
+    topic = unique_topic("rt-live")
+    first = EmbeddedBroker(tmp_path / "broker-old", default_partitions=0).start()
+    port = first.port
+    try:
+        produce(first.service_url, topic, count=OLD, payload_size=2000, batching=False)
+        old = entries(spark, first.service_url, topic)
+        config_path = write_config(tmp_path, first.service_url, [topic], fs_store(tmp_path), SMALL_SEGMENTS)
+        OffloadJob(load_config(config_path), str(config_path)).run_once(spark)
+    except BaseException:
+        first.stop()
+        raise
+    got: list[Entry] = []
+
+    def sink(frame: Any, batch_id: int) -> None:
+        got.extend((r.ledger_id, r.entry_id, bytes(r.entry)) for r in frame.orderBy("ledger_id", "entry_id").collect())
+
+    query = (
+        spark.readStream.format("pulsar")
+        .option("serviceUrl", first.service_url)
+        .option("topics", topic)
+        .option("offloaded.store", f"file://{tmp_path / 'store'}")
+        .option("stallTimeoutMs", "100")
+        .option("discoveryIntervalSeconds", "1")
+        .option("maxEntriesPerTrigger", "8")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .trigger(processingTime="1 second")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    second: EmbeddedBroker | None = None
+    try:
+        poll(lambda: len(got) >= 8, 120, "the first micro-batch")
+        first.stop()  # retention took ledger 0: the new broker holds only later ledgers
+        second = EmbeddedBroker(tmp_path / "broker-new", port=port, default_partitions=0).start()
+        for i in range(4):
+            produce(second.service_url, unique_topic(f"rt-livepad{i}"), count=1, payload_size=10, batching=False)
+        produce(second.service_url, topic, count=NEW, payload_size=2000, batching=False)
+        new = entries(spark, second.service_url, topic)
+        poll(lambda: len(got) >= OLD + NEW, 180, "every entry")
+        query.processAllAvailable()
+    finally:
+        query.stop()
+        if second is not None:
+            second.stop()
+    assert got == old + new
