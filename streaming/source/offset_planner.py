@@ -36,11 +36,16 @@ from streamoffload.streaming.protocol.exactly_once import (
 from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, fair_shares
 from streamoffload.streaming.source.backlog import PartitionBacklog, entries_between, write_backlog_file
+from streamoffload.streaming.source.input_partitions import Range
 from streamoffload.streaming.source.read_through import BrokerFront, TierView
 from streamoffload.streaming.source.source_options import SourceOptions, parse_pattern
 from streamoffload.streaming.source.starting_time import broker_position_at, stored_position_at
 
 log = logging.getLogger(__name__)
+
+STORED_PIECE_BYTES = 32 << 20
+"""Read-through: the stored bytes one task reads at least before a range is cut (as ``pulsar-offloaded``'s
+``maxPartitionBytes``): a task costs a few hundred ms, so smaller pieces would cost more than they save."""
 
 
 def offsets_json(positions: Mapping[str, Position]) -> dict[str, list[int]]:
@@ -581,6 +586,21 @@ class SourcePlanner:
         span = history.span_holding(nxt)
         size = span.size // max(span.entries, 1) if span is not None else 1
         return Probe(nxt, 1, size)
+
+    def cut_stored(self, ranges: list[Range]) -> list[Range]:
+        """Read-through: each range's stored part cut in pieces of about ``STORED_PIECE_BYTES`` (at stored
+        positions, which exist), so tasks read a stored backlog in parallel; at most ``maxPartitions`` in all."""
+        if self._tier is None or not ranges:
+            return ranges
+        most = max(1, self.options.max_partitions // len(ranges))
+        out: list[Range] = []
+        for r in ranges:
+            start = r.start
+            for cut in self._tier.history(r.topic).stored_cuts(r.start, r.end, STORED_PIECE_BYTES, most):
+                out.append(Range(r.topic, start, cut, True))
+                start = cut
+            out.append(Range(r.topic, start, r.end, r.end_known))
+        return out
 
     def end_is_known(self, tp: str, end: Position) -> bool:
         return self._known_ends.get(tp) == end

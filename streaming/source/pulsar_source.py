@@ -299,7 +299,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             e = ends[tp]
             if e > s:
                 ranges.append(Range(tp, s, e, self.planner.end_is_known(tp, e)))
-        partitions: list[InputPartition] = list(_input_partitions(ranges, self.options))
+        partitions: list[InputPartition] = list(_input_partitions(self.planner.cut_stored(ranges), self.options))
         if sealed and not sealed_before:
             partitions.append(SealMarkerPartition(sorted(ends)))
         return partitions
@@ -577,7 +577,7 @@ class PulsarBatchReader(DataSourceReader):
                 )
             if end > start[tp]:  # type: ignore[operator]
                 ranges.append(Range(tp, start[tp], end, end == last))  # type: ignore[arg-type]
-        return _input_partitions(ranges, self.options)
+        return _input_partitions(planner.cut_stored(ranges), self.options)
 
     def partitions(self) -> Sequence[InputPartition]:
         planner = SourcePlanner(self.options)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -159,6 +160,42 @@ class StoredHistory:
         if i >= 0 and self.spans[i].end >= position:
             return self.spans[i]
         return None
+
+    def stored_cuts(self, start: Position, end: Position, piece_bytes: int, most: int) -> list[Position]:
+        """Where to cut ``(start, end]`` so that its stored part (the run the store serves from ``start``) is
+        read by several tasks at once: up to ``most`` pieces of about ``piece_bytes`` stored bytes each. Each
+        cut is a stored position (an entry that exists), so every piece keeps the exact-range contract."""
+        nxt = self.next_after(start)
+        if nxt is None or nxt > end or gap(start, nxt) or most <= 1:
+            return []
+        last = min(self.run_end(nxt), end)
+        # The run's spans clipped to (start, last], as (span, first id, last id) with their estimated bytes.
+        parts: list[tuple[LedgerSpan, int, int]] = []
+        i = self._starts.index(self.span_holding(nxt).start)  # type: ignore[union-attr]
+        while i < len(self.spans) and self.spans[i].start <= last:
+            span = self.spans[i]
+            lo = max(span.first, nxt[1]) if span.ledger_id == nxt[0] else span.first
+            hi = min(span.last, last[1]) if span.ledger_id == last[0] else span.last
+            if lo <= hi:
+                parts.append((span, lo, hi))
+            i += 1
+        per_entry = [span.size / span.entries for span, _, _ in parts]
+        total = sum(bytes_ * (hi - lo + 1) for bytes_, (_, lo, hi) in zip(per_entry, parts, strict=True))
+        pieces = min(most, int(total // max(piece_bytes, 1)) + 1)
+        if pieces <= 1:
+            return []
+        step, cuts, acc = total / pieces, [], 0.0
+        for bytes_, (span, lo, hi) in zip(per_entry, parts, strict=True):
+            upto = acc + bytes_ * (hi - lo + 1)
+            while len(cuts) < pieces - 1 and step * (len(cuts) + 1) <= upto:
+                # the entry at which the running total reaches the next multiple of step
+                entry_id = lo + max(0, math.ceil((step * (len(cuts) + 1) - acc) / bytes_) - 1)
+                position = (span.ledger_id, min(entry_id, hi))
+                if position >= last or (cuts and position <= cuts[-1]):
+                    break
+                cuts.append(position)
+            acc = upto
+        return cuts
 
     def describe(self) -> str:
         shown = [f"{s.ledger_id}:{s.first}..{s.ledger_id}:{s.last}" for s in self.spans[:6]]

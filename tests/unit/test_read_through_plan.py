@@ -135,3 +135,25 @@ def test_broker_position_at_walks_ledgers_and_bisects_entry_ids() -> None:
     assert broker_position_at(sides.probe, latest, 3500) == (7, 0)  # between ledgers: the next ledger's first
     assert broker_position_at(sides.probe, latest, 9021) is None
     assert broker_position_at(sides.probe, None, 0) is None
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 500), st.integers(1, 64)), min_size=1, max_size=5),  # (entries, bytes each)
+    st.integers(0, 3000),
+    st.integers(1, 10),
+    st.integers(256, 20_000),
+)
+def test_stored_cuts_are_stored_positions_in_order_of_about_piece_bytes(
+    ledgers: list[tuple[int, int]], start_at: int, most: int, piece: int
+) -> None:
+    spans = [LedgerSpan(10 + i, 0, n - 1, n * size) for i, (n, size) in enumerate(ledgers)]
+    history = StoredHistory(spans)
+    positions = [(s.ledger_id, e) for s in spans for e in range(s.first, s.last + 1)]
+    start = BEFORE_EARLIEST if start_at >= len(positions) else positions[start_at]
+    end = positions[-1]
+    cuts = history.stored_cuts(start, end, piece, most)
+    assert cuts == sorted(set(cuts)) and len(cuts) <= most - 1
+    assert all(c in positions and start < c < end for c in cuts)
+    stored = sum(s.size for s in spans) if start == BEFORE_EARLIEST else None
+    if stored is not None and stored >= 4 * piece and most >= 4 and len(positions) >= 8:
+        assert cuts, "a large stored part is cut"
