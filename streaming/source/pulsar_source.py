@@ -393,16 +393,18 @@ def read_partition(
         client: Any = rr.RawClient(options.service_url, options.client_opts)
         read_range: Callable[..., Iterator[ReadEntry]] = rr.read_range_raw
         probe: Callable[..., Probe | None] = rr.probe_after_raw
+        latest: Callable[[Any, str], Position | None] = rr.latest_position_raw
     else:
         client = pio.shared_client(options.service_url, options.client_opts)
         read_range = pio.read_range
         probe = pio.probe_after
+        latest = pio.latest_position
     tier: TierView | None = None
     stored: TopicReader | None = None
     if options.offloaded is not None:
         tier = TierView(options.offloaded)
         stored = TopicReader(tier.scoped)
-        read_range = _read_through(tier, stored, read_range, probe)
+        read_range = _read_through(tier, stored, read_range, probe, latest)
     try:
         for r in partition.ranges:
             try:
@@ -421,6 +423,7 @@ def _read_through(
     stored: TopicReader,
     read_broker: Callable[..., Iterator[ReadEntry]],
     probe: Callable[..., Probe | None],
+    latest: Callable[[Any, str], Position | None],
 ) -> Callable[..., Iterator[ReadEntry]]:
     """A ``read_range`` that reads what the store holds from the store and the rest from the broker
     (``offloaded.store``; ``streaming/source/read_through.py``)."""
@@ -445,7 +448,9 @@ def _read_through(
             history=tier.history(topic, fresh=True),
             read_stored=lambda after, last: stored_entries(stored, topic, after, last),
             read_broker=broker,
-            broker=BrokerFront(lambda after: probe(client, topic, after, settings=settings)),
+            broker=BrokerFront(
+                lambda after: probe(client, topic, after, settings=settings), lambda: latest(client, topic)
+            ),
             end_is_known=end_is_known,
             fail_on_data_loss=settings.fail_on_data_loss,
             store_name=f"the store ({tier.describe()})",

@@ -273,14 +273,19 @@ class BrokerFront:
     delivers nothing after a position in a ledger it does not hold (seen here), and would leave a read
     waiting until its retry timeout."""
 
-    def __init__(self, probe: Callable[[Position], Probe | None]) -> None:
+    def __init__(
+        self, probe: Callable[[Position], Probe | None], latest: Callable[[], Position | None] | None = None
+    ) -> None:
         self._probe = probe
+        self._latest = latest
         self._first: Probe | None = None
         self._asked = False
 
     def first(self) -> Probe | None:
         if not self._asked:
-            self._first = self._probe(BEFORE_EARLIEST)
+            # An empty topic is known from one round trip; a probe would wait out its attempts (seconds).
+            empty = self._latest is not None and self._latest() is None
+            self._first = None if empty else self._probe(BEFORE_EARLIEST)
             self._asked = True
         return self._first
 

@@ -293,7 +293,10 @@ def follow_entries(
                 read_broker=lambda after, last, known: rr.read_range_raw(
                     client, topic, after, last, settings=settings, end_is_known=known
                 ),
-                broker=BrokerFront(lambda after: rr.probe_after_raw(client, topic, after, settings=settings)),
+                broker=BrokerFront(
+                    lambda after: rr.probe_after_raw(client, topic, after, settings=settings),
+                    lambda: rr.latest_position_raw(client, topic),
+                ),
                 end_is_known=target == latest,
                 store_name=f"the store ({scoped.describe()})",
             ):
