@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamoffload.errors import ConfigError
+from streamoffload.streaming.control.rate_limits import RateLimitSpec
 from streamoffload.streaming.protocol.client_options import (
     ConnectionConfig,
     ServiceAddress,
@@ -76,6 +77,8 @@ class SourceOptions:
     spool_dir: str | None = None
     """With ``positions_only``: where the tasks keep the bytes they read for the sink (``streaming.handoff.spool``)."""
     spool_max_bytes: int = 2 << 30
+    rate_limits: RateLimitSpec | None = None
+    """``rateLimits`` (the offload job's): where the tasks find the read limits (``streaming.control.rate_limits``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -154,6 +157,7 @@ class SourceOptions:
             positions_only=positions_only(options),
             spool_dir=get("spoolDir"),
             spool_max_bytes=_opt(get("spoolMaxBytes"), lambda t: parse_size(t, "spoolMaxBytes")) or 2 << 30,
+            rate_limits=_opt(get("rateLimits"), RateLimitSpec.from_option),
         )
 
     @property
