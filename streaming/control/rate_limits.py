@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +48,11 @@ READ_CHUNK = 64 << 10
 entries, and a bucket's burst is never far from one chunk."""
 
 Policies = Callable[[str, int], OffloadPolicy]
+
+TRACE_ENV = "STREAMOFFLOAD_RATE_TRACE"
+"""Benches only (``bench/rate_limit.py``): with this set to a directory, every process appends a line
+``<unix time> <kind> <bytes>`` to ``DIR/<pid>.log`` each time bytes pass its limits (after any wait). Unset, nothing
+is written."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,10 @@ class RateLimiter:
         if waited > 0:
             with self._lock:
                 self._throttled[(topic, kind)] = self._throttled.get((topic, kind), 0.0) + waited
+        trace = os.environ.get(TRACE_ENV)
+        if trace:
+            with open(os.path.join(trace, f"{os.getpid()}.log"), "a", encoding="ascii") as out:
+                out.write(f"{time.time():.6f} {kind} {n}\n")
         return waited
 
     def throttled(self) -> dict[str, dict[str, float]]:
