@@ -29,6 +29,15 @@ class OffloadPolicy:
     """Oldest ledgers are marked deleted while the offloaded total exceeds this; -1: no limit."""
     managedLedgerOffloadDeletionLagMs: int = 4 * 60 * 60 * 1000
     """How long a segment whose ledgers are all marked deleted stays readable before its objects go."""
+    offloadReadRateBytesPerSecond: int = -1
+    """Entry bytes per second read from the broker for this topic-partition (the source's read and the sink's
+    re-read each count); -1: no limit. Applied to the micro-batches after a change's effective time."""
+    offloadUploadRateBytesPerSecond: int = -1
+    """Bytes per second of this topic-partition's parts uploaded to the store; -1: no limit."""
+    offloadTotalReadRateBytesPerSecond: int = -1
+    """The job's read limit over all its topic-partitions (``[offload]`` only: it is not a topic's); -1: none."""
+    offloadTotalUploadRateBytesPerSecond: int = -1
+    """The job's upload limit over all its topic-partitions (``[offload]`` only); -1: none."""
 
     @property
     def max_segment_bytes(self) -> int:
@@ -42,6 +51,14 @@ class OffloadPolicy:
     @property
     def block_size(self) -> int:
         return self.managedLedgerOffloadMaxBlockSizeInBytes
+
+    def rate_limit(self, kind: str) -> tuple[int, int]:
+        """``(per topic-partition, job total)`` bytes per second of ``kind`` (``read`` or ``upload``); -1: none."""
+        if kind == "read":
+            return self.offloadReadRateBytesPerSecond, self.offloadTotalReadRateBytesPerSecond
+        if kind == "upload":
+            return self.offloadUploadRateBytesPerSecond, self.offloadTotalUploadRateBytesPerSecond
+        raise ValueError(f"unknown rate limit kind {kind!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

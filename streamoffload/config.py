@@ -51,6 +51,16 @@ MAX_RETENTION_MB = 2**40
 """retentionSizeInMB: 1 EiB (-1 for no limit)."""
 MAX_DELETION_LAG_MS = 100 * 366 * DAY_MS
 """managedLedgerOffloadDeletionLagMs: 100 years."""
+MAX_RATE_BYTES_PER_SECOND = TIB
+"""The rate limits (offload...RateBytesPerSecond): 1 TiB/s (-1 for no limit)."""
+RATE_KEYS = (
+    "offloadReadRateBytesPerSecond",
+    "offloadUploadRateBytesPerSecond",
+    "offloadTotalReadRateBytesPerSecond",
+    "offloadTotalUploadRateBytesPerSecond",
+)
+JOB_ONLY_KEYS = ("offloadTotalReadRateBytesPerSecond", "offloadTotalUploadRateBytesPerSecond")
+"""Policy keys of the whole job: allowed in ``[offload]`` only, not in a namespace's or a topic's section."""
 
 METHODS = ("streaming", "ledger")
 DRIVERS = ("filesystem", "aws-s3", "s3")
@@ -77,6 +87,7 @@ _SIZE_KEYS: dict[str, int] = {
     "managedLedgerOffloadReadBufferSizeInBytes": 1,
     "offloadBufferMaxBytes": 1,
     "managedLedgerOffloadDriverBufferBytes": 1,
+    **{key: 1 for key in RATE_KEYS},  # bytes per second: "10MiB" is 10 MiB/s
 }
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": MINUTE_MS, "min": MINUTE_MS, "h": 60 * MINUTE_MS, "d": DAY_MS}
@@ -296,6 +307,11 @@ def _normalise_policy(table: Mapping[str, Any], source: str, section: str) -> di
             key = target
         if key not in _POLICY_TYPES:
             raise ConfigError(f"{source}: unknown offload policy key {where}{_suggest(key, list(_POLICY_TYPES))}")
+        if key in JOB_ONLY_KEYS and section != "offload":
+            raise ConfigError(
+                f"{source}: {where} is a limit of the whole job: set it in [offload], not per namespace or topic "
+                f"(per topic-partition: {key.replace('Total', '')})"
+            )
         out[key] = _check_type(value, _POLICY_TYPES[key], where, source)
     return out
 
@@ -368,6 +384,15 @@ def _validated_policy(values: Mapping[str, Any], source: str, section: str) -> O
             f"must be between 0 and {MAX_DELETION_LAG_MS} (100 years), got {p.managedLedgerOffloadDeletionLagMs!r}",
         ),
     ]
+    for key in RATE_KEYS:
+        checks.append(
+            (
+                lambda key=key: getattr(p, key) == -1 or _in_range(getattr(p, key), 1, MAX_RATE_BYTES_PER_SECOND),
+                key,
+                f"must be -1 (no limit) or bytes per second between 1 and {MAX_RATE_BYTES_PER_SECOND} (1 TiB/s; "
+                f"to pause a topic set enabled = false), got {getattr(p, key)!r}",
+            )
+        )
     for ok, key, problem in checks:
         try:
             good = ok()

@@ -62,6 +62,8 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self._run_ended = threading.Event()
         self.quarantine: Quarantine | None = None
         self._fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None = None
+        self.rate_limit_tasks = 1
+        """Tasks that share the job's total rate limits: Spark's parallelism, set when the query is built."""
         self.failed_topics: dict[str, str] = {}
         """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
         self._policy_failure: str | None = None

@@ -18,6 +18,7 @@ from typing import Any
 
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
+from streamoffload.streaming.control.rate_limits import RateLimitSpec
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import (
     ACTION_COLUMNS,
@@ -71,6 +72,8 @@ class BatchReport:
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per topic-partition: buffered_bytes, open_segment, open_segment_entries, open_segment_bytes,
     open_segment_assigned_ms, last_position, now_ms (see Segmenter.stats)."""
+    throttled: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Seconds the sink's tasks waited for the rate limits, by topic-partition and kind (read, upload)."""
 
 
 BatchListener = Callable[[BatchReport], None]
@@ -134,6 +137,9 @@ class JobQueries:
             options["quarantineFile"] = self._pause_file()
         if seal_at_end:
             options["sealAtEnd"] = "true"
+        limits = self.rate_limit_spec()
+        if limits is not None:
+            options["rateLimits"] = limits.to_option()
         spool = self._spool_dir()
         if spool is not None:
             options["spoolDir"] = spool
@@ -152,6 +158,13 @@ class JobQueries:
         for key, value in pulsar.client.items():
             options[f"pulsar.client.{key}"] = value
         return options
+
+    def rate_limit_spec(self) -> RateLimitSpec | None:
+        """Where the tasks find the rate limits (the run's policy versions) and how many tasks share the job's
+        totals: Spark's parallelism, the most tasks that run at once (``build`` learns it)."""
+        if self.run is None:
+            return None
+        return RateLimitSpec(self.location, self.rate_limit_tasks, self.run.policy_log.refresh_s)
 
     def _hold_broker_retention(self, committed: dict[str, Any]) -> None:
         """``pulsar.retain_subscription``: acknowledge each topic-partition's durable subscription up to its last
@@ -221,7 +234,8 @@ class JobQueries:
 
         # A task per core, and a second to overlap one task's start with another's reads: a micro-batch over
         # many quiet topic-partitions packs their ranges into these (input_ranges.group_ranges).
-        max_partitions = 2 * max(1, int(spark.sparkContext.defaultParallelism))
+        self.rate_limit_tasks = max(1, int(spark.sparkContext.defaultParallelism))
+        max_partitions = 2 * self.rate_limit_tasks
         entries = (
             spark.readStream.format("pulsar")
             .options(**self.source_options(seal_at_end=seal_at_end))

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import Buffer
+from streamoffload.streaming.control.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.part_layout import EntryRef
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, Position, ReaderSettings
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
@@ -115,6 +116,8 @@ class BrokerFetcher:
     settings: ReaderSettings = field(default_factory=ReaderSettings)
     reader: str = "raw"
     stats: FetchStats = field(default_factory=FetchStats)
+    limiter: RateLimiter | None = None
+    """The job's read limits (``streaming.control.rate_limits``): a re-read is a read from the broker too."""
     _client: Any = None
 
     def _read_range(self) -> tuple[Any, Any]:
@@ -138,7 +141,8 @@ class BrokerFetcher:
             self.stats.reads += 1
         read = read_range(client, topic, after, end, settings=self.settings, end_is_known=True)
         try:
-            delivered = (((e.ledger_id, e.entry_id), e.payload) for e in _counted(read, self.stats))
+            entries = throttled_reads(self.limiter, topic, _counted(read, self.stats), lambda e: len(e.payload))
+            delivered = (((e.ledger_id, e.entry_id), e.payload) for e in entries)
             yield from with_fetch_fault(fetch_fault(topic), delivered)  # tests only; unset, one lookup
         finally:
             read.close()  # its consumer and connection, when the sink stops early
@@ -246,6 +250,8 @@ class BrokerFetcherSpec:
     reader: str = "raw"
     spool_dir: str | None = None
     """Where the source tasks spool the bytes they read (``streaming.handoff.spool``): read there first."""
+    rate_limits: RateLimitSpec | None = None
+    """The job's rate limits, for the re-reads (read) and the sink's uploads (``sink.sink_for``)."""
 
     @classmethod
     def of(cls, options: Any) -> BrokerFetcherSpec:
@@ -257,10 +263,17 @@ class BrokerFetcherSpec:
             options.reader_settings(),
             options.reader,
             options.spool_dir if options.positions_only else None,
+            getattr(options, "rate_limits", None),
         )
 
     def __call__(self) -> EntryFetcher:
-        broker = BrokerFetcher(self.service_url, dict(self.client_options), self.settings, self.reader)
+        broker = BrokerFetcher(
+            self.service_url,
+            dict(self.client_options),
+            self.settings,
+            self.reader,
+            limiter=limiter_for(self.rate_limits),
+        )
         if self.spool_dir is None:
             return broker
         from streamoffload.streaming.handoff.spool import SpoolFetcher

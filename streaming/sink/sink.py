@@ -39,6 +39,7 @@ from streamoffload.storage.base import Buffer, MultipartWrite, ObjectNotFoundErr
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.storage.location import ScopedStore, StoreLocation
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.control.rate_limits import RateLimiter, limiter_for, throttled_since
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
     checksum_records,
@@ -92,6 +93,9 @@ class SinkStats:
     errors: int = 0
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per topic-partition figures from the segmenter (buffer, open segment, last position)."""
+    throttled: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Seconds the sink waited for the rate limits, by topic-partition and kind (``read``: its re-reads from the
+    broker; ``upload``: its parts)."""
 
     def merge(self, other: SinkStats) -> None:
         """Add ``other``'s figures (another topic-partition's, from another thread) to these."""
@@ -106,6 +110,10 @@ class SinkStats:
         self.upload_seconds.extend(other.upload_seconds)
         self.errors += other.errors
         self.topics.update(other.topics)
+        for topic, kinds in other.throttled.items():
+            mine = self.throttled.setdefault(topic, {})
+            for kind, seconds in kinds.items():
+                mine[kind] = mine.get(kind, 0.0) + seconds
 
 
 class _Bounded:
@@ -182,9 +190,12 @@ class SegmentSink:
         *,
         threads: int = SINK_THREADS,
         part_budget: int = 0,
+        limiter: RateLimiter | None = None,
     ) -> None:
         """``fetcher`` supplies the entries the parts name (the broker, in the job). ``part_budget``: bytes of
-        parts held at once over the threads (0: one part at a time, whatever its size)."""
+        parts held at once over the threads (0: one part at a time, whatever its size). ``limiter``: the job's
+        rate limits (``streaming.control.rate_limits``), here the upload limit of the parts."""
+        self.limiter = limiter
         self.scoped = scoped
         self.store = scoped.store
         self.fetcher = fetcher
@@ -209,6 +220,7 @@ class SegmentSink:
         for i, action in enumerate(actions):
             by_topic.setdefault(str(action["topic"]), []).append(i)
         counts_before = fetch_counts(self.fetcher)
+        throttled_before = self.limiter.throttled() if self.limiter is not None else {}
         groups = list(by_topic.values())
         if self.threads == 1 or len(groups) <= 1:
             results = [self._apply_topic(actions, group, parts) for group in groups]
@@ -225,6 +237,7 @@ class SegmentSink:
         stats.spooled_entries, stats.broker_entries, stats.broker_reads = (
             a - b for a, b in zip(after, counts_before, strict=True)
         )
+        stats.throttled = throttled_since(self.limiter, throttled_before)
         if failures:
             for _topic, err in failures:
                 if not is_topic_specific(err):
@@ -273,6 +286,7 @@ class SegmentSink:
             if self._object_exists(data_key):
                 return
             started = time.monotonic()
+            throttled = 0.0
             info = json.loads(action["info"])
             upload = self._upload_for(data_key, info["manifest_key"])
             part = part or _plan_parts([action])[0]
@@ -284,14 +298,16 @@ class SegmentSink:
                     first, offset = int(recorded["first_block"]), int(recorded["offset"])
                     for block, record in checksum_records(part.blocks, first, offset):
                         self.store.put(keys.block_checksums_key(data_key, block), record)
-                upload.write_part(int(action["part_number"]), data)
                 size = buffers_size(data)
+                if self.limiter is not None:  # the part's bytes pass when the wait ends
+                    throttled += self.limiter.acquire("upload", action["topic"], size)
+                upload.write_part(int(action["part_number"]), data)
                 del data
             release = getattr(self.fetcher, "release", None)  # the spool: these entries are written now
             if release is not None:
                 release(action["topic"], part.last)
             crash_point("after-part")
-            stats.upload_seconds.append(time.monotonic() - started)
+            stats.upload_seconds.append(time.monotonic() - started - throttled)  # the throttle is counted apart
             stats.parts += 1
             stats.part_bytes += size
         elif kind == "seal":
@@ -465,5 +481,6 @@ def sink_for(location: StoreLocation, fetcher_factory: Any = None) -> SegmentSin
     sink = _SINKS.get(ident)
     if sink is None:
         fetcher = fetcher_factory() if fetcher_factory is not None else None
-        sink = _SINKS[ident] = SegmentSink(location.open(), fetcher, part_budget=PART_BUDGET)
+        limiter = limiter_for(getattr(fetcher_factory, "rate_limits", None))
+        sink = _SINKS[ident] = SegmentSink(location.open(), fetcher, part_budget=PART_BUDGET, limiter=limiter)
     return sink

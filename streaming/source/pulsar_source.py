@@ -185,6 +185,7 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.control.rate_limits import limiter_for, throttled_reads
 from streamoffload.streaming.handoff.spool import SpoolWriter
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
@@ -506,14 +507,19 @@ def _read_range_rows(
         )
 
     try:
-        for entry in read_range(
-            client,
+        for entry in throttled_reads(  # the offload job's read limits (rateLimits), else as read
+            limiter_for(options.rate_limits),
             rng.topic,
-            rng.start,
-            rng.end,
-            settings=options.reader_settings(),
-            end_is_known=rng.end_known,
-            stats=stats,
+            read_range(
+                client,
+                rng.topic,
+                rng.start,
+                rng.end,
+                settings=options.reader_settings(),
+                end_is_known=rng.end_known,
+                stats=stats,
+            ),
+            lambda e: len(e.payload),
         ):
             ledger_ids.append(entry.ledger_id)
             entry_ids.append(entry.entry_id)

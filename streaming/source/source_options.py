@@ -12,6 +12,7 @@ from typing import Any
 
 from streamoffload.errors import ConfigError
 from streamoffload.storage.location import StoreLocation, parse_store_url
+from streamoffload.streaming.control.rate_limits import RateLimitSpec
 from streamoffload.streaming.protocol.client_options import (
     ConnectionConfig,
     ServiceAddress,
@@ -83,6 +84,8 @@ class SourceOptions:
     offloaded: StoreLocation | None = None
     """``offloaded.store``: read through the tier -- what the broker no longer holds comes from this store
     (``streaming/source/read_through.py``)."""
+    rate_limits: RateLimitSpec | None = None
+    """``rateLimits`` (the offload job's): where the tasks find the read limits (``streaming.control.rate_limits``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -163,6 +166,7 @@ class SourceOptions:
             spool_max_bytes=_opt(get("spoolMaxBytes"), lambda t: parse_size(t, "spoolMaxBytes")) or 2 << 30,
             offloaded=_offloaded_store(get),
             starting_time=_starting_time(get),
+            rate_limits=_opt(get("rateLimits"), RateLimitSpec.from_option),
         )
 
     @property

@@ -17,13 +17,17 @@ def alert_rules(
     lag_rollovers: float = 3.0,
     stale_batch_s: float = STALE_BATCH_CRIT_S,
     job: str = "streamoffload",
+    throttled_share: float = 0.1,
 ) -> dict[str, Any]:
     """Prometheus alerting rules (a rule file's document) for the offload job scraped under ``job``:
 
     * ``StreamoffloadLagHigh``: the lag (``streamoffload_offload_lag_seconds``, the definition ``status`` shows)
       of a topic-partition is above ``lag_rollovers`` rollover times: segments are not sealed when they should
       be. Per-topic series exist only for the worst topic-partitions (``[metrics] topic_series``), and a
-      lagging one ranks high by lag, so it has them unless more than that many are worse;
+      lagging one ranks high by lag, so it has them unless more than that many are worse. Not while the job is
+      held back by its rate limits (``throttled``: its tasks waited for them more than ``throttled_share`` of
+      the time over 10 minutes): then ``StreamoffloadLagHighRateLimited`` fires instead (severity info: the
+      configured limit at work, raise it or accept the lag); the namespace alert likewise;
     * ``StreamoffloadNamespaceLagHigh``: the same on the largest lag of a namespace
       (``streamoffload_namespace_max_offload_lag_seconds``), which covers every topic-partition, so it fires
       even when more topic-partitions lag than have per-topic series;
@@ -35,10 +39,13 @@ def alert_rules(
     """
     lag_s = rollover_minutes * 60 * lag_rollovers
     selector = f'{{job="{job}"}}'
+    throttled = f"(sum by (job, instance) (rate({m.THROTTLED_SECONDS.total}{selector}[10m])) > {throttled_share:g})"
+    topic_lag = f"max by (job, instance, topic) ({m.OFFLOAD_LAG.name}{selector}) > {lag_s:g}"
+    namespace_lag = f"max by (job, instance, namespace) ({m.NAMESPACE_MAX_OFFLOAD_LAG.name}{selector}) > {lag_s:g}"
     rules = [
         {
             "alert": "StreamoffloadLagHigh",
-            "expr": f"max by (job, instance, topic) ({m.OFFLOAD_LAG.name}{selector}) > {lag_s:g}",
+            "expr": f"({topic_lag}) unless on (job, instance) {throttled}",
             "for": "5m",
             "labels": {"severity": "warning"},
             "annotations": {
@@ -49,8 +56,21 @@ def alert_rules(
             },
         },
         {
+            "alert": "StreamoffloadLagHighRateLimited",
+            "expr": f"({topic_lag}) and on (job, instance) {throttled}",
+            "for": "5m",
+            "labels": {"severity": "info", "throttled": "true"},
+            "annotations": {
+                "summary": "offload lag of {{ $labels.topic }} is {{ $value | humanizeDuration }} under rate limits",
+                "description": f"The newest offloaded entry of {{{{ $labels.topic }}}} is older than {lag_rollovers:g} "
+                f"rollover times ({lag_s:g} s) while the job's tasks spend more than {throttled_share:.0%} of their "
+                "time waiting for the offload policy's rate limits (streamoffload_throttled_seconds_total): the lag "
+                "is the configured limit at work. Raise offload*RateBytesPerSecond if it is too low.",
+            },
+        },
+        {
             "alert": "StreamoffloadNamespaceLagHigh",
-            "expr": f"max by (job, instance, namespace) ({m.NAMESPACE_MAX_OFFLOAD_LAG.name}{selector}) > {lag_s:g}",
+            "expr": f"({namespace_lag}) unless on (job, instance) {throttled}",
             "for": "5m",
             "labels": {"severity": "warning"},
             "annotations": {

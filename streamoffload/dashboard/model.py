@@ -301,6 +301,15 @@ def build_dashboard() -> dict[str, Any]:
         unit="Bps",
         overrides=[_unit_override("B", "reqps", right_axis=True)],
     )
+    lay.panel(
+        "Throttled by rate limits",
+        "Seconds per second the sink's tasks waited for the offload policy's rate limits "
+        '(offload*RateBytesPerSecond; docs/DESIGN.md "Rate limits"), by kind: upload (parts to the store) and '
+        "read (re-reads from the broker). Summed over tasks: 200% means two tasks waited all the time. Lag "
+        "while this is high is the configured limit at work (StreamoffloadLagHighRateLimited), not a fault.",
+        [Target(f"sum by (kind) (rate({m.THROTTLED_SECONDS.total}{_S}[{_RI}]))", "{{kind}}")],
+        unit="percentunit",
+    )
 
     lay.row("Buffer")
     lay.panel(

@@ -106,6 +106,9 @@ class JobMetrics(Collector):
         self.parts_uploaded = _counter(d.PARTS_UPLOADED, reg)
         self.part_bytes_uploaded = _counter(d.PART_BYTES_UPLOADED, reg)
         self.segments_opened = _counter(d.SEGMENTS_OPENED, reg)
+        self.throttled_seconds = _counter(d.THROTTLED_SECONDS, reg)
+        for kind in ("read", "upload"):
+            self.throttled_seconds.labels(kind=kind)  # 0 until a limit holds something back: the panel has data
         self.sink_duration = _histogram(d.SINK_DURATION, reg)
         self.batch_duration = _histogram(d.BATCH_DURATION, reg)
         self.batches = _counter(d.BATCHES, reg)
@@ -138,6 +141,10 @@ class JobMetrics(Collector):
             self.part_bytes_uploaded.inc(report.part_bytes)
         if report.opened:
             self.segments_opened.inc(report.opened)
+        for kinds in getattr(report, "throttled", {}).values():
+            for kind, seconds in kinds.items():
+                if seconds > 0:
+                    self.throttled_seconds.labels(kind=kind).inc(seconds)
         self.sink_duration.observe(report.duration_s)
         with self._lock:
             self._last_batch_time = now

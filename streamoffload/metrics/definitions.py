@@ -97,6 +97,14 @@ UPLOAD_ERRORS = _define(
 )
 PARTS_UPLOADED = _define("parts_uploaded", "counter", "Multipart parts uploaded by the sink.")
 PART_BYTES_UPLOADED = _define("part_bytes_uploaded", "counter", "Bytes of the multipart parts uploaded by the sink.")
+THROTTLED_SECONDS = _define(
+    "throttled_seconds",
+    "counter",
+    "Seconds the sink's tasks waited for the offload policy's rate limits (offload*RateBytesPerSecond), by kind: "
+    "read (re-reads from the broker) or upload (parts to the store). Summed over tasks, so it can grow faster "
+    "than the clock.",
+    ("kind",),
+)
 SEGMENTS_OPENED = _define("segments_opened", "counter", "Offload segments opened (Assigned manifests written).")
 SINK_DURATION = _define(
     "sink_duration_seconds",

@@ -448,7 +448,12 @@ def test_every_series_has_the_unit_of_what_it_counts() -> None:
             unit, expr = unit_of(p, target["refId"]), target["expr"]
             metric = re.findall(r"streamoffload_(\w+)", expr)[0]
             if "rate(" in expr and "histogram_quantile" not in expr:
-                expected = {"Bps"} if "bytes" in metric else {"ops", "reqps", "rowsps", "cps"}
+                if "bytes" in metric:
+                    expected = {"Bps"}
+                elif metric.endswith("_seconds_total"):  # seconds per second: a share of the time
+                    expected = {"percentunit"}
+                else:
+                    expected = {"ops", "reqps", "rowsps", "cps"}
             elif "bytes" in metric and "histogram_quantile" not in expr:
                 expected = byte_units
             elif metric.endswith("_seconds") or "duration_seconds" in metric or "time() -" in expr:
@@ -508,6 +513,7 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
     rules = {r["alert"]: r for r in alert_rules(rollover_minutes=5)["groups"][0]["rules"]}
     assert set(rules) == {
         "StreamoffloadLagHigh",
+        "StreamoffloadLagHighRateLimited",
         "StreamoffloadNamespaceLagHigh",
         "StreamoffloadUploadsFailing",
         "StreamoffloadFailedSegments",
@@ -516,8 +522,13 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
         "StreamoffloadStoreMetadataUnreadable",
         "StreamoffloadJobDown",
     }
-    assert rules["StreamoffloadLagHigh"]["expr"].endswith("> 900")  # 3 rollovers of 5 minutes
-    assert rules["StreamoffloadNamespaceLagHigh"]["expr"].endswith("> 900")
+    assert "> 900) unless on (job, instance) (" in rules["StreamoffloadLagHigh"]["expr"]  # 3 rollovers of 5 minutes
+    assert "> 900) unless on (job, instance) (" in rules["StreamoffloadNamespaceLagHigh"]["expr"]
+    # Issue 26: lag while the job waits on its rate limits is the limit at work, said by an alert of its own.
+    limited = rules["StreamoffloadLagHighRateLimited"]
+    assert "> 900) and on (job, instance) (" in limited["expr"]
+    assert "streamoffload_throttled_seconds_total" in limited["expr"]
+    assert limited["labels"] == {"severity": "info", "throttled": "true"}
     promtool, prometheus = debian_prometheus_tool("promtool"), debian_prometheus_tool("prometheus")
     check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0 and f"{len(rules)} rules found" in check.stdout, check.stdout + check.stderr

@@ -1,0 +1,225 @@
+"""The offload job's rate limits (issue 26), as the source and the sink apply them in their Spark tasks.
+
+Two kinds, each per topic-partition and for the whole job (``OffloadPolicy.rate_limit``): ``read``, entry bytes
+read from the broker (the source's read, and the sink's re-read where it has no spool), and ``upload``, part
+bytes written to the store. The limits are offload policy: a task resolves a topic-partition's from the policy
+versions in the store (``policy_versions.PolicyLog``, listed every ``refresh_s``) at the time it passes bytes,
+so an edit applies to what is read and uploaded after its effective time, the same on every executor.
+
+Enforced per process, with one :class:`~streamoffload.streaming.control.token_bucket.TokenBucket` per
+(kind, topic-partition) with a limit, and one per kind for the job's total whose rate is ``total / tasks``:
+``tasks`` is Spark's parallelism (``local[n]``'s cores, executors x cores), the most tasks that run at once, and
+a task runs in one Python worker process at a time, so the job's total holds whatever executors the tasks land
+on. (It is a ceiling, not a share-out: when fewer tasks move bytes than run at most, the job passes less than
+its total.) A topic-partition's bytes go through one task at a time (its range in the source, its actions in
+the sink), so its own bucket holds its own limit.
+
+Time spent waiting is counted per topic-partition and kind (:meth:`RateLimiter.throttled`): the sink reports its
+share in its stats, which the job exports as ``streamoffload_throttled_seconds_total``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.storage.location import StoreLocation
+from streamoffload.streaming.control.policy_versions import DEFAULT_REFRESH_S, PolicyLog
+from streamoffload.streaming.control.token_bucket import TokenBucket
+
+log = logging.getLogger(__name__)
+
+KINDS = ("read", "upload")
+BURST_SECONDS = 0.2
+"""A bucket holds this many seconds of its rate: short, so that any 5 s window stays within 4% of the limit (plus
+one request: a part, or an entry)."""
+LIMITS_TTL_S = 1.0
+"""How long a process keeps a topic-partition's resolved limits before asking the policy versions again (those
+are listed every ``refresh_s`` anyway): the per-entry read path costs a dict lookup, not a policy resolution."""
+READ_CHUNK = 64 << 10
+"""Reads are booked in chunks of about this many bytes (an entry larger goes alone): fewer bookings of small
+entries, and a bucket's burst is never far from one chunk."""
+
+Policies = Callable[[str, int], OffloadPolicy]
+
+TRACE_ENV = "STREAMOFFLOAD_RATE_TRACE"
+"""Benches only (``bench/rate_limit.py``): with this set to a directory, every process appends a line
+``<unix time> <kind> <bytes>`` to ``DIR/<pid>.log`` each time bytes pass its limits (after any wait). Unset, nothing
+is written."""
+
+
+@dataclass(frozen=True)
+class RateLimitSpec:
+    """What a task needs to apply the limits: where the policy versions are, and how many tasks share the job's
+    totals. Picklable, hashable (one limiter per process and spec), and passed to the source as an option."""
+
+    location: StoreLocation
+    tasks: int = 1
+    refresh_s: float = DEFAULT_REFRESH_S
+
+    def to_option(self) -> str:
+        return json.dumps({"location": asdict(self.location), "tasks": self.tasks, "refresh_s": self.refresh_s})
+
+    @classmethod
+    def from_option(cls, text: str) -> RateLimitSpec:
+        doc = json.loads(text)
+        return cls(StoreLocation(**doc["location"]), int(doc.get("tasks", 1)), float(doc.get("refresh_s", 10.0)))
+
+
+class RateLimiter:
+    """A process's buckets and waiting time. ``policies(topic, at_ms)`` resolves a topic-partition's policy (the
+    store's versions by default)."""
+
+    def __init__(
+        self,
+        tasks: int = 1,
+        policies: Policies | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.tasks = max(1, int(tasks))
+        self._policies = policies
+        self._clock = clock
+        self._sleep = sleep
+        self._wall_ms = wall_ms
+        self._lock = threading.Lock()
+        self._buckets: dict[tuple[str, str | None], TokenBucket] = {}
+        self._limits: dict[tuple[str, str], tuple[float, int, int]] = {}  # (kind, topic) -> (resolved at, own, total)
+        self._throttled: dict[tuple[str, str], float] = {}
+        self._warned = False
+
+    @classmethod
+    def of(cls, spec: RateLimitSpec) -> RateLimiter:
+        policy_log = PolicyLog(spec.location, spec.refresh_s)
+        return cls(spec.tasks, policy_log.policy_at)
+
+    def limits(self, kind: str, topic: str) -> tuple[int, int]:
+        """``(topic-partition's, job total)`` bytes per second of ``kind`` now; -1: none."""
+        now = self._clock()
+        key = (kind, topic)
+        cached = self._limits.get(key)
+        if cached is not None and now - cached[0] < LIMITS_TTL_S:
+            return cached[1], cached[2]
+        own, total = -1, -1
+        if self._policies is not None:
+            try:
+                own, total = self._policies(topic, self._wall_ms()).rate_limit(kind)
+            except Exception as err:  # no version published yet, the store unreachable: keep what was in force
+                if cached is not None:
+                    own, total = cached[1], cached[2]
+                if not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "rate limits of %s: cannot read the offload policy (%s); keeping %s", topic, err, (own, total)
+                    )
+        self._limits[key] = (now, own, total)
+        return own, total
+
+    def _bucket(self, key: tuple[str, str | None], rate: float) -> TokenBucket | None:
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if rate <= 0:
+                self._buckets.pop(key, None)
+                return None
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(
+                    rate, rate * BURST_SECONDS, clock=self._clock, sleep=self._sleep
+                )
+            elif bucket.rate != rate:
+                bucket.set_rate(rate, rate * BURST_SECONDS)  # a policy edit: from the next booking on
+            return bucket
+
+    def acquire(self, kind: str, topic: str, n: int) -> float:
+        """Wait until ``n`` bytes of ``topic`` may pass (its own limit, then the job's share); the seconds waited."""
+        own, total = self.limits(kind, topic)
+        if own <= 0 and total <= 0:
+            return 0.0
+        waited = 0.0
+        for key, rate in (((kind, topic), own), ((kind, None), total / self.tasks if total > 0 else -1)):
+            bucket = self._bucket(key, rate)
+            if bucket is not None:
+                waited += bucket.acquire(n)
+        if waited > 0:
+            with self._lock:
+                self._throttled[(topic, kind)] = self._throttled.get((topic, kind), 0.0) + waited
+        trace = os.environ.get(TRACE_ENV)
+        if trace:
+            with open(os.path.join(trace, f"{os.getpid()}.log"), "a", encoding="ascii") as out:
+                out.write(f"{time.time():.6f} {kind} {n}\n")
+        return waited
+
+    def throttled(self) -> dict[str, dict[str, float]]:
+        """Seconds waited so far, by topic-partition and kind."""
+        out: dict[str, dict[str, float]] = {}
+        with self._lock:
+            for (topic, kind), seconds in self._throttled.items():
+                out.setdefault(topic, {})[kind] = seconds
+        return out
+
+
+def throttled_since(limiter: RateLimiter | None, before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """What ``limiter`` waited since ``before`` (a :meth:`RateLimiter.throttled`), by topic-partition and kind."""
+    if limiter is None:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for topic, kinds in limiter.throttled().items():
+        for kind, seconds in kinds.items():
+            delta = seconds - before.get(topic, {}).get(kind, 0.0)
+            if delta > 0:
+                out.setdefault(topic, {})[kind] = delta
+    return out
+
+
+_LIMITERS: dict[RateLimitSpec, RateLimiter] = {}
+_LIMITERS_LOCK = threading.Lock()
+
+
+def limiter_for(spec: RateLimitSpec | None) -> RateLimiter | None:
+    """The process's limiter of ``spec`` (one per Spark worker process: the buckets outlive a task)."""
+    if spec is None:
+        return None
+    with _LIMITERS_LOCK:
+        limiter = _LIMITERS.get(spec)
+        if limiter is None:
+            limiter = _LIMITERS[spec] = RateLimiter.of(spec)
+        return limiter
+
+
+E = TypeVar("E")
+
+
+def throttled_reads(
+    limiter: RateLimiter | None, topic: str, entries: Iterator[E], size: Callable[[E], int]
+) -> Iterator[E]:
+    """``entries`` read from the broker, each passed on once the read limits allow its bytes (booked in chunks of
+    about ``READ_CHUNK``: a chunk's wait comes before its first entry is passed on)."""
+    if limiter is None:
+        yield from entries
+        return
+    credit = 0
+    for entry in entries:
+        n = size(entry)
+        if n > credit:
+            booked = max(n - credit, READ_CHUNK)
+            limiter.acquire("read", topic, booked)
+            credit += booked
+        credit -= n
+        yield entry
+
+
+def throttled_seconds_json(throttled: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Per kind, summed over topic-partitions (what the job-wide metric counts)."""
+    out: dict[str, float] = {}
+    for kinds in throttled.values():
+        for kind, seconds in kinds.items():
+            out[kind] = out.get(kind, 0.0) + seconds
+    return out
