@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,17 @@ from tests.job.readback import read_entries
 from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, write_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMOFFLOAD_K")}
+    return subprocess.run(
+        [sys.executable, "-m", "streamoffload", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def broker_entries(spark: Any, service_url: str, topic: str) -> list[tuple[int, int, bytes]]:
@@ -96,6 +110,20 @@ def test_plain_and_encrypted_segments_with_a_rotation_read_back_exactly(
     ):
         list(reader.read(topic))
 
+    # verify: with the keys every entry is checked; without them the structure is, and it says what was not.
+    store_url = f"file://{tmp_path / 'store'}"
+    with_keys = cli("verify", "--store", store_url, "--crc", env={"STREAMOFFLOAD_KEYS_FILE": str(keys)})
+    assert with_keys.returncode == 0 and "NOTE" not in with_keys.stdout, with_keys.stdout + with_keys.stderr
+    assert "CRC-32C of 60 of 60 entries" in with_keys.stdout, with_keys.stdout
+    without = cli("verify", "--store", store_url, "--crc", env={})
+    assert without.returncode == 0, without.stdout + without.stderr
+    notes = [line for line in without.stdout.splitlines() if line.startswith("NOTE")]
+    encrypted = sum(1 for m in segments if encryption_key_id(m))
+    assert len(notes) == encrypted and all("which is not configured" in n for n in notes), without.stdout
+    printed = cli("read", "--store", store_url, topic, env={"STREAMOFFLOAD_KEYS_FILE": str(keys)})
+    lines = [json.loads(line) for line in printed.stdout.splitlines()]
+    assert [(d["ledger_id"], d["entry_id"], base64.b64decode(d["payload"])) for d in lines] == expected
+
     # One flipped bit in an encrypted object's ciphertext: the read refuses it.
     victim = next(m for m in segments if encryption_key_id(m) == "k1")
     path = tmp_path / "store" / victim.dataKey
@@ -104,3 +132,5 @@ def test_plain_and_encrypted_segments_with_a_rotation_read_back_exactly(
     path.write_bytes(bytes(data))
     with pytest.raises(BlockAuthenticationError, match="fails authentication"), TopicReader(scoped) as reader:
         list(reader.read(topic))
+    flipped = cli("verify", "--store", store_url, "--crc", env={"STREAMOFFLOAD_KEYS_FILE": str(keys)})
+    assert flipped.returncode == 1 and "BlockAuthenticationError" in flipped.stdout, flipped.stdout
