@@ -21,6 +21,7 @@ import base64
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
 from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.errors import FormatError, TruncatedError
@@ -156,6 +157,7 @@ def read_task(
     times: TimeBounds = ANY_TIME,
     skew_ms: int = DEFAULT_SKEW_MS,
     read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+    keyring: KeyRing | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
 ) -> Iterator[list[list[Any]]]:
@@ -166,7 +168,7 @@ def read_task(
     else:
         store, owned = location.store, False
     segment = task.segment
-    handle = SegmentReadHandle(store, segment, read_buffer_size=read_buffer_size)
+    handle = SegmentReadHandle(store, segment, read_buffer_size=read_buffer_size, keyring=keyring)
     try:
         blocks = handle.index.blocks()
         last = len(blocks) - 1 if task.last_block < 0 else task.last_block

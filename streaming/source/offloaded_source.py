@@ -26,6 +26,9 @@ Options (names are case-insensitive, as Spark makes them):
     ``__ledgerId``, ``__entryId``, ``__batchIndex``, ``__sequenceId``, ``__producerName``.
     ``entries``: one row per stored entry (``topic``, ``ledger_id``, ``entry_id``, ``entry``,
     ``num_messages``, ``publish_time``); encrypted entries come back as stored (they fail ``messages``).
+``keysFile``
+    The key file (JSON or TOML of key id = base64 key) of segments encrypted at rest; the environment's keys
+    (``STREAMOFFLOAD_KEYS_FILE``, ``STREAMOFFLOAD_KEK_<id>``) are used too (``checkpoints.keyring``).
 ``maxPartitionBytes`` (32 MiB), ``publishTimeSkewMs`` (1000), ``readBufferSize`` (1 MiB)
     A segment larger than ``maxPartitionBytes`` is read by several tasks, each a run of whole blocks;
     the publish-time slack of pruning (see ``offloaded_read``); the ranged-GET size.
@@ -59,6 +62,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import MAX_ID
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
@@ -84,6 +88,7 @@ class OffloadedOptions:
     max_partition_bytes: int = ofp.DEFAULT_MAX_PARTITION_BYTES
     skew_ms: int = ofp.DEFAULT_SKEW_MS
     read_buffer_size: int = 1 << 20
+    keys_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> OffloadedOptions:
@@ -140,6 +145,7 @@ class OffloadedOptions:
             max_partition_bytes=max_bytes,
             skew_ms=int(skew),
             read_buffer_size=read_buffer,
+            keys_file=get("keysFile"),
         )
 
     @property
@@ -318,6 +324,7 @@ class OffloadedReader(DataSourceReader):
             times=self._times(),
             skew_ms=self.options.skew_ms,
             read_buffer_size=self.options.read_buffer_size,
+            keyring=KeyRing.with_file(self.options.keys_file),
         ):
             for i in times_at:  # ms -> the µs of Spark's timestamps
                 columns[i] = [None if t is None else t * 1000 for t in columns[i]]
