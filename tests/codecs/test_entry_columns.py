@@ -54,7 +54,7 @@ def columns_of(entries: list[bytes]) -> list[dict[str, Any]]:
     per_entry = [
         (p, n) for p, n, c in zip(cols.publish_times, cols.producer_names, cols.counts, strict=True) for _ in range(c)
     ]
-    assert len(per_entry) == cols.messages == len(cols.keys) == len(cols.value_offsets) - 1
+    assert len(per_entry) == cols.messages == len(cols.keys) == len(cols.value_sizes)
     assert len(cols.prop_offsets) == cols.messages + 1
     assert len(cols.batch_indexes) == len(cols.event_times) == len(cols.sequence_ids) == cols.messages
     out = [
@@ -67,7 +67,7 @@ def columns_of(entries: list[bytes]) -> list[dict[str, Any]]:
             "properties": cols.properties(i),
             "publish_time": per_entry[i][0],
             "producer_name": per_entry[i][1],
-            "size": cols.value_offsets[i + 1] - cols.value_offsets[i],
+            "size": cols.value_sizes[i],
         }
         for i in range(cols.messages)
     ]
@@ -188,7 +188,7 @@ def test_errors_are_split_messages_errors_and_leave_the_columns_as_they_were() -
         with pytest.raises(type(want.value)) as got:
             append_messages(decode_entry(broken, verify_checksum=False), cols)
         assert str(got.value) == str(want.value)
-        assert cols.messages == 2 and cols.counts == [2] and len(cols.value_data) == 2
-        assert len(cols.keys) == len(cols.event_times) == len(cols.sequence_ids) == 2
-        assert len(cols.value_offsets) == len(cols.prop_offsets) == 3
+        assert cols.messages == 2 and cols.counts == [2] and len(cols.value_parts) == 1
+        assert len(cols.keys) == len(cols.event_times) == len(cols.sequence_ids) == len(cols.value_sizes) == 2
+        assert len(cols.prop_offsets) == 3
         assert before == columns_of([good])
