@@ -308,7 +308,8 @@ class OffloadedReader(DataSourceReader):
         return [OffloadedPartition(t) for t in tasks] or [OffloadedPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa
+        """Arrow record batches built column by column (``read.dataset_read``): Spark's Python worker passes
+        them on as they are, with no conversion per row."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         freeze_long_lived()
@@ -316,8 +317,7 @@ class OffloadedReader(DataSourceReader):
         if task is None:
             return
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        times_at = [i for i, f in enumerate(schema) if pa.types.is_timestamp(f.type)]
-        for columns in ofr.read_task(
+        for batch in ofr.read_task(
             self.options.location,
             task,
             output=self.options.output,
@@ -326,10 +326,9 @@ class OffloadedReader(DataSourceReader):
             read_buffer_size=self.options.read_buffer_size,
             keyring=KeyRing.with_file(self.options.keys_file),
         ):
-            for i in times_at:  # ms -> the µs of Spark's timestamps
-                columns[i] = [None if t is None else t * 1000 for t in columns[i]]
-            arrays = [pa.array(values, type=f.type) for values, f in zip(columns, schema, strict=True)]
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            # A schema given with .schema(...) that differs from ours is cast to (as Spark would, in its
+            # worker, for rows); a wrong one fails there, naming the column.
+            yield batch if batch.schema.equals(schema) else batch.cast(schema)
 
 
 class OffloadedDataSource(DataSource):
