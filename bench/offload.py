@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -121,6 +122,7 @@ def job_config(
     service_url: str,
     topics: list[str],
     rollover_seconds: float | None = None,
+    encryption_keys: Path | None = None,
 ) -> Config:
     """The job's configuration; without ``rollover_seconds`` the default rollover (10 minutes) applies,
     so a backlog's segments are sealed by size, and the last one by ``run_once``."""
@@ -137,13 +139,16 @@ def job_config(
         pulsar["max_message_size"] = min(1 << 20, args.block_size - min_block_size(0))
     if args.max_bytes_per_trigger > 0 and not args.defaults:
         pulsar["max_bytes_per_trigger"] = args.max_bytes_per_trigger
-    doc = {
+    doc: dict[str, Any] = {
         "pulsar": pulsar,
         "store": _store_section(args, work, name),
         "spark": {"checkpoint": str(work / f"checkpoint-{name}"), "trigger_interval": args.trigger_interval},
         "metrics": {"address": ""},
         "offload": offload,
     }
+    if encryption_keys is not None:  # every segment encrypted at rest under the key "bench"
+        doc["encryption"] = {"keys_file": str(encryption_keys)}
+        offload["offloadEncryptionKeyId"] = "bench"
     return parse_config(doc, f"<bench {name}>")
 
 
@@ -477,6 +482,48 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
     print(
         f"  peak state bytes per topic-partition: {best.job.peak_state:,} "
         f"(bound: less than one minimum part, {config.store.location.min_part_size:,})"
+    )
+
+
+def encryption(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    """``--encrypt``: rounds of ``run_once`` over the same backlog, plain then encrypted at rest (AES-256-GCM per
+    block), alternating so that each ratio is taken under the same load: MB/s of each, the ratio (target >= 0.8),
+    stored bytes ÷ payload bytes and Spark-side CPU per GB of each."""
+    import base64
+
+    keys = work / "bench-keys.json"
+    keys.write_text(json.dumps({"bench": base64.b64encode(os.urandom(32)).decode()}))
+    keys.chmod(0o600)
+    topics = list(publish_backlog(args, broker, "encryption", "bench-offload-encrypt").partitions)
+    ratios: list[float] = []
+    sides: dict[str, list[tuple[float, float, float]]] = {"plain": [], "encrypted": []}
+    for round_no in range(args.repeat):
+        for side in ("plain", "encrypted"):
+            name = f"enc-{side}-{round_no}"
+            key_file = keys if side == "encrypted" else None
+            config = job_config(args, work, name, broker.service_url, topics, encryption_keys=key_file)
+            with CpuMeter(broker.pid) as meter:
+                run = drain_job(spark, config)
+            stored = sum(
+                f.stat().st_size for f in Path(config.store.root).rglob("*") if f.is_file() and "/_" not in str(f)
+            )
+            cpu = (meter.used.get("jvm", 0.0) + meter.used.get("python workers", 0.0)) / max(
+                run.entry_bytes / 1e9, 1e-9
+            )
+            sides[side].append((run.entry_bytes / 1e6 / run.wall, stored / max(run.entry_bytes, 1), cpu))
+            shutil.rmtree(config.store.root, ignore_errors=True)
+        ratios.append(sides["encrypted"][-1][0] / sides["plain"][-1][0])
+        plain, encrypted = sides["plain"][-1][0], sides["encrypted"][-1][0]
+        print(f"  round {round_no + 1}: plain {plain:.1f} MB/s, encrypted {encrypted:.1f} MB/s: ratio {ratios[-1]:.2f}")
+    for side, values in sides.items():
+        mbs, stored = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+        print(
+            f"  {side:9s}: job {mbs:7.1f} MB/s, stored bytes ÷ payload bytes {stored:.4f}, "
+            f"Spark CPU {statistics.median(v[2] for v in values):.1f} s/GB"
+        )
+    print(
+        f"  encrypted job MB/s ÷ plain job MB/s: {statistics.median(ratios):.2f} (median of {len(ratios)} round(s); "
+        "target >= 0.8)"
     )
 
 
@@ -867,6 +914,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the job's store: fs (default) or s3, a local moto_server (throughput only: the lag is read from "
         "the manifests' file times on the filesystem store)",
     )
+    parser.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="only: run_once plain and encrypted at rest (AES-256-GCM) over the same backlog, alternating "
+        "(--repeat rounds): MB/s ratio and stored ÷ payload bytes",
+    )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
     parser.add_argument(
@@ -915,7 +968,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _s3_endpoint(args, work), EmbeddedBroker(work / "broker") as broker:
             warm_up(args, spark, broker, work)
-            if args.compare:
+            if args.encrypt:
+                encryption(args, spark, broker, work)
+            elif args.compare:
                 compare_lag(args, spark, broker, work)
             elif args.defaults:
                 memory(args, spark, broker, work)

@@ -38,6 +38,10 @@ class OffloadPolicy:
     """The job's read limit over all its topic-partitions (``[offload]`` only: it is not a topic's); -1: none."""
     offloadTotalUploadRateBytesPerSecond: int = -1
     """The job's upload limit over all its topic-partitions (``[offload]`` only); -1: none."""
+    offloadEncryptionKeyId: str = ""
+    """Encrypt new segments at rest (AES-256-GCM, a data key per segment) under the key-encryption key of this
+    id (``checkpoints.keyring``); empty (the default): stored in the clear, as Pulsar's own readers read them.
+    Naming another id rotates: new segments use it, older ones keep theirs."""
 
     @property
     def max_segment_bytes(self) -> int:

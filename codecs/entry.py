@@ -61,6 +61,7 @@ __all__ = [
     "metadata_num_messages",
     "parse_broker_entry_metadata",
     "split_messages",
+    "uncompressed_payload",
 ]
 
 MAGIC_CRC32C = 0x0E01
@@ -366,7 +367,8 @@ def decode_entry(
     )
 
 
-def _uncompressed(decoded: DecodedEntry, where: str | None) -> memoryview:
+def uncompressed_payload(decoded: DecodedEntry, where: str | None = None) -> memoryview:
+    """The entry's payload, inflated if it is compressed (a view into the entry otherwise)."""
     md = decoded.metadata
     if md.compression == CompressionType.NONE:
         return decoded.payload
@@ -400,7 +402,7 @@ def split_messages(decoded: DecodedEntry, *, where: str | None = None) -> list[E
     md = decoded.metadata
     meta_at = decoded.metadata_offset
     producer_name = _text(md.producer_name, "producer_name", meta_at, where)
-    payload = _uncompressed(decoded, where)
+    payload = uncompressed_payload(decoded, where)
     # Offsets in errors are into the entry for an uncompressed payload, into the inflated payload otherwise.
     base = decoded.payload_offset if md.compression == CompressionType.NONE else 0
     if not md.HasField("num_messages_in_batch"):

@@ -17,12 +17,18 @@ holding its start), plus what the read-ahead fetched: blocks of a few MiB suit a
 
 from __future__ import annotations
 
-import base64
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
-from streamoffload.codecs.entry import decode_entry, split_messages
+from streamoffload.codecs.entry import DecodedEntry, decode_entry
+from streamoffload.codecs.entry_columns import MessageColumns, append_messages
 from streamoffload.codecs.errors import FormatError, TruncatedError
 from streamoffload.codecs.index import BlockLocation
 from streamoffload.codecs.positions import Position
@@ -68,6 +74,36 @@ MESSAGE_SCHEMA = (
 )
 ENTRY_COLUMNS = ("topic", "ledger_id", "entry_id", "entry", "num_messages", "publish_time")
 ENTRY_SCHEMA = "topic string, ledger_id long, entry_id long, entry binary, num_messages int, publish_time timestamp"
+# The same as Arrow schemas, as PySpark's ``to_arrow_schema`` makes them (timestamps in µs, UTC): what
+# ``read_task`` yields, and what Spark's Python worker takes without converting anything row by row.
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_PROPERTIES = pa.map_(pa.string(), pa.string())
+MESSAGE_ARROW_SCHEMA = pa.schema(
+    [
+        ("value", pa.binary()),
+        ("__key", pa.binary()),
+        ("__topic", pa.string()),
+        ("__messageId", pa.binary()),
+        ("__publishTime", _TIMESTAMP),
+        ("__eventTime", _TIMESTAMP),
+        ("__messageProperties", _PROPERTIES),
+        ("__ledgerId", pa.int64()),
+        ("__entryId", pa.int64()),
+        ("__batchIndex", pa.int32()),
+        ("__sequenceId", pa.int64()),
+        ("__producerName", pa.string()),
+    ]
+)
+ENTRY_ARROW_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("ledger_id", pa.int64()),
+        ("entry_id", pa.int64()),
+        ("entry", pa.binary()),
+        ("num_messages", pa.int32()),
+        ("publish_time", _TIMESTAMP),
+    ]
+)
 DEFAULT_BATCH_ROWS = 4096
 DEFAULT_BATCH_BYTES = 32 << 20
 _PROBE_BYTES = 4096  # a block's first entry header and metadata, for its publish time
@@ -156,17 +192,18 @@ def read_task(
     times: TimeBounds = ANY_TIME,
     skew_ms: int = DEFAULT_SKEW_MS,
     read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+    keyring: KeyRing | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
-) -> Iterator[list[list[Any]]]:
-    """The rows of one task as column batches (lists in ``MESSAGE_COLUMNS`` or ``ENTRY_COLUMNS`` order;
-    times in ms since the epoch, ``None`` for a missing event time)."""
+) -> Iterator[pa.RecordBatch]:
+    """The rows of one task as Arrow record batches of ``MESSAGE_ARROW_SCHEMA`` or ``ENTRY_ARROW_SCHEMA``
+    (``rows`` turns one into dicts)."""
     if isinstance(location, StoreLocation):
         store, owned = location.open(create=False).store, True  # in a Spark task: open it here, close it after
     else:
         store, owned = location.store, False
     segment = task.segment
-    handle = SegmentReadHandle(store, segment, read_buffer_size=read_buffer_size)
+    handle = SegmentReadHandle(store, segment, read_buffer_size=read_buffer_size, keyring=keyring)
     try:
         blocks = handle.index.blocks()
         last = len(blocks) - 1 if task.last_block < 0 else task.last_block
@@ -228,26 +265,47 @@ def _entry_rows(
     skew_ms: int,
     batch_rows: int,
     batch_bytes: int,
-) -> Iterator[list[list[Any]]]:
-    columns: list[list[Any]] = [[] for _ in ENTRY_COLUMNS]
-    topics, ledgers, entries, datas, counts, publish = columns
+) -> Iterator[pa.RecordBatch]:
+    ledgers: list[int] = []
+    entries: list[int] = []
+    datas: list[bytes] = []
+    counts: list[int] = []
+    publish: list[int] = []
     pending = 0
     for entry, decoded, _where in _entries_in_window(handle, start, end, times, skew_ms, ""):
-        md = decoded.metadata
-        topics.append(topic)
         ledgers.append(entry.ledger_id)
         entries.append(entry.entry_id)
         datas.append(bytes(entry.payload))
         counts.append(decoded.num_messages)
-        publish.append(md.publish_time)
+        publish.append(decoded.metadata.publish_time)
         pending += len(entry.payload)
-        if len(topics) >= batch_rows or pending >= batch_bytes:
-            yield columns
-            columns = [[] for _ in ENTRY_COLUMNS]
-            topics, ledgers, entries, datas, counts, publish = columns
+        if len(ledgers) >= batch_rows or pending >= batch_bytes:
+            yield _entry_batch(topic, ledgers, entries, datas, counts, publish)
+            ledgers, entries, datas, counts, publish = [], [], [], [], []
             pending = 0
-    if topics:
-        yield columns
+    if ledgers:
+        yield _entry_batch(topic, ledgers, entries, datas, counts, publish)
+
+
+def _entry_batch(
+    topic: str, ledgers: list[int], entries: list[int], datas: list[bytes], counts: list[int], publish: list[int]
+) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([topic] * len(ledgers), pa.string()),
+            pa.array(ledgers, pa.int64()),
+            pa.array(entries, pa.int64()),
+            pa.array(datas, pa.binary()),
+            pa.array(counts, pa.int32()),
+            _timestamps(pa.array(publish, pa.int64())),
+        ],
+        schema=ENTRY_ARROW_SCHEMA,
+    )
+
+
+def _timestamps(ms: pa.Array) -> pa.Array:
+    """Milliseconds since the epoch as Spark's timestamps (µs); a value that does not fit is an error."""
+    return pc.multiply_checked(ms, 1000).cast(_TIMESTAMP)
 
 
 def message_id(ledger_id: int, entry_id: int, partition: int, batch_index: int, batch_size: int) -> bytes:
@@ -262,6 +320,83 @@ def message_id(ledger_id: int, entry_id: int, partition: int, batch_index: int, 
     return mid.SerializeToString()
 
 
+@functools.lru_cache(maxsize=64)
+def _batch_id_suffixes(batch_size: int) -> tuple[bytes, ...]:
+    """The ``batch_index`` and ``batch_size`` fields (4 and 6) of each message of a batch of ``batch_size``:
+    appended to the entry's ledger, entry and partition fields (1-3) they make ``message_id`` (protobuf
+    writes fields in number order, and a message is the concatenation of its fields)."""
+    return tuple(
+        MessageIdData(batch_index=i, batch_size=batch_size).SerializePartialToString() for i in range(batch_size)
+    )
+
+
+class _MessageBatch:
+    """The rows of a run of entries, gathered column by column (``codecs.entry_columns``) and turned into one
+    Arrow record batch: no Python object per row or field, except each message's id and key."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.columns = MessageColumns()
+        self.ledgers: list[int] = []
+        self.entries: list[int] = []
+        self.ids: list[bytes] = []
+
+    def add(self, ledger_id: int, entry_id: int, decoded: DecodedEntry, where: str) -> None:
+        count = append_messages(decoded, self.columns, where=where)
+        self.ledgers.append(ledger_id)
+        self.entries.append(entry_id)
+        prefix = message_id(ledger_id, entry_id, self.partition, -1, 0)
+        if self.columns.batch_sizes[-1]:
+            self.ids.extend([prefix + suffix for suffix in _batch_id_suffixes(count)])
+        else:
+            self.ids.extend([prefix] * count)
+
+    def to_arrow(self) -> pa.RecordBatch:
+        cols = self.columns
+        n = cols.messages
+        rows_entry = pa.array(np.repeat(np.arange(len(cols.counts)), cols.counts))  # each row's entry
+
+        def per_entry(values: list[int]) -> pa.Array:
+            return pa.array(values, pa.int64()).take(rows_entry)
+
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(cols.value_sizes, out=offsets[1:])
+        validity = None
+        if cols.null_values:
+            valid = np.ones(n, dtype=bool)
+            valid[cols.null_values] = False
+            validity = pa.array(valid).buffers()[1]
+        value = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [validity, pa.array(offsets, pa.int32()).buffers()[1], pa.py_buffer(b"".join(cols.value_parts))],
+            null_count=len(cols.null_values),
+        )
+        events = pa.array(cols.event_times, pa.int64())
+        properties = pa.MapArray.from_arrays(
+            pa.array(cols.prop_offsets, pa.int32()),
+            pa.array(cols.prop_keys, pa.string()),
+            pa.array(cols.prop_values, pa.string()),
+            type=_PROPERTIES,
+        )
+        arrays = [
+            value,
+            pa.array(cols.keys, pa.binary()),
+            pa.array([self.topic] * n, pa.string()),
+            pa.array(self.ids, pa.binary()),
+            _timestamps(per_entry(cols.publish_times)),
+            _timestamps(pc.if_else(pc.equal(events, 0), None, events)),  # pulsar-spark: no event time is null
+            properties,
+            per_entry(self.ledgers),
+            per_entry(self.entries),
+            pa.array(cols.batch_indexes, pa.int32()),
+            pa.array(cols.sequence_ids, pa.int64()),
+            pa.array(cols.producer_names, pa.string()).take(rows_entry),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=MESSAGE_ARROW_SCHEMA)
+
+
 def _message_rows(
     handle: SegmentReadHandle,
     topic: str,
@@ -271,44 +406,30 @@ def _message_rows(
     skew_ms: int,
     batch_rows: int,
     batch_bytes: int,
-) -> Iterator[list[list[Any]]]:
+) -> Iterator[pa.RecordBatch]:
     partition = TopicName.parse(topic).partition
-    columns: list[list[Any]] = [[] for _ in MESSAGE_COLUMNS]
-    pending = 0
+    batch = _MessageBatch(topic, partition)
     for entry, decoded, where in _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}"):
         if decoded.encrypted:
             raise EncryptedEntryError(
                 f"{where} is end-to-end encrypted: its messages cannot be read here "
                 "(read it with the option output=entries for the stored bytes)"
             )
-        messages = split_messages(decoded, where=where)
-        size = len(messages) if decoded.is_batch else 0
-        values, keys, topics, ids, publish, events, props, ledgers, entries, indexes, seqs, producers = columns
-        for msg in messages:
-            values.append(None if msg.null_value else bytes(msg.payload))
-            if msg.key is None:
-                keys.append(None)
-            else:
-                keys.append(base64.b64decode(msg.key) if msg.key_b64_encoded else msg.key.encode())
-            topics.append(topic)
-            ids.append(message_id(entry.ledger_id, entry.entry_id, partition, msg.batch_index, size))
-            publish.append(msg.publish_time)
-            events.append(msg.event_time or None)  # pulsar-spark: no event time is null
-            props.append(list(msg.properties.items()))
-            ledgers.append(entry.ledger_id)
-            entries.append(entry.entry_id)
-            indexes.append(msg.batch_index)
-            seqs.append(msg.sequence_id)
-            producers.append(msg.producer_name)
-            pending += len(msg.payload)
-        if len(columns[0]) >= batch_rows or pending >= batch_bytes:
-            yield columns
-            columns = [[] for _ in MESSAGE_COLUMNS]
-            pending = 0
-    if columns[0]:
-        yield columns
+        batch.add(entry.ledger_id, entry.entry_id, decoded, where)
+        if batch.columns.messages >= batch_rows or batch.columns.payload_bytes >= batch_bytes:
+            yield batch.to_arrow()
+            batch = _MessageBatch(topic, partition)
+    if batch.columns.messages:
+        yield batch.to_arrow()
 
 
-def rows(batch: list[list[Any]], names: Sequence[str]) -> list[dict[str, Any]]:
-    """A column batch as dicts (for tests and tools)."""
-    return [dict(zip(names, values, strict=True)) for values in zip(*batch, strict=True)]
+def rows(batch: pa.RecordBatch, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """A batch of ``read_task`` as dicts (for tests and tools): times in ms since the epoch (None for a
+    missing event time), properties as (key, value) pairs."""
+    columns = []
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        if pa.types.is_timestamp(field.type):
+            column = pc.divide(column.cast(pa.int64()), 1000)
+        columns.append(column.to_pylist())
+    names = batch.schema.names if names is None else names
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]

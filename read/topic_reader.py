@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.read.segment import (
@@ -72,8 +73,10 @@ class TopicReader:
         check_metadata: bool = True,
         local_files: bool = True,
         verify_checksums: bool = True,
+        keyring: KeyRing | None = None,
     ) -> None:
         self.scoped = scoped
+        self.keyring = keyring
         self.store = scoped.store
         self.metadata = MetadataStore(scoped)
         self.read_buffer_size = read_buffer_size
@@ -126,6 +129,7 @@ class TopicReader:
             check_metadata=self.check_metadata,
             local_files=self.local_files,
             verify_checksums=self.verify_checksums,
+            keyring=self.keyring,
         )
         self._handles[ident] = handle
         while len(self._handles) > self.max_open_segments:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from streamoffload.checkpoints.keyring import KEY_ID, KeyRing
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import MIN_BLOCK_LENGTH
 from streamoffload.codecs.positions import MAX_ID
@@ -228,6 +229,20 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True)
+class EncryptionSettings:
+    keys_file: str = ""
+    """A JSON or TOML file of key-encryption keys (key id = base64 of 32 bytes) for segments whose policy names
+    an ``offloadEncryptionKeyId`` (``checkpoints.keyring``); empty: keys come from the environment only
+    (``STREAMOFFLOAD_KEYS_FILE``, ``STREAMOFFLOAD_KEK_<id>``)."""
+
+    def keyring(self) -> KeyRing:
+        """The configured keys, then the environment's."""
+        keys = dict(KeyRing.from_file(self.keys_file).keys) if self.keys_file else {}
+        keys.update(KeyRing.from_env().keys)
+        return KeyRing(keys)
+
+
+@dataclass(frozen=True)
 class Config:
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
@@ -238,6 +253,7 @@ class Config:
     topic_policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: str = "<defaults>"
     """Where the configuration came from (a path), for messages."""
+    encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
 
     def policy_for(self, topic: TopicName | str) -> OffloadPolicy:
         """Broker defaults, then the namespace's, then the partitioned topic's, then the partition's."""
@@ -329,6 +345,12 @@ def _validated_policy(values: Mapping[str, Any], source: str, section: str) -> O
     checks: list[tuple[Callable[[], bool], str, str]] = [
         (lambda: isinstance(p.enabled, bool), "enabled", f"must be true or false, got {p.enabled!r}"),
         (lambda: p.method in METHODS, "method", f"must be one of {', '.join(METHODS)}, got {p.method!r}"),
+        (
+            lambda: p.offloadEncryptionKeyId == "" or bool(KEY_ID.fullmatch(p.offloadEncryptionKeyId)),
+            "offloadEncryptionKeyId",
+            "must be empty (no encryption) or a key id: letters, digits, '_', '.' and '-' (at most 64), "
+            f"got {p.offloadEncryptionKeyId!r}",
+        ),
         (
             lambda: _in_range(p.managedLedgerOffloadMaxBlockSizeInBytes, HEADER_AND_ONE_ENTRY, MAX_BLOCK_BYTES),
             "managedLedgerOffloadMaxBlockSizeInBytes",
@@ -466,7 +488,7 @@ def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) ->
 
 def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None) -> Config:
     """Build and validate a ``Config`` from a parsed TOML document."""
-    known_sections = {"pulsar", "store", "spark", "metrics", "offload", "namespaces", "topics"}
+    known_sections = {"pulsar", "store", "spark", "metrics", "encryption", "offload", "namespaces", "topics"}
     for key in doc:
         if key not in known_sections:
             raise ConfigError(f"{source}: unknown section [{key}]{_suggest(key, sorted(known_sections))}")
@@ -474,6 +496,9 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
     store = _settings(StoreSettings, _section(doc, "store", source), source, "store")
     spark = _settings(SparkSettings, _section(doc, "spark", source), source, "spark")
     metrics = _settings(MetricsSettings, _section(doc, "metrics", source), source, "metrics")
+    encryption = _settings(EncryptionSettings, _section(doc, "encryption", source), source, "encryption")
+    if encryption.keys_file and base_dir is not None and not os.path.isabs(encryption.keys_file):
+        encryption = replace(encryption, keys_file=str(base_dir / encryption.keys_file))
     if not 0 <= metrics.topic_series <= MAX_TOPIC_SERIES:
         raise ConfigError(
             f"{source}: metrics.topic_series must be between 0 (no per-topic series) and {MAX_TOPIC_SERIES}, "
@@ -525,7 +550,9 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
         _validated_policy({**broker_policy, **table}, source, f"namespaces.{ns!r}")
     for topic, table in topic_policies.items():
         _validated_policy({**broker_policy, **table}, source, f"topics.{topic!r}")
-    config = Config(pulsar, store, spark, metrics, broker_policy, namespace_policies, topic_policies, source)
+    config = Config(
+        pulsar, store, spark, metrics, broker_policy, namespace_policies, topic_policies, source, encryption
+    )
     # ... and the effective policy of every configured topic, which merges its namespace's (and, for a
     # partition, its partitioned topic's) section: each may be valid alone and not together.
     for topic in (*pulsar.topics, *topic_policies):
@@ -544,7 +571,28 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             f"{pulsar.max_message_size!r}"
         )
     check_config_block_sizes(config, pulsar.max_message_size)
+    check_encryption_keys(config)
     return config
+
+
+def check_encryption_keys(config: Config) -> None:
+    """Refuse at load a policy level naming an encryption key id that no configured key answers (the job
+    would otherwise fail at its first segment). Key material is never shown."""
+    levels = [("[offload]", config.broker_policy)]
+    levels += [(f"[namespaces.{ns!r}]", t) for ns, t in config.namespace_policies.items()]
+    levels += [(f"[topics.{t!r}]", table) for t, table in config.topic_policies.items()]
+    wanted = [(where, str(table.get("offloadEncryptionKeyId") or "")) for where, table in levels]
+    wanted = [(where, key_id) for where, key_id in wanted if key_id]
+    if not wanted:
+        return
+    keyring = config.encryption.keyring()
+    for where, key_id in wanted:
+        if key_id not in keyring.keys:
+            raise ConfigError(
+                f"{config.source}: {where} offloadEncryptionKeyId = {key_id!r}: no such key in "
+                f"{config.encryption.keys_file or 'encryption.keys_file (not set)'} or the environment "
+                f"(STREAMOFFLOAD_KEK_{key_id})"
+            )
 
 
 def check_topics_fit(config: Config) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.deleted_segments import DeletedRecord
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
@@ -67,6 +68,7 @@ def verify_topic(
     crc: bool = False,
     stale_ms: float = STALE_MINUTES * 60_000,
     now_ms: int | None = None,
+    keyring: KeyRing | None = None,
 ) -> TopicReport:
     """Verify every Offloaded segment of ``topic`` and the topic's history as a whole.
 
@@ -177,7 +179,14 @@ def verify_topic(
             )
         report.segments.append(
             verify_segment(
-                store, manifest.dataKey, manifest.indexKey, crc=crc, manifest=manifest, manifest_key=key, topic=name
+                store,
+                manifest.dataKey,
+                manifest.indexKey,
+                crc=crc,
+                manifest=manifest,
+                manifest_key=key,
+                topic=name,
+                keyring=keyring,
             )
         )
 

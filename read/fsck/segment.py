@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.keyring import KeyRing, KeyUnavailableError, encryption_key_id, segment_cipher
+from streamoffload.codecs.block_cipher import stored_length
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER_LENGTH,
@@ -36,6 +38,7 @@ from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metada
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.segment import manifest_disagreements, unsupported_format_version
+from streamoffload.read.segment.decrypting_reader import DecryptingReader
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
@@ -91,6 +94,10 @@ class SegmentReport:
     first: tuple[int, int] | None = None
     last: tuple[int, int] | None = None
     problems: list[Problem] = field(default_factory=list)
+    encryption_key: str | None = None
+    """The key id of a segment encrypted at rest (``checkpoints.keyring``)."""
+    unchecked: str | None = None
+    """What could not be checked, and why (an encrypted segment whose key is not configured)."""
 
     @property
     def ok(self) -> bool:
@@ -117,8 +124,11 @@ class _Checker:
         ledger_id: int | None,
         manifest: SegmentManifest | None,
         manifest_key: str | None,
+        keyring: KeyRing | None = None,
     ) -> None:
         self.store = store
+        self.keyring = keyring
+        self._plain: DecryptingReader | None = None
         self.report = report
         self.crc = crc
         self.ledger_id = ledger_id
@@ -169,6 +179,10 @@ class _Checker:
         if data_info is None:
             return
         r.data_length = data_info.size
+        if self.manifest is not None and encryption_key_id(self.manifest) is not None:
+            data_info = self.open_encrypted(self.manifest, data_info, index)
+            if data_info is None:
+                return
         blocks = self.walk_data(data_info.size, index.version if index is not None else None)
         try:
             if index is not None:
@@ -182,6 +196,52 @@ class _Checker:
             return
         if self.manifest is not None:
             self.check_manifest(self.manifest, data_info, index_info)
+
+    def open_encrypted(
+        self, manifest: SegmentManifest, data: ObjectInfo, index: OffloadIndex | None
+    ) -> ObjectInfo | None:
+        """An encrypted segment: its stored size checked against the index (the plaintext's) and, with its key,
+        the plaintext view the walk reads (``data`` as the plaintext's info). Without the key: the structure
+        is checked, the report says what was not, and None (no walk)."""
+        r = self.report
+        key_id = r.encryption_key = encryption_key_id(manifest)
+        if index is None:
+            return None
+        blocks = index.blocks()
+        stored = stored_length(index.data_object_length, len(blocks))
+        if data.size != stored:
+            self.problem(
+                r.data_key,
+                min(data.size, stored),
+                "LengthMismatch",
+                f"encrypted data object has {data.size} bytes; its index's {len(blocks)} blocks of "
+                f"{index.data_object_length} plaintext bytes are {stored} bytes encrypted",
+            )
+            return None
+        try:
+            cipher = segment_cipher(manifest, self.keyring, where=r.data_key)
+        except KeyUnavailableError:
+            r.unchecked = (
+                f"encrypted with key {key_id!r}, which is not configured: the index, the object's size and the "
+                "manifest were checked; the blocks' contents (entries, checksums) were not"
+            )
+            r.blocks = len(blocks)
+            if manifest.dataLength != index.data_object_length:
+                self.problem(
+                    self.manifest_key or r.data_key,
+                    None,
+                    "ManifestMismatch",
+                    f"manifest says {manifest.dataLength} data bytes, the index {index.data_object_length}",
+                )
+            return None
+        assert cipher is not None
+        self._plain = DecryptingReader(self.store.open_ranged_reader(r.data_key), blocks, cipher)
+        return dataclasses.replace(data, size=index.data_object_length)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        if self._plain is not None and key == self.report.data_key:
+            return self._plain.read(offset, length)
+        return self.store.get_range(key, offset, length)
 
     def decode_index(self, info: ObjectInfo) -> OffloadIndex | None:
         key = self.report.index_key
@@ -225,7 +285,7 @@ class _Checker:
         if size == 0:
             raise TruncatedError("data object is empty", offset=0, where=key)
         while offset < size:
-            head = self.store.get_range(key, offset, min(BLOCK_HEADER_LENGTH, size - offset))
+            head = self.get_range(key, offset, min(BLOCK_HEADER_LENGTH, size - offset))
             header = BlockHeader.decode(head, where=key, base_offset=offset)
             if version is None:
                 version = header.version
@@ -244,7 +304,7 @@ class _Checker:
                     offset=offset,
                     where=key,
                 )
-            raw = self.store.get_range(key, offset, header.block_length)
+            raw = self.get_range(key, offset, header.block_length)
             block = decode_block(raw, where=key, base_offset=offset)
             ledger = header.ledger_id if header.ledger_id is not None else self.v1_ledger()
             position = (ledger, header.first_entry_id)
@@ -442,11 +502,15 @@ def verify_segment(
     manifest: SegmentManifest | None = None,
     manifest_key: str | None = None,
     topic: str | None = None,
+    keyring: KeyRing | None = None,
 ) -> SegmentReport:
-    """Verify one segment's objects (and its manifest, if given); problems are in the report."""
+    """Verify one segment's objects (and its manifest, if given); problems are in the report. An encrypted
+    segment is read through its key (``keyring``, else the environment's); without it, see ``unchecked``."""
     segment = str(mf.manifest_uuid(manifest)) if manifest is not None else None
     report = SegmentReport(data_key, index_key, topic=topic, segment=segment)
-    checker = _Checker(store, report, crc=crc, ledger_id=ledger_id, manifest=manifest, manifest_key=manifest_key)
+    checker = _Checker(
+        store, report, crc=crc, ledger_id=ledger_id, manifest=manifest, manifest_key=manifest_key, keyring=keyring
+    )
     try:
         checker.run()
     except StreamOffloadError as err:

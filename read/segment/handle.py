@@ -11,6 +11,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from streamoffload.checkpoints.keyring import KeyRing, encryption_key_id, segment_cipher
+from streamoffload.codecs.block_cipher import stored_length
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER,
@@ -32,6 +34,7 @@ from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.read.segment.cache import ChunkCache
 from streamoffload.read.segment.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
 from streamoffload.read.segment.chunked_object import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
+from streamoffload.read.segment.decrypting_reader import DecryptingReader
 from streamoffload.read.segment.errors import (
     EntryNotFoundError,
     ManifestMismatchError,
@@ -89,6 +92,7 @@ class SegmentReadHandle:
         check_metadata: bool = True,
         local_files: bool = True,
         verify_checksums: bool = True,
+        keyring: KeyRing | None = None,
     ) -> None:
         if read_buffer_size < BLOCK_HEADER_LENGTH:
             raise ValueError(f"read buffer size {read_buffer_size} is smaller than a block header")
@@ -143,25 +147,32 @@ class SegmentReadHandle:
         self.index = self._decode_index(index_bytes, ledger_hint)
         self.version: FormatVersion = self.index.version
         self.length = self.index.data_object_length
+        self._blocks = self.index.blocks()
+        # Encryption at rest (checkpoints.keyring): the index describes the plaintext; each stored block is
+        # longer by the cipher's overhead. Without the key this raises KeyUnavailableError naming its id.
+        self.encryption_key_id = encryption_key_id(self.manifest) if self.manifest is not None else None
+        self.cipher = segment_cipher(self.manifest, keyring, where=self.data_key) if self.manifest else None
+        stored = stored_length(self.length, len(self._blocks)) if self.encryption_key_id else self.length
         if data_info is not None:
-            if data_info.size < self.length:
+            if data_info.size < stored:
                 raise TruncatedError(
-                    f"data object has {data_info.size} bytes but its index {self.index_key} says {self.length}",
+                    f"data object has {data_info.size} bytes but its index {self.index_key} says {stored}",
                     offset=data_info.size,
                     where=self.data_key,
                 )
-            if data_info.size > self.length:
+            if data_info.size > stored:
                 raise LengthMismatchError(
-                    f"data object has {data_info.size} bytes but its index {self.index_key} says {self.length}",
-                    offset=self.length,
+                    f"data object has {data_info.size} bytes but its index {self.index_key} says {stored}",
+                    offset=stored,
                     where=self.data_key,
                 )
         if self.manifest is not None:
             self._check_manifest(self.manifest)
-        self._blocks = self.index.blocks()
         self._block_offsets = [b.offset for b in self._blocks]
         self._block_positions = [(b.ledger_id, b.first_entry_id) for b in self._blocks]
         reader = store.open_ranged_reader(self.data_key, hold_open=local_files)
+        if self.cipher is not None:
+            reader = DecryptingReader(reader, self._blocks, self.cipher)  # type: ignore[assignment]
         # Auto: a thread where the reader says one pays off (remote stores). A local file read through one
         # descriptor gets the kernel's own read-ahead, and a Python thread would only add hand-over costs
         # (see bench/README.md).

@@ -137,13 +137,20 @@ def build_part(version: FormatVersion, blocks: Sequence[BlockLayout], payloads: 
 def part_chunks(version: FormatVersion, blocks: Sequence[BlockLayout], payloads: Sequence[Buffer]) -> list[Buffer]:
     """:func:`build_part` as buffers whose concatenation is the part, not joined: a store writes them as they
     are (``MultipartWrite.write_part`` takes them), so the entries' bytes are not copied into a part first."""
-    out: list[Buffer] = []
+    return [chunk for block in block_chunks_of_part(version, blocks, payloads) for chunk in block]
+
+
+def block_chunks_of_part(
+    version: FormatVersion, blocks: Sequence[BlockLayout], payloads: Sequence[Buffer]
+) -> list[list[Buffer]]:
+    """The part's buffers block by block (an encrypted segment seals each block on its own)."""
+    out: list[list[Buffer]] = []
     i = 0
     for block in blocks:
         n = len(block.entries)
         entries = [(entry_id, payloads[i + k]) for k, (entry_id, _, _) in enumerate(block.entries)]
         i += n
-        out += encode_block_chunks(version, block.ledger_id, entries, block.padded_to or None)
+        out.append(encode_block_chunks(version, block.ledger_id, entries, block.padded_to or None))
     if i != len(payloads):
         raise LayoutError(f"part layout names {i} entries but {len(payloads)} were fetched")
     return out

@@ -91,7 +91,9 @@ def _arrow_actions(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
             yield {name: column[i].as_py() for name, column in zip(ACTION_COLUMNS, columns, strict=True)}
 
 
-def _apply_arrow(location: StoreLocation, fetcher: BrokerFetcherSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _apply_arrow(
+    location: StoreLocation, fetcher: BrokerFetcherSpec, keys_file: str | None = None
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The sink as a ``mapInArrow`` function: the actions (part layouts, not entry bytes) reach the
     executor's Python worker as Arrow batches; it fetches each part's entries from the broker (``fetcher``),
     writes the store, and returns one row of ``SinkStats``."""
@@ -100,7 +102,7 @@ def _apply_arrow(location: StoreLocation, fetcher: BrokerFetcherSpec) -> Callabl
         import pyarrow as pa
 
         freeze_long_lived()
-        sink = sink_for(location, fetcher)
+        sink = sink_for(location, fetcher, keys_file)
         stats: SinkStats = sink.apply(_arrow_actions(batches))
         yield pa.RecordBatch.from_pydict({"stats": [json.dumps(asdict(stats))]})
 
@@ -270,7 +272,7 @@ class JobQueries:
 
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        apply = _apply_arrow(self.location, self.fetcher_spec())
+        apply = _apply_arrow(self.location, self.fetcher_spec(), self.config.encryption.keys_file or None)
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
         total = SinkStats()
         for row in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect():

@@ -429,7 +429,12 @@ class Segmenter:
             return
         seg.parts += 1
         manifest_key = keys.manifest_key(self.key_prefix, self.topic, seg.start[0], seg.start[1], seg.uuid)
-        info: dict[str, Any] = {"manifest_key": manifest_key, "format": seg.version, "length": length}
+        info: dict[str, Any] = {
+            "manifest_key": manifest_key,
+            "format": seg.version,
+            "length": length,
+            "offset": seg.data_bytes - length,  # where the part starts in the (plaintext) data object
+        }
         if seg.checksums:
             # The held blocks are the segment's last ``count``: where the part starts, and its first block's
             # ordinal, name the blocks' checksum records (the sink writes them with the part).

@@ -28,8 +28,17 @@ from urllib.parse import quote
 from streamoffload import __version__
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import record_request_status
+from streamoffload.checkpoints.keyring import (
+    KeyRing,
+    SegmentCipher,
+    copy_encryption,
+    encryption_key_id,
+    segment_cipher,
+    with_new_data_key,
+)
 from streamoffload.checkpoints.lease import FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.block_cipher import encrypt_block, stored_length
 from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
@@ -42,9 +51,9 @@ from streamoffload.streaming.control.quarantine import TopicFailedError, is_topi
 from streamoffload.streaming.control.rate_limits import RateLimiter, limiter_for, throttled_since
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
+    block_chunks_of_part,
     checksum_records,
     decode_layouts,
-    part_chunks,
     part_refs,
 )
 from streamoffload.streaming.runtime.faults import crash_point
@@ -191,10 +200,12 @@ class SegmentSink:
         threads: int = SINK_THREADS,
         part_budget: int = 0,
         limiter: RateLimiter | None = None,
+        keyring: KeyRing | None = None,
     ) -> None:
         """``fetcher`` supplies the entries the parts name (the broker, in the job). ``part_budget``: bytes of
         parts held at once over the threads (0: one part at a time, whatever its size). ``limiter``: the job's
-        rate limits (``streaming.control.rate_limits``), here the upload limit of the parts."""
+        rate limits (``streaming.control.rate_limits``), here the upload limit of the parts. ``keyring``: the
+        key-encryption keys of encrypted segments (default: the environment's, ``checkpoints.keyring``)."""
         self.limiter = limiter
         self.scoped = scoped
         self.store = scoped.store
@@ -202,7 +213,9 @@ class SegmentSink:
         self.threads = max(1, threads)
         self.budget = ByteBudget(part_budget)
         self.metadata = MetadataStore(scoped)
+        self.keyring = keyring
         self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
+        self._ciphers = _Bounded()  # data key -> its SegmentCipher (encrypted segments), or None
         self._done = _Bounded()  # data keys whose object already exists (a replay after success)
 
     def apply(self, actions: Iterable[Mapping[str, Any]]) -> SinkStats:
@@ -291,7 +304,7 @@ class SegmentSink:
             upload = self._upload_for(data_key, info["manifest_key"])
             part = part or _plan_parts([action])[0]
             with self.budget.hold(int(info.get("length") or 0)):
-                data = self._part_chunks(action["topic"], part, info, reader)
+                data = self._part_chunks(action["topic"], part, info, reader, self._cipher_for(data_key, info))
                 recorded = info.get("checksums")
                 if recorded is not None:
                     # Before the manifest, like the part; a replay writes the same bytes under the same names.
@@ -325,18 +338,51 @@ class SegmentSink:
             raise ValueError(f"unknown sink action {kind!r}")
 
     def _part_chunks(
-        self, topic: str, part: PlannedPart, info: Mapping[str, Any], reader: PartReader | None
+        self,
+        topic: str,
+        part: PlannedPart,
+        info: Mapping[str, Any],
+        reader: PartReader | None,
+        cipher: SegmentCipher | None = None,
     ) -> list[Buffer]:
         """The part's bytes, as buffers: its entries fetched and checked, then its blocks built as the layouts
-        say (headers and padding around the fetched entries, not joined: the store writes them as they are)."""
+        say (headers and padding around the fetched entries, not joined: the store writes them as they are).
+        An encrypted segment's blocks are each sealed (``codecs.block_cipher``) at their plaintext offsets."""
         if reader is None:
             raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
         payloads = reader.take(topic, part_refs(part.blocks), part.blocks[0].after, part.run_end)
-        chunks = part_chunks(FormatVersion(int(info["format"])), part.blocks, payloads)
+        blocks = block_chunks_of_part(FormatVersion(int(info["format"])), part.blocks, payloads)
         expected = info.get("length")
-        if expected is not None and (size := buffers_size(chunks)) != int(expected):
+        if expected is not None and (size := sum(buffers_size(b) for b in blocks)) != int(expected):
             raise ReplayMismatchError(f"{topic}: a part built {size} bytes, its layout says {expected}")
-        return chunks
+        if cipher is None:
+            return [chunk for block in blocks for chunk in block]
+        offset = _part_offset(info)
+        sealed: list[Buffer] = []
+        for layout, chunks in zip(part.blocks, blocks, strict=True):
+            sealed.append(encrypt_block(cipher.data_key, cipher.segment_id, offset, b"".join(chunks)))
+            offset += layout.length
+        return sealed
+
+    def _cipher_for(self, data_key: str, info: Mapping[str, Any]) -> SegmentCipher | None:
+        """The data key of the segment ``data_key`` belongs to (None: not encrypted), from its Assigned
+        manifest (remembered when this sink opened or resumed it; read otherwise)."""
+        if data_key in self._ciphers:
+            return self._ciphers.get(data_key)  # type: ignore[no-any-return]
+        key = info["manifest_key"]
+        try:
+            written = mf.decode_manifest(self.store.get(key), where=key)
+        except ObjectNotFoundError:
+            raise FencedError(
+                f"the manifest {key} of this open segment is gone: a newer writer recovered the topic "
+                "and abandoned the segment, so this writer must stop"
+            ) from None
+        return self._remember_cipher(written)
+
+    def _remember_cipher(self, written: SegmentManifest) -> SegmentCipher | None:
+        cipher = segment_cipher(written, self.keyring)
+        self._ciphers.remember(written.dataKey, cipher)
+        return cipher
 
     def _object_exists(self, key: str) -> bool:
         if key in self._done:
@@ -357,6 +403,11 @@ class SegmentSink:
                 self._resume(written)
             return
         segment = str(mf.manifest_uuid(manifest))
+        key_id = _policy_key_id(manifest)
+        if key_id:
+            # A fresh data key, recorded (wrapped) in the Assigned manifest before any part is written: the
+            # create-only write below makes the first attempt's key the one every replay uses.
+            manifest = with_new_data_key(manifest, key_id, self._keys())
         upload = self.store.start_multipart(manifest.dataKey, object_metadata(manifest.topic, segment))
         recorded = mf.with_driver_property(manifest, mf.PROP_UPLOAD_ID, upload.upload_id)
         written = self.metadata.open_attempt(recorded)
@@ -365,6 +416,7 @@ class SegmentSink:
             if written.status != mf.OFFLOADED:
                 self._resume(written)
             return
+        self._remember_cipher(written)
         self._uploads.remember(manifest.dataKey, upload)
 
     def _resume(self, written: SegmentManifest) -> MultipartWrite:
@@ -375,8 +427,14 @@ class SegmentSink:
                 "(written by an older version); run `streamoffload cleanup` and restart"
             )
         upload = self.store.resume_multipart(written.dataKey, upload_id)
+        self._remember_cipher(written)
         self._uploads.remember(written.dataKey, upload)
         return upload
+
+    def _keys(self) -> KeyRing:
+        if self.keyring is None:
+            self.keyring = KeyRing.from_env()
+        return self.keyring
 
     def _upload_for(self, data_key: str, manifest_key: str) -> MultipartWrite:
         upload = self._uploads.get(data_key)
@@ -398,6 +456,13 @@ class SegmentSink:
         expected = int(info["data_length"])
         parts = int(action["part_number"])
         sealed = mf.decode_manifest(bytes(action["manifest"]))
+        if _policy_key_id(sealed):
+            # The data key is the Assigned manifest's (the sink's, not the segmenter's): the Offloaded one keeps it.
+            key = self.metadata.manifest_key(sealed)
+            sealed = copy_encryption(mf.decode_manifest(self.store.get(key), where=key), sealed)
+            if encryption_key_id(sealed) is None:
+                raise StreamOffloadError(f"{topic}: segment {segment} should be encrypted but its manifest has no key")
+            expected = stored_length(expected, sealed.blockCount)
         if self._object_exists(data_key):
             size = self.store.head(data_key).size
             if size != expected:
@@ -452,6 +517,21 @@ class PlannedPart:
         return (self.blocks[-1].ledger_id, self.blocks[-1].entries[-1][0])
 
 
+def _policy_key_id(manifest: SegmentManifest) -> str:
+    """The encryption key id of the policy the segment was opened under ("" : not encrypted)."""
+    policy = mf.driver_property(manifest, mf.PROP_POLICY)
+    return str(json.loads(policy).get("offloadEncryptionKeyId") or "") if policy else ""
+
+
+def _part_offset(info: Mapping[str, Any]) -> int:
+    if "offset" in info:
+        return int(info["offset"])
+    recorded = info.get("checksums")
+    if recorded is None:
+        raise StreamOffloadError("a part of an encrypted segment without its offset (state of an older version)")
+    return int(recorded["offset"])
+
+
 def _plan_parts(actions: list[Mapping[str, Any]]) -> dict[int, PlannedPart]:
     """The part actions (by index), each with the last position of the run of consecutive parts of its
     topic-partition it belongs to, so one read covers the run (``PartReader``)."""
@@ -475,12 +555,16 @@ def _plan_parts(actions: list[Mapping[str, Any]]) -> dict[int, PlannedPart]:
 _SINKS: dict[tuple[StoreLocation, str], SegmentSink] = {}
 
 
-def sink_for(location: StoreLocation, fetcher_factory: Any = None) -> SegmentSink:
-    """One sink (and store connection, and broker fetcher) per executor process, store and source."""
-    ident = (location, repr(fetcher_factory))
+def sink_for(location: StoreLocation, fetcher_factory: Any = None, keys_file: str | None = None) -> SegmentSink:
+    """One sink (and store connection, and broker fetcher) per executor process, store and source.
+    ``keys_file``: the job's ``encryption.keys_file`` (the environment's keys are added to it)."""
+    ident = (location, repr(fetcher_factory), keys_file)
     sink = _SINKS.get(ident)
     if sink is None:
         fetcher = fetcher_factory() if fetcher_factory is not None else None
         limiter = limiter_for(getattr(fetcher_factory, "rate_limits", None))
-        sink = _SINKS[ident] = SegmentSink(location.open(), fetcher, part_budget=PART_BUDGET, limiter=limiter)
+        keyring = KeyRing.with_file(keys_file)
+        sink = _SINKS[ident] = SegmentSink(
+            location.open(), fetcher, part_budget=PART_BUDGET, limiter=limiter, keyring=keyring
+        )
     return sink

@@ -26,6 +26,9 @@ Options (names are case-insensitive, as Spark makes them):
     ``__ledgerId``, ``__entryId``, ``__batchIndex``, ``__sequenceId``, ``__producerName``.
     ``entries``: one row per stored entry (``topic``, ``ledger_id``, ``entry_id``, ``entry``,
     ``num_messages``, ``publish_time``); encrypted entries come back as stored (they fail ``messages``).
+``keysFile``
+    The key file (JSON or TOML of key id = base64 key) of segments encrypted at rest; the environment's keys
+    (``STREAMOFFLOAD_KEYS_FILE``, ``STREAMOFFLOAD_KEK_<id>``) are used too (``checkpoints.keyring``).
 ``maxPartitionBytes`` (32 MiB), ``publishTimeSkewMs`` (1000), ``readBufferSize`` (1 MiB)
     A segment larger than ``maxPartitionBytes`` is read by several tasks, each a run of whole blocks;
     the publish-time slack of pruning (see ``offloaded_read``); the ranged-GET size.
@@ -59,6 +62,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import MAX_ID
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
@@ -84,6 +88,7 @@ class OffloadedOptions:
     max_partition_bytes: int = ofp.DEFAULT_MAX_PARTITION_BYTES
     skew_ms: int = ofp.DEFAULT_SKEW_MS
     read_buffer_size: int = 1 << 20
+    keys_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> OffloadedOptions:
@@ -140,6 +145,7 @@ class OffloadedOptions:
             max_partition_bytes=max_bytes,
             skew_ms=int(skew),
             read_buffer_size=read_buffer,
+            keys_file=get("keysFile"),
         )
 
     @property
@@ -302,7 +308,8 @@ class OffloadedReader(DataSourceReader):
         return [OffloadedPartition(t) for t in tasks] or [OffloadedPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa
+        """Arrow record batches built column by column (``read.dataset_read``): Spark's Python worker passes
+        them on as they are, with no conversion per row."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         freeze_long_lived()
@@ -310,19 +317,18 @@ class OffloadedReader(DataSourceReader):
         if task is None:
             return
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        times_at = [i for i, f in enumerate(schema) if pa.types.is_timestamp(f.type)]
-        for columns in ofr.read_task(
+        for batch in ofr.read_task(
             self.options.location,
             task,
             output=self.options.output,
             times=self._times(),
             skew_ms=self.options.skew_ms,
             read_buffer_size=self.options.read_buffer_size,
+            keyring=KeyRing.with_file(self.options.keys_file),
         ):
-            for i in times_at:  # ms -> the µs of Spark's timestamps
-                columns[i] = [None if t is None else t * 1000 for t in columns[i]]
-            arrays = [pa.array(values, type=f.type) for values, f in zip(columns, schema, strict=True)]
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            # A schema given with .schema(...) that differs from ours is cast to (as Spark would, in its
+            # worker, for rows); a wrong one fails there, naming the column.
+            yield batch if batch.schema.equals(schema) else batch.cast(schema)
 
 
 class OffloadedDataSource(DataSource):

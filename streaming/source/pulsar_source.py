@@ -46,7 +46,7 @@ Options (names are case-insensitive, as Spark makes them):
     (``streaming/source/starting_time.py``; publish times are assumed to grow along a topic-partition, as
     Pulsar's seek by time assumes). A topic-partition with nothing that recent starts after its latest entry.
     Only used when a query starts without a checkpoint.
-``offloaded.store``, ``offloaded.s3.endpoint``, ``offloaded.s3.region``
+``offloaded.store``, ``offloaded.s3.endpoint``, ``offloaded.s3.region``, ``offloaded.keysFile``
     **Read through the tier**: the offload store (``file:///dir`` or ``s3://bucket/prefix``, and the S3
     endpoint and region of an S3-compatible store) that holds what the broker may no longer hold. A range is
     read from the store wherever it holds the next entry and from the broker elsewhere: a query from
@@ -180,6 +180,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
@@ -404,7 +405,7 @@ def read_partition(
     stored: TopicReader | None = None
     if options.offloaded is not None:
         tier = TierView(options.offloaded)
-        stored = TopicReader(tier.scoped)
+        stored = TopicReader(tier.scoped, keyring=KeyRing.with_file(options.offloaded_keys_file))
         read_range = _read_through(tier, stored, read_range, probe, latest)
     try:
         for r in partition.ranges:

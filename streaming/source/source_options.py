@@ -82,6 +82,8 @@ class SourceOptions:
     """``startingTime`` (ms since the epoch): each topic-partition starts at its first entry published then or
     later (``streaming/source/starting_time.py``); only when a query starts without a checkpoint."""
     offloaded: StoreLocation | None = None
+    offloaded_keys_file: str | None = None
+    """``offloaded.keysFile``: keys of stored segments encrypted at rest (``checkpoints.keyring``)."""
     """``offloaded.store``: read through the tier -- what the broker no longer holds comes from this store
     (``streaming/source/read_through.py``)."""
     rate_limits: RateLimitSpec | None = None
@@ -165,6 +167,7 @@ class SourceOptions:
             spool_dir=get("spoolDir"),
             spool_max_bytes=_opt(get("spoolMaxBytes"), lambda t: parse_size(t, "spoolMaxBytes")) or 2 << 30,
             offloaded=_offloaded_store(get),
+            offloaded_keys_file=get("offloaded.keysFile"),
             starting_time=_starting_time(get),
             rate_limits=_opt(get("rateLimits"), RateLimitSpec.from_option),
         )

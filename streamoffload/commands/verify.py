@@ -107,6 +107,8 @@ def _segment_json(s: SegmentReport) -> dict[str, Any]:
         "compressed_unsplit": s.compressed_unsplit,
         "first": list(s.first) if s.first else None,
         "last": list(s.last) if s.last else None,
+        "encryption_key": s.encryption_key,
+        "unchecked": s.unchecked,
         "ok": s.ok,
     }
 
@@ -134,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.index_key and not args.data_key:
         raise VerifyError("--index-key needs --data-key")
     names = [topic_arg(t, config) for t in args.topic_names]
+    keyring = config.encryption.keyring()  # segments encrypted at rest: their keys, where configured
     scoped = location.open(create=False)  # a mistyped path is an error, not a new empty store
     store = scoped.store
     try:
@@ -150,11 +153,13 @@ def run(args: argparse.Namespace) -> int:
             if not names:
                 raise VerifyError(f"no offloaded topics in {scoped.describe()}")
         for name in names:
-            topics.append(verify_topic(scoped, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000))
+            topics.append(
+                verify_topic(scoped, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000, keyring=keyring)
+            )
     finally:
         store.close()
 
-    segments = loose + [s for t in topics for s in t.segments]
+    segments = segments_of(topics, loose)
     problems = [p for s in loose for p in s.problems] + [p for t in topics for p in t.all_problems]
     totals = {
         "topics": len(topics),
@@ -168,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
         "messages": sum(s.messages for s in segments),
         "crc_checked": sum(s.crc_checked for s in segments),
         "segments_without_recorded_checksums": sum(1 for s in segments if s.recorded_checksums is False),
+        "encrypted_segments": sum(1 for s in segments if s.encryption_key),
+        "encrypted_unchecked": sum(1 for s in segments if s.unchecked),
         "problems": len(problems),
     }
     if args.json:
@@ -192,6 +199,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(topics, loose, problems, totals, crc=args.crc)
     return 1 if problems else 0
+
+
+def segments_of(topics: list[TopicReport], loose: list[SegmentReport]) -> list[SegmentReport]:
+    return loose + [s for t in topics for s in t.segments]
 
 
 def _print_summary(
@@ -225,6 +236,9 @@ def _print_summary(
             f"NOTE {s.data_key}: no recorded checksums (sealed by an older version): its entries are CRC-checked "
             "only where they carry their own 0x0e01 section\n"
         )
+    for s in segments_of(topics, loose):
+        if s.unchecked:
+            out.write(f"NOTE {s.data_key}: {s.unchecked}\n")
     checks = "framing, index, manifests, entries"
     if crc:
         checks += f", CRC-32C of {totals['crc_checked']} of {totals['entries']} entries"

@@ -8,8 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.entry import (
+    KeyValue,
+    Message,
+    MessageMetadata,
+    SingleMessageMetadata,
+    build_entry,
+    decode_entry,
+    encode_entry,
+)
 from streamoffload.codecs.errors import ChecksumError, FormatError
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
@@ -271,3 +282,56 @@ def test_pushed_filters_become_pruning_bounds() -> None:
     entries.add(GreaterThan(("ledger_id",), 4), ofr.ENTRY_COLUMNS)
     entries.add(GreaterThan(("__ledgerId",), 9), ofr.ENTRY_COLUMNS)  # not a column of entries: ignored
     assert entries.positions == ofp.PositionBounds((5, 0), None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**63 - 1),
+    st.integers(0, 2**63 - 1),
+    st.integers(-1, 2**31 - 1),
+    st.integers(1, 300),
+)
+def test_message_ids_built_per_entry_are_message_id(ledger: int, entry: int, partition: int, size: int) -> None:
+    batch = ofr._MessageBatch("t", partition)
+    messages = [Message(b"", key=None) for _ in range(size)]
+    batch.add(ledger, entry, decode_entry(build_entry(messages, producer_name="p", sequence_id=0, publish_time=1)), "")
+    batched = size > 1  # build_entry batches more than one message
+    want = [ofr.message_id(ledger, entry, partition, i if batched else -1, size if batched else 0) for i in range(size)]
+    assert batch.ids == want
+
+
+def test_null_values_keys_and_event_times_in_the_arrow_batch() -> None:
+    singles = [
+        SingleMessageMetadata(payload_size=2, partition_key="k", event_time=5),
+        SingleMessageMetadata(payload_size=0, null_value=True, properties=[KeyValue(key="a", value="b")]),
+        SingleMessageMetadata(payload_size=1),
+    ]
+    payloads = [b"xy", b"", b"z"]
+    body = b"".join(
+        len(s.SerializeToString()).to_bytes(4, "big") + s.SerializeToString() + p
+        for s, p in zip(singles, payloads, strict=True)
+    )
+    md = MessageMetadata(producer_name="p", sequence_id=4, publish_time=1_000, num_messages_in_batch=3)
+    single = build_entry(
+        [Message(b"solo", key="s", event_time=9)], producer_name="q", sequence_id=8, publish_time=2_000
+    )
+    batch = ofr._MessageBatch("persistent://public/default/t-partition-3", 3)
+    batch.add(7, 1, decode_entry(encode_entry(md, body)), "")
+    batch.add(7, 2, decode_entry(single), "")
+    arrow = batch.to_arrow()
+    assert arrow.schema.equals(ofr.MESSAGE_ARROW_SCHEMA)
+    got = ofr.rows(arrow)
+    assert [r["value"] for r in got] == [b"xy", None, b"z", b"solo"]
+    assert [r["__key"] for r in got] == [b"k", None, None, b"s"]
+    assert [r["__eventTime"] for r in got] == [5, None, None, 9]
+    assert [r["__publishTime"] for r in got] == [1_000, 1_000, 1_000, 2_000]
+    assert [r["__messageProperties"] for r in got] == [[], [("a", "b")], [], []]
+    assert [(r["__ledgerId"], r["__entryId"], r["__batchIndex"]) for r in got] == [
+        (7, 1, 0),
+        (7, 1, 1),
+        (7, 1, 2),
+        (7, 2, -1),
+    ]
+    assert [r["__sequenceId"] for r in got] == [4, 4, 4, 8]
+    assert [r["__producerName"] for r in got] == ["p", "p", "p", "q"]
+    assert got[3]["__messageId"] == ofr.message_id(7, 2, 3, -1, 0)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.keyring import segment_cipher
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.codecs.block_cipher import OVERHEAD, decrypt_block, stored_length
 from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.codecs.index import OffloadIndex
@@ -33,6 +35,19 @@ def read_entries(scoped: ScopedStore, topic: str) -> list[tuple[int, int, bytes]
         data = store.get(manifest.dataKey)
         v1_ledger = manifest.startLedgerId if manifest.formatVersion == 1 else None
         index = OffloadIndex.decode(store.get(manifest.indexKey), ledger_id=v1_ledger)
+        cipher = segment_cipher(manifest, None)  # encrypted at rest: the keys of the environment
+        if cipher is not None:
+            blocks = index.blocks()
+            assert len(data) == stored_length(index.data_object_length, len(blocks)), manifest.dataKey
+            data = b"".join(
+                decrypt_block(
+                    cipher.data_key,
+                    cipher.segment_id,
+                    b.offset,
+                    data[b.offset + OVERHEAD * i : b.offset + OVERHEAD * (i + 1) + b.length],
+                )
+                for i, b in enumerate(blocks)
+            )
         assert index.data_object_length == len(data) == manifest.dataLength, manifest.dataKey
         for block in iter_blocks(data):
             ledger = block.header.ledger_id if block.header.ledger_id is not None else v1_ledger

@@ -3,6 +3,7 @@ read everything back from the store byte for byte."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import submit_requests
+from streamoffload.checkpoints.keyring import encryption_key_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
@@ -286,14 +288,21 @@ def test_the_crash_sweep_sample_rotates_through_every_point_and_always_holds_the
 
 @pytest.mark.slow
 def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
-    spark: Any, pulsar_broker: Any, tmp_path: Path
+    spark: Any, pulsar_broker: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGKILLs a ``run --once`` at crash points (a sample each run: :func:`crash_points_this_run`), each restart
     recovering from the previous crash; the last recovery runs in this session's Spark (no extra start-up)."""
     topics = [unique_topic("crash-a"), unique_topic("crash-b")]
     for topic in topics:
         produce(pulsar_broker.service_url, topic, count=300, payload_size=150, keys=5, batching=True, batch_size=10)
-    config_path = write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path))
+    # crash-b is encrypted at rest: its data keys, recorded by the first attempt, must serve every replay.
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'k1 = "{base64.b64encode(bytes(range(32))).decode()}"\n')
+    monkeypatch.setenv("STREAMOFFLOAD_KEYS_FILE", str(keys))  # this process's readers
+    encrypted = f'\n[encryption]\nkeys_file = "{keys}"\n[topics."{topics[1]}"]\noffloadEncryptionKeyId = "k1"\n'
+    config_path = write_config(
+        tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path), SMALL_SEGMENTS + encrypted
+    )
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "streamoffload", "run", "--once", "--conf", str(config_path)]
 
@@ -326,6 +335,8 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
         check_messages(ScopedStore(store), topic, 300, keys=5, size=150)
         meta.cleanup(topic, grace_ms=0)
         assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
+    assert {encryption_key_id(m) for m in meta.offloaded_segments(topics[1])} == {"k1"}
+    assert {encryption_key_id(m) for m in meta.offloaded_segments(topics[0])} == {None}
     # Converged: besides metadata, the store holds exactly the offloaded segments' objects.
     data_keys = {k for k in store_keys(store) if "/_" not in k and not k.startswith("_")}
     assert data_keys == referenced_keys(ScopedStore(store), topics)
