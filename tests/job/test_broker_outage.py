@@ -33,6 +33,8 @@ maxSizePerOffloadSegmentMbytes = 0.03
 maxOffloadSegmentRolloverTimeSeconds = 2
 """
 
+RETRY_TIMEOUT_S = 10
+
 
 def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
@@ -64,6 +66,10 @@ def test_a_gone_broker_is_retried_visibly_until_it_is_back_then_the_job_is_exact
     produce(broker.service_url, topic, count=100, payload_size=200, batching=True, batch_size=10)
     config_path = write_config(tmp_path, broker.service_url, [topic], fs_store(tmp_path), QUICK_SEALS)
     job = OffloadJob(load_config(config_path), str(config_path))
+    # The source rides out a broker restart for retryTimeoutSeconds (60 s by default) before the query fails
+    # and the job's own outage handling, under test here, takes over: 10 s, so the test does not wait 50 s.
+    source_options = job.source_options
+    job.source_options = lambda **kw: {**source_options(**kw), "retryTimeoutSeconds": str(RETRY_TIMEOUT_S)}
     metrics = JobMetrics(read_cache=False)
     metrics.job_health = lambda: job.health.current
     store = FilesystemStore(tmp_path / "store")
