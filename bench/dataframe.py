@@ -171,9 +171,9 @@ def direct_read(root: Path, topics: list[str], runs: int) -> tuple[int, float, f
 
 
 def read_through_query(spark: Any, service_url: str, store_url: str, topic: str) -> tuple[float, int] | None:
-    """Figure (c): the live ``pulsar`` source reading ``topic`` (a comma list) through the tier (``offloaded.store``) from
-    ``earliest``: every entry the store holds is read from it (the broker serves only what follows, here
-    nothing). Returns (seconds, messages read)."""
+    """Figure (c): the live ``pulsar`` source reading ``topic`` (a comma list) through the tier
+    (``offloaded.store``) from ``earliest``: every entry the store holds is read from it (the broker serves
+    only what follows, here nothing). Returns (seconds, messages read)."""
     started = time.perf_counter()
     row = (
         spark.read.format("pulsar")

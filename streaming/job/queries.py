@@ -18,6 +18,7 @@ from typing import Any
 
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
+from streamoffload.streaming.control.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.control.rate_limits import RateLimitSpec
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import (
@@ -166,7 +167,9 @@ class JobQueries:
         totals: Spark's parallelism, the most tasks that run at once (``build`` learns it)."""
         if self.run is None:
             return None
-        return RateLimitSpec(self.location, self.rate_limit_tasks, self.run.policy_log.refresh_s)
+        versions = self.run.policy_log  # None only in tests that build a Run by hand
+        refresh = versions.refresh_s if versions is not None else DEFAULT_REFRESH_S
+        return RateLimitSpec(self.location, self.rate_limit_tasks, refresh)
 
     def _hold_broker_retention(self, committed: dict[str, Any]) -> None:
         """``pulsar.retain_subscription``: acknowledge each topic-partition's durable subscription up to its last
