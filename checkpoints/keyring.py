@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.codecs.block_cipher import ALGORITHM, KEY_BYTES, unwrap_key, wrap_key
+from streamoffload.codecs.block_cipher import ALGORITHM, KEY_BYTES, new_data_key, unwrap_key, wrap_key
 from streamoffload.errors import ConfigError, StreamOffloadError
 
 if TYPE_CHECKING:
@@ -134,8 +134,6 @@ def encryption_key_id(manifest: SegmentManifest) -> str | None:
 def with_new_data_key(manifest: SegmentManifest, key_id: str, keyring: KeyRing) -> SegmentManifest:
     """``manifest`` recording a fresh data key wrapped under key ``key_id`` (an Assigned manifest, before any
     part is written)."""
-    from streamoffload.codecs.block_cipher import new_data_key
-
     segment = mf.manifest_uuid(manifest)
     kek = keyring.key(key_id, f"segment {segment} of {manifest.topic} (its policy's offloadEncryptionKeyId)")
     wrapped = wrap_key(kek, new_data_key(), segment.bytes)

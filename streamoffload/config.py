@@ -237,9 +237,7 @@ class EncryptionSettings:
 
     def keyring(self) -> KeyRing:
         """The configured keys, then the environment's."""
-        keys = dict(KeyRing.from_file(self.keys_file).keys) if self.keys_file else {}
-        keys.update(KeyRing.from_env().keys)
-        return KeyRing(keys)
+        return KeyRing.with_file(self.keys_file) or KeyRing.from_env()
 
 
 @dataclass(frozen=True)

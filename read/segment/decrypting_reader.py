@@ -59,8 +59,6 @@ class DecryptingReader:
         if start >= end:
             return b""
         i = max(bisect.bisect_right(self._offsets, start) - 1, 0)
-        if i == 0 and start == end:
-            return b""
         pieces: list[bytes] = []
         pos = start
         while pos < end:

@@ -369,18 +369,10 @@ class SegmentSink:
         manifest (remembered when this sink opened or resumed it; read otherwise)."""
         if data_key in self._ciphers:
             return self._ciphers.get(data_key)  # type: ignore[no-any-return]
-        key = info["manifest_key"]
-        try:
-            written = mf.decode_manifest(self.store.get(key), where=key)
-        except ObjectNotFoundError:
-            raise FencedError(
-                f"the manifest {key} of this open segment is gone: a newer writer recovered the topic "
-                "and abandoned the segment, so this writer must stop"
-            ) from None
-        return self._remember_cipher(written)
+        return self._remember_cipher(self._written_manifest(info["manifest_key"]))
 
     def _remember_cipher(self, written: SegmentManifest) -> SegmentCipher | None:
-        cipher = segment_cipher(written, self.keyring)
+        cipher = segment_cipher(written, self._keys()) if encryption_key_id(written) else None
         self._ciphers.remember(written.dataKey, cipher)
         return cipher
 
@@ -441,6 +433,10 @@ class SegmentSink:
         if upload is not None:
             return upload
         # Another executor opened the segment: its manifest says which upload holds the parts.
+        return self._resume(self._written_manifest(manifest_key))
+
+    def _written_manifest(self, manifest_key: str) -> SegmentManifest:
+        """The Assigned manifest of an open segment, as the first attempt wrote it."""
         try:
             written = self.store.get(manifest_key)
         except ObjectNotFoundError:
@@ -448,7 +444,7 @@ class SegmentSink:
                 f"the manifest {manifest_key} of this open segment is gone: a newer writer recovered the topic "
                 "and abandoned the segment, so this writer must stop"
             ) from None
-        return self._resume(mf.decode_manifest(written, where=manifest_key))
+        return mf.decode_manifest(written, where=manifest_key)
 
     def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any]) -> None:
         data_key = action["data_key"]

@@ -322,7 +322,7 @@ class SourcePlanner:
                 if reader is not None:
                     found = stored_position_at(reader, tp, reader.metadata.offloaded_segments(tp), at_ms)
                 if found is None:
-                    found = broker_position_at(lambda after, tp=tp: self._broker_probe(tp, after), latest[tp], at_ms)
+                    found = broker_position_at(lambda after, tp=tp: self._broker_next(tp, after), latest[tp], at_ms)
                 start[tp] = (found[0], found[1] - 1) if found is not None else latest[tp] or BEFORE_EARLIEST
                 log.info("pulsar source: %s starts after %s (startingTime %d)", tp, start[tp], at_ms)
         finally:
@@ -546,22 +546,25 @@ class SourcePlanner:
     def _probe(self, tp: str, after: Position) -> Probe | None:
         probe = self._tier_probe(tp, after)
         if probe is None:
-            probe = self._broker_probe(tp, after)
+            probe = self._broker_next(tp, after)
         if probe is not None:
             old = self._entry_size.get(tp)
             self._entry_size[tp] = probe.approx_bytes if old is None else 0.7 * old + 0.3 * probe.approx_bytes
         return probe
 
-    def _broker_probe(self, tp: str, after: Position) -> Probe | None:
-        if self._tier is not None:  # read-through: the broker may have dropped ``after``'s ledger
+    def _broker_next(self, tp: str, after: Position) -> Probe | None:
+        """The broker's first entry after ``after``; with read-through through a ``BrokerFront`` (renewed every
+        ``discoveryIntervalSeconds``), as the tasks read, since the broker may have dropped ``after``'s ledger."""
+        if self._tier is not None:
             now = time.monotonic()
             known = self._fronts.get(tp)
             if known is None or now - known[0] >= self.options.discovery_interval_s:
-                known = self._fronts[tp] = (now, BrokerFront(lambda after: self._probe_broker(tp, after)))
+                probe, latest = (lambda after: self._probe_broker_after(tp, after)), (lambda: self._latest_position(tp))
+                known = self._fronts[tp] = (now, BrokerFront(probe, latest))
             return known[1].next_after(after)
-        return self._probe_broker(tp, after)
+        return self._probe_broker_after(tp, after)
 
-    def _probe_broker(self, tp: str, after: Position) -> Probe | None:
+    def _probe_broker_after(self, tp: str, after: Position) -> Probe | None:
         settings = self.options.reader_settings()
         if self.options.reader == "raw":
             return rr.probe_after_raw(self.raw_client, tp, after, settings=settings)
@@ -580,7 +583,7 @@ class SourcePlanner:
             # Either side may hold the next entry: the broker's wins if it comes first (the store then has a
             # hole the broker fills, or the broker's history starts earlier); a missing entry is the tasks' to
             # report, with the read.
-            broker = self._broker_probe(tp, after)
+            broker = self._broker_next(tp, after)
             if broker is not None and broker.position < nxt:
                 return broker
         span = history.span_holding(nxt)

@@ -197,11 +197,6 @@ class StoredHistory:
             acc = upto
         return cuts
 
-    def describe(self) -> str:
-        shown = [f"{s.ledger_id}:{s.first}..{s.ledger_id}:{s.last}" for s in self.spans[:6]]
-        more = f", ... ({len(self.spans)} ledger spans)" if len(self.spans) > 6 else ""
-        return ", ".join(shown) + more if shown else "nothing"
-
 
 def missing_range(after: Position, before: Position) -> str:
     """The entries strictly between two positions, in words (for data-loss messages)."""
