@@ -9,6 +9,7 @@ error naming its key, never a different manifest.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from streamoffload import __version__
 from streamoffload.codecs import checksums
+from streamoffload.codecs.block_frames import Frame, decode_table
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.frame import FRAME_LENGTH, frame, unframe
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, uuid_to_msb_lsb
@@ -49,6 +51,25 @@ PROP_BLOCK_CHECKSUMS = checksums.PROP_BLOCK_CHECKSUMS
 PROP_INDEX_CRC = checksums.PROP_INDEX_CRC
 PROP_UPLOAD_ID = "uploadId"
 """The multipart upload that holds the segment's parts, recorded before the first part is written."""
+PROP_COMPRESSION = "compression"
+"""How a compressed segment's blocks are stored (``zstd``; ``codecs.block_frames``); absent: as they are."""
+PROP_FRAMES = "frames"
+"""A compressed segment's frame table (``codecs.block_frames.encode_table``): where each stored block lies."""
+
+
+def frame_table(manifest: SegmentManifest) -> tuple[Frame, ...] | None:
+    """The frame table of a compressed segment's Offloaded manifest; None for a segment stored uncompressed."""
+    text = driver_property(manifest, PROP_FRAMES)
+    if text is None:
+        return None
+    return decode_table(text, where=f"manifest of segment {manifest_uuid(manifest)} of {manifest.topic}")
+
+
+def policy_field(manifest: SegmentManifest, name: str, default: str = "") -> str:
+    """A field of the policy the segment was opened under (``PROP_POLICY``), as text ("" : not recorded)."""
+    policy = driver_property(manifest, PROP_POLICY)
+    value = json.loads(policy).get(name) if policy else None
+    return default if value is None else str(value)
 
 
 def checksum_blocks(manifest: SegmentManifest) -> int:

@@ -352,6 +352,7 @@ class MetadataStore:
                 delete_block_checksums(self.store, manifest.dataKey, mf.checksum_blocks(manifest))
             else:  # an unfinished attempt wrote some: find them
                 delete_block_checksums(self.store, manifest.dataKey)
+                delete_part_frames(self.store, manifest.dataKey)
         for key in (manifest.indexKey, manifest.dataKey):
             if key:
                 self.store.delete(key)
@@ -479,7 +480,7 @@ class MetadataStore:
         # 4. Data/index objects that no manifest names (and that are not metadata).
         for info in self._topic_objects(topic_dir):
             name = info.key[len(topic_dir) :]
-            if info.key in referenced or name.startswith("_") or _checksums_of(info.key) in referenced_data:
+            if info.key in referenced or name.startswith("_") or _sidecar_of(info.key) in referenced_data:
                 continue
             seg_id = _segment_of(name)
             if seg_id in protected_ids:
@@ -499,13 +500,35 @@ class MetadataStore:
 def _segment_of(name: str) -> str:
     """The segment uuid of a data, index or block checksum object name
     (``<uuid>[-ledger-<id>][-index]``, ``<uuid>[-ledger-<id>]-crc-<n>``)."""
-    return name.split(keys.CHECKSUMS_INFIX)[0].split("-ledger-")[0].removesuffix("-index")
+    name = name.split(keys.CHECKSUMS_INFIX)[0].split(keys.FRAMES_INFIX)[0]
+    return name.split("-ledger-")[0].removesuffix("-index")
 
 
 def _checksums_of(key: str) -> str | None:
     """The data object key a block checksum record belongs to (``<data key>-crc-<n>``), else None."""
     data_key, infix, ordinal = key.rpartition(keys.CHECKSUMS_INFIX)
     return data_key if infix and ordinal.isdigit() else None
+
+
+def _sidecar_of(key: str) -> str | None:
+    """The data object key a block checksum record or a part frame record (``<data key>-frames-<n>``)
+    belongs to, else None."""
+    data_key, infix, ordinal = key.rpartition(keys.FRAMES_INFIX)
+    if infix and ordinal.isdigit():
+        return data_key
+    return _checksums_of(key)
+
+
+def delete_part_frames(store: ObjectStore, data_key: str, count: int | None = None) -> None:
+    """Delete a compressed data object's part frame records: parts 1..``count``, or, with None, those a LIST
+    finds. The seal deletes them once the manifest holds the table; this finishes what a crash left."""
+    if count is not None:
+        found = [keys.part_frames_key(data_key, n) for n in range(1, count + 1)]
+    else:
+        prefix = keys.part_frames_prefix(data_key)
+        found = [i.key for i in store.list(prefix) if i.key[len(prefix) :].isdigit()]
+    for key in found:
+        store.delete(key)
 
 
 def delete_block_checksums(store: ObjectStore, data_key: str, count: int | None = None) -> None:

@@ -10,6 +10,9 @@ from typing import Any
 
 from streamoffload.units import MIB
 
+COMPRESSED_PART_FACTOR = 8
+"""How many times a store's minimum part a compressed segment gathers per part (``min_part_bytes``)."""
+
 
 @dataclass(frozen=True)
 class OffloadPolicy:
@@ -42,6 +45,12 @@ class OffloadPolicy:
     """Encrypt new segments at rest (AES-256-GCM, a data key per segment) under the key-encryption key of this
     id (``checkpoints.keyring``); empty (the default): stored in the clear, as Pulsar's own readers read them.
     Naming another id rotates: new segments use it, older ones keep theirs."""
+    offloadCompression: str = "none"
+    """Compress new segments' blocks at rest: ``zstd``, or ``none`` (the default: objects Pulsar's own readers
+    read). Blocks whose entries the producer compressed already, and blocks that would not shrink, are stored as
+    they are (``codecs.block_frames``)."""
+    offloadCompressionLevel: int = 3
+    """zstd's level for ``offloadCompression = "zstd"`` (1 fastest .. 19 smallest)."""
 
     @property
     def max_segment_bytes(self) -> int:
@@ -51,6 +60,19 @@ class OffloadPolicy:
     @property
     def rollover_ms(self) -> int:
         return round(self.maxOffloadSegmentRolloverTimeMinutes * 60_000)
+
+    @property
+    def compressed(self) -> bool:
+        return self.offloadCompression != "none"
+
+    def min_part_bytes(self, store_min_part: int) -> int:
+        """The plaintext bytes the segmenter gathers into a part on a store whose parts (but the last) must be
+        at least ``store_min_part`` bytes: that, or for a compressed segment ``COMPRESSED_PART_FACTOR`` times
+        it, so that a part compressed by up to that factor is still big enough (one that shrinks more is
+        filled up by the sink, ``codecs.block_frames``). A store without a minimum needs no more."""
+        if self.compressed and store_min_part > 1:
+            return store_min_part * COMPRESSED_PART_FACTOR
+        return max(1, store_min_part)
 
     @property
     def block_size(self) -> int:

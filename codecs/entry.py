@@ -367,6 +367,16 @@ def decode_entry(
     )
 
 
+def entry_incompressible(buf: bytes | bytearray | memoryview) -> bool:
+    """Whether an entry's payload is already compressed or end-to-end encrypted by its producer, so that
+    compressing it again would spend CPU for nothing (``codecs.block_frames``); False when unsure."""
+    try:
+        metadata = decode_entry(buf, verify_checksum=False).metadata
+    except FormatError:
+        return False
+    return metadata.compression != CompressionType.NONE or metadata_encrypted(metadata)
+
+
 def uncompressed_payload(decoded: DecodedEntry, where: str | None = None) -> memoryview:
     """The entry's payload, inflated if it is compressed (a view into the entry otherwise)."""
     md = decoded.metadata

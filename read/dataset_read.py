@@ -116,11 +116,19 @@ class EncryptedEntryError(StreamOffloadError):
 # --- reading ----------------------------------------------------------------------------------------------
 
 
-def _block_publish_time(store: ObjectStore, data_key: str, block: BlockLocation) -> int | None:
+def _block_publish_time(handle: SegmentReadHandle, store: ObjectStore, block: BlockLocation) -> int | None:
     """The publish time of a block's first entry, read with one small ranged GET (no checksum check: it is
-    only a hint of where to start; the entries returned are checked when read)."""
+    only a hint of where to start; the entries returned are checked when read). A segment stored encrypted or
+    compressed is read through its handle's plaintext view (the block's frame is fetched whole)."""
+    data_key = handle.data_key
+
+    def get_range(offset: int, length: int) -> bytes:
+        if handle.transformed:
+            return handle.read_plain(offset, length)
+        return store.get_range(data_key, offset, length)
+
     at = block.offset + BLOCK_HEADER_LENGTH
-    head = store.get_range(data_key, at, ENTRY_HEADER_LENGTH + _PROBE_BYTES)
+    head = get_range(at, ENTRY_HEADER_LENGTH + _PROBE_BYTES)
     if len(head) < ENTRY_HEADER_LENGTH:
         return None
     length = int.from_bytes(head[:4], "big")
@@ -129,9 +137,7 @@ def _block_publish_time(store: ObjectStore, data_key: str, block: BlockLocation)
         try:
             decoded = decode_entry(body, verify_checksum=False, where=data_key)
         except TruncatedError:
-            decoded = decode_entry(
-                store.get_range(data_key, at + ENTRY_HEADER_LENGTH, length), verify_checksum=False, where=data_key
-            )
+            decoded = decode_entry(get_range(at + ENTRY_HEADER_LENGTH, length), verify_checksum=False, where=data_key)
     except FormatError:
         return None  # the read itself will report what is wrong, with the checks of the read path
     return decoded.metadata.publish_time
@@ -150,7 +156,7 @@ def _time_window(
 
     def time_of(i: int) -> int:
         if i not in probed:
-            found = _block_publish_time(store, handle.data_key, blocks[i])
+            found = _block_publish_time(handle, store, blocks[i])
             if found is None:
                 raise _Unprobed
             probed[i] = found

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 INDEX_SUFFIX = "-index"
 CHECKSUMS_INFIX = "-crc-"
+FRAMES_INFIX = "-frames-"
 LEDGER_INFIX = "-ledger-"
 META_DIR = "_meta"
 SEGMENTS_DIR = f"{META_DIR}/segments"
@@ -262,6 +263,23 @@ def block_checksums_key(data_object_key: str, block: int) -> str:
 
 MAX_BLOCK_ORDINAL = 2**32 - 1
 """An index records a block's part id as a u32."""
+
+
+def part_frames_prefix(data_object_key: str) -> str:
+    """List prefix of the part frame records of a compressed data object (``<data key>-frames-``)."""
+    return data_object_key + FRAMES_INFIX
+
+
+def part_frames_key(data_object_key: str, part: int) -> str:
+    """``<data key>-frames-<n>``: where the frames of the data object's ``part``-th part lie
+    (``codecs.block_frames.PartFrames``), written with the part and joined into the manifest by the seal."""
+    if isinstance(part, bool) or not isinstance(part, int) or not 1 <= part <= MAX_PART_NUMBER:
+        raise ValueError(f"part number must be an integer in [1, {MAX_PART_NUMBER}], got {part!r}")
+    return part_frames_prefix(data_object_key) + str(part)
+
+
+MAX_PART_NUMBER = 2**31 - 1
+"""Part numbers are positive ints (S3 stops at 10,000; a filesystem store does not)."""
 
 
 def manifests_prefix(prefix: str, topic: TopicName | str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from streamoffload.checkpoints.keyring import KEY_ID, KeyRing
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.codecs.block_frames import COMPRESSIONS
 from streamoffload.codecs.blocks import MIN_BLOCK_LENGTH
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
@@ -348,6 +349,16 @@ def _validated_policy(values: Mapping[str, Any], source: str, section: str) -> O
             "offloadEncryptionKeyId",
             "must be empty (no encryption) or a key id: letters, digits, '_', '.' and '-' (at most 64), "
             f"got {p.offloadEncryptionKeyId!r}",
+        ),
+        (
+            lambda: p.offloadCompression in COMPRESSIONS,
+            "offloadCompression",
+            f"must be one of {', '.join(COMPRESSIONS)}, got {p.offloadCompression!r}",
+        ),
+        (
+            lambda: isinstance(p.offloadCompressionLevel, int) and 1 <= p.offloadCompressionLevel <= 19,
+            "offloadCompressionLevel",
+            f"must be a zstd level from 1 (fastest) to 19 (smallest), got {p.offloadCompressionLevel!r}",
         ),
         (
             lambda: _in_range(p.managedLedgerOffloadMaxBlockSizeInBytes, HEADER_AND_ONE_ENTRY, MAX_BLOCK_BYTES),

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.keyring import KeyRing, KeyUnavailableError, encryption_key_id, segment_cipher
-from streamoffload.codecs.block_cipher import stored_length
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER_LENGTH,
@@ -38,7 +37,7 @@ from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metada
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.segment import manifest_disagreements, unsupported_format_version
-from streamoffload.read.segment.decrypting_reader import DecryptingReader
+from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
@@ -128,7 +127,7 @@ class _Checker:
     ) -> None:
         self.store = store
         self.keyring = keyring
-        self._plain: DecryptingReader | None = None
+        self._plain: StoredBlockReader | None = None
         self.report = report
         self.crc = crc
         self.ledger_id = ledger_id
@@ -179,8 +178,10 @@ class _Checker:
         if data_info is None:
             return
         r.data_length = data_info.size
-        if self.manifest is not None and encryption_key_id(self.manifest) is not None:
-            data_info = self.open_encrypted(self.manifest, data_info, index)
+        if self.manifest is not None and (
+            encryption_key_id(self.manifest) is not None or mf.driver_property(self.manifest, mf.PROP_FRAMES)
+        ):
+            data_info = self.open_stored(self.manifest, data_info, index)
             if data_info is None:
                 return
         blocks = self.walk_data(data_info.size, index.version if index is not None else None)
@@ -197,27 +198,35 @@ class _Checker:
         if self.manifest is not None:
             self.check_manifest(self.manifest, data_info, index_info)
 
-    def open_encrypted(
-        self, manifest: SegmentManifest, data: ObjectInfo, index: OffloadIndex | None
-    ) -> ObjectInfo | None:
-        """An encrypted segment: its stored size checked against the index (the plaintext's) and, with its key,
-        the plaintext view the walk reads (``data`` as the plaintext's info). Without the key: the structure
-        is checked, the report says what was not, and None (no walk)."""
+    def open_stored(self, manifest: SegmentManifest, data: ObjectInfo, index: OffloadIndex | None) -> ObjectInfo | None:
+        """A segment stored encrypted and/or compressed: its stored size checked against the index (the
+        plaintext's) and the manifest's frame table, and, with its key if it has one, the plaintext view the walk
+        reads (``data`` as the plaintext's info). Without the key: the structure is checked, the report says
+        what was not, and None (no walk)."""
         r = self.report
         key_id = r.encryption_key = encryption_key_id(manifest)
         if index is None:
             return None
         blocks = index.blocks()
-        stored = stored_length(index.data_object_length, len(blocks))
-        if data.size != stored:
+        try:
+            layout = stored_layout(manifest, blocks)
+        except FormatError as err:
+            self.problem(self.manifest_key or r.data_key, None, "ManifestMismatch", err.reason)
+            return None
+        assert layout is not None
+        if data.size != layout.size:
+            how = "compressed" if mf.driver_property(manifest, mf.PROP_FRAMES) else "encrypted"
             self.problem(
                 r.data_key,
-                min(data.size, stored),
+                min(data.size, layout.size),
                 "LengthMismatch",
-                f"encrypted data object has {data.size} bytes; its index's {len(blocks)} blocks of "
-                f"{index.data_object_length} plaintext bytes are {stored} bytes encrypted",
+                f"{how} data object has {data.size} bytes; its index's {len(blocks)} blocks of "
+                f"{index.data_object_length} plaintext bytes are {layout.size} bytes {how}",
             )
             return None
+        if key_id is None:
+            self._plain = StoredBlockReader(self.store.open_ranged_reader(r.data_key), layout.blocks, None)
+            return dataclasses.replace(data, size=index.data_object_length)
         try:
             cipher = segment_cipher(manifest, self.keyring, where=r.data_key)
         except KeyUnavailableError:
@@ -235,7 +244,7 @@ class _Checker:
                 )
             return None
         assert cipher is not None
-        self._plain = DecryptingReader(self.store.open_ranged_reader(r.data_key), blocks, cipher)
+        self._plain = StoredBlockReader(self.store.open_ranged_reader(r.data_key), layout.blocks, cipher)
         return dataclasses.replace(data, size=index.data_object_length)
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints.keyring import KeyRing, encryption_key_id, segment_cipher
-from streamoffload.codecs.block_cipher import stored_length
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER,
@@ -34,7 +33,6 @@ from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.read.segment.cache import ChunkCache
 from streamoffload.read.segment.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
 from streamoffload.read.segment.chunked_object import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
-from streamoffload.read.segment.decrypting_reader import DecryptingReader
 from streamoffload.read.segment.errors import (
     EntryNotFoundError,
     ManifestMismatchError,
@@ -47,6 +45,7 @@ from streamoffload.read.segment.prefetch import ParallelPrefetcher, Prefetcher
 from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
 from streamoffload.read.segment.scan import ChunkScan, SequentialStream
 from streamoffload.read.segment.scan_plan import RangePlanner
+from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import (
     FORMAT_VERSION_METADATA_KEY,
@@ -152,7 +151,16 @@ class SegmentReadHandle:
         # longer by the cipher's overhead. Without the key this raises KeyUnavailableError naming its id.
         self.encryption_key_id = encryption_key_id(self.manifest) if self.manifest is not None else None
         self.cipher = segment_cipher(self.manifest, keyring, where=self.data_key) if self.manifest else None
-        stored = stored_length(self.length, len(self._blocks)) if self.encryption_key_id else self.length
+        # Compression at rest (codecs.block_frames): the manifest's frame table says where each block is stored.
+        try:
+            layout = stored_layout(self.manifest, self._blocks)
+        except FormatError as err:
+            raise ManifestMismatchError(
+                f"segment manifest of {self.data_key}: {err.reason}", where=self.data_key
+            ) from None
+        stored = layout.size if layout is not None else self.length
+        self.transformed = layout is not None
+        """Whether the data object's bytes are not the plaintext's (encrypted or compressed at rest)."""
         if data_info is not None:
             if data_info.size < stored:
                 raise TruncatedError(
@@ -171,8 +179,8 @@ class SegmentReadHandle:
         self._block_offsets = [b.offset for b in self._blocks]
         self._block_positions = [(b.ledger_id, b.first_entry_id) for b in self._blocks]
         reader = store.open_ranged_reader(self.data_key, hold_open=local_files)
-        if self.cipher is not None:
-            reader = DecryptingReader(reader, self._blocks, self.cipher)  # type: ignore[assignment]
+        if layout is not None:
+            reader = StoredBlockReader(reader, layout.blocks, self.cipher)  # type: ignore[assignment]
         # Auto: a thread where the reader says one pays off (remote stores). A local file read through one
         # descriptor gets the kernel's own read-ahead, and a Python thread would only add hand-over costs
         # (see bench/README.md).
@@ -306,6 +314,11 @@ class SegmentReadHandle:
     def last_position(self) -> Position:
         last = self.ledger_ids[-1]
         return (last, self.last_add_confirmed(last))
+
+    def read_plain(self, offset: int, length: int) -> bytes:
+        """Plaintext bytes of the data object at ``offset`` (decrypted and decompressed when stored so), no
+        checks: for hints such as a block's first publish time; entries are read, and checked, by ``read``."""
+        return self._chunks.read_range(offset, max(0, min(length, self.length - offset)))
 
     def get_length(self) -> int:
         """Bytes of the data object (Pulsar ``getLength``)."""

@@ -245,13 +245,14 @@ class Segmenter:
             return
         merge = self._batch_part(seg)
         pending = seg.held_bytes + seg.block_bytes
-        if pending < self.min_part_size and merge is None:
+        min_part = self._seg_policy(seg).min_part_bytes(self.min_part_size)
+        if pending < min_part and merge is None:
             return  # the remainder: below one part, it waits in state for the next batch
         if seg.block_bytes and seg.version == FormatVersion.V2:
             self._cut_block(padded=False)  # sends the part itself once the held blocks make one
         if not seg.held_bytes:
             return
-        if seg.held_bytes >= self.min_part_size or merge is None:
+        if seg.held_bytes >= min_part or merge is None:
             self._emit_part()
             return
         held = seg.held_bytes
@@ -403,7 +404,7 @@ class Segmenter:
         seg.block_ledger = seg.block_first_entry = -1
         self._new_held.append(encode_layouts([layout]))
         seg.held_bytes += length
-        if seg.held_bytes >= self.min_part_size:
+        if seg.held_bytes >= self._seg_policy(seg).min_part_bytes(self.min_part_size):
             self._emit_part()
 
     def _take_held(self) -> tuple[bytes, int]:
@@ -420,7 +421,9 @@ class Segmenter:
         seg.held_bytes = 0
         return b"".join(held), len(held)
 
-    def _emit_part(self) -> None:
+    def _emit_part(self, *, last: bool = False) -> None:
+        """Send the held blocks as the open segment's next part (``last``: the seal's, which a store may take
+        below its minimum part size)."""
         seg = self.state.open
         assert seg is not None
         length = seg.held_bytes
@@ -435,6 +438,8 @@ class Segmenter:
             "length": length,
             "offset": seg.data_bytes - length,  # where the part starts in the (plaintext) data object
         }
+        if last:
+            info["last"] = True
         if seg.checksums:
             # The held blocks are the segment's last ``count``: where the part starts, and its first block's
             # ordinal, name the blocks' checksum records (the sink writes them with the part).
@@ -457,7 +462,7 @@ class Segmenter:
             return
         if seg.block_bytes:
             self._cut_block(padded=False)
-        self._emit_part()
+        self._emit_part(last=True)
         index = self._index(seg)
         index_bytes = index.encode()
         opened = mf.decode_manifest(bytes.fromhex(seg.manifest))

@@ -37,9 +37,11 @@ from streamoffload.checkpoints.keyring import (
     with_new_data_key,
 )
 from streamoffload.checkpoints.lease import FencedError, check_epoch
-from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_store import MetadataStore, delete_part_frames
 from streamoffload.codecs.block_cipher import encrypt_block, stored_length
+from streamoffload.codecs.block_frames import FILLER, Frame, PartFrames, compress_block, encode_table, stored_size
 from streamoffload.codecs.blocks import FormatVersion
+from streamoffload.codecs.entry import entry_incompressible
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
@@ -215,7 +217,7 @@ class SegmentSink:
         self.metadata = MetadataStore(scoped)
         self.keyring = keyring
         self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
-        self._ciphers = _Bounded()  # data key -> its SegmentCipher (encrypted segments), or None
+        self._encodings = _Bounded()  # data key -> its BlockEncoding (cipher, compression)
         self._done = _Bounded()  # data keys whose object already exists (a replay after success)
 
     def apply(self, actions: Iterable[Mapping[str, Any]]) -> SinkStats:
@@ -304,7 +306,12 @@ class SegmentSink:
             upload = self._upload_for(data_key, info["manifest_key"])
             part = part or _plan_parts([action])[0]
             with self.budget.hold(int(info.get("length") or 0)):
-                data = self._part_chunks(action["topic"], part, info, reader, self._cipher_for(data_key, info))
+                encoding = self._encoding_for(data_key, info)
+                data, frames = self._part_chunks(action["topic"], part, info, reader, encoding)
+                if frames is not None:
+                    # Before the part (the seal joins them into the manifest's table); deterministic like it.
+                    key = keys.part_frames_key(data_key, int(action["part_number"]))
+                    self.store.put(key, frames.encode())
                 recorded = info.get("checksums")
                 if recorded is not None:
                     # Before the manifest, like the part; a replay writes the same bytes under the same names.
@@ -343,11 +350,13 @@ class SegmentSink:
         part: PlannedPart,
         info: Mapping[str, Any],
         reader: PartReader | None,
-        cipher: SegmentCipher | None = None,
-    ) -> list[Buffer]:
+        encoding: BlockEncoding | None = None,
+    ) -> tuple[list[Buffer], PartFrames | None]:
         """The part's bytes, as buffers: its entries fetched and checked, then its blocks built as the layouts
         say (headers and padding around the fetched entries, not joined: the store writes them as they are).
-        An encrypted segment's blocks are each sealed (``codecs.block_cipher``) at their plaintext offsets."""
+        A compressed segment's blocks are each compressed (``codecs.block_frames``), then an encrypted
+        segment's each sealed (``codecs.block_cipher``) at their plaintext offsets. With compression, also the
+        part's frames (the sink records them beside the part)."""
         if reader is None:
             raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
         payloads = reader.take(topic, part_refs(part.blocks), part.blocks[0].after, part.run_end)
@@ -355,26 +364,49 @@ class SegmentSink:
         expected = info.get("length")
         if expected is not None and (size := sum(buffers_size(b) for b in blocks)) != int(expected):
             raise ReplayMismatchError(f"{topic}: a part built {size} bytes, its layout says {expected}")
-        if cipher is None:
-            return [chunk for block in blocks for chunk in block]
+        if encoding is None or encoding.plain:
+            return [chunk for block in blocks for chunk in block], None
         offset = _part_offset(info)
-        sealed: list[Buffer] = []
+        stored: list[Buffer] = []
+        frames: list[Frame] = []
+        first = 0
         for layout, chunks in zip(part.blocks, blocks, strict=True):
-            sealed.append(encrypt_block(cipher.data_key, cipher.segment_id, offset, b"".join(chunks)))
+            plain = b"".join(chunks)
+            codec = 0
+            body: Buffer = plain
+            if encoding.level is not None:
+                entries = payloads[first : first + len(layout.entries)]
+                skip = all(entry_incompressible(entry) for entry in entries)
+                codec, body = compress_block(plain, encoding.level, skip=skip)
+            first += len(layout.entries)
+            cipher = encoding.cipher
+            if cipher is not None:
+                body = encrypt_block(cipher.data_key, cipher.segment_id, offset, body)
+            stored.append(body)
+            frames.append(Frame(codec, buffers_size([body])))
             offset += layout.length
-        return sealed
+        if encoding.level is None:
+            return stored, None
+        filler = self.store.min_part_size - sum(f.stored_length for f in frames)
+        if filler > 0 and not info.get("last"):
+            # S3 refuses a part below its minimum but the last: fill this one up; the table skips the filler.
+            stored.append(FILLER * filler)
+            frames[-1] = Frame(frames[-1].codec, frames[-1].stored_length, filler)
+        return stored, PartFrames(tuple(frames))
 
-    def _cipher_for(self, data_key: str, info: Mapping[str, Any]) -> SegmentCipher | None:
-        """The data key of the segment ``data_key`` belongs to (None: not encrypted), from its Assigned
-        manifest (remembered when this sink opened or resumed it; read otherwise)."""
-        if data_key in self._ciphers:
-            return self._ciphers.get(data_key)  # type: ignore[no-any-return]
-        return self._remember_cipher(self._written_manifest(info["manifest_key"]))
+    def _encoding_for(self, data_key: str, info: Mapping[str, Any]) -> BlockEncoding:
+        """How the segment ``data_key`` belongs to stores its blocks, from its Assigned manifest (remembered when
+        this sink opened or resumed it; read otherwise)."""
+        encoding = self._encodings.get(data_key)
+        if encoding is not None:
+            return encoding  # type: ignore[no-any-return]
+        return self._remember_encoding(self._written_manifest(info["manifest_key"]))
 
-    def _remember_cipher(self, written: SegmentManifest) -> SegmentCipher | None:
+    def _remember_encoding(self, written: SegmentManifest) -> BlockEncoding:
         cipher = segment_cipher(written, self._keys()) if encryption_key_id(written) else None
-        self._ciphers.remember(written.dataKey, cipher)
-        return cipher
+        encoding = BlockEncoding(cipher, _policy_compression_level(written))
+        self._encodings.remember(written.dataKey, encoding)
+        return encoding
 
     def _object_exists(self, key: str) -> bool:
         if key in self._done:
@@ -408,7 +440,7 @@ class SegmentSink:
             if written.status != mf.OFFLOADED:
                 self._resume(written)
             return
-        self._remember_cipher(written)
+        self._remember_encoding(written)
         self._uploads.remember(manifest.dataKey, upload)
 
     def _resume(self, written: SegmentManifest) -> MultipartWrite:
@@ -419,7 +451,7 @@ class SegmentSink:
                 "(written by an older version); run `streamoffload cleanup` and restart"
             )
         upload = self.store.resume_multipart(written.dataKey, upload_id)
-        self._remember_cipher(written)
+        self._remember_encoding(written)
         self._uploads.remember(written.dataKey, upload)
         return upload
 
@@ -452,6 +484,12 @@ class SegmentSink:
         expected = int(info["data_length"])
         parts = int(action["part_number"])
         sealed = mf.decode_manifest(bytes(action["manifest"]))
+        level = _policy_compression_level(sealed)
+        if level is not None:
+            # Where each stored block lies: the parts' frame records, joined into the manifest's table.
+            frames = self._frame_table(sealed, parts)
+            sealed = mf.with_driver_property(sealed, mf.PROP_COMPRESSION, "zstd")
+            sealed = mf.with_driver_property(sealed, mf.PROP_FRAMES, encode_table(frames))
         if _policy_key_id(sealed):
             # The data key is the Assigned manifest's (the sink's, not the segmenter's): the Offloaded one keeps it.
             key = self.metadata.manifest_key(sealed)
@@ -459,6 +497,8 @@ class SegmentSink:
             if encryption_key_id(sealed) is None:
                 raise StreamOffloadError(f"{topic}: segment {segment} should be encrypted but its manifest has no key")
             expected = stored_length(expected, sealed.blockCount)
+        if level is not None:
+            expected = stored_size(frames)
         if self._object_exists(data_key):
             size = self.store.head(data_key).size
             if size != expected:
@@ -483,6 +523,42 @@ class SegmentSink:
         # create-only in the segment's place in the topic's history, so two writers never both win.
         check_epoch(self.scoped, int(info.get("epoch", 0)))
         self.metadata.commit(sealed)
+        if level is not None:
+            delete_part_frames(self.store, data_key, parts)  # the manifest holds them now
+
+    def _frame_table(self, sealed: SegmentManifest, parts: int) -> tuple[Frame, ...]:
+        """The segment's frame table from its parts' frame records; on a replay after the commit (which deleted
+        them), the committed manifest's."""
+        topic, segment, data_key = sealed.topic, mf.manifest_uuid(sealed), sealed.dataKey
+        frames: list[Frame] = []
+        for n in range(1, parts + 1):
+            key = keys.part_frames_key(data_key, n)
+            try:
+                frames.extend(PartFrames.decode(self.store.get(key), where=key).frames)
+            except ObjectNotFoundError:
+                committed = self._committed_frames(sealed)
+                if committed is not None:
+                    return committed
+                raise StreamOffloadError(
+                    f"{topic}: segment {segment}: the frame record {key} of part {n} is missing, so where its "
+                    "compressed blocks lie is unknown; the segment is retried"
+                ) from None
+        if len(frames) != sealed.blockCount:
+            raise ReplayMismatchError(
+                f"{topic}: segment {segment}: its {parts} parts record {len(frames)} compressed blocks, "
+                f"its index {sealed.blockCount}"
+            )
+        return tuple(frames)
+
+    def _committed_frames(self, sealed: SegmentManifest) -> tuple[Frame, ...] | None:
+        key = keys.commit_key(self.scoped.prefix, sealed.topic, sealed.ordinal)
+        try:
+            committed = mf.decode_manifest(self.store.get(key), where=key)
+        except ObjectNotFoundError:
+            return None
+        if mf.manifest_uuid(committed) != mf.manifest_uuid(sealed):
+            return None
+        return mf.frame_table(committed)
 
     def _requests_done(self, topic: str, request_ids: Iterable[str], segment: str | None) -> None:
         for request_id in request_ids:
@@ -513,10 +589,29 @@ class PlannedPart:
         return (self.blocks[-1].ledger_id, self.blocks[-1].entries[-1][0])
 
 
+@dataclass(frozen=True)
+class BlockEncoding:
+    """How a segment's blocks are stored: sealed with ``cipher`` (None: in the clear), compressed at ``level``
+    (None: as they are), both from the policy its Assigned manifest recorded."""
+
+    cipher: SegmentCipher | None = None
+    level: int | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.cipher is None and self.level is None
+
+
 def _policy_key_id(manifest: SegmentManifest) -> str:
     """The encryption key id of the policy the segment was opened under ("" : not encrypted)."""
-    policy = mf.driver_property(manifest, mf.PROP_POLICY)
-    return str(json.loads(policy).get("offloadEncryptionKeyId") or "") if policy else ""
+    return mf.policy_field(manifest, "offloadEncryptionKeyId")
+
+
+def _policy_compression_level(manifest: SegmentManifest) -> int | None:
+    """The zstd level of the policy the segment was opened under (None: not compressed)."""
+    if mf.policy_field(manifest, "offloadCompression", "none") == "none":
+        return None
+    return int(mf.policy_field(manifest, "offloadCompressionLevel", "3"))
 
 
 def _part_offset(info: Mapping[str, Any]) -> int:

@@ -100,7 +100,7 @@ def buffer_bound(policy: OffloadPolicy, min_part_size: int) -> int:
     but at least one block plus one minimum part. Between micro-batches the segmenter holds at most the
     open block (cut only when an entry does not fit) plus complete blocks short of a part, so below this
     the bound could refuse the very entries that would drain the buffer."""
-    return max(policy.offloadBufferMaxBytes, policy.block_size + max(1, min_part_size))
+    return max(policy.offloadBufferMaxBytes, policy.block_size + policy.min_part_bytes(min_part_size))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.keyring import segment_cipher
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.block_cipher import OVERHEAD, decrypt_block, stored_length
+from streamoffload.codecs.block_frames import decompress_block, stored_blocks, stored_size
 from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.codecs.index import OffloadIndex
@@ -36,18 +37,21 @@ def read_entries(scoped: ScopedStore, topic: str) -> list[tuple[int, int, bytes]
         v1_ledger = manifest.startLedgerId if manifest.formatVersion == 1 else None
         index = OffloadIndex.decode(store.get(manifest.indexKey), ledger_id=v1_ledger)
         cipher = segment_cipher(manifest, None)  # encrypted at rest: the keys of the environment
-        if cipher is not None:
+        frames = mf.frame_table(manifest)  # compressed at rest: where each block's frame lies
+        if cipher is not None or frames is not None:
             blocks = index.blocks()
-            assert len(data) == stored_length(index.data_object_length, len(blocks)), manifest.dataKey
-            data = b"".join(
-                decrypt_block(
-                    cipher.data_key,
-                    cipher.segment_id,
-                    b.offset,
-                    data[b.offset + OVERHEAD * i : b.offset + OVERHEAD * (i + 1) + b.length],
-                )
-                for i, b in enumerate(blocks)
-            )
+            laid = stored_blocks([(b.offset, b.length) for b in blocks], frames, OVERHEAD)
+            if frames is None:
+                assert len(data) == stored_length(index.data_object_length, len(blocks)), manifest.dataKey
+            else:
+                assert len(data) == stored_size(frames), manifest.dataKey
+            plain = []
+            for b in laid:
+                frame = data[b.stored_offset : b.stored_offset + b.stored_length]
+                if cipher is not None:
+                    frame = decrypt_block(cipher.data_key, cipher.segment_id, b.plain_offset, frame)
+                plain.append(decompress_block(b.codec, frame, b.plain_length))
+            data = b"".join(plain)
         assert index.data_object_length == len(data) == manifest.dataLength, manifest.dataKey
         for block in iter_blocks(data):
             ledger = block.header.ledger_id if block.header.ledger_id is not None else v1_ledger

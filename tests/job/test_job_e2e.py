@@ -295,11 +295,13 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
     topics = [unique_topic("crash-a"), unique_topic("crash-b")]
     for topic in topics:
         produce(pulsar_broker.service_url, topic, count=300, payload_size=150, keys=5, batching=True, batch_size=10)
-    # crash-b is encrypted at rest: its data keys, recorded by the first attempt, must serve every replay.
+    # crash-b is encrypted and compressed at rest: its data keys, recorded by the first attempt, must serve every
+    # replay, and its parts' frame records every seal.
     keys = tmp_path / "keys.toml"
     keys.write_text(f'k1 = "{base64.b64encode(bytes(range(32))).decode()}"\n')
     monkeypatch.setenv("STREAMOFFLOAD_KEYS_FILE", str(keys))  # this process's readers
     encrypted = f'\n[encryption]\nkeys_file = "{keys}"\n[topics."{topics[1]}"]\noffloadEncryptionKeyId = "k1"\n'
+    encrypted += 'offloadCompression = "zstd"\n'
     config_path = write_config(
         tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path), SMALL_SEGMENTS + encrypted
     )
@@ -337,6 +339,8 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
         assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
     assert {encryption_key_id(m) for m in meta.offloaded_segments(topics[1])} == {"k1"}
     assert {encryption_key_id(m) for m in meta.offloaded_segments(topics[0])} == {None}
+    assert all(mf.frame_table(m) for m in meta.offloaded_segments(topics[1]))
+    assert not any(mf.frame_table(m) for m in meta.offloaded_segments(topics[0]))
     # Converged: besides metadata, the store holds exactly the offloaded segments' objects.
     data_keys = {k for k in store_keys(store) if "/_" not in k and not k.startswith("_")}
     assert data_keys == referenced_keys(ScopedStore(store), topics)
