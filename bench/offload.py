@@ -75,6 +75,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -123,6 +124,7 @@ def job_config(
     topics: list[str],
     rollover_seconds: float | None = None,
     encryption_keys: Path | None = None,
+    compression: str | None = None,
 ) -> Config:
     """The job's configuration; without ``rollover_seconds`` the default rollover (10 minutes) applies,
     so a backlog's segments are sealed by size, and the last one by ``run_once``."""
@@ -149,6 +151,8 @@ def job_config(
     if encryption_keys is not None:  # every segment encrypted at rest under the key "bench"
         doc["encryption"] = {"keys_file": str(encryption_keys)}
         offload["offloadEncryptionKeyId"] = "bench"
+    if compression is not None:  # every segment compressed at rest
+        offload["offloadCompression"] = compression
     return parse_config(doc, f"<bench {name}>")
 
 
@@ -485,46 +489,144 @@ def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, wor
     )
 
 
-def encryption(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
-    """``--encrypt``: rounds of ``run_once`` over the same backlog, plain then encrypted at rest (AES-256-GCM per
-    block), alternating so that each ratio is taken under the same load: MB/s of each, the ratio (target >= 0.8),
-    stored bytes ÷ payload bytes and Spark-side CPU per GB of each."""
+def json_payload(rnd: random.Random, seq: int, size: int) -> bytes:
+    """A realistic JSON event of about ``size`` bytes: ids, timestamps, enums, numbers and some free text, as an
+    application's events look (not a repeated pattern, which would flatter any compressor)."""
+    doc: dict[str, Any] = {
+        "event_id": f"{rnd.getrandbits(128):032x}",
+        "seq": seq,
+        "ts": f"2026-11-27T{rnd.randint(0, 23):02d}:{rnd.randint(0, 59):02d}:{rnd.randint(0, 59):02d}."
+        f"{rnd.randint(0, 999):03d}Z",
+        "type": rnd.choice(("page_view", "click", "add_to_cart", "purchase", "search", "login")),
+        "user": {"id": rnd.randint(1, 2_000_000), "country": rnd.choice(("DE", "FR", "US", "BR", "IN", "JP"))},
+        "device": {
+            "os": rnd.choice(("android", "ios", "windows", "macos")),
+            "app": f"{rnd.randint(1, 9)}.{rnd.randint(0, 30)}",
+        },
+        "items": [],
+    }
+    words = ("red", "blue", "shoe", "shirt", "lamp", "desk", "phone", "case", "cable", "mug", "book", "pen")
+    while len(json.dumps(doc)) < size - 120:
+        doc["items"].append(
+            {
+                "sku": f"SKU-{rnd.randint(0, 99999):05d}",
+                "name": " ".join(rnd.choice(words) for _ in range(rnd.randint(2, 5))),
+                "qty": rnd.randint(1, 5),
+                "price": round(rnd.uniform(1, 500), 2),
+            }
+        )
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def publish_payloads(args: argparse.Namespace, broker: EmbeddedBroker, name: str, kind: str) -> list[str]:
+    """Publish ``--backlog-mb`` of ``kind`` payloads (``json`` events or ``random`` bytes, ``--payload-size``
+    each), batched, round-robin over ``--partitions`` topic-partitions; returns the topic-partitions."""
+    import pulsar
+
+    rnd = random.Random(26)
+    topics = [f"{NAMESPACE}/{name}-partition-{i}" for i in range(args.partitions)]
+    client = pulsar.Client(broker.service_url, **QUIET_CLIENT)
+    started = time.monotonic()
+    total = count = 0
+    try:
+        producers = [
+            client.create_producer(
+                t,
+                batching_enabled=True,
+                batching_max_messages=args.batch_size,
+                batching_max_allowed_size_in_bytes=max(128 * 1024, args.batch_size * (args.payload_size + 64)),
+                batching_max_publish_delay_ms=10,
+                block_if_queue_full=True,
+            )
+            for t in topics
+        ]
+        while total < args.backlog_mb * 1e6:
+            if kind == "json":
+                payload = json_payload(rnd, count, args.payload_size)
+            else:
+                payload = rnd.randbytes(args.payload_size)
+            producers[count % len(producers)].send_async(payload, None)
+            total += len(payload)
+            count += 1
+        for producer in producers:
+            producer.flush()
+            producer.close()
+    finally:
+        client.close()
+    print(
+        f"  published {count:,} {kind} messages ({total / 1e6:,.0f} MB of payload, ~{total // max(count, 1)} B each) "
+        f"to {len(topics)} topic-partitions in {time.monotonic() - started:.1f} s"
+    )
+    return topics
+
+
+def at_rest(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+    """``--encrypt`` and/or ``--compress zstd``: rounds of ``run_once`` over the same backlog, the plain job beside
+    each at-rest side (encrypted, compressed, both), alternating so that each ratio is taken under the same load:
+    MB/s of each, the ratio to the plain job's (target >= 0.8), stored bytes ÷ payload bytes and Spark-side CPU
+    per GB. With ``--compress`` the backlog is published twice: realistic JSON events and incompressible random
+    bytes."""
     import base64
 
     keys = work / "bench-keys.json"
     keys.write_text(json.dumps({"bench": base64.b64encode(os.urandom(32)).decode()}))
     keys.chmod(0o600)
-    topics = list(publish_backlog(args, broker, "encryption", "bench-offload-encrypt").partitions)
-    ratios: list[float] = []
-    sides: dict[str, list[tuple[float, float, float]]] = {"plain": [], "encrypted": []}
-    for round_no in range(args.repeat):
-        for side in ("plain", "encrypted"):
-            name = f"enc-{side}-{round_no}"
-            key_file = keys if side == "encrypted" else None
-            config = job_config(args, work, name, broker.service_url, topics, encryption_keys=key_file)
-            with CpuMeter(broker.pid) as meter:
-                run = drain_job(spark, config)
-            stored = sum(
-                f.stat().st_size for f in Path(config.store.root).rglob("*") if f.is_file() and "/_" not in str(f)
+    sides = ["plain"]
+    if args.compress:
+        sides.append(args.compress)
+    if args.encrypt:
+        sides.append("encrypted")
+    if args.compress and args.encrypt:
+        sides.append(f"{args.compress}+encrypted")
+    kinds = ["json", "random"] if args.compress else ["backlog"]
+    for kind in kinds:
+        print(f"{kind} payloads:" if args.compress else "encryption:")
+        if kind == "backlog":
+            topics = list(publish_backlog(args, broker, "encryption", "bench-offload-encrypt").partitions)
+        else:
+            topics = publish_payloads(args, broker, f"bench-offload-{kind}", kind)
+        figures: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
+        for round_no in range(args.repeat):
+            for side in sides:
+                name = f"rest-{kind}-{side.replace('+', '-')}-{round_no}"
+                config = job_config(
+                    args,
+                    work,
+                    name,
+                    broker.service_url,
+                    topics,
+                    encryption_keys=keys if "encrypted" in side else None,
+                    compression=args.compress if side.startswith(str(args.compress)) else None,
+                )
+                with CpuMeter(broker.pid) as meter:
+                    run = drain_job(spark, config)
+                stored = stored_data_bytes(config)
+                cpu = (meter.used.get("jvm", 0.0) + meter.used.get("python workers", 0.0)) / max(
+                    run.entry_bytes / 1e9, 1e-9
+                )
+                figures[side].append((run.entry_bytes / 1e6 / run.wall, stored / max(run.entry_bytes, 1), cpu))
+                if args.store == "fs":
+                    shutil.rmtree(config.store.root, ignore_errors=True)
+            line = ", ".join(f"{side} {figures[side][-1][0]:.1f} MB/s" for side in sides)
+            print(f"  round {round_no + 1}: {line}")
+        plain_mbs = [v[0] for v in figures["plain"]]
+        for side in sides:
+            values = figures[side]
+            mbs = statistics.median(v[0] for v in values)
+            ratios = [v[0] / p for v, p in zip(values, plain_mbs, strict=True)]
+            versus = "" if side == "plain" else f", ÷ plain {statistics.median(ratios):.2f} (target >= 0.8)"
+            stored = statistics.median(v[1] for v in values)
+            cpu = statistics.median(v[2] for v in values)
+            print(
+                f"  {side:16s}: job {mbs:7.1f} MB/s{versus}; stored bytes ÷ payload bytes {stored:.4f}; "
+                f"Spark CPU {cpu:.1f} s/GB (median of {len(values)} round(s))"
             )
-            cpu = (meter.used.get("jvm", 0.0) + meter.used.get("python workers", 0.0)) / max(
-                run.entry_bytes / 1e9, 1e-9
-            )
-            sides[side].append((run.entry_bytes / 1e6 / run.wall, stored / max(run.entry_bytes, 1), cpu))
-            shutil.rmtree(config.store.root, ignore_errors=True)
-        ratios.append(sides["encrypted"][-1][0] / sides["plain"][-1][0])
-        plain, encrypted = sides["plain"][-1][0], sides["encrypted"][-1][0]
-        print(f"  round {round_no + 1}: plain {plain:.1f} MB/s, encrypted {encrypted:.1f} MB/s: ratio {ratios[-1]:.2f}")
-    for side, values in sides.items():
-        mbs, stored = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
-        print(
-            f"  {side:9s}: job {mbs:7.1f} MB/s, stored bytes ÷ payload bytes {stored:.4f}, "
-            f"Spark CPU {statistics.median(v[2] for v in values):.1f} s/GB"
-        )
-    print(
-        f"  encrypted job MB/s ÷ plain job MB/s: {statistics.median(ratios):.2f} (median of {len(ratios)} round(s); "
-        "target >= 0.8)"
-    )
+
+
+def stored_data_bytes(config: Config) -> int:
+    """Bytes of the data and index objects (and their sidecars) in the job's store: everything but ``_meta``."""
+    store = config.store.location.open().store
+    return sum(info.size for info in store.list("") if "/_" not in info.key and not info.key.startswith("_"))
 
 
 def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_wall: float) -> None:
@@ -920,6 +1022,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only: run_once plain and encrypted at rest (AES-256-GCM) over the same backlog, alternating "
         "(--repeat rounds): MB/s ratio and stored ÷ payload bytes",
     )
+    parser.add_argument(
+        "--compress",
+        choices=("zstd",),
+        help="only: run_once plain and compressed at rest (with --encrypt also encrypted, and both) over a JSON "
+        "backlog and an incompressible one, alternating (--repeat rounds): MB/s ratios and stored ÷ payload bytes",
+    )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
     parser.add_argument(
@@ -968,8 +1076,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _s3_endpoint(args, work), EmbeddedBroker(work / "broker") as broker:
             warm_up(args, spark, broker, work)
-            if args.encrypt:
-                encryption(args, spark, broker, work)
+            if args.encrypt or args.compress:
+                at_rest(args, spark, broker, work)
             elif args.compare:
                 compare_lag(args, spark, broker, work)
             elif args.defaults:

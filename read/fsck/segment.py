@@ -97,6 +97,10 @@ class SegmentReport:
     """The key id of a segment encrypted at rest (``checkpoints.keyring``)."""
     unchecked: str | None = None
     """What could not be checked, and why (an encrypted segment whose key is not configured)."""
+    compression: str | None = None
+    """How a segment compressed at rest stores its blocks (``zstd``; ``codecs.block_frames``)."""
+    plain_length: int = 0
+    """The data object's plaintext length (its index's) when it is stored otherwise (compressed, encrypted)."""
 
     @property
     def ok(self) -> bool:
@@ -205,8 +209,10 @@ class _Checker:
         what was not, and None (no walk)."""
         r = self.report
         key_id = r.encryption_key = encryption_key_id(manifest)
+        r.compression = mf.driver_property(manifest, mf.PROP_COMPRESSION)
         if index is None:
             return None
+        r.plain_length = index.data_object_length
         blocks = index.blocks()
         try:
             layout = stored_layout(manifest, blocks)

@@ -108,6 +108,8 @@ def _segment_json(s: SegmentReport) -> dict[str, Any]:
         "first": list(s.first) if s.first else None,
         "last": list(s.last) if s.last else None,
         "encryption_key": s.encryption_key,
+        "compression": s.compression,
+        "plain_length": s.plain_length or s.data_length,
         "unchecked": s.unchecked,
         "ok": s.ok,
     }
@@ -175,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         "segments_without_recorded_checksums": sum(1 for s in segments if s.recorded_checksums is False),
         "encrypted_segments": sum(1 for s in segments if s.encryption_key),
         "encrypted_unchecked": sum(1 for s in segments if s.unchecked),
+        "compressed_segments": sum(1 for s in segments if s.compression),
+        "plain_bytes": sum(s.plain_length or s.data_length for s in segments),
         "problems": len(problems),
     }
     if args.json:
@@ -239,6 +243,11 @@ def _print_summary(
     for s in segments_of(topics, loose):
         if s.unchecked:
             out.write(f"NOTE {s.data_key}: {s.unchecked}\n")
+    if totals["compressed_segments"]:
+        out.write(
+            f"{totals['compressed_segments']} segment(s) compressed at rest: {totals['data_bytes']} bytes stored for "
+            f"{totals['plain_bytes']} bytes of blocks ({totals['data_bytes'] / max(totals['plain_bytes'], 1):.3f})\n"
+        )
     checks = "framing, index, manifests, entries"
     if crc:
         checks += f", CRC-32C of {totals['crc_checked']} of {totals['entries']} entries"

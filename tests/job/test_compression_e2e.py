@@ -136,6 +136,8 @@ def test_mixed_segments_read_back_exactly_through_every_reader(
     verified = cli("verify", "--store", store_url, "--crc", env=env)
     assert verified.returncode == 0 and "NOTE" not in verified.stdout, verified.stdout + verified.stderr
     assert "CRC-32C of 100 of 100 entries" in verified.stdout, verified.stdout
+    compressed = sum(1 for c, _ in kinds if c)
+    assert f"{compressed} segment(s) compressed at rest" in verified.stdout, verified.stdout
     # Without the key, compressed-only segments are still checked in full; encrypted ones by structure.
     without = cli("verify", "--store", store_url, "--crc", env={})
     assert without.returncode == 0, without.stdout + without.stderr
