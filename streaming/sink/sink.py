@@ -39,7 +39,15 @@ from streamoffload.checkpoints.keyring import (
 from streamoffload.checkpoints.lease import FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore, delete_part_frames
 from streamoffload.codecs.block_cipher import encrypt_block, stored_length
-from streamoffload.codecs.block_frames import FILLER, Frame, PartFrames, compress_block, encode_table, stored_size
+from streamoffload.codecs.block_frames import (
+    DEFAULT_LEVEL,
+    FILLER,
+    Frame,
+    PartFrames,
+    compress_block,
+    encode_table,
+    stored_size,
+)
 from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.entry import entry_incompressible
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
@@ -611,7 +619,7 @@ def _policy_compression_level(manifest: SegmentManifest) -> int | None:
     """The zstd level of the policy the segment was opened under (None: not compressed)."""
     if mf.policy_field(manifest, "offloadCompression", "none") == "none":
         return None
-    return int(mf.policy_field(manifest, "offloadCompressionLevel", "3"))
+    return int(mf.policy_field(manifest, "offloadCompressionLevel", str(DEFAULT_LEVEL)))
 
 
 def _part_offset(info: Mapping[str, Any]) -> int:
