@@ -15,7 +15,8 @@ its total.) A topic-partition's bytes go through one task at a time (its range i
 the sink), so its own bucket holds its own limit.
 
 Time spent waiting is counted per topic-partition and kind (:meth:`RateLimiter.throttled`): the sink reports its
-share in its stats, which the job exports as ``streamoffload_throttled_seconds_total``.
+share in its stats, and the source's tasks theirs through their rows (:class:`ReadWaits`), which the job exports as
+``streamoffload_throttled_seconds_total``.
 """
 
 from __future__ import annotations
@@ -197,11 +198,33 @@ def limiter_for(spec: RateLimitSpec | None) -> RateLimiter | None:
 E = TypeVar("E")
 
 
+class ReadWaits:
+    """Seconds a read waited for its limits, handed on with the next entry it passes (the source's rows carry
+    them to the segmenter, whose stats bring them to the driver's throttle metric)."""
+
+    def __init__(self) -> None:
+        self.pending = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.pending += seconds
+
+    def take_us(self) -> int:
+        """The wait since the last call, in whole microseconds (the rest is kept)."""
+        us = int(self.pending * 1_000_000)
+        self.pending -= us / 1_000_000
+        return us
+
+
 def throttled_reads(
-    limiter: RateLimiter | None, topic: str, entries: Iterator[E], size: Callable[[E], int]
+    limiter: RateLimiter | None,
+    topic: str,
+    entries: Iterator[E],
+    size: Callable[[E], int],
+    on_wait: Callable[[float], None] | None = None,
 ) -> Iterator[E]:
     """``entries`` read from the broker, each passed on once the read limits allow its bytes (booked in chunks of
-    about ``READ_CHUNK``: a chunk's wait comes before its first entry is passed on)."""
+    about ``READ_CHUNK``: a chunk's wait comes before its first entry is passed on). ``on_wait`` is told each
+    wait, in seconds."""
     if limiter is None:
         yield from entries
         return
@@ -210,7 +233,9 @@ def throttled_reads(
         n = size(entry)
         if n > credit:
             booked = max(n - credit, READ_CHUNK)
-            limiter.acquire("read", topic, booked)
+            waited = limiter.acquire("read", topic, booked)
+            if on_wait is not None and waited > 0:
+                on_wait(waited)
             credit += booked
         credit -= n
         yield entry

@@ -110,6 +110,8 @@ class Segmenter:
         self.actions: list[Action] = []
         self.batch_entries = 0
         self.batch_bytes = 0
+        self.read_wait_s = 0.0
+        """Seconds the source's read limits held this batch's entries back (reported in ``stats``)."""
         self._policy_of: tuple[dict[str, Any], OffloadPolicy] | None = None
         """The open segment's policy as last built from its recorded document (``_seg_policy``)."""
         """Entries (and their bytes) this micro-batch brought: the source sizes the next one by them."""
@@ -207,6 +209,7 @@ class Segmenter:
             # When this topic-partition's timer fires (rollover, policy wake-up): the job's source plans a
             # micro-batch then, because Spark runs no batch without new data (``offset_planner`` wakes).
             "wake_ms": self.next_deadline(),
+            "read_throttled_s": self.read_wait_s,
         }
 
     def finish(self) -> list[Action]:

@@ -106,7 +106,10 @@ class SegmenterProcessor(StatefulProcessor):
         topic = key[0]
         entries: list[Entry] = []
         controls: list[str] = []
+        read_wait_us = 0
         for frame in rows:
+            if "read_wait_us" in frame:
+                read_wait_us += int(frame["read_wait_us"].fillna(0).sum())
             is_control = frame["control"].notna()
             controls.extend(frame.loc[is_control, "control"].tolist())
             data = frame.loc[~is_control]
@@ -125,7 +128,7 @@ class SegmenterProcessor(StatefulProcessor):
                 strict=True,
             ):
                 entries.append(Entry(int(ledger_id), int(entry_id), int(size), int(crc), int(pub)))
-        yield from self._run(topic, entries, controls, timerValues)
+        yield from self._run(topic, entries, controls, timerValues, read_wait_us / 1e6)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -133,7 +136,7 @@ class SegmenterProcessor(StatefulProcessor):
         yield from self._run(key[0], [], [], timerValues)
 
     def _run(
-        self, topic: str, entries: list[Entry], controls: list[str], timer_values: TimerValues
+        self, topic: str, entries: list[Entry], controls: list[str], timer_values: TimerValues, read_wait_s: float = 0.0
     ) -> Iterator[pd.DataFrame]:
         now = timer_values.getCurrentProcessingTimeInMs()
         try:
@@ -147,6 +150,7 @@ class SegmenterProcessor(StatefulProcessor):
                 epoch=self.epoch,
                 resume=self.resume.get(topic),
             )
+            segmenter.read_wait_s = read_wait_s
             segmenter.process(entries, controls)
             actions = segmenter.finish()
         except Exception as err:

@@ -261,6 +261,11 @@ class SegmentSink:
             a - b for a, b in zip(after, counts_before, strict=True)
         )
         stats.throttled = throttled_since(self.limiter, throttled_before)
+        for topic, info in stats.topics.items():  # the source's read waits, as the segmenter reported them
+            waited = float(info.get("read_throttled_s") or 0.0)
+            if waited > 0:
+                kinds = stats.throttled.setdefault(topic, {})
+                kinds["read"] = kinds.get("read", 0.0) + waited
         if failures:
             for _topic, err in failures:
                 if not is_topic_specific(err):

@@ -186,7 +186,7 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
-from streamoffload.streaming.control.rate_limits import limiter_for, throttled_reads
+from streamoffload.streaming.control.rate_limits import ReadWaits, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.spool import SpoolWriter
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
@@ -214,9 +214,11 @@ SCHEMA = (
 )
 POSITIONS_SCHEMA = (
     "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
-    "num_messages int, size int, crc32c long"
+    "num_messages int, size int, crc32c long, read_wait_us long"
 )
-"""The rows of ``positionsOnly``: an entry's position, size and CRC-32C, not its bytes."""
+"""The rows of ``positionsOnly``: an entry's position, size and CRC-32C, not its bytes; ``read_wait_us``: how long
+the read limits (``rateLimits``) held the read back just before this entry, which the segmenter reports so the
+job's throttle metric counts the source's waits, not only the sink's."""
 
 # ---------------------------------------------------------------------------------------------
 # Spark
@@ -345,9 +347,10 @@ def rows_batch(
     entries: Sequence[bytes | None] | None,
     sizes: Sequence[int],
     crcs: Sequence[int] | None = None,
+    waits: Sequence[int] | None = None,
 ) -> Any:
     """The source's rows as one Arrow record batch, built column by column: ``SCHEMA`` with ``entries``,
-    ``POSITIONS_SCHEMA`` with ``crcs`` instead."""
+    ``POSITIONS_SCHEMA`` with ``crcs`` (and ``waits``, else zeros) instead."""
     import pyarrow as pa
 
     columns = [
@@ -361,7 +364,11 @@ def rows_batch(
     if crcs is None:
         columns += [pa.array(entries, pa.binary()), pa.array(sizes, pa.int32())]
     else:
-        columns += [pa.array(sizes, pa.int32()), pa.array(crcs, pa.int64())]
+        columns += [
+            pa.array(sizes, pa.int32()),
+            pa.array(crcs, pa.int64()),
+            pa.array(waits if waits is not None else [0] * len(sizes), pa.int64()),
+        ]
     return pa.RecordBatch.from_arrays(columns, schema=pa_schema)
 
 
@@ -488,6 +495,8 @@ def _read_range_rows(
     datas: list[bytes] = []
     sizes: list[int] = []
     crcs: list[int] = []
+    waits: list[int] = []
+    waited = ReadWaits()
     pending_bytes = 0
 
     def batch() -> Any:
@@ -505,6 +514,7 @@ def _read_range_rows(
             None if positions_only else datas,
             sizes,
             crcs if positions_only else None,
+            waits if positions_only else None,
         )
 
     try:
@@ -521,6 +531,7 @@ def _read_range_rows(
                 stats=stats,
             ),
             lambda e: len(e.payload),
+            waited.add,
         ):
             ledger_ids.append(entry.ledger_id)
             entry_ids.append(entry.entry_id)
@@ -529,6 +540,7 @@ def _read_range_rows(
             sizes.append(len(entry.payload))
             if positions_only:
                 crcs.append(crc32c(entry.payload))
+                waits.append(waited.take_us())
                 if spool is not None:
                     spool.add(entry.ledger_id, entry.entry_id, entry.payload)
             else:
@@ -536,7 +548,7 @@ def _read_range_rows(
                 pending_bytes += len(entry.payload)
             if len(sizes) >= options.arrow_batch_entries or pending_bytes >= options.arrow_batch_bytes:
                 yield batch()
-                for column in (ledger_ids, entry_ids, publish, counts, datas, sizes, crcs):
+                for column in (ledger_ids, entry_ids, publish, counts, datas, sizes, crcs, waits):
                     column.clear()
                 pending_bytes = 0
         if sizes:

@@ -83,7 +83,7 @@ def test_reader_sees_requests_under_a_key_prefix_with_spark_lowercased_options(
     assert end == {"ids": [request_id]}
     rows = read_all(reader, start, end)
     assert [(r[0], json.loads(r[-1])) for r in rows] == [(TOPIC, {"kind": "seal", "id": request_id})]
-    assert rows[0][1:-1] == (-1, -1, -1, None, 0, 0, 0)  # no publish time, size or CRC-32C
+    assert rows[0][1:-1] == (-1, -1, -1, None, 0, 0, 0, 0)  # no publish time, size, CRC-32C or read wait
     # A request made after an AvailableNow run started waits for the next run.
     [later] = submit_requests(ScopedStore(store, PREFIX), ["persistent://a/b/d"])
     assert reader.latestOffset(end, None) == end

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from streamoffload.config import load_config
 from streamoffload.produce import produce
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.queries import BatchReport
@@ -75,3 +76,22 @@ def test_upload_limit_holds_and_a_live_edit_changes_it(
     moved, waited = second[0] - first[0], second[1] - first[1]
     assert elapsed >= 0.9 * moved / (256 * KIB), (elapsed, moved)
     assert waited >= 0.7 * moved / (256 * KIB), (waited, moved)
+
+
+def test_read_limit_waits_in_the_source_count_in_the_throttle_metric(
+    spark: Any, pulsar_broker: Any, tmp_path: Path
+) -> None:
+    """The source's reads wait for the read limit in Spark's source tasks, another process than the sink: their
+    waits reach the job's throttle figures through the rows (``read_wait_us``) and the segmenter's stats."""
+    topic = unique_topic("read-rate")
+    limited = LIMITED.replace('offloadUploadRateBytesPerSecond = "1MiB"', 'offloadReadRateBytesPerSecond = "1MiB"')
+    config_path = write_config(tmp_path, pulsar_broker.service_url, [topic], fs_store(tmp_path), limited).resolve()
+    config_path.write_text(config_path.read_text().replace("max_message_size = 4096", "max_message_size = 16384"))
+    produce(pulsar_broker.service_url, topic, count=384, payload_size=ENTRY, batching=False)  # 3 MiB
+    reads: list[float] = []
+    job = OffloadJob(load_config(config_path), str(config_path))
+    job.listeners.append(lambda r: reads.append(sum(k.get("read", 0.0) for k in r.throttled.values())))
+    job.run_once(spark)
+    # 3 MiB at 1 MiB/s, less the bucket's first burst: about 2 s of waits, all of them the source's (the sink
+    # takes the entries from the spool and reads nothing again).
+    assert sum(reads) >= 1.4, reads
