@@ -111,7 +111,7 @@ ENTRY_ARROW_SCHEMA = pa.schema(
         ("publish_time", _TIMESTAMP),
     ]
 )
-DEFAULT_BATCH_ROWS = 4096
+DEFAULT_BATCH_ROWS = 16384  # fewer numpy and JVM steps per row than 4096 (bench/README.md, issue 25)
 DEFAULT_BATCH_BYTES = 32 << 20
 _UNCOMPRESSED = int(CompressionType.NONE)
 _PROBE_BYTES = 4096  # a block's first entry header and metadata, for its publish time
