@@ -311,3 +311,26 @@ def test_split_batches_declines_nothing_to_split() -> None:
     assert split_batches([], [], [], []) is None
     empty = split_batches([b""], [0], [0], [0])
     assert empty is not None and len(empty.value) == 0
+
+
+def test_an_entry_at_fault_is_reported_before_a_later_read_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries are split when their batch is built; an error met while reading on comes after the error of an
+    entry already read, as when each entry was split on arrival."""
+    from types import SimpleNamespace
+
+    from streamoffload.codecs.entry import entry_messages
+    from streamoffload.codecs.errors import ChecksumError, FormatError
+
+    meta = SingleMessageMetadata(payload_size=9).SerializeToString()
+    bad = batch_entry([(meta, b"abc")])  # the payload runs past the end of the batch
+    with pytest.raises(FormatError) as want:
+        entry_messages(bad, where="entry 1:0")
+
+    def entries(*_: Any) -> Any:
+        yield SimpleNamespace(ledger_id=1, entry_id=0), decode_entry(bad), "entry 1:0"
+        raise ChecksumError("a later entry is corrupt", offset=0, where="data")
+
+    monkeypatch.setattr(ofr, "_entries_in_window", entries)
+    with pytest.raises(FormatError) as got:
+        list(ofr._message_rows(None, TOPIC, None, None, ofr.ANY_TIME, 0, 100, 1 << 20))  # type: ignore[arg-type]
+    assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
