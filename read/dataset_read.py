@@ -27,7 +27,13 @@ import pyarrow.compute as pc
 
 from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
-from streamoffload.codecs.entry import DecodedEntry, decode_entry
+from streamoffload.codecs.entry import (
+    CompressionType,
+    DecodedEntry,
+    decode_entry,
+    metadata_num_messages,
+    uncompressed_payload,
+)
 from streamoffload.codecs.entry_columns import MessageColumns, append_messages
 from streamoffload.codecs.errors import FormatError, TruncatedError
 from streamoffload.codecs.index import BlockLocation
@@ -35,6 +41,7 @@ from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
+from streamoffload.read.batch_arrays import SplitBatch, split_batches
 from streamoffload.read.dataset_plan import (
     ANY_TIME,
     DEFAULT_SKEW_MS,
@@ -104,8 +111,9 @@ ENTRY_ARROW_SCHEMA = pa.schema(
         ("publish_time", _TIMESTAMP),
     ]
 )
-DEFAULT_BATCH_ROWS = 4096
+DEFAULT_BATCH_ROWS = 16384  # fewer numpy and JVM steps per row than 4096 (bench/README.md, issue 25)
 DEFAULT_BATCH_BYTES = 32 << 20
+_UNCOMPRESSED = int(CompressionType.NONE)
 _PROBE_BYTES = 4096  # a block's first entry header and metadata, for its publish time
 
 
@@ -327,45 +335,98 @@ def message_id(ledger_id: int, entry_id: int, partition: int, batch_index: int, 
 
 
 @functools.lru_cache(maxsize=64)
-def _batch_id_suffixes(batch_size: int) -> tuple[bytes, ...]:
-    """The ``batch_index`` and ``batch_size`` fields (4 and 6) of each message of a batch of ``batch_size``:
-    appended to the entry's ledger, entry and partition fields (1-3) they make ``message_id`` (protobuf
-    writes fields in number order, and a message is the concatenation of its fields)."""
-    return tuple(
+def _batch_id_suffixes(batch_size: int) -> tuple[tuple[bytes, ...], tuple[int, ...]]:
+    """The ``batch_index`` and ``batch_size`` fields (4 and 6) of each message of a batch of ``batch_size``, and
+    their lengths: appended to the entry's ledger, entry and partition fields (1-3) they make ``message_id``
+    (protobuf writes fields in number order, and a message is the concatenation of its fields)."""
+    suffixes = tuple(
         MessageIdData(batch_index=i, batch_size=batch_size).SerializePartialToString() for i in range(batch_size)
     )
+    return suffixes, tuple(map(len, suffixes))
 
 
 class _MessageBatch:
-    """The rows of a run of entries, gathered column by column (``codecs.entry_columns``) and turned into one
-    Arrow record batch: no Python object per row or field, except each message's id and key."""
+    """The rows of a run of entries, turned into one Arrow record batch with no Python object per row or field.
+    Batched entries are split all at once (``read.batch_arrays``); when that finds anything irregular, or an
+    entry is not a batch, the entries are split one by one into per-field lists (``codecs.entry_columns``),
+    which gives the same rows or raises the error naming the first entry at fault."""
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
-        self.columns = MessageColumns()
-        self.ledgers: list[int] = []
-        self.entries: list[int] = []
-        self.ids: list[bytes] = []
+        self.pending: list[tuple[int, int, DecodedEntry, str]] = []
+        self.messages = 0
+        self.payload_bytes = 0
 
     def add(self, ledger_id: int, entry_id: int, decoded: DecodedEntry, where: str) -> None:
-        count = append_messages(decoded, self.columns, where=where)
-        self.ledgers.append(ledger_id)
-        self.entries.append(entry_id)
-        prefix = message_id(ledger_id, entry_id, self.partition, -1, 0)
-        if self.columns.batch_sizes[-1]:
-            self.ids.extend([prefix + suffix for suffix in _batch_id_suffixes(count)])
-        else:
-            self.ids.extend([prefix] * count)
+        self.pending.append((ledger_id, entry_id, decoded, where))
+        md = decoded.metadata
+        self.messages += max(metadata_num_messages(md), 0)
+        size = len(decoded.payload)
+        self.payload_bytes += size if md.compression == _UNCOMPRESSED else max(size, md.uncompressed_size)
+
+    def check(self) -> None:
+        """Split the entries one by one, for the error of the first one at fault, if any."""
+        self._one_by_one()
+
+    @property
+    def ids(self) -> list[bytes]:
+        """Each message's ``__messageId`` (for tests and tools)."""
+        sizes = [_batch_size(d) for _, _, d, _ in self.pending]
+        data, lengths = self._id_data(sizes, [size or 1 for size in sizes])
+        ends = np.cumsum(lengths).tolist()
+        return [data[e - n : e] for e, n in zip(ends, lengths.tolist(), strict=True)]
 
     def to_arrow(self) -> pa.RecordBatch:
-        cols = self.columns
+        split = self._split()
+        if split is None:
+            cols, batch_sizes = self._one_by_one()
+            return self._from_columns(cols, batch_sizes)
+        metadata = [d.metadata for _, _, d, _ in self.pending]
+        counts = [md.num_messages_in_batch for md in metadata]
+        events = pa.array(split.event_time)
+        return self._record_batch(
+            value=split.value,
+            key=split.key,
+            events=events,
+            properties=split.properties,
+            batch_index=pa.array(split.batch_index),
+            sequence_id=pa.array(split.sequence_id),
+            counts=counts,
+            batch_sizes=counts,
+            publish_times=[md.publish_time for md in metadata],
+            producers=[md.producer_name for md in metadata],
+        )
+
+    def _split(self) -> SplitBatch | None:
+        payloads = []
+        for _, _, decoded, where in self.pending:
+            md = decoded.metadata
+            if not md.HasField("num_messages_in_batch") or type(md.producer_name) is not str:
+                return None
+            if md.compression == _UNCOMPRESSED:
+                payloads.append(decoded.payload)
+                continue
+            try:
+                payloads.append(uncompressed_payload(decoded, where))
+            except Exception:  # the one-by-one split raises it, after any earlier entry's error
+                return None
+        metadata = [d.metadata for _, _, d, _ in self.pending]
+        return split_batches(
+            payloads,
+            [md.num_messages_in_batch for md in metadata],
+            [md.event_time for md in metadata],
+            [md.sequence_id for md in metadata],
+        )
+
+    def _one_by_one(self) -> tuple[MessageColumns, list[int]]:
+        cols = MessageColumns()
+        for _, _, decoded, where in self.pending:
+            append_messages(decoded, cols, where=where)
+        return cols, cols.batch_sizes
+
+    def _from_columns(self, cols: MessageColumns, batch_sizes: list[int]) -> pa.RecordBatch:
         n = cols.messages
-        rows_entry = pa.array(np.repeat(np.arange(len(cols.counts)), cols.counts))  # each row's entry
-
-        def per_entry(values: list[int]) -> pa.Array:
-            return pa.array(values, pa.int64()).take(rows_entry)
-
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(cols.value_sizes, out=offsets[1:])
         validity = None
@@ -379,28 +440,103 @@ class _MessageBatch:
             [validity, pa.array(offsets, pa.int32()).buffers()[1], pa.py_buffer(b"".join(cols.value_parts))],
             null_count=len(cols.null_values),
         )
-        events = pa.array(cols.event_times, pa.int64())
         properties = pa.MapArray.from_arrays(
             pa.array(cols.prop_offsets, pa.int32()),
             pa.array(cols.prop_keys, pa.string()),
             pa.array(cols.prop_values, pa.string()),
             type=_PROPERTIES,
         )
+        return self._record_batch(
+            value=value,
+            key=pa.array(cols.keys, pa.binary()),
+            events=pa.array(cols.event_times, pa.int64()),
+            properties=properties,
+            batch_index=pa.array(cols.batch_indexes, pa.int32()),
+            sequence_id=pa.array(cols.sequence_ids, pa.int64()),
+            counts=cols.counts,
+            batch_sizes=batch_sizes,
+            publish_times=cols.publish_times,
+            producers=cols.producer_names,
+        )
+
+    def _record_batch(
+        self,
+        *,
+        value: pa.Array,
+        key: pa.Array,
+        events: pa.Array,
+        properties: pa.Array,
+        batch_index: pa.Array,
+        sequence_id: pa.Array,
+        counts: list[int],
+        batch_sizes: list[int],
+        publish_times: list[int],
+        producers: list[str],
+    ) -> pa.RecordBatch:
+        """The batch from the per-message columns and what is the same for every message of an entry."""
+        n = len(value)
+        rows_entry = pa.array(np.repeat(np.arange(len(counts)), counts))  # each row's entry
+
+        def per_entry(values: list[int]) -> pa.Array:
+            return pa.array(values, pa.int64()).take(rows_entry)
+
+        ledgers = [ledger for ledger, _, _, _ in self.pending]
+        entries = [entry for _, entry, _, _ in self.pending]
+        id_data, id_lengths = self._id_data(batch_sizes, counts)
+        id_offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(id_lengths, out=id_offsets[1:])
+        ids = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(id_offsets), pa.py_buffer(id_data)])
+        topic = self.topic.encode()
+        topics = pa.Array.from_buffers(
+            pa.string(),
+            n,
+            [
+                None,
+                pa.py_buffer(np.arange(0, (n + 1) * len(topic), len(topic), dtype=np.int32)),
+                pa.py_buffer(topic * n),
+            ],
+        )
         arrays = [
             value,
-            pa.array(cols.keys, pa.binary()),
-            pa.array([self.topic] * n, pa.string()),
-            pa.array(self.ids, pa.binary()),
-            _timestamps(per_entry(cols.publish_times)),
+            key,
+            topics,
+            ids,
+            _timestamps(per_entry(publish_times)),
             _timestamps(pc.if_else(pc.equal(events, 0), None, events)),  # pulsar-spark: no event time is null
             properties,
-            per_entry(self.ledgers),
-            per_entry(self.entries),
-            pa.array(cols.batch_indexes, pa.int32()),
-            pa.array(cols.sequence_ids, pa.int64()),
-            pa.array(cols.producer_names, pa.string()).take(rows_entry),
+            per_entry(ledgers),
+            per_entry(entries),
+            batch_index,
+            sequence_id,
+            pa.array(producers, pa.string()).take(rows_entry),
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=MESSAGE_ARROW_SCHEMA)
+
+    def _id_data(self, batch_sizes: list[int], counts: list[int]) -> tuple[bytes, np.ndarray]:
+        """The message ids of the entries (with ``batch_sizes``, 0 for an entry that is not a batch, and
+        ``counts`` messages), back to back, and their lengths."""
+        parts: list[bytes] = []
+        prefix_lengths: list[int] = []
+        suffix_lengths: list[int] = []
+        for (ledger, entry, _, _), batch_size, count in zip(self.pending, batch_sizes, counts, strict=True):
+            prefix = message_id(ledger, entry, self.partition, -1, 0)
+            prefix_lengths.append(len(prefix))
+            if batch_size:
+                suffixes, lengths = _batch_id_suffixes(batch_size)
+                parts.append(prefix)
+                parts.append(prefix.join(suffixes))
+                suffix_lengths.extend(lengths)
+            else:
+                parts.append(prefix * count)
+                suffix_lengths.extend([0] * count)
+        lengths = np.repeat(np.array(prefix_lengths, dtype=np.int64), counts)
+        lengths += np.array(suffix_lengths, dtype=np.int64)
+        return b"".join(parts), lengths
+
+
+def _batch_size(decoded: DecodedEntry) -> int:
+    md = decoded.metadata
+    return md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 0
 
 
 def _message_rows(
@@ -415,17 +551,27 @@ def _message_rows(
 ) -> Iterator[pa.RecordBatch]:
     partition = TopicName.parse(topic).partition
     batch = _MessageBatch(topic, partition)
-    for entry, decoded, where in _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}"):
-        if decoded.encrypted:
-            raise EncryptedEntryError(
-                f"{where} is end-to-end encrypted: its messages cannot be read here "
-                "(read it with the option output=entries for the stored bytes)"
-            )
+    entries = _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}")
+    while True:
+        try:
+            entry, decoded, where = next(entries)
+            if decoded.encrypted:
+                raise EncryptedEntryError(
+                    f"{where} is end-to-end encrypted: its messages cannot be read here "
+                    "(read it with the option output=entries for the stored bytes)"
+                )
+        except StopIteration:
+            break
+        except Exception:
+            # Entries are split when their batch is built; one read before this failure may be at fault too,
+            # and its error comes first, as it would have if it had been split on arrival.
+            batch.check()
+            raise
         batch.add(entry.ledger_id, entry.entry_id, decoded, where)
-        if batch.columns.messages >= batch_rows or batch.columns.payload_bytes >= batch_bytes:
+        if batch.messages >= batch_rows or batch.payload_bytes >= batch_bytes:
             yield batch.to_arrow()
             batch = _MessageBatch(topic, partition)
-    if batch.columns.messages:
+    if batch.pending:
         yield batch.to_arrow()
 
 

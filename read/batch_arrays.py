@@ -1,0 +1,364 @@
+"""Batched entries split into their messages' columns all at once: numpy over the bytes of every entry of an Arrow
+batch, and Arrow arrays cut from those bytes, with no Python object per message or field.
+
+:func:`split_batches` reads the ``[u32 k][k bytes SingleMessageMetadata][payload_size bytes]`` records of many
+batch payloads in lockstep: step ``j`` reads message ``j`` of every entry at once (each record's place depends on
+the one before it), and each ``SingleMessageMetadata`` is decoded field by field the same way (one field of
+every message per round), by a small vectorized decoder of the protobuf wire format. Strings and values are then
+cut from the joined payloads by Arrow (``take`` over the payloads seen as a binary array whose elements alternate
+between the wanted ranges and what lies between them), and strings are checked to be UTF-8 by Arrow's cast.
+
+It is a fast path, not a second definition of the format: anything it does not read exactly as
+``codecs.entry.split_messages`` does makes it return None, and the caller splits those entries one by one with
+``codecs.entry_columns.append_messages``, which gives the rows or raises the error naming the entry. Irregular
+here: a field number or wire type ``pulsar_api.proto`` does not give ``SingleMessageMetadata`` or ``KeyValue``,
+a bool that is not 0 or 1, a varint above 64 bits, a ``payload_size`` above 2^31 - 1 or missing, a length past
+its end, a string that is not UTF-8, a base64 key that does not decode, a message's repeated property key, an
+event time or sequence id that does not fit a long, joined payloads of 2 GiB or more. Fields may come in any
+order, and a repeated one's last value wins, as protobuf reads them.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["SplitBatch", "split_batches"]
+
+# SingleMessageMetadata's fields as their wire tags (field number << 3 | wire type: 0 varint, 2 length-delimited),
+# and KeyValue's (both strings, both required).
+_PROPERTIES = 0x0A  # 1, repeated KeyValue
+_PARTITION_KEY = 0x12  # 2, string
+_PAYLOAD_SIZE = 0x18  # 3, int32, required
+_COMPACTED_OUT = 0x20  # 4, bool
+_EVENT_TIME = 0x28  # 5, uint64
+_KEY_B64 = 0x30  # 6, bool
+_ORDERING_KEY = 0x3A  # 7, bytes
+_SEQUENCE_ID = 0x40  # 8, uint64
+_NULL_VALUE = 0x48  # 9, bool
+_NULL_KEY = 0x50  # 10, bool
+_KV_KEY = 0x0A  # KeyValue.key, 1
+_KV_VALUE = 0x12  # KeyValue.value, 2
+
+_LENGTH_DELIMITED = np.zeros(256, dtype=bool)
+_LENGTH_DELIMITED[[_PROPERTIES, _PARTITION_KEY, _ORDERING_KEY]] = True
+_KNOWN = _LENGTH_DELIMITED.copy()
+_KNOWN[[_PAYLOAD_SIZE, _COMPACTED_OUT, _EVENT_TIME, _KEY_B64, _SEQUENCE_ID, _NULL_VALUE, _NULL_KEY]] = True
+_KV_KNOWN = np.zeros(256, dtype=bool)
+_KV_KNOWN[[_KV_KEY, _KV_VALUE]] = True
+
+_INT32_MAX = 0x7FFFFFFF
+_INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
+_MAX_JOINED = 0x7FFFFFFF - 16  # Arrow's binary arrays have 32-bit offsets
+_PAD = bytes(16)  # after the joined payloads: a varint read near the end stays inside the buffer
+_TEN = np.arange(10, dtype=np.int64)
+_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
+
+
+class _Irregular(Exception):
+    """Something this fast path leaves to the per-entry split."""
+
+
+@dataclass(frozen=True, slots=True)
+class SplitBatch:
+    """The messages of entries, in order, as ``read.dataset_read`` puts them in its Arrow batch: ``value``
+    (binary, null for a null value), ``key`` (binary: the key's bytes, base64-decoded when the producer marked
+    it so; null without a key), ``event_time`` (the message's, else its entry's; 0 when unset) and
+    ``sequence_id`` (likewise) as int64, ``batch_index`` (int32), ``properties`` (``map<string, string>``, a
+    repeated key never occurs here), and ``payload_bytes``, the sum of the payloads' lengths (a null value's
+    stored payload included)."""
+
+    value: pa.Array
+    key: pa.Array
+    event_time: np.ndarray
+    sequence_id: np.ndarray
+    batch_index: np.ndarray
+    properties: pa.MapArray
+    payload_bytes: int
+
+
+def split_batches(
+    payloads: Sequence[bytes | memoryview],
+    counts: Sequence[int],
+    event_times: Sequence[int],
+    sequence_ids: Sequence[int],
+) -> SplitBatch | None:
+    """The messages of batch payloads (uncompressed) with ``counts`` messages each (``num_messages_in_batch``),
+    whose entries' ``MessageMetadata`` have ``event_times`` and ``sequence_ids``; None if anything in them is
+    irregular (see the module docstring): the caller then splits them one by one."""
+    try:
+        return _split(payloads, counts, event_times, sequence_ids)
+    except _Irregular:
+        return None
+
+
+def _split(
+    payloads: Sequence[bytes | memoryview],
+    counts: Sequence[int],
+    event_times: Sequence[int],
+    sequence_ids: Sequence[int],
+) -> SplitBatch:
+    sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    if not len(payloads) or ends[-1] > _MAX_JOINED or min(counts) < 0:
+        raise _Irregular
+    joined = b"".join([*payloads, _PAD])
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    # The big-endian u32 starting at every byte: a record's metadata length is words[its first byte].
+    words = np.ndarray(shape=(len(joined) - 3,), dtype=">u4", buffer=joined, strides=(1,))
+    per_entry = np.asarray(counts, dtype=np.int64)
+    first = np.cumsum(per_entry) - per_entry  # each entry's first message
+    n = int(per_entry.sum())
+    fields = _Fields(n, per_entry, event_times, sequence_ids)
+    value_at = np.empty(n, dtype=np.int64)
+    pos = starts.copy()
+    for j in range(int(per_entry.max(initial=0))):
+        entries = np.flatnonzero(per_entry > j)
+        at, end, msg = pos[entries], ends[entries], first[entries] + j
+        if (at + 4 > end).any():
+            raise _Irregular
+        meta_at = at + 4
+        meta_end = meta_at + words[at]
+        if (meta_end > end).any():
+            raise _Irregular
+        fields.read(buf, meta_at, meta_end, msg)
+        size = fields.payload_size[msg]
+        if (size < 0).any():
+            raise _Irregular  # payload_size is required
+        value_at[msg] = meta_end
+        pos[entries] = meta_end + size
+        if (pos[entries] > end).any():
+            raise _Irregular
+    if (pos != ends).any():
+        raise _Irregular
+    data = pa.py_buffer(joined)
+    total = int(ends[-1])
+
+    null_value = fields.null_value
+    value = _cut(data, total, value_at, value_at + fields.payload_size, null_value)
+
+    has_key = (fields.key_at >= 0) & ~fields.null_key
+    keyed = np.flatnonzero(has_key)
+    raw_keys = _cut(data, total, fields.key_at[keyed], fields.key_end[keyed])
+    _check_utf8(raw_keys)  # a key is a proto2 string: split_messages refuses one that is not UTF-8
+    b64 = fields.b64[keyed]
+    if b64.any():
+        key_list: list[bytes | None] = [None] * n
+        for i, raw, encoded in zip(keyed.tolist(), raw_keys.to_pylist(), b64.tolist(), strict=True):
+            key_list[i] = _b64decode(raw) if encoded else raw
+        key = pa.array(key_list, pa.binary())
+    else:
+        index = np.full(n, -1, dtype=np.int64)
+        index[keyed] = np.arange(len(keyed))
+        key = raw_keys.take(pa.array(index, mask=~has_key))
+
+    properties = _properties(buf, data, total, fields, n)
+    return SplitBatch(
+        value=value,
+        key=key,
+        event_time=_long(fields.event_time),
+        sequence_id=_long(fields.sequence_id),
+        batch_index=(np.arange(n, dtype=np.int64) - np.repeat(first, per_entry)).astype(np.int32),
+        properties=properties,
+        payload_bytes=int(fields.payload_size.sum()),
+    )
+
+
+class _Fields:
+    """Each message's fields, filled in round by round: a field read later overwrites an earlier one (protobuf's
+    last value wins), properties accumulate."""
+
+    def __init__(self, n: int, per_entry: np.ndarray, event_times: Sequence[int], sequence_ids: Sequence[int]) -> None:
+        self.payload_size = np.full(n, -1, dtype=np.int64)
+        self.key_at = np.full(n, -1, dtype=np.int64)
+        self.key_end = np.full(n, -1, dtype=np.int64)
+        self.b64 = np.zeros(n, dtype=bool)
+        self.null_key = np.zeros(n, dtype=bool)
+        self.null_value = np.zeros(n, dtype=bool)
+        # Unset, a message's event time and sequence id are its entry's (Pulsar's clients do the same).
+        self.event_time = np.repeat(np.asarray(event_times, dtype=np.uint64), per_entry)
+        self.sequence_id = np.repeat(np.asarray(sequence_ids, dtype=np.uint64), per_entry)
+        self.prop_msg: list[np.ndarray] = []
+        self.prop_at: list[np.ndarray] = []
+        self.prop_end: list[np.ndarray] = []
+
+    def read(self, buf: np.ndarray, at: np.ndarray, end: np.ndarray, msg: np.ndarray) -> None:
+        """Decode the ``SingleMessageMetadata`` in ``buf[at[i]:end[i]]`` of message ``msg[i]``, for every i."""
+        for tags, field_at, field_end, value, who in _records(buf, at, end, msg, _KNOWN):
+            if isinstance(tags, int):  # the usual round: the same field in every message
+                self._set(tags, field_at, field_end, value, who)
+                continue
+            for tag in np.unique(tags).tolist():
+                mask = tags == tag
+                self._set(tag, field_at[mask], field_end[mask], value[mask], who[mask])
+
+    def _set(self, tag: int, field_at: np.ndarray, field_end: np.ndarray, value: np.ndarray, who: np.ndarray) -> None:
+        if tag == _PROPERTIES:
+            self.prop_msg.append(who)
+            self.prop_at.append(field_at)
+            self.prop_end.append(field_end)
+        elif tag == _PAYLOAD_SIZE:
+            if (value > _INT32_MAX).any():
+                raise _Irregular
+            self.payload_size[who] = value
+        elif tag == _SEQUENCE_ID:
+            self.sequence_id[who] = value
+        elif tag == _EVENT_TIME:
+            self.event_time[who] = value
+        elif tag == _PARTITION_KEY:
+            self.key_at[who] = field_at
+            self.key_end[who] = field_end
+        elif tag != _ORDERING_KEY:  # the bools
+            if (value > 1).any():
+                raise _Irregular  # a bool that is not 0 or 1
+            if tag == _NULL_VALUE:
+                self.null_value[who] = value == 1
+            elif tag == _KEY_B64:
+                self.b64[who] = value == 1
+            elif tag == _NULL_KEY:
+                self.null_key[who] = value == 1
+
+
+def _records(
+    buf: np.ndarray, at: np.ndarray, end: np.ndarray, who: np.ndarray, known: np.ndarray
+) -> list[tuple[int | np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The fields of the protobuf messages ``buf[at[i]:end[i]]``, round by round (one field of every message
+    still unread per round): (the tag, or each field's tag when they differ; where the field's bytes start;
+    where they end; the varint after the tag (a value, or a length); the message it belongs to). Every tag
+    must be ``known``, one byte, and a varint or length-delimited (``_LENGTH_DELIMITED`` says which); every
+    field must end inside its message."""
+    rounds: list[tuple[int | np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    while True:
+        live = at < end
+        if not live.all():
+            at, end, who = at[live], end[live], who[live]
+        if not len(at):
+            return rounds
+        tags = buf[at]
+        first = int(tags[0])
+        if (tags == first).all():
+            if not known[first]:
+                raise _Irregular
+            value, after = _varints(buf, at + 1)
+            if _LENGTH_DELIMITED[first]:
+                if (value > _MAX_JOINED).any():
+                    raise _Irregular
+                field_end = after + value.astype(np.int64)
+            else:
+                field_end = after
+            rounds.append((first, after, field_end, value, who))
+        else:
+            if not known[tags].all():
+                raise _Irregular
+            value, after = _varints(buf, at + 1)
+            length_delimited = _LENGTH_DELIMITED[tags]
+            if (length_delimited & (value > _MAX_JOINED)).any():
+                raise _Irregular
+            field_end = np.where(length_delimited, after + value.astype(np.int64), after)
+            rounds.append((tags, after, field_end, value, who))
+        if (field_end > end).any():
+            raise _Irregular
+        at = field_end
+
+
+def _varints(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The varints starting at ``at`` (uint64) and where each ends, read a byte at a time for those that go on.
+    More than 10 bytes, or above 64 bits, is irregular."""
+    byte = buf[at]
+    value = (byte & 0x7F).astype(np.uint64)
+    going = np.flatnonzero(byte >= 0x80)
+    if not len(going):
+        return value, at + 1
+    after = at + 1
+    for k in range(1, 10):
+        byte = buf[at[going] + k]
+        value[going] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        after[going] += 1
+        if k == 9 and (byte > 1).any():
+            raise _Irregular  # above 64 bits
+        going = going[byte >= 0x80]
+        if not len(going):
+            return value, after
+    raise _Irregular  # more than 10 bytes
+
+
+def _cut(data: pa.Buffer, total: int, at: np.ndarray, end: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
+    """``data[at[i]:end[i]]`` for every i (ascending, disjoint ranges) as a binary array, null where ``null``."""
+    n = len(at)
+    offsets = np.empty(2 * n + 2, dtype=np.int32)
+    offsets[0] = 0
+    offsets[1:-1:2] = at
+    offsets[2:-1:2] = end
+    offsets[-1] = total
+    spans = pa.Array.from_buffers(pa.binary(), 2 * n + 1, [None, pa.py_buffer(offsets), data])
+    index = np.arange(1, 2 * n, 2, dtype=np.int64)
+    return spans.take(pa.array(index, mask=null if null is not None and null.any() else None))
+
+
+def _check_utf8(strings: pa.Array) -> pa.Array:
+    try:
+        return strings.cast(pa.string())
+    except pa.ArrowInvalid:
+        raise _Irregular from None
+
+
+def _b64decode(raw: bytes) -> bytes:
+    try:
+        return base64.b64decode(raw.decode())
+    except ValueError:  # not base64 (or not ASCII): the per-entry split raises its error
+        raise _Irregular from None
+
+
+def _long(values: np.ndarray) -> np.ndarray:
+    if (values > _INT64_MAX).any():
+        raise _Irregular  # the per-entry split fails building the column, with its own error
+    return values.astype(np.int64)
+
+
+def _properties(buf: np.ndarray, data: pa.Buffer, total: int, fields: _Fields, n: int) -> pa.MapArray:
+    """Each message's properties, in order, as a map: ``KeyValue`` records decoded like the messages."""
+    if fields.prop_msg:
+        msg = np.concatenate(fields.prop_msg)
+        at = np.concatenate(fields.prop_at)
+        end = np.concatenate(fields.prop_end)
+        order = np.argsort(at, kind="stable")  # the order of the bytes: message by message, as written
+        msg, at, end = msg[order], at[order], end[order]
+    else:
+        msg = at = end = np.zeros(0, dtype=np.int64)
+    count = len(at)
+    kv = np.arange(count, dtype=np.int64)
+    key_at = np.full(count, -1, dtype=np.int64)
+    key_end = key_at.copy()
+    value_at = key_at.copy()
+    value_end = key_at.copy()
+    for tags, field_at, field_end, _length, who in _records(buf, at, end, kv, _KV_KNOWN):
+        mask = np.asarray(tags == _KV_KEY)
+        if mask.all():
+            key_at[who], key_end[who] = field_at, field_end
+        elif not mask.any():
+            value_at[who], value_end[who] = field_at, field_end
+        else:
+            key_at[who[mask]], key_end[who[mask]] = field_at[mask], field_end[mask]
+            mask = ~mask
+            value_at[who[mask]], value_end[who[mask]] = field_at[mask], field_end[mask]
+    if (key_at < 0).any() or (value_at < 0).any():
+        raise _Irregular  # both are required
+    keys = _check_utf8(_cut(data, total, key_at, key_end))
+    values = _check_utf8(_cut(data, total, value_at, value_end))
+    per_message = np.bincount(msg, minlength=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(per_message, out=offsets[1:])
+    several = np.flatnonzero(per_message > 1)
+    if len(several):
+        names = keys.to_pylist()
+        for lo, hi in zip(offsets[several].tolist(), offsets[several + 1].tolist(), strict=True):
+            if len(set(names[lo:hi])) != hi - lo:
+                raise _Irregular  # a repeated key: its last value, in its first place (the per-entry split)
+    return pa.MapArray.from_arrays(pa.array(offsets), keys, values, type=pa.map_(pa.string(), pa.string()))
