@@ -22,6 +22,7 @@ import zlib
 
 import cramjam
 
+from streamoffload.codecs.block_frames import zstd_content_size
 from streamoffload.codecs.errors import FormatError, LengthMismatchError
 from streamoffload.codecs.proto.pulsar_api_pb2 import CompressionType
 
@@ -118,6 +119,16 @@ def decompress(
                 )
             return memoryview(buf)
         elif codec == CompressionType.ZSTD:
+            # A frame that declares another size than the metadata's is refused before it is inflated, so a
+            # damaged header cannot make a reader allocate up to its claim (frames without one are inflated).
+            declared = zstd_content_size(memoryview(data)[:18])
+            if declared is not None and declared != uncompressed_size:
+                raise LengthMismatchError(
+                    f"payload compressed with ZSTD declares {declared} bytes, metadata says uncompressed_size "
+                    f"{uncompressed_size}",
+                    offset=offset,
+                    where=where,
+                )
             out = cramjam.zstd.decompress(data)
         else:
             out = cramjam.snappy.decompress_raw(data)

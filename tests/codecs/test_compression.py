@@ -87,6 +87,18 @@ def test_unknown_codec_and_implausible_size() -> None:
     assert set(CODECS) == {0, 1, 2, 3, 4}
 
 
+def test_a_zstd_frame_declaring_another_size_is_refused_before_it_is_inflated() -> None:
+    frame = compress(ZSTD, b"y" * 1000)
+    with pytest.raises(LengthMismatchError, match="declares 1000 bytes, metadata says uncompressed_size 999"):
+        decompress(ZSTD, frame, 999)
+    # A frame that declares no size (a streaming compressor's: no FCS, a window descriptor) is still inflated and
+    # its length checked.
+    unsized = b"\x28\xb5\x2f\xfd\x00\x00\x29\x00\x00hello"
+    assert bytes(decompress(ZSTD, unsized, 5)) == b"hello"
+    with pytest.raises(LengthMismatchError, match="decompresses to 5 bytes"):
+        decompress(ZSTD, unsized, 6)
+
+
 def _batch(messages: list[bytes]) -> bytes:
     parts = []
     for i, m in enumerate(messages):
