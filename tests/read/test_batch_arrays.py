@@ -210,7 +210,7 @@ def wire_records(draw: st.DrawFn, valid: bool) -> tuple[bytes, bytes, int]:
     return b"".join(fields[i] for i in order), payload, properties
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(wire_records(valid=True), min_size=1, max_size=6), min_size=1, max_size=4))
 def test_valid_wire_level_batches_split_the_same(batches: list[list[tuple[bytes, bytes, int]]]) -> None:
     """Fields in any order, repeated, padded: the same rows, by the fast path unless a message has several
@@ -222,7 +222,7 @@ def test_valid_wire_level_batches_split_the_same(batches: list[list[tuple[bytes,
     assert_same(entries, fast_expected=not several)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(
