@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
@@ -504,39 +504,43 @@ def _segment_of(name: str) -> str:
     return name.split("-ledger-")[0].removesuffix("-index")
 
 
+def _record_owner(key: str, infix: str) -> str | None:
+    """The data object key a numbered record (``<data key><infix><n>``) belongs to, else None."""
+    data_key, found, ordinal = key.rpartition(infix)
+    return data_key if found and ordinal.isdigit() else None
+
+
 def _checksums_of(key: str) -> str | None:
     """The data object key a block checksum record belongs to (``<data key>-crc-<n>``), else None."""
-    data_key, infix, ordinal = key.rpartition(keys.CHECKSUMS_INFIX)
-    return data_key if infix and ordinal.isdigit() else None
+    return _record_owner(key, keys.CHECKSUMS_INFIX)
 
 
 def _sidecar_of(key: str) -> str | None:
     """The data object key a block checksum record or a part frame record (``<data key>-frames-<n>``)
     belongs to, else None."""
-    data_key, infix, ordinal = key.rpartition(keys.FRAMES_INFIX)
-    if infix and ordinal.isdigit():
-        return data_key
-    return _checksums_of(key)
+    return _record_owner(key, keys.FRAMES_INFIX) or _checksums_of(key)
+
+
+def _delete_records(
+    store: ObjectStore, data_key: str, count: int | None, key_of: Callable[[str, int], str], infix: str
+) -> None:
+    """Delete a data object's numbered records ``key_of(data_key, n)``: 1..``count``, or, with None, those a
+    LIST of ``<data key><infix>`` finds."""
+    if count is not None:
+        found = [key_of(data_key, n) for n in range(1, count + 1)]
+    else:
+        found = [i.key for i in store.list(data_key + infix) if _record_owner(i.key, infix) == data_key]
+    for key in found:
+        store.delete(key)
 
 
 def delete_part_frames(store: ObjectStore, data_key: str, count: int | None = None) -> None:
     """Delete a compressed data object's part frame records: parts 1..``count``, or, with None, those a LIST
     finds. The seal deletes them once the manifest holds the table; this finishes what a crash left."""
-    if count is not None:
-        found = [keys.part_frames_key(data_key, n) for n in range(1, count + 1)]
-    else:
-        prefix = keys.part_frames_prefix(data_key)
-        found = [i.key for i in store.list(prefix) if i.key[len(prefix) :].isdigit()]
-    for key in found:
-        store.delete(key)
+    _delete_records(store, data_key, count, keys.part_frames_key, keys.FRAMES_INFIX)
 
 
 def delete_block_checksums(store: ObjectStore, data_key: str, count: int | None = None) -> None:
     """Delete a data object's block checksum records: ``count`` of them (1..count), or, with None, those a
     LIST finds."""
-    if count is not None:
-        found = [keys.block_checksums_key(data_key, n) for n in range(1, count + 1)]
-    else:
-        found = [i.key for i in store.list(keys.block_checksums_prefix(data_key)) if _checksums_of(i.key) == data_key]
-    for key in found:
-        store.delete(key)
+    _delete_records(store, data_key, count, keys.block_checksums_key, keys.CHECKSUMS_INFIX)

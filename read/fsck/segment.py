@@ -37,7 +37,7 @@ from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metada
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.segment import manifest_disagreements, unsupported_format_version
-from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout
+from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout, stored_otherwise
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION, ledger_id_in_key
@@ -182,9 +182,7 @@ class _Checker:
         if data_info is None:
             return
         r.data_length = data_info.size
-        if self.manifest is not None and (
-            encryption_key_id(self.manifest) is not None or mf.driver_property(self.manifest, mf.PROP_FRAMES)
-        ):
+        if self.manifest is not None and stored_otherwise(self.manifest):
             data_info = self.open_stored(self.manifest, data_info, index)
             if data_info is None:
                 return

@@ -36,16 +36,18 @@ class StoredLayout:
     size: int
 
 
+def stored_otherwise(manifest: SegmentManifest) -> bool:
+    """Whether the segment's blocks are not stored as its index says (encrypted, compressed, or both)."""
+    return encryption_key_id(manifest) is not None or mf.driver_property(manifest, mf.PROP_FRAMES) is not None
+
+
 def stored_layout(manifest: SegmentManifest | None, blocks: Sequence[BlockLocation]) -> StoredLayout | None:
     """How the segment's blocks (the index's, plaintext) are stored: its manifest's frame table (compressed),
     or each block the cipher's overhead longer (encrypted); None when they are stored as the index says.
     Needs no key: the sizes are the manifest's."""
-    if manifest is None:
+    if manifest is None or not stored_otherwise(manifest):
         return None
     frames = mf.frame_table(manifest)
-    encrypted = encryption_key_id(manifest) is not None
-    if frames is None and not encrypted:
-        return None
     plain = [(b.offset, b.length) for b in blocks]
     if frames is not None:
         return StoredLayout(stored_blocks(plain, frames), stored_size(frames))
@@ -110,4 +112,4 @@ class StoredBlockReader:
         self.inner.close()
 
 
-__all__ = ["StoredBlockReader", "StoredLayout", "stored_layout"]
+__all__ = ["StoredBlockReader", "StoredLayout", "stored_layout", "stored_otherwise"]

@@ -91,9 +91,11 @@ class Segmenter:
         now_ms: int,
         epoch: int = 0,
         resume: tuple[list[int] | None, int] | None = None,
+        read_wait_s: float = 0.0,
     ) -> None:
         """``policy`` is the batch's policy version for the topic; ``resume`` (last committed position,
-        next ordinal) seeds a topic-partition the state does not know yet."""
+        next ordinal) seeds a topic-partition the state does not know yet; ``read_wait_s``: seconds the source's
+        read limits held this batch's entries back (reported in ``stats``)."""
         self.topic = topic
         self.policy = policy
         self.store = state
@@ -110,8 +112,7 @@ class Segmenter:
         self.actions: list[Action] = []
         self.batch_entries = 0
         self.batch_bytes = 0
-        self.read_wait_s = 0.0
-        """Seconds the source's read limits held this batch's entries back (reported in ``stats``)."""
+        self.read_wait_s = read_wait_s
         self._policy_of: tuple[dict[str, Any], OffloadPolicy] | None = None
         """The open segment's policy as last built from its recorded document (``_seg_policy``)."""
         """Entries (and their bytes) this micro-batch brought: the source sizes the next one by them."""

@@ -149,8 +149,8 @@ class SegmenterProcessor(StatefulProcessor):
                 now_ms=now,
                 epoch=self.epoch,
                 resume=self.resume.get(topic),
+                read_wait_s=read_wait_s,
             )
-            segmenter.read_wait_s = read_wait_s
             segmenter.process(entries, controls)
             actions = segmenter.finish()
         except Exception as err:

@@ -40,6 +40,7 @@ from streamoffload.checkpoints.lease import FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore, delete_part_frames
 from streamoffload.codecs.block_cipher import encrypt_block, stored_length
 from streamoffload.codecs.block_frames import (
+    CODEC_NONE,
     DEFAULT_LEVEL,
     FILLER,
     Frame,
@@ -385,7 +386,7 @@ class SegmentSink:
         first = 0
         for layout, chunks in zip(part.blocks, blocks, strict=True):
             plain = b"".join(chunks)
-            codec = 0
+            codec = CODEC_NONE
             body: Buffer = plain
             if encoding.level is not None:
                 entries = payloads[first : first + len(layout.entries)]
