@@ -10,10 +10,13 @@ Run from the repository root:
 A job over N topic-partitions with a rollover of R seconds seals about N / R segments a second (the scale bench:
 100 / 5 s = 20). Each segment here is one micro-batch of its entries (``run_segmenter``) and one seal request,
 applied by the job's sink (``SegmentSink``) reading the entries' bytes from memory, so what is timed is the
-segmenter, the sink and the store: open (multipart upload, Assigned manifest), a part with its checksum records,
-seal (complete, index, lease check, commit, Offloaded manifest). Printed per segment: wall and CPU milliseconds
-(this process, so a filesystem's fsync counts what the kernel spends in it), fsyncs, and store requests by
-operation, each round once with the store's fsyncs and once without; the median of ``--rounds``.
+segmenter, the sink and the store. Such a segment (opened and sealed in one micro-batch, in the clear, at most
+``WHOLE_SEGMENT_BYTES``) is written whole: its checksum records, the data object in one PUT, then the seal (index,
+lease check, commit, Offloaded manifest). Beside it, the same segments through the multipart path every larger or
+longer-lived segment takes (open: multipart upload and Assigned manifest; a part with its checksum records; seal:
+complete, index, lease check, commit, Offloaded manifest). Printed per segment: wall and CPU milliseconds (this
+process, so a filesystem's fsync counts what the kernel spends in it), fsyncs, and store requests by operation,
+each round with the store's fsyncs and without; the median of ``--rounds``.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ class CountingFilesystemStore(FilesystemStore):
         return attribute
 
 
-def one_round(directory: str, segments: int, entries: int, entry_size: int, *, fsync: bool) -> dict[str, Any]:
+def one_round(
+    directory: str, segments: int, entries: int, entry_size: int, *, fsync: bool, whole: bool
+) -> dict[str, Any]:
     """Offload ``segments`` segments into a new store; per segment: wall ms, CPU ms, fsyncs, requests."""
     fsyncs = [0]
     real_fsync: Callable[[int], None] = os.fsync
@@ -76,6 +81,8 @@ def one_round(directory: str, segments: int, entries: int, entry_size: int, *, f
     store = CountingFilesystemStore(tempfile.mkdtemp(dir=directory, prefix="segment-cost-"), fsync=fsync)
     fetcher = MemoryFetcher()
     sink = memory_sink(ScopedStore(store), fetcher=fetcher)
+    if not whole:
+        sink.whole_segment_bytes = 0
     policy = OffloadPolicy()
     state = MemoryState()
     now_ms = int(time.time() * 1000)
@@ -121,17 +128,21 @@ def main() -> None:
         f"segment cost: {args.segments} segments of {args.entries} entries of {args.entry_size} B per round, "
         f"filesystem store under {args.dir}, median of {args.rounds}"
     )
-    for fsync in (True, False):
-        rounds = [
-            one_round(args.dir, args.segments, args.entries, args.entry_size, fsync=fsync) for _ in range(args.rounds)
-        ]
-        wall = statistics.median(r["wall_ms"] for r in rounds)
-        cpu = statistics.median(r["cpu_ms"] for r in rounds)
-        print(
-            f"  {'with fsyncs   ' if fsync else 'without fsyncs'}  {wall:6.1f} ms wall, {cpu:5.1f} ms CPU per segment "
-            f"({1000 * cpu / args.entries:.0f} us per entry); {rounds[0]['fsyncs']:.1f} fsyncs; requests "
-            + ", ".join(f"{op} {n:g}" for op, n in rounds[0]["requests"].items())
-        )
+    for whole in (True, False):
+        for fsync in (True, False):
+            rounds = [
+                one_round(args.dir, args.segments, args.entries, args.entry_size, fsync=fsync, whole=whole)
+                for _ in range(args.rounds)
+            ]
+            wall = statistics.median(r["wall_ms"] for r in rounds)
+            cpu = statistics.median(r["cpu_ms"] for r in rounds)
+            path = "written whole" if whole else "multipart    "
+            print(
+                f"  {path}  {'with fsyncs   ' if fsync else 'without fsyncs'}  "
+                f"{wall:6.1f} ms wall, {cpu:5.1f} ms CPU per segment ({1000 * cpu / args.entries:.0f} us per entry); "
+                f"{rounds[0]['fsyncs']:.1f} fsyncs; requests "
+                + ", ".join(f"{op} {n:g}" for op, n in rounds[0]["requests"].items())
+            )
     print("  (a job sealing S segments a second spends S times the CPU figure per second on them)")
 
 

@@ -237,8 +237,10 @@ class FilesystemStore(ObjectStore):
     def delete(self, key: str) -> None:
         path = self._path(key)
         with self._errors("delete", key, path), self._lock(key):
+            removed = False
             try:
                 os.unlink(path)
+                removed = True
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 pass  # absent (a directory is not an object): deleting is a no-op, as on S3
             except PermissionError:
@@ -246,7 +248,8 @@ class FilesystemStore(ObjectStore):
                     raise
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(self._sidecar(path))
-            if self._fsync and path.parent.is_dir():
+                removed = True
+            if removed and self._fsync:  # deleting nothing needs no sync (the sink clears absent keys often)
                 self._fsync_dir(path.parent)
             self._prune(path.parent)
 

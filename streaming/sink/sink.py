@@ -9,6 +9,10 @@ the data object with the exact part list, writes the index, checks the writer st
 commits the segment create-only in its place in the topic's history, and writes the Offloaded manifest,
 last. A replayed micro-batch therefore converges on the same objects, a reader never sees half a
 segment, and a fenced writer's commit is refused. No manifest is ever read and then overwritten.
+
+A small segment in the clear that is opened and sealed in one micro-batch skips the upload and the Assigned
+manifest: its data object is one PUT, then the seal as above (``_apply_whole``; DESIGN "Small segments in one
+request").
 """
 
 from __future__ import annotations
@@ -199,6 +203,14 @@ many small segments, each a handful of requests: one at a time, a task spent mos
 scale bench, 100 topic-partitions: ~0.1 task s per segment). Memory stays bounded by ``ByteBudget``."""
 
 
+WHOLE_SEGMENT_BYTES = 8 << 20
+"""A segment in the clear of at most this many bytes, opened and sealed in one micro-batch, is written as one
+object by one PUT (``SegmentSink._apply_whole``) rather than through a multipart upload and an Assigned manifest:
+a job over many topic-partitions seals many small segments, and each multipart one costs about twice the store
+requests (bench/segment_cost.py). The parts are joined in memory, so the bound is a memory bound too (8 MiB:
+the size above which S3 clients switch to multipart uploads)."""
+
+
 class SegmentSink:
     """Applies actions (rows with the segmenter's ``ACTION_COLUMNS``): each topic-partition's in order, up to
     ``threads`` topic-partitions at once."""
@@ -212,11 +224,14 @@ class SegmentSink:
         part_budget: int = 0,
         limiter: RateLimiter | None = None,
         keyring: KeyRing | None = None,
+        whole_segment_bytes: int = WHOLE_SEGMENT_BYTES,
     ) -> None:
         """``fetcher`` supplies the entries the parts name (the broker, in the job). ``part_budget``: bytes of
         parts held at once over the threads (0: one part at a time, whatever its size). ``limiter``: the job's
         rate limits (``streaming.control.rate_limits``), here the upload limit of the parts. ``keyring``: the
-        key-encryption keys of encrypted segments (default: the environment's, ``checkpoints.keyring``)."""
+        key-encryption keys of encrypted segments (default: the environment's, ``checkpoints.keyring``).
+        ``whole_segment_bytes``: segments up to this size opened and sealed in one batch are written as one object
+        (0: every segment through a multipart upload)."""
         self.limiter = limiter
         self.scoped = scoped
         self.store = scoped.store
@@ -225,6 +240,7 @@ class SegmentSink:
         self.budget = ByteBudget(part_budget)
         self.metadata = MetadataStore(scoped)
         self.keyring = keyring
+        self.whole_segment_bytes = whole_segment_bytes
         self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
         self._encodings = _Bounded()  # data key -> its BlockEncoding (cipher, compression)
         self._done = _Bounded()  # data keys whose object already exists (a replay after success)
@@ -281,11 +297,21 @@ class SegmentSink:
         """One topic-partition's actions, in order, with its own reader: its stats, and its failure if any."""
         stats = SinkStats()
         reader = PartReader(self.fetcher) if self.fetcher is not None else None
+        whole = _whole_segments(actions, indexes, self.whole_segment_bytes)
+        done: set[int] = set()  # the parts and seals of segments written whole
         try:
             for i in indexes:
+                if i in done:
+                    continue
                 action = actions[i]
                 try:
-                    self._apply_one(action, stats, reader, parts.get(i))
+                    segment = whole.get(i)
+                    if segment is None:
+                        self._apply_one(action, stats, reader, parts.get(i))
+                    else:
+                        action = actions[segment.seal]  # what a failure is recorded against
+                        done.update(segment.parts, [segment.seal])
+                        self._apply_whole(actions, segment, stats, reader, parts)
                 except Exception as err:
                     stats.errors += 1
                     self._record_failure(action, err)
@@ -326,12 +352,7 @@ class SegmentSink:
                     # Before the part (the seal joins them into the manifest's table); deterministic like it.
                     key = keys.part_frames_key(data_key, int(action["part_number"]))
                     self.store.put(key, frames.encode())
-                recorded = info.get("checksums")
-                if recorded is not None:
-                    # Before the manifest, like the part; a replay writes the same bytes under the same names.
-                    first, offset = int(recorded["first_block"]), int(recorded["offset"])
-                    for block, record in checksum_records(part.blocks, first, offset):
-                        self.store.put(keys.block_checksums_key(data_key, block), record)
+                self._put_checksum_records(data_key, part, info)
                 size = buffers_size(data)
                 if self.limiter is not None:  # the part's bytes pass when the wait ends
                     throttled += self.limiter.acquire("upload", action["topic"], size)
@@ -345,18 +366,71 @@ class SegmentSink:
             stats.parts += 1
             stats.part_bytes += size
         elif kind == "seal":
-            started = time.monotonic()
-            info = json.loads(action["info"])
-            self._seal(action, info)
-            stats.upload_seconds.append(time.monotonic() - started)
-            self._requests_done(action["topic"], info.get("requests", []), action["segment"])
-            info["topic"] = action["topic"]
-            info["segment"] = action["segment"]
-            stats.sealed.append(info)
+            self._apply_seal(action, stats)
         elif kind == "requests":
             self._requests_done(action["topic"], json.loads(action["info"])["requests"], None)
         else:
             raise ValueError(f"unknown sink action {kind!r}")
+
+    def _apply_seal(self, action: Mapping[str, Any], stats: SinkStats, written: int | None = None) -> None:
+        started = time.monotonic()
+        info = json.loads(action["info"])
+        self._seal(action, info, written)
+        stats.upload_seconds.append(time.monotonic() - started)
+        self._requests_done(action["topic"], info.get("requests", []), action["segment"])
+        info["topic"] = action["topic"]
+        info["segment"] = action["segment"]
+        stats.sealed.append(info)
+
+    def _apply_whole(
+        self,
+        actions: list[Mapping[str, Any]],
+        segment: WholeSegment,
+        stats: SinkStats,
+        reader: PartReader | None,
+        parts: dict[int, PlannedPart],
+    ) -> None:
+        """A small segment in the clear, opened, written and sealed in this batch, as one object: its checksum
+        records, the data object in one PUT (no multipart upload, no Assigned manifest), then the seal's index and
+        commit (DESIGN "Small segments in one request"). Always written, never skipped: a replay writes the same
+        bytes under the same names, and a failed attempt's objects are overwritten or left to ``cleanup``."""
+        opened = actions[segment.open]
+        topic, data_key = str(opened["topic"]), str(opened["data_key"])
+        started = time.monotonic()
+        throttled = 0.0
+        crash_point("after-open")
+        infos = [json.loads(actions[i]["info"]) for i in segment.parts]
+        with self.budget.hold(sum(int(info.get("length") or 0) for info in infos)):
+            chunks: list[Buffer] = []
+            for i, info in zip(segment.parts, infos, strict=True):
+                part = parts.get(i) or _plan_parts([actions[i]])[0]
+                data, _ = self._part_chunks(topic, part, info, reader)
+                self._put_checksum_records(data_key, part, info)
+                chunks.extend(data)
+            crash_point("after-part")
+            size = buffers_size(chunks)
+            if self.limiter is not None:
+                throttled += self.limiter.acquire("upload", topic, size)
+            self.store.put(data_key, b"".join(chunks), object_metadata(topic, str(opened["segment"])))
+            del chunks
+        self._uploads.pop(data_key, None)
+        release = getattr(self.fetcher, "release", None)
+        if release is not None:
+            release(topic, (parts.get(segment.parts[-1]) or _plan_parts([actions[segment.parts[-1]]])[0]).last)
+        stats.opened += 1
+        stats.parts += 1
+        stats.part_bytes += size
+        stats.upload_seconds.append(time.monotonic() - started - throttled)
+        self._apply_seal(actions[segment.seal], stats, written=size)
+
+    def _put_checksum_records(self, data_key: str, part: PlannedPart, info: Mapping[str, Any]) -> None:
+        """The part's blocks' checksum records: before the part and the manifest; a replay writes the same bytes
+        under the same names."""
+        recorded = info.get("checksums")
+        if recorded is not None:
+            first, offset = int(recorded["first_block"]), int(recorded["offset"])
+            for block, record in checksum_records(part.blocks, first, offset):
+                self.store.put(keys.block_checksums_key(data_key, block), record)
 
     def _part_chunks(
         self,
@@ -441,6 +515,10 @@ class SegmentSink:
                 self._resume(written)
             return
         segment = str(mf.manifest_uuid(manifest))
+        # No manifest, so no attempt of this segment completed: a data object under its key is what an attempt
+        # written whole left before its commit (``_apply_whole``), and parts must not be skipped for it.
+        self.store.delete(manifest.dataKey)
+        self._done.pop(manifest.dataKey, None)
         key_id = _policy_key_id(manifest)
         if key_id:
             # A fresh data key, recorded (wrapped) in the Assigned manifest before any part is written: the
@@ -492,7 +570,9 @@ class SegmentSink:
             ) from None
         return mf.decode_manifest(written, where=manifest_key)
 
-    def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any]) -> None:
+    def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any], written: int | None = None) -> None:
+        """Complete the data object (``written``: its size, when the sink has just put it whole), put the index,
+        check the lease and commit."""
         data_key = action["data_key"]
         topic, segment = action["topic"], action["segment"]
         expected = int(info["data_length"])
@@ -513,7 +593,13 @@ class SegmentSink:
             expected = stored_length(expected, sealed.blockCount)
         if level is not None:
             expected = stored_size(frames)
-        if self._object_exists(data_key):
+        if written is not None:
+            if written != expected:
+                raise ReplayMismatchError(
+                    f"{topic}: segment {segment}: data object {data_key} was written with {written} bytes, "
+                    f"its index expects {expected}"
+                )
+        elif self._object_exists(data_key):
             size = self.store.head(data_key).size
             if size != expected:
                 raise ReplayMismatchError(
@@ -589,6 +675,46 @@ class SegmentSink:
                     record_request_status(self.scoped, request_id, "failed", topic=action["topic"], error=why)
         except Exception:  # the store itself may be what failed; the next run retries the segment
             log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
+
+
+@dataclass(frozen=True)
+class WholeSegment:
+    """The actions (by index) of a segment written whole: its ``open``, its ``parts`` and its ``seal``."""
+
+    open: int
+    parts: tuple[int, ...]
+    seal: int
+
+
+def _whole_segments(actions: list[Mapping[str, Any]], indexes: list[int], limit: int) -> dict[int, WholeSegment]:
+    """Of one topic-partition's actions (``indexes``, in order), the segments to write whole, by the index of
+    their ``open``: opened and sealed here, neither encrypted nor compressed (their bytes are then a function of
+    their layouts alone, so a replay writes the same object), of at most ``limit`` bytes."""
+    found: dict[int, WholeSegment] = {}
+    opened: int | None = None
+    parts: list[int] = []
+    size = 0
+    for i in indexes:
+        action = actions[i]
+        kind = action["action"]
+        if kind == "open":
+            manifest = mf.decode_manifest(bytes(action["manifest"]))
+            plain = not _policy_key_id(manifest) and _policy_compression_level(manifest) is None
+            opened, parts, size = (i if plain else None), [], 0
+        elif kind not in ("part", "seal") or opened is None:
+            continue
+        elif action["segment"] != actions[opened]["segment"]:
+            opened = None
+        elif kind == "part":
+            parts.append(i)
+            size += int(json.loads(action["info"]).get("length") or 0)
+            if size > limit:
+                opened = None
+        else:
+            if parts:
+                found[opened] = WholeSegment(opened, tuple(parts), i)
+            opened = None
+    return found
 
 
 @dataclass

@@ -299,3 +299,75 @@ def test_a_disabled_topic_offloads_what_it_already_read_and_then_seals(store: Ob
     [seal] = [a for a in actions if a.action == "seal"]
     assert mf.decode_manifest(seal.manifest).sealReason == "disabled"
     assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 12)), "paused, never skipped"
+
+
+# -- small segments written whole -------------------------------------------------------------------------
+
+
+def test_a_small_segment_sealed_in_its_batch_is_one_put_with_no_upload_and_no_assigned_manifest(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    meta = MetadataStore(ScopedStore(store))
+
+    def no_upload(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a small segment sealed in its own batch started a multipart upload")
+
+    monkeypatch.setattr(store, "start_multipart", no_upload)
+    written: list[str] = []
+    put = store.put
+
+    def recording_put(key: str, *args: Any, **kwargs: Any) -> Any:
+        written.append(key)
+        return put(key, *args, **kwargs)
+
+    monkeypatch.setattr(store, "put", recording_put)
+    actions = offload(store, entries(0, 12), state=MemoryState(), epoch=0, controls=(CONTROL_SEAL,))
+    [sealed] = meta.offloaded_segments(TOPIC)
+    manifest_key = meta.manifest_key(sealed)
+    assert written.count(manifest_key) == 1, "the manifest is written once, Offloaded, last"
+    assert written[-1] == manifest_key
+    assert written.index(sealed.dataKey) < written.index(sealed.indexKey) < written.index(manifest_key)
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 12))
+    info = store.head(sealed.dataKey)
+    assert info.size == sealed.dataLength and info.metadata["s3managedledgeroffloaderformatversion"] == "1"
+
+    # A replay of the batch (a retried task, or a restart before Spark recorded it) writes the same objects.
+    before = {k: store.get(k) for k in (sealed.dataKey, sealed.indexKey)}
+    new_sink(store).apply(rows(actions))
+    assert {k: store.get(k) for k in before} == before
+    assert [mf.manifest_uuid(m) for m in meta.offloaded_segments(TOPIC)] == [mf.manifest_uuid(sealed)]
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 12))
+
+
+def test_what_a_failed_whole_write_left_never_makes_a_later_attempt_skip_its_parts(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt written whole fails after its data object (here at the index); the next attempt of the same
+    segment (same epoch, ordinal and start: the same name) has other entries and spans two batches, so it goes
+    through a multipart upload, which must not take the stale object for its own completed one."""
+    meta = MetadataStore(ScopedStore(store))
+    put = store.put
+
+    def failing_index(key: str, *args: Any, **kwargs: Any) -> Any:
+        if key.endswith("-index"):
+            raise OSError("injected: the store failed at the index")
+        return put(key, *args, **kwargs)
+
+    monkeypatch.setattr(store, "put", failing_index)
+    with pytest.raises(Exception, match="injected"):
+        offload(store, entries(0, 12), state=MemoryState(), epoch=0, controls=(CONTROL_SEAL,))
+    monkeypatch.setattr(store, "put", put)
+    assert not meta.offloaded_segments(TOPIC)
+    stale = [info.key for info in store.list("") if "/_meta/" not in info.key and "-crc-" not in info.key]
+    assert len(stale) == 1, stale  # the data object, and no manifest names it
+
+    point = meta.recover(TOPIC)
+    state = MemoryState()
+    resume = (list(point.last or ()), point.next_ordinal) if point.last else None
+    offload(store, entries(0, 5), state=state, epoch=0, resume=resume)
+    offload(store, entries(5, 3), state=state, epoch=0, controls=(CONTROL_SEAL,))
+    [sealed] = meta.offloaded_segments(TOPIC)
+    assert sealed.dataKey == stale[0], "the same segment name: the case this test is about"
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 8))
+    report = meta.cleanup(TOPIC, grace_ms=0)
+    assert not report.orphan_objects and not list(store.pending_multiparts(""))
