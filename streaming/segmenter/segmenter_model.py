@@ -130,6 +130,10 @@ class OpenSegment:
     segment opened by a version that did not, whose sealed manifest then says none were recorded."""
 
 
+TIMER_UNKNOWN = -1
+"""``TopicState.timer_ms`` of a state that does not say which timer is registered."""
+
+
 @dataclass
 class TopicState:
     topic: str
@@ -141,6 +145,10 @@ class TopicState:
     sealed_count: int = 0
     wake_ms: int | None = None
     """When a published policy version takes effect (a timer re-runs the topic then, traffic or not)."""
+    timer_ms: int | None = None
+    """The processing-time timer the Spark processor registered for this topic-partition (None: none), so it
+    need not list its timers every micro-batch (a round trip to the JVM each, ~20 ms); ``TIMER_UNKNOWN`` in a
+    state written before it was recorded: the processor lists them once."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -148,6 +156,7 @@ class TopicState:
     @classmethod
     def from_json(cls, text: str) -> TopicState:
         raw = json.loads(text)
+        raw.setdefault("timer_ms", TIMER_UNKNOWN)  # written before the timer was recorded
         seg = raw.pop("open")
         return cls(**raw, open=OpenSegment(**seg) if seg else None)
 

@@ -24,7 +24,13 @@ from streamoffload.streaming.control.policy_versions import PolicyLog
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter import Segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, BlockEntry, Entry, TopicState
+from streamoffload.streaming.segmenter.segmenter_model import (
+    ACTION_COLUMNS,
+    TIMER_UNKNOWN,
+    BlockEntry,
+    Entry,
+    TopicState,
+)
 
 TOPIC_STATE_SCHEMA = StructType([StructField("json", StringType())])
 BLOCK_STATE_SCHEMA = StructType(
@@ -133,11 +139,18 @@ class SegmenterProcessor(StatefulProcessor):
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        yield from self._run(key[0], [], [], timerValues)
+        yield from self._run(key[0], [], [], timerValues, expired=expiredTimerInfo.getExpiryTimeInMs())
 
     def _run(
-        self, topic: str, entries: list[Entry], controls: list[str], timer_values: TimerValues, read_wait_s: float = 0.0
+        self,
+        topic: str,
+        entries: list[Entry],
+        controls: list[str],
+        timer_values: TimerValues,
+        read_wait_s: float = 0.0,
+        expired: int | None = None,
     ) -> Iterator[pd.DataFrame]:
+        """``expired``: the timer that fired (Spark deletes it once this returns)."""
         now = timer_values.getCurrentProcessingTimeInMs()
         try:
             segmenter = Segmenter(
@@ -152,22 +165,32 @@ class SegmenterProcessor(StatefulProcessor):
                 read_wait_s=read_wait_s,
             )
             segmenter.process(entries, controls)
+            # Before finish(), which saves the state: the timer it records is the one registered here.
+            self._set_timer(segmenter.state, segmenter.next_deadline(), expired)
             actions = segmenter.finish()
         except Exception as err:
             if is_topic_specific(err):  # e.g. an entry larger than a block: this topic only
                 raise TopicFailedError(topic, err) from err
             raise
-        self._set_timer(segmenter.next_deadline())
         if actions:
             yield pd.DataFrame([[getattr(a, c) for c in ACTION_COLUMNS] for a in actions], columns=ACTION_COLUMNS)
 
-    def _set_timer(self, deadline: int | None) -> None:
-        registered = list(self.handle.listTimers())
+    def _set_timer(self, state: TopicState, deadline: int | None, expired: int | None) -> None:
+        """Keep one timer, at ``deadline`` (None: none), and record it in ``state``. The state says which timer
+        is registered, so Spark is asked only to change it, never to list them (but once for a state that does
+        not say). Both are committed together with the micro-batch."""
+        if state.timer_ms == TIMER_UNKNOWN:
+            registered = [t for t in self.handle.listTimers() if t != expired]
+        else:
+            registered = [] if state.timer_ms is None or state.timer_ms == expired else [state.timer_ms]
+        if deadline is not None and deadline == expired:
+            deadline += 1  # Spark deletes the fired timer after this handler: re-arming it would be undone
         for timer in registered:
             if timer != deadline:
                 self.handle.deleteTimer(timer)
         if deadline is not None and deadline not in registered:
             self.handle.registerTimer(deadline)
+        state.timer_ms = deadline
 
     def close(self) -> None:
         pass

@@ -110,7 +110,7 @@ Options (names are case-insensitive, as Spark makes them):
     topic-partition ranges packs them into groups of about equal weight, each read by one task range after
     range (``streaming/source/input_partitions.py``). A task costs far more than reading a small range, so a query
     over thousands of mostly quiet topic-partitions must not run a task for each. The offload job sets it to
-    twice Spark's default parallelism. Never below ``minPartitions``.
+    Spark's default parallelism (a task per core). Never below ``minPartitions``.
 ``policyVersionsFile``
     A JSON file of offload policy versions (written by the offload job, ``streaming.control.policy_versions``): a
     topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not
