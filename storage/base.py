@@ -218,6 +218,15 @@ class ObjectStore(abc.ABC):
         """Write a whole object atomically. With ``if_absent``, raise ``ObjectExistsError`` instead
         of overwriting an existing key (S3 ``If-None-Match: *``)."""
 
+    def put_many(self, objects: Sequence[tuple[str, bytes | memoryview, Mapping[str, str] | None]]) -> None:
+        """Write several whole objects ``(key, data, metadata)``, each atomically, in no set order; all are
+        durable when this returns. For objects no reader looks for until a later write names them (a segment's
+        checksum records, data and index, before its commit): a store may write them at once (S3: concurrent
+        PUTs) or make them durable together (a filesystem: one directory sync). This default writes them one by
+        one."""
+        for key, data, metadata in objects:
+            self.put(key, data, metadata)
+
     @abc.abstractmethod
     def get(self, key: str) -> bytes: ...
 

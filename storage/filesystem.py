@@ -199,6 +199,27 @@ class FilesystemStore(ObjectStore):
             st = path.stat()
         return ObjectInfo(key, st.st_size, meta, st.st_mtime)
 
+    def put_many(self, objects: Sequence[tuple[str, bytes | memoryview, Mapping[str, str] | None]]) -> None:
+        """Each object (and its metadata file) written and fsynced as ``put`` does, but each directory synced
+        once at the end, not twice per object: a segment's records, data and index go into one directory, and
+        nothing reads them before the commit that follows (a crash before the end leaves objects a replay
+        writes again)."""
+        directories: dict[Path, None] = {}
+        for key, data, metadata in objects:
+            path = self._path(key)
+            with self._errors("put", key, path):
+                tmp = self._write_temp(path, [data])
+                try:
+                    self._publish(key, path, tmp, normalize_metadata(metadata), if_absent=False, sync=False)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+            directories[path.parent] = None
+        if self._fsync:
+            for directory in directories:
+                with self._errors("put", str(directory), directory):
+                    self._fsync_dir(directory)
+
     def get(self, key: str) -> bytes:
         path = self._path(key)
         with self._errors("get", key, path), self._open_object(key, path) as f:
@@ -476,14 +497,17 @@ class FilesystemStore(ObjectStore):
             raise
         return tmp
 
-    def _publish(self, key: str, path: Path, tmp: Path, meta: dict[str, str], *, if_absent: bool) -> None:
-        """Make the written temporary file the object ``key``: metadata first, then the bytes."""
+    def _publish(
+        self, key: str, path: Path, tmp: Path, meta: dict[str, str], *, if_absent: bool, sync: bool = True
+    ) -> None:
+        """Make the written temporary file the object ``key``: metadata first, then the bytes (``sync``: each
+        durable in its directory before the next step; else the caller syncs the directory)."""
         with self._lock(key):
             if if_absent and self._is_object(path):
                 raise ObjectExistsError(key)
             if path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "keys exist below this one", str(path))
-            self._write_sidecar(path, meta)
+            self._write_sidecar(path, meta, sync=sync)
             if if_absent:
                 try:
                     # link() fails if the name exists: atomic even against writers that skip our lock
@@ -494,10 +518,10 @@ class FilesystemStore(ObjectStore):
                 os.unlink(tmp)
             else:
                 os.replace(tmp, path)
-            if self._fsync:
+            if self._fsync and sync:
                 self._fsync_dir(path.parent)
 
-    def _write_sidecar(self, path: Path, meta: dict[str, str]) -> None:
+    def _write_sidecar(self, path: Path, meta: dict[str, str], *, sync: bool = True) -> None:
         sidecar = self._sidecar(path)
         current = self._read_sidecar(path)
         if current == meta:
@@ -508,7 +532,7 @@ class FilesystemStore(ObjectStore):
         else:
             tmp = self._write_temp(sidecar, [json.dumps({"metadata": meta}, sort_keys=True).encode()])
             os.replace(tmp, sidecar)
-        if self._fsync:
+        if self._fsync and sync:
             self._fsync_dir(path.parent)  # the metadata is durable before the object appears
 
     def _read_sidecar(self, path: Path) -> dict[str, str]:

@@ -250,6 +250,11 @@ class CountingStore(ObjectStore):
         self._count("put", key)
         return self._inner.put(key, data, metadata, if_absent=if_absent)
 
+    def put_many(self, objects: Sequence[tuple[str, bytes | memoryview, Mapping[str, str] | None]]) -> None:
+        for key, _data, _metadata in objects:
+            self._count("put", key)
+        self._inner.put_many(objects)
+
     def get(self, key: str) -> bytes:
         self._count("get", key)
         return self._inner.get(key)

@@ -257,6 +257,20 @@ class S3Store(ObjectStore):
         *,
         if_absent: bool = False,
     ) -> ObjectInfo:
+        return self._run(self._put(key, data, metadata, if_absent=if_absent))
+
+    def put_many(self, objects: Sequence[tuple[str, bytes | memoryview, Mapping[str, str] | None]]) -> None:
+        """The PUTs at once (each with its own retries): a segment's records, data and index in one round trip's
+        time instead of one after the other."""
+
+        async def all_of() -> None:
+            await asyncio.gather(*(self._put(key, data, metadata) for key, data, metadata in objects))
+
+        self._run(all_of())
+
+    async def _put(
+        self, key: str, data: bytes | memoryview, metadata: Mapping[str, str] | None, *, if_absent: bool = False
+    ) -> ObjectInfo:
         check_key(key)
         meta = normalize_metadata(metadata)
         body = bytes(data) if isinstance(data, memoryview) else data
@@ -275,7 +289,7 @@ class S3Store(ObjectStore):
                     return {}
                 raise ObjectExistsError(key) from None
 
-        self._run(self._call("put", key, attempt, upload_bytes=len(body)))
+        await self._call("put", key, attempt, upload_bytes=len(body))
         return ObjectInfo(key, len(body), meta, time.time())  # PutObject does not return Last-Modified
 
     async def _same_object(self, client: Any, full: str, body: bytes, meta: dict[str, str]) -> bool:

@@ -203,6 +203,18 @@ many small segments, each a handful of requests: one at a time, a task spent mos
 scale bench, 100 topic-partitions: ~0.1 task s per segment). Memory stays bounded by ``ByteBudget``."""
 
 
+def _checksum_objects(data_key: str, part: PlannedPart, info: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+    """The checksum records of a part's blocks, as (key, record); none for a segment opened without them."""
+    recorded = info.get("checksums")
+    if recorded is None:
+        return []
+    first, offset = int(recorded["first_block"]), int(recorded["offset"])
+    return [
+        (keys.block_checksums_key(data_key, block), record)
+        for block, record in checksum_records(part.blocks, first, offset)
+    ]
+
+
 WHOLE_SEGMENT_BYTES = 8 << 20
 """A segment in the clear of at most this many bytes, opened and sealed in one micro-batch, is written as one
 object by one PUT (``SegmentSink._apply_whole``) rather than through a multipart upload and an Assigned manifest:
@@ -372,10 +384,10 @@ class SegmentSink:
         else:
             raise ValueError(f"unknown sink action {kind!r}")
 
-    def _apply_seal(self, action: Mapping[str, Any], stats: SinkStats, written: int | None = None) -> None:
+    def _apply_seal(self, action: Mapping[str, Any], stats: SinkStats, whole_size: int | None = None) -> None:
         started = time.monotonic()
         info = json.loads(action["info"])
-        self._seal(action, info, written)
+        self._seal(action, info, whole_size)
         stats.upload_seconds.append(time.monotonic() - started)
         self._requests_done(action["topic"], info.get("requests", []), action["segment"])
         info["topic"] = action["topic"]
@@ -400,19 +412,25 @@ class SegmentSink:
         throttled = 0.0
         crash_point("after-open")
         infos = [json.loads(actions[i]["info"]) for i in segment.parts]
+        seal = actions[segment.seal]
         with self.budget.hold(sum(int(info.get("length") or 0) for info in infos)):
             chunks: list[Buffer] = []
+            objects: list[tuple[str, Buffer, Mapping[str, str] | None]] = []
             for i, info in zip(segment.parts, infos, strict=True):
                 part = parts.get(i) or _plan_parts([actions[i]])[0]
                 data, _ = self._part_chunks(topic, part, info, reader)
-                self._put_checksum_records(data_key, part, info)
+                objects.extend((key, record, None) for key, record in _checksum_objects(data_key, part, info))
                 chunks.extend(data)
             crash_point("after-part")
             size = buffers_size(chunks)
             if self.limiter is not None:
                 throttled += self.limiter.acquire("upload", topic, size)
-            self.store.put(data_key, b"".join(chunks), object_metadata(topic, str(opened["segment"])))
-            del chunks
+            metadata = object_metadata(topic, str(opened["segment"]))
+            objects.append((data_key, b"".join(chunks), metadata))
+            objects.append((str(seal["index_key"]), bytes(seal["data"]), metadata))
+            # The records, the data and the index at once: no reader finds any of them before the commit.
+            self.store.put_many(objects)
+            del chunks, objects
         self._uploads.pop(data_key, None)
         release = getattr(self.fetcher, "release", None)
         if release is not None:
@@ -421,16 +439,13 @@ class SegmentSink:
         stats.parts += 1
         stats.part_bytes += size
         stats.upload_seconds.append(time.monotonic() - started - throttled)
-        self._apply_seal(actions[segment.seal], stats, written=size)
+        self._apply_seal(seal, stats, whole_size=size)
 
     def _put_checksum_records(self, data_key: str, part: PlannedPart, info: Mapping[str, Any]) -> None:
         """The part's blocks' checksum records: before the part and the manifest; a replay writes the same bytes
         under the same names."""
-        recorded = info.get("checksums")
-        if recorded is not None:
-            first, offset = int(recorded["first_block"]), int(recorded["offset"])
-            for block, record in checksum_records(part.blocks, first, offset):
-                self.store.put(keys.block_checksums_key(data_key, block), record)
+        for key, record in _checksum_objects(data_key, part, info):
+            self.store.put(key, record)
 
     def _part_chunks(
         self,
@@ -570,9 +585,9 @@ class SegmentSink:
             ) from None
         return mf.decode_manifest(written, where=manifest_key)
 
-    def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any], written: int | None = None) -> None:
-        """Complete the data object (``written``: its size, when the sink has just put it whole), put the index,
-        check the lease and commit."""
+    def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any], whole_size: int | None = None) -> None:
+        """Complete the data object, put the index, check the lease and commit (``whole_size``: the size of the
+        data object the sink has just put whole, with its index)."""
         data_key = action["data_key"]
         topic, segment = action["topic"], action["segment"]
         expected = int(info["data_length"])
@@ -593,10 +608,10 @@ class SegmentSink:
             expected = stored_length(expected, sealed.blockCount)
         if level is not None:
             expected = stored_size(frames)
-        if written is not None:
-            if written != expected:
+        if whole_size is not None:
+            if whole_size != expected:
                 raise ReplayMismatchError(
-                    f"{topic}: segment {segment}: data object {data_key} was written with {written} bytes, "
+                    f"{topic}: segment {segment}: data object {data_key} was written with {whole_size} bytes, "
                     f"its index expects {expected}"
                 )
         elif self._object_exists(data_key):
@@ -617,7 +632,8 @@ class SegmentSink:
                     f"expected {expected}"
                 )
         crash_point("after-complete")
-        self.store.put(action["index_key"], bytes(action["data"]), object_metadata(topic, segment))
+        if whole_size is None:
+            self.store.put(action["index_key"], bytes(action["data"]), object_metadata(topic, segment))
         crash_point("after-index")
         # Fencing: a writer whose lease was taken over commits nothing; and the commit itself is
         # create-only in the segment's place in the topic's history, so two writers never both win.

@@ -314,13 +314,18 @@ def test_a_small_segment_sealed_in_its_batch_is_one_put_with_no_upload_and_no_as
 
     monkeypatch.setattr(store, "start_multipart", no_upload)
     written: list[str] = []
-    put = store.put
+    put, put_many = store.put, store.put_many
 
     def recording_put(key: str, *args: Any, **kwargs: Any) -> Any:
         written.append(key)
         return put(key, *args, **kwargs)
 
+    def recording_put_many(objects: Any) -> None:
+        written.extend(key for key, _data, _metadata in objects)
+        put_many(objects)
+
     monkeypatch.setattr(store, "put", recording_put)
+    monkeypatch.setattr(store, "put_many", recording_put_many)
     actions = offload(store, entries(0, 12), state=MemoryState(), epoch=0, controls=(CONTROL_SEAL,))
     [sealed] = meta.offloaded_segments(TOPIC)
     manifest_key = meta.manifest_key(sealed)
@@ -346,17 +351,16 @@ def test_what_a_failed_whole_write_left_never_makes_a_later_attempt_skip_its_par
     segment (same epoch, ordinal and start: the same name) has other entries and spans two batches, so it goes
     through a multipart upload, which must not take the stale object for its own completed one."""
     meta = MetadataStore(ScopedStore(store))
-    put = store.put
+    put_many = store.put_many
 
-    def failing_index(key: str, *args: Any, **kwargs: Any) -> Any:
-        if key.endswith("-index"):
-            raise OSError("injected: the store failed at the index")
-        return put(key, *args, **kwargs)
+    def failing_index(objects: Any) -> None:
+        put_many([o for o in objects if not o[0].endswith("-index")])
+        raise OSError("injected: the store failed at the index")
 
-    monkeypatch.setattr(store, "put", failing_index)
+    monkeypatch.setattr(store, "put_many", failing_index)
     with pytest.raises(Exception, match="injected"):
         offload(store, entries(0, 12), state=MemoryState(), epoch=0, controls=(CONTROL_SEAL,))
-    monkeypatch.setattr(store, "put", put)
+    monkeypatch.setattr(store, "put_many", put_many)
     assert not meta.offloaded_segments(TOPIC)
     stale = [info.key for info in store.list("") if "/_meta/" not in info.key and "-crc-" not in info.key]
     assert len(stale) == 1, stale  # the data object, and no manifest names it

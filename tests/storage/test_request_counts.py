@@ -40,11 +40,13 @@ def test_every_operation_is_counted_and_the_store_behaves_as_before(tmp_path: Pa
     reader.close()
     assert list(store.pending_multiparts("a/")) == []
     store.delete("a/b")
+    store.put_many([("a/p", b"1", None), ("a/q", b"2", {"k": "v"})])  # a PUT each
+    assert store.get("a/q") == b"2"
     assert store.min_part_size == FilesystemStore.min_part_size
     assert store.root == tmp_path / "store"  # beyond the interface: the inner store's
     assert counts.snapshot() == {
-        "put": 1,
-        "get": 1,
+        "put": 3,
+        "get": 2,
         "get_range": 2,
         "head": 3,
         "list": 1,
@@ -54,7 +56,7 @@ def test_every_operation_is_counted_and_the_store_behaves_as_before(tmp_path: Pa
         "pending_multiparts": 1,
         "delete": 1,
     }
-    assert by_class(counts.snapshot()) == {"LIST": 2, "GET": 3, "HEAD": 3, "PUT": 4, "DELETE": 1}
+    assert by_class(counts.snapshot()) == {"LIST": 2, "GET": 4, "HEAD": 3, "PUT": 6, "DELETE": 1}
     assert sum(counts.snapshot_where().values()) == sum(counts.snapshot().values())
 
 

@@ -70,6 +70,37 @@ def test_put_get_head_round_trip(store: ObjectStore) -> None:
     assert not store.exists("t/seg/other")
 
 
+def test_put_many_writes_every_object_with_its_metadata_and_overwrites(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.put("seg/b", b"old", {"x": "old"})
+    store.put("other/old", b"")  # both directories exist: a new one is synced into its parent once more
+    objects = [
+        ("seg/a-crc-1", b"record", None),
+        ("seg/b", memoryview(bytearray(b"__data__"))[2:6], {"ManagedLedgerName": "t/ns/p/t"}),
+        ("seg/b-index", b"index", {"managedledgername": "t/ns/p/t"}),
+        ("other/c", b"", None),
+    ]
+    if isinstance(store, FilesystemStore):  # every file fsynced, each directory once: not twice per object
+        synced: list[int] = []
+        real = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+        store.put_many(objects)
+        files = 4 + 2  # the objects and the two metadata files
+        assert len(synced) == files + 2, "one sync per file, then one per directory (seg/, other/)"
+    else:
+        store.put_many(objects)
+    assert {k: store.get(k) for k in keys(store)} == {
+        "other/c": b"",
+        "other/old": b"",
+        "seg/a-crc-1": b"record",
+        "seg/b": b"data",
+        "seg/b-index": b"index",
+    }
+    assert dict(store.head("seg/b").metadata) == {"managedledgername": "t/ns/p/t"}
+    assert dict(store.head("seg/a-crc-1").metadata) == {}
+
+
 def test_put_accepts_memoryview_and_empty_objects(store: ObjectStore) -> None:
     buf = bytearray(b"0123456789")
     store.put("mv", memoryview(buf)[2:6])
