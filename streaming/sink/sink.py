@@ -403,9 +403,10 @@ class SegmentSink:
         parts: dict[int, PlannedPart],
     ) -> None:
         """A small segment in the clear, opened, written and sealed in this batch, as one object: its checksum
-        records, the data object in one PUT (no multipart upload, no Assigned manifest), then the seal's index and
-        commit (DESIGN "Small segments in one request"). Always written, never skipped: a replay writes the same
-        bytes under the same names, and a failed attempt's objects are overwritten or left to ``cleanup``."""
+        records, the data object in one PUT (no multipart upload, no Assigned manifest) and its index, together,
+        then the seal's lease check and commit (DESIGN "Small segments in one request"). Always written, never
+        skipped: a replay writes the same bytes under the same names, and a failed attempt's objects are
+        overwritten or left to ``cleanup``."""
         opened = actions[segment.open]
         topic, data_key = str(opened["topic"]), str(opened["data_key"])
         started = time.monotonic()
@@ -423,6 +424,9 @@ class SegmentSink:
                 chunks.extend(data)
             crash_point("after-part")
             size = buffers_size(chunks)
+            expected = int(json.loads(seal["info"])["data_length"])
+            if size != expected:  # before anything is written under the segment's names
+                raise ReplayMismatchError(f"{topic}: a segment's parts built {size} bytes, its index says {expected}")
             if self.limiter is not None:
                 throttled += self.limiter.acquire("upload", topic, size)
             metadata = object_metadata(topic, str(opened["segment"]))
@@ -609,11 +613,7 @@ class SegmentSink:
         if level is not None:
             expected = stored_size(frames)
         if whole_size is not None:
-            if whole_size != expected:
-                raise ReplayMismatchError(
-                    f"{topic}: segment {segment}: data object {data_key} was written with {whole_size} bytes, "
-                    f"its index expects {expected}"
-                )
+            pass  # written whole, its size checked before (_apply_whole)
         elif self._object_exists(data_key):
             size = self.store.head(data_key).size
             if size != expected:
