@@ -261,10 +261,14 @@ class S3Store(ObjectStore):
 
     def put_many(self, objects: Sequence[tuple[str, bytes | memoryview, Mapping[str, str] | None]]) -> None:
         """The PUTs at once (each with its own retries): a segment's records, data and index in one round trip's
-        time instead of one after the other."""
+        time instead of one after the other. Every PUT has ended when this returns or raises (the first failure):
+        one still running after a failure could land after the retry that cleans up behind it."""
 
         async def all_of() -> None:
-            await asyncio.gather(*(self._put(key, data, metadata) for key, data, metadata in objects))
+            puts = (self._put(key, data, metadata) for key, data, metadata in objects)
+            for outcome in await asyncio.gather(*puts, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
         self._run(all_of())
 

@@ -101,6 +101,16 @@ def test_put_many_writes_every_object_with_its_metadata_and_overwrites(
     assert dict(store.head("seg/a-crc-1").metadata) == {}
 
 
+def test_put_many_has_finished_every_put_when_it_fails(store: ObjectStore) -> None:
+    """A failed put_many leaves nothing in flight: on S3 the other PUTs, sent at once, have ended (a PUT landing
+    after the caller's retry cleaned up would bring back what it removed)."""
+    objects = [("bad//key", b"x", None), *((f"seg/{n}", bytes(4 << 20), None) for n in range(8))]
+    with pytest.raises(InvalidKeyError):
+        store.put_many(objects)
+    if isinstance(store, S3Store):
+        assert keys(store, "seg/") == [f"seg/{n}" for n in range(8)]
+
+
 def test_put_accepts_memoryview_and_empty_objects(store: ObjectStore) -> None:
     buf = bytearray(b"0123456789")
     store.put("mv", memoryview(buf)[2:6])
