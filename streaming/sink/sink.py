@@ -413,12 +413,12 @@ class SegmentSink:
         throttled = 0.0
         crash_point("after-open")
         infos = [json.loads(actions[i]["info"]) for i in segment.parts]
+        planned = [parts.get(i) or _plan_parts([actions[i]])[0] for i in segment.parts]
         seal = actions[segment.seal]
         with self.budget.hold(sum(int(info.get("length") or 0) for info in infos)):
             chunks: list[Buffer] = []
             objects: list[tuple[str, Buffer, Mapping[str, str] | None]] = []
-            for i, info in zip(segment.parts, infos, strict=True):
-                part = parts.get(i) or _plan_parts([actions[i]])[0]
+            for part, info in zip(planned, infos, strict=True):
                 data, _ = self._part_chunks(topic, part, info, reader)
                 objects.extend((key, record, None) for key, record in _checksum_objects(data_key, part, info))
                 chunks.extend(data)
@@ -438,7 +438,7 @@ class SegmentSink:
         self._uploads.pop(data_key, None)
         release = getattr(self.fetcher, "release", None)
         if release is not None:
-            release(topic, (parts.get(segment.parts[-1]) or _plan_parts([actions[segment.parts[-1]]])[0]).last)
+            release(topic, planned[-1].last)
         stats.opened += 1
         stats.parts += 1
         stats.part_bytes += size
