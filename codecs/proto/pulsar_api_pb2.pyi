@@ -446,6 +446,16 @@ class CommandReachedEndOfTopic(_message.Message):
     consumer_id: int
     def __init__(self, consumer_id: _Optional[int] = ...) -> None: ...
 
+class CommandUnsubscribe(_message.Message):
+    __slots__ = ("consumer_id", "request_id", "force")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    request_id: int
+    force: bool
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., force: bool = ...) -> None: ...
+
 class CommandCloseConsumer(_message.Message):
     __slots__ = ("consumer_id", "request_id")
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -541,7 +551,7 @@ class CommandGetTopicsOfNamespaceResponse(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., filtered: bool = ..., topics_hash: _Optional[str] = ..., changed: bool = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "subscribe", "message", "ack", "flow", "success", "error", "close_consumer", "ping", "pong", "lookupTopic", "lookupTopicResponse", "reachedEndOfTopic", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "authChallenge", "authResponse")
+    __slots__ = ("type", "connect", "connected", "subscribe", "message", "ack", "flow", "unsubscribe", "success", "error", "close_consumer", "ping", "pong", "lookupTopic", "lookupTopicResponse", "reachedEndOfTopic", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "authChallenge", "authResponse")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         CONNECT: _ClassVar[BaseCommand.Type]
@@ -665,6 +675,7 @@ class BaseCommand(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     FLOW_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CLOSE_CONSUMER_FIELD_NUMBER: _ClassVar[int]
@@ -687,6 +698,7 @@ class BaseCommand(_message.Message):
     message: CommandMessage
     ack: CommandAck
     flow: CommandFlow
+    unsubscribe: CommandUnsubscribe
     success: CommandSuccess
     error: CommandError
     close_consumer: CommandCloseConsumer
@@ -702,4 +714,4 @@ class BaseCommand(_message.Message):
     getTopicsOfNamespaceResponse: CommandGetTopicsOfNamespaceResponse
     authChallenge: CommandAuthChallenge
     authResponse: CommandAuthResponse
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., reachedEndOfTopic: _Optional[_Union[CommandReachedEndOfTopic, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., authChallenge: _Optional[_Union[CommandAuthChallenge, _Mapping]] = ..., authResponse: _Optional[_Union[CommandAuthResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., reachedEndOfTopic: _Optional[_Union[CommandReachedEndOfTopic, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., authChallenge: _Optional[_Union[CommandAuthChallenge, _Mapping]] = ..., authResponse: _Optional[_Union[CommandAuthResponse, _Mapping]] = ...) -> None: ...

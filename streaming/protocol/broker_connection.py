@@ -282,14 +282,18 @@ class BrokerConnection:
         r.response.auth_data = self.config.auth_data or b""
         self.send(reply)
 
-    def request(self, command: BaseCommand, request_id: int, what: str) -> BaseCommand:
-        """Send ``command`` and wait for the answer that carries ``request_id`` (other frames are skipped)."""
+    def request(
+        self, command: BaseCommand, request_id: int, what: str, *, timeout_s: float | None = None
+    ) -> BaseCommand:
+        """Send ``command`` and wait for the answer that carries ``request_id`` (other frames are skipped), at
+        most ``timeout_s`` (default: the operation timeout)."""
         self.send(command)
-        deadline = time.monotonic() + self.config.operation_timeout_s
+        wait = self.config.operation_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait
         while True:
             got = self.read(deadline)
             if got is None:
-                raise NoAnswerError(f"{self.name}: no answer to {what} within {self.config.operation_timeout_s:g} s")
+                raise NoAnswerError(f"{self.name}: no answer to {what} within {wait:g} s")
             cmd, _payload = got
             answer = request_id_of(cmd)
             if answer == request_id:

@@ -25,10 +25,10 @@ from streamoffload.streaming.protocol.client_options import ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Position, PulsarIOError
 from streamoffload.streaming.protocol.raw_reader import (
     RawClient,
-    close_consumer_command,
     last_message_id_command,
     last_position,
     subscribe_command,
+    unsubscribe_command,
 )
 from streamoffload.streaming.protocol.wire import T, server_error
 
@@ -154,9 +154,15 @@ def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) ->
             except PulsarIOError as err:
                 answers[topic] = err
     finally:
-        with contextlib.suppress(OSError):  # the connection closes next anyway: this only spares the broker
+        # Unsubscribed, not only closed: pulsar-lite keeps a closed reader's subscription and pays for it on
+        # every publish (raw_reader.unsubscribe_command). The answers are awaited (pipelined, one round trip)
+        # because a broker answering into a closed socket logs an error each time.
+        with contextlib.suppress(OSError, PulsarIOError):
+            closes = []
             for _topic, consumer_id in asked:
-                conn.send(close_consumer_command(consumer_id, conn.next_request_id()))
+                rid = conn.next_request_id()
+                closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
+            conn.request_many(closes, window=window)
     return answers
 
 

@@ -97,6 +97,7 @@ __all__ = [
 
 _U64 = (1 << 64) - 1  # MessageId.earliest's -1, as the uint64 the protocol carries
 _MAX_LOOKUP_HOPS = 8
+_CLOSE_WAIT_S = 2.0  # for the broker's answer to a closing consumer's unsubscribe
 _ACK_EVERY = 16  # entries between cumulative acks (brokers redeliver what a consumer never acks)
 
 
@@ -211,6 +212,17 @@ def last_position(answer: BaseCommand | PulsarIOError) -> Position | None:
     return (ledger, entry)
 
 
+def unsubscribe_command(consumer_id: int, request_id: int) -> BaseCommand:
+    """``UNSUBSCRIBE``: closes the consumer and deletes its subscription. A reader's non-durable subscription
+    goes with its last consumer in Pulsar, but pulsar-lite keeps it, and then walks every one it kept on each
+    publish to the topic (logging a warning for each): a source that subscribes anew every micro-batch would
+    make each publish cost more the longer the job runs. Pulsar answers it like a close."""
+    cmd = BaseCommand(type=T.UNSUBSCRIBE)
+    cmd.unsubscribe.consumer_id = consumer_id
+    cmd.unsubscribe.request_id = request_id
+    return cmd
+
+
 def close_consumer_command(consumer_id: int, request_id: int) -> BaseCommand:
     cmd = BaseCommand(type=T.CLOSE_CONSUMER)
     cmd.close_consumer.consumer_id = consumer_id
@@ -305,9 +317,16 @@ class RawConsumer:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):
-            self.conn.send(close_consumer_command(self.consumer_id, self.conn.next_request_id()))
-        self.conn.close()
+        try:
+            # Waits for the answer (one round trip, bounded): a broker that answers into a closed socket
+            # logs an error for it.
+            rid = self.conn.next_request_id()
+            with contextlib.suppress(Exception):
+                self.conn.request(
+                    unsubscribe_command(self.consumer_id, rid), rid, "unsubscribing", timeout_s=_CLOSE_WAIT_S
+                )
+        finally:
+            self.conn.close()
 
 
 # ---------------------------------------------------------------------------------------------

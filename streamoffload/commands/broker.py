@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="serve pulsar-lite's Prometheus metrics on 127.0.0.1:PORT (default: off)",
     )
+    parser.add_argument(
+        "--broker-log-level",
+        default="warn",
+        choices=["error", "warn", "info", "debug", "trace"],
+        help="pulsar-lite's log level; info logs every entry dispatched and acknowledged (default: %(default)s)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -56,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         default_partitions=args.partitions,
         metrics_port=args.metrics_port,
+        log_level=args.broker_log_level,
     )
     stop = threading.Event()
 

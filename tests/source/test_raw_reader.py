@@ -283,7 +283,7 @@ def _read_command(conn: socket.socket) -> BaseCommand | None:
 
 class ScriptedBroker:
     """Answers CONNECT, LOOKUP (with ``lookup`` deciding the answer), SUBSCRIBE, FLOW (by pushing
-    ``entries``), GET_LAST_MESSAGE_ID and CLOSE_CONSUMER; records every command it receives."""
+    ``entries``), GET_LAST_MESSAGE_ID and UNSUBSCRIBE; records every command it receives."""
 
     def __init__(
         self,
@@ -356,6 +356,10 @@ class ScriptedBroker:
                     reply.getLastMessageIdResponse.last_message_id.ledgerId = 7
                     reply.getLastMessageIdResponse.last_message_id.entryId = 3
                     conn.sendall(_frame(reply))
+                elif cmd.type == T.UNSUBSCRIBE:
+                    conn.sendall(
+                        _frame(BaseCommand(type=T.SUCCESS, success={"request_id": cmd.unsubscribe.request_id}))
+                    )
 
     def close(self) -> None:
         self._stop = True
@@ -394,7 +398,7 @@ def test_protocol_steps_and_auth_token(scripted: Callable[..., ScriptedBroker]) 
     assert (sub.start_message_id.ledgerId, sub.start_message_id.entryId) == (7, 0)
     assert broker.commands(T.FLOW)[-1].flow.messagePermits == FAST.receiver_queue_size
     assert wait_for(lambda: broker.commands(T.PONG)), "pings must be answered"
-    assert wait_for(lambda: broker.commands(T.CLOSE_CONSUMER))
+    assert wait_for(lambda: broker.commands(T.UNSUBSCRIBE))  # a reader's subscription goes with it
 
 
 def test_basic_auth_and_auth_challenge(scripted: Callable[..., ScriptedBroker]) -> None:
