@@ -30,6 +30,7 @@ from streamoffload.streaming.protocol.raw_reader import (
     subscribe_command,
     unsubscribe_command,
 )
+from streamoffload.streaming.protocol.subscription_names import NAMES
 from streamoffload.streaming.protocol.wire import T, server_error
 
 Route = tuple[str, int, bool, str | None]
@@ -132,23 +133,27 @@ def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) ->
     """On one broker: subscribe to every topic (one consumer each), ask each its last message id, close."""
     answers: dict[str, Answer] = {}
     subscribes = []
-    for consumer_id, topic in enumerate(topics, start=1):
+    names = [NAMES.take(topic) for topic in topics]
+    for consumer_id, (topic, name) in enumerate(zip(topics, names, strict=True), start=1):
         rid = conn.next_request_id()
-        subscribes.append((subscribe_command(topic, consumer_id, rid, BEFORE_EARLIEST), rid, f"subscribing to {topic}"))
+        command = subscribe_command(topic, consumer_id, rid, BEFORE_EARLIEST, name)
+        subscribes.append((command, rid, f"subscribing to {topic}"))
     subscribed = conn.request_many(subscribes, window=window)
-    asked: list[tuple[str, int]] = []  # (topic, consumer id) of the subscriptions made
+    asked: list[tuple[str, int, str]] = []  # (topic, consumer id, subscription) of the subscriptions made
     asks = []
-    for consumer_id, ((_cmd, rid, _what), topic) in enumerate(zip(subscribes, topics, strict=True), start=1):
+    for consumer_id, ((_cmd, rid, _what), topic, name) in enumerate(
+        zip(subscribes, topics, names, strict=True), start=1
+    ):
         reply = subscribed[rid]
         if isinstance(reply, PulsarIOError):
             answers[topic] = reply
             continue
         ask_id = conn.next_request_id()
         asks.append((last_message_id_command(consumer_id, ask_id), ask_id, f"GetLastMessageId of {topic}"))
-        asked.append((topic, consumer_id))
+        asked.append((topic, consumer_id, name))
     try:
         lasts = conn.request_many(asks, window=window)
-        for (topic, _consumer_id), (_cmd, ask_id, _what) in zip(asked, asks, strict=True):
+        for (topic, _consumer_id, _name), (_cmd, ask_id, _what) in zip(asked, asks, strict=True):
             try:
                 answers[topic] = last_position(lasts[ask_id])
             except PulsarIOError as err:
@@ -159,10 +164,13 @@ def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) ->
         # because a broker answering into a closed socket logs an error each time.
         with contextlib.suppress(OSError, PulsarIOError):
             closes = []
-            for _topic, consumer_id in asked:
+            for _topic, consumer_id, _name in asked:
                 rid = conn.next_request_id()
                 closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
-            conn.request_many(closes, window=window)
+            gone = conn.request_many(closes, window=window)
+            for (topic, _consumer_id, name), (_cmd, rid, _what) in zip(asked, closes, strict=True):
+                if rid in gone and not isinstance(gone[rid], PulsarIOError):
+                    NAMES.give_back(topic, name)
     return answers
 
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -81,6 +80,7 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReadStats,
     read_exactly_once,
 )
+from streamoffload.streaming.protocol.subscription_names import NAMES
 from streamoffload.streaming.protocol.wire import T, server_error
 
 log = logging.getLogger(__name__)
@@ -170,12 +170,13 @@ class RawClient:
         return RawConsumer(self, topic, after, queue_size)
 
 
-def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Position) -> BaseCommand:
-    """``SUBSCRIBE`` to a new non-durable Exclusive subscription (a unique name) starting after ``after``."""
+def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Position, subscription: str) -> BaseCommand:
+    """``SUBSCRIBE`` to a non-durable Exclusive subscription named ``subscription`` (no other consumer may
+    be using it: see ``subscription_names``) starting after ``after``."""
     cmd = BaseCommand(type=T.SUBSCRIBE)
     s = cmd.subscribe
     s.topic = topic
-    s.subscription = f"streamoffload-raw-{uuid.uuid4().hex[:16]}"
+    s.subscription = subscription
     s.subType = CommandSubscribe.Exclusive
     s.consumer_id = consumer_id
     s.request_id = request_id
@@ -242,9 +243,14 @@ class RawConsumer:
         self._unacked = 0
         self._acked_to: Position = BEFORE_EARLIEST
         self._closed = False
+        self.subscription = NAMES.take(topic)
         try:
             rid = self.conn.next_request_id()
-            self.conn.request(subscribe_command(topic, self.consumer_id, rid, after), rid, f"subscribing to {topic}")
+            self.conn.request(
+                subscribe_command(topic, self.consumer_id, rid, after, self.subscription),
+                rid,
+                f"subscribing to {topic}",
+            )
             if flow:
                 self._flow(self._queue)
         except BaseException:
@@ -325,6 +331,7 @@ class RawConsumer:
                 self.conn.request(
                     unsubscribe_command(self.consumer_id, rid), rid, "unsubscribing", timeout_s=_CLOSE_WAIT_S
                 )
+                NAMES.give_back(self.topic, self.subscription)  # only once the broker said it is gone
         finally:
             self.conn.close()
 
