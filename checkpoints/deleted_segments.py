@@ -206,9 +206,11 @@ def select_deletable(
     segments: list[SegmentManifest], marks: dict[int, DeletedLedger], lag_ms: int, at_ms: int
 ) -> list[SegmentManifest]:
     """Offloaded segments whose ledgers are ALL marked deleted, the newest mark older than the lag."""
-    out = []
-    for manifest in segments:
-        ledger_ids = [info.ledgerId for info in manifest.ledgers]
-        if ledger_ids and all(lid in marks and marks[lid].deletedTimestamp + lag_ms <= at_ms for lid in ledger_ids):
-            out.append(manifest)
-    return out
+    return [m for m in segments if all_marked([info.ledgerId for info in m.ledgers], marks, lag_ms, at_ms)]
+
+
+def all_marked(ledger_ids: list[int], marks: dict[int, DeletedLedger], lag_ms: int, at_ms: int) -> bool:
+    """Every one of a segment's ledgers (at least one) is marked deleted, each mark older than the lag."""
+    return bool(ledger_ids) and all(
+        lid in marks and marks[lid].deletedTimestamp + lag_ms <= at_ms for lid in ledger_ids
+    )

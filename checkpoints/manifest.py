@@ -97,7 +97,7 @@ def with_driver_property(manifest: SegmentManifest, key: str, value: str) -> Seg
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LedgerSpan:
     """The part of one ledger inside a segment."""
 

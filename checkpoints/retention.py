@@ -54,8 +54,8 @@ def apply_retention(
         newest: dict[int, int] = {}
         size: dict[int, int] = {}
         for seg in segments:
-            stamp = seg.publishTimeLast or seg.offloadedTimestamp
-            for span in mf.spans_of(seg):
+            stamp = seg.publish_last_ms or seg.offloaded_ms
+            for span in seg.spans:
                 newest[span.ledger_id] = max(newest.get(span.ledger_id, 0), stamp)
                 size[span.ledger_id] = size.get(span.ledger_id, 0) + span.size
         closed = sorted(newest)[:-1]
