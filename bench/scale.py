@@ -1047,7 +1047,7 @@ def offloaded_through_all(meta: MetadataStore, last: dict[str, tuple[int, int]],
     while waiting:
         for topic, position in list(waiting.items()):
             segments = view.refresh(topic).offloaded()
-            if segments and mf.end_position(segments[-1]) >= position:
+            if segments and segments[-1].end >= position:
                 del waiting[topic]
         if not waiting or time.monotonic() >= deadline:
             break
