@@ -104,7 +104,6 @@ from bench.procstats import _proc_stat, _rss_bytes, job_tree_sample, tree_cpu
 from bench.readable import percentile, readable_messages
 from bench.soak import ProducerLogFile, _wait_query_started, store_settings
 from bench.store_census import StoreCensus
-from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.checkpoints.retention import RetentionRunner
