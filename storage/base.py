@@ -21,6 +21,12 @@ class StorageError(StreamOffloadError):
     """An object store operation failed (after retries, where the store retries)."""
 
 
+class TransientStorageError(StorageError):
+    """The store failed in a way a later attempt may not: a full disk or another I/O error of a filesystem
+    store, S3 answering 5xx, throttling or resetting connections through all of the client's retries. Not a
+    verdict on what the store supports (``storage.probe`` lets it through as it is, to be retried)."""
+
+
 class ObjectNotFoundError(StorageError):
     """The key does not exist."""
 

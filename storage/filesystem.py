@@ -48,6 +48,7 @@ from streamoffload.storage.base import (
     PendingUpload,
     RangedReader,
     StorageError,
+    TransientStorageError,
     UploadNotFoundError,
     buffers_size,
     check_part_list,
@@ -390,7 +391,7 @@ class FilesystemStore(ObjectStore):
                 f"on a filesystem store ({exc.strerror}: {exc.filename})"
             ) from exc
         except OSError as exc:
-            raise StorageError(
+            raise TransientStorageError(
                 f"{self.url}: {op} {key!r} failed: {exc.strerror or exc} ({exc.filename or path})"
             ) from exc
 

@@ -32,6 +32,7 @@ from streamoffload.storage.base import (
     ObjectExistsError,
     ObjectStore,
     StorageError,
+    TransientStorageError,
     UploadNotFoundError,
 )
 from streamoffload.storage.keys import META_DIR
@@ -135,9 +136,13 @@ class _Probe:
         return key
 
     def check(self, capability: str, what: str, step: Callable[[], str | None]) -> bool:
-        """Run ``step``; a returned string or a StorageError is a problem with ``capability``."""
+        """Run ``step``; a returned string or a StorageError is a problem with ``capability``. A
+        ``TransientStorageError`` (a full disk, S3 5xx through every retry) says nothing about what the store
+        supports: it goes to the caller as it is, who may retry (``run`` does, at start-up)."""
         try:
             detail = step()
+        except TransientStorageError:
+            raise
         except StorageError as err:
             detail = f"fails {what}: {_said(err)}"
         if detail:

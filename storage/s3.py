@@ -36,6 +36,7 @@ from streamoffload.storage.base import (
     PartTooSmallError,
     PendingUpload,
     StorageError,
+    TransientStorageError,
     UploadNotFoundError,
     check_part_list,
     check_part_number,
@@ -245,7 +246,8 @@ class S3Store(ObjectStore):
                 )
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         where = f" at {self._endpoint_url}" if self._endpoint_url else ""
-        return StorageError(self._scrub(f"{self._url}: S3 {op} {key!r} failed{tries}{where}: {describe_error(exc)}"))
+        kind = TransientStorageError if is_retryable(exc) else StorageError
+        return kind(self._scrub(f"{self._url}: S3 {op} {key!r} failed{tries}{where}: {describe_error(exc)}"))
 
     # --- ObjectStore ---------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from streamoffload.storage.base import MultipartWrite, ObjectInfo, StorageError
+from streamoffload.storage.base import MultipartWrite, ObjectInfo, StorageError, TransientStorageError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.storage.probe import (
@@ -69,6 +69,36 @@ def test_probe_passes_on_the_filesystem_store_and_leaves_nothing_behind(tmp_path
     # A second probe picks another random directory: two jobs starting at once do not collide.
     check_store(ScopedStore(store, "deploy/prod"))
     assert {key.rsplit("/", 1)[0] for key in store.written[len(probe_keys) + 1 :]} != prefixes
+
+
+def test_a_disk_that_fills_during_the_probe_is_a_store_error_to_retry_not_a_missing_capability(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 100-fault chaos run (session 30) saw the job exit for good: the disk filled while its start-up probe
+    made the create-only PUT, and the ENOSPC was reported as a store lacking If-None-Match, which ``run`` does
+    not retry. The full disk comes from the filesystem store's own test flag, set as the create-only PUT
+    starts: the store's real error path."""
+    flag = tmp_path / "disk-full"
+    monkeypatch.setenv("STREAMOFFLOAD_TEST_DISK_FULL_FLAG", str(flag))
+
+    class FillingStore(FilesystemStore):
+        def put(
+            self,
+            key: str,
+            data: bytes | memoryview,
+            metadata: Mapping[str, str] | None = None,
+            *,
+            if_absent: bool = False,
+        ) -> ObjectInfo:
+            if if_absent:
+                flag.touch()
+            return super().put(key, data, metadata, if_absent=if_absent)
+
+    with pytest.raises(TransientStorageError, match="No space left on device") as raised:
+        check_store(ScopedStore(FillingStore(tmp_path / "store")))
+    assert not isinstance(raised.value, StoreCapabilityError)
+    flag.unlink()
+    assert check_store(ScopedStore(FilesystemStore(tmp_path / "store"))).notes == ()  # space back: it passes
 
 
 @pytest.mark.s3
