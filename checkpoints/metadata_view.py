@@ -117,7 +117,7 @@ class TopicMeta:
         ``MetadataStore.offloaded_segments``)."""
         out: list[SegmentRecord] = []
         for record in self.segments.values():
-            if record.status != OFFLOADED:
+            if not record.offloaded:
                 continue
             if out and record.start <= out[-1].end:
                 continue
@@ -133,7 +133,7 @@ class TopicMeta:
 
     def status_name(self, record: SegmentRecord) -> str:
         """Assigned, Offloaded or Failed (an unfinished attempt with a failure note is Failed)."""
-        if record.status != OFFLOADED and record.segment_id in self.failures:
+        if not record.offloaded and record.segment_id in self.failures:
             return mf.STATUS_NAMES[mf.FAILED]
         return mf.STATUS_NAMES[record.status]
 
@@ -375,8 +375,9 @@ class MetadataView:
         at = now_ms() if at_ms is None else at_ms
         snap = self._current(name)
         done = []
-        ledgers_of = [(r, [span.ledger_id for span in r.spans]) for r in snap.offloaded()]
-        for segment in [r for r, ids in ledgers_of if all_marked(ids, snap.marks, lag_ms, at)]:
+        for segment in snap.offloaded():
+            if not all_marked([span.ledger_id for span in segment.spans], snap.marks, lag_ms, at):
+                continue
             key = segment.key
             try:
                 manifest = mf.decode_manifest(self.meta.store.get(key), where=key)
@@ -414,7 +415,7 @@ class MetadataView:
         report = CompactionReport()
         store = self.meta.store
         live_ids = snap.segment_ids()
-        live_ordinals = {r.ordinal for r in snap.segments.values() if r.status == OFFLOADED}
+        live_ordinals = {r.ordinal for r in snap.segments.values() if r.offloaded}
 
         for seg_id, info in list(snap.failures.items()):
             if seg_id not in live_ids and at - info.last_modified * 1000 >= grace_ms:

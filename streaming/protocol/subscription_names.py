@@ -47,10 +47,6 @@ class SubscriptionNames:
         with self._lock:
             self._free.setdefault(topic, []).append(name)
 
-    def free_count(self, topic: str) -> int:
-        with self._lock:
-            return len(self._free.get(topic, ()))
-
 
 NAMES = SubscriptionNames()
 # A forked child (Spark's Python workers come from a fork server) must not share its parent's names, nor a
