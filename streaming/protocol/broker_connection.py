@@ -304,12 +304,17 @@ class BrokerConnection:
                 return cmd
 
     def request_many(
-        self, requests: Sequence[tuple[BaseCommand, int, str]], *, window: int = 256
+        self,
+        requests: Sequence[tuple[BaseCommand, int, str]],
+        *,
+        window: int = 256,
+        timeout_s: float | None = None,
     ) -> dict[int, BaseCommand | PulsarIOError]:
         """Pipelined requests: ``(command, request_id, what)`` sent with up to ``window`` awaiting an answer,
         and the answers by request id. An ``ERROR`` answer is that request's ``PulsarIOError``, not raised,
         so one topic's refusal does not cost the others theirs. Raises ``NoAnswerError`` when no answer
-        comes for ``operation_timeout_s``."""
+        comes for ``timeout_s`` (default: the operation timeout)."""
+        wait = self.config.operation_timeout_s if timeout_s is None else timeout_s
         answers: dict[int, BaseCommand | PulsarIOError] = {}
         waiting: dict[int, str] = {}
         pending = list(requests)
@@ -319,11 +324,11 @@ class BrokerConnection:
                 command, request_id, what = pending.pop()
                 self.send(command)
                 waiting[request_id] = what
-            got = self.read(time.monotonic() + self.config.operation_timeout_s)
+            got = self.read(time.monotonic() + wait)
             if got is None:
                 raise NoAnswerError(
                     f"{self.name}: no answer to {len(waiting)} requests (e.g. {next(iter(waiting.values()))}) "
-                    f"within {self.config.operation_timeout_s:g} s"
+                    f"within {wait:g} s"
                 )
             cmd, _payload = got
             request_id = request_id_of(cmd)

@@ -24,6 +24,7 @@ from streamoffload.streaming.protocol.broker_connection import BrokerConnection
 from streamoffload.streaming.protocol.client_options import ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Position, PulsarIOError
 from streamoffload.streaming.protocol.raw_reader import (
+    CLOSE_WAIT_S,
     RawClient,
     last_message_id_command,
     last_position,
@@ -161,13 +162,14 @@ def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) ->
     finally:
         # Unsubscribed, not only closed: pulsar-lite keeps a closed reader's subscription and pays for it on
         # every publish (raw_reader.unsubscribe_command). The answers are awaited (pipelined, one round trip)
-        # because a broker answering into a closed socket logs an error each time.
+        # because a broker answering into a closed socket logs an error each time, for at most a reader's close
+        # wait: a broker that stopped answering must not hold the planner for another operation timeout.
         with contextlib.suppress(OSError, PulsarIOError):
             closes = []
             for _topic, consumer_id, _name in asked:
                 rid = conn.next_request_id()
                 closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
-            gone = conn.request_many(closes, window=window)
+            gone = conn.request_many(closes, window=window, timeout_s=CLOSE_WAIT_S)
             for (topic, _consumer_id, name), (_cmd, rid, _what) in zip(asked, closes, strict=True):
                 if rid in gone and not isinstance(gone[rid], PulsarIOError):
                     NAMES.give_back(topic, name)

@@ -97,7 +97,7 @@ __all__ = [
 
 _U64 = (1 << 64) - 1  # MessageId.earliest's -1, as the uint64 the protocol carries
 _MAX_LOOKUP_HOPS = 8
-_CLOSE_WAIT_S = 2.0  # for the broker's answer to a closing consumer's unsubscribe
+CLOSE_WAIT_S = 2.0  # for the broker's answer to a closing consumer's unsubscribe
 _ACK_EVERY = 16  # entries between cumulative acks (brokers redeliver what a consumer never acks)
 
 
@@ -329,7 +329,7 @@ class RawConsumer:
             rid = self.conn.next_request_id()
             with contextlib.suppress(Exception):
                 self.conn.request(
-                    unsubscribe_command(self.consumer_id, rid), rid, "unsubscribing", timeout_s=_CLOSE_WAIT_S
+                    unsubscribe_command(self.consumer_id, rid), rid, "unsubscribing", timeout_s=CLOSE_WAIT_S
                 )
                 NAMES.give_back(self.topic, self.subscription)  # only once the broker said it is gone
         finally:

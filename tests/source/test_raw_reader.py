@@ -44,6 +44,7 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReaderSettings,
     ReadStats,
 )
+from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
 from tests.fixtures.broker import unique_topic
 from tests.source.readers import CODECS, assert_strictly_increasing, send_with_client
 
@@ -290,6 +291,7 @@ class ScriptedBroker:
         lookup: Callable[[BaseCommand], CommandLookupTopicResponse] | None = None,
         entries: list[tuple[int, int, bytes]] | None = None,
         challenge: bool = False,
+        answer_unsubscribe: bool = True,
     ) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
@@ -297,6 +299,7 @@ class ScriptedBroker:
         self.lookup = lookup
         self.entries = entries or []
         self.challenge = challenge
+        self.answer_unsubscribe = answer_unsubscribe
         self.seen: list[BaseCommand] = []
         self._stop = False
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -356,7 +359,7 @@ class ScriptedBroker:
                     reply.getLastMessageIdResponse.last_message_id.ledgerId = 7
                     reply.getLastMessageIdResponse.last_message_id.entryId = 3
                     conn.sendall(_frame(reply))
-                elif cmd.type == T.UNSUBSCRIBE:
+                elif cmd.type == T.UNSUBSCRIBE and self.answer_unsubscribe:
                     conn.sendall(
                         _frame(BaseCommand(type=T.SUCCESS, success={"request_id": cmd.unsubscribe.request_id}))
                     )
@@ -399,6 +402,27 @@ def test_protocol_steps_and_auth_token(scripted: Callable[..., ScriptedBroker]) 
     assert broker.commands(T.FLOW)[-1].flow.messagePermits == FAST.receiver_queue_size
     assert wait_for(lambda: broker.commands(T.PONG)), "pings must be answered"
     assert wait_for(lambda: broker.commands(T.UNSUBSCRIBE))  # a reader's subscription goes with it
+
+
+def test_unanswered_unsubscribes_hold_the_positions_pass_only_briefly(
+    scripted: Callable[..., ScriptedBroker],
+) -> None:
+    """A broker that answers the questions but not the unsubscribes: the pipelined latest-position pass returns
+    its answers after the close wait, not after the operation timeout (30 s here), and keeps no name whose
+    unsubscribe was not confirmed."""
+    broker = scripted(answer_unsubscribe=False)
+    raw = rr.RawClient(broker.url, {"operationTimeoutSeconds": 30})
+    topics = [f"persistent://public/default/quiet-{i}" for i in range(3)]
+    started = time.monotonic()
+    answers = latest_positions_raw(raw, topics)
+    took = time.monotonic() - started
+    assert answers == dict.fromkeys(topics, (7, 3))
+    assert len(broker.commands(T.UNSUBSCRIBE)) == 3
+    assert rr.CLOSE_WAIT_S <= took < rr.CLOSE_WAIT_S + 5
+    subscribed = {c.subscribe.subscription for c in broker.commands(T.SUBSCRIBE)}
+    again = scripted()
+    latest_positions_raw(rr.RawClient(again.url), topics)
+    assert not subscribed & {c.subscribe.subscription for c in again.commands(T.SUBSCRIBE)}
 
 
 def test_basic_auth_and_auth_challenge(scripted: Callable[..., ScriptedBroker]) -> None:
