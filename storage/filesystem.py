@@ -201,22 +201,31 @@ class FilesystemStore(ObjectStore):
         return ObjectInfo(key, st.st_size, meta, st.st_mtime)
 
     def put_many(self, objects: Sequence[tuple[str, bytes | memoryview, Mapping[str, str] | None]]) -> None:
-        """Each object (and its metadata file) written and fsynced as ``put`` does, but each directory synced
-        once at the end, not twice per object: a segment's records, data and index go into one directory, and
-        nothing reads them before the commit that follows (a crash before the end leaves objects a replay
-        writes again)."""
+        """Every object (and its metadata file) written and renamed into place first, then each fsynced, then
+        each directory once: durable, all of them, when this returns. Nothing reads them before the commit that
+        follows (a segment's records, data and index; a crash before the end leaves objects a replay writes
+        again), so their order among themselves does not matter, and syncing them together costs about one
+        journal commit where a write-then-fsync per file cost one each."""
         directories: dict[Path, None] = {}
+        written: list[Path] = []
         for key, data, metadata in objects:
             path = self._path(key)
             with self._errors("put", key, path):
-                tmp = self._write_temp(path, [data])
+                tmp = self._write_temp(path, [data], durable=False)
                 try:
-                    self._publish(key, path, tmp, normalize_metadata(metadata), if_absent=False, sync=False)
+                    meta = normalize_metadata(metadata)
+                    self._publish(key, path, tmp, meta, if_absent=False, sync=False, durable=False)
                 finally:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)
+            written.append(path)
+            if meta:
+                written.append(self._sidecar(path))
             directories[path.parent] = None
         if self._fsync:
+            for path in written:
+                with self._errors("put", str(path), path):
+                    _fsync_file(path)
             for directory in directories:
                 with self._errors("put", str(directory), directory):
                     self._fsync_dir(directory)
@@ -499,16 +508,25 @@ class FilesystemStore(ObjectStore):
         return tmp
 
     def _publish(
-        self, key: str, path: Path, tmp: Path, meta: dict[str, str], *, if_absent: bool, sync: bool = True
+        self,
+        key: str,
+        path: Path,
+        tmp: Path,
+        meta: dict[str, str],
+        *,
+        if_absent: bool,
+        sync: bool = True,
+        durable: bool = True,
     ) -> None:
         """Make the written temporary file the object ``key``: metadata first, then the bytes (``sync``: each
-        durable in its directory before the next step; else the caller syncs the directory)."""
+        durable in its directory before the next step; else the caller syncs the directory; ``durable``: the
+        metadata file's bytes fsynced, else the caller fsyncs it)."""
         with self._lock(key):
             if if_absent and self._is_object(path):
                 raise ObjectExistsError(key)
             if path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "keys exist below this one", str(path))
-            self._write_sidecar(path, meta, sync=sync)
+            self._write_sidecar(path, meta, sync=sync, durable=durable)
             if if_absent:
                 try:
                     # link() fails if the name exists: atomic even against writers that skip our lock
@@ -522,7 +540,7 @@ class FilesystemStore(ObjectStore):
             if self._fsync and sync:
                 self._fsync_dir(path.parent)
 
-    def _write_sidecar(self, path: Path, meta: dict[str, str], *, sync: bool = True) -> None:
+    def _write_sidecar(self, path: Path, meta: dict[str, str], *, sync: bool = True, durable: bool = True) -> None:
         sidecar = self._sidecar(path)
         current = self._read_sidecar(path)
         if current == meta:
@@ -531,7 +549,7 @@ class FilesystemStore(ObjectStore):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sidecar)
         else:
-            tmp = self._write_temp(sidecar, [json.dumps({"metadata": meta}, sort_keys=True).encode()])
+            tmp = self._write_temp(sidecar, [json.dumps({"metadata": meta}, sort_keys=True).encode()], durable=durable)
             os.replace(tmp, sidecar)
         if self._fsync and sync:
             self._fsync_dir(path.parent)  # the metadata is durable before the object appears
@@ -605,6 +623,14 @@ class FilesystemStore(ObjectStore):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class FilesystemMultipartWrite(MultipartWrite):

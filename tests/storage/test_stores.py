@@ -81,13 +81,33 @@ def test_put_many_writes_every_object_with_its_metadata_and_overwrites(
         ("seg/b-index", b"index", {"managedledgername": "t/ns/p/t"}),
         ("other/c", b"", None),
     ]
-    if isinstance(store, FilesystemStore):  # every file fsynced, each directory once: not twice per object
-        synced: list[int] = []
+    if isinstance(store, FilesystemStore):
+        # Every file fsynced, each directory once (not twice per object), and only once every object is in
+        # place: the syncs go together (about one journal commit), not one write-then-sync per file.
+        synced: list[str] = []
+        in_place_at_first_sync: list[bool] = []
         real = os.fsync
-        monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+
+        def recording_fsync(fd: int) -> None:
+            if not synced:
+                in_place_at_first_sync.append(all(store.exists(key) for key, _, _ in objects))
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
+
+        monkeypatch.setattr(os, "fsync", recording_fsync)
         store.put_many(objects)
-        files = 4 + 2  # the objects and the two metadata files
-        assert len(synced) == files + 2, "one sync per file, then one per directory (seg/, other/)"
+        root = store.root
+        assert in_place_at_first_sync == [True]
+        assert synced == [
+            str(root / "seg/a-crc-1"),
+            str(root / "seg/b"),
+            str(root / "seg/.b.meta.json"),
+            str(root / "seg/b-index"),
+            str(root / "seg/.b-index.meta.json"),
+            str(root / "other/c"),
+            str(root / "seg"),
+            str(root / "other"),
+        ], "the files under their final names, then one sync per directory"
     else:
         store.put_many(objects)
     assert {k: store.get(k) for k in keys(store)} == {
