@@ -439,6 +439,9 @@ class ChaosSettings:
     startup_timeout: float = 180.0
     """How long to wait for the job's progress after a fault (a Spark start-up on a loaded machine)."""
     converge_timeout: float = 240.0
+    cli_timeout: float = 600.0
+    """How long ``verify --crc`` and ``cleanup`` may take (each reads the whole store: moto serves millions of
+    messages slowly)."""
     s3_hang_s: float = 70.0
     """How long the proxy holds a hung S3 request: beyond the job's S3 read timeout (60 s), by default."""
     overlap: bool = False
@@ -754,22 +757,37 @@ class _Chaos:
         report.job_runs = self.runs
         report.job_errors = job_errors(self.logs)
         report.topics = check_store(self.store, self.meta, producer, s.payload_size)
+        # Logged before verify and cleanup, which read the whole store again: what was checked stays on record
+        # whatever happens to them.
+        self.log(
+            f"  read back: {report.published:,} acked, {report.stored:,} stored; missing {report.missing:,}, "
+            f"duplicated {report.duplicated:,}, corrupt {report.corrupt:,}, out of order {report.out_of_order:,}"
+        )
         self._verify()
         self._cleanup()
         report.wall_seconds = time.monotonic() - self.started
         return report
 
     def _cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "streamoffload", *args, "--conf", str(self.harness_conf)],
-            env={
-                k: v for k, v in self.env.items() if k != DISK_FULL_FLAG_ENV and not k.startswith("STREAMOFFLOAD_CRASH")
-            },
-            cwd=self.workdir,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        """A command of the tool against the store; one that runs past ``cli_timeout`` is a failed run of it (exit
+        124, as ``timeout(1)`` says it), reported like any other failure, not a crash of the harness."""
+        command = [sys.executable, "-m", "streamoffload", *args, "--conf", str(self.harness_conf)]
+        try:
+            return subprocess.run(
+                command,
+                env={
+                    k: v
+                    for k, v in self.env.items()
+                    if k != DISK_FULL_FLAG_ENV and not k.startswith("STREAMOFFLOAD_CRASH")
+                },
+                cwd=self.workdir,
+                capture_output=True,
+                text=True,
+                timeout=self.s.cli_timeout,
+            )
+        except subprocess.TimeoutExpired:
+            said = f"{' '.join(args)} did not finish within {self.s.cli_timeout:g} s (--cli-timeout)"
+            return subprocess.CompletedProcess(command, 124, "", said)
 
     def _verify(self) -> None:
         done = self._cli("verify", "--crc")
@@ -831,6 +849,13 @@ def main(argv: list[str] | None = None) -> int:
         "--converge-timeout", type=float, default=240.0, help="seconds after the last fault to converge (default 240)"
     )
     parser.add_argument(
+        "--cli-timeout",
+        type=float,
+        default=600.0,
+        help="seconds verify --crc and cleanup may each take at the end (default 600; a run of millions of "
+        "messages on moto needs more)",
+    )
+    parser.add_argument(
         "--overlap",
         action="store_true",
         help="wait for the job's progress only before kills that need it: other faults may land during a start-up",
@@ -860,6 +885,7 @@ def main(argv: list[str] | None = None) -> int:
         min_delay=args.min_delay,
         max_delay=args.max_delay,
         converge_timeout=args.converge_timeout,
+        cli_timeout=args.cli_timeout,
         overlap=args.overlap,
     )
 
