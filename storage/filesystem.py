@@ -225,7 +225,7 @@ class FilesystemStore(ObjectStore):
         if self._fsync:
             for path in written:
                 with self._errors("put", str(path), path):
-                    _fsync_file(path)
+                    _fsync_path(path)
             for directory in directories:
                 with self._errors("put", str(directory), directory):
                     self._fsync_dir(directory)
@@ -618,15 +618,12 @@ class FilesystemStore(ObjectStore):
 
     @staticmethod
     def _fsync_dir(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_path(directory, os.O_DIRECTORY)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def _fsync_path(path: Path, flags: int = 0) -> None:
+    """fsync a file (or, with ``os.O_DIRECTORY``, a directory) by its name."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:
