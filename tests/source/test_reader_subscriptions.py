@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +24,7 @@ from streamoffload.produce import produce
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
 from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
-from streamoffload.streaming.protocol.subscription_names import NAMES, PREFIX, SubscriptionNames
+from streamoffload.streaming.protocol.subscription_names import NAMES, PREFIX, SLOTS_DIR_ENV, SubscriptionNames
 from tests.fixtures.broker import unique_topic
 
 pytestmark = pytest.mark.broker
@@ -68,18 +71,65 @@ def _subscriptions(node: object) -> dict[str, list[str]]:
     return found
 
 
-def test_names_are_reused_only_once_given_back_and_never_shared_with_a_forked_child() -> None:
-    names = SubscriptionNames()
-    first, second = names.take("t"), names.take("t")
-    assert first != second  # two consumers open at once on one topic
-    names.give_back("t", first)
-    assert names.take("t") == first
-    assert names.take("u") not in {first, second}  # another topic has its own free names
+def test_a_restarted_process_subscribes_under_the_names_its_predecessor_used(
+    make_broker: Callable[..., EmbeddedBroker], tmp_path: Path
+) -> None:
+    """A name new to a topic is what pulsar-lite pays for (~16 ms of CPU each at 10,000 topics): two processes
+    one after the other, each asking every position and reading every topic, leave one name per topic."""
+    broker = make_broker(default_partitions=0)
+    topics = [unique_topic(f"restart-{n}") for n in range(3)]
+    for topic in topics:
+        produce(broker.service_url, topic, 4, 16, batching=False)
+    script = (
+        "import sys\n"
+        "from streamoffload.streaming.protocol import raw_reader as rr\n"
+        "from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST\n"
+        "from streamoffload.streaming.protocol.latest_positions import latest_positions_raw\n"
+        "client = rr.RawClient(sys.argv[1])\n"
+        "positions = latest_positions_raw(client, sys.argv[2:])\n"
+        "for topic in sys.argv[2:]:\n"
+        "    assert len(list(rr.read_range_raw(client, topic, BEFORE_EARLIEST, positions[topic]))) == 4\n"
+    )
+    env = {**os.environ, SLOTS_DIR_ENV: str(tmp_path / "slots")}
+    for _process in range(2):
+        subprocess.run([sys.executable, "-c", script, broker.service_url, *topics], env=env, check=True, timeout=120)
+
+    kept = _subscriptions(json.loads((broker.data_dir / "db.metadata.json").read_text()))
+    names = {name for topic in topics for name in kept[topic.rsplit("/", 1)[1]]}
+    assert all(len(kept[topic.rsplit("/", 1)[1]]) == 1 for topic in topics), kept
+    assert len(names) == 1 and names.pop().endswith("-0"), kept
+
+
+def test_a_process_takes_the_lowest_free_slot_and_its_successor_the_same_names(tmp_path: Path) -> None:
+    first = SubscriptionNames(str(tmp_path))
+    a, b = first.take("t"), first.take("t")
+    assert a.startswith(first.prefix) and a.endswith("-0") and b.endswith("-1")  # two consumers open at once
+    first.give_back("t", a)
+    assert first.take("t") == a  # free again once its unsubscribe was answered
+    assert first.take("u") == a  # names are per topic: the same name on another topic
+    c = first.take("t")
+    assert c not in {a, b}  # a and b open (b never given back: its unsubscribe was not answered)
+    other = SubscriptionNames(str(tmp_path))  # another process, while the first one lives
+    assert other.prefix != first.prefix and other.take("t") not in {a, b, c}
+    first.reset()  # the first process ends: its slot is free again
+    successor = SubscriptionNames(str(tmp_path))
+    assert successor.prefix == a.rsplit("-", 1)[0]  # the first one's slot, so its names
+    assert successor.take("t") == a
+
+
+def test_without_a_slot_directory_a_process_names_its_own(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # not a directory: no slot can be claimed
+    one, two = SubscriptionNames(str(blocked / "slots")), SubscriptionNames(str(blocked / "slots"))
+    assert one.prefix.startswith(PREFIX) and one.prefix != two.prefix
+
+
+def test_a_forked_child_never_takes_a_name_its_parent_holds() -> None:
     module_name = NAMES.take("fork-test")
     NAMES.give_back("fork-test", module_name)  # free in this process
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child's pool was reset at the fork: it must not take the parent's free name
+    if pid == 0:  # the child's names were reset at the fork: it must not take the parent's free name
         os.write(write, NAMES.take("fork-test").encode())
         os._exit(0)
     os.waitpid(pid, 0)
