@@ -22,9 +22,9 @@ from streamoffload.streaming.control.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.control.rate_limits import RateLimitSpec
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import (
-    ACTION_COLUMNS,
-    ACTION_SCHEMA,
     CONTROL_SEAL,
+    PACKED_ACTIONS_SCHEMA,
+    unpack_actions,
 )
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
 from streamoffload.streaming.sink.sink import SinkStats, sink_for
@@ -84,12 +84,11 @@ SINK_STATS_SCHEMA = "stats STRING"
 
 
 def _arrow_actions(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
-    """The action rows of Arrow record batches, one at a time (a part's bytes are copied out of the
-    batch only when its row is applied)."""
+    """The action rows of the segmenter's Arrow record batches (``PACKED_ACTIONS_SCHEMA``: each row a
+    topic-partition's packed actions), one at a time."""
     for batch in batches:
-        columns = [batch.column(name) for name in ACTION_COLUMNS]
-        for i in range(batch.num_rows):
-            yield {name: column[i].as_py() for name, column in zip(ACTION_COLUMNS, columns, strict=True)}
+        for packed in batch.column("actions"):
+            yield from unpack_actions(packed.as_py())
 
 
 def _apply_arrow(
@@ -268,7 +267,7 @@ class JobQueries:
             .groupBy("topic")
             .transformWithStateInPandas(
                 statefulProcessor=processor,
-                outputStructType=ACTION_SCHEMA,
+                outputStructType=PACKED_ACTIONS_SCHEMA,
                 outputMode="Append",
                 timeMode="ProcessingTime",
             )

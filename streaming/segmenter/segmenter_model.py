@@ -1,6 +1,7 @@
 """What the segmenter reads, keeps and emits: its input entries and control requests, the actions it
-hands the sink (``ACTION_SCHEMA``), and its per-topic-partition state (``TopicState`` with the open
-segment) behind ``SegmenterState``, which Spark's state store or ``MemoryState`` implements.
+hands the sink (``Action``; in Spark packed per topic-partition by ``pack_actions``), and its per-topic-partition
+state (``TopicState`` with the open segment) behind ``SegmenterState``, which Spark's state store or
+``MemoryState`` implements.
 
 Plain data, no logic beyond (de)serialising it: ``streaming.segmenter.segmenter`` decides, this module holds.
 """
@@ -8,7 +9,8 @@ Plain data, no logic beyond (de)serialising it: ``streaming.segmenter.segmenter`
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -81,11 +83,59 @@ class Action:
     info: str = "{}"
 
 
-ACTION_SCHEMA = (
-    "topic STRING, segment STRING, action STRING, part_number INT, data BINARY, manifest BINARY, "
-    "data_key STRING, index_key STRING, info STRING"
-)
 ACTION_COLUMNS = ["topic", "segment", "action", "part_number", "data", "manifest", "data_key", "index_key", "info"]
+
+PACKED_ACTIONS_SCHEMA = "topic STRING, actions BINARY"
+"""The segmenter's output in Spark: one row per topic-partition and micro-batch, its actions packed by
+``pack_actions``. Two columns, not one per ``ACTION_COLUMNS``: PySpark converts each key's output frame column by
+column, so every column cost each topic-partition every micro-batch (bench/README, session 32)."""
+
+_PACKED_HEADER = struct.Struct("<i8I")
+"""Per action: its part number, then the lengths of its eight other fields (``ACTION_COLUMNS`` order)."""
+_PACKED_COUNT = struct.Struct("<I")
+_TEXT_COLUMNS = frozenset({"topic", "segment", "action", "data_key", "index_key", "info"})
+_PACKED_COLUMNS = [c for c in ACTION_COLUMNS if c != "part_number"]
+
+
+def pack_actions(actions: Sequence[Action]) -> bytes:
+    """Actions as one binary value: their count, then per action a fixed header (``_PACKED_HEADER``) and its
+    fields' bytes. The count makes a value cut between two actions an error too."""
+    if not actions:
+        return b""
+    out = bytearray(_PACKED_COUNT.pack(len(actions)))
+    for action in actions:
+        fields = [getattr(action, c) for c in _PACKED_COLUMNS]
+        raw = [f.encode() if isinstance(f, str) else bytes(f) for f in fields]
+        out += _PACKED_HEADER.pack(action.part_number, *(len(r) for r in raw))
+        for r in raw:
+            out += r
+    return bytes(out)
+
+
+def unpack_actions(packed: bytes) -> Iterator[dict[str, Any]]:
+    """The actions ``pack_actions`` packed, as the sink's rows (``ACTION_COLUMNS`` keys)."""
+    view = memoryview(packed)
+    if not view:
+        return
+    if len(view) < _PACKED_COUNT.size:
+        raise ValueError(f"packed actions end inside their count at byte 0 of {len(view)}")
+    (count,) = _PACKED_COUNT.unpack_from(view, 0)
+    pos = _PACKED_COUNT.size
+    for _ in range(count):
+        if pos + _PACKED_HEADER.size > len(view):
+            raise ValueError(f"packed actions end inside a header at byte {pos} of {len(view)}")
+        part_number, *lengths = _PACKED_HEADER.unpack_from(view, pos)
+        pos += _PACKED_HEADER.size
+        row: dict[str, Any] = {"part_number": part_number}
+        for column, length in zip(_PACKED_COLUMNS, lengths, strict=True):
+            if pos + length > len(view):
+                raise ValueError(f"packed actions end inside {column!r} at byte {pos} of {len(view)}")
+            value = bytes(view[pos : pos + length])
+            row[column] = value.decode() if column in _TEXT_COLUMNS else value
+            pos += length
+        yield row
+    if pos != len(view):
+        raise ValueError(f"packed actions hold {len(view) - pos} bytes after their {count} actions")
 
 
 @dataclass

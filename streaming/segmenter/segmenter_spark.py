@@ -25,11 +25,11 @@ from streamoffload.streaming.control.quarantine import TopicFailedError, is_topi
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter import Segmenter
 from streamoffload.streaming.segmenter.segmenter_model import (
-    ACTION_COLUMNS,
     TIMER_UNKNOWN,
     BlockEntry,
     Entry,
     TopicState,
+    pack_actions,
 )
 
 TOPIC_STATE_SCHEMA = StructType([StructField("json", StringType())])
@@ -173,7 +173,7 @@ class SegmenterProcessor(StatefulProcessor):
                 raise TopicFailedError(topic, err) from err
             raise
         if actions:
-            yield pd.DataFrame([[getattr(a, c) for c in ACTION_COLUMNS] for a in actions], columns=ACTION_COLUMNS)
+            yield pd.DataFrame({"topic": [topic], "actions": [pack_actions(actions)]})
 
     def _set_timer(self, state: TopicState, deadline: int | None, expired: int | None) -> None:
         """Keep one timer, at ``deadline`` (None: none), and record it in ``state``. The state says which timer
