@@ -17,7 +17,8 @@ comes back as its ``PulsarIOError``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
 from streamoffload.streaming.protocol.broker_connection import BrokerConnection
@@ -28,6 +29,7 @@ from streamoffload.streaming.protocol.raw_reader import (
     RawClient,
     last_message_id_command,
     last_position,
+    latest_subscribe_command,
     subscribe_command,
     unsubscribe_command,
 )
@@ -176,4 +178,169 @@ def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) ->
     return answers
 
 
-__all__ = ["latest_positions_raw"]
+class HeldPositions:
+    """Latest positions over consumers kept open between passes: for a long-lived asker (the source's planner)
+    that asks about the same topic-partitions trigger after trigger.
+
+    A pass of ``latest_positions_raw`` costs per topic-partition a lookup, a subscription, a question and an
+    unsubscription, and a connection per pass. Here a topic-partition is looked up and subscribed once (no
+    permits: the broker sends its consumer nothing) and each pass is one ``GET_LAST_MESSAGE_ID`` per
+    topic-partition, pipelined on one connection per broker kept open between passes. The consumers are
+    non-durable and start at the latest position, so they hold nothing back on the broker.
+
+    A failed connection drops its consumers (the next pass subscribes again) and its topic-partitions are
+    answered with the failure, as a consumer's error answer is (the broker may have closed it: it is dropped
+    too); the caller asks those alone, with its retries. ``keep_only`` lets go of topic-partitions no longer
+    asked about; ``close`` of all. Not thread-safe: one asker."""
+
+    def __init__(self, client: RawClient, *, window: int = 256) -> None:
+        self.client = client
+        self.window = window
+        self._connections: dict[Route, BrokerConnection] = {}
+        self._held: dict[str, tuple[Route, int, str]] = {}
+        """topic-partition -> (its connection's route, consumer id, subscription name)"""
+        self._consumer_ids = itertools.count(1)
+
+    def ask(self, topics: Sequence[str]) -> dict[str, Answer]:
+        """Every topic's latest position, or why it could not be had here. A connection found broken (the
+        broker restarted, or closed it while it was idle) is made again and its topic-partitions asked once
+        more in the same call."""
+        answers: dict[str, Answer] = {}
+        for attempt in range(2):
+            pending = [t for t in topics if t not in answers]
+            new = [t for t in pending if t not in self._held]
+            if new:
+                self._hold(new, answers)
+            broken = self._ask_held([t for t in pending if t in self._held and t not in answers], answers)
+            if not broken:
+                break
+            if attempt == 1:
+                answers.update(broken)
+        return answers
+
+    def _ask_held(self, topics: Sequence[str], answers: dict[str, Answer]) -> dict[str, PulsarIOError]:
+        """Ask the held consumers of ``topics``; returns the topics of connections that failed, with the error."""
+        broken: dict[str, PulsarIOError] = {}
+        by_route: dict[Route, list[str]] = {}
+        for topic in topics:
+            by_route.setdefault(self._held[topic][0], []).append(topic)
+        for route, routed in by_route.items():
+            conn = self._connections[route]
+            asks = []
+            for topic in routed:
+                rid = conn.next_request_id()
+                asks.append((last_message_id_command(self._held[topic][1], rid), rid, f"GetLastMessageId of {topic}"))
+            try:
+                got = conn.request_many(asks, window=self.window)
+            except (OSError, PulsarIOError) as err:
+                self._drop(route)
+                broken.update(dict.fromkeys(routed, PulsarIOError(f"latest positions at {conn.name}: {err}")))
+                continue
+            for topic, (_cmd, rid, _what) in zip(routed, asks, strict=True):
+                try:
+                    answers[topic] = last_position(got[rid])
+                except PulsarIOError as err:
+                    answers[topic] = err
+                    self._release([topic])  # the broker may have closed it: subscribe again next time
+        return broken
+
+    def _hold(self, topics: Sequence[str], answers: dict[str, Answer]) -> None:
+        """Look up and subscribe ``topics``; what fails goes to ``answers``."""
+        cfg = self.client.config
+        service_route: Route = (cfg.service.host, cfg.service.port, cfg.service.tls, None)
+        service = self._connections.get(service_route)
+        try:
+            if service is None:
+                service = BrokerConnection(cfg, cfg.service)
+        except (OSError, PulsarIOError) as err:
+            failed = PulsarIOError(f"cannot reach {cfg.service.host}:{cfg.service.port} for latest positions: {err}")
+            answers.update(dict.fromkeys(topics, failed))
+            return
+        try:
+            routes = _routes(service, topics, self.window, answers)
+        except (OSError, PulsarIOError) as err:
+            self._drop(service_route)
+            service.close()
+            failure = PulsarIOError(f"lookups at {service.name}: {err}")
+            answers.update({t: failure for t in topics if t not in answers})
+            return
+        # The lookups' connection serves the topic-partitions the service address owns (one broker, or a proxy).
+        if _route_of(service) in routes:
+            self._connections[_route_of(service)] = service
+        elif self._connections.get(service_route) is not service:
+            service.close()
+        for route, routed in routes.items():
+            conn = self._connections.get(route)
+            try:
+                if conn is None:
+                    conn = self._connections[route] = _connect(self.client, route)
+                subscribes = []
+                for topic in routed:
+                    consumer_id, rid, name = next(self._consumer_ids), conn.next_request_id(), NAMES.take(topic)
+                    subscribes.append(
+                        (topic, consumer_id, name, rid, latest_subscribe_command(topic, consumer_id, rid, name))
+                    )
+                got = conn.request_many(
+                    [(c, rid, f"subscribing to {t}") for t, _i, _n, rid, c in subscribes], window=self.window
+                )
+            except (OSError, PulsarIOError) as err:
+                self._drop(route)
+                answers.update({t: PulsarIOError(f"cannot hold {t} at {route[0]}:{route[1]}: {err}") for t in routed})
+                continue
+            for topic, consumer_id, name, rid, _cmd in subscribes:
+                reply = got[rid]
+                if isinstance(reply, PulsarIOError):
+                    answers[topic] = reply  # the name stays taken: the broker may hold it
+                else:
+                    self._held[topic] = (route, consumer_id, name)
+
+    def _drop(self, route: Route) -> None:
+        """A connection failed: its consumers are gone with it (their names are not reused in this process)."""
+        conn = self._connections.pop(route, None)
+        if conn is not None:
+            conn.close()
+        for topic in [t for t, (r, _i, _n) in self._held.items() if r == route]:
+            del self._held[topic]
+
+    def _release(self, topics: Sequence[str]) -> None:
+        """Unsubscribe ``topics`` (answers awaited at most ``CLOSE_WAIT_S``); a name comes back once answered."""
+        by_route: dict[Route, list[tuple[str, int, str]]] = {}
+        for topic in topics:
+            held = self._held.pop(topic, None)
+            if held is not None:
+                by_route.setdefault(held[0], []).append((topic, held[1], held[2]))
+        for route, consumers in by_route.items():
+            conn = self._connections[route]
+            closes = []
+            for _topic, consumer_id, _name in consumers:
+                rid = conn.next_request_id()
+                closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
+            try:
+                gone = conn.request_many(closes, window=self.window, timeout_s=CLOSE_WAIT_S)
+            except (OSError, PulsarIOError):
+                self._drop(route)
+                continue
+            for (topic, _consumer_id, name), (_cmd, rid, _what) in zip(consumers, closes, strict=True):
+                if rid in gone and not isinstance(gone[rid], PulsarIOError):
+                    NAMES.give_back(topic, name)
+
+    def keep_only(self, topics: Iterable[str]) -> None:
+        """Let go of every held topic-partition not in ``topics`` (no longer discovered, paused)."""
+        keep = set(topics)
+        gone = [t for t in self._held if t not in keep]
+        if gone:
+            self._release(gone)
+
+    def held(self) -> int:
+        return len(self._held)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._release(list(self._held))
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()
+        self._held.clear()
+
+
+__all__ = ["HeldPositions", "latest_positions_raw"]

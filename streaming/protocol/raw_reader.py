@@ -192,6 +192,22 @@ def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Posi
     return cmd
 
 
+def latest_subscribe_command(topic: str, consumer_id: int, request_id: int, subscription: str) -> BaseCommand:
+    """``SUBSCRIBE`` to a non-durable Exclusive subscription starting at the topic's latest position: a consumer
+    kept only to ask ``GET_LAST_MESSAGE_ID`` on (``latest_positions.HeldPositions``), holding nothing older."""
+    cmd = BaseCommand(type=T.SUBSCRIBE)
+    s = cmd.subscribe
+    s.topic = topic
+    s.subscription = subscription
+    s.subType = CommandSubscribe.Exclusive
+    s.consumer_id = consumer_id
+    s.request_id = request_id
+    s.durable = False
+    s.read_compacted = False
+    s.initialPosition = CommandSubscribe.Latest
+    return cmd
+
+
 def last_message_id_command(consumer_id: int, request_id: int) -> BaseCommand:
     cmd = BaseCommand(type=T.GET_LAST_MESSAGE_ID)
     cmd.getLastMessageId.consumer_id = consumer_id

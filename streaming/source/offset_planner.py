@@ -33,7 +33,7 @@ from streamoffload.streaming.protocol.exactly_once import (
     PulsarIOError,
     gap,
 )
-from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
+from streamoffload.streaming.protocol.latest_positions import HeldPositions
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, fair_shares
 from streamoffload.streaming.source.backlog import PartitionBacklog, entries_between, write_backlog_file
 from streamoffload.streaming.source.input_partitions import Range
@@ -95,6 +95,8 @@ class SourcePlanner:
         self._client_factory = client_factory or (lambda: pio.shared_client(options.service_url, options.client_opts))
         self._client: Any = None
         self._raw: rr.RawClient | None = None
+        self._held: HeldPositions | None = None
+        """Consumers held between triggers to ask the latest positions on (one question per topic-partition)."""
         self._partitions: list[str] = []
         self._discovered_at = float("-inf")
         self._listing_supported: bool | None = None
@@ -267,7 +269,9 @@ class SourcePlanner:
     def _latest_batch(self, partitions: Sequence[str]) -> dict[str, Any]:
         """The pipelined lookup; raises when it answered nothing (the broker is unreachable), so that the
         whole batch is retried rather than each topic-partition on its own."""
-        batch = latest_positions_raw(self.raw_client, partitions)
+        if self._held is None:
+            self._held = HeldPositions(self.raw_client)
+        batch = self._held.ask(partitions)
         failures = [got for got in batch.values() if isinstance(got, PulsarIOError)]
         if failures and len(failures) == len(batch):
             raise failures[0]
@@ -400,6 +404,8 @@ class SourcePlanner:
             partitions = [tp for tp in partitions if tp not in held]
             for tp in held:
                 start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
+        if self._held is not None:
+            self._held.keep_only(partitions)  # no longer discovered, disabled or set aside: not asked about
         now = time.monotonic()
         due = self._due(partitions, now)
         latest = self.latest_positions(due)
@@ -636,6 +642,9 @@ class SourcePlanner:
             write_backlog_file(self.options.backlog_file, self.backlog())
 
     def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         if self._raw is not None:
             self._raw.close()
             self._raw = None

@@ -69,19 +69,25 @@ def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
     connections.clear()
     assert planner.latest_positions(topics) == expected
     assert len(connections) == 1
+    connections.clear()
+    assert planner.latest_positions(topics) == expected
+    assert connections == []  # the consumers and their connection are held between triggers
 
     # A topic the pipelined pass could not answer is asked again on its own (here: a lookup it was refused).
-    from streamoffload.streaming.source import offset_planner as planner_module
+    from streamoffload.streaming.protocol.latest_positions import HeldPositions
 
-    def one_refused(client: Any, asked: list[str], **kwargs: Any) -> dict[str, Any]:
-        answers = latest_positions_raw(client, asked, **kwargs)
+    real_ask = HeldPositions.ask
+
+    def one_refused(self: HeldPositions, asked: list[str]) -> dict[str, Any]:
+        answers = real_ask(self, asked)
         answers[topics[0]] = PulsarIOError("lookup refused")
         return answers
 
-    monkeypatch.setattr(planner_module, "latest_positions_raw", one_refused)
+    monkeypatch.setattr(HeldPositions, "ask", one_refused)
     connections.clear()
     assert planner.latest_positions(topics) == expected
-    assert len(connections) == 2  # the batch, then the one topic alone
+    assert len(connections) == 1  # the one topic alone
+    planner.close()
 
 
 def test_quiet_topic_partitions_are_asked_about_every_idle_poll_not_every_trigger(
