@@ -173,15 +173,8 @@ class RawClient:
 def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Position, subscription: str) -> BaseCommand:
     """``SUBSCRIBE`` to a non-durable Exclusive subscription named ``subscription`` (no other consumer may
     be using it: see ``subscription_names``) starting after ``after``."""
-    cmd = BaseCommand(type=T.SUBSCRIBE)
+    cmd = _non_durable_subscribe(topic, consumer_id, request_id, subscription)
     s = cmd.subscribe
-    s.topic = topic
-    s.subscription = subscription
-    s.subType = CommandSubscribe.Exclusive
-    s.consumer_id = consumer_id
-    s.request_id = request_id
-    s.durable = False
-    s.read_compacted = False
     if after <= BEFORE_EARLIEST:
         s.start_message_id.CopyFrom(MessageIdData(ledgerId=_U64, entryId=_U64))
     else:
@@ -195,6 +188,12 @@ def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Posi
 def latest_subscribe_command(topic: str, consumer_id: int, request_id: int, subscription: str) -> BaseCommand:
     """``SUBSCRIBE`` to a non-durable Exclusive subscription starting at the topic's latest position: a consumer
     kept only to ask ``GET_LAST_MESSAGE_ID`` on (``latest_positions.HeldPositions``), holding nothing older."""
+    cmd = _non_durable_subscribe(topic, consumer_id, request_id, subscription)
+    cmd.subscribe.initialPosition = CommandSubscribe.Latest
+    return cmd
+
+
+def _non_durable_subscribe(topic: str, consumer_id: int, request_id: int, subscription: str) -> BaseCommand:
     cmd = BaseCommand(type=T.SUBSCRIBE)
     s = cmd.subscribe
     s.topic = topic
@@ -204,7 +203,6 @@ def latest_subscribe_command(topic: str, consumer_id: int, request_id: int, subs
     s.request_id = request_id
     s.durable = False
     s.read_compacted = False
-    s.initialPosition = CommandSubscribe.Latest
     return cmd
 
 
