@@ -12,7 +12,7 @@ import pandas as pd
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from streamoffload.checkpoints.policy import OffloadPolicy
-from streamoffload.streaming.segmenter.segmenter_model import TopicState
+from streamoffload.streaming.segmenter.segmenter_model import TopicState, unpack_actions
 from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor
 
 TOPIC = "persistent://public/default/timers-partition-0"
@@ -95,7 +95,8 @@ def rows(first: int, count: int, publish_ms: int) -> pd.DataFrame:
 
 
 def actions(frames: Any) -> list[str]:
-    return [kind for frame in frames for kind in frame["action"].tolist()]
+    """The kinds of the actions in the processor's output frames (a topic-partition's actions packed per row)."""
+    return [action["action"] for frame in frames for packed in frame["actions"] for action in unpack_actions(packed)]
 
 
 def new_processor(handle: Handle) -> SegmenterProcessor:
