@@ -8,6 +8,9 @@ grouped by the broker that owns them, and on one connection per broker the subsc
 ``GET_LAST_MESSAGE_ID`` requests, go out pipelined too (``window`` awaiting an answer at once). So a
 trigger costs about three round trips per broker, whatever the number of topic-partitions.
 
+``HeldPositions`` does the same for a long-lived asker (the source's planner) over consumers it keeps open
+between passes: one ``GET_LAST_MESSAGE_ID`` per topic-partition and pass, one round trip per broker.
+
 What cannot be answered this way is left to the caller, one topic-partition at a time, with its retries:
 a lookup that redirects (a real cluster answers the first lookup with the owner or a proxy; a second hop
 is rare), a refused subscription, and every topic-partition of a broker whose connection failed. Each
@@ -188,10 +191,10 @@ class HeldPositions:
     topic-partition, pipelined on one connection per broker kept open between passes. The consumers are
     non-durable and start at the latest position, so they hold nothing back on the broker.
 
-    A failed connection drops its consumers (the next pass subscribes again) and its topic-partitions are
-    answered with the failure, as a consumer's error answer is (the broker may have closed it: it is dropped
-    too); the caller asks those alone, with its retries. ``keep_only`` lets go of topic-partitions no longer
-    asked about; ``close`` of all. Not thread-safe: one asker."""
+    A failed connection drops its consumers and is made again within the same call, once; what still fails
+    is answered with the failure, as a consumer's error answer is (the broker may have closed it: it is
+    dropped and subscribed again next time); the caller asks those alone, with its retries. ``keep_only``
+    lets go of topic-partitions no longer asked about; ``close`` of all. Not thread-safe: one asker."""
 
     def __init__(self, client: RawClient, *, window: int = 256) -> None:
         self.client = client
