@@ -410,7 +410,9 @@ def test_failure_notes_of_gone_attempts_go_after_the_grace(small: tuple[Filesyst
     meta.record_failure(TOPIC, live, "OSError: disk full")
     view = MetadataView(meta)
     view.refresh(TOPIC)
-    now = int(time.time() * 1000)
+    # Rounded up: a note's time is its file's, to the sub-millisecond; truncating ``now`` could put it a
+    # fraction of a millisecond before the note, and the note a fraction short of the grace below.
+    now = int(time.time() * 1000) + 1
     assert view.compact(TOPIC, grace_ms=3_600_000, at_ms=now).removed_failures == []  # young: maybe in flight
     assert view.compact(TOPIC, grace_ms=3_600_000, at_ms=now + 3_600_000).removed_failures == [gone]
     assert set(meta.failures(TOPIC)) == {live}
