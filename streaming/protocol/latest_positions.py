@@ -170,15 +170,22 @@ def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) ->
         # because a broker answering into a closed socket logs an error each time, for at most a reader's close
         # wait: a broker that stopped answering must not hold the planner for another operation timeout.
         with contextlib.suppress(OSError, PulsarIOError):
-            closes = []
-            for _topic, consumer_id, _name in asked:
-                rid = conn.next_request_id()
-                closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
-            gone = conn.request_many(closes, window=window, timeout_s=CLOSE_WAIT_S)
-            for (topic, _consumer_id, name), (_cmd, rid, _what) in zip(asked, closes, strict=True):
-                if rid in gone and not isinstance(gone[rid], PulsarIOError):
-                    NAMES.give_back(topic, name)
+            _unsubscribe(conn, asked, window)
     return answers
+
+
+def _unsubscribe(conn: BrokerConnection, consumers: Sequence[tuple[str, int, str]], window: int) -> None:
+    """Unsubscribe ``(topic, consumer id, subscription)`` consumers, pipelined, awaiting the answers at most
+    ``CLOSE_WAIT_S``; a name goes back to the pool once its unsubscribe was answered. Raises when the
+    connection fails."""
+    closes = []
+    for _topic, consumer_id, _name in consumers:
+        rid = conn.next_request_id()
+        closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
+    gone = conn.request_many(closes, window=window, timeout_s=CLOSE_WAIT_S)
+    for (topic, _consumer_id, name), (_cmd, rid, _what) in zip(consumers, closes, strict=True):
+        if rid in gone and not isinstance(gone[rid], PulsarIOError):
+            NAMES.give_back(topic, name)
 
 
 class HeldPositions:
@@ -268,8 +275,8 @@ class HeldPositions:
             answers.update({t: failure for t in topics if t not in answers})
             return
         # The lookups' connection serves the topic-partitions the service address owns (one broker, or a proxy).
-        if _route_of(service) in routes:
-            self._connections[_route_of(service)] = service
+        if service_route in routes:
+            self._connections[service_route] = service
         elif self._connections.get(service_route) is not service:
             service.close()
         for route, routed in routes.items():
@@ -313,19 +320,10 @@ class HeldPositions:
             if held is not None:
                 by_route.setdefault(held[0], []).append((topic, held[1], held[2]))
         for route, consumers in by_route.items():
-            conn = self._connections[route]
-            closes = []
-            for _topic, consumer_id, _name in consumers:
-                rid = conn.next_request_id()
-                closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
             try:
-                gone = conn.request_many(closes, window=self.window, timeout_s=CLOSE_WAIT_S)
+                _unsubscribe(self._connections[route], consumers, self.window)
             except (OSError, PulsarIOError):
                 self._drop(route)
-                continue
-            for (topic, _consumer_id, name), (_cmd, rid, _what) in zip(consumers, closes, strict=True):
-                if rid in gone and not isinstance(gone[rid], PulsarIOError):
-                    NAMES.give_back(topic, name)
 
     def keep_only(self, topics: Iterable[str]) -> None:
         """Let go of every held topic-partition not in ``topics`` (no longer discovered, paused)."""
