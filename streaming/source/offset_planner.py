@@ -111,7 +111,8 @@ class SourcePlanner:
         self._policies = VersionsFile(options.policy_versions_file) if options.policy_versions_file else None
         self._buffers = BufferFile(options.buffer_file) if options.buffer_file else None
         self._quarantine = PauseFile(options.quarantine_file) if options.quarantine_file else None
-        self._unfit: set[str] = set()
+        self._fit: dict[str, bool] = {}
+        """Whether a topic-partition's keys fit the store (``_fits``), once per topic-partition."""
         self._read_any = False
         """Whether this query planned a micro-batch with entries (``sealAtEnd`` seals only then)."""
         self._planned_at = time.monotonic()
@@ -174,14 +175,16 @@ class SourcePlanner:
         skipped (with one warning) rather than failing in the sink."""
         if self.options.key_prefix is None:
             return True
+        name = str(topic)
+        if name in self._fit:  # the verdict stays: the key prefix is the query's (~0.1 ms a topic to compute)
+            return self._fit[name]
         try:
             keys.check_topic_fits(self.options.key_prefix, topic)
-            return True
+            self._fit[name] = True
         except TopicNameError as err:
-            if str(topic) not in self._unfit:
-                self._unfit.add(str(topic))
-                log.warning("pulsar source: %s matches topicsPattern but is not offloaded: %s", topic, err)
-            return False
+            self._fit[name] = False
+            log.warning("pulsar source: %s matches topicsPattern but is not offloaded: %s", topic, err)
+        return self._fit[name]
 
     def _expand(self, topic: str) -> list[str]:
         return [str(TopicName.parse(p)) for p in pio.topic_partitions(self.client, topic)]
@@ -395,13 +398,17 @@ class SourcePlanner:
         now_ms = int(time.time() * 1000)
         if self._policies is not None:
             paused = [tp for tp in partitions if not self._policies.enabled(tp, now_ms)]
-            partitions = [tp for tp in partitions if tp not in paused]
+            if paused:
+                gone = set(paused)
+                partitions = [tp for tp in partitions if tp not in gone]
             for tp in paused:  # disabled: the offset stays where it is, nothing is read or skipped
                 start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
         if self._quarantine is not None:
             # Set aside after failing again and again (streaming.control.quarantine): paused like a disabled topic.
             held = [tp for tp in partitions if self._quarantine.paused(tp, now_ms)]
-            partitions = [tp for tp in partitions if tp not in held]
+            if held:
+                aside = set(held)
+                partitions = [tp for tp in partitions if tp not in aside]
             for tp in held:
                 start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
         if self._held is not None:
@@ -409,6 +416,7 @@ class SourcePlanner:
         now = time.monotonic()
         due = self._due(partitions, now)
         latest = self.latest_positions(due)
+        asked = set(due)  # looked up below once per topic-partition: a list would cost 10,000 x 10,000 compares
         for tp in partitions:
             if tp not in latest:  # quiet when last asked, and not due yet: nothing new as far as we know
                 latest[tp] = self._latest.get(tp)
@@ -432,7 +440,7 @@ class SourcePlanner:
             if last is not None and last > s:
                 pending.append(tp)
                 self._next_lookup.pop(tp, None)
-            elif tp in due:
+            elif tp in asked:
                 self._next_lookup[tp] = now + self._quiet_interval(tp)
         self._latest.update(latest)
         self._known_ends = {}
