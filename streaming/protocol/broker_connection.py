@@ -19,7 +19,7 @@ import dataclasses
 import socket
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -42,6 +42,10 @@ from streamoffload.streaming.protocol.wire import FRAME_HEADER, MAX_FRAME, T, fr
 PROTOCOL_VERSION = 19  # v18 is the first that may receive broker entry metadata
 CLIENT_VERSION = "streamoffload-raw-reader"
 _RECV_CHUNK = 1 << 18
+_PUSHED = frozenset((T.MESSAGE, T.CLOSE_CONSUMER, T.REACHED_END_OF_TOPIC))
+"""Frames a broker sends a consumer unasked: ``BrokerConnection.on_push`` takes them."""
+_POLL_S = 0.001
+"""``BrokerConnection.poll``: how long one look at the socket waits for more."""
 _DIRECT_PAYLOAD = 1 << 15
 """A frame's payload at least this long is received straight into its own buffer (one copy, the kernel's),
 not appended to the connection's buffer, compacted and copied out again (three more, of every entry byte)."""
@@ -70,6 +74,9 @@ class BrokerConnection:
         self._partial: tuple[BaseCommand, bytearray, int] | None = None
         """A large frame being received: its command, its payload buffer and how much of it has arrived."""
         self._request_id = 0
+        self.on_push: Callable[[BaseCommand], None] | None = None
+        """Where MESSAGE, CLOSE_CONSUMER and REACHED_END_OF_TOPIC frames go when set (a watcher of consumers
+        with permits: ``latest_positions.HeldPositions``), instead of to the reader of the connection."""
         sock = socket.create_connection((address.host, address.port), timeout=config.connect_timeout_s)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -215,7 +222,16 @@ class BrokerConnection:
             if cmd.type == T.AUTH_CHALLENGE:
                 self._answer_challenge(cmd)
                 continue
+            if self.on_push is not None and cmd.type in _PUSHED:
+                self.on_push(cmd)
+                continue
             return cmd, payload
+
+    def poll(self) -> None:
+        """Take in what has arrived, without waiting: pushed frames go to ``on_push``; anything else (a late
+        answer to a request given up on) is dropped. Raises when the connection failed."""
+        while self.read(time.monotonic() + _POLL_S) is not None:
+            pass
 
     def _receive(self) -> None:
         """One ``recv``: into the large frame being received, else into the connection's buffer."""

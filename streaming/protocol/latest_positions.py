@@ -20,6 +20,7 @@ comes back as its ``PulsarIOError``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections.abc import Iterable, Sequence
 
@@ -30,6 +31,7 @@ from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Posit
 from streamoffload.streaming.protocol.raw_reader import (
     CLOSE_WAIT_S,
     RawClient,
+    flow_command,
     last_message_id_command,
     last_position,
     latest_subscribe_command,
@@ -174,18 +176,24 @@ def _positions_on(conn: BrokerConnection, topics: Sequence[str], window: int) ->
     return answers
 
 
-def _unsubscribe(conn: BrokerConnection, consumers: Sequence[tuple[str, int, str]], window: int) -> None:
+def _unsubscribe(
+    conn: BrokerConnection, consumers: Sequence[tuple[str, int, str]], window: int, *, give_back: bool = True
+) -> set[int]:
     """Unsubscribe ``(topic, consumer id, subscription)`` consumers, pipelined, awaiting the answers at most
-    ``CLOSE_WAIT_S``; a name goes back to the pool once its unsubscribe was answered. Raises when the
-    connection fails."""
+    ``CLOSE_WAIT_S``; returns the consumer ids whose unsubscribe was answered, and (``give_back``) their names go
+    back to the pool. Raises when the connection fails."""
     closes = []
     for _topic, consumer_id, _name in consumers:
         rid = conn.next_request_id()
         closes.append((unsubscribe_command(consumer_id, rid), rid, "unsubscribing"))
     gone = conn.request_many(closes, window=window, timeout_s=CLOSE_WAIT_S)
-    for (topic, _consumer_id, name), (_cmd, rid, _what) in zip(consumers, closes, strict=True):
+    answered = set()
+    for (topic, consumer_id, name), (_cmd, rid, _what) in zip(consumers, closes, strict=True):
         if rid in gone and not isinstance(gone[rid], PulsarIOError):
-            NAMES.give_back(topic, name)
+            answered.add(consumer_id)
+            if give_back:
+                NAMES.give_back(topic, name)
+    return answered
 
 
 class HeldPositions:
@@ -193,10 +201,17 @@ class HeldPositions:
     that asks about the same topic-partitions trigger after trigger.
 
     A pass of ``latest_positions_raw`` costs per topic-partition a lookup, a subscription, a question and an
-    unsubscription, and a connection per pass. Here a topic-partition is looked up and subscribed once (no
-    permits: the broker sends its consumer nothing) and each pass is one ``GET_LAST_MESSAGE_ID`` per
-    topic-partition, pipelined on one connection per broker kept open between passes. The consumers are
-    non-durable and start at the latest position, so they hold nothing back on the broker.
+    unsubscription, and a connection per pass. Here a topic-partition is looked up and subscribed once and each
+    pass is one ``GET_LAST_MESSAGE_ID`` per topic-partition, pipelined on one connection per broker kept open
+    between passes. The consumers are non-durable and start at the latest position, so they hold nothing back
+    on the broker.
+
+    Each consumer is also a watch: it has one permit, so the broker pushes it the first entry published after
+    it was subscribed, and :meth:`changed` names the topic-partitions whose consumer received one. The asker
+    need not ask about the others (``armed``: nothing new since their watch was set) more than now and then.
+    A consumer that received its entry is set again (unsubscribed, subscribed at the latest position, given a
+    permit) once a pass finds its topic-partition unchanged since the pass before; the new consumer's answer
+    is compared with the old, so an entry published in between is not missed.
 
     A failed connection drops its consumers and is made again within the same call, once; what still fails
     is answered with the failure, as a consumer's error answer is (the broker may have closed it: it is
@@ -209,7 +224,14 @@ class HeldPositions:
         self._connections: dict[Route, BrokerConnection] = {}
         self._held: dict[str, tuple[Route, int, str]] = {}
         """topic-partition -> (its connection's route, consumer id, subscription name)"""
+        self._topic_of: dict[tuple[Route, int], str] = {}
         self._consumer_ids = itertools.count(1)
+        self._armed: set[str] = set()
+        """Held topic-partitions whose consumer has its permit and has received nothing."""
+        self._changed: set[str] = set()
+        """Topic-partitions whose consumer received an entry (or was closed by the broker) since ``changed``."""
+        self._answered: dict[str, Position | None] = {}
+        """Each held topic-partition's last answer, to tell when a fired watch can be set again."""
 
     def ask(self, topics: Sequence[str]) -> dict[str, Answer]:
         """Every topic's latest position, or why it could not be had here. A connection found broken (the
@@ -226,7 +248,49 @@ class HeldPositions:
                 break
             if attempt == 1:
                 answers.update(broken)
+        unchanged = []
+        for topic in topics:
+            got = answers.get(topic)
+            if isinstance(got, PulsarIOError) or topic not in self._held:
+                continue
+            if topic not in self._armed and topic in self._answered and self._answered[topic] == got:
+                unchanged.append(topic)
+            self._answered[topic] = got
+        if unchanged:
+            self._rearm(unchanged, answers)
         return answers
+
+    def changed(self) -> set[str]:
+        """The topic-partitions whose watch fired since the last call (an entry was pushed, the broker closed
+        the consumer, or its connection failed): ask about these. Takes in what the connections received."""
+        for route, conn in list(self._connections.items()):
+            try:
+                conn.poll()
+            except (OSError, PulsarIOError):
+                self._changed.update(t for t, (r, _i, _n) in self._held.items() if r == route)
+                self._drop(route)
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def armed(self, topic: str) -> bool:
+        """Whether ``topic``'s watch is set: the broker will push its consumer the next entry published."""
+        return topic in self._armed
+
+    def _pushed(self, route: Route, cmd: BaseCommand) -> None:
+        """A connection's ``on_push``: a watch fired (MESSAGE), or the broker let a consumer go."""
+        if cmd.type == T.MESSAGE:
+            consumer_id = cmd.message.consumer_id
+        elif cmd.type == T.CLOSE_CONSUMER:
+            consumer_id = cmd.close_consumer.consumer_id
+        else:
+            consumer_id = cmd.reachedEndOfTopic.consumer_id
+        topic = self._topic_of.get((route, consumer_id))
+        if topic is None:
+            return
+        self._armed.discard(topic)
+        self._changed.add(topic)
+        if cmd.type == T.CLOSE_CONSUMER:  # gone on the broker's side: subscribed again when next asked
+            self._forget(topic)
 
     def _ask_held(self, topics: Sequence[str], answers: dict[str, Answer]) -> dict[str, PulsarIOError]:
         """Ask the held consumers of ``topics``; returns the topics of connections that failed, with the error."""
@@ -276,33 +340,90 @@ class HeldPositions:
             return
         # The lookups' connection serves the topic-partitions the service address owns (one broker, or a proxy).
         if service_route in routes:
-            self._connections[service_route] = service
+            self._keep(service_route, service)
         elif self._connections.get(service_route) is not service:
             service.close()
         for route, routed in routes.items():
-            conn = self._connections.get(route)
             try:
-                if conn is None:
-                    conn = self._connections[route] = _connect(self.client, route)
-                subscribes = []
-                for topic in routed:
-                    consumer_id, rid, name = next(self._consumer_ids), conn.next_request_id(), NAMES.take(topic)
-                    subscribes.append(
-                        (topic, consumer_id, name, rid, latest_subscribe_command(topic, consumer_id, rid, name))
-                    )
-                got = conn.request_many(
-                    [(c, rid, f"subscribing to {t}") for t, _i, _n, rid, c in subscribes], window=self.window
-                )
+                conn = self._connections.get(route) or self._keep(route, _connect(self.client, route))
+                self._subscribe(route, conn, [(t, NAMES.take(t)) for t in routed], answers)
             except (OSError, PulsarIOError) as err:
                 self._drop(route)
                 answers.update({t: PulsarIOError(f"cannot hold {t} at {route[0]}:{route[1]}: {err}") for t in routed})
+
+    def _keep(self, route: Route, conn: BrokerConnection) -> BrokerConnection:
+        conn.on_push = functools.partial(self._pushed, route)
+        self._connections[route] = conn
+        return conn
+
+    def _subscribe(
+        self, route: Route, conn: BrokerConnection, named: Sequence[tuple[str, str]], answers: dict[str, Answer]
+    ) -> list[str]:
+        """Subscribe ``(topic, subscription)`` at the latest position on ``conn``, each consumer with one permit
+        (its watch); returns the topics held. A refusal goes to ``answers`` (the name stays taken: the broker may
+        hold it). Raises when the connection fails."""
+        subscribes = []
+        for topic, name in named:
+            consumer_id, rid = next(self._consumer_ids), conn.next_request_id()
+            subscribes.append((topic, consumer_id, name, rid, latest_subscribe_command(topic, consumer_id, rid, name)))
+        requests = [(c, rid, f"subscribing to {t}") for t, _i, _n, rid, c in subscribes]
+        got = conn.request_many(requests, window=self.window)
+        held = []
+        for topic, consumer_id, name, rid, _cmd in subscribes:
+            reply = got[rid]
+            if isinstance(reply, PulsarIOError):
+                answers[topic] = reply
                 continue
-            for topic, consumer_id, name, rid, _cmd in subscribes:
-                reply = got[rid]
-                if isinstance(reply, PulsarIOError):
-                    answers[topic] = reply  # the name stays taken: the broker may hold it
-                else:
-                    self._held[topic] = (route, consumer_id, name)
+            self._held[topic] = (route, consumer_id, name)
+            self._topic_of[(route, consumer_id)] = topic
+            conn.send(flow_command(consumer_id, 1))
+            self._armed.add(topic)
+            held.append(topic)
+        return held
+
+    def _rearm(self, topics: Sequence[str], answers: dict[str, Answer]) -> None:
+        """Set the fired watches of ``topics`` (unchanged since the last pass) again: unsubscribe, subscribe at
+        the latest position with a permit, and ask the new consumer; an answer that differs from the pass's
+        replaces it (an entry came in between: the asker sees it now, not at the next look)."""
+        by_route: dict[Route, list[tuple[str, int, str]]] = {}
+        for topic in topics:
+            route, consumer_id, name = self._held[topic]
+            by_route.setdefault(route, []).append((topic, consumer_id, name))
+        for route, consumers in by_route.items():
+            conn = self._connections[route]
+            try:
+                # Awaited before subscribing again under the same names: pulsar-lite drops a connection that
+                # subscribes a second consumer to a subscription in use.
+                gone = _unsubscribe(conn, consumers, self.window, give_back=False)
+                named = []
+                for topic, consumer_id, name in consumers:
+                    self._forget(topic)
+                    if consumer_id in gone:
+                        named.append((topic, name))
+                held = self._subscribe(route, conn, named, answers)
+                asks = []
+                for topic in held:
+                    rid = conn.next_request_id()
+                    asks.append((topic, rid, last_message_id_command(self._held[topic][1], rid)))
+                requests = [(c, rid, f"GetLastMessageId of {t}") for t, rid, c in asks]
+                got = conn.request_many(requests, window=self.window)
+            except (OSError, PulsarIOError):
+                self._drop(route)  # asked again (and held anew) at the next pass
+                continue
+            for topic, rid, _cmd in asks:
+                with contextlib.suppress(PulsarIOError):
+                    now = last_position(got[rid])
+                    self._answered[topic] = now
+                    if now != answers.get(topic):
+                        answers[topic] = now
+
+    def _forget(self, topic: str) -> None:
+        """``topic``'s consumer is gone (its name stays taken unless given back by the caller)."""
+        held = self._held.pop(topic, None)
+        if held is not None:
+            self._topic_of.pop((held[0], held[1]), None)
+        self._armed.discard(topic)
+        self._answered.pop(topic, None)
 
     def _drop(self, route: Route) -> None:
         """A connection failed: its consumers are gone with it (their names are not reused in this process)."""
@@ -310,15 +431,16 @@ class HeldPositions:
         if conn is not None:
             conn.close()
         for topic in [t for t, (r, _i, _n) in self._held.items() if r == route]:
-            del self._held[topic]
+            self._forget(topic)
 
     def _release(self, topics: Sequence[str]) -> None:
         """Unsubscribe ``topics`` (answers awaited at most ``CLOSE_WAIT_S``); a name comes back once answered."""
         by_route: dict[Route, list[tuple[str, int, str]]] = {}
         for topic in topics:
-            held = self._held.pop(topic, None)
+            held = self._held.get(topic)
             if held is not None:
                 by_route.setdefault(held[0], []).append((topic, held[1], held[2]))
+                self._forget(topic)
         for route, consumers in by_route.items():
             try:
                 _unsubscribe(self._connections[route], consumers, self.window)
@@ -342,6 +464,9 @@ class HeldPositions:
             conn.close()
         self._connections.clear()
         self._held.clear()
+        self._topic_of.clear()
+        self._armed.clear()
+        self._answered.clear()
 
 
 __all__ = ["HeldPositions", "latest_positions_raw"]

@@ -187,7 +187,8 @@ def subscribe_command(topic: str, consumer_id: int, request_id: int, after: Posi
 
 def latest_subscribe_command(topic: str, consumer_id: int, request_id: int, subscription: str) -> BaseCommand:
     """``SUBSCRIBE`` to a non-durable Exclusive subscription starting at the topic's latest position: a consumer
-    kept only to ask ``GET_LAST_MESSAGE_ID`` on (``latest_positions.HeldPositions``), holding nothing older."""
+    kept to ask ``GET_LAST_MESSAGE_ID`` on and, with one permit, to be pushed the next entry
+    (``latest_positions.HeldPositions``), holding nothing older."""
     cmd = _non_durable_subscribe(topic, consumer_id, request_id, subscription)
     cmd.subscribe.initialPosition = CommandSubscribe.Latest
     return cmd
@@ -225,6 +226,14 @@ def last_position(answer: BaseCommand | PulsarIOError) -> Position | None:
     if ledger >= 1 << 63 or entry >= 1 << 63:  # -1 as uint64
         return None
     return (ledger, entry)
+
+
+def flow_command(consumer_id: int, permits: int) -> BaseCommand:
+    """``permits`` more entries the broker may push to the consumer."""
+    cmd = BaseCommand(type=T.FLOW)
+    cmd.flow.consumer_id = consumer_id
+    cmd.flow.messagePermits = permits
+    return cmd
 
 
 def unsubscribe_command(consumer_id: int, request_id: int) -> BaseCommand:
@@ -285,10 +294,7 @@ class RawConsumer:
         self.conn.send(cmd)
 
     def _flow(self, permits: int) -> None:
-        cmd = BaseCommand(type=T.FLOW)
-        cmd.flow.consumer_id = self.consumer_id
-        cmd.flow.messagePermits = permits
-        self.conn.send(cmd)
+        self.conn.send(flow_command(self.consumer_id, permits))
 
     def receive(self, timeout_ms: int) -> RawMessage | None:
         """The next entry, its CRC-32C verified; None when none arrives within ``timeout_ms``."""

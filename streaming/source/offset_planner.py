@@ -74,6 +74,11 @@ that the segmenter's processing-time timers fire (a rollover deadline of a quiet
 Spark's no-data micro-batches off: with processing-time timers Spark would otherwise run one at every trigger,
 whatever the timers say (SPARK-50180), and each costs the JVM most of a CPU second. Not a topic-partition."""
 
+WATCHED_POLL_S = 30.0
+"""How often a quiet topic-partition whose held consumer watches it is asked about anyway: the watch (a
+pushed entry) says when it moves, so this only bounds how late a lost push is made up for (pulsar-lite's
+dispatch stalls at times: SPEC 6)."""
+
 WAKE_FALLBACK_S = 30.0
 """A micro-batch at least this often while nothing moves, whatever the job reported: timers the job cannot
 report yet (state restored from a checkpoint, before the run's first micro-batch) fire at most this late."""
@@ -237,7 +242,7 @@ class SourcePlanner:
         pipelined round trips (``streaming.protocol.latest_positions``); what that could not answer, and everything
         with the ``pulsar-client`` reader, one at a time with retries."""
         batch: dict[str, Any] = {}
-        if self.options.reader == "raw" and len(partitions) > 1:
+        if self.options.reader == "raw" and partitions and (len(partitions) > 1 or self._held is not None):
             batch = self._retrying("latest positions", lambda: self._latest_batch(partitions))
         latest: dict[str, Position | None] = {}
         for tp in partitions:
@@ -266,13 +271,17 @@ class SourcePlanner:
         the rest per trigger, not about all."""
         if self._target is not None or self.options.idle_poll_s <= 0:
             return list(partitions)
-        return [tp for tp in partitions if self._next_lookup.get(tp, 0.0) <= now]
+        changed = self._held.changed() if self._held is not None else set()
+        return [tp for tp in partitions if self._next_lookup.get(tp, 0.0) <= now or tp in changed]
 
     def _quiet_interval(self, tp: str) -> float:
-        """``idlePollSeconds`` spread over [0.75, 1.25] of it by the topic's name (stable across runs), so the
-        quiet topic-partitions are asked about a slice at a time rather than all in one trigger."""
+        """When a quiet topic-partition is asked about again: ``idlePollSeconds``, or ``WATCHED_POLL_S`` when
+        its held consumer watches it (the broker pushes the next entry, and ``_due`` asks then); spread over
+        [0.75, 1.25] of it by the topic's name (stable across runs), so the quiet topic-partitions are asked
+        about a slice at a time rather than all in one trigger."""
         spread = zlib.crc32(tp.encode()) / 0xFFFFFFFF
-        return self.options.idle_poll_s * (0.75 + 0.5 * spread)
+        watched = self._held is not None and self._held.armed(tp)
+        return (WATCHED_POLL_S if watched else self.options.idle_poll_s) * (0.75 + 0.5 * spread)
 
     def _latest_batch(self, partitions: Sequence[str]) -> dict[str, Any]:
         """The pipelined lookup; raises when it answered nothing (the broker is unreachable), so that the

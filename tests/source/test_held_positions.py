@@ -1,6 +1,7 @@
 """Latest positions over consumers held between passes (``latest_positions.HeldPositions``), on pulsar-lite:
-right answers that follow new publishes, one subscription per topic-partition for all the passes, nothing
-pushed to the held consumers, and a broker restart that costs a pass, not the asker."""
+right answers that follow new publishes, one subscription per topic-partition for all the passes, a watch per
+consumer (the broker pushes the next entry, and the watch is set again once the topic-partition is quiet), and
+a broker restart that costs a pass, not the asker."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
+from streamoffload.streaming.protocol import latest_positions as lp
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.exactly_once import PulsarIOError
 from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
@@ -71,5 +73,78 @@ def test_a_broker_restart_costs_one_pass_then_the_consumers_are_held_again(
         # The dead connection is found and made again within the call: no answer is an error.
         assert not any(isinstance(a, PulsarIOError) for a in answers), answers
         assert held.held() == 1
+    finally:
+        held.close()
+
+
+def _changed_soon(held: HeldPositions, timeout_s: float = 10.0) -> set[str]:
+    """``held.changed()`` once it names something (a pushed entry takes a moment to arrive)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        changed = held.changed()
+        if changed:
+            return changed
+        time.sleep(0.05)
+    return set()
+
+
+def test_a_held_consumer_watches_its_topic_partition_and_is_set_again_once_it_is_quiet(
+    make_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    broker = make_broker(default_partitions=0)
+    moving, still = unique_topic("watch-moving"), unique_topic("watch-still")
+    for topic in (moving, still):
+        produce(broker.service_url, topic, 1, 16, batching=False)
+    held = HeldPositions(rr.RawClient(broker.service_url))
+    try:
+        first = held.ask([moving, still])
+        assert held.armed(moving) and held.armed(still)
+        time.sleep(0.3)
+        assert held.changed() == set(), "nothing published since the consumers were subscribed"
+        produce(broker.service_url, moving, 2, 16, batching=False)
+        assert _changed_soon(held) == {moving}
+        assert not held.armed(moving) and held.armed(still)
+        second = held.ask([moving, still])
+        assert second[still] == first[still] and second[moving] > first[moving]  # type: ignore[operator]
+        assert not held.armed(moving), "it moved since the pass before: not quiet yet"
+        assert held.ask([moving, still]) == second
+        assert held.armed(moving), "unchanged over two passes: its watch is set again"
+        produce(broker.service_url, moving, 1, 16, batching=False)
+        assert _changed_soon(held) == {moving}
+        assert held.ask([moving])[moving] > second[moving]  # type: ignore[operator]
+        assert held.held() == 2
+    finally:
+        held.close()
+    kept = _subscriptions(json.loads((broker.data_dir / "db.metadata.json").read_text()))
+    assert len(kept[moving.rsplit("/", 1)[1]]) == 1, "set again under the same name"
+
+
+def test_an_entry_published_while_a_watch_is_set_again_is_answered_in_that_pass(
+    make_broker: Callable[..., EmbeddedBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new consumer starts at the latest position: an entry published between the pass's question and the
+    new subscription would be pushed to nobody. The new consumer is asked too, and its answer replaces the
+    pass's."""
+    broker = make_broker(default_partitions=0)
+    topic = unique_topic("watch-race")
+    produce(broker.service_url, topic, 1, 16, batching=False)
+    held = HeldPositions(rr.RawClient(broker.service_url))
+    try:
+        held.ask([topic])
+        produce(broker.service_url, topic, 1, 16, batching=False)
+        assert _changed_soon(held) == {topic}
+        moved = held.ask([topic])[topic]
+        real = lp._unsubscribe
+
+        def publishing_meanwhile(*args: object, **kwargs: object) -> set[int]:
+            produce(broker.service_url, topic, 1, 16, batching=False)
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(lp, "_unsubscribe", publishing_meanwhile)
+        answer = held.ask([topic])[topic]
+        monkeypatch.setattr(lp, "_unsubscribe", real)
+        assert answer is not None and moved is not None and answer > moved  # type: ignore[operator]
+        assert answer == latest_positions_raw(rr.RawClient(broker.service_url), [topic])[topic]
+        assert held.armed(topic)
     finally:
         held.close()

@@ -3,6 +3,7 @@ against the embedded broker, and the planner's fallback to one topic-partition a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -90,11 +91,12 @@ def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
     planner.close()
 
 
-def test_quiet_topic_partitions_are_asked_about_every_idle_poll_not_every_trigger(
+def test_quiet_topic_partitions_are_asked_about_when_their_watch_fires_and_else_rarely(
     pulsar_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Five quiet topic-partitions and one with new entries: after the first trigger, only the active one is
-    asked about until ``idlePollSeconds`` has passed; then a quiet one's new entries are seen."""
+    asked about; a quiet one that gets entries is asked about at the next trigger (its held consumer's watch
+    fired), with no time passing; the others only every ``WATCHED_POLL_S``, spread over triggers."""
     from streamoffload.streaming.source import offset_planner as planner_module
 
     topics = [unique_topic(f"idle-poll-{n}") for n in range(6)]
@@ -127,15 +129,25 @@ def test_quiet_topic_partitions_are_asked_about_every_idle_poll_not_every_trigge
     clock[0] += 1
     before = dict(end)
     end = planner.latest_offset(end, None, None)
-    assert asked[-1] == [], "nobody had anything new at the last look: no lookup within 0.75 x 10 s"
+    assert asked[-1] == [], "nobody had anything new at the last look, and no watch fired"
     assert end == before
+    quiet_from = len(asked)
     produce(pulsar_broker.service_url, quiet[0], 2, 16, batching=False)
-    clock[0] += 6.0  # 0.75 x idlePollSeconds after the quiet ones' last look: the first are due
     seen = end
-    for _ in range(16):  # within 1.25 x idlePollSeconds of its last look every one was asked about again
+    for _ in range(100):  # the clock stands still: only the pushed entry can make it due
+        seen = planner.latest_offset(end, None, None)
+        if seen[quiet[0]] != end[quiet[0]]:
+            break
+        time.sleep(0.05)
+    assert seen[quiet[0]] != end[quiet[0]], "a quiet topic-partition's new entries are seen at once"
+    assert all(batch in ([], [quiet[0]]) for batch in asked[quiet_from:]), asked[quiet_from:]
+    end = planner.latest_offset(seen, None, None)  # it moved at the last look: asked again, now quiet
+    end = planner.latest_offset(end, None, None)
+    asked.clear()
+    clock[0] += 0.75 * planner_module.WATCHED_POLL_S  # the watched quiet ones are asked again now and then
+    for _ in range(int(planner_module.WATCHED_POLL_S)):  # within 1.25 x of their last look, every one was
         clock[0] += 0.5
-        seen = planner.latest_offset(seen, None, None)
-    assert {t for batch in asked[3:] for t in batch} == set(topics)
-    assert all(len(batch) < len(topics) for batch in asked[3:]), "spread over triggers, not all at once"
-    assert seen[quiet[0]] != end[quiet[0]]  # its new entries were admitted once it was due
-    assert all(seen[t] == end[t] for t in [busy, *quiet[1:]])
+        end = planner.latest_offset(end, None, None)
+    assert {t for batch in asked for t in batch} == set(topics)
+    assert all(len(batch) < len(topics) for batch in asked), "spread over triggers, not all at once"
+    planner.close()
