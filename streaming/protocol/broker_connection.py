@@ -67,6 +67,7 @@ class BrokerConnection:
     ) -> None:
         self.config = config
         self.address = address
+        self.proxy_to = proxy_to_broker_url
         self.name = f"{address.host}:{address.port}"
         self._buf = bytearray()
         self._pos = 0

@@ -53,7 +53,9 @@ the module docstring of ``tests/source/test_raw_reader.py``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -115,21 +117,56 @@ class RawMessage(NamedTuple):
     payload: bytes
 
 
+_MAX_IDLE = 4
+"""Connections a ``RawClient`` keeps for its next consumers."""
+
+
 class RawClient:
-    """A cluster to read raw entries from: configuration only (each consumer has its own connection,
-    so a stalled or broken consumer is dropped with its connection and nothing stale is read later)."""
+    """A cluster to read raw entries from. A consumer has a connection to itself; once it was unsubscribed
+    cleanly (the broker answered, and it never waited out a stall) its connection is kept for the client's
+    next consumer, so a task reading a hundred ranges makes one connection, not a hundred (each a TCP
+    connection, a ``CONNECT`` handshake and a lookup). A stalled or broken consumer's connection is closed
+    with it, and consumer ids are never reused on a client, so nothing stale is read later. Threads may share
+    one (the sink's fetches); ``close`` closes the kept connections."""
 
     def __init__(self, service_url: str, options: Mapping[str, str] | None = None) -> None:
         self.service_url = service_url
         self.config = ConnectionConfig.parse(service_url, options)
+        self._idle: list[BrokerConnection] = []
+        self._consumer_ids = itertools.count(1)
+        self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Nothing to release: connections belong to consumers."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def next_consumer_id(self) -> int:
+        with self._lock:
+            return next(self._consumer_ids)
+
+    def keep(self, conn: BrokerConnection) -> None:
+        """``conn`` is clean (no consumer left on it): the next consumer may use it."""
+        with self._lock:
+            self._idle.append(conn)
+            extra = self._idle[:-_MAX_IDLE]
+            del self._idle[:-_MAX_IDLE]
+        for old in extra:
+            old.close()
+
+    def _connection(self, address: ServiceAddress, proxy_to: str | None = None) -> BrokerConnection:
+        """A kept connection to ``address`` (through a proxy to ``proxy_to``), else a new one."""
+        with self._lock:
+            for i, conn in enumerate(self._idle):
+                if conn.address == address and conn.proxy_to == proxy_to:
+                    return self._idle.pop(i)
+        return BrokerConnection(self.config, address, proxy_to_broker_url=proxy_to)
 
     def connect_for(self, topic: str) -> BrokerConnection:
         """A connection to the broker that serves ``topic``, found by binary-protocol lookup."""
         cfg = self.config
-        conn = BrokerConnection(cfg, cfg.service)
+        conn = self._connection(cfg.service)
         authoritative = False
         try:
             for _hop in range(_MAX_LOOKUP_HOPS):
@@ -143,8 +180,8 @@ class RawClient:
                 target = ServiceAddress.parse(url) if url else None
                 if resp.proxy_through_service_url and target is not None:
                     # A proxy: keep talking to the service URL, asking it to forward to the broker.
-                    conn.close()
-                    conn = BrokerConnection(cfg, cfg.service, proxy_to_broker_url=f"{target.host}:{target.port}")
+                    self.keep(conn)
+                    conn = self._connection(cfg.service, f"{target.host}:{target.port}")
                     if resp.response == CommandLookupTopicResponse.Connect:
                         return conn
                     authoritative = resp.authoritative
@@ -156,8 +193,8 @@ class RawClient:
                         return conn
                     authoritative = resp.authoritative
                     continue
-                conn.close()
-                conn = BrokerConnection(cfg, target)
+                self.keep(conn)
+                conn = self._connection(target)
                 if resp.response == CommandLookupTopicResponse.Connect:
                     return conn
                 authoritative = resp.authoritative
@@ -259,8 +296,11 @@ class RawConsumer:
 
     def __init__(self, client: RawClient, topic: str, after: Position, queue_size: int, *, flow: bool = True) -> None:
         self.topic = topic
+        self._client = client
         self.conn = client.connect_for(topic)
-        self.consumer_id = 1
+        self.consumer_id = client.next_consumer_id()
+        self._stalled = False
+        """A ``receive`` waited out its timeout: the connection is not kept for another consumer."""
         self._queue = max(int(queue_size), 1)
         self._used = 0
         self._unacked = 0
@@ -302,6 +342,7 @@ class RawConsumer:
         while True:
             got = self.conn.read(deadline)
             if got is None:
+                self._stalled = True
                 return None
             cmd, payload = got
             kind = cmd.type
@@ -325,7 +366,7 @@ class RawConsumer:
                     self._flow(self._used)
                     self._used = 0
                 return RawMessage(mid.ledgerId, mid.entryId, decoded.metadata.publish_time, count, payload)
-            if kind == T.CLOSE_CONSUMER:
+            if kind == T.CLOSE_CONSUMER and cmd.close_consumer.consumer_id == self.consumer_id:
                 raise PulsarIOError(f"{self.topic}: the broker {self.conn.name} closed the consumer")
             if kind == T.ERROR:
                 log.warning("%s: broker error: %s (%s)", self.topic, cmd.error.message, server_error(cmd.error.error))
@@ -343,6 +384,7 @@ class RawConsumer:
         if self._closed:
             return
         self._closed = True
+        clean = False
         try:
             # Waits for the answer (one round trip, bounded): a broker that answers into a closed socket
             # logs an error for it.
@@ -352,8 +394,12 @@ class RawConsumer:
                     unsubscribe_command(self.consumer_id, rid), rid, "unsubscribing", timeout_s=CLOSE_WAIT_S
                 )
                 NAMES.give_back(self.topic, self.subscription)  # only once the broker said it is gone
+                clean = not self._stalled
         finally:
-            self.conn.close()
+            if clean:
+                self._client.keep(self.conn)
+            else:
+                self.conn.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -398,7 +398,7 @@ def read_partition(
     :class:`TopicFailedError` naming it, so the offload job sets that topic-partition aside (quarantine);
     a broker that cannot be reached is everyone's problem and fails the batch as it is."""
     if options.reader == "raw":
-        # Each consumer has its own connection, so nothing is shared between tasks.
+        # The task's own client: its ranges' consumers take turns on its connections; none is shared between tasks.
         client: Any = rr.RawClient(options.service_url, options.client_opts)
         read_range: Callable[..., Iterator[ReadEntry]] = rr.read_range_raw
         probe: Callable[..., Probe | None] = rr.probe_after_raw
@@ -425,6 +425,8 @@ def read_partition(
     finally:
         if stored is not None:
             stored.close()
+        if options.reader == "raw":
+            client.close()
 
 
 def _read_through(

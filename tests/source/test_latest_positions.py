@@ -85,9 +85,20 @@ def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
         return answers
 
     monkeypatch.setattr(HeldPositions, "ask", one_refused)
+    alone: list[str] = []
+    real_alone = SourcePlanner._latest_position
+
+    def recording_alone(self: SourcePlanner, tp: str) -> Any:
+        alone.append(tp)
+        return real_alone(self, tp)
+
+    monkeypatch.setattr(SourcePlanner, "_latest_position", recording_alone)
     connections.clear()
     assert planner.latest_positions(topics) == expected
-    assert len(connections) == 1  # the one topic alone
+    assert alone == [topics[0]]  # the one topic alone
+    # ... with a consumer of its own, on the connection the planner's raw client kept from the questions
+    # above (a cleanly closed consumer's connection is kept for the next): no new connection.
+    assert connections == []
     planner.close()
 
 
