@@ -358,17 +358,17 @@ class HeldPositions:
 
     def _subscribe(
         self, route: Route, conn: BrokerConnection, named: Sequence[tuple[str, str]], answers: dict[str, Answer]
-    ) -> list[str]:
+    ) -> list[tuple[str, int]]:
         """Subscribe ``(topic, subscription)`` at the latest position on ``conn``, each consumer with one permit
-        (its watch); returns the topics held. A refusal goes to ``answers`` (the name stays taken: the broker may
-        hold it). Raises when the connection fails."""
+        (its watch); returns the ``(topic, consumer id)`` held. A refusal goes to ``answers`` (the name stays
+        taken: the broker may hold it). Raises when the connection fails."""
         subscribes = []
         for topic, name in named:
             consumer_id, rid = next(self._consumer_ids), conn.next_request_id()
             subscribes.append((topic, consumer_id, name, rid, latest_subscribe_command(topic, consumer_id, rid, name)))
         requests = [(c, rid, f"subscribing to {t}") for t, _i, _n, rid, c in subscribes]
         got = conn.request_many(requests, window=self.window)
-        held = []
+        held: list[tuple[str, int]] = []
         for topic, consumer_id, name, rid, _cmd in subscribes:
             reply = got[rid]
             if isinstance(reply, PulsarIOError):
@@ -378,7 +378,7 @@ class HeldPositions:
             self._topic_of[(route, consumer_id)] = topic
             conn.send(flow_command(consumer_id, 1))
             self._armed.add(topic)
-            held.append(topic)
+            held.append((topic, consumer_id))
         return held
 
     def _rearm(self, topics: Sequence[str], answers: dict[str, Answer]) -> None:
@@ -402,9 +402,9 @@ class HeldPositions:
                         named.append((topic, name))
                 held = self._subscribe(route, conn, named, answers)
                 asks = []
-                for topic in held:
+                for topic, consumer_id in held:
                     rid = conn.next_request_id()
-                    asks.append((topic, rid, last_message_id_command(self._held[topic][1], rid)))
+                    asks.append((topic, rid, last_message_id_command(consumer_id, rid)))
                 requests = [(c, rid, f"GetLastMessageId of {t}") for t, rid, c in asks]
                 got = conn.request_many(requests, window=self.window)
             except (OSError, PulsarIOError):
