@@ -43,6 +43,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from streamoffload.codecs.entry import Message, build_entry
+from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.streaming.protocol.client_options import client_kwargs
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
@@ -106,7 +107,13 @@ def close_shared_clients() -> None:
 
 
 def topic_partitions(client: Any, topic: str) -> list[str]:
-    """The partitions of ``topic`` (``[topic]`` for a non-partitioned one), from the broker's metadata."""
+    """The partitions of ``topic`` (``[topic]`` for a non-partitioned one), from the broker's metadata. A name
+    that is a partition already is its own answer, with no lookup: Pulsar refuses "-partition-" in a partitioned
+    topic's name (at 10,000 pattern candidates the lookups were ~0.6 s of every discovery)."""
+    with contextlib.suppress(TopicNameError):
+        name = TopicName.parse(topic)
+        if name.is_partition:
+            return [str(name)]
     try:
         return list(client.get_topic_partitions(topic))
     except Exception as err:
