@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -145,6 +146,25 @@ class DeletedTotals:
         if record.has_counts:
             self.add(record.entries or 0, record.entry_bytes or 0, record.data_length or 0, record.seal_reason)
 
+    def remove(self, entries: int, entry_bytes: int, data_length: int, reason: str) -> None:
+        """Undo one ``add`` of the same figures (a folded segment deleted: ``MetadataView``'s fold)."""
+        self.segments -= 1
+        self.entries -= entries
+        self.entry_bytes -= entry_bytes
+        self.data_length -= data_length
+        _decrement(self.seals, reason or "unknown")
+        _decrement(self.size_log2, size_class(data_length))
+
+    def merge(self, other: DeletedTotals) -> None:
+        self.segments += other.segments
+        self.entries += other.entries
+        self.entry_bytes += other.entry_bytes
+        self.data_length += other.data_length
+        for reason, n in other.seals.items():
+            self.seals[reason] = self.seals.get(reason, 0) + n
+        for klass, n in other.size_log2.items():
+            self.size_log2[klass] = self.size_log2.get(klass, 0) + n
+
     def copy(self) -> DeletedTotals:
         return DeletedTotals(
             self.segments, self.entries, self.entry_bytes, self.data_length, dict(self.seals), dict(self.size_log2)
@@ -172,6 +192,17 @@ class DeletedTotals:
             {str(k): int(v) for k, v in seals.items()},  # type: ignore[attr-defined]
             {int(k): int(v) for k, v in sizes.items()},  # type: ignore[attr-defined]
         )
+
+
+K = TypeVar("K")
+
+
+def _decrement(counts: dict[K, int], key: K) -> None:
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def size_class(size: int) -> int:

@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 
 _META = keys.META_DIR + "/"
 
+KEEP_RECENT = 8
+"""Offloaded segments per topic-partition that the job's long-lived views (retention's, the metrics') hold one
+by one; older ones are folded into sums (``SegmentFold``). Small: at 10,000 topic-partitions each held record
+costs ~10 MB of the driver's memory."""
+
 
 @dataclass(frozen=True)
 class SegmentState:
@@ -95,6 +100,107 @@ class SegmentRecord:
         return self.status == OFFLOADED
 
 
+@dataclass(slots=True)
+class LedgerFold:
+    """One ledger's part of some folded segments: what retention reads of it."""
+
+    newest_ms: int = 0
+    """Newest publish (or offload) time of a folded segment holding the ledger."""
+    size: int = 0
+    """Bytes of the ledger's entries in those segments."""
+    segments: int = 0
+
+
+@dataclass
+class FoldGroup:
+    """The folded segments that start in one ledger: their sums, and per ledger they hold what retention reads."""
+
+    totals: DeletedTotals = field(default_factory=DeletedTotals)
+    ledgers: dict[int, LedgerFold] = field(default_factory=dict)
+
+    def add(self, record: SegmentRecord) -> None:
+        self.totals.add(record.entries, record.entry_bytes, record.data_length, record.seal_reason)
+        stamp = record.publish_last_ms or record.offloaded_ms
+        for span in record.spans:
+            ledger = self.ledgers.get(span.ledger_id)
+            if ledger is None:
+                ledger = self.ledgers[span.ledger_id] = LedgerFold()
+            ledger.newest_ms = max(ledger.newest_ms, stamp)
+            ledger.size += span.size
+            ledger.segments += 1
+
+    def remove(self, record: SegmentRecord) -> None:
+        """A segment of the group was deleted (its ledgers' newest times stay: they are marked deleted by then)."""
+        self.totals.remove(record.entries, record.entry_bytes, record.data_length, record.seal_reason)
+        for span in record.spans:
+            ledger = self.ledgers.get(span.ledger_id)
+            if ledger is None:
+                continue
+            ledger.size -= span.size
+            ledger.segments -= 1
+            if ledger.segments <= 0:
+                del self.ledgers[span.ledger_id]
+
+
+@dataclass
+class SegmentFold:
+    """Offloaded segments the view no longer keeps one by one (``MetadataView(keep_recent=...)``), grouped by the
+    ledger they start in (the first number of a manifest key): sums and, per ledger, what retention reads. A
+    long-running pass then holds per topic-partition a group per ledger plus its newest segments, not a record
+    per segment ever offloaded; and a listing tells from the keys alone which groups lost segments."""
+
+    through: str = ""
+    """Every manifest key up to this one that the view does not hold is folded here."""
+    groups: dict[int, FoldGroup] = field(default_factory=dict)
+    """Start ledger -> its folded segments."""
+    last_end: Position | None = None
+    last_publish_ms: int = 0
+    swept: frozenset[int] = frozenset()
+    """The marked ledgers whose folded segments the last ``MetadataView._delete_folded`` went through."""
+
+    @property
+    def segments(self) -> int:
+        return sum(group.totals.segments for group in self.groups.values())
+
+    @property
+    def totals(self) -> DeletedTotals:
+        out = DeletedTotals()
+        for group in self.groups.values():
+            out.merge(group.totals)
+        return out
+
+    @property
+    def ledgers(self) -> dict[int, LedgerFold]:
+        out: dict[int, LedgerFold] = {}
+        for group in self.groups.values():
+            for lid, part in group.ledgers.items():
+                ledger = out.get(lid)
+                if ledger is None:
+                    ledger = out[lid] = LedgerFold()
+                ledger.newest_ms = max(ledger.newest_ms, part.newest_ms)
+                ledger.size += part.size
+                ledger.segments += part.segments
+        return out
+
+    def add(self, record: SegmentRecord) -> None:
+        group = self.groups.get(record.start[0])
+        if group is None:
+            group = self.groups[record.start[0]] = FoldGroup()
+        group.add(record)
+        if self.last_end is None or record.end > self.last_end:
+            self.last_end = record.end
+        self.last_publish_ms = max(self.last_publish_ms, record.publish_last_ms)
+        self.through = max(self.through, record.key)
+
+    def remove(self, record: SegmentRecord) -> None:
+        group = self.groups.get(record.start[0])
+        if group is None:
+            return
+        group.remove(record)
+        if group.totals.segments <= 0:
+            del self.groups[record.start[0]]
+
+
 @dataclass
 class TopicMeta:
     """A topic-partition's metadata as one listing of its ``_meta/`` found it (objects read once, cached)."""
@@ -111,17 +217,21 @@ class TopicMeta:
     summaries: dict[int, DeletedSummary] = field(default_factory=dict)
     corrupt: list[str] = field(default_factory=list)
     """Keys of objects that did not decode (skipped; reported by status/verify)."""
+    fold: SegmentFold = field(default_factory=SegmentFold)
+    """The older Offloaded segments, as sums (``segments`` holds the rest): empty unless the view folds."""
 
     def offloaded(self) -> list[SegmentRecord]:
-        """The readable segments in position order (the lower ordinal wins an overlap, as in
-        ``MetadataStore.offloaded_segments``)."""
+        """The readable segments not folded, in position order (the lower ordinal wins an overlap, as in
+        ``MetadataStore.offloaded_segments``; a folded segment is lower than any held)."""
         out: list[SegmentRecord] = []
+        last = self.fold.last_end
         for record in self.segments.values():
             if not record.offloaded:
                 continue
-            if out and record.start <= out[-1].end:
+            if last is not None and record.start <= last:
                 continue
             out.append(record)
+            last = record.end
         return out
 
     def segment_ids(self) -> set[str]:
@@ -183,6 +293,14 @@ class CompactionReport:
         return len(self.folded_records) + len(self.removed_commits) + len(self.removed_failures)
 
 
+def _start_ledger(key: str) -> int:
+    """The start ledger of a manifest key (or its last component); -1 for a key that is not one."""
+    try:
+        return keys.parse_manifest_name(key)[0]
+    except ValueError:
+        return -1
+
+
 @dataclass(slots=True)
 class _Cached:
     size: int
@@ -211,6 +329,15 @@ class MetadataView:
       listed ``relist_s`` ago (for what other processes change: ``cleanup``, ``delete``): a pass over
       thousands of quiet topic-partitions then costs no request at all, where it cost a listing each.
 
+    * With ``keep_recent``, a topic-partition's Offloaded segments beyond its newest ``keep_recent`` are folded
+      (``SegmentFold``: sums, per ledger what retention reads) and their records and cache entries dropped, so
+      the view's memory stays bounded however long the job runs. A listing skips the folded keys (all at or
+      below the fold's ``through`` key that the view does not hold) and counts them: a count that differs
+      from the fold's means another process deleted or wrote among them (``cleanup``, ``delete``), and the
+      topic-partition is read again from scratch. A segment with a failure note or a deleted-segment record
+      is not folded. Deleting folded segments (``apply_deletions``) lists them again and reads the
+      manifests of the ledgers that may go.
+
     Writes made through the view (``mark_ledger_deleted``, ``apply_deletions``, ``compact``) update the
     cache and the snapshot, so the next pass does not read back what this process wrote. Not thread-safe
     (one per thread), except ``mark_changed``, which any thread may call.
@@ -222,12 +349,17 @@ class MetadataView:
         *,
         rediscover_s: float = 3600.0,
         relist_s: float | None = None,
+        keep_recent: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if keep_recent is not None and keep_recent < 1:
+            raise ValueError(f"keep_recent must be at least 1 (the newest segment is always held), got {keep_recent}")
         self.meta = meta
         self.rediscover_s = rediscover_s
         self.relist_s = relist_s
+        self.keep_recent = keep_recent
         self.clock = clock
+        self._folds: dict[str, SegmentFold] = {}
         self._known: set[str] = set()
         self._discovered_at: float | None = None
         self._cache: dict[str, dict[str, _Cached]] = {}
@@ -284,10 +416,16 @@ class MetadataView:
         store = self.meta.store
         old = self._cache.get(name, {})
         cache: dict[str, _Cached] = {}
-        snap = TopicMeta(name)
+        fold = self._folds.get(name)
+        snap = TopicMeta(name) if fold is None else TopicMeta(name, fold=fold)
+        folded_listed: dict[int, int] = {}
         for info in store.list(prefix):
             kind, _, rest = info.key[len(prefix) :].partition("/")
             if not rest or "/" in rest:
+                continue
+            if fold is not None and kind == "segments" and info.key <= fold.through and info.key not in old:
+                ledger = _start_ledger(rest)
+                folded_listed[ledger] = folded_listed.get(ledger, 0) + 1
                 continue
             if kind == "failures":
                 snap.failures[rest] = info
@@ -315,10 +453,67 @@ class MetadataView:
                 snap.deleted[rest] = value  # type: ignore[assignment]
             else:
                 snap.summaries[value.seq] = value  # type: ignore[attr-defined]
+        if fold is not None and not self._check_fold(snap, folded_listed):
+            log.info("%s: segments appeared among the folded ones: reading its metadata again", name)
+            self._folds.pop(name, None)
+            self._cache.pop(name, None)
+            return self.refresh(name)
+        if self.keep_recent is not None:
+            self._fold(snap, cache)
         self._cache[name] = cache
         self._snapshots[name] = snap
         self._known.add(name)
         return snap
+
+    def _check_fold(self, snap: TopicMeta, listed: dict[int, int]) -> bool:
+        """Mend the fold from a listing's count of folded keys per start ledger: a group that lost all its
+        segments (deleted: retention's view beside the metrics', ``delete``) goes; one that lost some is read
+        again (its remaining manifests; typically the one segment that runs on into a ledger not yet marked).
+        False when keys appeared where nothing was folded (written by another process): read it all again."""
+        fold = snap.fold
+        regroup = []
+        for ledger, group in list(fold.groups.items()):
+            n = listed.pop(ledger, 0)
+            if n == 0:
+                del fold.groups[ledger]
+            elif n != group.totals.segments:
+                regroup.append(ledger)
+        if listed:
+            return False
+        if regroup:
+            held = self._cache.get(snap.topic, {})
+            groups = {ledger: FoldGroup() for ledger in regroup}
+            for info in self.meta.store.list(keys.manifests_prefix(self.meta.prefix, snap.topic)):
+                if info.key > fold.through:
+                    break
+                group = groups.get(_start_ledger(info.key))
+                if group is None or info.key in held:
+                    continue
+                with contextlib.suppress(ObjectNotFoundError):
+                    manifest = mf.decode_manifest(self.meta.store.get(info.key), where=info.key)
+                    group.add(SegmentRecord.of(info.key, manifest))
+            for ledger, group in groups.items():
+                if group.totals.segments:
+                    fold.groups[ledger] = group
+                else:
+                    fold.groups.pop(ledger, None)
+        return True
+
+    def _fold(self, snap: TopicMeta, cache: dict[str, _Cached]) -> None:
+        """Fold the readable segments beyond the newest ``keep_recent`` into the topic-partition's fold."""
+        assert self.keep_recent is not None
+        readable = snap.offloaded()
+        if len(readable) <= self.keep_recent:
+            return
+        fold = self._folds.get(snap.topic)
+        if fold is None:
+            fold = self._folds[snap.topic] = snap.fold
+        for record in readable[: len(readable) - self.keep_recent]:
+            if record.segment_id in snap.failures or record.segment_id in snap.deleted:
+                continue  # compaction and the deleted totals look these up by id: held
+            fold.add(record)
+            del snap.segments[record.key]
+            cache.pop(record.key, None)
 
     def _read(self, kind: str, info: ObjectInfo) -> _Cached | None:
         try:
@@ -390,6 +585,45 @@ class MetadataView:
             self._forget(name, key)
             snap.deleted[record.segment_id] = record
             self._remember(name, self.meta.deleted_segment_key(manifest), record)
+            done.append(manifest)
+        # The folded segments' ledgers that may go; listed again only when that set changed since the last time
+        # (a segment that runs on into a ledger not yet marked stays until that one is).
+        going = frozenset(lid for lid in snap.fold.ledgers if all_marked([lid], snap.marks, lag_ms, at))
+        if going and going != snap.fold.swept:
+            done.extend(self._delete_folded(snap, max(going), lag_ms, at))
+            snap.fold.swept = going
+        return done
+
+    def _delete_folded(self, snap: TopicMeta, up_to_ledger: int, lag_ms: int, at: int) -> list[SegmentManifest]:
+        """Delete the folded segments whose ledgers are all marked deleted past the lag: the view holds no
+        record of them, so their keys are listed again (in position order, up to the last ledger that may
+        go) and their manifests read."""
+        name = snap.topic
+        fold = snap.fold
+        held = self._cache.get(name, {})
+        done = []
+        for info in self.meta.store.list(keys.manifests_prefix(self.meta.prefix, name)):
+            if info.key > fold.through:
+                break
+            if info.key in held:
+                continue
+            try:
+                start_ledger, _entry, _uuid = keys.parse_manifest_name(info.key)
+            except ValueError:
+                continue
+            if start_ledger > up_to_ledger:
+                break
+            try:
+                manifest = mf.decode_manifest(self.meta.store.get(info.key), where=info.key)
+            except ObjectNotFoundError:
+                continue  # deleted by another process: the next listing's count reads the topic again
+            record = SegmentRecord.of(info.key, manifest)
+            if not all_marked([span.ledger_id for span in record.spans], snap.marks, lag_ms, at):
+                continue
+            deleted = self.meta.delete_segment(manifest, at)
+            fold.remove(record)
+            snap.deleted[deleted.segment_id] = deleted
+            self._remember(name, self.meta.deleted_segment_key(manifest), deleted)
             done.append(manifest)
         return done
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore, now_ms
-from streamoffload.checkpoints.metadata_view import CompactionReport, MetadataView
+from streamoffload.checkpoints.metadata_view import KEEP_RECENT, CompactionReport, MetadataView
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.units import MIB
 
@@ -51,8 +51,8 @@ def apply_retention(
     if policy.retentionTimeInMinutes >= 0 or policy.retentionSizeInMB >= 0:
         deleted = dict(snap.marks)
         # Per ledger: newest publish (or offload) time and bytes, over the segments holding it.
-        newest: dict[int, int] = {}
-        size: dict[int, int] = {}
+        newest = {lid: ledger.newest_ms for lid, ledger in snap.fold.ledgers.items()}
+        size = {lid: ledger.size for lid, ledger in snap.fold.ledgers.items()}
         for seg in segments:
             stamp = seg.publish_last_ms or seg.offloaded_ms
             for span in seg.spans:
@@ -106,7 +106,9 @@ class RetentionRunner:
 
     ``grace_ms`` protects work in flight from compaction (failure notes) and from the filesystem store's
     sweep of stale temporaries, done every ``temporaries_interval_s`` (0: never) on stores that have one.
-    A topic-partition whose pass fails is logged and retried at the next pass; the others go on."""
+    A topic-partition whose pass fails is logged and retried at the next pass; the others go on. The view
+    holds each topic-partition's newest ``keep_recent`` segments and folds the older ones into sums
+    (``MetadataView``), so the runner's memory does not grow with the store's history."""
 
     def __init__(
         self,
@@ -119,6 +121,7 @@ class RetentionRunner:
         relist_s: float | None = None,
         grace_ms: int = 3_600_000,
         temporaries_interval_s: float = 3600.0,
+        keep_recent: int | None = KEEP_RECENT,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.meta = meta
@@ -128,7 +131,7 @@ class RetentionRunner:
         self.grace_ms = grace_ms
         self.temporaries_interval_s = temporaries_interval_s
         self.clock = clock
-        self.view = MetadataView(meta, rediscover_s=rediscover_s, relist_s=relist_s)
+        self.view = MetadataView(meta, rediscover_s=rediscover_s, relist_s=relist_s, keep_recent=keep_recent)
         self.passes = 0
         self.last_report: PassReport | None = None
         self._lock = threading.Lock()

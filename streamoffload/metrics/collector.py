@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from streamoffload import __version__
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.checkpoints.metadata_view import MetadataView
+from streamoffload.checkpoints.metadata_view import KEEP_RECENT, MetadataView
 from streamoffload.codecs.positions import Position
 from streamoffload.config import DEFAULT_TOPIC_SERIES
 from streamoffload.metrics import definitions as d
@@ -52,6 +52,9 @@ class JobMetrics(Collector):
     ``relist_s``: the store refresh lists a topic-partition only when :meth:`mark_changed` named it (the job's
     ``metadata_listeners``), or once every ``relist_s`` (``MetadataView.snapshot``); without it, every refresh
     lists every topic-partition (metrics of a store others write).
+
+    ``keep_recent``: the store view holds each topic-partition's newest segments one by one and their older
+    ones as sums (``MetadataView``); the per-topic figures add the sums, so memory stays flat as the store grows.
     """
 
     def __init__(
@@ -67,13 +70,16 @@ class JobMetrics(Collector):
         topic_rediscovery_s: float = 3600.0,
         topic_series: int = DEFAULT_TOPIC_SERIES,
         relist_s: float | None = None,
+        keep_recent: int | None = KEEP_RECENT,
     ) -> None:
         if isinstance(topic_series, bool) or not isinstance(topic_series, int) or topic_series < 0:
             raise ValueError(f"topic_series must be a whole number >= 0, got {topic_series!r}")
         self.topic_series = topic_series
         self.metadata = metadata
         self._view = (
-            None if metadata is None else MetadataView(metadata, rediscover_s=topic_rediscovery_s, relist_s=relist_s)
+            None
+            if metadata is None
+            else MetadataView(metadata, rediscover_s=topic_rediscovery_s, relist_s=relist_s, keep_recent=keep_recent)
         )
         self.backlog_provider = backlog
         self.store_refresh_s = store_refresh_s
@@ -265,6 +271,7 @@ class JobMetrics(Collector):
                         opened[segment.segment_id] = OpenSegment(segment.status, segment.assigned_ms)
                 state.offloaded = offloaded
                 state.open = opened
+                state.take_fold(snap.fold)
                 if state.store_totals is None or totals.segments >= state.store_totals.segments:
                     state.store_totals = totals
         if topics is None:  # one LIST (records exist only while a topic is failing)

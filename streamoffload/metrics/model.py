@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamoffload.checkpoints.metadata_view import TopicMeta
+from streamoffload.checkpoints.metadata_view import SegmentFold, TopicMeta
 from streamoffload.codecs.positions import Position
 from streamoffload.metrics.definitions import SEGMENT_SIZE_BUCKETS
 
@@ -79,8 +79,9 @@ class Totals:
 
 def store_totals(snap: TopicMeta) -> Totals:
     """The totals of a topic-partition from its metadata: deleted segments (summary and records) plus the
-    live Offloaded segments."""
+    live Offloaded segments (folded and held)."""
     deleted = snap.deleted_totals()
+    deleted.merge(snap.fold.totals)
     sizes = SizeHistogram(SEGMENT_SIZE_BUCKETS)
     for klass, n in deleted.size_log2.items():
         # A size in (2**(klass-1), 2**klass] falls in the first bucket bounded by at least 2**klass.
@@ -90,7 +91,7 @@ def store_totals(snap: TopicMeta) -> Totals:
         sizes.count += n
     sizes.total += deleted.data_length
     totals = Totals(deleted.segments, deleted.entries, deleted.entry_bytes, dict(deleted.seals), sizes)
-    for segment in snap.offloaded_states():
+    for segment in snap.offloaded_states():  # the segments held; the folded ones are in ``deleted`` (above)
         totals.segments += 1
         totals.entries += segment.entries
         totals.bytes += segment.entry_bytes
@@ -111,14 +112,19 @@ class TopicState:
     namespace: str = ""
     """``tenant/namespace`` of the topic-partition (the ``namespace`` label of its namespace's totals)."""
     # Counted once per segment UUID (monotonic while the process runs).
-    counted: set[str] = field(default_factory=set)
+    counted_segments: int = 0
+    counted: dict[str, Position | None] = field(default_factory=dict)
+    """UUID -> end position of the segments counted and not yet folded by the store view (``take_fold``)."""
     entries_total: int = 0
     bytes_total: int = 0
     seals: dict[str, int] = field(default_factory=dict)
     sizes: SizeHistogram = field(default_factory=lambda: SizeHistogram(SEGMENT_SIZE_BUCKETS))
     # The store's current view (replaced by each refresh, updated by batch reports in between).
     offloaded: dict[str, int] = field(default_factory=dict)
-    """Offloaded segments now in the store: UUID -> data object bytes."""
+    """Offloaded segments now in the store and not folded: UUID -> data object bytes."""
+    folded_segments: int = 0
+    folded_bytes: int = 0
+    """Offloaded segments the store view folded into sums (``SegmentFold``): their number and data bytes."""
     open: dict[str, OpenSegment] = field(default_factory=dict)
     """Assigned or Failed segments: UUID -> status and assigned time."""
     last_end: Position | None = None
@@ -133,7 +139,7 @@ class TopicState:
     def exported(self) -> Totals:
         """The totals to export: this process's own count, or the store's when it knows more segments
         (after a restart: segments deleted before it are counted only there)."""
-        own = Totals(len(self.counted), self.entries_total, self.bytes_total, self.seals, self.sizes)
+        own = Totals(self.counted_segments, self.entries_total, self.bytes_total, self.seals, self.sizes)
         if self.store_totals is not None and self.store_totals.segments > own.segments:
             return self.store_totals
         return own
@@ -156,12 +162,22 @@ class TopicState:
         self.last_publish_ms = max(self.last_publish_ms, publish_last_ms)
         if uuid in self.counted:
             return
-        self.counted.add(uuid)
+        self.counted[uuid] = end
+        self.counted_segments += 1
         self.entries_total += entries
         self.bytes_total += entry_bytes
         reason = reason or "unknown"
         self.seals[reason] = self.seals.get(reason, 0) + 1
         self.sizes.observe(data_bytes)
+
+    def take_fold(self, fold: SegmentFold) -> None:
+        """The store view's fold as of its last listing: its sums join the per-topic figures, and the segments
+        it holds are no longer remembered one by one (the view never shows them again)."""
+        self.folded_segments = fold.totals.segments
+        self.folded_bytes = fold.totals.data_length
+        if fold.last_end is not None:
+            through = fold.last_end
+            self.counted = {u: end for u, end in self.counted.items() if end is None or end > through}
 
     def latest_known(self) -> Position | None:
         """The newest position known to exist: the source's latest or the job's last read, whichever is later."""

@@ -92,14 +92,14 @@ def topic_figures(
     if state is None:
         return figures
     figures.totals = state.exported()
-    counts = {"Assigned": 0, "Offloaded": len(state.offloaded), "Failed": 0}
+    counts = {"Assigned": 0, "Offloaded": len(state.offloaded) + state.folded_segments, "Failed": 0}
     oldest = 0
     for seg in state.open.values():
         counts[seg.status] = counts.get(seg.status, 0) + 1
         if seg.assigned_ms and (not oldest or seg.assigned_ms < oldest):
             oldest = seg.assigned_ms
     figures.statuses = counts
-    figures.stored = sum(state.offloaded.values())
+    figures.stored = sum(state.offloaded.values()) + state.folded_bytes
     figures.lag, figures.behind = state.lag_and_behind(now_ms)
     figures.last_publish = state.last_publish_ms / 1000 if state.last_publish_ms else None
     if state.backlog is not None and state.backlog.bytes is not None:
