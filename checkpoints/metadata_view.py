@@ -329,7 +329,8 @@ class MetadataView:
       listed ``relist_s`` ago (for what other processes change: ``cleanup``, ``delete``): a pass over
       thousands of quiet topic-partitions then costs no request at all, where it cost a listing each.
 
-    * With ``keep_recent``, a topic-partition's Offloaded segments beyond its newest ``keep_recent`` are folded
+    * With ``keep_recent``, the snapshot's commits are only the newest and those of deleted segments (what
+      compaction reads), and a topic-partition's Offloaded segments beyond its newest ``keep_recent`` are folded
       (``SegmentFold``: sums, per ledger what retention reads) and their records and cache entries dropped, so
       the view's memory stays bounded however long the job runs. A listing skips the folded keys (all at or
       below the fold's ``through`` key that the view does not hold) and counts them: a count that differs
@@ -460,6 +461,11 @@ class MetadataView:
             return self.refresh(name)
         if self.keep_recent is not None:
             self._fold(snap, cache)
+            # A commit per segment ever offloaded: compaction needs only the newest and those of deleted segments.
+            if len(snap.commits) > 1:
+                wanted = {record.ordinal for record in snap.deleted.values()}
+                newest = max(snap.commits)
+                snap.commits = {o: info for o, info in snap.commits.items() if o == newest or o in wanted}
         self._cache[name] = cache
         self._snapshots[name] = snap
         self._known.add(name)
@@ -585,6 +591,7 @@ class MetadataView:
             self._forget(name, key)
             snap.deleted[record.segment_id] = record
             self._remember(name, self.meta.deleted_segment_key(manifest), record)
+            self._keep_commit(snap, manifest.ordinal)
             done.append(manifest)
         # The folded segments' ledgers that may go; listed again only when that set changed since the last time
         # (a segment that runs on into a ledger not yet marked stays until that one is).
@@ -624,8 +631,15 @@ class MetadataView:
             fold.remove(record)
             snap.deleted[deleted.segment_id] = deleted
             self._remember(name, self.meta.deleted_segment_key(manifest), deleted)
+            self._keep_commit(snap, manifest.ordinal)
             done.append(manifest)
         return done
+
+    def _keep_commit(self, snap: TopicMeta, ordinal: int) -> None:
+        """A folding view holds few commits (``refresh``): a segment deleted now has its commit held for the
+        compaction that follows (a segment written without one costs a DELETE of nothing, once)."""
+        if self.keep_recent is not None and ordinal not in snap.commits:
+            snap.commits[ordinal] = ObjectInfo(keys.commit_key(self.meta.prefix, snap.topic, ordinal), 0)
 
     def compact(
         self, topic: TopicName | str, *, grace_ms: int = 3_600_000, at_ms: int | None = None

@@ -73,7 +73,7 @@ class History:
             publish_time_first=BASE_MS + self.ordinal * MINUTE,
             publish_time_last=BASE_MS + self.ordinal * MINUTE + entries,
         )
-        self.meta.put_manifest(manifest)
+        self.meta.commit(manifest)  # as the job does: the commit object, then the Offloaded manifest
         self.ordinal += 1
         self.next_entry = last + 1
         return manifest
@@ -191,6 +191,7 @@ def test_what_a_folded_view_holds_does_not_grow_with_the_history(tmp_path: Path)
     assert len(snap.segments) == 4
     assert snap.fold.segments == 1196
     assert len(snap.fold.groups) == 120
+    assert list(snap.commits) == [1199], "the newest commit only (no segment was deleted)"
 
 
 def test_a_segment_written_among_the_folded_ones_is_read(tmp_path: Path) -> None:
