@@ -333,11 +333,11 @@ class MetadataView:
       compaction reads), and a topic-partition's Offloaded segments beyond its newest ``keep_recent`` are folded
       (``SegmentFold``: sums, per ledger what retention reads) and their records and cache entries dropped, so
       the view's memory stays bounded however long the job runs. A listing skips the folded keys (all at or
-      below the fold's ``through`` key that the view does not hold) and counts them: a count that differs
-      from the fold's means another process deleted or wrote among them (``cleanup``, ``delete``), and the
-      topic-partition is read again from scratch. A segment with a failure note or a deleted-segment record
-      is not folded. Deleting folded segments (``apply_deletions``) lists them again and reads the
-      manifests of the ledgers that may go.
+      below the fold's ``through`` key that the view does not hold) and counts them per start ledger
+      (``_check_fold``): a ledger's group whose keys are all gone is dropped, one that lost or gained some is
+      read again, and keys where nothing was folded make the view read the topic-partition from scratch. A
+      segment with a failure note or a deleted-segment record is not folded. Deleting folded segments
+      (``apply_deletions``) lists them again and reads the manifests of the ledgers that may go.
 
     Writes made through the view (``mark_ledger_deleted``, ``apply_deletions``, ``compact``) update the
     cache and the snapshot, so the next pass does not read back what this process wrote. Not thread-safe
@@ -497,7 +497,10 @@ class MetadataView:
                     continue
                 with contextlib.suppress(ObjectNotFoundError):
                     manifest = mf.decode_manifest(self.meta.store.get(info.key), where=info.key)
-                    group.add(SegmentRecord.of(info.key, manifest))
+                    record = SegmentRecord.of(info.key, manifest)
+                    if not record.offloaded:
+                        return False  # an unfinished attempt among the folded keys: another writer; read it all
+                    group.add(record)
             for ledger, group in groups.items():
                 if group.totals.segments:
                     fold.groups[ledger] = group
