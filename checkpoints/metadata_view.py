@@ -8,7 +8,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
@@ -142,6 +142,20 @@ class FoldGroup:
                 del self.ledgers[span.ledger_id]
 
 
+def merged_ledgers(groups: Iterable[FoldGroup]) -> dict[int, LedgerFold]:
+    """Per ledger, over ``groups``: the newest time, and the bytes and segments summed."""
+    out: dict[int, LedgerFold] = {}
+    for group in groups:
+        for lid, part in group.ledgers.items():
+            ledger = out.get(lid)
+            if ledger is None:
+                ledger = out[lid] = LedgerFold()
+            ledger.newest_ms = max(ledger.newest_ms, part.newest_ms)
+            ledger.size += part.size
+            ledger.segments += part.segments
+    return out
+
+
 @dataclass
 class SegmentFold:
     """Offloaded segments the view no longer keeps one by one (``MetadataView(keep_recent=...)``), grouped by the
@@ -171,16 +185,7 @@ class SegmentFold:
 
     @property
     def ledgers(self) -> dict[int, LedgerFold]:
-        out: dict[int, LedgerFold] = {}
-        for group in self.groups.values():
-            for lid, part in group.ledgers.items():
-                ledger = out.get(lid)
-                if ledger is None:
-                    ledger = out[lid] = LedgerFold()
-                ledger.newest_ms = max(ledger.newest_ms, part.newest_ms)
-                ledger.size += part.size
-                ledger.segments += part.segments
-        return out
+        return merged_ledgers(self.groups.values())
 
     def add(self, record: SegmentRecord) -> None:
         group = self.groups.get(record.start[0])
@@ -233,6 +238,13 @@ class TopicMeta:
             out.append(record)
             last = record.end
         return out
+
+    def ledgers(self) -> dict[int, LedgerFold]:
+        """Per ledger, over every readable segment (folded and held): what retention reads."""
+        held = FoldGroup()
+        for record in self.offloaded():
+            held.add(record)
+        return merged_ledgers([*self.fold.groups.values(), held])
 
     def segment_ids(self) -> set[str]:
         return {r.segment_id for r in self.segments.values()}
@@ -487,20 +499,11 @@ class MetadataView:
         if listed:
             return False
         if regroup:
-            held = self._cache.get(snap.topic, {})
             groups = {ledger: FoldGroup() for ledger in regroup}
-            for info in self.meta.store.list(keys.manifests_prefix(self.meta.prefix, snap.topic)):
-                if info.key > fold.through:
-                    break
-                group = groups.get(_start_ledger(info.key))
-                if group is None or info.key in held:
-                    continue
-                with contextlib.suppress(ObjectNotFoundError):
-                    manifest = mf.decode_manifest(self.meta.store.get(info.key), where=info.key)
-                    record = SegmentRecord.of(info.key, manifest)
-                    if not record.offloaded:
-                        return False  # an unfinished attempt among the folded keys: another writer; read it all
-                    group.add(record)
+            for _manifest, record in self._folded_manifests(snap, max(regroup), set(regroup)):
+                if not record.offloaded:
+                    return False  # an unfinished attempt among the folded keys: another writer; read it all
+                groups[record.start[0]].add(record)
             for ledger, group in groups.items():
                 if group.totals.segments:
                     fold.groups[ledger] = group
@@ -514,9 +517,7 @@ class MetadataView:
         readable = snap.offloaded()
         if len(readable) <= self.keep_recent:
             return
-        fold = self._folds.get(snap.topic)
-        if fold is None:
-            fold = self._folds[snap.topic] = snap.fold
+        fold = self._folds.setdefault(snap.topic, snap.fold)
         for record in readable[: len(readable) - self.keep_recent]:
             if record.segment_id in snap.failures or record.segment_id in snap.deleted:
                 continue  # compaction and the deleted totals look these up by id: held
@@ -609,34 +610,39 @@ class MetadataView:
         record of them, so their keys are listed again (in position order, up to the last ledger that may
         go) and their manifests read."""
         name = snap.topic
-        fold = snap.fold
-        held = self._cache.get(name, {})
         done = []
-        for info in self.meta.store.list(keys.manifests_prefix(self.meta.prefix, name)):
-            if info.key > fold.through:
-                break
-            if info.key in held:
-                continue
-            try:
-                start_ledger, _entry, _uuid = keys.parse_manifest_name(info.key)
-            except ValueError:
-                continue
-            if start_ledger > up_to_ledger:
-                break
-            try:
-                manifest = mf.decode_manifest(self.meta.store.get(info.key), where=info.key)
-            except ObjectNotFoundError:
-                continue  # deleted by another process: the next listing's count reads the topic again
-            record = SegmentRecord.of(info.key, manifest)
+        for manifest, record in self._folded_manifests(snap, up_to_ledger):
             if not all_marked([span.ledger_id for span in record.spans], snap.marks, lag_ms, at):
                 continue
             deleted = self.meta.delete_segment(manifest, at)
-            fold.remove(record)
+            snap.fold.remove(record)
             snap.deleted[deleted.segment_id] = deleted
             self._remember(name, self.meta.deleted_segment_key(manifest), deleted)
             self._keep_commit(snap, manifest.ordinal)
             done.append(manifest)
         return done
+
+    def _folded_manifests(
+        self, snap: TopicMeta, up_to_ledger: int, ledgers: set[int] | None = None
+    ) -> Iterator[tuple[SegmentManifest, SegmentRecord]]:
+        """The folded segments' manifests (listed again: the view holds no record of them) that start in a
+        ledger up to ``up_to_ledger`` (and in ``ledgers``, if given), in position order. One deleted since the
+        listing is skipped: the next listing's count mends the fold."""
+        fold = snap.fold
+        held = self._cache.get(snap.topic, {})
+        for info in self.meta.store.list(keys.manifests_prefix(self.meta.prefix, snap.topic)):
+            if info.key > fold.through:
+                return
+            start_ledger = _start_ledger(info.key)
+            if start_ledger > up_to_ledger:
+                return
+            if start_ledger < 0 or info.key in held or (ledgers is not None and start_ledger not in ledgers):
+                continue
+            try:
+                manifest = mf.decode_manifest(self.meta.store.get(info.key), where=info.key)
+            except ObjectNotFoundError:
+                continue
+            yield manifest, SegmentRecord.of(info.key, manifest)
 
     def _keep_commit(self, snap: TopicMeta, ordinal: int) -> None:
         """A folding view holds few commits (``refresh``): a segment deleted now has its commit held for the

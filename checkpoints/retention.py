@@ -47,17 +47,12 @@ def apply_retention(
     view = MetadataView(meta) if view is None else view
     report = RetentionReport()
     snap = view.snapshot(topic)
-    segments = snap.offloaded()
     if policy.retentionTimeInMinutes >= 0 or policy.retentionSizeInMB >= 0:
         deleted = dict(snap.marks)
         # Per ledger: newest publish (or offload) time and bytes, over the segments holding it.
-        newest = {lid: ledger.newest_ms for lid, ledger in snap.fold.ledgers.items()}
-        size = {lid: ledger.size for lid, ledger in snap.fold.ledgers.items()}
-        for seg in segments:
-            stamp = seg.publish_last_ms or seg.offloaded_ms
-            for span in seg.spans:
-                newest[span.ledger_id] = max(newest.get(span.ledger_id, 0), stamp)
-                size[span.ledger_id] = size.get(span.ledger_id, 0) + span.size
+        ledgers = snap.ledgers()
+        newest = {lid: ledger.newest_ms for lid, ledger in ledgers.items()}
+        size = {lid: ledger.size for lid, ledger in ledgers.items()}
         closed = sorted(newest)[:-1]
         live = [lid for lid in closed if lid not in deleted]
         if policy.retentionTimeInMinutes >= 0:

@@ -173,8 +173,9 @@ class TopicState:
     def take_fold(self, fold: SegmentFold) -> None:
         """The store view's fold as of its last listing: its sums join the per-topic figures, and the segments
         it holds are no longer remembered one by one (the view never shows them again)."""
-        self.folded_segments = fold.totals.segments
-        self.folded_bytes = fold.totals.data_length
+        totals = fold.totals
+        self.folded_segments = totals.segments
+        self.folded_bytes = totals.data_length
         if fold.last_end is not None:
             through = fold.last_end
             self.counted = {u: end for u, end in self.counted.items() if end is None or end > through}
