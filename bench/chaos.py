@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import random
@@ -289,11 +290,14 @@ def write_config(
     policy: tuple[float, int],
     *,
     rollover_s: float = 3,
+    spark_conf: dict[str, str] | None = None,
 ) -> None:
     """Write the job's configuration atomically (a rename), so the running job never reads half a file.
-    ``rollover_s``: ``maxOffloadSegmentRolloverTimeSeconds`` (bench/soak.py sets its own)."""
+    ``rollover_s``: ``maxOffloadSegmentRolloverTimeSeconds`` (bench/soak.py sets its own); ``spark_conf``: more
+    Spark settings (bench/soak.py's ``--java-options``)."""
     segment_mb, block_size = policy
     topic_list = ", ".join(f'"{t}"' for t in topics)
+    more_conf = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in (spark_conf or {}).items())
     text = f"""# written by bench/chaos.py
 [pulsar]
 service_url = "{service_url}"
@@ -310,7 +314,7 @@ trigger_interval = "1 second"
 "spark.ui.enabled" = "false"
 "spark.ui.showConsoleProgress" = "false"
 "spark.local.dir" = "{path.parent / "spark-local"}"
-
+{more_conf}
 [metrics]
 address = ""
 

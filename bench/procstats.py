@@ -454,18 +454,37 @@ class HeapAfterGc:
     """Bytes of heap in use right after a full collection: the old generation's live set (a full G1
     collection leaves nothing young)."""
     metaspace_used: int
+    heap_committed: int = 0
+    """Bytes of heap the JVM holds from the OS after the collection (``GC.heap_info``'s total)."""
+    native_committed: dict[str, int] = field(default_factory=dict)
+    """Native memory tracking's committed bytes by category (``Java Heap``, ``Thread``, ``Class``, ...; ``Total``)
+    when the JVM runs with ``-XX:NativeMemoryTracking=summary``; else empty. Memory that native code allocates
+    itself (RocksDB, glibc's arenas for it) is not tracked: the RSS minus ``Total`` is that, roughly."""
 
 
-_HEAP_USED = re.compile(r"heap\s+total \d+K, used (\d+)K")
+_HEAP_USED = re.compile(r"heap\s+total (\d+)K, used (\d+)K")
 _METASPACE_USED = re.compile(r"Metaspace\s+used (\d+)K")
+_NMT_TOTAL = re.compile(r"^Total: reserved=\d+KB, committed=(\d+)KB", re.MULTILINE)
+_NMT_CATEGORY = re.compile(r"^-\s+(\S[^(]*?)\s+\(reserved=\d+KB, committed=(\d+)KB\)", re.MULTILINE)
+
+
+def native_memory(jcmd_output: str) -> dict[str, int]:
+    """``VM.native_memory summary``'s committed bytes by category, with ``Total``; empty without NMT."""
+    total = _NMT_TOTAL.search(jcmd_output)
+    if total is None:
+        return {}
+    found = {name.strip(): int(kib) * 1024 for name, kib in _NMT_CATEGORY.findall(jcmd_output)}
+    found["Total"] = int(total.group(1)) * 1024
+    return found
 
 
 def heap_after_full_gc(jvm_pid: int, scratch: str) -> HeapAfterGc | None:
     """Force a full collection in the JVM (``jcmd GC.run``, i.e. ``System.gc()``) and read the heap right
     after it (``GC.heap_info``), in one ``jcmd`` (about 0.3 CPU s). ``scratch``: a file for jcmd's command
-    list. None when jcmd is missing or the JVM does not answer (e.g. it is exiting)."""
+    list. None when jcmd is missing or the JVM does not answer (e.g. it is exiting). A JVM started with
+    ``-XX:NativeMemoryTracking=summary`` also reports its native memory by category."""
     with open(scratch, "w", encoding="ascii") as f:
-        f.write("GC.run\nGC.heap_info\n")
+        f.write("GC.run\nGC.heap_info\nVM.native_memory summary\n")
     try:
         out = subprocess.run(
             ["jcmd", str(jvm_pid), "-f", scratch], capture_output=True, text=True, timeout=60, check=False
@@ -475,4 +494,9 @@ def heap_after_full_gc(jvm_pid: int, scratch: str) -> HeapAfterGc | None:
     heap, metaspace = _HEAP_USED.search(out), _METASPACE_USED.search(out)
     if heap is None or metaspace is None:
         return None
-    return HeapAfterGc(int(heap.group(1)) * 1024, int(metaspace.group(1)) * 1024)
+    return HeapAfterGc(
+        int(heap.group(2)) * 1024,
+        int(metaspace.group(1)) * 1024,
+        heap_committed=int(heap.group(1)) * 1024,
+        native_committed=native_memory(out),
+    )

@@ -100,6 +100,21 @@ PRODUCER_LOGGER = "bench.chaos.pulsar"  # the logger bench/chaos_processes.py gi
 MIB = 2**20
 
 Row = dict[str, float | None]
+NATIVE_COLUMNS = {
+    "Total": "jvm_native_total_mib",
+    "Java Heap": "jvm_native_heap_mib",
+    "Class": "jvm_native_class_mib",
+    "Thread": "jvm_native_thread_mib",
+    "Code": "jvm_native_code_mib",
+    "GC": "jvm_native_gc_mib",
+    "Internal": "jvm_native_internal_mib",
+    "Other": "jvm_native_other_mib",
+    "Symbol": "jvm_native_symbol_mib",
+    "Arena Chunk": "jvm_native_arena_mib",
+}
+"""Native memory tracking's categories sampled after each forced GC (committed MiB), when the JVM tracks them
+(``--java-options -XX:NativeMemoryTracking=summary``). ``jvm_untracked_mib``: the JVM's RSS minus their total,
+i.e. what native libraries (RocksDB) and the C allocator hold beyond the JVM's own accounting."""
 
 
 @dataclass
@@ -261,12 +276,14 @@ def run_soak(
     service_url: str | None = None,
     startup_timeout: float = 240.0,
     converge_timeout: float = 300.0,
+    java_options: str = "",
     log: Callable[[str], None] = print,
 ) -> SoakReport:
     """Run the soak described in this module's docstring under ``workdir`` and return its report.
 
     ``service_url``: an already running broker (topics get unique names); by default an embedded pulsar-lite
-    broker is started under ``workdir``. ``warmup_s``: by default a sixth of the run."""
+    broker is started under ``workdir``. ``warmup_s``: by default a sixth of the run. ``java_options``: added to the
+    job's JVM options (e.g. ``-XX:NativeMemoryTracking=summary``, which fills the ``jvm_native_*`` columns)."""
     if store not in ("fs", "s3"):
         raise ValueError(f"store must be 'fs' or 's3', got {store!r}")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -287,6 +304,7 @@ def run_soak(
             payload_size,
             startup_timeout,
             converge_timeout,
+            java_options,
             log,
         )
     return report
@@ -303,6 +321,7 @@ def _run(
     payload_size: int,
     startup_timeout: float,
     converge_timeout: float,
+    java_options: str,
     log: Callable[[str], None],
 ) -> None:
     started = time.monotonic()
@@ -311,7 +330,17 @@ def _run(
     conf, checkpoint, logs = workdir / "soak.toml", workdir / "checkpoint", workdir / "logs"
     logs.mkdir(exist_ok=True)
     rollover = report.rollover_s
-    write_config(conf, service_url, list(batching), checkpoint, store_toml, SEGMENT_POLICY, rollover_s=rollover)
+    spark_conf = {"spark.driver.extraJavaOptions": java_options} if java_options else None
+    write_config(
+        conf,
+        service_url,
+        list(batching),
+        checkpoint,
+        store_toml,
+        SEGMENT_POLICY,
+        rollover_s=rollover,
+        spark_conf=spark_conf,
+    )
     config = load_config(conf)
     scoped = config.store.location.open()
     object_store = scoped.store
@@ -442,6 +471,9 @@ def _sample_until(
             "jvm_rss_mib": tree.jvm_rss / MIB if tree.jvm_pid else None,
             "jvm_old_after_gc_mib": None,
             "jvm_metaspace_mib": None,
+            "jvm_heap_committed_mib": None,
+            **dict.fromkeys(NATIVE_COLUMNS.values()),
+            "jvm_untracked_mib": None,
             "workers_pss_mib": tree.workers_pss / MIB,
             "workers": tree.workers,
             "fds": tree.fds,
@@ -458,6 +490,12 @@ def _sample_until(
             if heap is not None:
                 row["jvm_old_after_gc_mib"] = heap.heap_used / MIB
                 row["jvm_metaspace_mib"] = heap.metaspace_used / MIB
+                row["jvm_heap_committed_mib"] = heap.heap_committed / MIB
+                for category, column in NATIVE_COLUMNS.items():
+                    if category in heap.native_committed:
+                        row[column] = heap.native_committed[category] / MIB
+                if "Total" in heap.native_committed:
+                    row["jvm_untracked_mib"] = (tree.jvm_rss - heap.native_committed["Total"]) / MIB
         rows.append(row)
         if time.monotonic() >= next_log:
             next_log += 60
@@ -552,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples (10)")
     parser.add_argument("--gc-every-s", type=float, default=60.0, help="seconds between forced full GCs (60)")
     parser.add_argument("--payload-size", type=int, default=200, help="bytes per message (200)")
+    parser.add_argument(
+        "--java-options",
+        default="",
+        help="more options for the job's JVM, e.g. '-XX:NativeMemoryTracking=summary' to sample its native memory "
+        "by category after each forced GC (CSV columns jvm_native_*), or '-Xlog:gc:file=gc.log'",
+    )
     parser.add_argument("--out", default="soak-out", help="directory for the CSV and the PNG (soak-out)")
     add_work_arguments(parser)
     args = parser.parse_args(argv)
@@ -574,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             gc_every_s=args.gc_every_s,
             payload_size=args.payload_size,
             store=args.store,
+            java_options=args.java_options,
             log=lambda line: print(line, flush=True),
         )
         csv_path, plot = write_outputs(report, Path(args.out))

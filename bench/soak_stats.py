@@ -41,6 +41,7 @@ def resource_series(partitions: int) -> list[Series]:
         Series("jvm_rss_mib", "JVM RSS (MiB)"),
         Series("jvm_old_after_gc_mib", "JVM old gen after full GC (MiB)"),
         Series("jvm_metaspace_mib", "JVM metaspace (MiB)"),
+        Series("jvm_heap_committed_mib", "JVM heap committed after full GC (MiB)", flat=False),
         Series("workers_pss_mib", "Python workers PSS, sum (MiB)"),
         Series("workers", "Python worker processes", flat=False),
         Series("fds", "open fds (driver + JVM)"),
