@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError
 from streamoffload.storage.location import ScopedStore
 
@@ -43,33 +45,43 @@ class StoreCensus:
     def __init__(self, scoped: ScopedStore) -> None:
         self.store = scoped.store
         self.prefix = scoped.prefix
-        self._offloaded: dict[str, int] = {}
-        """Offloaded manifest key -> the objects its segment accounts for, the commit included."""
+        self._offloaded: dict[str, tuple[str, ...]] = {}
+        """Offloaded manifest key -> the keys of the objects its segment accounts for, the commit included."""
 
     def count(self) -> StoreCount:
-        listed = [info.key for info in self.store.list(f"{self.prefix}/" if self.prefix else "")]
+        listed = {info.key for info in self.store.list(f"{self.prefix}/" if self.prefix else "")}
         accounted = 0
         segments = 0
         topics: set[str] = set()
         for key in listed:
             if SEGMENTS_DIR not in key:
                 continue
-            objects = self._offloaded.get(key) or self._read_offloaded(key)
-            if objects:
-                accounted += objects
+            owned = self._offloaded.get(key) or self._read_offloaded(key)
+            if owned:
+                # Only what this listing holds: a segment sealed between the listing and the manifest's read (a
+                # listing of ~300,000 objects takes seconds) had fewer of its objects listed than it owns.
+                accounted += sum(1 for owned_key in owned if owned_key in listed)
                 segments += 1
                 topics.add(key.partition(SEGMENTS_DIR)[0])
         uploads = sum(1 for _ in self.store.pending_multiparts(f"{self.prefix}/" if self.prefix else ""))
         return StoreCount(len(listed), segments, len(topics), len(listed) - accounted, uploads)
 
-    def _read_offloaded(self, key: str) -> int:
+    def _read_offloaded(self, key: str) -> tuple[str, ...]:
         try:
             manifest = mf.decode_manifest(self.store.get(key), where=key)
         except (ObjectNotFoundError, FormatError):
-            return 0  # deleted between list and get, or caught mid-write on a store without atomic puts
+            return ()  # deleted between list and get, or caught mid-write on a store without atomic puts
         if manifest.status != mf.OFFLOADED:
-            return 0
-        # data object, index, manifest, commit, and a checksum record per block
-        objects = 4 + mf.checksum_blocks(manifest)
-        self._offloaded[key] = objects
-        return objects
+            return ()
+        owned = (key, *segment_object_keys(key, manifest))
+        self._offloaded[key] = owned
+        return owned
+
+
+def segment_object_keys(manifest_key: str, manifest: SegmentManifest) -> list[str]:
+    """The keys of an Offloaded segment's objects besides its manifest (``storage/keys.py``): its data object,
+    index, one checksum record per block, and its commit."""
+    data = manifest.dataKey
+    crcs = [keys.block_checksums_key(data, block) for block in range(1, mf.checksum_blocks(manifest) + 1)]
+    commit = f"{manifest_key.partition(SEGMENTS_DIR)[0]}{COMMITS_DIR}{manifest.ordinal:020d}"
+    return [data, manifest.indexKey, *crcs, commit]
