@@ -186,11 +186,34 @@ tiered JIT the C2 compiler kept a core busy compiling it: 18.5 of the JVM's 34.8
 (and 45 micro-batches instead of 27 in the same minute), 0.8 of 3.3. Measured 2026-11-25, bench/README."""
 
 
+G1_REGION = "-XX:G1HeapRegionSize=4m"
+"""The local JVM's G1 heap regions: 4 MB, so that the buffers Spark allocates for every micro-batch stay below
+half a region and are ordinary young objects. With the default 1 MB regions (a 2g heap), a broadcast's 4 MB
+chunk, a task result's and a collect's 1 MB chunk, and a sort's 16 MB page were each "humongous": allocated
+straight into the old generation as a contiguous run of free regions, ~26 MB/s of them at 2,000 msg/s, each
+starting a collection of its own, and finding runs of free regions made G1 grow the heap by hundreds of MB
+between collections. The hour's soak saw the JVM's RSS step from ~860 to ~990 MiB and spike to 1,363 MiB while
+the live old generation stayed at 163 MiB (``-XX:NativeMemoryTracking`` and a JFR recording of allocations
+outside TLABs, 2026-11-28, bench/README)."""
+SMALL_BUFFERS = {
+    "spark.buffer.pageSize": "1m",
+    "spark.broadcast.blockSize": "1m",
+}
+"""Spark's buffers sized below half of :data:`G1_REGION` (see there). ``spark.buffer.pageSize``: the pages sorts and
+shuffle writers take (derived from the heap: 16 MB with 2g on 2 cores; a bigger sort takes more pages, a task can
+hold 8,192, beyond its share of execution memory). ``spark.broadcast.blockSize``: the chunks a broadcast is
+serialized into (4 MB; locally the blocks never cross a network)."""
+
+
 def driver_java_options(user: str) -> str:
-    """The local JVM's options: :data:`QUICK_JIT` unless the user chose the JIT's tiers themselves."""
-    if "TieredStopAtLevel" in user or "TieredCompilation" in user:
-        return user
-    return f"{QUICK_JIT} {user}".strip()
+    """The local JVM's options: :data:`QUICK_JIT` unless the user chose the JIT's tiers themselves, and
+    :data:`G1_REGION` unless they chose the regions' size."""
+    ours = []
+    if "TieredStopAtLevel" not in user and "TieredCompilation" not in user:
+        ours.append(QUICK_JIT)
+    if "G1HeapRegionSize" not in user:
+        ours.append(G1_REGION)
+    return " ".join([*ours, user]).strip()
 
 
 def build_session(
@@ -223,6 +246,7 @@ def build_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
         "spark.driver.memory": "2g",
+        **SMALL_BUFFERS,
     }
     # Under spark-submit the JVM is already up with the master and resources the user chose.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
