@@ -10,7 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from streamoffload.streaming.job.session import G1_REGION, QUICK_JIT, SMALL_BUFFERS, driver_java_options
+from streamoffload.streaming.job.session import (
+    G1_REGION,
+    QUICK_JIT,
+    SMALL_BUFFERS,
+    YOUNG_GEN,
+    driver_java_options,
+)
 from streamoffload.streaming.runtime.worker_python import launcher_directory, worker_python
 
 
@@ -87,20 +93,22 @@ def test_a_worker_freezes_what_it_imported_once_so_the_daemons_collections_are_c
 
 
 def test_the_local_jvm_compiles_with_c1_only_unless_the_user_chose_the_tiers() -> None:
-    assert driver_java_options("") == f"{QUICK_JIT} {G1_REGION}"
-    assert driver_java_options("-Dx=1") == f"{QUICK_JIT} {G1_REGION} -Dx=1"
-    assert driver_java_options("-XX:TieredStopAtLevel=4") == f"{G1_REGION} -XX:TieredStopAtLevel=4"
-    assert driver_java_options("-XX:-TieredCompilation -Dx=1") == f"{G1_REGION} -XX:-TieredCompilation -Dx=1"
+    assert driver_java_options("") == f"{QUICK_JIT} {G1_REGION} {YOUNG_GEN}"
+    assert driver_java_options("-Dx=1") == f"{QUICK_JIT} {G1_REGION} {YOUNG_GEN} -Dx=1"
+    assert driver_java_options("-XX:TieredStopAtLevel=4") == f"{G1_REGION} {YOUNG_GEN} -XX:TieredStopAtLevel=4"
+    assert driver_java_options("-XX:-TieredCompilation") == f"{G1_REGION} {YOUNG_GEN} -XX:-TieredCompilation"
 
 
-def test_the_local_jvm_has_4_mb_regions_unless_the_user_chose_their_size() -> None:
-    assert driver_java_options("-XX:G1HeapRegionSize=8m") == f"{QUICK_JIT} -XX:G1HeapRegionSize=8m"
+def test_the_local_jvm_has_4_mb_regions_and_a_fixed_young_generation_unless_the_user_chose_them() -> None:
+    assert driver_java_options("-XX:G1HeapRegionSize=8m") == f"{QUICK_JIT} {YOUNG_GEN} -XX:G1HeapRegionSize=8m"
+    assert driver_java_options("-Xmn64m") == f"{QUICK_JIT} {G1_REGION} -Xmn64m"
+    assert driver_java_options("-XX:MaxNewSize=1g") == f"{QUICK_JIT} {G1_REGION} -XX:MaxNewSize=1g"
 
 
 def test_the_sessions_jvm_runs_with_the_quick_jit_and_allocates_its_buffers_as_young_objects(spark: Any) -> None:
     jvm = spark.sparkContext._jvm
     runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    assert QUICK_JIT in list(runtime.getInputArguments())
+    assert {QUICK_JIT, G1_REGION, YOUNG_GEN} <= set(runtime.getInputArguments())
     # A buffer is humongous for G1 from half a region on: every buffer Spark sizes per micro-batch stays below.
     region = int(
         jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
