@@ -22,7 +22,6 @@ from streamoffload.storage.base import ObjectNotFoundError
 from streamoffload.storage.location import ScopedStore
 
 SEGMENTS_DIR = "/_meta/segments/"
-COMMITS_DIR = "/_meta/commits/"
 
 
 @dataclass
@@ -73,15 +72,14 @@ class StoreCensus:
             return ()  # deleted between list and get, or caught mid-write on a store without atomic puts
         if manifest.status != mf.OFFLOADED:
             return ()
-        owned = (key, *segment_object_keys(key, manifest))
+        owned = (key, *segment_object_keys(self.prefix, manifest))
         self._offloaded[key] = owned
         return owned
 
 
-def segment_object_keys(manifest_key: str, manifest: SegmentManifest) -> list[str]:
+def segment_object_keys(prefix: str, manifest: SegmentManifest) -> list[str]:
     """The keys of an Offloaded segment's objects besides its manifest (``storage/keys.py``): its data object,
     index, one checksum record per block, and its commit."""
     data = manifest.dataKey
     crcs = [keys.block_checksums_key(data, block) for block in range(1, mf.checksum_blocks(manifest) + 1)]
-    commit = f"{manifest_key.partition(SEGMENTS_DIR)[0]}{COMMITS_DIR}{manifest.ordinal:020d}"
-    return [data, manifest.indexKey, *crcs, commit]
+    return [data, manifest.indexKey, *crcs, keys.commit_key(prefix, manifest.topic, manifest.ordinal)]

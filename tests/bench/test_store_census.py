@@ -50,14 +50,13 @@ def test_a_segments_objects_missing_from_the_listing_are_not_counted_for_it(tmp_
 
 def test_segment_object_keys_name_the_data_index_checksums_and_commit() -> None:
     manifest = mf.decode_manifest(mf.encode_manifest(_sealed_with_checksums()))
-    key = "tier/t/_meta/segments/00000000000000000010-00000000000000000000-" + str(mf.manifest_uuid(manifest))
 
-    assert segment_object_keys(key, manifest) == [
+    assert segment_object_keys("tier", manifest) == [
         manifest.dataKey,
         manifest.indexKey,
         manifest.dataKey + "-crc-1",
         manifest.dataKey + "-crc-2",
-        "tier/t/_meta/commits/00000000000000000007",
+        "tier/tenant/ns/t/_meta/commits/00000000000000000007",
     ]
 
 
