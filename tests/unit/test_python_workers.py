@@ -10,8 +10,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from streamoffload.errors import ConfigError
 from streamoffload.streaming.job.session import (
     G1_REGION,
+    HEAP_FLOOR,
+    JVM_ENVIRONMENT,
+    PRE_TOUCH,
     QUICK_JIT,
     SMALL_BUFFERS,
     YOUNG_GEN,
@@ -92,23 +98,41 @@ def test_a_worker_freezes_what_it_imported_once_so_the_daemons_collections_are_c
     assert first > 10_000 and again == first
 
 
+OURS_AFTER_JIT = f"{G1_REGION} {YOUNG_GEN} {HEAP_FLOOR} {PRE_TOUCH}"
+
+
 def test_the_local_jvm_compiles_with_c1_only_unless_the_user_chose_the_tiers() -> None:
-    assert driver_java_options("") == f"{QUICK_JIT} {G1_REGION} {YOUNG_GEN}"
-    assert driver_java_options("-Dx=1") == f"{QUICK_JIT} {G1_REGION} {YOUNG_GEN} -Dx=1"
-    assert driver_java_options("-XX:TieredStopAtLevel=4") == f"{G1_REGION} {YOUNG_GEN} -XX:TieredStopAtLevel=4"
-    assert driver_java_options("-XX:-TieredCompilation") == f"{G1_REGION} {YOUNG_GEN} -XX:-TieredCompilation"
+    assert driver_java_options("") == f"{QUICK_JIT} {OURS_AFTER_JIT}"
+    assert driver_java_options("-Dx=1") == f"{QUICK_JIT} {OURS_AFTER_JIT} -Dx=1"
+    assert driver_java_options("-XX:TieredStopAtLevel=4") == f"{OURS_AFTER_JIT} -XX:TieredStopAtLevel=4"
+    assert driver_java_options("-XX:-TieredCompilation") == f"{OURS_AFTER_JIT} -XX:-TieredCompilation"
 
 
 def test_the_local_jvm_has_4_mb_regions_and_a_fixed_young_generation_unless_the_user_chose_them() -> None:
-    assert driver_java_options("-XX:G1HeapRegionSize=8m") == f"{QUICK_JIT} {YOUNG_GEN} -XX:G1HeapRegionSize=8m"
-    assert driver_java_options("-Xmn64m") == f"{QUICK_JIT} {G1_REGION} -Xmn64m"
-    assert driver_java_options("-XX:MaxNewSize=1g") == f"{QUICK_JIT} {G1_REGION} -XX:MaxNewSize=1g"
+    floor = f"{HEAP_FLOOR} {PRE_TOUCH}"
+    assert driver_java_options("-XX:G1HeapRegionSize=8m") == f"{QUICK_JIT} {YOUNG_GEN} {floor} -XX:G1HeapRegionSize=8m"
+    assert driver_java_options("-Xmn64m") == f"{QUICK_JIT} {G1_REGION} {floor} -Xmn64m"
+    assert driver_java_options("-XX:MaxNewSize=1g") == f"{QUICK_JIT} {G1_REGION} {floor} -XX:MaxNewSize=1g"
 
 
-def test_the_sessions_jvm_runs_with_the_quick_jit_and_allocates_its_buffers_as_young_objects(spark: Any) -> None:
+def test_the_local_jvm_keeps_a_resident_heap_floor_unless_the_user_chose_one_or_the_heap_is_smaller() -> None:
+    jit_regions_young = f"{QUICK_JIT} {G1_REGION} {YOUNG_GEN}"
+    assert driver_java_options("-Xms1g") == f"{jit_regions_young} {PRE_TOUCH} -Xms1g"
+    assert driver_java_options("-XX:InitialHeapSize=1g") == f"{jit_regions_young} {PRE_TOUCH} -XX:InitialHeapSize=1g"
+    assert driver_java_options("-XX:-AlwaysPreTouch") == f"{jit_regions_young} {HEAP_FLOOR} -XX:-AlwaysPreTouch"
+    # A JVM with an initial heap above its maximum does not start: no floor under a smaller heap.
+    assert driver_java_options("", "256m") == jit_regions_young
+    assert driver_java_options("", "300") == jit_regions_young  # a bare number is MiB, as Spark reads it
+    assert driver_java_options("", "384m") == f"{jit_regions_young} {HEAP_FLOOR} {PRE_TOUCH}"
+    assert driver_java_options("", "8192") == f"{jit_regions_young} {HEAP_FLOOR} {PRE_TOUCH}"
+    with pytest.raises(ConfigError, match=r"spark\.driver\.memory.*'two gigs'"):
+        driver_java_options("", "two gigs")
+
+
+def test_the_sessions_jvm_runs_with_our_options_and_allocates_its_buffers_as_young_objects(spark: Any) -> None:
     jvm = spark.sparkContext._jvm
     runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    assert {QUICK_JIT, G1_REGION, YOUNG_GEN} <= set(runtime.getInputArguments())
+    assert {QUICK_JIT, G1_REGION, YOUNG_GEN, HEAP_FLOOR, PRE_TOUCH} <= set(runtime.getInputArguments())
     # A buffer is humongous for G1 from half a region on: every buffer Spark sizes per micro-batch stays below.
     region = int(
         jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
@@ -118,6 +142,10 @@ def test_the_sessions_jvm_runs_with_the_quick_jit_and_allocates_its_buffers_as_y
         .getValue()
     )
     assert region == 4 * 1024 * 1024
+    assert jvm.java.lang.System.getenv("MALLOC_ARENA_MAX") == JVM_ENVIRONMENT["MALLOC_ARENA_MAX"]
+    # The floor's regions are committed and touched from the start, whatever G1 does later.
+    heap = jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage()
+    assert heap.getCommitted() >= 384 * 1024 * 1024
     conf = spark.sparkContext.getConf()
     for key in SMALL_BUFFERS:
         assert jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(conf.get(key)) < region // 2
