@@ -74,11 +74,6 @@ that the segmenter's processing-time timers fire (a rollover deadline of a quiet
 Spark's no-data micro-batches off: with processing-time timers Spark would otherwise run one at every trigger,
 whatever the timers say (SPARK-50180), and each costs the JVM most of a CPU second. Not a topic-partition."""
 
-WATCHED_POLL_S = 30.0
-"""How often a quiet topic-partition whose held consumer watches it is asked about anyway: the watch (a
-pushed entry) says when it moves, so this only bounds how late a lost push is made up for (pulsar-lite's
-dispatch stalls at times: SPEC 6)."""
-
 WAKE_FALLBACK_S = 30.0
 """A micro-batch at least this often while nothing moves, whatever the job reported: timers the job cannot
 report yet (state restored from a checkpoint, before the run's first micro-batch) fire at most this late."""
@@ -270,13 +265,13 @@ class SourcePlanner:
         return [tp for tp in partitions if self._next_lookup.get(tp, 0.0) <= now or tp in changed]
 
     def _quiet_interval(self, tp: str) -> float:
-        """When a quiet topic-partition is asked about again: ``idlePollSeconds``, or ``WATCHED_POLL_S`` when
+        """When a quiet topic-partition is asked about again: ``idlePollSeconds``, or ``watchedPollSeconds`` when
         its held consumer watches it (the broker pushes the next entry, and ``_due`` asks then); spread over
         [0.75, 1.25] of it by the topic's name (stable across runs), so the quiet topic-partitions are asked
         about a slice at a time rather than all in one trigger."""
         spread = zlib.crc32(tp.encode()) / 0xFFFFFFFF
         watched = self._held is not None and self._held.armed(tp)
-        return (WATCHED_POLL_S if watched else self.options.idle_poll_s) * (0.75 + 0.5 * spread)
+        return (self.options.watched_poll_s if watched else self.options.idle_poll_s) * (0.75 + 0.5 * spread)
 
     def _latest_batch(self, partitions: Sequence[str]) -> dict[str, Any]:
         """The pipelined lookup; raises when it answered nothing (the broker is unreachable), so that the

@@ -100,6 +100,12 @@ Options (names are case-insensitive, as Spark makes them):
     on a quiet topic-partition are then seen up to this much later, and ``processAllAvailable`` may return
     before it has seen them. 0 (the default) asks about every one at every trigger; the offload job sets 2 s.
     ``Trigger.AvailableNow`` always asks about all of them once.
+``watchedPollSeconds`` (30)
+    With ``idlePollSeconds`` above 0 and the raw reader: the source holds a consumer on each topic-partition
+    with one permit, so the broker pushes it the next entry of a quiet one, and that topic-partition is asked
+    about at the next trigger. It is asked about anyway this often (spread like ``idlePollSeconds``): the bound
+    on how late an entry whose push was lost is seen (pulsar-lite's dispatch stalls at times). Lower it where
+    pushes are lost often; raise it to ask a broker with tens of thousands of quiet topics less.
 ``minPartitions`` (1)
     As in Spark's Kafka source: a micro-batch with fewer topic-partition ranges than this cuts the
     largest in pieces read by separate tasks (``streaming/source/input_partitions.py``; only where the entries are

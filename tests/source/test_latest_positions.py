@@ -107,7 +107,7 @@ def test_quiet_topic_partitions_are_asked_about_when_their_watch_fires_and_else_
 ) -> None:
     """Five quiet topic-partitions and one with new entries: after the first trigger, only the active one is
     asked about; a quiet one that gets entries is asked about at the next trigger (its held consumer's watch
-    fired), with no time passing; the others only every ``WATCHED_POLL_S``, spread over triggers."""
+    fired), with no time passing; the others only every ``watchedPollSeconds``, spread over triggers."""
     from streamoffload.streaming.source import offset_planner as planner_module
 
     topics = [unique_topic(f"idle-poll-{n}") for n in range(6)]
@@ -124,7 +124,13 @@ def test_quiet_topic_partitions_are_asked_about_when_their_watch_fires_and_else_
         return real(self, partitions)
 
     monkeypatch.setattr(SourcePlanner, "latest_positions", recording)
-    options = {"service.url": pulsar_broker.service_url, "topics": ",".join(topics), "idlePollSeconds": "10"}
+    watched_poll_s = 20.0  # not the default 30: the option is what counts
+    options = {
+        "service.url": pulsar_broker.service_url,
+        "topics": ",".join(topics),
+        "idlePollSeconds": "10",
+        "watchedPollSeconds": str(watched_poll_s),
+    }
     planner = SourcePlanner(SourceOptions.parse(options))
     start = planner.initial_offset()
     end = planner.latest_offset(start, None, None)  # everything is due the first time
@@ -155,8 +161,8 @@ def test_quiet_topic_partitions_are_asked_about_when_their_watch_fires_and_else_
     end = planner.latest_offset(seen, None, None)  # it moved at the last look: asked again, now quiet
     end = planner.latest_offset(end, None, None)
     asked.clear()
-    clock[0] += 0.75 * planner_module.WATCHED_POLL_S  # the watched quiet ones are asked again now and then
-    for _ in range(int(planner_module.WATCHED_POLL_S)):  # within 1.25 x of their last look, every one was
+    clock[0] += 0.75 * watched_poll_s  # the watched quiet ones are asked again now and then
+    for _ in range(int(watched_poll_s)):  # within 1.25 x of their last look, every one was
         clock[0] += 0.5
         end = planner.latest_offset(end, None, None)
     assert {t for batch in asked for t in batch} == set(topics)
