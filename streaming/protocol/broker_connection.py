@@ -27,6 +27,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     BaseCommand,
     CommandGetTopicsOfNamespace,
     CommandLookupTopicResponse,
+    ServerError,
 )
 from streamoffload.errors import ConfigError
 from streamoffload.streaming.protocol.client_options import (
@@ -36,7 +37,7 @@ from streamoffload.streaming.protocol.client_options import (
     normalized,
     token_from_options,
 )
-from streamoffload.streaming.protocol.exactly_once import PulsarIOError, ReaderUnusable
+from streamoffload.streaming.protocol.exactly_once import PulsarIOError, ReaderUnusable, TopicNotFoundError
 from streamoffload.streaming.protocol.wire import FRAME_HEADER, MAX_FRAME, T, frame, request_id_of, server_error
 
 PROTOCOL_VERSION = 19  # v18 is the first that may receive broker entry metadata
@@ -57,6 +58,21 @@ class NoAnswerError(PulsarIOError):
 
 class TopicListingUnsupported(PulsarIOError):
     """The broker does not answer ``GetTopicsOfNamespace`` (pulsar-lite 0.2 ignores the command)."""
+
+
+def refusal(cmd: BaseCommand, what: str, where: str) -> PulsarIOError:
+    """The error an ``ERROR`` answer to ``what`` stands for: :class:`TopicNotFoundError` for ``TopicNotFound``."""
+    return _server_refusal(cmd.error.error, f"{what} failed at {where}: {cmd.error.message}")
+
+
+def lookup_refusal(resp: CommandLookupTopicResponse, topic: str, where: str) -> PulsarIOError:
+    """The error a failed lookup of ``topic`` stands for (:class:`TopicNotFoundError` for ``TopicNotFound``)."""
+    return _server_refusal(resp.error, f"lookup of {topic} at {where} failed: {resp.message or 'no reason given'}")
+
+
+def _server_refusal(code: int, message: str) -> PulsarIOError:
+    kind = TopicNotFoundError if code == ServerError.TopicNotFound else PulsarIOError
+    return kind(f"{message} ({server_error(code)})")
 
 
 class BrokerConnection:
@@ -315,9 +331,7 @@ class BrokerConnection:
             answer = request_id_of(cmd)
             if answer == request_id:
                 if cmd.type == T.ERROR:
-                    raise PulsarIOError(
-                        f"{what} failed at {self.name}: {cmd.error.message} ({server_error(cmd.error.error)})"
-                    )
+                    raise refusal(cmd, what, self.name)
                 return cmd
 
     def request_many(
@@ -353,9 +367,7 @@ class BrokerConnection:
                 continue
             what = waiting.pop(request_id)
             if cmd.type == T.ERROR:
-                answers[request_id] = PulsarIOError(
-                    f"{what} failed at {self.name}: {cmd.error.message} ({server_error(cmd.error.error)})"
-                )
+                answers[request_id] = refusal(cmd, what, self.name)
             else:
                 answers[request_id] = cmd
         return answers

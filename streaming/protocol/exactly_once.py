@@ -44,6 +44,12 @@ class PulsarIOError(StreamOffloadError):
     """Reading from Pulsar failed: broker unreachable, reader stalled past the retry budget, bad data."""
 
 
+class TopicNotFoundError(PulsarIOError):
+    """The broker says the topic does not exist: deleted, or not created yet. Our subscriptions never create a
+    topic (``force_topic_creation`` false, as Pulsar's own pattern consumers subscribe), so an offloader asking
+    about a topic an operator just deleted does not bring it back."""
+
+
 class DataLossError(PulsarIOError):
     """Entries that should exist in a range cannot be read: the broker no longer has them."""
 

@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
-from streamoffload.streaming.protocol.broker_connection import BrokerConnection
+from streamoffload.streaming.protocol.broker_connection import BrokerConnection, lookup_refusal
 from streamoffload.streaming.protocol.client_options import ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Position, PulsarIOError
 from streamoffload.streaming.protocol.raw_reader import (
@@ -39,7 +39,7 @@ from streamoffload.streaming.protocol.raw_reader import (
     unsubscribe_command,
 )
 from streamoffload.streaming.protocol.subscription_names import NAMES
-from streamoffload.streaming.protocol.wire import T, server_error
+from streamoffload.streaming.protocol.wire import T
 
 Route = tuple[str, int, bool, str | None]
 """Where a topic-partition is served: host, port, TLS, and the broker URL to ask a proxy for (or None)."""
@@ -109,10 +109,7 @@ def _routes(
             continue
         resp = reply.lookupTopicResponse
         if resp.response == CommandLookupTopicResponse.Failed:
-            answers[topic] = PulsarIOError(
-                f"lookup of {topic} at {service.name} failed: {resp.message or 'no reason given'} "
-                f"({server_error(resp.error)})"
-            )
+            answers[topic] = lookup_refusal(resp, topic, service.name)
             continue
         url = resp.brokerServiceUrlTls if tls else resp.brokerServiceUrl
         target = ServiceAddress.parse(url) if url else None

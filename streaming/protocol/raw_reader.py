@@ -69,7 +69,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     CommandSubscribe,
     MessageIdData,
 )
-from streamoffload.streaming.protocol.broker_connection import BrokerConnection
+from streamoffload.streaming.protocol.broker_connection import BrokerConnection, lookup_refusal
 from streamoffload.streaming.protocol.client_options import ConnectionConfig, ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
@@ -80,6 +80,7 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReadEntry,
     ReaderSettings,
     ReadStats,
+    TopicNotFoundError,
     read_exactly_once,
 )
 from streamoffload.streaming.protocol.subscription_names import NAMES
@@ -172,10 +173,7 @@ class RawClient:
             for _hop in range(_MAX_LOOKUP_HOPS):
                 resp = conn.lookup(topic, authoritative)
                 if resp.response == CommandLookupTopicResponse.Failed:
-                    raise PulsarIOError(
-                        f"lookup of {topic} at {conn.name} failed: {resp.message or 'no reason given'} "
-                        f"({server_error(resp.error)})"
-                    )
+                    raise lookup_refusal(resp, topic, conn.name)
                 url = resp.brokerServiceUrlTls if cfg.service.tls else resp.brokerServiceUrl
                 target = ServiceAddress.parse(url) if url else None
                 if resp.proxy_through_service_url and target is not None:
@@ -241,6 +239,9 @@ def _non_durable_subscribe(topic: str, consumer_id: int, request_id: int, subscr
     s.request_id = request_id
     s.durable = False
     s.read_compacted = False
+    # A reader never creates a topic: one an operator deleted is not brought back by the offloader asking
+    # about it (Pulsar creates a missing topic on subscribe by default). The broker answers TopicNotFound.
+    s.force_topic_creation = False
     return cmd
 
 
@@ -411,6 +412,8 @@ def latest_position_raw(client: RawClient, topic: str) -> Position | None:
     subscription, which goes with its consumer), ``None`` when it has none."""
     try:
         consumer = RawConsumer(client, topic, BEFORE_EARLIEST, 1, flow=False)
+    except TopicNotFoundError:
+        raise
     except (OSError, PulsarIOError) as err:
         raise PulsarIOError(f"cannot ask {topic} for its last entry: {err}") from err
     try:

@@ -31,9 +31,10 @@ from streamoffload.streaming.protocol.exactly_once import (
     Position,
     Probe,
     PulsarIOError,
+    TopicNotFoundError,
     gap,
 )
-from streamoffload.streaming.protocol.latest_positions import HeldPositions
+from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, fair_shares
 from streamoffload.streaming.source.backlog import PartitionBacklog, entries_between, write_backlog_file
 from streamoffload.streaming.source.input_partitions import Range
@@ -108,6 +109,10 @@ class SourcePlanner:
         self._round = 0
         self._next_lookup: dict[str, float] = {}
         """Quiet topic-partitions: when (monotonic) their latest position is asked for again (``idlePollSeconds``)."""
+        self._absent: set[str] = set()
+        """Topic-partitions the broker said do not exist at their last lookup (deleted, or not created yet)."""
+        self._let_go: set[str] = set()
+        """Topic-partitions read before and now absent: kept at their position, said once (``_let_go_of``)."""
         self._policies = VersionsFile(options.policy_versions_file) if options.policy_versions_file else None
         self._buffers = BufferFile(options.buffer_file) if options.buffer_file else None
         self._quarantine = PauseFile(options.quarantine_file) if options.quarantine_file else None
@@ -218,6 +223,8 @@ class SourcePlanner:
         while True:
             try:
                 return call()
+            except TopicNotFoundError:
+                raise  # an answer, not a failure: the topic does not exist
             except PulsarIOError as err:
                 if time.monotonic() + delay > deadline:
                     raise PulsarIOError(
@@ -237,8 +244,17 @@ class SourcePlanner:
         latest: dict[str, Position | None] = {}
         for tp in partitions:
             got = batch.get(tp)
-            if tp not in batch or isinstance(got, PulsarIOError):
-                got = self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
+            if tp not in batch or (isinstance(got, PulsarIOError) and not isinstance(got, TopicNotFoundError)):
+                try:
+                    got = self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
+                except TopicNotFoundError as err:
+                    got = err
+            if isinstance(got, TopicNotFoundError):  # nothing to read: deleted, or not created yet
+                self._absent.add(tp)
+                got = None
+            else:
+                self._absent.discard(tp)
+                self._let_go.discard(tp)
             latest[tp] = got
         if self._tier is not None:
             # Read-through: a topic-partition ends at the later of the broker's latest and the store's last.
@@ -273,12 +289,31 @@ class SourcePlanner:
         watched = self._held is not None and self._held.armed(tp)
         return (self.options.watched_poll_s if watched else self.options.idle_poll_s) * (0.75 + 0.5 * spread)
 
+    def _let_go_of(self, tp: str, consumed: Position) -> None:
+        """``tp`` was read up to ``consumed`` and the broker says it does not exist any more: it was deleted.
+        Nothing was lost here (what was read is offloaded, or will be at the segment's rollover); its position
+        stays in the offset, so a topic created again under the name is read from there on (Pulsar's new
+        ledgers come after it), and the next trigger lists the namespace again to let go of it."""
+        if tp not in self._let_go:
+            self._let_go.add(tp)
+            self._discovered_at = float("-inf")
+            log.warning(
+                "pulsar source: %s does not exist on the broker any more (deleted?); let go after %d:%d, "
+                "its offloaded segments stay",
+                tp,
+                consumed[0],
+                consumed[1],
+            )
+
     def _latest_batch(self, partitions: Sequence[str]) -> dict[str, Any]:
         """The pipelined lookup; raises when it answered nothing (the broker is unreachable), so that the
         whole batch is retried rather than each topic-partition on its own."""
-        if self._held is None:
-            self._held = HeldPositions(self.raw_client)
-        batch = self._held.ask(partitions)
+        if self.options.watched_poll_s <= 0:  # no consumer held between triggers (no watches)
+            batch = latest_positions_raw(self.raw_client, partitions)
+        else:
+            if self._held is None:
+                self._held = HeldPositions(self.raw_client)
+            batch = self._held.ask(partitions)
         failures = [got for got in batch.values() if isinstance(got, PulsarIOError)]
         if failures and len(failures) == len(batch):
             raise failures[0]
@@ -426,10 +461,17 @@ class SourcePlanner:
                 latest[tp] = self._latest.get(tp)
         end = dict(start)  # topic-partitions no longer discovered (or paused) keep their position
         pending: list[str] = []
+        absent = self._absent
+        if absent:
+            absent.intersection_update(partitions)  # what is no longer discovered is forgotten here too
+            self._let_go.intersection_update(absent)
         for tp in partitions:
             s = start.get(tp, BEFORE_EARLIEST)
             end.setdefault(tp, s)
             last = latest[tp]
+            if tp in absent and s > BEFORE_EARLIEST:
+                self._let_go_of(tp, s)
+                continue
             if _went_back(last, s):
                 last = latest[tp] = self._recheck_latest(tp, s, last)
             if _went_back(last, s):

@@ -101,11 +101,22 @@ Options (names are case-insensitive, as Spark makes them):
     before it has seen them. 0 (the default) asks about every one at every trigger; the offload job sets 2 s.
     ``Trigger.AvailableNow`` always asks about all of them once.
 ``watchedPollSeconds`` (30)
-    With ``idlePollSeconds`` above 0 and the raw reader: the source holds a consumer on each topic-partition
-    with one permit, so the broker pushes it the next entry of a quiet one, and that topic-partition is asked
-    about at the next trigger. It is asked about anyway this often (spread like ``idlePollSeconds``): the bound
-    on how late an entry whose push was lost is seen (pulsar-lite's dispatch stalls at times). Lower it where
-    pushes are lost often; raise it to ask a broker with tens of thousands of quiet topics less.
+    With the raw reader the source holds a consumer on each topic-partition between triggers (non-durable, at
+    the latest position, one permit), so the broker pushes it the next entry of a quiet one, and with
+    ``idlePollSeconds`` above 0 that topic-partition is asked about at the next trigger. It is asked about
+    anyway this often (spread like ``idlePollSeconds``): the bound on how late an entry whose push was lost is
+    seen (pulsar-lite's dispatch stalls at times). ``0`` holds no consumer: each lookup subscribes and
+    unsubscribes, and quiet topic-partitions are asked every ``idlePollSeconds``. A held consumer counts as a
+    connected consumer to the broker: ``pulsar-admin topics delete`` without ``--force`` refuses such a topic
+    ("Topic has 1 connected producers/consumers"), and the broker's inactive-topic cleanup passes it by; use
+    ``--force`` (the source lets go, below) or set 0.
+``topics that do not exist``
+    With the raw reader the source never creates a topic: its subscriptions set ``force_topic_creation``
+    false, as Pulsar's own pattern consumers do, so asking about a deleted topic does not bring it back
+    (``pulsar-client``'s readers, ``reader=client``, may create it where the broker allows auto-creation).
+    A topic the broker says does not exist is read as empty. One that was read before and is now gone was
+    deleted: the source lets go of it with one warning, keeps its position (a topic created again under the
+    name is read after it), and lists the namespace again at the next trigger; nothing is reported lost.
 ``minPartitions`` (1)
     As in Spark's Kafka source: a micro-batch with fewer topic-partition ranges than this cuts the
     largest in pieces read by separate tasks (``streaming/source/input_partitions.py``; only where the entries are

@@ -59,8 +59,9 @@ class SourceOptions:
     """A topic-partition with nothing new at its last lookup is asked for its latest position again only after
     about this long (0, the default: every trigger; the offload job sets 2 s)."""
     watched_poll_s: float = 30.0
-    """With ``idle_poll_s`` above 0: how often a quiet topic-partition whose held consumer watches it (the broker
-    pushes its next entry) is asked about anyway, a bound on how late a lost push is made up for."""
+    """With the raw reader: how often a quiet topic-partition whose held consumer watches it (the broker pushes
+    its next entry) is asked about anyway, a bound on how late a lost push is made up for. 0: no consumer is
+    held between triggers (each lookup subscribes and unsubscribes), so no watches."""
     arrow_batch_entries: int = 2000
     arrow_batch_bytes: int = 32 << 20
     min_partitions: int = 1
@@ -153,8 +154,7 @@ class SourceOptions:
             or 60.0,
             discovery_interval_s=float(get("discoveryIntervalSeconds") or 10.0),
             idle_poll_s=parse_seconds(get("idlePollSeconds") or "0", "idlePollSeconds"),
-            watched_poll_s=_opt(get("watchedPollSeconds"), lambda t: parse_positive(t, "watchedPollSeconds", float))
-            or 30.0,
+            watched_poll_s=parse_seconds(get("watchedPollSeconds") or "30", "watchedPollSeconds"),
             arrow_batch_entries=_opt(get("arrowBatchEntries"), lambda t: parse_positive(t, "arrowBatchEntries"))
             or 2000,
             arrow_batch_bytes=_opt(get("arrowBatchBytes"), lambda t: parse_size(t, "arrowBatchBytes")) or 32 << 20,

@@ -29,7 +29,7 @@ import pytest
 
 from streamoffload.codecs.compression import compress
 from streamoffload.codecs.entry import CompressionType, MessageMetadata, decode_entry, encode_entry, entry_messages
-from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
+from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse, ServerError
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
@@ -43,8 +43,9 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReadEntry,
     ReaderSettings,
     ReadStats,
+    TopicNotFoundError,
 )
-from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
+from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
 from tests.fixtures.broker import unique_topic
 from tests.source.readers import CODECS, assert_strictly_increasing, send_with_client
 
@@ -326,7 +327,8 @@ def _read_command(conn: socket.socket) -> BaseCommand | None:
 
 
 class ScriptedBroker:
-    """Answers CONNECT, LOOKUP (with ``lookup`` deciding the answer), SUBSCRIBE, FLOW (by pushing
+    """Answers CONNECT, LOOKUP (with ``lookup`` deciding the answer), SUBSCRIBE (refused with TopicNotFound for
+    the topics in ``missing`` when the command does not ask to create them, as Pulsar does), FLOW (by pushing
     ``entries``), GET_LAST_MESSAGE_ID and UNSUBSCRIBE; records every command it receives."""
 
     def __init__(
@@ -335,7 +337,9 @@ class ScriptedBroker:
         entries: list[tuple[int, int, bytes]] | None = None,
         challenge: bool = False,
         answer_unsubscribe: bool = True,
+        missing: set[str] | None = None,
     ) -> None:
+        self.missing = missing if missing is not None else set()
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.url = f"pulsar://127.0.0.1:{self.port}"
@@ -356,6 +360,7 @@ class ScriptedBroker:
                 threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
+        consumers: dict[int, str] = {}  # this connection's consumers' topics
         with conn, contextlib.suppress(OSError):
             while (cmd := _read_command(conn)) is not None:
                 self.seen.append(cmd)
@@ -387,7 +392,13 @@ class ScriptedBroker:
                     reply.lookupTopicResponse.CopyFrom(resp)
                     conn.sendall(_frame(reply))
                 elif cmd.type == T.SUBSCRIBE:
-                    conn.sendall(_frame(BaseCommand(type=T.SUCCESS, success={"request_id": cmd.subscribe.request_id})))
+                    sub = cmd.subscribe
+                    if sub.topic in self.missing and not sub.force_topic_creation:
+                        error = {"request_id": sub.request_id, "error": ServerError.TopicNotFound, "message": "gone"}
+                        conn.sendall(_frame(BaseCommand(type=T.ERROR, error=error)))
+                        continue
+                    consumers[sub.consumer_id] = sub.topic
+                    conn.sendall(_frame(BaseCommand(type=T.SUCCESS, success={"request_id": sub.request_id})))
                 elif cmd.type == T.FLOW:
                     for ledger, entry, data in list(self.entries):
                         msg = BaseCommand(type=T.MESSAGE)
@@ -396,6 +407,11 @@ class ScriptedBroker:
                         msg.message.message_id.entryId = entry
                         conn.sendall(_frame(BaseCommand(type=T.PING, ping={})))
                         conn.sendall(_frame(msg, data))
+                elif cmd.type == T.GET_LAST_MESSAGE_ID and self._gone(consumers, cmd.getLastMessageId.consumer_id):
+                    # Its topic was deleted since it subscribed (Pulsar closes such consumers): not found.
+                    rid = cmd.getLastMessageId.request_id
+                    error = {"request_id": rid, "error": ServerError.ConsumerNotFound, "message": "closed"}
+                    conn.sendall(_frame(BaseCommand(type=T.ERROR, error=error)))
                 elif cmd.type == T.GET_LAST_MESSAGE_ID:
                     reply = BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE)
                     reply.getLastMessageIdResponse.request_id = cmd.getLastMessageId.request_id
@@ -406,6 +422,9 @@ class ScriptedBroker:
                     conn.sendall(
                         _frame(BaseCommand(type=T.SUCCESS, success={"request_id": cmd.unsubscribe.request_id}))
                     )
+
+    def _gone(self, consumers: dict[int, str], consumer_id: int) -> bool:
+        return consumers.get(consumer_id) in self.missing
 
     def close(self) -> None:
         self._stop = True
@@ -441,6 +460,7 @@ def test_protocol_steps_and_auth_token(scripted: Callable[..., ScriptedBroker]) 
     assert connect.protocol_version == 19 and connect.feature_flags.supports_broker_entry_metadata
     sub = broker.commands(T.SUBSCRIBE)[-1].subscribe
     assert sub.durable is False and sub.subType == 0 and sub.topic == "persistent://public/default/x"
+    assert sub.HasField("force_topic_creation") and sub.force_topic_creation is False  # never creates a topic
     assert (sub.start_message_id.ledgerId, sub.start_message_id.entryId) == (7, 0)
     assert broker.commands(T.FLOW)[-1].flow.messagePermits == FAST.receiver_queue_size
     assert wait_for(lambda: broker.commands(T.PONG)), "pings must be answered"
@@ -569,3 +589,25 @@ def test_received_entries_are_acknowledged_cumulatively(scripted: Callable[..., 
     assert (acks[0].ack.message_id[0].ledgerId, acks[0].ack.message_id[0].entryId) == (7, 1)
     flows = broker.commands(T.FLOW)
     assert [f.flow.messagePermits for f in flows][:2] == [4, 2]  # the queue, then topped up by half
+
+
+def test_a_topic_the_broker_does_not_have_is_answered_as_not_found_and_never_created(
+    scripted: Callable[..., ScriptedBroker],
+) -> None:
+    """Every way of asking for a latest position tells a missing topic (Pulsar's TopicNotFound: our subscriptions
+    do not ask it to create the topic) from a failure, so the planner can let go of a deleted topic."""
+    gone, there = "persistent://public/default/gone", "persistent://public/default/there"
+    broker = scripted(missing={gone})
+    raw = rr.RawClient(broker.url)
+    with pytest.raises(TopicNotFoundError, match="TopicNotFound"):
+        rr.latest_position_raw(raw, gone)
+    answers = latest_positions_raw(raw, [gone, there])
+    assert isinstance(answers[gone], TopicNotFoundError) and answers[there] == (7, 3)
+    held = HeldPositions(raw)
+    try:
+        answers = held.ask([gone, there])
+        assert isinstance(answers[gone], TopicNotFoundError) and answers[there] == (7, 3)
+        assert held.held() == 1, "nothing is held on a topic that does not exist"
+    finally:
+        held.close()
+    assert all(not c.subscribe.force_topic_creation for c in broker.commands(T.SUBSCRIBE))

@@ -70,7 +70,7 @@ def test_fair_shares_are_max_min_fair(demands: list[int | None], budget: int, ro
         ({"serviceUrl": "pulsar://h:1", "topics": "a", "failOnDataLoss": "perhaps"}, "failOnDataLoss"),
         ({"serviceUrl": "pulsar://h:1", "topicsPattern": "a/b/c/("}, "bad regular expression"),
         ({"serviceUrl": "pulsar://h:1", "topics": "a", "pulsar.client.bogus": "1"}, "pulsar.client.bogus"),
-        ({"serviceUrl": "pulsar://h:1", "topics": "a", "watchedPollSeconds": "0"}, "watchedPollSeconds: must be > 0"),
+        ({"serviceUrl": "pulsar://h:1", "topics": "a", "watchedPollSeconds": "-1"}, "watchedPollSeconds: must be >= 0"),
         ({"serviceUrl": "pulsar://h:1", "topics": "a", "watchedPollSeconds": "often"}, "watchedPollSeconds: expected"),
     ],
 )
