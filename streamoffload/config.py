@@ -136,6 +136,11 @@ class PulsarSettings:
     any size is read in bounded micro-batches. Rows carry positions, not bytes, so it hardly moves memory
     (README "Memory"): it sets how much the broker must still hold between the source's read and the sink's."""
     fail_on_data_loss: bool = True
+    watch_quiet_topics: bool = True
+    """The source holds a consumer on each quiet topic-partition between triggers, so the broker tells it of a new
+    entry at once (the source's ``watchedPollSeconds``). Pulsar counts it as a connected consumer: a plain
+    ``topics delete`` is refused until ``--force``, and inactive-topic cleanup passes the topic by. False: no
+    consumer is held, and quiet topic-partitions are asked about every ~2 s instead."""
     retain_subscription: str = ""
     """A durable subscription the job keeps on each offloaded topic-partition, acknowledged up to the last
     committed position after every commit, so that the broker's retention does not delete what the store

@@ -153,6 +153,8 @@ class JobQueries:
                 options["topicsPatternCandidates"] = ",".join(pulsar.topics_pattern_candidates)
         else:
             raise StreamOffloadError("no topics to offload: set pulsar.topics or pulsar.topics_pattern (or --topics)")
+        if not pulsar.watch_quiet_topics:
+            options["watchedPollSeconds"] = "0"
         if pulsar.max_entries_per_trigger:
             options["maxEntriesPerTrigger"] = str(pulsar.max_entries_per_trigger)
         if pulsar.max_bytes_per_trigger:

@@ -73,3 +73,14 @@ def test_topics_pattern_candidates_come_from_the_file(conf: Path) -> None:
     assert options["topicsPatternCandidates"] == "orders,ordinals"
     parsed = SourceOptions.parse(options)
     assert parsed.pattern_candidates == ("persistent://public/default/orders", "persistent://public/default/ordinals")
+
+
+def test_watching_quiet_topics_is_on_by_default_and_can_be_turned_off(conf: Path) -> None:
+    """Off, the source holds no consumer between triggers, so Pulsar deletes a topic without --force."""
+    assert "watchedPollSeconds" not in OffloadJob(load_config(conf), str(conf)).source_options()
+    conf.write_text(CONF.replace("[pulsar]\n", "[pulsar]\nwatch_quiet_topics = false\n", 1))
+    options = OffloadJob(load_config(conf), str(conf)).source_options()
+    assert SourceOptions.parse(options).watched_poll_s == 0
+    conf.write_text(CONF.replace("[pulsar]\n", '[pulsar]\nwatch_quiet_topics = "no"\n', 1))
+    with pytest.raises(ConfigError, match=r"pulsar\.watch_quiet_topics"):
+        load_config(conf)
