@@ -123,6 +123,8 @@ class ReadStats:
     stalls: int = 0
     reopens: int = 0
     errors: int = 0
+    first_rechecks: int = 0
+    """Subscriptions whose first entry was not the next position, asked again before it counted."""
     lost: list[tuple[Position, Position]] = field(default_factory=list)
     last_error: str | None = None
 
@@ -172,6 +174,12 @@ def gap(last: Position, pos: Position) -> bool:
     return pos[1] != 0
 
 
+def follows(after: Position, pos: Position) -> bool:
+    """Whether ``pos`` is certainly the first entry after ``after``: the next entry id in its ledger, or from
+    before the earliest position a ledger's first entry."""
+    return pos == (after[0], after[1] + 1) or (after <= BEFORE_EARLIEST and pos[1] == 0)
+
+
 _RETRYABLE = (OSError, PulsarIOError, FormatError)
 
 
@@ -208,8 +216,11 @@ def read_exactly_once(
     timeout = settings.stall_timeout_ms
     backoff = settings.initial_backoff_s
     progress_at = time.monotonic()
-    suspect: tuple[Position, Position] | None = None  # a gap seen once, confirmed if seen again
+    # (last emitted, next delivered) that was not the next position: seen once, confirmed if a new subscription
+    # delivers the same after the same place.
+    suspect: tuple[Position, Position] | None = None
     accepted_gap: Position | None = None
+    fresh = False  # the consumer has delivered nothing after ``last`` yet
 
     def drop_consumer(reason: str) -> None:
         nonlocal consumer
@@ -245,6 +256,7 @@ def read_exactly_once(
             if consumer is None:
                 try:
                     consumer = open_consumer(last)
+                    fresh = True
                 except ReaderUnusable:
                     raise
                 except (OSError, PulsarIOError) as err:
@@ -269,11 +281,23 @@ def read_exactly_once(
             if pos <= last:
                 stats.duplicates += 1
                 continue
+            if fresh:
+                # A new subscription's first entry: the one right after where it started, or else asked again
+                # on a new subscription before it counts. pulsar-lite resumes a subscription name it kept (one
+                # whose consumer was connected when the broker was killed) from that subscription's old place,
+                # whatever start the new one asked for: entries would be skipped where no gap shows (at a ledger
+                # change, or past a capped range's end). The unsubscribe at the drop forgets that place.
+                fresh = False
+                if not follows(last, pos) and suspect != (last, pos):
+                    suspect = (last, pos)
+                    stats.first_rechecks += 1
+                    drop_consumer(f"the first entry after {last[0]}:{last[1]} was {pos[0]}:{pos[1]}; asking again")
+                    continue
             if pos > end:
-                if not end_is_known:
-                    break  # the capped range ended before its cap
-                if suspect != (last, end):
-                    suspect = (last, end)
+                if not end_is_known and not gap(last, pos):
+                    break  # the capped range ended before its cap (confirmed above when it was the first entry)
+                if suspect != (last, pos):
+                    suspect = (last, pos)
                     drop_consumer("an entry after the range's end arrived before its end")
                     continue
                 lost(

@@ -81,6 +81,7 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReaderSettings,
     ReadStats,
     TopicNotFoundError,
+    follows,
     read_exactly_once,
 )
 from streamoffload.streaming.protocol.subscription_names import NAMES
@@ -433,9 +434,11 @@ def probe_after_raw(
     attempts: int = 3,
 ) -> Probe | None:
     """The first entry after ``after`` with its exact size and message count, or ``None`` if none
-    arrives in ``attempts`` subscriptions."""
+    arrives in ``attempts`` subscriptions. One that is not certainly the next (``follows``) counts once a second
+    subscription delivers it too: a kept subscription name resumes at its old place (``read_exactly_once``)."""
     settings = settings or ReaderSettings()
     timeout = max(settings.stall_timeout_ms, 500)
+    candidate: Probe | None = None
     for _ in range(attempts):
         try:
             consumer = client.open_consumer(topic, after, 1)
@@ -451,13 +454,18 @@ def probe_after_raw(
                 pos = (msg.ledger_id, msg.entry_id)
                 if pos <= after:
                     continue
-                return Probe(pos, msg.num_messages, len(msg.payload), msg.publish_time)
+                probe = Probe(pos, msg.num_messages, len(msg.payload), msg.publish_time)
+                if follows(after, pos) or (candidate is not None and candidate.position == pos):
+                    return probe
+                candidate = probe  # asked again on a new subscription (this one is unsubscribed below)
+                break
         except (OSError, PulsarIOError, FormatError) as err:
             log.warning("%s: probe after %s failed: %s", topic, after, err)
         finally:
             consumer.close()
-        timeout = min(timeout * 2, settings.max_stall_timeout_ms)
-    return None
+        if candidate is None:
+            timeout = min(timeout * 2, settings.max_stall_timeout_ms)
+    return candidate
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from streamoffload.streaming.protocol.exactly_once import (
     TopicNotFoundError,
 )
 from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
+from streamoffload.streaming.protocol.subscription_names import NAMES
 from tests.fixtures.broker import unique_topic
 from tests.source.readers import CODECS, assert_strictly_increasing, send_with_client
 
@@ -292,6 +293,41 @@ def test_range_ends_known_and_capped() -> None:
     client = FakeRawClient([plain(1, 5, 6) + plain(3, 0, 1)])
     entries = list(rr.read_range_raw(client, "t", (1, 4), (1, 10), settings=QUICK, end_is_known=False))
     assert [e.position for e in entries] == [(1, 5), (1, 6)]
+
+
+def test_a_first_entry_that_skips_is_asked_again_before_it_counts() -> None:
+    """pulsar-lite resumes a subscription name it kept across a restart from its old place, whatever start a new
+    subscription asks for (test_a_kept_subscription_name_does_not_make_a_read_skip has the real broker do it).
+    Each subscription here plays its script whatever it asked, as such a broker does."""
+    # A capped range (the end is not known to exist): the stale place is past the cap. Taken as the end of the
+    # range, the whole range would have been skipped without a word.
+    stats = ReadStats()
+    client = FakeRawClient([plain(3, 618, 619), plain(0, 49928, 49929) + plain(3, 0)])
+    entries = list(
+        rr.read_range_raw(client, "t", (0, 49927), (0, 60000), settings=QUICK, end_is_known=False, stats=stats)
+    )
+    assert [e.position for e in entries] == [(0, 49928), (0, 49929)]
+    assert stats.first_rechecks == 1 and client.opened_at == [(0, 49927), (0, 49927)]
+    # The stale place is a later ledger's first entry: no gap shows, the old ledger's tail would be skipped.
+    client = FakeRawClient([plain(3, 0, 1), plain(0, 49999) + plain(3, 0, 1)])
+    entries = list(rr.read_range_raw(client, "t", (0, 49998), (3, 1), settings=QUICK))
+    assert [e.position for e in entries] == [(0, 49999), (3, 0), (3, 1)]
+    # A ledger that really ended: the same first entry twice is the broker's answer.
+    stats = ReadStats()
+    client = FakeRawClient([plain(3, 0, 1), plain(3, 0, 1)])
+    entries = list(rr.read_range_raw(client, "t", (0, 49999), (3, 1), settings=QUICK, stats=stats))
+    assert [e.position for e in entries] == [(3, 0), (3, 1)] and stats.first_rechecks == 1
+    # Sequential deliveries are trusted: no second subscription at a ledger change within one.
+    stats = ReadStats()
+    client = FakeRawClient([plain(0, 49999) + plain(3, 0, 1)])
+    entries = list(rr.read_range_raw(client, "t", (0, 49998), (3, 1), settings=QUICK, stats=stats))
+    assert len(entries) == 3 and stats.first_rechecks == 0 and len(client.opened_at) == 1
+    # A capped range that meets a gap past its cap is not taken as ended: the gap is confirmed, then lost.
+    client = FakeRawClient([plain(1, 5, 6) + plain(3, 4), plain(3, 4)])
+    with pytest.raises(
+        DataLossError, match=r"entries after 1:6 up to 1:10 are missing \(the next entry the broker has is 3:4"
+    ):
+        list(rr.read_range_raw(client, "t", (1, 4), (1, 10), settings=QUICK, end_is_known=False))
 
 
 def test_endless_stalls_give_up_with_a_clear_error() -> None:
@@ -611,3 +647,34 @@ def test_a_topic_the_broker_does_not_have_is_answered_as_not_found_and_never_cre
     finally:
         held.close()
     assert all(not c.subscribe.force_topic_creation for c in broker.commands(T.SUBSCRIBE))
+
+
+def test_a_kept_subscription_name_does_not_make_a_read_skip(tmp_path: Any) -> None:
+    """pulsar-lite keeps a subscription whose consumer was connected when it was killed, with its place, and a
+    new subscription under that name starts there, whatever start it asks for. Subscription names are reused by
+    the next process on the same slot (subscription_names), so a restarted job can meet one: here a range capped
+    before that place was taken as ended and read as empty, and its entries were never offloaded (the chaos
+    bench's S3 run, 2026-11-28: 690 acknowledged messages missing at a ledger change)."""
+    topic = "persistent://public/default/kept-name"
+    with EmbeddedBroker(tmp_path / "broker") as broker:
+        broker.start()
+        produce(broker.service_url, topic, 30, 16, batching=False)
+        client = rr.RawClient(broker.service_url)
+        ledger = rr.latest_position_raw(client, topic)[0]  # type: ignore[index]
+        # A held consumer at the latest position (the planner's watch), connected when the broker is killed.
+        name = NAMES.take(topic)
+        conn = client.connect_for(topic)
+        consumer_id, rid = client.next_consumer_id(), conn.next_request_id()
+        conn.request(rr.latest_subscribe_command(topic, consumer_id, rid, name), rid, "subscribing")
+        broker.kill()
+        conn.close()
+        broker.start()
+        produce(broker.service_url, topic, 20, 16, batching=False)  # 30..49, in the same ledger
+        NAMES.give_back(topic, name)  # the next process on this slot names its first subscription the same
+        stats = ReadStats()
+        entries = list(
+            rr.read_range_raw(client, topic, (ledger, 4), (ledger, 20), settings=FAST, end_is_known=False, stats=stats)
+        )
+        assert [e.position for e in entries] == [(ledger, i) for i in range(5, 21)]
+        assert stats.first_rechecks == 1, "the kept place (30) came first, and was asked again"
+        client.close()
