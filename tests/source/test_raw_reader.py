@@ -330,6 +330,19 @@ def test_a_first_entry_that_skips_is_asked_again_before_it_counts() -> None:
         list(rr.read_range_raw(client, "t", (1, 4), (1, 10), settings=QUICK, end_is_known=False))
 
 
+def test_a_probe_asks_again_when_the_first_entry_skips() -> None:
+    quick = ReaderSettings(stall_timeout_ms=1, max_stall_timeout_ms=2, initial_backoff_s=0.0)
+    client = FakeRawClient([plain(3, 618), plain(0, 49928)])  # a kept place first, then the broker's next
+    probe = rr.probe_after_raw(client, "t", (0, 49927), settings=quick)
+    assert probe is not None and probe.position == (0, 49928) and len(client.opened_at) == 2
+    client = FakeRawClient([plain(3, 0), plain(3, 0)])  # a ledger that ended: the same answer twice
+    probe = rr.probe_after_raw(client, "t", (0, 49999), settings=quick)
+    assert probe is not None and probe.position == (3, 0)
+    client = FakeRawClient([plain(0, 7)])  # certainly the next: one subscription
+    probe = rr.probe_after_raw(client, "t", (0, 6), settings=quick)
+    assert probe is not None and probe.position == (0, 7) and len(client.opened_at) == 1
+
+
 def test_endless_stalls_give_up_with_a_clear_error() -> None:
     client = FakeRawClient([plain(1, 0)])
     budget = ReaderSettings(stall_timeout_ms=1, max_stall_timeout_ms=1, retry_timeout_s=0.2, initial_backoff_s=0.0)
