@@ -171,9 +171,18 @@ class SourcePlanner:
                     found.add(str(parsed))
         if self._partitions and set(self._partitions) != found:
             log.info("pulsar source: topic-partitions now %s (were %s)", sorted(found), self._partitions)
+            self._forget([tp for tp in self._partitions if tp not in found])
         self._partitions = sorted(found)
         self._discovered_at = now
         return self._partitions
+
+    def _forget(self, gone: Sequence[str]) -> None:
+        """What the planner remembers of topic-partitions no longer discovered (deleted, or no longer matching),
+        so that a namespace whose topics come and go does not grow it, nor the backlog and progress reports.
+        Their positions stay in the offset: one discovered again is read on from there."""
+        for tp in gone:
+            for memory in (self._latest, self._consumed, self._next_lookup, self._entry_size, self._fit):
+                memory.pop(tp, None)
 
     def _fits(self, topic: TopicName) -> bool:
         """Configured topics are checked at config load; one a pattern finds later is checked here, and
@@ -670,7 +679,9 @@ class SourcePlanner:
 
     def commit(self, end_doc: Mapping[str, Any]) -> None:
         with self._lock:
-            self._consumed.update(split_offsets(end_doc)[0])
+            current = set(self._partitions)
+            committed = split_offsets(end_doc)[0]
+            self._consumed.update((tp, pos) for tp, pos in committed.items() if tp in current or not current)
             self._write_backlog()
 
     def latest_offset_report(self) -> dict[str, list[int]] | None:

@@ -79,3 +79,36 @@ def test_a_deleted_topic_is_let_go_at_its_position_and_read_after_it_when_create
         assert [r for r in caplog.records if B in r.getMessage()]
     finally:
         planner.close()
+
+
+class NamespacePlanner(SourcePlanner):
+    """The real planner over a namespace whose listing (``GetTopicsOfNamespace``, which pulsar-lite does not
+    answer) is a plain list the test edits."""
+
+    listing: list[str]
+
+    def _list_namespace(self, namespace: str) -> list[str]:
+        return list(self.listing)
+
+
+def test_a_topic_no_longer_listed_is_forgotten_but_keeps_its_position(broker: ScriptedBroker) -> None:
+    options = SourceOptions.parse(
+        {"serviceUrl": broker.url, "topicsPattern": "public/default/.*", "discoveryIntervalSeconds": "0"}
+    )
+    planner = NamespacePlanner(options)
+    planner.listing = [A, B]
+    try:
+        end = planner.latest_offset({A: [7, 1], B: [7, 1]}, None, None)
+        planner.commit(end)
+        assert set(planner.backlog()) == {A, B} and set(planner.latest_offset_report() or {}) == {A, B}
+        planner.listing = [A]  # B deleted: the listing no longer has it
+        end = planner.latest_offset(end, None, None)
+        planner.commit(end)
+        assert end[B] == [7, 3], "its position stays in the offset"
+        assert set(planner.backlog()) == {A}, "not reported any more"
+        assert set(planner.latest_offset_report() or {}) == {A}
+        planner.listing = [A, B]  # listed again: read on from its position
+        assert planner.latest_offset(end, None, None)[B] == [7, 3]
+        assert set(planner.backlog()) == {A, B}
+    finally:
+        planner.close()
