@@ -323,8 +323,9 @@ class SourcePlanner:
             if self._held is None:
                 self._held = HeldPositions(self.raw_client)
             batch = self._held.ask(partitions)
+        # A topic that does not exist is an answer: a broker that gave one is reachable.
         failures = [got for got in batch.values() if isinstance(got, PulsarIOError)]
-        if failures and len(failures) == len(batch):
+        if failures and len(failures) == len(batch) and not any(isinstance(f, TopicNotFoundError) for f in failures):
             raise failures[0]
         return batch
 
