@@ -207,6 +207,11 @@ class ObjectStore(abc.ABC):
     min_part_size: int = 1
     """Smallest allowed size of a multipart part other than the last (S3: 5 MiB)."""
 
+    part_size: int = 1
+    """The bytes the segmenter gathers into a part (but a segment's last): at least ``min_part_size``, and more
+    where a part costs more than its bytes. A segment that stays below it until its seal is written whole, in
+    one batch, without an Assigned manifest or a multipart upload (``sink.WHOLE_SEGMENT_BYTES``)."""
+
     @property
     @abc.abstractmethod
     def url(self) -> str:

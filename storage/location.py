@@ -115,6 +115,11 @@ class StoreLocation:
         """The smallest part but the last of a multipart upload to this store (the segmenter's minimum part)."""
         return self.store_class.min_part_size
 
+    @property
+    def part_size(self) -> int:
+        """The bytes the segmenter gathers into a part for this store (``ObjectStore.part_size``)."""
+        return self.store_class.part_size
+
     def describe(self) -> str:
         """The location as a URL, for messages and logs (never parsed again)."""
         if self.scheme == "s3":

@@ -219,6 +219,7 @@ class CountingStore(ObjectStore):
         self._inner = inner
         self._counts = counts or _COUNTS
         self.min_part_size = inner.min_part_size
+        self.part_size = inner.part_size
 
     def _count(self, op: str, key: str) -> None:
         self._counts.add(op, key)

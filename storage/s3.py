@@ -72,6 +72,7 @@ class S3Store(ObjectStore):
     """Objects in ``bucket`` under ``prefix`` (prepended to every key, stripped from results)."""
 
     min_part_size = MIN_PART_SIZE
+    part_size = MIN_PART_SIZE
 
     def __init__(
         self,

@@ -260,7 +260,7 @@ class JobQueries:
         processor = SegmenterProcessor(
             run.policy_log,
             self.location.prefix,
-            self.location.min_part_size,
+            self.location.part_size,
             epoch=run.epoch,
             resume=run.resume,
         )
@@ -292,7 +292,7 @@ class JobQueries:
             write_buffer_file(
                 buffer_file_path(self._versions_file(), self.run.epoch),
                 self.last_topic_stats,
-                self.location.min_part_size,
+                self.location.part_size,
             )
         self._hold_broker_retention({seal["topic"]: seal["end"] for seal in report.sealed if "end" in seal})
         for seal in report.sealed:

@@ -92,15 +92,20 @@ class Segmenter:
         epoch: int = 0,
         resume: tuple[list[int] | None, int] | None = None,
         read_wait_s: float = 0.0,
+        whole_small_segments: bool = False,
     ) -> None:
         """``policy`` is the batch's policy version for the topic; ``resume`` (last committed position,
         next ordinal) seeds a topic-partition the state does not know yet; ``read_wait_s``: seconds the source's
-        read limits held this batch's entries back (reported in ``stats``)."""
+        read limits held this batch's entries back (reported in ``stats``). ``whole_small_segments`` (the
+        job's way): a segment's ``open`` goes out with its first part, and every micro-batch ends its v2 block,
+        so a segment below one part until its seal is written whole (DESIGN, "Segment lifecycle", steps 1-2);
+        without it, the ``open`` goes out at once, as the multipart path's tests drive it."""
         self.topic = topic
         self.policy = policy
         self.store = state
         self.key_prefix = key_prefix
         self.min_part_size = max(1, min_part_size)
+        self.whole_small_segments = whole_small_segments
         self.now_ms = now_ms
         self.epoch = epoch
         loaded = state.load()
@@ -238,9 +243,11 @@ class Segmenter:
         store keeps only a remainder smaller than one minimum part (plus nothing of a backlog).
 
         v2 blocks are self-describing (the header holds the block length, the index its offset), and
-        Pulsar's own streaming offloader sizes blocks from its buffer, so the open block may end here,
-        at the batch boundary, once the pending bytes make a part (``min_part_size``). If this batch
-        already sent a part of the segment, the tail joins that part instead: any size is fine then.
+        Pulsar's own streaming offloader sizes blocks from its buffer, so the open block ends here, at the
+        batch boundary: held until the held blocks make a part (``min_part_size``), it is one layout record
+        in state, where an open block is a state row per entry, and those rows made the segmenter's state
+        writes grow with the traffic. If this batch already sent a part of the segment, the tail joins that
+        part instead: any size is fine then.
         A v1 (ledger method) block keeps PIP-17's shape, full except a ledger's last, so its open block
         stays in state; only its complete blocks are flushed. Deterministic: a replayed batch starts
         from the same state with the same entries, so it cuts and sends the same bytes."""
@@ -250,10 +257,13 @@ class Segmenter:
         merge = self._batch_part(seg)
         pending = seg.held_bytes + seg.block_bytes
         min_part = self._seg_policy(seg).min_part_bytes(self.min_part_size)
+        cut = seg.block_bytes and seg.version == FormatVersion.V2
+        if cut and self.whole_small_segments:
+            self._cut_block(padded=False)  # sends the part itself once the held blocks make one
         if pending < min_part and merge is None:
             return  # the remainder: below one part, it waits in state for the next batch
-        if seg.block_bytes and seg.version == FormatVersion.V2:
-            self._cut_block(padded=False)  # sends the part itself once the held blocks make one
+        if cut and not self.whole_small_segments:
+            self._cut_block(padded=False)
         if not seg.held_bytes:
             return
         if seg.held_bytes >= min_part or merge is None:
@@ -369,17 +379,29 @@ class Segmenter:
             policy=policy_json,
             data_key=data_key,
             checksums=True,
+            open_sent=False,
         )
         self.state.next_ordinal += 1
+        if not self.whole_small_segments:
+            self._send_open(self.state.open)
+
+    def _send_open(self, seg: OpenSegment) -> None:
+        """The segment's ``open`` (its Assigned manifest), once, right before its first part. A segment still
+        below one part at its seal thus goes out opened, written and sealed in one batch, which the sink writes
+        whole (no Assigned manifest, no multipart upload); until then it has nothing in the store to open."""
+        if seg.open_sent:
+            return
+        seg.open_sent = True
+        opened = mf.decode_manifest(bytes.fromhex(seg.manifest))
         self.actions.append(
             Action(
                 self.topic,
-                str(seg_id),
+                seg.uuid,
                 "open",
-                manifest=manifest_bytes,
-                data_key=data_key,
-                index_key=index_key,
-                info=json.dumps({"ordinal": ordinal, "method": method}),
+                manifest=bytes.fromhex(seg.manifest),
+                data_key=opened.dataKey,
+                index_key=opened.indexKey,
+                info=json.dumps({"ordinal": seg.ordinal, "method": seg.method}),
             )
         )
 
@@ -434,6 +456,7 @@ class Segmenter:
         data, count = self._take_held()
         if not data:
             return
+        self._send_open(seg)
         seg.parts += 1
         manifest_key = keys.manifest_key(self.key_prefix, self.topic, seg.start[0], seg.start[1], seg.uuid)
         info: dict[str, Any] = {
@@ -556,6 +579,7 @@ def run_segmenter(
     epoch: int = 0,
     resume: tuple[list[int] | None, int] | None = None,
     on_segmenter: Callable[[Segmenter], Any] | None = None,
+    whole_small_segments: bool = False,
 ) -> list[Action]:
     """One micro-batch for one topic-partition: process, save state, return the actions."""
     segmenter = Segmenter(
@@ -567,6 +591,7 @@ def run_segmenter(
         now_ms=now_ms,
         epoch=epoch,
         resume=resume,
+        whole_small_segments=whole_small_segments,
     )
     segmenter.process(entries, controls)
     actions = segmenter.finish()

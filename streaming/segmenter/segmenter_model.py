@@ -178,6 +178,9 @@ class OpenSegment:
     checksums: bool = False
     """Every part of this segment records its blocks' entry checksums (``codecs.checksums``); False for a
     segment opened by a version that did not, whose sealed manifest then says none were recorded."""
+    open_sent: bool = True
+    """Whether the segment's ``open`` action went out (with its first part: ``Segmenter._send_open``); True for a
+    segment opened by a version that sent it at once."""
 
 
 TIMER_UNKNOWN = -1

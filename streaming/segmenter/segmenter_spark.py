@@ -163,6 +163,7 @@ class SegmenterProcessor(StatefulProcessor):
                 epoch=self.epoch,
                 resume=self.resume.get(topic),
                 read_wait_s=read_wait_s,
+                whole_small_segments=True,
             )
             segmenter.process(entries, controls)
             # Before finish(), which saves the state: the timer it records is the one registered here.

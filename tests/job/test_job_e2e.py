@@ -80,7 +80,8 @@ def check_messages(scoped: ScopedStore, topic: str, count: int, *, keys: int, si
 
 
 def min_part_used(tmp_path: Path) -> int:
-    """The minimum part size the job ran its segmenter with, as it told the source (the run's buffer file)."""
+    """The part size the job ran its segmenter with (the store's ``part_size``), as it told the source (the run's
+    buffer file)."""
     [buffer_file] = (tmp_path / "checkpoint").glob(f"{BUFFER_FILE_PREFIX}*.json")
     return int(json.loads(buffer_file.read_text())["min_part_size"])
 
@@ -111,7 +112,7 @@ def test_once_offloads_batched_and_unbatched_traffic_across_a_ledger_rollover(
     )
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
-    assert min_part_used(tmp_path) == FilesystemStore.min_part_size
+    assert min_part_used(tmp_path) == FilesystemStore.part_size
 
     store = config.store.location.open().store
     meta = MetadataStore(ScopedStore(store))
@@ -163,7 +164,7 @@ def test_once_to_s3(spark: Any, pulsar_broker: Any, tmp_path: Path, moto_server:
     config_path = write_config(tmp_path, pulsar_broker.service_url, [topic], store, extra)
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
-    assert min_part_used(tmp_path) == S3Store.min_part_size
+    assert min_part_used(tmp_path) == S3Store.part_size == S3Store.min_part_size
     s3 = config.store.location.open().store
     assert len(MetadataStore(ScopedStore(s3, "offload/v1")).offloaded_segments(topic)) >= 2
     check_messages(ScopedStore(s3, "offload/v1"), topic, 400, keys=3, size=500)
@@ -201,8 +202,9 @@ maxOffloadSegmentRolloverTimeSeconds = 3
 
     # offload-now seals the busy topic's open segment at once (its rollover is 10 minutes).
     phases = [produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)]
-    poll(lambda: any(m.status == mf.ASSIGNED for m in meta.manifests(busy)), what="an open segment")
-    poll(lambda: sum(m.entries for m in meta.manifests(busy)) == 0 and _open_entries(job, busy) == 30)
+    # Below one part, the open segment waits in the job's state, with nothing in the store yet (DESIGN, step 1).
+    poll(lambda: _open_entries(job, busy) == 30, what="an open segment of 30 entries")
+    assert meta.manifests(busy) == []
     submit_requests(config.store.location.open(), [busy])
     [manual] = poll(lambda: meta.offloaded_segments(busy), what="the manual seal")
     assert manual.sealReason == "manual" and manual.entries == 30

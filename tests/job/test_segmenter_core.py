@@ -314,3 +314,82 @@ def test_a_segment_records_its_earliest_and_latest_publish_time(env: tuple) -> N
     apply(sink, run_segmenter(TOPIC, policy(), state, entries, [CONTROL_SEAL], now_ms=10_000))
     [segment] = meta.offloaded_segments(TOPIC)
     assert (segment.publishTimeFirst, segment.publishTimeLast) == (3_000, 9_000)
+
+
+def test_a_segment_below_one_part_goes_out_whole_at_its_seal(env: tuple) -> None:
+    """Its open, part and seal come in the seal's batch, so the sink writes it whole: before that the store holds
+    nothing of it (no Assigned manifest, no multipart upload), and the state holds one layout per batch (each
+    batch's block cut at its end), never an entry row."""
+    store, meta, sink, state = env
+    entries, expected = published_to(sink, {1: 30}, seed=11)
+    min_part = 1 << 20
+    for i, start in enumerate(range(0, 30, 10)):
+        actions = run_segmenter(
+            TOPIC,
+            policy(),
+            state,
+            entries[start : start + 10],
+            now_ms=i,
+            min_part_size=min_part,
+            whole_small_segments=True,
+        )
+        assert [a.action for a in actions] == ["stats"]
+        apply(sink, actions)
+        assert state.block == [] and len(state.held) > i
+        assert list(store.list("")) == [] and list(store.pending_multiparts("")) == []
+    held = len(state.held)
+    sealing = run_segmenter(
+        TOPIC, policy(), state, [], [CONTROL_SEAL], now_ms=9, min_part_size=min_part, whole_small_segments=True
+    )
+    assert [a.action for a in sealing] == ["open", "part", "seal", "stats"]
+    apply(sink, sealing)
+    [segment] = meta.offloaded_segments(TOPIC)
+    assert segment.partCount == 1 and segment.blockCount == held
+    assert [m.status for m in meta.manifests(TOPIC)] == [mf.OFFLOADED]
+    assert read_back(store, meta) == expected
+
+
+def test_a_segment_goes_out_opened_with_its_first_part_once(env: tuple) -> None:
+    """A segment that makes a part before its seal: its open right before that part, and never again."""
+    store, meta, sink, state = env
+    entries, expected = published_to(sink, {1: 90}, seed=12)
+    pol, min_part = policy(maxSizePerOffloadSegmentMbytes=1.0), 8_000
+    sent: list[str] = []
+    for start in range(0, 90, 6):
+        actions = run_segmenter(
+            TOPIC,
+            pol,
+            state,
+            entries[start : start + 6],
+            now_ms=start,
+            min_part_size=min_part,
+            whole_small_segments=True,
+        )
+        apply(sink, actions)
+        sent += [a.action for a in actions if a.action in ("open", "part")]
+    apply(
+        sink,
+        run_segmenter(
+            TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=999, min_part_size=min_part, whole_small_segments=True
+        ),
+    )
+    assert sent[0] == "open" and sent.count("open") == 1 and sent.count("part") >= 2
+    assert read_back(store, meta) == expected
+
+
+def test_an_open_segment_from_state_written_before_lazy_opens_is_not_opened_again(env: tuple) -> None:
+    """State saved by a version that sent the open at once has no ``open_sent``: that segment counts as opened."""
+    store, meta, sink, state = env
+    entries, expected = published_to(sink, {1: 20}, seed=13)
+    first = run_segmenter(TOPIC, policy(), state, entries[:10], now_ms=0, min_part_size=1)
+    assert [a.action for a in first][:2] == ["open", "part"]
+    apply(sink, first)
+    saved = json.loads(state.state)
+    del saved["open"]["open_sent"]
+    state.state = json.dumps(saved)
+    rest = run_segmenter(
+        TOPIC, policy(), state, entries[10:], [CONTROL_SEAL], now_ms=1, min_part_size=1, whole_small_segments=True
+    )
+    assert "open" not in [a.action for a in rest]
+    apply(sink, rest)
+    assert read_back(store, meta) == expected

@@ -88,7 +88,7 @@ def test_a_policy_edit_between_a_crash_and_the_restart(spark: Any, pulsar_broker
     env = {**os.environ, "STREAMOFFLOAD_CRASH_DIR": str(tmp_path / "crash")}
     cmd = [sys.executable, "-m", "streamoffload", "run", "--once", "--conf", str(config_path)]
     crashed = subprocess.run(
-        cmd, env={**env, "STREAMOFFLOAD_CRASH_AT": "after-part:4"}, start_new_session=True, capture_output=True
+        cmd, env={**env, "STREAMOFFLOAD_CRASH_AT": "after-part:2"}, start_new_session=True, capture_output=True
     )
     assert crashed.returncode == -9, crashed.stderr.decode()[-2000:]
     store = load_config(config_path).store.location.open().store

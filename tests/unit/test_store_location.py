@@ -84,10 +84,13 @@ def test_the_jobs_minimum_part_is_the_store_classes_and_opens_nothing(tmp_path: 
     missing = tmp_path / "not-created"
     filesystem = StoreSettings(managedLedgerOffloadDriver="filesystem", root=str(missing))
     assert filesystem.location.min_part_size == FilesystemStore.min_part_size == 1
+    # What the segmenter gathers into a part: small segments are written whole at their seal (DESIGN, step 1).
+    assert filesystem.location.part_size == FilesystemStore.part_size == 256 * 1024
     assert not missing.exists()  # known from the location's scheme: no store was opened
     for driver in ("s3", "aws-s3"):
         s3 = StoreSettings(managedLedgerOffloadDriver=driver, bucket="no-such-bucket", prefix="p")
         assert s3.location.min_part_size == S3Store.min_part_size == 5 * 1024 * 1024
+        assert s3.location.part_size == S3Store.part_size == S3Store.min_part_size
 
 
 def test_a_location_from_a_url_equals_the_one_from_the_settings_the_cli_makes(tmp_path: Path) -> None:
