@@ -146,12 +146,11 @@ class FilesystemStore(ObjectStore):
     An existing root keeps its mode."""
 
     min_part_size = 1
+    """Parts of any size."""
     part_size = 256 << 10
-    """A part here is a staged file with its fsyncs and a checksum record per block; sent once a batch, the many
-    small ones of quiet topic-partitions cost most of a micro-batch (bench/README, "Issue 24, session 37"). So a
-    segment smaller than this is written whole at its seal."""
-    """Parts of any size: nothing needs to wait in the job's state, every micro-batch's bytes go out at its end
-    (for trickle traffic, a small block and part file per batch)."""
+    """But a part here is a staged file with its fsyncs and a checksum record per block: sent every micro-batch,
+    the many small ones of trickle traffic cost most of a micro-batch (bench/README, "Issue 24, session 37"). So
+    the job gathers this much into a part, and a segment smaller than this is written whole at its seal."""
 
     def __init__(
         self, root: str | Path, *, fsync: bool = True, file_mode: int = DEFAULT_FILE_MODE, dir_mode: int | None = None

@@ -243,11 +243,12 @@ class Segmenter:
         store keeps only a remainder smaller than one minimum part (plus nothing of a backlog).
 
         v2 blocks are self-describing (the header holds the block length, the index its offset), and
-        Pulsar's own streaming offloader sizes blocks from its buffer, so the open block ends here, at the
-        batch boundary: held until the held blocks make a part (``min_part_size``), it is one layout record
-        in state, where an open block is a state row per entry, and those rows made the segmenter's state
-        writes grow with the traffic. If this batch already sent a part of the segment, the tail joins that
-        part instead: any size is fine then.
+        Pulsar's own streaming offloader sizes blocks from its buffer, so the open block may end here, at the
+        batch boundary: always with ``whole_small_segments`` (held until the held blocks make a part,
+        ``min_part_size``, it is one layout record in state, where an open block is a state row per entry, rows
+        that made the segmenter's state writes grow with the traffic), else once the pending bytes make a part.
+        If this batch already sent a part of the segment, the tail joins that part instead: any size is fine
+        then.
         A v1 (ledger method) block keeps PIP-17's shape, full except a ledger's last, so its open block
         stays in state; only its complete blocks are flushed. Deterministic: a replayed batch starts
         from the same state with the same entries, so it cuts and sends the same bytes."""
@@ -386,9 +387,10 @@ class Segmenter:
             self._send_open(self.state.open)
 
     def _send_open(self, seg: OpenSegment) -> None:
-        """The segment's ``open`` (its Assigned manifest), once, right before its first part. A segment still
-        below one part at its seal thus goes out opened, written and sealed in one batch, which the sink writes
-        whole (no Assigned manifest, no multipart upload); until then it has nothing in the store to open."""
+        """The segment's ``open`` (its Assigned manifest), once: at the open, or with ``whole_small_segments``
+        right before its first part. A segment still below one part at its seal then goes out opened, written and
+        sealed in one batch, which the sink writes whole (no Assigned manifest, no multipart upload); until then
+        it has nothing in the store."""
         if seg.open_sent:
             return
         seg.open_sent = True
