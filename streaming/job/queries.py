@@ -263,6 +263,7 @@ class JobQueries:
             self.location.part_size,
             epoch=run.epoch,
             resume=run.resume,
+            cut_every_batch=self.location.min_part_size <= 1,
         )
         return (
             entries.unionByName(controls)

@@ -93,19 +93,22 @@ class Segmenter:
         resume: tuple[list[int] | None, int] | None = None,
         read_wait_s: float = 0.0,
         whole_small_segments: bool = False,
+        cut_every_batch: bool = False,
     ) -> None:
         """``policy`` is the batch's policy version for the topic; ``resume`` (last committed position,
         next ordinal) seeds a topic-partition the state does not know yet; ``read_wait_s``: seconds the source's
         read limits held this batch's entries back (reported in ``stats``). ``whole_small_segments`` (the
-        job's way): a segment's ``open`` goes out with its first part, and every micro-batch ends its v2 block,
-        so a segment below one part until its seal is written whole (DESIGN, "Segment lifecycle", steps 1-2);
-        without it, the ``open`` goes out at once, as the multipart path's tests drive it."""
+        job's way): a segment's ``open`` goes out with its first part, so a segment below one part until its
+        seal is written whole (DESIGN, "Segment lifecycle", steps 1-2); without it, the ``open`` goes out at
+        once, as the multipart path's tests drive it. ``cut_every_batch`` (the job on a store that takes parts
+        of any size): every micro-batch ends the open v2 block, even below one part (``_flush_batch``)."""
         self.topic = topic
         self.policy = policy
         self.store = state
         self.key_prefix = key_prefix
         self.min_part_size = max(1, min_part_size)
         self.whole_small_segments = whole_small_segments
+        self.cut_every_batch = cut_every_batch
         self.now_ms = now_ms
         self.epoch = epoch
         loaded = state.load()
@@ -244,11 +247,12 @@ class Segmenter:
 
         v2 blocks are self-describing (the header holds the block length, the index its offset), and
         Pulsar's own streaming offloader sizes blocks from its buffer, so the open block may end here, at the
-        batch boundary: always with ``whole_small_segments`` (held until the held blocks make a part,
-        ``min_part_size``, it is one layout record in state, where an open block is a state row per entry, rows
-        that made the segmenter's state writes grow with the traffic), else once the pending bytes make a part.
-        If this batch already sent a part of the segment, the tail joins that part instead: any size is fine
-        then.
+        batch boundary: always with ``cut_every_batch`` (a filesystem store: held until the held blocks make a
+        part, ``min_part_size``, it is one layout record in state, where an open block is a state row per entry,
+        rows that made the segmenter's state writes grow with the traffic), else once the pending bytes make a
+        part (on S3 a trickle's segment then stays one block, not one block and one checksum record object per
+        micro-batch). If this batch already sent a part of the segment, the tail joins that part instead: any
+        size is fine then.
         A v1 (ledger method) block keeps PIP-17's shape, full except a ledger's last, so its open block
         stays in state; only its complete blocks are flushed. Deterministic: a replayed batch starts
         from the same state with the same entries, so it cuts and sends the same bytes."""
@@ -259,11 +263,11 @@ class Segmenter:
         pending = seg.held_bytes + seg.block_bytes
         min_part = self._seg_policy(seg).min_part_bytes(self.min_part_size)
         cut = seg.block_bytes and seg.version == FormatVersion.V2
-        if cut and self.whole_small_segments:
+        if cut and self.cut_every_batch:
             self._cut_block(padded=False)  # sends the part itself once the held blocks make one
         if pending < min_part and merge is None:
             return  # the remainder: below one part, it waits in state for the next batch
-        if cut and not self.whole_small_segments:
+        if cut and not self.cut_every_batch:
             self._cut_block(padded=False)
         if not seg.held_bytes:
             return
@@ -582,6 +586,7 @@ def run_segmenter(
     resume: tuple[list[int] | None, int] | None = None,
     on_segmenter: Callable[[Segmenter], Any] | None = None,
     whole_small_segments: bool = False,
+    cut_every_batch: bool = False,
 ) -> list[Action]:
     """One micro-batch for one topic-partition: process, save state, return the actions."""
     segmenter = Segmenter(
@@ -594,6 +599,7 @@ def run_segmenter(
         epoch=epoch,
         resume=resume,
         whole_small_segments=whole_small_segments,
+        cut_every_batch=cut_every_batch,
     )
     segmenter.process(entries, controls)
     actions = segmenter.finish()

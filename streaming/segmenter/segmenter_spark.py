@@ -89,12 +89,15 @@ class SegmenterProcessor(StatefulProcessor):
         *,
         epoch: int,
         resume: dict[str, tuple[list[int] | None, int]],
+        cut_every_batch: bool = False,
     ) -> None:
         """``resume``: per topic-partition with history in the store, its last committed position and
-        next ordinal (a topic-partition not named starts with ordinal 0)."""
+        next ordinal (a topic-partition not named starts with ordinal 0). ``cut_every_batch``: the store takes
+        parts of any size (``Segmenter``)."""
         self.policies = policies
         self.key_prefix = key_prefix
         self.min_part_size = min_part_size
+        self.cut_every_batch = cut_every_batch
         self.epoch = epoch
         self.resume = resume
 
@@ -164,6 +167,7 @@ class SegmenterProcessor(StatefulProcessor):
                 resume=self.resume.get(topic),
                 read_wait_s=read_wait_s,
                 whole_small_segments=True,
+                cut_every_batch=self.cut_every_batch,
             )
             segmenter.process(entries, controls)
             # Before finish(), which saves the state: the timer it records is the one registered here.

@@ -318,8 +318,8 @@ def test_a_segment_records_its_earliest_and_latest_publish_time(env: tuple) -> N
 
 def test_a_segment_below_one_part_goes_out_whole_at_its_seal(env: tuple) -> None:
     """Its open, part and seal come in the seal's batch, so the sink writes it whole: before that the store holds
-    nothing of it (no Assigned manifest, no multipart upload), and the state holds one layout per batch (each
-    batch's block cut at its end), never an entry row."""
+    nothing of it (no Assigned manifest, no multipart upload), and, with ``cut_every_batch`` (a filesystem
+    store's way), the state holds one layout per batch (each batch's block cut at its end), never an entry row."""
     store, meta, sink, state = env
     entries, expected = published_to(sink, {1: 30}, seed=11)
     min_part = 1 << 20
@@ -332,6 +332,7 @@ def test_a_segment_below_one_part_goes_out_whole_at_its_seal(env: tuple) -> None
             now_ms=i,
             min_part_size=min_part,
             whole_small_segments=True,
+            cut_every_batch=True,
         )
         assert [a.action for a in actions] == ["stats"]
         apply(sink, actions)
@@ -339,7 +340,15 @@ def test_a_segment_below_one_part_goes_out_whole_at_its_seal(env: tuple) -> None
         assert list(store.list("")) == [] and list(store.pending_multiparts("")) == []
     held = len(state.held)
     sealing = run_segmenter(
-        TOPIC, policy(), state, [], [CONTROL_SEAL], now_ms=9, min_part_size=min_part, whole_small_segments=True
+        TOPIC,
+        policy(),
+        state,
+        [],
+        [CONTROL_SEAL],
+        now_ms=9,
+        min_part_size=min_part,
+        whole_small_segments=True,
+        cut_every_batch=True,
     )
     assert [a.action for a in sealing] == ["open", "part", "seal", "stats"]
     apply(sink, sealing)
@@ -392,4 +401,28 @@ def test_an_open_segment_from_state_written_before_lazy_opens_is_not_opened_agai
     )
     assert "open" not in [a.action for a in rest]
     apply(sink, rest)
+    assert read_back(store, meta) == expected
+
+
+def test_without_a_cut_every_batch_a_trickle_segment_stays_one_block_until_its_seal(env: tuple) -> None:
+    """On S3 (a 5 MiB minimum part) the job does not end the block at every micro-batch: a trickle's segment
+    is one block and one checksum record at its seal, not one of each per micro-batch, and still goes out
+    opened, written and sealed in the seal's batch."""
+    store, meta, sink, state = env
+    entries, expected = published_to(sink, {1: 12}, seed=14)
+    pol = policy(managedLedgerOffloadMaxBlockSizeInBytes=64 * 1024)
+    for i in range(0, 12, 3):
+        actions = run_segmenter(
+            TOPIC, pol, state, entries[i : i + 3], now_ms=i, min_part_size=5 << 20, whole_small_segments=True
+        )
+        assert [a.action for a in actions] == ["stats"]
+        assert len(state.block) == i + 3 and state.held == []
+        apply(sink, actions)
+    sealing = run_segmenter(
+        TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=99, min_part_size=5 << 20, whole_small_segments=True
+    )
+    assert [a.action for a in sealing] == ["open", "part", "seal", "stats"]
+    apply(sink, sealing)
+    [segment] = meta.offloaded_segments(TOPIC)
+    assert segment.blockCount == 1 and segment.partCount == 1
     assert read_back(store, meta) == expected
