@@ -262,13 +262,11 @@ class Segmenter:
         merge = self._batch_part(seg)
         pending = seg.held_bytes + seg.block_bytes
         min_part = self._seg_policy(seg).min_part_bytes(self.min_part_size)
-        cut = seg.block_bytes and seg.version == FormatVersion.V2
-        if cut and self.cut_every_batch:
+        below_part = pending < min_part and merge is None
+        if seg.block_bytes and seg.version == FormatVersion.V2 and (self.cut_every_batch or not below_part):
             self._cut_block(padded=False)  # sends the part itself once the held blocks make one
-        if pending < min_part and merge is None:
+        if below_part:
             return  # the remainder: below one part, it waits in state for the next batch
-        if cut and not self.cut_every_batch:
-            self._cut_block(padded=False)
         if not seg.held_bytes:
             return
         if seg.held_bytes >= min_part or merge is None:
