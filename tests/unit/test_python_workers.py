@@ -15,6 +15,7 @@ import pytest
 from streamoffload.errors import ConfigError
 from streamoffload.streaming.job.session import (
     G1_REGION,
+    GC_TIME_GOAL,
     HEAP_FLOOR,
     JVM_ENVIRONMENT,
     PRE_TOUCH,
@@ -98,7 +99,7 @@ def test_a_worker_freezes_what_it_imported_once_so_the_daemons_collections_are_c
     assert first > 10_000 and again == first
 
 
-OURS_AFTER_JIT = f"{G1_REGION} {YOUNG_GEN} {HEAP_FLOOR} {PRE_TOUCH}"
+OURS_AFTER_JIT = f"{G1_REGION} {YOUNG_GEN} {HEAP_FLOOR} {PRE_TOUCH} {GC_TIME_GOAL}"
 
 
 def test_the_local_jvm_compiles_with_c1_only_unless_the_user_chose_the_tiers() -> None:
@@ -109,7 +110,7 @@ def test_the_local_jvm_compiles_with_c1_only_unless_the_user_chose_the_tiers() -
 
 
 def test_the_local_jvm_has_4_mb_regions_and_a_fixed_young_generation_unless_the_user_chose_them() -> None:
-    floor = f"{HEAP_FLOOR} {PRE_TOUCH}"
+    floor = f"{HEAP_FLOOR} {PRE_TOUCH} {GC_TIME_GOAL}"
     assert driver_java_options("-XX:G1HeapRegionSize=8m") == f"{QUICK_JIT} {YOUNG_GEN} {floor} -XX:G1HeapRegionSize=8m"
     assert driver_java_options("-Xmn64m") == f"{QUICK_JIT} {G1_REGION} {floor} -Xmn64m"
     assert driver_java_options("-XX:MaxNewSize=1g") == f"{QUICK_JIT} {G1_REGION} {floor} -XX:MaxNewSize=1g"
@@ -117,22 +118,29 @@ def test_the_local_jvm_has_4_mb_regions_and_a_fixed_young_generation_unless_the_
 
 def test_the_local_jvm_keeps_a_resident_heap_floor_unless_the_user_chose_one_or_the_heap_is_smaller() -> None:
     jit_regions_young = f"{QUICK_JIT} {G1_REGION} {YOUNG_GEN}"
-    assert driver_java_options("-Xms1g") == f"{jit_regions_young} {PRE_TOUCH} -Xms1g"
-    assert driver_java_options("-XX:InitialHeapSize=1g") == f"{jit_regions_young} {PRE_TOUCH} -XX:InitialHeapSize=1g"
-    assert driver_java_options("-XX:-AlwaysPreTouch") == f"{jit_regions_young} {HEAP_FLOOR} -XX:-AlwaysPreTouch"
+    goal, initial = GC_TIME_GOAL, "-XX:InitialHeapSize=1g"
+    assert driver_java_options("-Xms1g") == f"{jit_regions_young} {PRE_TOUCH} {goal} -Xms1g"
+    assert driver_java_options(initial) == f"{jit_regions_young} {PRE_TOUCH} {goal} {initial}"
+    assert driver_java_options("-XX:-AlwaysPreTouch") == f"{jit_regions_young} {HEAP_FLOOR} {goal} -XX:-AlwaysPreTouch"
     # A JVM with an initial heap above its maximum does not start: no floor under a smaller heap.
-    assert driver_java_options("", "256m") == jit_regions_young
-    assert driver_java_options("", "300") == jit_regions_young  # a bare number is MiB, as Spark reads it
-    assert driver_java_options("", "384m") == f"{jit_regions_young} {HEAP_FLOOR} {PRE_TOUCH}"
-    assert driver_java_options("", "8192") == f"{jit_regions_young} {HEAP_FLOOR} {PRE_TOUCH}"
+    assert driver_java_options("", "256m") == f"{jit_regions_young} {goal}"
+    assert driver_java_options("", "300") == f"{jit_regions_young} {goal}"  # a bare number is MiB, as Spark reads it
+    assert driver_java_options("", "384m") == f"{jit_regions_young} {HEAP_FLOOR} {PRE_TOUCH} {goal}"
+    assert driver_java_options("", "8192") == f"{jit_regions_young} {HEAP_FLOOR} {PRE_TOUCH} {goal}"
     with pytest.raises(ConfigError, match=r"spark\.driver\.memory.*'two gigs'"):
         driver_java_options("", "two gigs")
+
+
+def test_the_local_jvm_grows_its_heap_on_its_own_only_past_20_percent_of_time_in_gc_unless_the_user_chose() -> None:
+    ours = f"{QUICK_JIT} {G1_REGION} {YOUNG_GEN} {HEAP_FLOOR} {PRE_TOUCH}"
+    assert driver_java_options("-XX:GCTimeRatio=12") == f"{ours} -XX:GCTimeRatio=12"
+    assert driver_java_options("") == f"{ours} {GC_TIME_GOAL}"
 
 
 def test_the_sessions_jvm_runs_with_our_options_and_allocates_its_buffers_as_young_objects(spark: Any) -> None:
     jvm = spark.sparkContext._jvm
     runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    assert {QUICK_JIT, G1_REGION, YOUNG_GEN, HEAP_FLOOR, PRE_TOUCH} <= set(runtime.getInputArguments())
+    assert {QUICK_JIT, G1_REGION, YOUNG_GEN, HEAP_FLOOR, PRE_TOUCH, GC_TIME_GOAL} <= set(runtime.getInputArguments())
     # A buffer is humongous for G1 from half a region on: every buffer Spark sizes per micro-batch stays below.
     region = int(
         jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
