@@ -230,7 +230,7 @@ GC_TIME_GOAL = "-XX:GCTimeRatio=4"
 """G1 grows the heap on its own only when collections take more than ~20% of the time (``1/(1+4)``), not
 G1's default ~8% (12). G1 scales that goal down with the committed heap (by 384 MB / 1 GB at the floor of a 2g
 heap: 2.9% by default) and compares it with each young pause against the time since the previous collection
-ended, so on a CPU-starved machine a few pauses stretched to 0.2-0.7 s by the scheduler, not by work, were
+ended, so on a CPU-starved machine a few pauses stretched to 0.1-0.7 s by the scheduler, not by work, were
 enough: the hour's soak of 2026-11-28 saw six such growths of 68 MB (the smallest step with a 2g heap) and one
 of 304 MB, each touched at once (:data:`PRE_TOUCH`) and held until a full collection. Replaying that hour's
 pauses through G1's sizing rule grows the heap five times at the default and never at 4. The heap still grows
