@@ -56,6 +56,7 @@ from streamoffload.storage.base import (
     normalize_metadata,
     part_buffers,
 )
+from streamoffload.storage.fs_sync import SYNC_MODES, Syncer, syncer_for
 from streamoffload.storage.keys import check_key, check_prefix
 from streamoffload.storage.local_files import FileRangedReader, ReopeningFileReader, pread_exact
 
@@ -139,7 +140,9 @@ def _pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], off
 
 
 class FilesystemStore(ObjectStore):
-    """Objects as files under ``root``. ``fsync=False`` skips the fsyncs (tests, scratch data).
+    """Objects as files under ``root``. ``fsync=False`` skips the fsyncs (tests, scratch data); ``sync``: how
+    writes are made durable, ``"group"`` (one ``syncfs`` for the threads that wait at once, on Linux) or
+    ``"file"`` (an ``fsync`` per file): ``storage/fs_sync.py``.
 
     ``file_mode``/``dir_mode``: permissions of the files and directories the store creates (exactly,
     whatever the umask); ``dir_mode`` defaults to the one that goes with ``file_mode`` (``dir_mode_for``).
@@ -153,10 +156,20 @@ class FilesystemStore(ObjectStore):
     the job gathers this much into a part, and a segment smaller than this is written whole at its seal."""
 
     def __init__(
-        self, root: str | Path, *, fsync: bool = True, file_mode: int = DEFAULT_FILE_MODE, dir_mode: int | None = None
+        self,
+        root: str | Path,
+        *,
+        fsync: bool = True,
+        sync: str = "group",
+        file_mode: int = DEFAULT_FILE_MODE,
+        dir_mode: int | None = None,
     ) -> None:
         self._root = Path(os.path.abspath(os.fspath(root)))
         self._fsync = fsync
+        if sync not in SYNC_MODES:
+            raise StorageError(f"filesystem store {self._root}: sync {sync!r} is not one of {', '.join(SYNC_MODES)}")
+        self._sync_mode = sync
+        self._syncer_of: tuple[int, Syncer] | None = None
         self.file_mode = check_mode(file_mode, "file_mode")
         self.dir_mode = check_mode(dir_mode_for(file_mode) if dir_mode is None else dir_mode, "dir_mode")
         try:
@@ -179,7 +192,21 @@ class FilesystemStore(ObjectStore):
         return self._root
 
     def __repr__(self) -> str:
-        return f"FilesystemStore({str(self._root)!r}, fsync={self._fsync}, file_mode=0o{self.file_mode:03o})"
+        return (
+            f"FilesystemStore({str(self._root)!r}, fsync={self._fsync}, sync={self._sync_mode!r}, "
+            f"file_mode=0o{self.file_mode:03o})"
+        )
+
+    def __getstate__(self) -> dict[str, object]:
+        # A store goes to Spark's tasks pickled: its syncer (a lock, a descriptor) is this process's, not theirs.
+        return {**self.__dict__, "_syncer_of": None}
+
+    def _syncer(self) -> Syncer:
+        """This process's way to make writes durable (looked up again in a forked child)."""
+        pid = os.getpid()
+        if self._syncer_of is None or self._syncer_of[0] != pid:
+            self._syncer_of = (pid, syncer_for(self._root, self._sync_mode))
+        return self._syncer_of[1]
 
     def put(
         self,
@@ -204,11 +231,10 @@ class FilesystemStore(ObjectStore):
         return ObjectInfo(key, st.st_size, meta, st.st_mtime)
 
     def put_many(self, objects: Sequence[tuple[str, bytes | memoryview, Mapping[str, str] | None]]) -> None:
-        """Every object (and its metadata file) written and renamed into place first, then each fsynced, then
-        each directory once: durable, all of them, when this returns. Nothing reads them before the commit that
-        follows (a segment's records, data and index; a crash before the end leaves objects a replay writes
-        again), so their order among themselves does not matter, and syncing them together costs about one
-        journal commit where a write-then-fsync per file cost one each."""
+        """Every object (and its metadata file) written and renamed into place first, then all of them and their
+        directories made durable at once (one group ``syncfs``, or each fsynced): durable, all of them, when this
+        returns. Nothing reads them before the commit that follows (a segment's records, data and index; a crash
+        before the end leaves objects a replay writes again), so their order among themselves does not matter."""
         directories: dict[Path, None] = {}
         written: list[Path] = []
         for key, data, metadata in objects:
@@ -225,13 +251,9 @@ class FilesystemStore(ObjectStore):
             if meta:
                 written.append(self._sidecar(path))
             directories[path.parent] = None
-        if self._fsync:
-            for path in written:
-                with self._errors("put", str(path), path):
-                    _fsync_path(path)
-            for directory in directories:
-                with self._errors("put", str(directory), directory):
-                    self._fsync_dir(directory)
+        if self._fsync and written:
+            with self._errors("put", objects[0][0], written[0]):
+                self._syncer().paths([*written, *directories])
 
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -503,7 +525,7 @@ class FilesystemStore(ObjectStore):
                     _write_chunks(f, chunks)
                 f.flush()
                 if self._fsync and durable:
-                    os.fsync(f.fileno())
+                    self._syncer().descriptor(f.fileno())
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -619,18 +641,8 @@ class FilesystemStore(ObjectStore):
         directory.mkdir(mode=self.dir_mode)
         os.chmod(directory, self.dir_mode)
 
-    @staticmethod
-    def _fsync_dir(directory: Path) -> None:
-        _fsync_path(directory, os.O_DIRECTORY)
-
-
-def _fsync_path(path: Path, flags: int = 0) -> None:
-    """fsync a file (or, with ``os.O_DIRECTORY``, a directory) by its name."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def _fsync_dir(self, directory: Path) -> None:
+        self._syncer().paths([directory])
 
 
 class FilesystemMultipartWrite(MultipartWrite):
@@ -775,7 +787,7 @@ class FilesystemMultipartWrite(MultipartWrite):
                 if store._fsync:
                     fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
                     try:
-                        os.fsync(fd)
+                        store._syncer().descriptor(fd)
                         # Durable now, and read back seldom (an offloaded segment): its clean pages leave the page
                         # cache, so the next objects are written into pages the kernel just freed instead of
                         # growing the cache into memory never touched (costly on a VM: bench/page_cost.py).

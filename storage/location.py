@@ -16,7 +16,7 @@ from streamoffload.errors import ConfigError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.request_counts import maybe_counting
 
-FILESYSTEM_OPTIONS = frozenset({"fsync", "file_mode", "dir_mode"})
+FILESYSTEM_OPTIONS = frozenset({"fsync", "sync", "file_mode", "dir_mode"})
 S3_OPTIONS = frozenset(
     {
         "endpoint_url",
@@ -97,6 +97,8 @@ class StoreLocation:
     """file: permissions of the files the store creates (None: ``FilesystemStore``'s default, 0600)."""
     dir_mode: int | None = None
     """file: permissions of its directories (None: the one that goes with ``file_mode``)."""
+    sync: str | None = None
+    """file: how writes are made durable (``FilesystemStore``'s ``sync``; None: its default, a group commit)."""
 
     @property
     def store_class(self) -> type[ObjectStore]:
@@ -135,7 +137,7 @@ class StoreLocation:
             options = {"endpoint_url": self.endpoint, "region": self.region, "path_style": self.path_style}
             store: ObjectStore = S3Store(self.bucket, "", **{k: v for k, v in options.items() if v is not None})
             return ScopedStore(maybe_counting(store), self.prefix)
-        modes = {"file_mode": self.file_mode, "dir_mode": self.dir_mode}
+        modes = {"file_mode": self.file_mode, "dir_mode": self.dir_mode, "sync": self.sync}
         options = {k: v for k, v in modes.items() if v is not None}
         return ScopedStore(maybe_counting(_filesystem(self.path, Path(self.path), options, create)), self.prefix)
 
@@ -191,8 +193,8 @@ def parse_store_url(url: str, *, endpoint: str | None = None, region: str | None
 def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:
     """The store at ``url`` (any URL ``parse_store_url`` accepts; its ``ConfigError`` otherwise).
 
-    - a file URL or a path: a ``FilesystemStore`` (options ``fsync``, ``file_mode`` and ``dir_mode``:
-      permissions of what it creates, 0600/0700 by default);
+    - a file URL or a path: a ``FilesystemStore`` (options ``fsync``, ``sync`` (``"group"`` or ``"file"``),
+      ``file_mode`` and ``dir_mode``: permissions of what it creates, 0600/0700 by default);
     - ``s3://bucket`` or ``s3://bucket/prefix``: an ``S3Store`` (options ``endpoint_url``, ``region``,
       ``path_style``, ``access_key``, ``secret_key``, ``session_token``, ``profile``, ``max_attempts``, ...).
       Options that are ``None`` are dropped, so config values can be passed through as they are.

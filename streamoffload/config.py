@@ -27,6 +27,7 @@ from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
+from streamoffload.storage.fs_sync import SYNC_MODES
 from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.units import MIB
 
@@ -168,9 +169,16 @@ class StoreSettings:
     dirMode: str | None = None
     """Filesystem driver: permissions of its directories; by default the one that goes with ``fileMode``
     (each class that may read files may enter directories: "0600" -> "0700", "0640" -> "0750")."""
+    fileSync: str = "group"
+    """Filesystem driver: how writes are made durable. "group" (default): one ``syncfs`` shared by the writers
+    that wait at once (Linux; it also writes back other programs' dirty data on that filesystem sooner); "file":
+    an fsync per file (docs/DESIGN.md, "Durable writes on a filesystem")."""
 
     def __post_init__(self) -> None:
         self.modes()  # refuse a malformed mode when the configuration is read, not at the first write
+        if self.fileSync not in SYNC_MODES:
+            modes = ", ".join(map(repr, SYNC_MODES))
+            raise ConfigError(f"store.fileSync must be one of {modes}, got {self.fileSync!r}")
 
     def modes(self) -> tuple[int, int | None]:
         """``(file_mode, dir_mode)`` of the filesystem driver; ``ConfigError`` naming the key if malformed."""
@@ -197,7 +205,13 @@ class StoreSettings:
         now). A filesystem store has no key prefix; ``prefix`` is the S3 drivers'."""
         if self.managedLedgerOffloadDriver == "filesystem":
             file_mode, dir_mode = self.modes()
-            return StoreLocation("file", path=str(Path(self.root).resolve()), file_mode=file_mode, dir_mode=dir_mode)
+            return StoreLocation(
+                "file",
+                path=str(Path(self.root).resolve()),
+                file_mode=file_mode,
+                dir_mode=dir_mode,
+                sync=None if self.fileSync == "group" else self.fileSync,
+            )
         return StoreLocation(
             "s3",
             bucket=self.bucket or "",

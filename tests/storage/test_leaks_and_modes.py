@@ -24,6 +24,7 @@ from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore, dir_mode_for
+from streamoffload.storage.fs_sync import FileSync
 from streamoffload.storage.location import ScopedStore, open_store
 from streamoffload.units import MIB
 
@@ -78,6 +79,16 @@ def test_modes_are_configurable_in_the_store_section(tmp_path: Path, open_umask:
     assert mode(tmp_path / "store" / "x" / "y" / "z") == 0o640
     assert mode(tmp_path / "store" / "x" / "y") == 0o750
     assert mode(tmp_path / "store") == 0o750
+
+
+def test_the_way_of_syncing_is_configurable_in_the_store_section(tmp_path: Path) -> None:
+    conf = tmp_path / "so.toml"
+    conf.write_text(f'[store]\nroot = "{tmp_path / "store"}"\nfileSync = "file"\n')
+    store = load_config(conf).store.location.open().store
+    assert isinstance(store, FilesystemStore) and isinstance(store._syncer(), FileSync)
+    conf.write_text(f'[store]\nroot = "{tmp_path / "store"}"\n')
+    default = load_config(conf).store.location.open().store
+    assert isinstance(default, FilesystemStore) and default._sync_mode == "group"
 
     other = open_store(str(tmp_path / "other"), file_mode=0o644, dir_mode=0o711)
     other.put("p/q", b"1")

@@ -27,6 +27,7 @@ from streamoffload.storage.base import (
     UploadNotFoundError,
 )
 from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.fs_sync import GroupSync
 from streamoffload.storage.location import StoreLocation, open_store, parse_store_url
 from streamoffload.storage.s3 import S3Store
 
@@ -82,8 +83,9 @@ def test_put_many_writes_every_object_with_its_metadata_and_overwrites(
         ("other/c", b"", None),
     ]
     if isinstance(store, FilesystemStore):
-        # Every file fsynced, each directory once (not twice per object), and only once every object is in
-        # place: the syncs go together (about one journal commit), not one write-then-sync per file.
+        # sync="file": every file fsynced, each directory once (not twice per object), and only once every object
+        # is in place: the syncs go together, not one write-then-sync per file.
+        per_file = FilesystemStore(store.root, sync="file")
         synced: list[str] = []
         in_place_at_first_sync: list[bool] = []
         real = os.fsync
@@ -95,7 +97,7 @@ def test_put_many_writes_every_object_with_its_metadata_and_overwrites(
             real(fd)
 
         monkeypatch.setattr(os, "fsync", recording_fsync)
-        store.put_many(objects)
+        per_file.put_many(objects)
         root = store.root
         assert in_place_at_first_sync == [True]
         assert synced == [
@@ -108,6 +110,20 @@ def test_put_many_writes_every_object_with_its_metadata_and_overwrites(
             str(root / "seg"),
             str(root / "other"),
         ], "the files under their final names, then one sync per directory"
+        monkeypatch.setattr(os, "fsync", real)
+        # The default, sync="group" (Linux): one syncfs for all of them, once every object is in place.
+        group = store._syncer()
+        if isinstance(group, GroupSync):
+            in_place: list[bool] = []
+            real_syncfs = group._syncfs
+
+            def recording_syncfs(fd: int) -> None:
+                in_place.append(all(store.exists(key) for key, _, _ in objects))
+                real_syncfs(fd)
+
+            monkeypatch.setattr(group, "_syncfs", recording_syncfs)
+            store.put_many(objects)
+            assert in_place == [True]
     else:
         store.put_many(objects)
     assert {k: store.get(k) for k in keys(store)} == {
