@@ -1,6 +1,8 @@
 """What one small segment costs the job, apart from Spark and the broker: the segmenter's decisions and the sink's
-store writes for segments of ``--entries`` entries of ``--entry-size`` bytes, on a filesystem store with and
-without its fsyncs (bench/README, issue 24 session 26).
+store writes for segments of ``--entries`` entries of ``--entry-size`` bytes, on a filesystem store without its
+fsyncs, with an fsync per file (``sync="file"``) and with its default group commit (``sync="group"``: one
+``syncfs`` per barrier, shared by the threads waiting at once; one thread here) (bench/README, issue 24 sessions 26
+and 39).
 
 Run from the repository root:
 
@@ -15,8 +17,8 @@ segmenter, the sink and the store. Such a segment (opened and sealed in one micr
 lease check, commit, Offloaded manifest). Beside it, the same segments through the multipart path every larger or
 longer-lived segment takes (open: multipart upload and Assigned manifest; a part with its checksum records; seal:
 complete, index, lease check, commit, Offloaded manifest). Printed per segment: wall and CPU milliseconds (this
-process, so a filesystem's fsync counts what the kernel spends in it), fsyncs, and store requests by operation,
-each round with the store's fsyncs and without; the median of ``--rounds``.
+process, so a filesystem's fsync counts what the kernel spends in it), fsyncs and syncfs calls, and store requests
+by operation, each round in each way of syncing; the median of ``--rounds``.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ its own object's, not counted)."""
 class CountingFilesystemStore(FilesystemStore):
     """A filesystem store that counts its requests by operation."""
 
-    def __init__(self, root: str, *, fsync: bool) -> None:
-        super().__init__(root, fsync=fsync)
+    def __init__(self, root: str, *, fsync: bool, sync: str) -> None:
+        super().__init__(root, fsync=fsync, sync=sync)
         self.requests: collections.Counter[str] = collections.Counter()
 
     def __getattribute__(self, name: str) -> Any:
@@ -78,9 +80,10 @@ class CountingFilesystemStore(FilesystemStore):
 
 
 def one_round(
-    directory: str, segments: int, entries: int, entry_size: int, *, fsync: bool, whole: bool
+    directory: str, segments: int, entries: int, entry_size: int, *, sync: str, whole: bool
 ) -> dict[str, Any]:
-    """Offload ``segments`` segments into a new store; per segment: wall ms, CPU ms, fsyncs, requests."""
+    """Offload ``segments`` segments into a new store (``sync``: ``off``, or the store's ``file`` or ``group``);
+    per segment: wall ms, CPU ms, fsyncs, syncfs calls, requests."""
     fsyncs = [0]
     real_fsync: Callable[[int], None] = os.fsync
 
@@ -88,7 +91,10 @@ def one_round(
         fsyncs[0] += 1
         real_fsync(fd)
 
-    store = CountingFilesystemStore(tempfile.mkdtemp(dir=directory, prefix="segment-cost-"), fsync=fsync)
+    root = tempfile.mkdtemp(dir=directory, prefix="segment-cost-")
+    store = CountingFilesystemStore(root, fsync=sync != "off", sync="file" if sync == "off" else sync)
+    syncer = store._syncer()
+    rounds_before = getattr(syncer, "rounds", 0)
     fetcher = MemoryFetcher()
     sink = memory_sink(ScopedStore(store), fetcher=fetcher)
     if not whole:
@@ -119,8 +125,12 @@ def one_round(
         "wall_ms": 1000 * wall / segments,
         "cpu_ms": 1000 * cpu / segments,
         "fsyncs": fsyncs[0] / segments,
+        "syncfs": (getattr(syncer, "rounds", 0) - rounds_before) / segments,
         "requests": {op: n / segments for op, n in sorted(store.requests.items())},
     }
+
+
+SYNC_LABELS = {"group": "group commit  ", "file": "fsync per file", "off": "without syncs "}
 
 
 def main() -> None:
@@ -139,18 +149,18 @@ def main() -> None:
         f"filesystem store under {args.dir}, median of {args.rounds}"
     )
     for whole in (True, False):
-        for fsync in (True, False):
+        for sync in ("group", "file", "off"):
             rounds = [
-                one_round(args.dir, args.segments, args.entries, args.entry_size, fsync=fsync, whole=whole)
+                one_round(args.dir, args.segments, args.entries, args.entry_size, sync=sync, whole=whole)
                 for _ in range(args.rounds)
             ]
             wall = statistics.median(r["wall_ms"] for r in rounds)
             cpu = statistics.median(r["cpu_ms"] for r in rounds)
             path = "written whole" if whole else "multipart    "
             print(
-                f"  {path}  {'with fsyncs   ' if fsync else 'without fsyncs'}  "
+                f"  {path}  {SYNC_LABELS[sync]}  "
                 f"{wall:6.1f} ms wall, {cpu:5.1f} ms CPU per segment ({1000 * cpu / args.entries:.0f} us per entry); "
-                f"{rounds[0]['fsyncs']:.1f} fsyncs; requests "
+                f"{rounds[0]['fsyncs']:.1f} fsyncs, {rounds[0]['syncfs']:.1f} syncfs; requests "
                 + ", ".join(f"{op} {n:g}" for op, n in rounds[0]["requests"].items())
             )
     print("  (a job sealing S segments a second spends S times the CPU figure per second on them)")
