@@ -104,6 +104,7 @@ class EmbeddedBroker:
         binary: str | None = None,
         log_level: str = "warn",
         start_timeout: float = 30.0,
+        keep_alive_s: int | None = None,
     ) -> None:
         if default_partitions < 0:
             raise BrokerError(f"default_partitions must be >= 0, got {default_partitions}")
@@ -117,6 +118,9 @@ class EmbeddedBroker:
         self.binary = binary or find_binary()
         self.log_level = log_level
         self.start_timeout = start_timeout
+        self.keep_alive_s = keep_alive_s
+        """pulsar-lite's PING interval and the time it waits for the PONG before closing a connection (its
+        ``keep_alive_interval_secs`` and ``connection_liveness_check_timeout_secs``; None: its defaults)."""
         self._process: subprocess.Popen[bytes] | None = None
 
     # --- paths and addresses ---------------------------------------------------------------
@@ -150,9 +154,13 @@ class EmbeddedBroker:
         lines = [
             f"db_path = {_toml_string(str(self.db_path))}",
             f"default_partitions = {int(self.default_partitions)}",
-            "",
-            "[metrics]",
         ]
+        if self.keep_alive_s is not None:
+            lines += [
+                f"keep_alive_interval_secs = {int(self.keep_alive_s)}",
+                f"connection_liveness_check_timeout_secs = {int(self.keep_alive_s)}",
+            ]
+        lines += ["", "[metrics]"]
         if self.metrics_port is None:
             lines.append("enabled = false")
         else:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
+import threading
 from collections.abc import Iterable, Sequence
 
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
@@ -46,6 +48,13 @@ Route = tuple[str, int, bool, str | None]
 
 Answer = Position | None | PulsarIOError
 """A topic-partition's latest position, None when it has no entry, or why it could not be had here."""
+
+KEEP_ALIVE_S = 2.0
+"""How often :class:`HeldPositions` takes in what its idle connections received, answering the broker's PINGs.
+Pulsar closes a connection whose PONG does not come within its keep-alive interval (30 s by default; pulsar-lite
+10 s), and a micro-batch can last longer than that."""
+
+log = logging.getLogger(__name__)
 
 
 def latest_positions_raw(client: RawClient, topics: Sequence[str], *, window: int = 256) -> dict[str, Answer]:
@@ -213,11 +222,23 @@ class HeldPositions:
     A failed connection drops its consumers and is made again within the same call, once; what still fails
     is answered with the failure, as a consumer's error answer is (the broker may have closed it: it is
     dropped and subscribed again next time); the caller asks those alone, with its retries. ``keep_only``
-    lets go of topic-partitions no longer asked about; ``close`` of all. Not thread-safe: one asker."""
+    lets go of topic-partitions no longer asked about; ``close`` of all. One asker; its calls and the keep-alive
+    take turns on a lock.
 
-    def __init__(self, client: RawClient, *, window: int = 256) -> None:
+    **Kept alive between passes.** The broker PINGs an idle connection and closes it when no PONG comes in time,
+    and the asker reads its connections only while it asks: a micro-batch longer than the broker's keep-alive (on
+    pulsar-lite 10 s, the first micro-batch of new traffic at 10,000 topic-partitions) lost every watch, and
+    holding 10,000 of them again stalled the broker for minutes (bench/README, "Issue 24, session 39"). So a
+    daemon thread takes in what the connections received every ``keep_alive_s`` (answering PINGs on the way;
+    a pushed entry marks its topic-partition changed, as ``changed`` would)."""
+
+    def __init__(self, client: RawClient, *, window: int = 256, keep_alive_s: float = KEEP_ALIVE_S) -> None:
         self.client = client
         self.window = window
+        self.keep_alive_s = keep_alive_s
+        self._lock = threading.RLock()
+        self._stopped = threading.Event()
+        self._keeper: threading.Thread | None = None
         self._connections: dict[Route, BrokerConnection] = {}
         self._held: dict[str, tuple[Route, int, str]] = {}
         """topic-partition -> (its connection's route, consumer id, subscription name)"""
@@ -234,6 +255,12 @@ class HeldPositions:
         """Every topic's latest position, or why it could not be had here. A connection found broken (the
         broker restarted, or closed it while it was idle) is made again and its topic-partitions asked once
         more in the same call."""
+        with self._lock:
+            answers = self._ask(topics)
+        self._start_keeper()
+        return answers
+
+    def _ask(self, topics: Sequence[str]) -> dict[str, Answer]:
         answers: dict[str, Answer] = {}
         for attempt in range(2):
             pending = [t for t in topics if t not in answers]
@@ -260,14 +287,34 @@ class HeldPositions:
     def changed(self) -> set[str]:
         """The topic-partitions whose watch fired since the last call (an entry was pushed, the broker closed
         the consumer, or its connection failed): ask about these. Takes in what the connections received."""
+        with self._lock:
+            self._take_in()
+            changed, self._changed = self._changed, set()
+        return changed
+
+    def _take_in(self) -> None:
+        """Read what every connection received (PINGs answered, pushes noted); a failed one is dropped and its
+        topic-partitions marked changed."""
         for route, conn in list(self._connections.items()):
             try:
                 conn.poll()
             except (OSError, PulsarIOError):
                 self._changed.update(t for t, (r, _i, _n) in self._held.items() if r == route)
                 self._drop(route)
-        changed, self._changed = self._changed, set()
-        return changed
+
+    def _start_keeper(self) -> None:
+        if self._keeper is None and self.keep_alive_s > 0 and not self._stopped.is_set():
+            self._keeper = threading.Thread(target=self._keep_alive, name="held-positions-keep-alive", daemon=True)
+            self._keeper.start()
+
+    def _keep_alive(self) -> None:
+        while not self._stopped.wait(self.keep_alive_s):
+            try:
+                with self._lock:
+                    if not self._stopped.is_set():
+                        self._take_in()
+            except Exception:  # never let the keeper die; the asker sees a broken connection itself
+                log.debug("latest positions: keep-alive pass failed", exc_info=True)
 
     def armed(self, topic: str) -> bool:
         """Whether ``topic``'s watch is set: the broker will push its consumer the next entry published."""
@@ -447,23 +494,26 @@ class HeldPositions:
     def keep_only(self, topics: Iterable[str]) -> None:
         """Let go of every held topic-partition not in ``topics`` (no longer discovered, paused)."""
         keep = set(topics)
-        gone = [t for t in self._held if t not in keep]
-        if gone:
-            self._release(gone)
+        with self._lock:
+            gone = [t for t in self._held if t not in keep]
+            if gone:
+                self._release(gone)
 
     def held(self) -> int:
         return len(self._held)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._release(list(self._held))
-        for conn in self._connections.values():
-            conn.close()
-        self._connections.clear()
-        self._held.clear()
-        self._topic_of.clear()
-        self._armed.clear()
-        self._answered.clear()
+        self._stopped.set()
+        with self._lock:
+            with contextlib.suppress(Exception):
+                self._release(list(self._held))
+            for conn in self._connections.values():
+                conn.close()
+            self._connections.clear()
+            self._held.clear()
+            self._topic_of.clear()
+            self._armed.clear()
+            self._answered.clear()
 
 
 __all__ = ["HeldPositions", "latest_positions_raw"]

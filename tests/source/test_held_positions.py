@@ -148,3 +148,32 @@ def test_an_entry_published_while_a_watch_is_set_again_is_answered_in_that_pass(
         assert held.armed(topic)
     finally:
         held.close()
+
+
+def test_idle_held_connections_answer_the_brokers_pings_between_passes(
+    make_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    """A micro-batch may last longer than the broker's keep-alive: the held connections answer its PINGs
+    meanwhile (a keep-alive thread), so the watches outlive the gap, and a push that arrives in it is kept for
+    ``changed``. Without it the broker closes the connection and every watch must be held again."""
+    broker = make_broker(default_partitions=0, keep_alive_s=1)  # PING every 1 s, closed 1 s after an unanswered one
+    quiet, moving = unique_topic("keepalive-quiet"), unique_topic("keepalive-moving")
+    for topic in (quiet, moving):
+        produce(broker.service_url, topic, 1, 16, batching=False)
+    held = HeldPositions(rr.RawClient(broker.service_url), keep_alive_s=0.25)
+    unkept = HeldPositions(rr.RawClient(broker.service_url), keep_alive_s=0)
+    try:
+        first = held.ask([quiet, moving])
+        unkept.ask([quiet])
+        time.sleep(2.5)  # past a PING and its deadline, no pass
+        produce(broker.service_url, moving, 1, 16, batching=False)
+        time.sleep(2.5)
+        assert held.changed() == {moving}, "the quiet watch survived; the moving one fired during the gap"
+        assert held.held() == 2 and held.armed(quiet)
+        assert held.ask([quiet, moving])[moving] > first[moving]  # type: ignore[operator]
+        assert unkept.changed() == {quiet} and unkept.held() == 0, "without the keep-alive the broker closed it"
+    finally:
+        held.close()
+        unkept.close()
+    log = broker.log_path.read_text()
+    assert log.count("liveness check timed out") == 1, log[-2000:]  # the unkept asker's connection only
