@@ -123,6 +123,49 @@ _MAX_IDLE = 4
 """Connections a ``RawClient`` keeps for its next consumers."""
 
 
+class LookupCache:
+    """Where each topic-partition was found last (its broker, or the proxy and the broker to ask it for), per
+    service URL, for this process: the job's tasks open a consumer per range, every micro-batch on the same
+    active topic-partitions, and a lookup is one of the three round trips each open waits for. An entry is
+    dropped when a consumer opened through it fails (the topic moved: the retry looks it up afresh) and
+    after ``ttl_s``; at most ``limit`` are kept (the oldest go first)."""
+
+    def __init__(self, ttl_s: float = 300.0, limit: int = 100_000) -> None:
+        self.ttl_s = ttl_s
+        self.limit = limit
+        self._found: dict[tuple[str, str], tuple[ServiceAddress, str | None, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, service_url: str, topic: str) -> tuple[ServiceAddress, str | None] | None:
+        with self._lock:
+            found = self._found.get((service_url, topic))
+            if found is None:
+                return None
+            if found[2] < time.monotonic():
+                del self._found[(service_url, topic)]
+                return None
+            return found[0], found[1]
+
+    def put(self, service_url: str, topic: str, address: ServiceAddress, proxy_to: str | None) -> None:
+        with self._lock:
+            self._found.pop((service_url, topic), None)
+            self._found[(service_url, topic)] = (address, proxy_to, time.monotonic() + self.ttl_s)
+            while len(self._found) > self.limit:
+                del self._found[next(iter(self._found))]
+
+    def forget(self, service_url: str, topic: str) -> None:
+        with self._lock:
+            self._found.pop((service_url, topic), None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._found.clear()
+
+
+LOOKUPS = LookupCache()
+"""This process's lookups (``RawClient.connect_for``)."""
+
+
 class RawClient:
     """A cluster to read raw entries from. A consumer has a connection to itself; once it was unsubscribed
     cleanly (the broker answered, and it never waited out a stall) its connection is kept for the client's
@@ -166,7 +209,16 @@ class RawClient:
         return BrokerConnection(self.config, address, proxy_to_broker_url=proxy_to)
 
     def connect_for(self, topic: str) -> BrokerConnection:
-        """A connection to the broker that serves ``topic``, found by binary-protocol lookup."""
+        """A connection to the broker that serves ``topic``: where a lookup found it before (``LOOKUPS``), else
+        found by binary-protocol lookup now. A caller whose use of the connection fails calls ``LOOKUPS.forget``."""
+        cached = LOOKUPS.get(self.service_url, topic)
+        if cached is not None:
+            return self._connection(*cached)
+        conn = self._look_up(topic)
+        LOOKUPS.put(self.service_url, topic, conn.address, conn.proxy_to)
+        return conn
+
+    def _look_up(self, topic: str) -> BrokerConnection:
         cfg = self.config
         conn = self._connection(cfg.service)
         authoritative = False
@@ -319,6 +371,7 @@ class RawConsumer:
             if flow:
                 self._flow(self._queue)
         except BaseException:
+            LOOKUPS.forget(client.service_url, topic)  # it may have moved: the retry looks it up again
             self.conn.close()
             raise
 
@@ -401,6 +454,7 @@ class RawConsumer:
             if clean:
                 self._client.keep(self.conn)
             else:
+                LOOKUPS.forget(self._client.service_url, self.topic)
                 self.conn.close()
 
 

@@ -35,6 +35,7 @@ from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.client_options import ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
@@ -584,6 +585,45 @@ def test_lookup_redirect_and_proxy(scripted: Callable[..., ScriptedBroker]) -> N
 
     with pytest.raises(PulsarIOError, match=r"lookup of t at 127.0.0.1:\d+ failed: no topic \(TopicNotFound\)"):
         rr.latest_position_raw(rr.RawClient(scripted(lookup=failed).url), "t")
+
+
+def test_lookups_are_remembered_in_the_process_and_forgotten_when_a_consumer_fails(
+    scripted: Callable[..., ScriptedBroker],
+) -> None:
+    """Each range a task reads opens a consumer: where its topic-partition lives is looked up once per process,
+    not once per open (a round trip each), and looked up again once an open there fails (the topic moved)."""
+    rr.LOOKUPS.clear()
+    owner = scripted(entries=[(7, 0, _entry_bytes(7, 0))])
+
+    def redirect(cmd: BaseCommand) -> CommandLookupTopicResponse:
+        return CommandLookupTopicResponse(
+            response=CommandLookupTopicResponse.Redirect, brokerServiceUrl=owner.url, authoritative=True
+        )
+
+    front = scripted(lookup=redirect)
+    for _ in range(3):  # three tasks' clients
+        raw = rr.RawClient(front.url)
+        assert [e.position for e in rr.read_range_raw(raw, "t", BEFORE_EARLIEST, (7, 0), settings=FAST)] == [(7, 0)]
+        raw.close()
+    assert len(front.commands(T.LOOKUP)) == 1 and len(owner.commands(T.SUBSCRIBE)) == 3
+    owner.missing.add("t")  # the owner no longer has it
+    with pytest.raises(TopicNotFoundError):
+        rr.latest_position_raw(rr.RawClient(front.url), "t")
+    assert rr.LOOKUPS.get(front.url, "t") is None, "a failed open forgets where the topic was"
+    owner.missing.clear()
+    assert rr.latest_position_raw(rr.RawClient(front.url), "t") is not None
+    assert len(front.commands(T.LOOKUP)) == 2, "looked up afresh"
+
+
+def test_the_lookup_cache_expires_and_keeps_at_most_its_limit() -> None:
+    cache = rr.LookupCache(ttl_s=0.05, limit=2)
+    here = ServiceAddress.parse("pulsar://127.0.0.1:6650")
+    for topic in ("a", "b", "c"):
+        cache.put("pulsar://svc", topic, here, None)
+    assert cache.get("pulsar://svc", "a") is None and cache.get("pulsar://svc", "c") == (here, None)
+    assert cache.get("pulsar://other", "c") is None, "per service URL"
+    time.sleep(0.06)
+    assert cache.get("pulsar://svc", "c") is None
 
 
 def test_a_corrupt_entry_is_refused_and_read_again(scripted: Callable[..., ScriptedBroker]) -> None:
