@@ -201,12 +201,21 @@ class RawClient:
             old.close()
 
     def _connection(self, address: ServiceAddress, proxy_to: str | None = None) -> BrokerConnection:
-        """A kept connection to ``address`` (through a proxy to ``proxy_to``), else a new one."""
-        with self._lock:
-            for i, conn in enumerate(self._idle):
-                if conn.address == address and conn.proxy_to == proxy_to:
-                    return self._idle.pop(i)
-        return BrokerConnection(self.config, address, proxy_to_broker_url=proxy_to)
+        """A kept connection to ``address`` (through a proxy to ``proxy_to``) that is still open, else a new one
+        (the broker closes a connection left idle past its keep-alive)."""
+        while True:
+            with self._lock:
+                kept = next(
+                    (i for i, c in enumerate(self._idle) if c.address == address and c.proxy_to == proxy_to), None
+                )
+                conn = self._idle.pop(kept) if kept is not None else None
+            if conn is None:
+                return BrokerConnection(self.config, address, proxy_to_broker_url=proxy_to)
+            try:
+                conn.poll()  # answers a PING on the way; raises if the broker closed it
+                return conn
+            except (OSError, PulsarIOError):
+                conn.close()
 
     def connect_for(self, topic: str) -> BrokerConnection:
         """A connection to the broker that serves ``topic``: where a lookup found it before (``LOOKUPS``), else

@@ -731,3 +731,22 @@ def test_a_kept_subscription_name_does_not_make_a_read_skip(tmp_path: Any) -> No
         assert [e.position for e in entries] == [(ledger, i) for i in range(5, 21)]
         assert stats.first_rechecks == 1, "the kept place (30) came first, and was asked again"
         client.close()
+
+
+def test_a_kept_connection_the_broker_closed_while_idle_is_not_reused(
+    make_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    """A client keeps a clean connection for its next consumer; if the broker closed it meanwhile (idle past its
+    keep-alive), the next consumer opens a new one at once instead of failing on it first and retrying."""
+    broker = make_broker(default_partitions=0, keep_alive_s=1)
+    topic = unique_topic("kept-idle")
+    produce(broker.service_url, topic, 3, 16, batching=False)
+    raw = rr.RawClient(broker.service_url)
+    try:
+        assert len(list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, (0, 2), settings=FAST))) == 3
+        assert wait_for(lambda: "liveness check timed out" in broker.log_path.read_text(), timeout=10)
+        stats = ReadStats()
+        assert len(list(rr.read_range_raw(raw, topic, BEFORE_EARLIEST, (0, 2), settings=FAST, stats=stats))) == 3
+        assert (stats.errors, stats.reopens) == (0, 0)
+    finally:
+        raw.close()
