@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import select
 import socket
 import ssl
 import time
@@ -249,6 +250,21 @@ class BrokerConnection:
         answer to a request given up on) is dropped. Raises when the connection failed."""
         while self.read(time.monotonic() + _POLL_S) is not None:
             pass
+
+    def take_in_now(self) -> None:
+        """What has already arrived, taken in without waiting at all (``poll`` waits a millisecond for more): the
+        check of a kept connection before a consumer reuses it, once per range a task reads. Frames are handled
+        as ``poll`` handles them; raises when the broker closed the connection."""
+        while True:
+            while self.read(time.monotonic()) is not None:  # whole frames already buffered (a past deadline: no recv)
+                pass
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            if not readable:
+                return
+            try:
+                self._receive()  # something came, or the broker's close (ConnectionError)
+            except (TimeoutError, ssl.SSLWantReadError):
+                return  # part of a TLS record: the next reader takes in the rest
 
     def _receive(self) -> None:
         """One ``recv``: into the large frame being received, else into the connection's buffer."""

@@ -212,7 +212,7 @@ class RawClient:
             if conn is None:
                 return BrokerConnection(self.config, address, proxy_to_broker_url=proxy_to)
             try:
-                conn.poll()  # answers a PING on the way; raises if the broker closed it
+                conn.take_in_now()  # answers a PING on the way; raises if the broker closed it
                 return conn
             except (OSError, PulsarIOError):
                 conn.close()
