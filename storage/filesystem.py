@@ -1,7 +1,8 @@
 """The filesystem object store (the embedded default): key ``a/b/c`` is the file ``<root>/a/b/c``.
 
-Every write goes to a temporary file in the target directory (fsynced) and is renamed into place, so a
-reader sees the old object or the new one, never part of one, even if the writer is killed. Names
+Every write goes to a temporary file in the target directory (made durable: an fsync, or a group ``syncfs``,
+``storage/fs_sync.py``) and is renamed into place, so a reader sees the old object or the new one, never part of
+one, even if the writer is killed. Names
 starting with ``.`` belong to the store and never collide with keys (``check_key`` refuses them):
 
 - ``.<name>.tmp-<random>``: a write in progress (left behind only by a crash; invisible to ``list``);
