@@ -76,8 +76,40 @@ def test_release_removes_the_files_whose_entries_are_written(tmp_path: Path) -> 
     fetcher = SpoolFetcher(str(root), CountingFetcher())
     fetcher.release(TOPIC, ENTRIES[12].position)
     assert [f.end for f in spool_files(root, TOPIC)] == [ENTRIES[-1].position]
+    assert spool.topic_dir(root, TOPIC).is_dir()
     fetcher.release(TOPIC, ENTRIES[-1].position)
     assert spool_files(root, TOPIC) == [] and spool_bytes(root) == 0
+    # The emptied directory goes with its last file (counting the spool walks every directory), and the
+    # next range of the topic-partition makes it again.
+    assert list(root.iterdir()) == []
+    spool_range(root, ENTRIES[:3], (-1, -1))
+    assert [f.end for f in spool_files(root, TOPIC)] == [ENTRIES[2].position]
+
+
+def test_a_directory_with_a_range_being_written_is_not_removed(tmp_path: Path) -> None:
+    """A sink releasing a topic-partition's last file while a source task spools its next range: the directory
+    stays (the writer's temporary file is in it), and the range is published whole."""
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:10], (-1, -1))
+    writer = SpoolWriter(str(root), TOPIC, ENTRIES[9].position, ENTRIES[-1].position, 1 << 20)
+    SpoolFetcher(str(root), CountingFetcher()).release(TOPIC, ENTRIES[9].position)
+    for e in ENTRIES[10:]:
+        writer.add(e.ledger_id, e.entry_id, e.payload)
+    writer.finish()
+    fetcher = SpoolFetcher(str(root), CountingFetcher())
+    assert [f.start for f in spool_files(root, TOPIC)] == [ENTRIES[9].position]
+    got = PartReader(fetcher).take(TOPIC, refs(ENTRIES[10:]), ENTRIES[9].position, ENTRIES[-1].position)
+    assert [bytes(g) for g in got] == [e.payload for e in ENTRIES[10:]] and fetcher.fallback.reads == []
+
+
+def test_a_writer_whose_directory_was_removed_makes_it_again(tmp_path: Path) -> None:
+    """The race the removal opens: the directory goes between a writer's check and its ``open``."""
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:1], (-1, -1))
+    SpoolFetcher(str(root), CountingFetcher()).release(TOPIC, ENTRIES[0].position)
+    assert not spool.topic_dir(root, TOPIC).exists()
+    spool_range(root, ENTRIES[1:4], ENTRIES[0].position)
+    assert [f.end for f in spool_files(root, TOPIC)] == [ENTRIES[3].position]
 
 
 def test_the_spool_is_bounded_in_bytes(tmp_path: Path) -> None:
