@@ -1,4 +1,4 @@
-"""The offload job: Pulsar source + control requests -> segmenter (transformWithStateInPandas) ->
+"""The offload job: Pulsar source + control requests -> segmenter (transformWithState) ->
 sink (foreachBatch, uploads on executors), with retention on the driver.
 
 ``OffloadJob.run_forever`` is the continuously running service; ``OffloadJob.run_once`` drains what is

@@ -1,5 +1,5 @@
 """The offload job's query: the Pulsar source and the control requests, into the segmenter
-(``transformWithStateInPandas``), into the sink (``foreachBatch``, uploads on executors); the source's
+(``transformWithState``), into the sink (``foreachBatch``, uploads on executors); the source's
 options, and what each micro-batch reports.
 
 Part of :class:`~streamoffload.streaming.job.offload_job.OffloadJob` (``JobQueries``); its runs are
@@ -268,7 +268,7 @@ class JobQueries:
         return (
             entries.unionByName(controls)
             .groupBy("topic")
-            .transformWithStateInPandas(
+            .transformWithState(
                 statefulProcessor=processor,
                 outputStructType=PACKED_ACTIONS_SCHEMA,
                 outputMode="Append",

@@ -1,6 +1,6 @@
 """The segmenter: assigns the entries of one topic-partition to offload segments and cuts blocks.
 
-Plain Python; ``streaming.segmenter.segmenter_spark`` runs it inside ``transformWithStateInPandas`` with its
+Plain Python; ``streaming.segmenter.segmenter_spark`` runs it inside ``transformWithState`` with its
 state in Spark's RocksDB state store, and tests call it directly with in-memory state.
 
 It works on entry **metadata** only (position, size, CRC-32C, publish time): every decision it makes

@@ -6,14 +6,17 @@ and micro-batch)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-import pandas as pd
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.streaming.segmenter.segmenter_model import TopicState, unpack_actions
-from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor
+from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor, epoch_ms
 
 TOPIC = "persistent://public/default/timers-partition-0"
 POLICY = OffloadPolicy(maxOffloadSegmentRolloverTimeMinutes=1)
@@ -80,23 +83,27 @@ class Handle:
         self.timers.discard(at)
 
 
-def rows(first: int, count: int, publish_ms: int) -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "ledger_id": [7] * count,
-            "entry_id": list(range(first, first + count)),
-            "size": [100] * count,
-            "crc32c": [1] * count,
-            "publish_time": pd.to_datetime([publish_ms] * count, unit="ms"),
-            "control": [None] * count,
-            "read_wait_us": [0] * count,
-        }
-    )
+def rows(first: int, count: int, publish_ms: int) -> list[Row]:
+    """Input rows as Spark hands them over (the source's and the control source's columns)."""
+    published = datetime.fromtimestamp(publish_ms / 1000, tz=UTC)
+    return [
+        Row(
+            topic=TOPIC,
+            ledger_id=7,
+            entry_id=entry,
+            size=100,
+            crc32c=1,
+            publish_time=published,
+            control=None,
+            read_wait_us=0,
+        )
+        for entry in range(first, first + count)
+    ]
 
 
-def actions(frames: Any) -> list[str]:
-    """The kinds of the actions in the processor's output frames (a topic-partition's actions packed per row)."""
-    return [action["action"] for frame in frames for packed in frame["actions"] for action in unpack_actions(packed)]
+def actions(out: Any) -> list[str]:
+    """The kinds of the actions in the processor's output rows (a topic-partition's actions packed per row)."""
+    return [action["action"] for row in out for action in unpack_actions(row.actions)]
 
 
 def new_processor(handle: Handle) -> SegmenterProcessor:
@@ -108,7 +115,7 @@ def new_processor(handle: Handle) -> SegmenterProcessor:
 
 def feed(handle: Handle, first: int, count: int, now: int) -> list[str]:
     """A micro-batch of ``count`` entries at ``now`` for the key: the kinds of the actions it made."""
-    return actions(new_processor(handle).handleInputRows((TOPIC,), iter([rows(first, count, now)]), TimerValues(now)))
+    return actions(new_processor(handle).handleInputRows((TOPIC,), iter(rows(first, count, now)), TimerValues(now)))
 
 
 def state_of(handle: Handle) -> TopicState:
@@ -158,3 +165,13 @@ def test_a_state_written_before_timers_were_recorded_lists_them_once() -> None:
         feed(handle, 5 * batch, 5, now + 1000 * batch)
     assert handle.calls["list"] == 1, "listed once, then known"
     assert handle.timers == {deadline} and state_of(handle).timer_ms == deadline
+
+
+@given(st.integers(min_value=0, max_value=1 << 42))
+def test_a_rows_publish_time_is_its_milliseconds_exactly(ms: int) -> None:
+    """The segment's publish times come from the rows' timestamps: whatever zone Spark hands them in."""
+    aware = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    assert epoch_ms(aware) == ms
+    assert epoch_ms(aware.replace(tzinfo=None)) == ms
+    assert epoch_ms(aware.astimezone(timezone(timedelta(hours=-7)))) == ms
+    assert epoch_ms(None) == 0
