@@ -217,7 +217,7 @@ class QueryTimes:
     planning_s: float
     """Of which query planning (``queryPlanning``)."""
     segmenter_s: float
-    """Task seconds in the segmenter operator (``allUpdatesTimeMs`` of transformWithStateInPandas)."""
+    """Task seconds in the segmenter operator (``allUpdatesTimeMs`` of transformWithState)."""
     rows: list[int]
     """Input rows of each micro-batch (entries, and seal markers in the last)."""
 
@@ -638,7 +638,7 @@ def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_
     # The sink's tasks consume the segmenter's output in the same stage, so its time is inside the
     # segmenter's; task seconds spread over the 2 task slots of local[2].
     shares = {
-        "the segmenter + sink stage (transformWithStateInPandas: entries through Arrow to its Python worker, "
+        "the segmenter + sink stage (transformWithState: entry positions through Arrow to its Python worker, "
         "blocks back, state commits; then the uploads)": segmenter / 2,
         "query start-up and planning": startup + planning,
     }
