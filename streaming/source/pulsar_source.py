@@ -418,13 +418,15 @@ def _input_partitions(ranges: list[Range], options: SourceOptions) -> list[Pulsa
 def read_partition(
     options: SourceOptions, partition: PulsarRangePartition, schema: StructType | None, *, topic_errors: bool = False
 ) -> Iterator[Any]:
-    """The rows of a partition's ranges, one range after the other, as Arrow record batches.
+    """The rows of a partition's ranges as Arrow record batches: each range's in order, one range after the other,
+    or (the job's ``positionsOnly`` raw reads) up to ``READ_THREADS`` ranges at once, their batches interleaved.
 
     ``topic_errors``: an error that belongs to one topic-partition (lost or corrupt entries) is raised as
     :class:`TopicFailedError` naming it, so the offload job sets that topic-partition aside (quarantine);
     a broker that cannot be reached is everyone's problem and fails the batch as it is."""
     if options.reader == "raw":
-        # The task's own client: its ranges' consumers take turns on its connections; none is shared between tasks.
+        # The task's own client: its ranges' consumers take turns on its connections (its threads share it);
+        # none is shared between tasks.
         client: Any = rr.RawClient(options.service_url, options.client_opts)
         read_range: Callable[..., Iterator[ReadEntry]] = rr.read_range_raw
         probe: Callable[..., Probe | None] = rr.probe_after_raw
