@@ -55,7 +55,7 @@ _ONE_MS = timedelta(milliseconds=1)
 
 def epoch_ms(value: datetime | None) -> int:
     """A row's timestamp as milliseconds since the epoch, exactly (integer arithmetic); 0 for none (a control
-    row, a seal marker). A timestamp without a zone is UTC's (the job's session time zone)."""
+    row, a seal marker). Spark hands rows their timestamps with a zone; one without is taken as UTC."""
     if value is None:
         return 0
     if value.tzinfo is None:
