@@ -404,8 +404,8 @@ READ_THREADS = 4
 """Ranges a task of the offload job (``positionsOnly``, the raw reader) reads at once (``runtime.interleave``):
 each waits on the broker far longer than it computes. At 10,000 topic-partitions a task reads ~150 short ranges
 per micro-batch, and one after the other ~65% of its samples were in a socket read. Each range still has its
-own consumer, its own spool file and its rows in order; the task's ``RawClient`` keeps up to this many
-connections for the next ones."""
+own consumer, its own spool file and its rows in order. The task's ``RawClient`` keeps up to
+``raw_reader._MAX_IDLE`` (also 4) connections for the next consumers: no more connections per task than that."""
 
 
 def _input_partitions(ranges: list[Range], options: SourceOptions) -> list[PulsarRangePartition]:
