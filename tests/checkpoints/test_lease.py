@@ -4,6 +4,10 @@ checks, renewals and commits are then refused."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +163,33 @@ def test_a_malformed_lease_record_is_one_error_naming_it(store: ObjectStore) -> 
         first.check()
     store.put(keys.prefix_meta_prefix("prefix", "writers") + "stray", b"")  # not an epoch: not the lease's
     assert lease(store, "host-b").current().epoch == 2  # type: ignore[union-attr]
+
+
+def test_a_new_process_after_the_holder_was_killed_takes_the_lease_at_once(
+    fs_store: ObjectStore, tmp_path: Path
+) -> None:
+    """Across real processes: the crash sweep restarts `run --once` right after a SIGKILL."""
+    root = tmp_path  # the fs_store's root
+    code = (
+        "import os, signal, sys\n"
+        "from streamoffload.checkpoints.lease import WriterLease, instance_id\n"
+        "from streamoffload.storage.filesystem import FilesystemStore\n"
+        "from streamoffload.storage.location import ScopedStore\n"
+        f"scoped = ScopedStore(FilesystemStore({str(root)!r}), 'prefix')\n"
+        "lease = WriterLease(scoped, instance_id('/cp'), ttl_ms=600_000)\n"
+        "lease.acquire()\n"
+        "print(lease.holder, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    killed = done.stdout.strip()
+    restart = WriterLease(ScopedStore(fs_store, "prefix"), instance_id("/cp"), ttl_ms=TTL_MS)
+    assert restart.holder != killed and restart.holder.rsplit("-", 1)[0] == killed.rsplit("-", 1)[0]
+    if not restart.process.space:
+        with pytest.raises(LeaseHeldError):  # nothing proves the holder gone here: it waits
+            restart.acquire()
+        return
+    assert restart.acquire().epoch == 2  # live for ten more minutes, but its process is gone
+    with pytest.raises(LeaseHeldError, match=restart.holder):  # another path still waits
+        WriterLease(ScopedStore(fs_store, "prefix"), instance_id("/other")).acquire()
