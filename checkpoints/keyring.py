@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.codecs.block_cipher import ALGORITHM, KEY_BYTES, new_data_key, unwrap_key, wrap_key
+from streamoffload.codecs.errors import FormatError
 from streamoffload.errors import ConfigError, StreamOffloadError
 
 if TYPE_CHECKING:
@@ -68,6 +69,24 @@ def _decode_key(text: object, key_id: str, where: str) -> bytes:
     return key
 
 
+def _check_private(stat: os.stat_result, where: str, path: str | os.PathLike[str]) -> None:
+    """Refuse, as ssh does its private keys, a key file that group or others may read or write, or that another
+    user (not root) owns: whoever can read it can decrypt every segment, whoever can write it choose the keys."""
+    if os.name != "posix":
+        return
+    mode = stat.st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(
+            f"{where}: mode {mode:04o} lets group or others read or write it; a key file must be private to its "
+            f"owner (chmod 600 {path})"
+        )
+    if stat.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(
+            f"{where}: owned by uid {stat.st_uid}, not by this user (uid {os.geteuid()}) or root; a key file must be "
+            "its owner's alone"
+        )
+
+
 @dataclass(frozen=True)
 class KeyRing:
     """Key-encryption keys by id. ``repr`` shows the ids only."""
@@ -81,9 +100,13 @@ class KeyRing:
     def from_file(cls, path: str | os.PathLike[str]) -> KeyRing:
         where = f"key file {path}"
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            with Path(path).open("rb") as file:
+                _check_private(os.fstat(file.fileno()), where, path)
+                text = file.read().decode("utf-8")
         except OSError as err:
             raise ConfigError(f"{where}: cannot be read ({err.strerror or err})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where}: not UTF-8 text") from None
         try:
             doc = json.loads(text) if text.lstrip().startswith("{") else tomllib.loads(text)
         except (ValueError, tomllib.TOMLDecodeError):
@@ -165,7 +188,13 @@ def segment_cipher(
     if algorithm != ALGORITHM:
         raise StreamOffloadError(f"{what} is encrypted with {algorithm!r}; this reader knows {ALGORITHM}")
     kek = (keyring if keyring is not None else KeyRing.from_env()).key(key_id, what)
-    wrapped = base64.b64decode(mf.driver_property(manifest, PROP_WRAPPED_KEY) or "")
+    text = mf.driver_property(manifest, PROP_WRAPPED_KEY)
+    if not text:
+        raise FormatError(f"{what} is encrypted but its manifest records no {PROP_WRAPPED_KEY}", where=where)
+    try:
+        wrapped = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise FormatError(f"{what}: its manifest's {PROP_WRAPPED_KEY} is not base64", where=where) from None
     data_key = unwrap_key(kek, wrapped, segment.bytes, where=where or what)
     return SegmentCipher(key_id, segment.bytes, data_key)
 

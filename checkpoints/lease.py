@@ -5,11 +5,15 @@ renewal time, time to live). The highest epoch is the lease in force. Taking the
 the next epoch's object **create-only**, so of two instances racing for it exactly one wins; the holder
 renews by rewriting its own epoch's object, which no one else writes.
 
-An instance is its ``holder`` id: the same host and checkpoint path make the same id, so a restart after a
-crash takes its own lease over at once, while another instance must wait until the lease expires (or is
-forced). Fencing does not rest on clocks: the epoch goes into every segment this writer opens, every segment
-is committed create-only in its place in the topic's history (``MetadataStore.commit``), and a writer checks
-before each commit that no later epoch exists, so a writer that lost the lease has its commits refused.
+An instance is its ``holder`` id: host name, a digest of the checkpoint path, and a random token of the
+process, so two replicas with the same host name and path (containers) are two instances and never take each
+other's live lease. The same process (``run`` restarting a run) takes its own lease over at once, and so does a
+new process on the same host and path once the lease's process is provably gone (a restart after a crash: same
+boot and PID namespace, and no process with its pid and start time); any other instance waits until the lease
+expires (or is forced). Fencing does not rest on clocks: the epoch goes into every segment this writer opens,
+every segment is committed create-only in its place in the topic's history (``MetadataStore.commit``), and a
+writer checks before each commit that no later epoch exists, so a writer that lost the lease has its commits
+refused.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
 
+from streamoffload.codecs.errors import FormatError
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError
@@ -38,11 +45,69 @@ class FencedError(StreamOffloadError):
     """This writer's lease was taken over: it must stop writing."""
 
 
-def instance_id(checkpoint: str, host: str | None = None) -> str:
-    """A stable id for a job instance: its host and checkpoint path (a restart is the same instance)."""
+_process_token = secrets.token_hex(4)
+
+
+def _new_process_token() -> None:
+    global _process_token
+    _process_token = secrets.token_hex(4)
+
+
+os.register_at_fork(after_in_child=_new_process_token)
+
+
+def instance_id(checkpoint: str, host: str | None = None, token: str | None = None) -> str:
+    """A job instance's id: ``<host>-<digest of host and checkpoint path>-<token>``, the token random per process
+    (``token`` for tests), so two replicas with one host name and path are two instances."""
     host = host or socket.gethostname()
     digest = hashlib.sha256(f"{host}|{os.path.abspath(checkpoint)}".encode()).hexdigest()[:12]
-    return f"{host}-{digest}"
+    return f"{host}-{digest}-{token or _process_token}"
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether two holder ids (``instance_id``) name the same host and checkpoint path (ids without a token,
+    as written before it, never match)."""
+    base_a, sep_a, _ = a.rpartition("-")
+    base_b, sep_b, _ = b.rpartition("-")
+    return bool(sep_a and sep_b) and base_a == base_b and base_a.count("-") >= 1
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process as the lease records it: its pid, the process space the pid means something in (boot id and PID
+    namespace; "" where unknown), and its start time (clock ticks after boot: a reused pid differs)."""
+
+    pid: int
+    space: str
+    started: int
+
+    @classmethod
+    def this(cls) -> Process:
+        return cls(os.getpid(), _process_space(), _start_ticks(os.getpid()) or 0)
+
+    def gone(self, space: str, pid: int, started: int) -> bool:
+        """Whether the process ``pid`` (started at ``started``) of ``space`` is provably gone, seen from this one:
+        only within the same space, where pids mean the same processes; elsewhere nothing is proved."""
+        if not self.space or space != self.space or not started:
+            return False
+        return _start_ticks(pid) != started
+
+
+def _process_space() -> str:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The start time of process ``pid`` (Linux ``/proc/<pid>/stat`` field 22), None when there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -54,6 +119,10 @@ class LeaseRecord:
     acquired_ms: int
     renewed_ms: int
     ttl_ms: int
+    space: str = ""
+    """The process space of ``pid`` (``Process``); "" in records written before it."""
+    started: int = 0
+    """The start time of ``pid`` (``Process``); 0 in records written before it."""
 
     @property
     def expires_ms(self) -> int:
@@ -63,9 +132,27 @@ class LeaseRecord:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> LeaseRecord:
-        doc = json.loads(data)
-        return cls(**{k: doc[k] for k in cls.__dataclass_fields__})
+    def decode(cls, data: bytes, where: str) -> LeaseRecord:
+        """The record at ``where``; ``FormatError`` naming it for anything but a JSON object of the fields."""
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise FormatError(f"not a writer lease record (not JSON: {err})", where=where) from None
+        if not isinstance(doc, dict):
+            raise FormatError("not a writer lease record (not a JSON object)", where=where)
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            want = str if f.type == "str" else int
+            if f.name not in doc:
+                if f.default is not MISSING:  # a field added later: records written before lack it
+                    continue
+                raise FormatError(f"not a writer lease record: no {f.name!r}", where=where)
+            value = doc[f.name]
+            if isinstance(value, bool) or not isinstance(value, want):
+                kind = "text" if want is str else "an integer"
+                raise FormatError(f"not a writer lease record: {f.name!r} is {value!r}, not {kind}", where=where)
+            values[f.name] = value
+        return cls(**values)  # type: ignore[arg-type]
 
 
 def _now_ms() -> int:
@@ -84,12 +171,16 @@ def _describe(record: LeaseRecord, now_ms: int) -> str:
 class WriterLease:
     """The lease of one store prefix, as seen by one instance."""
 
-    def __init__(self, scoped: ScopedStore, holder: str, *, ttl_ms: int = DEFAULT_TTL_MS) -> None:
+    def __init__(
+        self, scoped: ScopedStore, holder: str, *, ttl_ms: int = DEFAULT_TTL_MS, process: Process | None = None
+    ) -> None:
         self.scoped = scoped
         self.store = scoped.store
         self.prefix = scoped.prefix
         self.holder = holder
         self.ttl_ms = ttl_ms
+        self.process = Process.this() if process is None else process
+        """This process, as its lease records say (injected by tests)."""
         self.record: LeaseRecord | None = None
 
     @property
@@ -104,27 +195,52 @@ class WriterLease:
     def _key(self, epoch: int) -> str:
         return self._dir() + f"{epoch:020d}"
 
+    def _epochs(self) -> list[int]:
+        """The epochs listed, ascending (names that are not an epoch are not the lease's)."""
+        names = (info.key.rsplit("/", 1)[-1] for info in self.store.list(self._dir()))
+        return sorted(int(name) for name in names if len(name) == 20 and name.isdigit())
+
     def current(self) -> LeaseRecord | None:
-        """The lease in force (highest epoch), or None."""
-        epochs = sorted(int(info.key.rsplit("/", 1)[-1]) for info in self.store.list(self._dir()))
-        for epoch in reversed(epochs):
+        """The lease in force (highest epoch), or None; ``FormatError`` naming a record that is not one."""
+        for epoch in reversed(self._epochs()):
             try:
-                return LeaseRecord.decode(self.store.get(self._key(epoch)))
+                return LeaseRecord.decode(self.store.get(self._key(epoch)), where=self._key(epoch))
             except ObjectNotFoundError:
                 continue
         return None
 
+    def _mine(self, current: LeaseRecord) -> bool:
+        """Whether ``current`` is this instance's to take over at once: this process's own, or one of the same
+        host and checkpoint path whose process is provably gone (a restart after a crash)."""
+        if current.holder == self.holder:
+            return True
+        return _same_place(current.holder, self.holder) and self.process.gone(
+            current.space, current.pid, current.started
+        )
+
     def acquire(self, *, force: bool = False, now_ms: int | None = None) -> LeaseRecord:
-        """Take the lease: a new epoch. Refused while another holder's lease is live (unless ``force``)."""
+        """Take the lease: a new epoch. Refused while another instance's lease is live (unless ``force``)."""
         now = _now_ms() if now_ms is None else now_ms
-        current = self.current()
-        if current is not None and current.holder != self.holder and current.expires_ms > now and not force:
+        try:
+            current = self.current()
+        except FormatError as err:
+            if not force:
+                raise FormatError(
+                    f"{err.reason}; if no instance writes this prefix, `run --take-over` takes the lease past it",
+                    where=err.where,
+                ) from None
+            current = None
+        if current is not None and not self._mine(current) and current.expires_ms > now and not force:
             raise LeaseHeldError(
                 f"the store prefix {self.store.url}/{self.prefix} is being written by {_describe(current, now)}. "
                 "Stop that instance, wait for its lease to expire, or offload into another prefix."
             )
-        epoch = (current.epoch if current else 0) + 1
-        record = LeaseRecord(self.holder, epoch, socket.gethostname(), os.getpid(), now, now, self.ttl_ms)
+        epochs = self._epochs()
+        epoch = max(current.epoch if current else 0, epochs[-1] if epochs else 0) + 1
+        me = self.process
+        record = LeaseRecord(
+            self.holder, epoch, socket.gethostname(), me.pid, now, now, self.ttl_ms, me.space, me.started
+        )
         try:
             self.store.put(self._key(epoch), record.encode(), if_absent=True)
         except ObjectExistsError:
@@ -143,9 +259,9 @@ class WriterLease:
         epoch = self.epoch
         if _taken_over(self.scoped, epoch):
             try:
-                taker = LeaseRecord.decode(self.store.get(self._key(epoch + 1)))
+                taker = LeaseRecord.decode(self.store.get(self._key(epoch + 1)), where=self._key(epoch + 1))
                 who = f"instance {taker.holder} (pid {taker.pid} on {taker.host}, epoch {taker.epoch})"
-            except (ObjectNotFoundError, ValueError, KeyError):
+            except (ObjectNotFoundError, FormatError):
                 who = f"epoch {epoch + 1}"
             raise FencedError(f"this job's writer lease (epoch {epoch}) was taken over by {who}; stopping")
 
@@ -154,7 +270,7 @@ class WriterLease:
         self.check()
         assert self.record is not None
         now = _now_ms() if now_ms is None else now_ms
-        record = LeaseRecord(**{**asdict(self.record), "renewed_ms": now, "pid": os.getpid()})
+        record = replace(self.record, renewed_ms=now)
         self.store.put(self._key(record.epoch), record.encode())
         self.record = record
         return record
@@ -165,7 +281,7 @@ class WriterLease:
             return
         try:
             self.check()
-            self.store.put(self._key(self.epoch), LeaseRecord(**{**asdict(self.record), "ttl_ms": 0}).encode())
+            self.store.put(self._key(self.epoch), replace(self.record, ttl_ms=0).encode())
         except FencedError:
             pass
 

@@ -24,6 +24,8 @@ from streamoffload.codecs.frame import FRAME_LENGTH, frame, unframe
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, uuid_to_msb_lsb
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
+from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.storage import keys
 
 ASSIGNED = SegmentManifest.ASSIGNED
 OFFLOADED = SegmentManifest.OFFLOADED
@@ -276,6 +278,100 @@ def decode_manifest(data: bytes, where: str | None = None) -> SegmentManifest:
             where=where,
         )
     return manifest
+
+
+class MisplacedManifestError(FormatError):
+    """A manifest that decodes but does not stand where it was written: its topic, its own key or a key it names
+    (data and index objects, and with the data key its checksum records, frame records and upload) differ from
+    what its place implies (the topic directory holding it, the store's prefix). It is reported and left alone:
+    never read as the topic's data, never followed to delete anything.
+
+    ``named`` is what the manifest named instead; ``moved_from`` the prefix its keys are under when they are
+    right but for the prefix (a store moved or copied to a new prefix)."""
+
+    def __init__(self, message: str, *, where: str, named: str, moved_from: str | None = None) -> None:
+        super().__init__(message, where=where)
+        self.named = named
+        self.moved_from = moved_from
+
+
+def segment_keys(
+    prefix: str, topic: TopicName | str, segment_id: uuid.UUID | str, start_ledger: int, format_version: int
+) -> tuple[str, str]:
+    """The data and index keys a segment's objects must have (``storage.keys``: v1 names carry the segment's
+    one ledger, its start ledger)."""
+    ledger = start_ledger if format_version == 1 else None
+    data = keys.data_key(prefix, topic, segment_id, ledger_id=ledger)
+    return data, keys.index_key_for(data)
+
+
+def check_place(manifest: SegmentManifest, *, key: str, prefix: str, topic: TopicName | str) -> SegmentManifest:
+    """``manifest`` if it may be trusted where it stands: read from ``key`` (a manifest or commit key) in the
+    directory of ``topic`` in a store under ``prefix``. Its topic must be ``topic``, ``key`` the key a manifest
+    (or the commit) of its segment has there, and its data and index keys those its segment's objects have
+    there; else ``MisplacedManifestError`` naming ``key`` and what the manifest named."""
+    place = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+    try:
+        own: TopicName | None = TopicName.parse(manifest.topic)
+    except TopicNameError:
+        own = None
+    if own != place:
+        raise MisplacedManifestError(
+            f"segment manifest is of topic {manifest.topic!r}, but stands in the directory of {place}",
+            where=key,
+            named=manifest.topic,
+        )
+    if manifest.formatVersion not in (1, 2):
+        raise MisplacedManifestError(
+            f"segment manifest has unknown format version {manifest.formatVersion} (known: 1, 2)",
+            where=key,
+            named=str(manifest.formatVersion),
+        )
+    seg_id = manifest_uuid(manifest)
+    try:
+        places = (
+            keys.manifest_key(prefix, place, manifest.startLedgerId, manifest.startEntryId, seg_id),
+            keys.commit_key(prefix, place, manifest.ordinal),
+        )
+        wanted = segment_keys(prefix, place, seg_id, manifest.startLedgerId, manifest.formatVersion)
+        relative = segment_keys("", place, seg_id, manifest.startLedgerId, manifest.formatVersion)
+    except ValueError as err:  # a negative start or ordinal: no key could hold it
+        raise MisplacedManifestError(f"segment manifest: {err}", where=key, named=manifest.topic) from None
+    if key not in places:
+        raise MisplacedManifestError(
+            f"segment manifest of segment {seg_id} (place {manifest.ordinal}, starting at "
+            f"{manifest.startLedgerId}:{manifest.startEntryId}) stands at a key of another segment; its keys are "
+            f"{places[0]} and {places[1]}",
+            where=key,
+            named=places[0],
+        )
+    base = prefix.strip("/")
+    for what, named, want, tail in (
+        ("data object", manifest.dataKey, wanted[0], relative[0]),
+        ("index object", manifest.indexKey, wanted[1], relative[1]),
+    ):
+        if named == want:
+            continue
+        old = named.removesuffix(tail).rstrip("/") if named.endswith(tail) else None
+        if old is not None and (old == "" or named == f"{old}/{tail}") and old != base:
+            raise MisplacedManifestError(
+                f"segment manifest names its {what} {named!r} under {_prefix_text(old)}, not under this store's "
+                f"{_prefix_text(base)}: the store was moved or copied from {_prefix_text(old)}. A manifest is "
+                f"trusted only where it was written: copy the store back under {_prefix_text(old)} to read it",
+                where=key,
+                named=named,
+                moved_from=old,
+            )
+        raise MisplacedManifestError(
+            f"segment manifest names the {what} {named!r}, but the {what} of its segment is {want!r}",
+            where=key,
+            named=named,
+        )
+    return manifest
+
+
+def _prefix_text(prefix: str) -> str:
+    return f"prefix {prefix!r}" if prefix else "no prefix (the store's root)"
 
 
 def encode_deleted_ledger(ledger_id: int, deleted_ms: int, reason: str) -> bytes:

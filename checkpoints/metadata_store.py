@@ -77,7 +77,8 @@ class CleanupReport:
 
 @dataclass(frozen=True)
 class CorruptManifest:
-    """A segment manifest that does not decode: its key, what is wrong, and what its key alone tells."""
+    """A segment manifest that does not decode, or that is not trusted where it stands (``mf.check_place``): its
+    key, what is wrong, and what its key alone tells."""
 
     key: str
     error: str
@@ -86,14 +87,19 @@ class CorruptManifest:
     start: Position | None = None
     """The segment's start position, from the key (None if the key is not a manifest key)."""
     segment_id: str | None = None
+    foreign: bool = False
+    """It decodes, but is another topic's or names objects that are not its segment's here: it holds none of
+    this topic's entries, so a read goes on without it (a store moved to a new prefix is not foreign: its
+    manifests are this topic's, named under the old prefix, and a read that may need them is refused)."""
 
     @classmethod
     def of(cls, key: str, err: FormatError) -> CorruptManifest:
+        foreign = isinstance(err, mf.MisplacedManifestError) and err.moved_from is None
         try:
             ledger, entry, seg_id = keys.parse_manifest_name(key)
         except ValueError:
-            return cls(key, str(err), err.offset)
-        return cls(key, str(err), err.offset, (ledger, entry), seg_id)
+            return cls(key, str(err), err.offset, foreign=foreign)
+        return cls(key, str(err), err.offset, (ledger, entry), seg_id, foreign)
 
 
 class MetadataStore:
@@ -111,6 +117,19 @@ class MetadataStore:
             self.prefix, manifest.topic, manifest.startLedgerId, manifest.startEntryId, str(mf.manifest_uuid(manifest))
         )
 
+    def read_manifest(self, key: str, topic: TopicName | str) -> SegmentManifest:
+        """The manifest (or commit) at ``key`` of ``topic``, decoded strictly and trusted only where it stands
+        (``mf.check_place``): ``MisplacedManifestError`` (a ``FormatError``) names one whose topic or keys are
+        not those of its place, so every path that skips an undecodable manifest skips it too."""
+        return mf.check_place(
+            mf.decode_manifest(self.store.get(key), where=key), key=key, prefix=self.prefix, topic=topic
+        )
+
+    def check_keys(self, manifest: SegmentManifest) -> None:
+        """Refuse (``MisplacedManifestError``) to act on a manifest whose keys are not its own topic's in this
+        store: the last check before its objects are deleted, however the manifest came here."""
+        mf.check_place(manifest, key=self.manifest_key(manifest), prefix=self.prefix, topic=manifest.topic)
+
     def put_manifest(self, manifest: SegmentManifest) -> None:
         self.store.put(self.manifest_key(manifest), mf.encode_manifest(manifest))
 
@@ -121,17 +140,16 @@ class MetadataStore:
             self.store.put(self.manifest_key(manifest), mf.encode_manifest(manifest), if_absent=True)
             return manifest
         except ObjectExistsError:
-            key = self.manifest_key(manifest)
-            return mf.decode_manifest(self.store.get(key), where=key)
+            return self.read_manifest(self.manifest_key(manifest), manifest.topic)
 
     def _manifests(self, topic: TopicName | str, corrupt: list[CorruptManifest] | None = None) -> list[SegmentManifest]:
-        """Every manifest that decodes, in key (start-position) order. One that does not decode is logged
-        and skipped, so it cannot stop every other topic's status, cleanup or reads; it is appended to
-        ``corrupt`` when given (``corrupt_manifests`` reports them)."""
+        """Every manifest that decodes and stands where it was written (``read_manifest``), in key
+        (start-position) order. One that does not is logged and skipped, so it cannot stop every other topic's
+        status, cleanup or reads; it is appended to ``corrupt`` when given (``corrupt_manifests`` reports them)."""
         out = []
         for info in self.store.list(keys.manifests_prefix(self.prefix, topic)):
             try:
-                out.append(mf.decode_manifest(self.store.get(info.key), where=info.key))
+                out.append(self.read_manifest(info.key, topic))
             except ObjectNotFoundError:
                 continue  # deleted between list and get
             except FormatError as err:
@@ -175,7 +193,7 @@ class MetadataStore:
         try:
             self.store.put(key, data, if_absent=True)
         except ObjectExistsError:
-            holder = mf.decode_manifest(self.store.get(key), where=key)
+            holder = self.read_manifest(key, sealed.topic)
             if mf.manifest_uuid(holder) != mf.manifest_uuid(sealed):
                 raise CommitConflictError(
                     f"{sealed.topic}: segment {sealed.ordinal} of the topic's history was already committed by "
@@ -190,7 +208,7 @@ class MetadataStore:
         for key in reversed(names):
             try:
                 keys.parse_commit_name(key)
-                return mf.decode_manifest(self.store.get(key), where=key)
+                return self.read_manifest(key, topic)
             except (ValueError, ObjectNotFoundError):
                 continue
         return None
@@ -212,7 +230,7 @@ class MetadataStore:
         if last is not None:
             key = self.manifest_key(last)
             try:
-                published = mf.decode_manifest(self.store.get(key), where=key).status == OFFLOADED
+                published = self.read_manifest(key, topic).status == OFFLOADED
             except ObjectNotFoundError:
                 published = False
             if not published:
@@ -221,7 +239,7 @@ class MetadataStore:
             if point.last is not None and start <= point.last:
                 continue
             try:
-                attempt = mf.decode_manifest(self.store.get(key), where=key)
+                attempt = self.read_manifest(key, topic)
             except ObjectNotFoundError:
                 continue
             except FormatError as err:  # unreadable: leave it (and its objects) to cleanup and verify
@@ -337,6 +355,7 @@ class MetadataStore:
         """Delete a segment: record the deletion (with its entry and byte counts, so totals survive it),
         drop the manifest (readers stop seeing it), then the objects. A crash midway is finished by
         ``cleanup`` from the record. Returns the record."""
+        self.check_keys(manifest)
         record = DeletedRecord.of(manifest, now_ms() if at_ms is None else at_ms)
         self.store.put(self.deleted_segment_key(manifest), record.encode())
         self._delete_segment_objects(manifest)
@@ -346,6 +365,7 @@ class MetadataStore:
         return keys.deleted_segments_prefix(self.prefix, manifest.topic) + str(mf.manifest_uuid(manifest))
 
     def _delete_segment_objects(self, manifest: SegmentManifest) -> None:
+        self.check_keys(manifest)
         self.store.delete(self.manifest_key(manifest))
         if manifest.dataKey:
             if manifest.status == OFFLOADED:  # its manifest says how many (no LIST on the retention path)
@@ -385,7 +405,7 @@ class MetadataStore:
         for _, seg_id, key in self.manifest_entries(topic):
             if seg_id == segment_id:
                 try:
-                    return mf.decode_manifest(self.store.get(key), where=key)
+                    return self.read_manifest(key, topic)
                 except ObjectNotFoundError:
                     return None
         return None
@@ -403,8 +423,11 @@ class MetadataStore:
             if seg_id == sealed_id or not low <= start <= high:
                 continue
             try:
-                other = mf.decode_manifest(self.store.get(key), where=key)
+                other = self.read_manifest(key, sealed.topic)
             except ObjectNotFoundError:
+                continue
+            except FormatError as err:  # undecodable or misplaced: left alone, for verify and a human
+                log.warning("superseding attempts of %s: leaving %s alone: %s", sealed.topic, key, err)
                 continue
             if other.status != OFFLOADED:
                 self._abandon(other)
@@ -413,6 +436,7 @@ class MetadataStore:
 
     def _abandon(self, manifest: SegmentManifest) -> None:
         """Remove an unfinished attempt: its upload (by the id its manifest recorded), objects, manifest."""
+        self.check_keys(manifest)
         upload_id = mf.driver_property(manifest, mf.PROP_UPLOAD_ID)
         if upload_id and manifest.dataKey:
             try:

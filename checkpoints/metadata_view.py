@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.deleted_segments import DeletedRecord, DeletedSummary, DeletedTotals, all_marked
@@ -305,6 +305,19 @@ class CompactionReport:
         return len(self.folded_records) + len(self.removed_commits) + len(self.removed_failures)
 
 
+def _record_in_place(prefix: str, topic: str, record: DeletedRecord) -> bool:
+    """Whether a deleted-segment record's data and index keys (each may be empty) are its segment's in the
+    directory of ``topic`` (``mf.segment_keys``, either format): only then does compaction delete them."""
+    for version in (1, 2):
+        try:
+            data, index = mf.segment_keys(prefix, topic, record.segment_id, record.start[0], version)
+        except ValueError:
+            return False
+        if record.data_key in ("", data) and record.index_key in ("", index):
+            return True
+    return False
+
+
 def _start_ledger(key: str) -> int:
     """The start ledger of a manifest key (or its last component); -1 for a key that is not one."""
     try:
@@ -451,7 +464,7 @@ class MetadataView:
                 continue
             entry = old.get(info.key)
             if entry is None or not (entry.final or (entry.size, entry.modified) == (info.size, info.last_modified)):
-                entry = self._read(kind, info)
+                entry = self._read(name, kind, info)
                 if entry is None:
                     continue
             cache[info.key] = entry
@@ -525,22 +538,21 @@ class MetadataView:
             del snap.segments[record.key]
             cache.pop(record.key, None)
 
-    def _read(self, kind: str, info: ObjectInfo) -> _Cached | None:
-        try:
-            data = self.meta.store.get(info.key)
-        except ObjectNotFoundError:
-            return None  # deleted between the listing and the read
+    def _read(self, topic: str, kind: str, info: ObjectInfo) -> _Cached | None:
         try:
             if kind == "segments":
-                record = SegmentRecord.of(info.key, mf.decode_manifest(data, where=info.key))
+                record = SegmentRecord.of(info.key, self.meta.read_manifest(info.key, topic))
                 return _Cached(info.size, info.last_modified, record, record.offloaded)
+            data = self.meta.store.get(info.key)
             if kind == "deleted":
                 value: object = mf.decode_deleted_ledger(data, where=info.key)
             elif kind == "deleted-segments":
                 value = DeletedRecord.decode(data, where=info.key)
             else:
                 value = DeletedSummary.decode(data, where=info.key)
-        except FormatError as err:
+        except ObjectNotFoundError:
+            return None  # deleted between the listing and the read
+        except FormatError as err:  # undecodable, or a manifest misplaced (mf.check_place)
             log.warning("skipping unreadable metadata object: %s", err)
             return _Cached(info.size, info.last_modified, None, False)  # read again only once it changes
         return _Cached(info.size, info.last_modified, value, True)
@@ -585,10 +597,13 @@ class MetadataView:
                 continue
             key = segment.key
             try:
-                manifest = mf.decode_manifest(self.meta.store.get(key), where=key)
+                manifest = self.meta.read_manifest(key, name)
             except ObjectNotFoundError:  # deleted by another process (cleanup) since the listing
                 snap.segments.pop(key, None)
                 self._forget(name, key)
+                continue
+            except FormatError as err:  # rewritten since the listing, and no longer trusted: left alone
+                log.warning("retention of %s: leaving %s alone: %s", name, key, err)
                 continue
             record = self.meta.delete_segment(manifest, at)
             snap.segments.pop(key, None)
@@ -639,8 +654,11 @@ class MetadataView:
             if start_ledger < 0 or info.key in held or (ledgers is not None and start_ledger not in ledgers):
                 continue
             try:
-                manifest = mf.decode_manifest(self.meta.store.get(info.key), where=info.key)
+                manifest = self.meta.read_manifest(info.key, snap.topic)
             except ObjectNotFoundError:
+                continue
+            except FormatError as err:  # rewritten since it was folded: left to the next listing
+                log.warning("skipping unreadable metadata object: %s", err)
                 continue
             yield manifest, SegmentRecord.of(info.key, manifest)
 
@@ -715,6 +733,16 @@ class MetadataView:
             del snap.summaries[old_seq]
             report.removed_summaries.append(old_seq)
         for record in [*counted, *fold]:
+            if not _record_in_place(self.meta.prefix, name, record):
+                log.warning(
+                    "compaction of %s: deleted-segment record %s names objects that are not its segment's here "
+                    "(%s, %s): they are left alone",
+                    name,
+                    record.segment_id,
+                    record.data_key,
+                    record.index_key,
+                )
+                record = replace(record, data_key="", index_key="", checksum_blocks=0)
             if record.data_key and record.checksum_blocks:
                 delete_block_checksums(store, record.data_key, record.checksum_blocks)
             for key in (record.data_key, record.index_key):

@@ -211,21 +211,24 @@ def refuse_corrupt(
     start: Position | None,
     end: Position | None,
 ) -> None:
-    """Raise ``CorruptManifestError`` if a manifest of ``topic`` that does not decode may hold a position in
-    ``[start, end]``: it starts at or before ``end`` (its key tells where it starts) and no readable segment
-    starts between it and ``start`` (segments do not overlap, so such a segment would end it before
-    ``start``)."""
+    """Raise ``CorruptManifestError`` if a manifest of ``topic`` that does not decode (or is not trusted where it
+    stands, its store moved to a new prefix) may hold a position in ``[start, end]``: it starts at or before
+    ``end`` (its key tells where it starts) and no readable segment starts between it and ``start`` (segments
+    do not overlap, so such a segment would end it before ``start``). A foreign manifest (another topic's, or
+    naming objects not its segment's) holds none of the topic's entries: the read goes on without it."""
     if not corrupt:
         return
     starts = sorted(mf.start_position(m) for m in readable)
     for bad in corrupt:
+        if bad.foreign:
+            continue
         if bad.start is not None and end is not None and bad.start > end:
             continue
         if bad.start is not None and start is not None and any(bad.start < s <= start for s in starts):
             continue
         why = bad.error.removeprefix(bad.key + ": ")
         raise CorruptManifestError(
-            f"topic {topic}: the segment manifest {bad.key} does not decode ({why}); "
+            f"topic {topic}: the segment manifest {bad.key} cannot be used ({why}); "
             "its entries may be in the requested range, so nothing is read (run `streamoffload verify`)"
         )
 

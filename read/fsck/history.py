@@ -1,6 +1,7 @@
 """Checking a topic-partition's offload history as a whole, and every Offloaded segment of it.
 
-Every manifest decodes (checksum frame, required fields, known status: ``CorruptManifest`` names its key);
+Every manifest decodes (checksum frame, required fields, known status: ``CorruptManifest`` names its key) and
+stands where it was written (its topic and keys those of its place: ``MisplacedManifest``, ``MisplacedCommit``);
 every place of the history (``_meta/commits/<ordinal>``) from the first one still offloaded is held by an
 Offloaded segment or a deletion record (``MissingSegment``, ``GapInHistory``); consecutive places follow each
 other within a ledger (``GapBetweenSegments``, ``OverlappingSegments``); Failed attempts (``FailedSegment``)
@@ -57,6 +58,11 @@ class _Known:
     key: str
 
 
+def _trusted(data: bytes, key: str, prefix: str, topic: TopicName) -> SegmentManifest:
+    """The manifest (or commit) at ``key``, decoded and checked against its place (``mf.check_place``)."""
+    return mf.check_place(mf.decode_manifest(data, where=key), key=key, prefix=prefix, topic=topic)
+
+
 def _pos(p: tuple[int, int]) -> str:
     return f"{p[0]}:{p[1]}"
 
@@ -96,8 +102,11 @@ def verify_topic(
     for info in store.list(manifests_prefix):
         listed_anything = True
         try:
-            manifest = mf.decode_manifest(store.get(info.key), where=info.key)
+            manifest = _trusted(store.get(info.key), info.key, prefix, topic)
         except ObjectNotFoundError:
+            continue
+        except mf.MisplacedManifestError as err:
+            problem(info.key, "MisplacedManifest", err.reason)
             continue
         except FormatError as err:
             problem(info.key, "CorruptManifest", err.reason, offset=err.offset)
@@ -116,8 +125,12 @@ def verify_topic(
         except ValueError:
             continue
         try:
-            held = mf.decode_manifest(store.get(info.key), where=info.key)
+            held = _trusted(store.get(info.key), info.key, prefix, topic)
         except ObjectNotFoundError:
+            continue
+        except mf.MisplacedManifestError as err:
+            problem(info.key, "MisplacedCommit", err.reason)
+            commits[ordinal] = _Known(ordinal, "", (-1, -1), (-1, -1), info.key)  # the place is taken
             continue
         except FormatError as err:
             problem(info.key, "CorruptCommit", err.reason, offset=err.offset)

@@ -37,6 +37,7 @@ from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metada
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.segment import manifest_disagreements, unsupported_format_version
+from streamoffload.read.segment.checks import MAX_INDEX_READ_BYTES
 from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout, stored_otherwise
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
@@ -259,9 +260,12 @@ class _Checker:
     def decode_index(self, info: ObjectInfo) -> OffloadIndex | None:
         key = self.report.index_key
         try:
-            raw = self.store.get(key)
+            raw = self.store.get_range(key, 0, MAX_INDEX_READ_BYTES + 1)
         except ObjectNotFoundError:
             self.problem(key, None, "MissingObject", "index object disappeared while being verified")
+            return None
+        if len(raw) > MAX_INDEX_READ_BYTES:
+            self.problem(key, None, "IndexTooLarge", f"index object has more than {MAX_INDEX_READ_BYTES} bytes")
             return None
         ledger_id = self.ledger_id
         if ledger_id is None:

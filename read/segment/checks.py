@@ -21,6 +21,39 @@ if TYPE_CHECKING:
 _U32 = struct.Struct(">I")
 _CRC_HEADER = 6  # u16 magic 0x0e01, u32 CRC-32C
 
+MAX_INDEX_READ_BYTES = 64 * 1024 * 1024
+"""The largest index object a reader downloads: 20 bytes per block, so over three million blocks (a segment of
+64 MiB blocks holds a few thousand). An index is read whole, so this bounds what a hostile or damaged object
+(or a manifest's ``indexLength``) can make a reader allocate."""
+
+
+def index_read_length(manifest: SegmentManifest | None, where: str) -> int:
+    """How many bytes to fetch of a segment's index object: the length its manifest records (and one more, so
+    a longer object is told from one of that length), else the cap; ``FormatError`` naming ``where`` when the
+    manifest records more than the cap."""
+    if manifest is None or not manifest.HasField("indexLength"):
+        return MAX_INDEX_READ_BYTES + 1
+    if not 0 < manifest.indexLength <= MAX_INDEX_READ_BYTES:
+        raise FormatError(
+            f"its manifest records an index of {manifest.indexLength} bytes, outside the 1..{MAX_INDEX_READ_BYTES} "
+            "a reader takes",
+            where=where,
+        )
+    return manifest.indexLength + 1
+
+
+def index_length_problem(manifest: SegmentManifest | None, fetched: int) -> str | None:
+    """What is wrong with an index object of which ``fetched`` bytes came back from ``index_read_length``."""
+    if manifest is not None and manifest.HasField("indexLength"):
+        want = manifest.indexLength
+        if fetched != want:
+            got = f"more than {want}" if fetched > want else str(fetched)
+            return f"index object has {got} bytes, but its manifest records {want}"
+        return None
+    if fetched > MAX_INDEX_READ_BYTES:
+        return f"index object has more than {MAX_INDEX_READ_BYTES} bytes, more than a reader takes"
+    return None
+
 
 def check_entry_checksum(payload: memoryview, where: str, at: int, ledger_id: int, entry_id: int) -> None:
     """Raise a ``FormatError`` naming ``where`` and the absolute offset unless ``payload`` (an entry whose

@@ -31,7 +31,13 @@ from streamoffload.codecs.index import BlockLocation, OffloadIndex, is_v1_index
 from streamoffload.codecs.metadata import parse_ledger_metadata_v1
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.read.segment.cache import ChunkCache
-from streamoffload.read.segment.checks import check_entry_checksum, manifest_disagreements, unsupported_format_version
+from streamoffload.read.segment.checks import (
+    check_entry_checksum,
+    index_length_problem,
+    index_read_length,
+    manifest_disagreements,
+    unsupported_format_version,
+)
 from streamoffload.read.segment.chunked_object import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
 from streamoffload.read.segment.errors import (
     EntryNotFoundError,
@@ -212,14 +218,20 @@ class SegmentReadHandle:
             )
 
     def _get_index(self) -> bytes:
+        """The index object, read no further than its manifest's ``indexLength`` (or the cap) and refused, naming
+        it, when its length is not that."""
         try:
-            return self.store.get(self.index_key)
+            buf = self.store.get_range(self.index_key, 0, index_read_length(self.manifest, self.index_key))
         except ObjectNotFoundError:
             raise MissingObjectError(
                 f"index object {self.index_key} of data object {self.data_key} is missing from {self.store.url} "
                 "(the segment was never sealed, or was deleted)",
                 self.index_key,
             ) from None
+        problem = index_length_problem(self.manifest, len(buf))
+        if problem is not None:
+            raise ManifestMismatchError(problem, offset=len(buf), where=self.index_key)
+        return buf
 
     def _decode_index(self, buf: bytes, ledger_hint: int | None) -> OffloadIndex:
         if is_v1_index(buf) and ledger_hint is None:

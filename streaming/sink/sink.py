@@ -532,7 +532,7 @@ class SegmentSink:
         attempt started in vain is aborted at once (never the one holding parts)."""
         key = self.metadata.manifest_key(manifest)
         if self.store.exists(key):
-            written = mf.decode_manifest(self.store.get(key), where=key)
+            written = self.metadata.read_manifest(key, manifest.topic)
             if written.status != mf.OFFLOADED:
                 self._resume(written)
             return
@@ -609,7 +609,7 @@ class SegmentSink:
         if _policy_key_id(sealed):
             # The data key is the Assigned manifest's (the sink's, not the segmenter's): the Offloaded one keeps it.
             key = self.metadata.manifest_key(sealed)
-            sealed = copy_encryption(mf.decode_manifest(self.store.get(key), where=key), sealed)
+            sealed = copy_encryption(self.metadata.read_manifest(key, sealed.topic), sealed)
             if encryption_key_id(sealed) is None:
                 raise StreamOffloadError(f"{topic}: segment {segment} should be encrypted but its manifest has no key")
             expected = stored_length(expected, sealed.blockCount)

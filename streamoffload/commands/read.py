@@ -117,8 +117,12 @@ class ReadCommandError(StreamOffloadError):
 
 
 def _refuse_corrupt(reader: TopicReader, topic: TopicName, start: Position | None, end: Position | None) -> None:
-    """Refuse a read that a manifest of ``topic`` that does not decode may cover (``CorruptManifestError``)."""
+    """Refuse a read that a manifest of ``topic`` that does not decode may cover (``CorruptManifestError``); say
+    on stderr which foreign manifests (another topic's, or naming objects not its own) the read leaves out."""
     corrupt = reader.metadata.corrupt_manifests(topic)
+    for bad in corrupt:
+        if bad.foreign:
+            print(f"warning: {bad.error}; it is left out of the read (run `streamoffload verify`)", file=sys.stderr)
     if corrupt:
         refuse_corrupt(str(topic), corrupt, reader.metadata.offloaded_segments(topic), start, end)
 

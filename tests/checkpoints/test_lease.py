@@ -3,17 +3,25 @@ checks, renewals and commits are then refused."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from streamoffload.checkpoints.lease import (
     KEEP_EPOCHS,
     FencedError,
     LeaseHeldError,
+    Process,
     WriterLease,
     check_epoch,
     instance_id,
 )
 from streamoffload.checkpoints.metadata_store import CommitConflictError, MetadataStore
+from streamoffload.codecs.errors import FormatError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore
@@ -90,3 +98,98 @@ def test_a_fenced_writers_commit_is_refused_by_the_store(store: ObjectStore) -> 
         write_segment(meta, 0, [5], publish_last=NOW + 1, epoch=1)
     [readable] = meta.offloaded_segments(new.topic)
     assert readable.uidMsb == new.uidMsb and readable.uidLsb == new.uidLsb
+
+
+# -- who an instance is -------------------------------------------------------------------------------------
+
+ELSEWHERE = Process(pid=4_000_000, space="another-boot/pid:[1]", started=123)
+"""A process of another PID namespace (another container on the host): its pid says nothing here."""
+
+
+def gone_here() -> Process:
+    """A process of this PID namespace that is not running (no process has its pid and start time)."""
+    me = Process.this()
+    if not me.space:
+        pytest.skip("no /proc: a process's liveness cannot be proved here")
+    return Process(pid=me.pid, space=me.space, started=me.started + 1)
+
+
+def test_replicas_with_the_same_host_and_path_do_not_take_each_others_live_lease(store: ObjectStore) -> None:
+    """Two containers with one host name and checkpoint path used to be one holder id, and took each other's
+    lease at once, over and over."""
+    one = instance_id("/checkpoints/job", host="replica", token="aaaa")
+    two = instance_id("/checkpoints/job", host="replica", token="bbbb")
+    assert one != two and one.startswith("replica-") and two.startswith("replica-")
+    for other in (Process.this(), ELSEWHERE):  # alive here, or in a space where nothing is proved
+        fresh = ScopedStore(store, f"prefix-{other.pid}")
+        first = WriterLease(fresh, one, ttl_ms=TTL_MS, process=other)
+        assert first.acquire(now_ms=NOW).epoch == 1
+        with pytest.raises(LeaseHeldError, match=f"instance {one} "):
+            WriterLease(fresh, two, ttl_ms=TTL_MS).acquire(now_ms=NOW + 1)
+        first.check()  # not fenced
+        assert WriterLease(fresh, two, ttl_ms=TTL_MS).acquire(now_ms=NOW + TTL_MS).epoch == 2  # expired
+
+
+def test_a_restart_after_a_crash_takes_its_lease_at_once(store: ObjectStore) -> None:
+    """A new process on the same host and path, where the lease's process is provably gone, is its restart."""
+    crashed = WriterLease(
+        ScopedStore(store, "prefix"), instance_id("/cp", host="h", token="aaaa"), ttl_ms=TTL_MS, process=gone_here()
+    )
+    crashed.acquire(now_ms=NOW)
+    with pytest.raises(LeaseHeldError):  # another path: another instance, which waits
+        lease(store, instance_id("/other", host="h", token="bbbb")).acquire(now_ms=NOW + 1)
+    restart = lease(store, instance_id("/cp", host="h", token="cccc"))
+    assert restart.acquire(now_ms=NOW + 2).epoch == 2
+    with pytest.raises(FencedError):
+        crashed.check()
+
+
+def test_a_malformed_lease_record_is_one_error_naming_it(store: ObjectStore) -> None:
+    first = lease(store, "host-a")
+    first.acquire(now_ms=NOW)
+    key = keys.prefix_meta_prefix("prefix", "writers") + f"{1:020d}"
+    for data, why in [
+        (b"{not json", "not JSON"),
+        (b"[]", "not a JSON object"),
+        (json.dumps({"holder": "x"}).encode(), "no 'epoch'"),
+        (first.record.encode().replace(b'"epoch": 1', b'"epoch": "1"'), "'epoch' is '1', not an integer"),  # type: ignore[union-attr]
+    ]:
+        store.put(key, data)
+        with pytest.raises(FormatError, match=f"^{key}: not a writer lease record.*{why}") as err:
+            lease(store, "host-b").acquire(now_ms=NOW + 1)
+        assert "--take-over" in str(err.value)
+    assert lease(store, "host-b").acquire(force=True, now_ms=NOW + 1).epoch == 2  # past it
+    with pytest.raises(FencedError, match=r"epoch 1\) was taken over"):
+        first.check()
+    store.put(keys.prefix_meta_prefix("prefix", "writers") + "stray", b"")  # not an epoch: not the lease's
+    assert lease(store, "host-b").current().epoch == 2  # type: ignore[union-attr]
+
+
+def test_a_new_process_after_the_holder_was_killed_takes_the_lease_at_once(
+    fs_store: ObjectStore, tmp_path: Path
+) -> None:
+    """Across real processes: the crash sweep restarts `run --once` right after a SIGKILL."""
+    root = tmp_path  # the fs_store's root
+    code = (
+        "import os, signal, sys\n"
+        "from streamoffload.checkpoints.lease import WriterLease, instance_id\n"
+        "from streamoffload.storage.filesystem import FilesystemStore\n"
+        "from streamoffload.storage.location import ScopedStore\n"
+        f"scoped = ScopedStore(FilesystemStore({str(root)!r}), 'prefix')\n"
+        "lease = WriterLease(scoped, instance_id('/cp'), ttl_ms=600_000)\n"
+        "lease.acquire()\n"
+        "print(lease.holder, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    killed = done.stdout.strip()
+    restart = WriterLease(ScopedStore(fs_store, "prefix"), instance_id("/cp"), ttl_ms=TTL_MS)
+    assert restart.holder != killed and restart.holder.rsplit("-", 1)[0] == killed.rsplit("-", 1)[0]
+    if not restart.process.space:
+        with pytest.raises(LeaseHeldError):  # nothing proves the holder gone here: it waits
+            restart.acquire()
+        return
+    assert restart.acquire().epoch == 2  # live for ten more minutes, but its process is gone
+    with pytest.raises(LeaseHeldError, match=restart.holder):  # another path still waits
+        WriterLease(ScopedStore(fs_store, "prefix"), instance_id("/other")).acquire()

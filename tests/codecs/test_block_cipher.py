@@ -68,6 +68,7 @@ def test_a_data_key_unwraps_only_with_its_key_and_segment() -> None:
 def test_keys_come_from_a_file_and_the_environment_and_never_show(tmp_path: Path) -> None:
     k1, k2 = new_data_key(), new_data_key()
     path = tmp_path / "keys.json"
+    path.touch(mode=0o600)  # a key file is its owner's alone
     path.write_text(json.dumps({"k1": base64.b64encode(k1).decode()}))
     ring = KeyRing.from_env(
         {"STREAMOFFLOAD_KEYS_FILE": str(path), "STREAMOFFLOAD_KEK_k2": base64.b64encode(k2).decode()}

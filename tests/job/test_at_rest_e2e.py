@@ -84,6 +84,7 @@ def test_plain_compressed_and_encrypted_segments_with_a_rotation_read_back_exact
     k1, k2 = new_data_key(), new_data_key()
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"k1": base64.b64encode(k1).decode(), "k2": base64.b64encode(k2).decode()}))
+    keys.chmod(0o600)  # a key file is its owner's alone
     monkeypatch.setenv("STREAMOFFLOAD_KEYS_FILE", str(keys))  # the readers in this process
     store_url = f"file://{tmp_path / 'store'}"
     marker = b"plaintext-marker-"

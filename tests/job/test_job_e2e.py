@@ -301,6 +301,7 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
     # replay, and its parts' frame records every seal.
     keys = tmp_path / "keys.toml"
     keys.write_text(f'k1 = "{base64.b64encode(bytes(range(32))).decode()}"\n')
+    keys.chmod(0o600)  # a key file is its owner's alone
     monkeypatch.setenv("STREAMOFFLOAD_KEYS_FILE", str(keys))  # this process's readers
     encrypted = f'\n[encryption]\nkeys_file = "{keys}"\n[topics."{topics[1]}"]\noffloadEncryptionKeyId = "k1"\n'
     encrypted += 'offloadCompression = "zstd"\n'

@@ -250,15 +250,16 @@ def test_segments_that_do_not_follow_within_a_ledger_are_a_gap(
     segments = meta.offloaded_segments(TOPIC)
     a, b = next((a, b) for a, b in itertools.pairwise(segments) if a.endLedgerId == b.startLedgerId)
     # b's commit and manifest say it starts two entries after a's end + 1 (as a segmenter that skipped
-    # entries would have written them): entries in no segment.
-    for key in (keys.commit_key("", TOPIC, b.ordinal), meta.manifest_key(b)):
-        held = mf.decode_manifest(store.get(key))
-        held.startEntryId += 2
-        store.put(key, mf.encode_manifest(held))
+    # entries would have written them, its manifest named by that start): entries in no segment.
+    held = mf.decode_manifest(store.get(meta.manifest_key(b)))
+    held.startEntryId += 2
+    store.put(keys.commit_key("", TOPIC, b.ordinal), mf.encode_manifest(held))
+    store.delete(meta.manifest_key(b))
+    meta.put_manifest(held)
     code, doc = verify(capsys, root)
     assert code == 1
     [gap] = errors(doc)["GapBetweenSegments"]
-    assert gap["object"] == meta.manifest_key(b)
+    assert gap["object"] == meta.manifest_key(held)
     assert f"entries {a.endEntryId + 1}..{a.endEntryId + 2} of ledger {a.endLedgerId}" in gap["message"]
 
 
