@@ -29,9 +29,26 @@ from streamoffload.storage.location import ScopedStore
 DEFAULT_TTL_MS = 60_000
 KEEP_EPOCHS = 5
 
+COMMIT_WINDOW_MS = 300_000
+"""The longest a writer lets pass between the first write of a seal (a small segment's objects, which no manifest
+names until the commit; a completed upload and its index) and the commit that names them: the sink refuses a
+later commit, and the attempt is written again. ``cleanup`` beside a live lease relies on it."""
+
+LIVE_WRITER_GRACE_MS = 2 * COMMIT_WINDOW_MS
+"""The shortest grace ``cleanup`` takes while another instance's lease is live: the commit window, and as much
+again for the commit request itself and for the store's clock and cleanup's disagreeing."""
+
+CLEANUP_HOLDER = "streamoffload-cleanup"
+"""The holder id of ``cleanup`` holding the lease (``checkpoints.cleanup_guard``), followed by its host."""
+
 
 class LeaseHeldError(StreamOffloadError):
     """Another instance holds the writer lease of the store prefix."""
+
+
+class CleanupRunningError(LeaseHeldError):
+    """``cleanup`` holds the writer lease for as long as it removes orphans at a grace below
+    ``LIVE_WRITER_GRACE_MS``: a job that meets it waits, it does not give up."""
 
 
 class FencedError(StreamOffloadError):
@@ -119,7 +136,8 @@ class WriterLease:
         now = _now_ms() if now_ms is None else now_ms
         current = self.current()
         if current is not None and current.holder != self.holder and current.expires_ms > now and not force:
-            raise LeaseHeldError(
+            held = CleanupRunningError if current.holder.startswith(CLEANUP_HOLDER) else LeaseHeldError
+            raise held(
                 f"the store prefix {self.store.url}/{self.prefix} is being written by {_describe(current, now)}. "
                 "Stop that instance, wait for its lease to expire, or offload into another prefix."
             )
@@ -168,6 +186,11 @@ class WriterLease:
             self.store.put(self._key(self.epoch), LeaseRecord(**{**asdict(self.record), "ttl_ms": 0}).encode())
         except FencedError:
             pass
+
+
+def describe_lease(record: LeaseRecord, now_ms: int) -> str:
+    """Who holds a lease and until when, for an error message."""
+    return _describe(record, now_ms)
 
 
 def _taken_over(scoped: ScopedStore, epoch: int) -> bool:
