@@ -36,9 +36,26 @@ from streamoffload.storage.location import ScopedStore
 DEFAULT_TTL_MS = 60_000
 KEEP_EPOCHS = 5
 
+COMMIT_WINDOW_MS = 300_000
+"""The longest a writer lets pass between the first write of a seal (a small segment's objects, which no manifest
+names until the commit; a completed upload and its index) and the commit that names them: the sink refuses a
+later commit, and the attempt is written again. ``cleanup`` beside a live lease relies on it."""
+
+LIVE_WRITER_GRACE_MS = 2 * COMMIT_WINDOW_MS
+"""The shortest grace ``cleanup`` takes while another instance's lease is live: the commit window, and as much
+again for the commit request itself and for the store's clock and cleanup's disagreeing."""
+
+CLEANUP_HOLDER = "streamoffload-cleanup"
+"""The holder id of ``cleanup`` holding the lease (``checkpoints.cleanup_guard``), followed by its host."""
+
 
 class LeaseHeldError(StreamOffloadError):
     """Another instance holds the writer lease of the store prefix."""
+
+
+class CleanupRunningError(LeaseHeldError):
+    """``cleanup`` holds the writer lease for as long as it removes orphans at a grace below
+    ``LIVE_WRITER_GRACE_MS``: a job that meets it waits, it does not give up."""
 
 
 class FencedError(StreamOffloadError):
@@ -62,6 +79,12 @@ def instance_id(checkpoint: str, host: str | None = None, token: str | None = No
     host = host or socket.gethostname()
     digest = hashlib.sha256(f"{host}|{os.path.abspath(checkpoint)}".encode()).hexdigest()[:12]
     return f"{host}-{digest}-{token or _process_token}"
+
+
+def cleanup_id(host: str | None = None) -> str:
+    """``cleanup``'s holder id while it holds the lease: ``CLEANUP_HOLDER``, the host, and this process's token, so
+    two cleanups on one host are two holders (the second is refused, not handed the first one's lease)."""
+    return f"{CLEANUP_HOLDER}-{host or socket.gethostname()}-{_process_token}"
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -231,7 +254,8 @@ class WriterLease:
                 ) from None
             current = None
         if current is not None and not self._mine(current) and current.expires_ms > now and not force:
-            raise LeaseHeldError(
+            held = CleanupRunningError if current.holder.startswith(CLEANUP_HOLDER) else LeaseHeldError
+            raise held(
                 f"the store prefix {self.store.url}/{self.prefix} is being written by {_describe(current, now)}. "
                 "Stop that instance, wait for its lease to expire, or offload into another prefix."
             )
@@ -284,6 +308,11 @@ class WriterLease:
             self.store.put(self._key(self.epoch), replace(self.record, ttl_ms=0).encode())
         except FencedError:
             pass
+
+
+def describe_lease(record: LeaseRecord, now_ms: int) -> str:
+    """Who holds a lease and until when, for an error message."""
+    return _describe(record, now_ms)
 
 
 def _taken_over(scoped: ScopedStore, epoch: int) -> bool:

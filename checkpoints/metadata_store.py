@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.cleanup_guard import CleanupGuard
 from streamoffload.checkpoints.deleted_segments import DeletedRecord, select_deletable
 from streamoffload.checkpoints.manifest import OFFLOADED, Position
 from streamoffload.codecs.errors import FormatError
@@ -446,13 +447,29 @@ class MetadataStore:
         self._delete_segment_objects(manifest)
         self.store.delete(keys.failure_key(self.prefix, manifest.topic, str(mf.manifest_uuid(manifest))))
 
-    def cleanup(self, topic: TopicName | str, *, grace_ms: int = 3_600_000, at_ms: int | None = None) -> CleanupReport:
-        """Converge the topic-partition's objects to exactly what its manifests describe.
+    def cleanup(
+        self,
+        topic: TopicName | str,
+        *,
+        grace_ms: int = 3_600_000,
+        at_ms: int | None = None,
+        guard: CleanupGuard | None = None,
+    ) -> CleanupReport:
+        """Converge the topic-partition's objects to exactly what its manifests and commits describe.
 
-        ``grace_ms`` protects work in flight: uploads and objects younger than that are left alone,
-        so cleanup can run beside a live job. A manifest that does not decode is logged and left alone
-        with its objects (its key names the segment; what they hold is for ``verify`` and a human), so
-        one corrupt manifest neither stops the cleanup nor turns its segment's objects into orphans."""
+        ``grace_ms`` protects work in flight: uploads and objects that nothing names, younger than that, are
+        left alone. What makes that safe is ``guard`` (taken here for this call when not given,
+        ``checkpoints.cleanup_guard``): beside another instance's live lease a grace below
+        ``LIVE_WRITER_GRACE_MS`` is refused, and a shorter one holds the lease itself. Nothing a manifest or a
+        commit names is deleted, at any grace (a commit names its objects before its Offloaded manifest is
+        written). A manifest that does not decode is logged and left alone with its objects (its key names the
+        segment; what they hold is for ``verify`` and a human), so one corrupt manifest neither stops the cleanup
+        nor turns its segment's objects into orphans."""
+        if guard is None:
+            with CleanupGuard.take(self.scoped, grace_ms) as taken:
+                return self.cleanup(topic, grace_ms=grace_ms, at_ms=at_ms, guard=taken)
+        guard.admit(grace_ms)
+        guard.check()
         at = now_ms() if at_ms is None else at_ms
         report = CleanupReport()
         topic_dir = keys.topic_dir(self.prefix, topic)
@@ -478,8 +495,13 @@ class MetadataStore:
         for key in sorted({c.key for c in corrupt}):
             log.warning("cleanup: %s: leaving corrupt segment manifest %s and its objects alone", topic, key)
 
-        referenced = {k for m in manifests for k in (m.dataKey, m.indexKey) if k}
-        referenced_data = {m.dataKey for m in manifests if m.dataKey}  # their block checksum records too
+        # Read after the manifests: a seal writes its commit before its Offloaded manifest, so a segment that
+        # got past its commit is found in one or the other.
+        named = manifests + [
+            c for c in self._unpublished_commits(topic, manifests) if str(mf.manifest_uuid(c)) not in deleted_ids
+        ]
+        referenced = {k for m in named for k in (m.dataKey, m.indexKey) if k}
+        referenced_data = {m.dataKey for m in named if m.dataKey}  # their block checksum records too
         # An open attempt's upload is the one its manifest recorded; any other upload of the same key is
         # a stray (a retried create whose id was never recorded) and goes like every other stray.
         recorded = {m.dataKey: mf.driver_property(m, mf.PROP_UPLOAD_ID) for m in manifests if m.status != OFFLOADED}
@@ -498,6 +520,7 @@ class MetadataStore:
                 continue
             if at - upload.initiated * 1000 < grace_ms:
                 continue
+            guard.check()
             self.store.resume_multipart(upload.key, upload.upload_id).abort()
             report.aborted_uploads.append(upload.key)
 
@@ -511,9 +534,26 @@ class MetadataStore:
                 continue
             if seg_id not in deleted_ids and at - info.last_modified * 1000 < grace_ms:
                 continue
+            guard.check()
             self.store.delete(info.key)
             report.orphan_objects.append(info.key)
         return report
+
+    def _unpublished_commits(self, topic: TopicName | str, manifests: list[SegmentManifest]) -> list[SegmentManifest]:
+        """The commits of places no Offloaded manifest in ``manifests`` holds: a seal between its commit and its
+        manifest (or a crash there, which ``recover`` publishes). Each names its objects as surely as a manifest."""
+        published = {m.ordinal for m in manifests if m.status == OFFLOADED}
+        out = []
+        for info in self.store.list(keys.commits_prefix(self.prefix, topic)):
+            try:
+                if keys.parse_commit_name(info.key) in published:
+                    continue
+                out.append(mf.decode_manifest(self.store.get(info.key), where=info.key))
+            except (ValueError, ObjectNotFoundError):
+                continue
+            except FormatError as err:  # names nothing it can be trusted for; verify reports it
+                log.warning("cleanup: %s: skipping an unreadable commit: %s", topic, err)
+        return out
 
     def _topic_objects(self, topic_dir: str) -> Iterator[object]:
         for info in self.store.list(topic_dir):

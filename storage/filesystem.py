@@ -785,6 +785,9 @@ class FilesystemMultipartWrite(MultipartWrite):
             except OSError:
                 pass
             else:
+                # Young as a temporary file: a link has its source's modification time, however long ago the parts
+                # were written, and ``remove_stale_temporaries`` goes by it.
+                os.utime(tmp)
                 if store._fsync:
                     fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
                     try:

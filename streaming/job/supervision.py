@@ -12,7 +12,7 @@ import re
 import time
 from typing import Any
 
-from streamoffload.checkpoints.lease import FencedError, LeaseHeldError
+from streamoffload.checkpoints.lease import CleanupRunningError, FencedError, LeaseHeldError
 from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.control.quarantine import failed_topics, failure_reason
 from streamoffload.streaming.job.health import BROKER_BACKOFF_CAP_S, broker_unreachable
@@ -170,6 +170,10 @@ class JobSupervision:
                     query = self.start(spark)
                     if self.health.current.broker_unreachable:
                         self._broker_back()
+                except CleanupRunningError as err:  # `cleanup` holds the lease for a moment: wait for it
+                    log.warning("%s; starting when it is done", err)
+                    self._stop.wait(backoff_s)
+                    continue
                 except (FencedError, LeaseHeldError):
                     raise
                 except Exception as err:  # e.g. the store or the broker is away while a run starts

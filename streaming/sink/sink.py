@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +40,7 @@ from streamoffload.checkpoints.keyring import (
     segment_cipher,
     with_new_data_key,
 )
-from streamoffload.checkpoints.lease import FencedError, check_epoch
+from streamoffload.checkpoints.lease import COMMIT_WINDOW_MS, FencedError, check_epoch
 from streamoffload.checkpoints.metadata_store import MetadataStore, delete_part_frames
 from streamoffload.codecs.block_cipher import encrypt_block, stored_length
 from streamoffload.codecs.block_frames import (
@@ -226,6 +226,12 @@ requests (bench/segment_cost.py). The parts are joined in memory, so the bound i
 the size above which S3 clients switch to multipart uploads)."""
 
 
+class CommitWindowError(StreamOffloadError, TimeoutError):
+    """A seal whose commit would come later than ``COMMIT_WINDOW_MS`` after its first write: refused, so that what
+    ``cleanup`` beside the job takes for orphans never gets a commit. A timeout of the writer, not of the topic:
+    the run starts again and writes the segment again."""
+
+
 class SegmentSink:
     """Applies actions (rows with the segmenter's ``ACTION_COLUMNS``): each topic-partition's in order, up to
     ``threads`` topic-partitions at once."""
@@ -240,13 +246,16 @@ class SegmentSink:
         limiter: RateLimiter | None = None,
         keyring: KeyRing | None = None,
         whole_segment_bytes: int = WHOLE_SEGMENT_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``fetcher`` supplies the entries the parts name (the broker, in the job). ``part_budget``: bytes of
         parts held at once over the threads (0: one part at a time, whatever its size). ``limiter``: the job's
         rate limits (``streaming.control.rate_limits``), here the upload limit of the parts. ``keyring``: the
         key-encryption keys of encrypted segments (default: the environment's, ``checkpoints.keyring``).
         ``whole_segment_bytes``: segments up to this size opened and sealed in one batch are written as one object
-        (0: every segment through a multipart upload)."""
+        (0: every segment through a multipart upload). ``clock``: seconds, for the commit window
+        (``COMMIT_WINDOW_MS``)."""
+        self.clock = clock
         self.limiter = limiter
         self.scoped = scoped
         self.store = scoped.store
@@ -387,10 +396,12 @@ class SegmentSink:
         else:
             raise ValueError(f"unknown sink action {kind!r}")
 
-    def _apply_seal(self, action: Mapping[str, Any], stats: SinkStats, whole_size: int | None = None) -> None:
+    def _apply_seal(
+        self, action: Mapping[str, Any], stats: SinkStats, whole_size: int | None = None, begun: float | None = None
+    ) -> None:
         started = time.monotonic()
         info = json.loads(action["info"])
-        self._seal(action, info, whole_size)
+        self._seal(action, info, whole_size, begun)
         stats.upload_seconds.append(time.monotonic() - started)
         self._requests_done(action["topic"], info.get("requests", []), action["segment"])
         info["topic"] = action["topic"]
@@ -435,7 +446,9 @@ class SegmentSink:
             metadata = object_metadata(topic, str(opened["segment"]))
             objects.append((data_key, b"".join(chunks), metadata))
             objects.append((str(seal["index_key"]), bytes(seal["data"]), metadata))
-            # The records, the data and the index at once: no reader finds any of them before the commit.
+            # The records, the data and the index at once: no reader finds any of them before the commit, and
+            # nothing names them until then (the commit window starts here).
+            begun = self.clock()
             self.store.put_many(objects)
             del chunks, objects
         self._uploads.pop(data_key, None)
@@ -446,7 +459,7 @@ class SegmentSink:
         stats.parts += 1
         stats.part_bytes += size
         stats.upload_seconds.append(time.monotonic() - started - throttled)
-        self._apply_seal(seal, stats, whole_size=size)
+        self._apply_seal(seal, stats, whole_size=size, begun=begun)
 
     def _put_checksum_records(self, data_key: str, part: PlannedPart, info: Mapping[str, Any]) -> None:
         """The part's blocks' checksum records: before the part and the manifest; a replay writes the same bytes
@@ -592,9 +605,17 @@ class SegmentSink:
             ) from None
         return mf.decode_manifest(written, where=manifest_key)
 
-    def _seal(self, action: Mapping[str, Any], info: Mapping[str, Any], whole_size: int | None = None) -> None:
+    def _seal(
+        self,
+        action: Mapping[str, Any],
+        info: Mapping[str, Any],
+        whole_size: int | None = None,
+        begun: float | None = None,
+    ) -> None:
         """Complete the data object, put the index, check the lease and commit (``whole_size``: the size of the
-        data object the sink has just put whole, with its index)."""
+        data object the sink has just put whole, with its index, at ``begun`` on ``clock``). The commit follows
+        the seal's first write within ``COMMIT_WINDOW_MS`` or not at all (``CommitWindowError``)."""
+        begun = self.clock() if begun is None else begun
         data_key = action["data_key"]
         topic, segment = action["topic"], action["segment"]
         expected = int(info["data_length"])
@@ -641,6 +662,14 @@ class SegmentSink:
         # Fencing: a writer whose lease was taken over commits nothing; and the commit itself is
         # create-only in the segment's place in the topic's history, so two writers never both win.
         check_epoch(self.scoped, int(info.get("epoch", 0)))
+        # `cleanup` beside the job deletes what nothing names once it is older than twice this window: a seal's
+        # objects are named by its commit in time, or never.
+        elapsed = self.clock() - begun
+        if elapsed * 1000 > COMMIT_WINDOW_MS:
+            raise CommitWindowError(
+                f"{topic}: segment {segment}: its commit came {elapsed:.0f} s after its seal's first write, later "
+                f"than the {COMMIT_WINDOW_MS / 1000:.0f} s cleanup beside the job allows; not committed, written again"
+            )
         self.metadata.commit(sealed)
         if level is not None:
             delete_part_frames(self.store, data_key, parts)  # the manifest holds them now

@@ -31,7 +31,8 @@ LATER = 10**13  # every object is older than any grace by then
 
 
 def contents(store: FilesystemStore, prefix: str) -> dict[str, bytes]:
-    return {info.key: store.get(info.key) for info in store.list(prefix)}
+    """Every object under ``prefix`` but the writer lease's records (a short-grace cleanup takes the lease)."""
+    return {info.key: store.get(info.key) for info in store.list(prefix) if "/_meta/writers/" not in f"/{info.key}"}
 
 
 def read_all(scoped: ScopedStore, topic: str) -> list[tuple[int, int, bytes]]:
