@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
+from streamoffload.config import Config, StoreSettings, check_topics_fit, check_trigger_interval, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.redaction import PrivateFileHandler, RedactingFilter
 from streamoffload.storage.location import parse_store_url
@@ -74,6 +74,7 @@ def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = Tru
     if getattr(args, "master", None):
         spark = replace(spark, master=args.master)
     if getattr(args, "trigger_interval", None):
+        check_trigger_interval(args.trigger_interval, "--trigger-interval")
         spark = replace(spark, trigger_interval=args.trigger_interval)
     config = replace(config, pulsar=pulsar, spark=spark)
     check_topics_fit(config)  # --topics and --store (its prefix) may have changed what has to fit
