@@ -14,6 +14,7 @@ from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, StoreSettings, check_topics_fit, check_trigger_interval, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.printable import printable
 from streamoffload.redaction import PrivateFileHandler, RedactingFilter
 from streamoffload.storage.location import parse_store_url
 from streamoffload.streaming.protocol.client_options import PULSAR_LOGGER
@@ -147,6 +148,14 @@ class LogSettings:
         return self.python_level
 
 
+class TerminalFormatter(logging.Formatter):
+    """Log lines for the terminal: control characters in a message (a topic name read from the store, a broker's
+    error text) are escaped (``printable``); the line breaks of a traceback stay."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), keep_newlines=True)
+
+
 _current = LogSettings()
 
 
@@ -169,7 +178,7 @@ def configure_logging(settings: LogSettings) -> LogSettings:
     level = settings.python_level
     terminal = logging.StreamHandler(sys.stderr)
     terminal.setLevel(settings.terminal_level)
-    terminal.setFormatter(logging.Formatter(LOG_FORMAT))
+    terminal.setFormatter(TerminalFormatter(LOG_FORMAT))
     terminal.addFilter(RedactingFilter())
     terminal._streamoffload = True  # type: ignore[attr-defined]
     if level > logging.DEBUG:
