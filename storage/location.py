@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from streamoffload.errors import ConfigError
+from streamoffload.redaction import redact
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.request_counts import maybe_counting
 
@@ -40,7 +41,8 @@ S3_OPTIONS = frozenset(
 def _check_options(url: str, options: dict[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
     unknown = sorted(set(options) - allowed)
     if unknown:
-        raise ConfigError(f"store {url}: unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        known = ", ".join(sorted(allowed))
+        raise ConfigError(f"store {redact(url)}: unknown option(s) {', '.join(unknown)}; allowed: {known}")
     return options
 
 
@@ -154,31 +156,35 @@ def parse_store_url(url: str, *, endpoint: str | None = None, region: str | None
     apply to s3 URLs (an endpoint means path-style addressing, as local S3 servers want).
 
     Raises ``ConfigError`` ("store URL <url>: <what is wrong>") for an empty URL, other schemes, a file URL
-    with a host, query or relative path, an s3 URL without bucket or with a query; credentials inside an s3
-    URL are refused without echoing them (they would end up in logs)."""
+    with a host, query or relative path, an s3 URL without bucket or with a query. The message shows the URL
+    through ``redaction.redact``: credentials (``user:secret@``) and secret query values (a presigned URL's
+    ``X-Amz-Signature``, ...) are masked, never echoed."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("store URL is empty")
     if not is_url(url):
         return StoreLocation("file", path=url)
+    shown = redact(url)  # user:password@ and a presigned query's signature never reach a message
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise ConfigError(f"store URL {url}: file URLs name a local path (file:///dir), not host {parts.netloc!r}")
+            host = parts.netloc.rpartition("@")[2]
+            raise ConfigError(f"store URL {shown}: file URLs name a local path (file:///dir), not host {host!r}")
         if parts.query or parts.fragment:
-            raise ConfigError(f"store URL {url}: file URLs take no query or fragment")
+            raise ConfigError(f"store URL {shown}: file URLs take no query or fragment")
         path = unquote(parts.path)
         if not path.startswith("/"):
-            raise ConfigError(f"store URL {url}: the path of a file URL must be absolute (file:///abs/dir)")
+            raise ConfigError(f"store URL {shown}: the path of a file URL must be absolute (file:///abs/dir)")
         return StoreLocation("file", path=path)
     if scheme == "s3":
-        # urlsplit would put user:password@ into netloc; refuse without echoing it.
         if "@" in parts.netloc:
-            raise ConfigError("store URL: credentials in s3:// URLs are not allowed (use options or the AWS chain)")
+            raise ConfigError(
+                f"store URL {shown}: credentials in s3:// URLs are not allowed (use options or the AWS chain)"
+            )
         if parts.query or parts.fragment:
-            raise ConfigError(f"store URL {url}: s3 URLs take no query or fragment")
+            raise ConfigError(f"store URL {shown}: s3 URLs take no query or fragment")
         if not parts.netloc:
-            raise ConfigError(f"store URL {url}: missing bucket (s3://bucket/prefix)")
+            raise ConfigError(f"store URL {shown}: missing bucket (s3://bucket/prefix)")
         return StoreLocation(
             "s3",
             bucket=parts.netloc,
@@ -187,7 +193,7 @@ def parse_store_url(url: str, *, endpoint: str | None = None, region: str | None
             region=region,
             path_style=endpoint is not None,
         )
-    raise ConfigError(f"store URL {url}: unsupported scheme {parts.scheme!r} (use file:///dir or s3://bucket/prefix)")
+    raise ConfigError(f"store URL {shown}: unsupported scheme {parts.scheme!r} (use file:///dir or s3://bucket/prefix)")
 
 
 def open_store(url: str, *, create: bool = True, **options: Any) -> ObjectStore:

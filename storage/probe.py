@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from streamoffload.redaction import redact
 from streamoffload.storage.base import (
     MultipartWrite,
     ObjectExistsError,
@@ -109,7 +110,7 @@ class StoreCapabilityError(StorageError):
 
 def _where(store: ObjectStore) -> str:
     endpoint = getattr(store, "endpoint_url", None)
-    return f"{store.url} (endpoint {endpoint})" if endpoint else store.url
+    return f"{store.url} (endpoint {redact(endpoint)})" if endpoint else store.url
 
 
 def _said(err: BaseException) -> str:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import botocore.exceptions
 
 from streamoffload.errors import ConfigError
+from streamoffload.redaction import redact, register_secret
 from streamoffload.storage.base import (
     MultipartWrite,
     ObjectExistsError,
@@ -113,6 +114,7 @@ class S3Store(ObjectStore):
         self._base_delay = retry_base_delay
         self._max_delay = retry_max_delay
         self._secrets = tuple(s for s in (access_key, secret_key, session_token) if s)
+        register_secret(*self._secrets)  # masked in every log line too (a server may echo the key id)
         self._cfg = ClientConfig(
             endpoint_url=endpoint_url,
             region=region,
@@ -152,7 +154,7 @@ class S3Store(ObjectStore):
         return self._prefix
 
     def __repr__(self) -> str:
-        endpoint = f", endpoint_url={self._endpoint_url!r}" if self._endpoint_url else ""
+        endpoint = f", endpoint_url={redact(self._endpoint_url)!r}" if self._endpoint_url else ""
         return f"S3Store({self._url!r}{endpoint})"
 
     def close(self) -> None:
@@ -166,9 +168,7 @@ class S3Store(ObjectStore):
         return full_key[len(self._prefix) :] if full_key.startswith(self._prefix) else full_key
 
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return redact(text, self._secrets)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:

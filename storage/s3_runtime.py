@@ -19,6 +19,8 @@ import botocore.handlers
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 
+from streamoffload.redaction import register_secret
+
 T = TypeVar("T")
 
 
@@ -92,6 +94,8 @@ class Runtime:
                 # botocore asks for "Expect: 100-continue" on uploads and aiohttp then waits for the
                 # "100 Continue" with no timeout at all: a black-holed endpoint would hang us forever.
                 client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+                if cfg.access_key is None:
+                    await _register_chain_credentials(session)
                 self.stacks.append(stack)
                 self.clients[cfg] = client
         return client
@@ -110,6 +114,19 @@ class Runtime:
             asyncio.run_coroutine_threadsafe(self._close_clients(), self.loop).result(timeout)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout)
+
+
+async def _register_chain_credentials(session: AioSession) -> None:
+    """Have ``redaction.redact`` mask the credentials the AWS chain gave the client (the environment, a profile,
+    an instance role), as ``S3Store`` does with credentials it is given. Credentials a role refreshes later are
+    masked where the redaction's patterns find them (request headers, access key ids)."""
+    try:
+        credentials = await session.get_credentials()  # the ones create_client resolved: cached by the session
+        if credentials is not None:
+            frozen = await credentials.get_frozen_credentials()
+            register_secret(frozen.access_key, frozen.secret_key, frozen.token)
+    except Exception:  # none found, or a provider failed: the client reports it at its first call
+        return
 
 
 _runtime: Runtime | None = None

@@ -17,6 +17,8 @@ from typing import NoReturn
 from streamoffload import __version__, commands
 from streamoffload.cli_common import LOG_LEVELS, LogSettings, configure_logging, finalizers_skipped, log_settings
 from streamoffload.errors import StreamOffloadError
+from streamoffload.printable import printable
+from streamoffload.redaction import redact
 
 DESCRIPTION = """\
 Continuously offload Apache Pulsar topics into object storage in the PIP-76 streaming offload
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         configure_logging(LogSettings(args.log_level, args.quiet, args.log_file))
     except StreamOffloadError as err:
-        print(f"streamoffload {command}: error: {err}", file=sys.stderr)
+        print(f"streamoffload {command}: error: {shown(str(err))}", file=sys.stderr)
         return 1
     if not getattr(args, "func", None):
         parser.print_help()
@@ -133,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if message != str(err).strip():  # shortened: the whole text goes to the log file, if there is one
             _log_details(f"{args.command} failed: {err}")
             hint = _log_hint()
-        print(f"streamoffload {args.command}: error: {message}{hint}", file=sys.stderr)
+        print(f"streamoffload {args.command}: error: {shown(message)}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"streamoffload {args.command}: interrupted", file=sys.stderr)
@@ -143,8 +145,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         # A failed Spark query or call: pages of Java and Python frames, of which one line says what happened.
         _log_details(f"{args.command} failed", err)
-        print(f"streamoffload {args.command}: error: {root_cause(err)}{_log_hint()}", file=sys.stderr)
+        print(f"streamoffload {args.command}: error: {shown(root_cause(err))}{_log_hint()}", file=sys.stderr)
         return 1
+
+
+def shown(message: str) -> str:
+    """An error line as the terminal gets it: secrets masked (``redaction.redact``; the message should carry
+    none, this is the last guard) and control characters escaped (``printable``: names read from a store or a
+    file may hold an ESC or a line break)."""
+    return printable(redact(message))
 
 
 def is_spark_error(err: BaseException) -> bool:

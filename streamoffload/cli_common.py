@@ -12,8 +12,10 @@ from pathlib import Path
 
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import Config, StoreSettings, check_topics_fit, load_config
+from streamoffload.config import Config, StoreSettings, check_topics_fit, check_trigger_interval, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.printable import printable
+from streamoffload.redaction import PrivateFileHandler, RedactingFilter
 from streamoffload.storage.location import parse_store_url
 from streamoffload.streaming.protocol.client_options import PULSAR_LOGGER
 
@@ -73,6 +75,7 @@ def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = Tru
     if getattr(args, "master", None):
         spark = replace(spark, master=args.master)
     if getattr(args, "trigger_interval", None):
+        check_trigger_interval(args.trigger_interval, "--trigger-interval")
         spark = replace(spark, trigger_interval=args.trigger_interval)
     config = replace(config, pulsar=pulsar, spark=spark)
     check_topics_fit(config)  # --topics and --store (its prefix) may have changed what has to fit
@@ -145,6 +148,14 @@ class LogSettings:
         return self.python_level
 
 
+class TerminalFormatter(logging.Formatter):
+    """Log lines for the terminal: control characters in a message (a topic name read from the store, a broker's
+    error text) are escaped (``printable``); the line breaks of a traceback stay."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), keep_newlines=True)
+
+
 _current = LogSettings()
 
 
@@ -156,7 +167,8 @@ def log_settings() -> LogSettings:
 def configure_logging(settings: LogSettings) -> LogSettings:
     """Apply ``settings`` to the Python root logger, pulsar-client's logger (``pulsar_logger``) and Spark (through
     ``streaming.job.session.configure_spark_logging``, used by the next ``build_session``). Idempotent: replaces the
-    handlers it installed before."""
+    handlers it installed before. Every record they write is redacted (``redaction.RedactingFilter``: botocore's
+    request headers at DEBUG, passwords in URLs, tokens), and a log file is created with mode 0600."""
     global _current
     root = logging.getLogger()
     for handler in list(root.handlers):
@@ -166,7 +178,8 @@ def configure_logging(settings: LogSettings) -> LogSettings:
     level = settings.python_level
     terminal = logging.StreamHandler(sys.stderr)
     terminal.setLevel(settings.terminal_level)
-    terminal.setFormatter(logging.Formatter(LOG_FORMAT))
+    terminal.setFormatter(TerminalFormatter(LOG_FORMAT))
+    terminal.addFilter(RedactingFilter())
     terminal._streamoffload = True  # type: ignore[attr-defined]
     if level > logging.DEBUG:
         # py4j logs the traceback of a failed foreachBatch at ERROR; the same failure ends the command with its
@@ -177,7 +190,7 @@ def configure_logging(settings: LogSettings) -> LogSettings:
         path = Path(settings.log_file)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            file_handler = logging.FileHandler(path, encoding="utf-8")
+            file_handler: logging.Handler = PrivateFileHandler(path, encoding="utf-8")  # mode 0600, redacted
         except OSError as err:
             raise ConfigError(f"--log-file {settings.log_file}: cannot write it: {err.strerror or err}") from None
         file_handler.setLevel(level)

@@ -117,6 +117,72 @@ def parse_size_bytes(text: str) -> float:
     return float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
 
 
+def parse_pattern(pattern: str, where: str = "option topicsPattern") -> tuple[str, re.Pattern[str]]:
+    """``(tenant/namespace, compiled regex on local names)`` of a topics pattern (``pulsar.topics_pattern``, the
+    source's ``topicsPattern``): ``[persistent://]tenant/namespace/REGEX`` or ``REGEX`` (public/default).
+    ``ConfigError`` starting with ``where`` otherwise."""
+    text = pattern.strip()
+    if "://" in text:
+        domain, _, text = text.partition("://")
+        if domain != "persistent":
+            raise ConfigError(f"{where}: only persistent topics can be read, not {domain}://")
+    parts = text.split("/", 2)
+    if len(parts) == 3:
+        namespace, regex = f"{parts[0]}/{parts[1]}", parts[2]
+    elif len(parts) == 1:
+        namespace, regex = "public/default", parts[0]
+    else:
+        raise ConfigError(f"{where}: expected [persistent://]tenant/namespace/REGEX or REGEX, got {pattern!r}")
+    try:
+        return namespace, re.compile(regex)
+    except re.error as err:
+        raise ConfigError(f"{where}: bad regular expression {regex!r}: {err}") from err
+
+
+_INTERVAL_UNIT_MS = {
+    "week": 7 * DAY_MS,
+    "day": DAY_MS,
+    "hour": 60 * MINUTE_MS,
+    "minute": MINUTE_MS,
+    "second": 1000,
+    "millisecond": 1,
+    "microsecond": 0.001,
+}
+_INTERVAL_PART = re.compile(rf"\+?(\d+(?:\.\d+)?)\s+({'|'.join(_INTERVAL_UNIT_MS)})s?", re.IGNORECASE)
+_INTERVAL_RE = re.compile(
+    rf"^\s*(?:interval\s+)?{_INTERVAL_PART.pattern}(?:\s+{_INTERVAL_PART.pattern})*\s*$", re.IGNORECASE
+)
+MAX_TRIGGER_INTERVAL_MS = 2**63 - 1
+"""A Spark processing-time trigger keeps its interval in a Java long of milliseconds."""
+
+
+def check_trigger_interval(text: str, where: str = "--trigger-interval") -> None:
+    """Refuse what Spark's processing-time trigger would refuse when the query starts: the interval is Spark's
+    own syntax, ``[interval] N unit [N unit ...]`` with units week, day, hour, minute, second, millisecond and
+    microsecond (plural or not), fractions of seconds only, never negative (``5 seconds``, ``1 minute 30
+    seconds``, ``500 milliseconds``). ``ConfigError`` starting with ``where`` and naming the value."""
+    parts = _INTERVAL_PART.findall(text) if isinstance(text, str) and _INTERVAL_RE.match(text) else []
+    fraction = any("." in number and unit.lower() != "second" for number, unit in parts)
+    total = sum(float(number) * _INTERVAL_UNIT_MS[unit.lower()] for number, unit in parts)
+    if not parts or fraction or total > MAX_TRIGGER_INTERVAL_MS:
+        raise ConfigError(
+            f"{where} {text!r}: expected a Spark interval such as '5 seconds', '1 minute 30 seconds' or "
+            "'500 milliseconds' (units: week, day, hour, minute, second, millisecond, microsecond; fractions of "
+            "seconds only)"
+        )
+
+
+def parse_metrics_address(address: str, where: str = "metrics address") -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (loopback) into (host, port); ``ConfigError`` starting with
+    ``where`` and naming the value otherwise."""
+    text = address.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"{where} {address!r}: expected host:port, e.g. 127.0.0.1:9464")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port_text)
+
+
 DEFAULT_MAX_BYTES_PER_TRIGGER = 1024 * MIB
 """pulsar.max_bytes_per_trigger by default. Micro-batches carry positions, not bytes (the sink fetches those
 one part at a time), so a large figure costs no memory and amortises Spark's fixed cost per micro-batch."""
@@ -495,7 +561,7 @@ def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) ->
         if isinstance(default, Mapping):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{source}: {where} must be a table")
-            value = {str(k): str(v) for k, v in value.items()}
+            value = {str(k): _option_text(v, f"{where}.{k}", source) for k, v in value.items()}
         elif isinstance(default, tuple):
             if isinstance(value, str):
                 value = tuple(t.strip() for t in value.split(",") if t.strip())
@@ -512,6 +578,21 @@ def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) ->
             value = _check_type(value, type(default), where, source)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _option_text(value: Any, where: str, source: str) -> str:
+    """A value of a table of options passed on as text (``pulsar.client``, ``spark.conf``): a string, a number or
+    a boolean (``true``/``false``, as Java and Pulsar write them). A table or an array is refused: in TOML an
+    unquoted dotted name (``auth.token = ...``) makes a table."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping | list):
+        kind = "a table" if isinstance(value, Mapping) else "an array"
+        raise ConfigError(
+            f"{source}: {where} is {kind}; its values are strings, numbers or booleans "
+            f'(a dotted name is written quoted: "a.b" = ...)'
+        )
+    return str(value)
 
 
 def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None) -> Config:
@@ -547,6 +628,12 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             TopicName.parse(topic)
         except TopicNameError as err:
             raise ConfigError(f"{source}: pulsar.topics: {err}") from None
+    # Checked now, not when the job first uses them.
+    if pulsar.topics_pattern is not None:
+        parse_pattern(pulsar.topics_pattern, f"{source}: pulsar.topics_pattern {pulsar.topics_pattern!r}")
+    check_trigger_interval(spark.trigger_interval, f"{source}: spark.trigger_interval")
+    if metrics.address.strip():
+        parse_metrics_address(metrics.address, f"{source}: metrics.address")
     if base_dir is not None:
         # Relative paths in a file are relative to the file, not to wherever the job was started.
         if store.managedLedgerOffloadDriver == "filesystem" and not os.path.isabs(store.root):
@@ -563,11 +650,18 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             raise ConfigError(f"{source}: [namespaces.{ns!r}] must be a table")
         namespace_policies[ns] = _normalise_policy(table, source, f"namespaces.{ns!r}")
     topic_policies: dict[str, dict[str, Any]] = {}
+    spellings: dict[str, str] = {}
     for topic, table in _section(doc, "topics", source).items():
         try:
             name = str(TopicName.parse(topic))
         except TopicNameError as err:
             raise ConfigError(f"{source}: [topics.{topic!r}]: {err}") from None
+        if name in spellings:  # one would silently replace the other (an enabled = false could vanish)
+            raise ConfigError(
+                f"{source}: [topics.{spellings[name]!r}] and [topics.{topic!r}] are one topic, {name}: "
+                "merge them into one section"
+            )
+        spellings[name] = topic
         if not isinstance(table, Mapping):
             raise ConfigError(f"{source}: [topics.{topic!r}] must be a table")
         topic_policies[name] = _normalise_policy(table, source, f"topics.{topic!r}")

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 from streamoffload.errors import StreamOffloadError
+from streamoffload.redaction import private_opener
 from streamoffload.streaming.protocol.broker_connection import pulsar_handshake
 
 __all__ = ["BrokerError", "EmbeddedBroker", "find_binary", "free_port", "pulsar_handshake"]
@@ -203,7 +204,7 @@ class EmbeddedBroker:
 
     def _spawn_and_wait(self) -> None:
         self.config_path.write_text(self.config_text(), encoding="utf-8")
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab", opener=private_opener) as log:
             log.write(f"\n--- streamoffload: starting {self.binary} on {self.host}:{self.port} ---\n".encode())
             log.flush()
             self._process = subprocess.Popen(

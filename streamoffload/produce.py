@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
+from streamoffload.redaction import redact
 
 SEQ_PROPERTY = "seq"
 
@@ -228,7 +229,7 @@ def produce(
     try:
         client = pulsar.Client(service_url, **options)
     except Exception as err:  # the C++ client raises plain exceptions with the reason
-        raise ProduceError(f"cannot create a Pulsar client for {service_url}: {err}") from err
+        raise ProduceError(redact(f"cannot create a Pulsar client for {service_url}: {err}")) from err
     producers: dict[str, Any] = {}
     started = time.monotonic()
     sent = 0
@@ -249,7 +250,7 @@ def produce(
                     send_timeout_millis=60000,
                 )
             except Exception as err:
-                raise ProduceError(f"cannot create a producer on {name} at {service_url}: {err}") from err
+                raise ProduceError(redact(f"cannot create a producer on {name} at {service_url}: {err}")) from err
 
         def callback_for(name: str, size: int) -> Callable[[Any, Any], None]:
             part = summaries[name]
@@ -327,9 +328,11 @@ def produce(
         gc.collect()
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ProduceError(f"publishing to {service_url} failed: {errors[0]}{more}")
+        raise ProduceError(redact(f"publishing to {service_url} failed: {errors[0]}{more}"))
     if acked[0] != sent:
-        raise ProduceError(f"publishing to {service_url}: {sent - acked[0]} of {sent} sends were never acknowledged")
+        raise ProduceError(
+            redact(f"publishing to {service_url}: {sent - acked[0]} of {sent} sends were never acknowledged")
+        )
     return ProduceSummary(
         messages=sent,
         bytes=sum(p.bytes for p in summaries.values()),

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from streamoffload.redaction import redact
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError
 from streamoffload.storage.location import ScopedStore
@@ -89,7 +90,7 @@ class HealthTracker:
         self.scoped = scoped
         """Where the record is mirrored (None: not yet, in memory only)."""
         self._lock = threading.Lock()
-        self.current = JobHealth(broker_url=broker_url)
+        self.current = JobHealth(broker_url=redact(broker_url))  # the record is kept in the store
 
     def clear_stale(self) -> None:
         """At a job's start: a record an earlier process left saying the broker was away is no longer true."""
@@ -105,7 +106,7 @@ class HealthTracker:
             self.current = replace(
                 h,
                 broker_unreachable=True,
-                cause=cause,
+                cause=redact(cause),
                 since_ms=h.since_ms or now,
                 attempts=h.attempts + 1,
                 retry_in_s=retry_in_s,

@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any
 
+from streamoffload.redaction import private_opener, redact
 from streamoffload.streaming import register
 from streamoffload.streaming.protocol.option_values import parse_size
 from streamoffload.streaming.runtime.fork_client import SOCKET_ENV
@@ -108,19 +109,22 @@ def terminal_line(line: str, settings: SparkLogging) -> bool:
 
 
 def _pump(stream: IO[bytes], settings: SparkLogging) -> None:
-    """Copy the JVM's output to the log file, or the lines :func:`terminal_line` admits to stderr."""
+    """Copy the JVM's output to the log file, or the lines :func:`terminal_line` admits to stderr, each line redacted
+    (``redaction.redact``: Spark's configuration and its Python workers' lines may name credentials)."""
     out: IO[str] | None = None
     if settings.log_file:
         os.makedirs(os.path.dirname(os.path.abspath(settings.log_file)), exist_ok=True)
-        out = open(settings.log_file, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives with the JVM
+        # The file lives with the JVM (hence no "with"); mode 0600, as every log file of ours.
+        out = open(settings.log_file, "a", encoding="utf-8", buffering=1, opener=private_opener)  # noqa: SIM115
     try:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace")
             try:
                 if out is not None:
-                    out.write(line)
+                    out.write(redact(line))
                 elif terminal_line(line, settings):
-                    os.write(2, raw)  # file descriptor 2, where the JVM itself would have written it
+                    clean = redact(line)
+                    os.write(2, raw if clean == line else clean.encode())  # fd 2, where the JVM would have written it
             except (OSError, ValueError):  # stderr closed (a pipe's reader left): keep draining the JVM
                 pass
     finally:

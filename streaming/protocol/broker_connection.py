@@ -31,6 +31,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     ServerError,
 )
 from streamoffload.errors import ConfigError
+from streamoffload.redaction import redact
 from streamoffload.streaming.protocol.client_options import (
     CLIENT_OPTION_PREFIX,
     ConnectionConfig,
@@ -451,11 +452,11 @@ def list_topics(
             return conn.topics_of_namespace(namespace)
     except (TimeoutError, NoAnswerError) as err:
         raise TopicListingUnsupported(
-            f"cannot list topics of {namespace!r} at {service_url}: no answer to GetTopicsOfNamespace within "
+            f"cannot list topics of {namespace!r} at {redact(service_url)}: no answer to GetTopicsOfNamespace within "
             f"{timeout:g} s (pulsar-lite ignores this command; give the topics or topicsPatternCandidates)"
         ) from err
     except (OSError, ValueError, DecodeError) as err:
-        raise PulsarIOError(f"cannot list topics of {namespace!r} at {service_url}: {err}") from err
+        raise PulsarIOError(redact(f"cannot list topics of {namespace!r} at {service_url}: {err}")) from err
 
 
 __all__ = [

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streamoffload.errors import ConfigError
+from streamoffload.redaction import redact, register_secret
 from streamoffload.streaming.protocol.option_values import parse_bool
 
 PULSAR_LOGGER = "streamoffload.pulsar"
@@ -37,7 +38,14 @@ class ServiceAddress:
     def parse(cls, service_url: str) -> ServiceAddress:
         parts = urlsplit(service_url.strip())
         if parts.scheme not in ("pulsar", "pulsar+ssl"):
-            raise ConfigError(f"serviceUrl {service_url!r}: expected pulsar://HOST:PORT or pulsar+ssl://HOST:PORT")
+            raise ConfigError(
+                f"serviceUrl {redact(service_url)!r}: expected pulsar://HOST:PORT or pulsar+ssl://HOST:PORT"
+            )
+        if "@" in parts.netloc:
+            raise ConfigError(
+                f"serviceUrl {redact(service_url)!r}: credentials do not go in the service URL "
+                f"(use {CLIENT_OPTION_PREFIX}authToken or authPluginClassName and authParams)"
+            )
         tls = parts.scheme == "pulsar+ssl"
         first = parts.netloc.split(",")[0]  # a multi-host URL: the first host answers as well as any
         host, _, port_text = first.rpartition(":")
@@ -46,7 +54,7 @@ class ServiceAddress:
         try:
             port = int(port_text) if port_text else (6651 if tls else 6650)
         except ValueError as err:
-            raise ConfigError(f"serviceUrl {service_url!r}: bad port {port_text!r}") from err
+            raise ConfigError(f"serviceUrl {redact(service_url)!r}: bad port {port_text!r}") from err
         return cls(host.strip("[]"), port, tls)
 
 
@@ -69,7 +77,14 @@ def normalized(options: Mapping[str, str]) -> dict[str, tuple[str, str]]:
 
 
 def token_from_options(options: Mapping[str, str]) -> str | None:
-    """The token of ``authToken`` or of the token plugin's ``authParams`` (``token:...``, ``file:...``), if any."""
+    """The token of ``authToken`` or of the token plugin's ``authParams`` (``token:...``, ``file:...``), if any.
+    It is registered with ``redaction.register_secret``: no log line or error of this process shows it."""
+    token = _token(options)
+    register_secret(token)
+    return token
+
+
+def _token(options: Mapping[str, str]) -> str | None:
     opts = {k: v for k, (_orig, v) in normalized(options).items()}
     if "authtoken" in opts:
         return opts["authtoken"]
@@ -254,6 +269,7 @@ def _basic_credentials(params: str) -> bytes:
             f"option {CLIENT_OPTION_PREFIX}authParams: AuthenticationBasic needs userId and password "
             '(\'{"userId": "u", "password": "p"}\')'
         )
+    register_secret(password)
     return f"{user}:{password}".encode()
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.codecs.topics import TopicName, TopicNameError
+from streamoffload.redaction import redact
 from streamoffload.streaming.protocol.client_options import client_kwargs
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
@@ -74,7 +75,7 @@ def make_client(service_url: str, options: Mapping[str, str] | None = None) -> A
     try:
         return pulsar.Client(service_url, **kwargs)
     except Exception as err:  # the C++ client raises plain exceptions with the reason
-        raise PulsarIOError(f"cannot create a Pulsar client for {service_url}: {err}") from err
+        raise PulsarIOError(redact(f"cannot create a Pulsar client for {service_url}: {err}")) from err
 
 
 _CLIENTS: dict[tuple[int, str, tuple[tuple[str, str], ...]], Any] = {}

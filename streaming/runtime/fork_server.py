@@ -36,6 +36,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from streamoffload.redaction import private_opener
 from streamoffload.streaming.runtime.fork_client import SOCKET_ENV, STATUS
 
 RUNNER_MODULES = (
@@ -279,7 +280,7 @@ def start_fork_server(*, wait_s: float = 0.0, log_path: str | None = None) -> Fo
     directory = tempfile.mkdtemp(prefix="streamoffload-fork-")  # mode 0700
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop(SOCKET_ENV, None)
-    stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child
+    stderr = open(log_path, "ab", opener=private_opener) if log_path else None  # noqa: SIM115 - handed to the child
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, os.path.join(directory, "fork.sock"), str(os.getpid())],

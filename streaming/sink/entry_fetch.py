@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
+from streamoffload.redaction import redact
 from streamoffload.storage.base import Buffer
 from streamoffload.streaming.control.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.part_layout import EntryRef
@@ -133,7 +134,7 @@ class BrokerFetcher:
 
     @property
     def source(self) -> str:
-        return f"the broker at {self.service_url}"
+        return f"the broker at {redact(self.service_url)}"
 
     def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
         client, read_range = self._read_range()

@@ -19,6 +19,7 @@ from typing import Any
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.read.topic_reader import TopicReader
+from streamoffload.redaction import redact
 from streamoffload.storage import keys
 from streamoffload.streaming.control.policy_versions import VersionsFile
 from streamoffload.streaming.control.quarantine import PauseFile, TopicFailedError
@@ -214,8 +215,8 @@ class SourcePlanner:
                 log.warning("pulsar source: %s; using topicsPatternCandidates", err)
         if not self.options.pattern_candidates:
             raise PulsarIOError(
-                f"topicsPattern {self.options.topics_pattern!r}: the broker at {self.options.service_url} cannot list "
-                "the topics of a namespace (no GetTopicsOfNamespace); name the candidate topics with "
+                f"topicsPattern {self.options.topics_pattern!r}: the broker at {redact(self.options.service_url)} "
+                "cannot list the topics of a namespace (no GetTopicsOfNamespace); name the candidate topics with "
                 "topicsPatternCandidates or use the topics option"
             )
         names: list[str] = []

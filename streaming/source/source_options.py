@@ -5,11 +5,11 @@ checked in plain Python: :class:`SourceOptions`, the ``startingOffsets``/``endin
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamoffload.config import parse_pattern
 from streamoffload.errors import ConfigError
 from streamoffload.storage.location import StoreLocation, parse_store_url
 from streamoffload.streaming.control.rate_limits import RateLimitSpec
@@ -283,28 +283,6 @@ def parse_starting_offsets(text: str, option: str = "startingOffsets") -> StartS
                 f"'earliest' or 'latest', got {value!r}"
             )
     return spec
-
-
-def parse_pattern(pattern: str) -> tuple[str, re.Pattern[str]]:
-    """``(tenant/namespace, compiled regex on local names)`` of a ``topicsPattern``."""
-    text = pattern.strip()
-    if "://" in text:
-        domain, _, text = text.partition("://")
-        if domain != "persistent":
-            raise ConfigError(f"option topicsPattern: only persistent topics can be read, not {domain}://")
-    parts = text.split("/", 2)
-    if len(parts) == 3:
-        namespace, regex = f"{parts[0]}/{parts[1]}", parts[2]
-    elif len(parts) == 1:
-        namespace, regex = "public/default", parts[0]
-    else:
-        raise ConfigError(
-            f"option topicsPattern: expected [persistent://]tenant/namespace/REGEX or REGEX, got {pattern!r}"
-        )
-    try:
-        return namespace, re.compile(regex)
-    except re.error as err:
-        raise ConfigError(f"option topicsPattern: bad regular expression {regex!r}: {err}") from err
 
 
 __all__ = ["READERS", "SourceOptions", "StartSpec", "parse_pattern", "parse_starting_offsets"]

@@ -12,6 +12,7 @@ from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.cli_common import add_store_args, config_from_args, float_arg, topic_arg
 from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.errors import StreamOffloadError
+from streamoffload.printable import printable
 from streamoffload.storage import keys
 
 LIVE_GRACE = f"{LIVE_WRITER_GRACE_MS / 60_000:g}"
@@ -93,7 +94,7 @@ def _clean(meta: MetadataStore, guard: CleanupGuard, topics: list[str], grace_ms
             ("failure note of a gone attempt", compaction.removed_failures),
         ):
             for item in items:
-                print(f"{name}: removed {label} {item}")
+                print(f"{name}: removed {label} {printable(str(item))}")  # a key as the store listed it
     sweep = getattr(store, "remove_stale_temporaries", None)
     if sweep is not None:
         guard.check()

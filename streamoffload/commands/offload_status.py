@@ -17,6 +17,7 @@ from streamoffload.cli_common import add_store_args, config_from_args
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.offload_now import partitions_of
 from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.printable import printable
 from streamoffload.storage.location import ScopedStore
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
@@ -125,7 +126,7 @@ def topic_status(scoped: ScopedStore, topic: str) -> list[PartitionStatus]:
 
 
 def render(partitions: list[PartitionStatus]) -> str:
-    return "\n".join(f"{p.topic}: {p.message}" for p in partitions)
+    return "\n".join(printable(f"{p.topic}: {p.message}") for p in partitions)  # requests are read from the store
 
 
 def wait_for(

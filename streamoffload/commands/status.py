@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args
 from streamoffload.errors import ConfigError
+from streamoffload.printable import printable
 from streamoffload.status import TopicStatus, latest_positions, store_status
 from streamoffload.streaming.job.health import read_health
 
@@ -78,7 +79,8 @@ def _human(n: float) -> str:
 
 
 def render_table(rows: list[TopicStatus], rates: dict[str, float | None] | None = None) -> str:
-    """The status table; with ``rates`` (topic -> entries/s, None when unknown) an ENTRIES/S column."""
+    """The status table; with ``rates`` (topic -> entries/s, None when unknown) an ENTRIES/S column. What the store
+    said (topic names, failures, reasons) is shown through ``printable``: a control character is escaped."""
     if not rows:
         return "no offloaded topics in this store yet"
     rate_header = f" {'ENTRIES/S':>10}" if rates is not None else ""
@@ -95,22 +97,23 @@ def render_table(rows: list[TopicStatus], rates: dict[str, float | None] | None 
             value = rates.get(s.topic)
             rate = f" {value:>10.1f}" if value is not None else f" {'-':>10}"
         lines.append(
-            f"{s.topic:<56} {s.segments.get('Offloaded', 0):>9} {s.segments.get('Assigned', 0):>4} "
+            f"{printable(s.topic):<56} {s.segments.get('Offloaded', 0):>9} {s.segments.get('Assigned', 0):>4} "
             f"{s.segments.get('Failed', 0):>6} {s.entries:>10} {_human(s.data_bytes):>10} {last:>16} {lag:>9}{rate}"
         )
         if s.open_segment_age_seconds is not None and rates is not None:
             lines.append(f"    open segment for {s.open_segment_age_seconds:.0f}s")
-        lines.extend(f"    failed: {f}" for f in s.failures)
-        lines.extend(f"    corrupt manifest (skipped): {c}" for c in s.corrupt_manifests)
+        lines.extend(f"    failed: {printable(f)}" for f in s.failures)
+        lines.extend(f"    corrupt manifest (skipped): {printable(c)}" for c in s.corrupt_manifests)
         if s.set_aside:
             record = s.set_aside
             if record["until_ms"] > time.time() * 1000:
                 until = time.strftime("%H:%M:%S", time.localtime(record["until_ms"] / 1000))
-                lines.append(f"    SET ASIDE until {until} after {record['failures']} failures: {record['reason']}")
+                reason = printable(str(record["reason"]))
+                lines.append(f"    SET ASIDE until {until} after {record['failures']} failures: {reason}")
             else:
-                lines.append(f"    failing ({record['failures']} in a row): {record['reason']}")
+                lines.append(f"    failing ({record['failures']} in a row): {printable(str(record['reason']))}")
         if s.error:
-            lines.append(f"    error: {s.error}")
+            lines.append(f"    error: {printable(s.error)}")
     return "\n".join(lines)
 
 
@@ -166,7 +169,7 @@ def watch(
                     doc["error"] = error
                 out.write(json.dumps(doc) + "\n")
             else:
-                body = f"error reading the store: {error}" if error else render_table(rows, rates)
+                body = f"error reading the store: {printable(error)}" if error else render_table(rows, rates)
                 totals = f"{len(rows)} topic-partitions, {sum(counts.values())} entries offloaded"
                 text = (
                     f"streamoffload status  {store_url}  {stamp}  (every {interval:g}s, Ctrl-C to quit)\n\n"
@@ -218,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         if health is not None and health.line():
-            print(health.line())
+            print(printable(health.line()))  # the job's record in the store
         print(render_table(rows))
         if held:
             print(

@@ -23,6 +23,7 @@ from streamoffload.cli_common import (
 )
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import MAX_RETENTION_MINUTES
+from streamoffload.printable import PrintableWriter
 from streamoffload.read.fsck import (
     STALE_MINUTES,
     Problem,
@@ -217,7 +218,7 @@ def _print_summary(
     *,
     crc: bool,
 ) -> None:
-    out = sys.stdout
+    out = PrintableWriter(sys.stdout)  # keys, topic names and problems as the store gave them: controls escaped
     for s in loose:
         state = "OK" if s.ok else f"{len(s.problems)} problem(s)"
         out.write(

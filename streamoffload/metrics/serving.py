@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from streamoffload.errors import ConfigError
+from streamoffload.config import parse_metrics_address
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ class MetricsServer:
     def __init__(self, registry: CollectorRegistry, address: str) -> None:
         from prometheus_client import start_http_server
 
-        host, port = parse_address(address)
+        host, port = parse_metrics_address(address)
         self._server: Any
         self._thread: threading.Thread | None
         self._server, self._thread = start_http_server(port, addr=host, registry=registry)
@@ -39,16 +39,6 @@ class MetricsServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``:port`` (loopback) into (host, port)."""
-    text = address.strip()
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(f"metrics address {address!r}: expected host:port, e.g. 127.0.0.1:9464")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port_text)
 
 
 def format_address(host: str, port: int) -> str:

@@ -13,10 +13,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from streamoffload.config import load_config
+from streamoffload.config import load_config, parse_metrics_address
 from streamoffload.dashboard.export import dashboard_json
 from streamoffload.dashboard.grafana import DATASOURCE_UID
-from streamoffload.metrics.serving import parse_address
 from tests.fixtures.tools import debian_prometheus_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +136,7 @@ def test_job_config_loads_and_agrees_with_compose(compose: dict[str, Any]) -> No
     assert "create_bucket" in " ".join(init["entrypoint"]) and "http://minio:9000" in " ".join(init["entrypoint"])
     assert urlparse(config.pulsar.service_url).hostname == "pulsar"
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(job["environment"])
-    host, port = parse_address(config.metrics.address)
+    host, port = parse_metrics_address(config.metrics.address)
     assert host == "0.0.0.0", "Prometheus scrapes from another container: the endpoint cannot be loopback"
     assert f"{port}:{port}" in job["ports"]
 
@@ -207,7 +206,7 @@ def test_long_running_services_have_healthchecks(compose: dict[str, Any]) -> Non
         assert check and check["test"][0] in ("CMD", "CMD-SHELL"), f"{name} has no healthcheck"
     job_check = " ".join(services["streamoffload"]["healthcheck"]["test"])
     config = load_config(DOCKER / "streamoffload.toml")
-    _host, port = parse_address(config.metrics.address)
+    _host, port = parse_metrics_address(config.metrics.address)
     assert f"127.0.0.1:{port}/metrics" in job_check
     dockerfile = (DOCKER / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^HEALTHCHECK .*\n\s+CMD .*/metrics", dockerfile, re.M), "the image itself has a healthcheck"

@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.config import parse_metrics_address
 from streamoffload.errors import ConfigError
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog, CacheCounters
-from streamoffload.metrics.serving import parse_address
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.queries import BatchReport
@@ -341,13 +341,13 @@ def test_a_seal_triggers_a_refresh_of_its_topic_for_the_publish_time(store: File
 
 
 def test_parse_address() -> None:
-    assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
-    assert parse_address(":9464") == ("127.0.0.1", 9464)  # loopback unless asked otherwise
-    assert parse_address("0.0.0.0:1") == ("0.0.0.0", 1)
-    assert parse_address("[::1]:9464") == ("::1", 9464)
+    assert parse_metrics_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_metrics_address(":9464") == ("127.0.0.1", 9464)  # loopback unless asked otherwise
+    assert parse_metrics_address("0.0.0.0:1") == ("0.0.0.0", 1)
+    assert parse_metrics_address("[::1]:9464") == ("::1", 9464)
     for bad in ("9464", "host:", "host:99999", "host:port"):
         with pytest.raises(ConfigError, match="metrics address"):
-            parse_address(bad)
+            parse_metrics_address(bad)
 
 
 class FakeJob:
