@@ -562,7 +562,7 @@ def fuzz(
         key = seeded.targets["data-v2"][0]
         run_input(seeded, Input("data-v2", key, seeded.objects[key][0], "as seeded"), bound)
         run_input(
-            seeded, next(_payload_inputs("payload-zstd", 1, random.Random(0), Mutator(random.Random(0), []))), bound
+            seeded, next(_payload_inputs("payload-zstd", 1, random.Random(0), Mutator(random.Random(0), [b""]))), bound
         )
         tallies: dict[str, Tally] = {}
         violations: list[Violation] = []
