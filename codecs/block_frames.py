@@ -78,15 +78,35 @@ def compress_block(plain: bytes, level: int = DEFAULT_LEVEL, *, skip: bool = Fal
     return CODEC_NONE, plain
 
 
+MAX_BLOCK = 0x7FFFFFFF
+"""The largest block a policy can give (``managedLedgerOffloadMaxBlockSizeInBytes`` is Pulsar's int): the
+default bound on the plaintext of one frame when the segment's own block size is not known."""
+
+
 def decompress_block(
-    codec: int, frame: bytes, plain_length: int, *, offset: int = 0, where: str | None = None
-) -> bytes:
-    """The block a frame holds; :class:`FrameError` unless it is exactly ``plain_length`` bytes."""
+    codec: int,
+    frame: bytes,
+    plain_length: int,
+    *,
+    offset: int = 0,
+    where: str | None = None,
+    max_size: int = MAX_BLOCK,
+) -> bytes | bytearray:
+    """The block a frame holds; :class:`FrameError` unless it is exactly ``plain_length`` bytes (the index's).
+
+    A zstd frame is inflated into a buffer of ``plain_length`` bytes, checked against ``max_size`` (the
+    segment's block size) and against the content size the frame's header declares before it is allocated:
+    a frame that would inflate to more fails when the buffer is full, one that inflates to less is refused."""
     if codec == CODEC_NONE:
         plain = frame
     elif codec == CODEC_ZSTD:
-        # The frame's own content size first: a damaged header must not make us inflate gigabytes (and
-        # cramjam's ``output_len`` pads a short result with zeros, so it is not passed).
+        if plain_length > max_size:
+            raise FrameError(
+                f"zstd frame of the block at plaintext offset {offset}: the index says the block holds "
+                f"{plain_length} bytes, above the segment's {max_size}-byte block size",
+                offset=offset,
+                where=where,
+            )
         claimed = zstd_content_size(frame)
         if claimed != plain_length:
             raise FrameError(
@@ -95,14 +115,24 @@ def decompress_block(
                 offset=offset,
                 where=where,
             )
+        out = bytearray(plain_length)
         try:
-            plain = bytes(cramjam.zstd.decompress(frame))
-        except Exception as err:  # cramjam raises its own DecompressionError
+            written = cramjam.zstd.decompress_into(frame, out)
+        except Exception as err:  # cramjam raises its own DecompressionError, also when the buffer is full
             raise FrameError(
-                f"zstd frame of the block at plaintext offset {offset} does not decompress: {err}",
+                f"zstd frame of the block at plaintext offset {offset} does not decompress to the {plain_length} "
+                f"bytes its index says: {err}",
                 offset=offset,
                 where=where,
             ) from None
+        if written != plain_length:
+            raise FrameError(
+                f"zstd frame of the block at plaintext offset {offset} holds {written} bytes, the index says "
+                f"{plain_length}",
+                offset=offset,
+                where=where,
+            )
+        return out
     else:
         raise FrameError(f"block at plaintext offset {offset} has unknown codec {codec}", offset=offset, where=where)
     if len(plain) != plain_length:
@@ -214,6 +244,7 @@ __all__ = [
     "COMPRESSIONS",
     "DEFAULT_LEVEL",
     "FILLER",
+    "MAX_BLOCK",
     "Frame",
     "FrameError",
     "PartFrames",

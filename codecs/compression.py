@@ -13,7 +13,12 @@ payload (the whole batch, for a batched entry) is then, per codec (Pulsar's
 
 One library does all four: ``cramjam`` (Rust bindings, wheels for every platform, no system
 libraries). ZLIB goes through Python's own ``zlib``, which also checks the stream's end.
-A payload that does not inflate to exactly ``uncompressed_size`` bytes is refused.
+Decompression is bounded by what is real: the ``uncompressed_size`` a payload's metadata declares is held
+to a hard cap (``MAX_UNCOMPRESSED``, or the caller's ``max_size``) and, for LZ4 and Snappy, to the most the
+payload's own bytes can inflate to, before any memory is taken; the payload is then inflated into a buffer of
+exactly the declared size (``decompress_into``; ZLIB with ``max_length``), so a payload that would inflate to
+more fails when the buffer is full and one that inflates to less is refused too. Every refusal is one
+:class:`DecompressionError` naming the codec, the declared size and the entry.
 """
 
 from __future__ import annotations
@@ -23,16 +28,36 @@ import zlib
 import cramjam
 
 from streamoffload.codecs.block_frames import zstd_content_size
-from streamoffload.codecs.errors import FormatError, LengthMismatchError
+from streamoffload.codecs.errors import DecompressionError
 from streamoffload.codecs.proto.pulsar_api_pb2 import CompressionType
 
-__all__ = ["CODECS", "MAX_UNCOMPRESSED", "codec_name", "compress", "decompress"]
+__all__ = [
+    "CODECS",
+    "MAX_MESSAGE_SIZE",
+    "MAX_UNCOMPRESSED",
+    "DecompressionError",
+    "codec_name",
+    "compress",
+    "decompress",
+    "max_inflated",
+]
 
-# Pulsar's default maxMessageSize is 5 MiB and brokers cap it far below this; a larger inflated size
-# is taken as corruption rather than allocated.
-MAX_UNCOMPRESSED = 1 << 30
+MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+"""Pulsar's ``maxMessageSize`` default (broker.conf): the largest entry a broker accepts."""
+
+MAX_UNCOMPRESSED = MAX_MESSAGE_SIZE + 1024 * 1024
+"""The default cap on a payload's inflated size. Pulsar's producers close a batch before its uncompressed
+messages pass ``maxMessageSize`` (Java's ``BatchMessageContainerImpl.haveEnoughSpace``); the extra MiB holds the
+batch's own framing (per message a 4-byte size and a ``SingleMessageMetadata``, 1,000 messages by default). A
+producer that compressed one message bigger than that is refused with this bound named (its entry still reads
+as stored); a reader that must inflate more passes ``max_size``."""
 
 CODECS = (CompressionType.NONE, CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD, CompressionType.SNAPPY)
+
+# The most one byte of a codec's format inflates to: an LZ4 block's match grows 255 bytes per length byte (a
+# whole sequence is at least 4 bytes for at most 273), a raw Snappy copy is at least 3 bytes for at most 64.
+# ZLIB and ZSTD inflate step by step into their bound, so their ratio (1032, 32768) would add nothing.
+_MAX_RATIO = {CompressionType.LZ4: 255, CompressionType.SNAPPY: 22}
 
 Buffer = bytes | bytearray | memoryview
 
@@ -56,94 +81,96 @@ def compress(codec: int, data: Buffer) -> bytes:
     raise ValueError(f"cannot compress with {codec_name(codec)}")
 
 
-def _inflate_zlib(data: Buffer, size: int, offset: int | None, where: str | None) -> memoryview:
-    inflater = zlib.decompressobj()
-    try:
-        out = inflater.decompress(data, size + 1)
-    except zlib.error as exc:
-        raise FormatError(f"ZLIB payload does not inflate: {exc}", offset=offset, where=where) from None
-    if len(out) != size or not inflater.eof:
-        raise LengthMismatchError(
-            f"ZLIB payload inflates to {len(out)}{'+' if not inflater.eof else ''} bytes, "
-            f"metadata says uncompressed_size {size}",
-            offset=offset,
-            where=where,
+def max_inflated(codec: int, compressed_length: int) -> int | None:
+    """The most ``compressed_length`` bytes of ``codec`` can inflate to; None where the format sets no useful bound."""
+    ratio = _MAX_RATIO.get(codec)
+    return None if ratio is None else ratio * compressed_length
+
+
+class _Refusal:
+    """Builds the one error of a payload: its codec, declared size, cap and entry."""
+
+    def __init__(self, name: str, size: int, cap: int, offset: int | None, where: str | None) -> None:
+        self.name, self.size, self.cap, self.offset, self.where = name, size, cap, offset, where
+
+    def __call__(self, reason: str) -> DecompressionError:
+        return DecompressionError(
+            f"{self.name} payload with uncompressed_size {self.size} refused: {reason}",
+            codec=self.name,
+            declared=self.size,
+            cap=self.cap,
+            offset=self.offset,
+            where=self.where,
         )
-    return memoryview(out)
 
 
 def decompress(
-    codec: int, data: Buffer, uncompressed_size: int, *, offset: int | None = None, where: str | None = None
+    codec: int,
+    data: Buffer,
+    uncompressed_size: int,
+    *,
+    max_size: int = MAX_UNCOMPRESSED,
+    offset: int | None = None,
+    where: str | None = None,
 ) -> Buffer:
     """The payload ``data`` decompressed with ``codec`` to exactly ``uncompressed_size`` bytes.
 
-    ``NONE`` hands ``data`` back untouched. Raises :class:`FormatError` (with ``offset``/``where``
-    for the message) when the codec is unknown or the bytes do not decompress, and
-    :class:`LengthMismatchError` when they decompress to another size than the metadata says.
+    ``NONE`` hands ``data`` back untouched. Otherwise raises :class:`DecompressionError` (with ``offset`` and
+    ``where`` for the entry) when the codec is unknown, the declared size is above ``max_size`` or above what
+    ``data`` can hold, or the bytes do not decompress to exactly that size; no more than the declared size is
+    ever allocated, and nothing when the declared size is refused.
     """
     if codec == CompressionType.NONE:
         return data
     name = codec_name(codec)
+    size = uncompressed_size
+    refuse = _Refusal(name, size, max_size, offset, where)
     if codec not in CODECS:
-        raise FormatError(
-            f"entry payload is compressed with {name}, which Pulsar does not define", offset=offset, where=where
-        )
-    if uncompressed_size < 0 or uncompressed_size > MAX_UNCOMPRESSED:
-        raise LengthMismatchError(
-            f"uncompressed_size {uncompressed_size} is implausible for a {name} payload", offset=offset, where=where
-        )
+        raise refuse("the entry is compressed with a codec Pulsar does not define")
+    if size < 0 or size > max_size:
+        raise refuse(f"it is above the {max_size}-byte bound on a message's inflated size")
+    bound = max_inflated(codec, len(data))
+    if bound is not None and size > bound:
+        raise refuse(f"{len(data)} bytes of {name} inflate to at most {bound}")
     if codec == CompressionType.ZLIB:
-        return _inflate_zlib(data, uncompressed_size, offset, where)
+        return _inflate_zlib(data, size, refuse)
+    if codec == CompressionType.ZSTD:
+        declared = zstd_content_size(memoryview(data)[:18])
+        if declared is not None and declared != size:
+            raise refuse(f"its frame declares {declared} bytes")
+    elif codec == CompressionType.SNAPPY:
+        try:
+            declared = cramjam.snappy.decompress_raw_len(data)
+        except Exception as exc:  # cramjam's DecompressionError: no valid length preamble
+            raise refuse(f"it does not decompress: {exc}") from None
+        if declared != size:
+            raise refuse(f"its preamble declares {declared} bytes")
+    out = bytearray(size)
     try:
         if codec == CompressionType.LZ4:
-            # A raw block with no size prefix, inflated into exactly uncompressed_size bytes: a block
-            # that inflates to more fails, one that inflates to less reports the smaller count.
-            buf = bytearray(uncompressed_size)
-            try:
-                written = cramjam.lz4.decompress_block_into(data, buf)
-            except Exception as exc:
-                if "large enough" not in str(exc):
-                    raise
-                raise LengthMismatchError(
-                    f"payload compressed with LZ4 decompresses to more than {uncompressed_size} bytes, metadata says "
-                    f"uncompressed_size {uncompressed_size}",
-                    offset=offset,
-                    where=where,
-                ) from None
-            if written != uncompressed_size:
-                raise LengthMismatchError(
-                    f"payload compressed with LZ4 decompresses to {written} bytes, metadata says "
-                    f"uncompressed_size {uncompressed_size}",
-                    offset=offset,
-                    where=where,
-                )
-            return memoryview(buf)
+            written = cramjam.lz4.decompress_block_into(data, out)
         elif codec == CompressionType.ZSTD:
-            # A frame that declares another size than the metadata's is refused before it is inflated, so a
-            # damaged header cannot make a reader allocate up to its claim (frames without one are inflated).
-            declared = zstd_content_size(memoryview(data)[:18])
-            if declared is not None and declared != uncompressed_size:
-                raise LengthMismatchError(
-                    f"payload compressed with ZSTD declares {declared} bytes, metadata says uncompressed_size "
-                    f"{uncompressed_size}",
-                    offset=offset,
-                    where=where,
-                )
-            out = cramjam.zstd.decompress(data)
+            written = cramjam.zstd.decompress_into(data, out)
         else:
-            out = cramjam.snappy.decompress_raw(data)
-    except LengthMismatchError:
-        raise
-    except Exception as exc:  # cramjam raises its own DecompressionError (or ValueError on bad input)
-        raise FormatError(
-            f"payload compressed with {name} does not decompress: {exc}", offset=offset, where=where
-        ) from None
-    result = memoryview(out)  # a cramjam Buffer
-    if len(result) != uncompressed_size:
-        raise LengthMismatchError(
-            f"payload compressed with {name} decompresses to {len(result)} bytes, metadata says "
-            f"uncompressed_size {uncompressed_size}",
-            offset=offset,
-            where=where,
-        )
-    return result
+            written = cramjam.snappy.decompress_raw_into(data, out)
+    except Exception as exc:  # cramjam's DecompressionError (or ValueError on bad input)
+        text = str(exc)
+        if "large enough" in text or "whole buffer" in text or "smaller than required" in text:
+            raise refuse(f"it inflates to more than {size} bytes") from None
+        raise refuse(f"it does not decompress: {text}") from None
+    if written != size:
+        raise refuse(f"it inflates to {written} bytes")
+    return memoryview(out)
+
+
+def _inflate_zlib(data: Buffer, size: int, refuse: _Refusal) -> memoryview:
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, size + 1)  # one byte more than declared tells "more" from "exactly"
+    except zlib.error as exc:
+        raise refuse(f"it does not inflate: {exc}") from None
+    if len(out) > size:
+        raise refuse(f"it inflates to more than {size} bytes")
+    if len(out) != size or not inflater.eof:
+        raise refuse(f"it inflates to {len(out)} bytes{'' if inflater.eof else ' and its stream does not end'}")
+    return memoryview(out)

@@ -58,5 +58,37 @@ class IndexOutOfRangeError(FormatError):
     """An index entry points outside the data object it describes."""
 
 
+class DecompressionError(FormatError):
+    """A compressed payload that does not inflate to exactly the size its metadata declares, within the cap.
+
+    The one error of every codec (``codecs.compression``): ``codec`` names it, ``declared`` is the
+    ``uncompressed_size`` the metadata gave, ``cap`` the bound it was held to; ``where`` names the entry."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        codec: str,
+        declared: int,
+        cap: int,
+        offset: int | None = None,
+        where: str | None = None,
+    ) -> None:
+        self.codec = codec
+        self.declared = declared
+        self.cap = cap
+        super().__init__(message, offset=offset, where=where)
+
+    def located(self, where: str, base_offset: int = 0) -> FormatError:
+        return DecompressionError(
+            self.reason,
+            codec=self.codec,
+            declared=self.declared,
+            cap=self.cap,
+            offset=None if self.offset is None else self.offset + base_offset,
+            where=where,
+        )
+
+
 class EntryTooLargeError(StreamOffloadError):
     """An entry does not fit in one block (Pulsar silently truncated here; we refuse)."""

@@ -226,7 +226,15 @@ class OffloadIndex:
         ledgers: list[LedgerIndex] = []
         if version is FormatVersion.V1:
             if ledger_id is None:
-                raise ValueError("a v1 index does not store its ledger id: pass ledger_id (from the object name)")
+                # Bytes of a v1 index where a v2 one is expected (a v1 object's name gives its ledger id): the
+                # object is not what its name says, an error of the data, not of the caller.
+                raise _fail(
+                    FormatError,
+                    "a v1 (ledger-based) index, which does not record its ledger id, where no ledger id is known "
+                    "(a v1 index object's name ends in -ledger-<id>-index)",
+                    0,
+                    where,
+                )
             _, _, data_length, data_header_length, n, m = _V1_HEADER.unpack_from(view, 0)
             expected = V1_INDEX_HEADER_LENGTH + m + INDEX_ENTRY_LENGTH * n
             if expected != size:

@@ -55,6 +55,7 @@ _KV_KNOWN[[_KV_KEY, _KV_VALUE]] = True
 
 _INT32_MAX = 0x7FFFFFFF
 _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
+_MIN_RECORD = 4 + 2  # a message's metadata size, and its SingleMessageMetadata's required payload_size (tag, 0)
 _MAX_JOINED = 0x7FFFFFFF - 16  # Arrow's binary arrays have 32-bit offsets
 _PAD = bytes(16)  # after the joined payloads: a varint read near the end stays inside the buffer
 _TEN = np.arange(10, dtype=np.int64)
@@ -109,11 +110,13 @@ def _split(
     starts = ends - sizes
     if not len(payloads) or ends[-1] > _MAX_JOINED or min(counts) < 0:
         raise _Irregular
+    per_entry = np.asarray(counts, dtype=np.int64)
+    if (per_entry * _MIN_RECORD > sizes).any():
+        raise _Irregular  # more messages than the payload can hold: nothing is allocated for the claim
     joined = b"".join([*payloads, _PAD])
     buf = np.frombuffer(joined, dtype=np.uint8)
     # The big-endian u32 starting at every byte: a record's metadata length is words[its first byte].
     words = np.ndarray(shape=(len(joined) - 3,), dtype=">u4", buffer=joined, strides=(1,))
-    per_entry = np.asarray(counts, dtype=np.int64)
     first = np.cumsum(per_entry) - per_entry  # each entry's first message
     n = int(per_entry.sum())
     fields = _Fields(n, per_entry, event_times, sequence_ids)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from streamoffload.codecs.compression import MAX_MESSAGE_SIZE
 from streamoffload.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamoffload.config import Config
 
-DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 """Pulsar's ``maxMessageSize`` default (broker.conf): the largest entry the broker accepts."""
 
 BLOCK_HEADER_BYTES = 128

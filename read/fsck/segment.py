@@ -230,7 +230,9 @@ class _Checker:
             )
             return None
         if key_id is None:
-            self._plain = StoredBlockReader(self.store.open_ranged_reader(r.data_key), layout.blocks, None)
+            self._plain = StoredBlockReader(
+                self.store.open_ranged_reader(r.data_key), layout.blocks, None, layout.block_size
+            )
             return dataclasses.replace(data, size=index.data_object_length)
         try:
             cipher = segment_cipher(manifest, self.keyring, where=r.data_key)
@@ -249,7 +251,9 @@ class _Checker:
                 )
             return None
         assert cipher is not None
-        self._plain = StoredBlockReader(self.store.open_ranged_reader(r.data_key), layout.blocks, cipher)
+        self._plain = StoredBlockReader(
+            self.store.open_ranged_reader(r.data_key), layout.blocks, cipher, layout.block_size
+        )
         return dataclasses.replace(data, size=index.data_object_length)
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:

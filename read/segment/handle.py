@@ -186,7 +186,7 @@ class SegmentReadHandle:
         self._block_positions = [(b.ledger_id, b.first_entry_id) for b in self._blocks]
         reader = store.open_ranged_reader(self.data_key, hold_open=local_files)
         if layout is not None:
-            reader = StoredBlockReader(reader, layout.blocks, self.cipher)  # type: ignore[assignment]
+            reader = StoredBlockReader(reader, layout.blocks, self.cipher, layout.block_size)  # type: ignore[assignment]
         # Auto: a thread where the reader says one pays off (remote stores). A local file read through one
         # descriptor gets the kernel's own read-ahead, and a Python thread would only add hand-over costs
         # (see bench/README.md).

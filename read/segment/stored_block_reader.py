@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.keyring import SegmentCipher, encryption_key_id
 from streamoffload.codecs.block_cipher import OVERHEAD, decrypt_block
-from streamoffload.codecs.block_frames import StoredBlock, decompress_block, stored_blocks, stored_size
+from streamoffload.codecs.block_frames import (
+    CODEC_NONE,
+    MAX_BLOCK,
+    FrameError,
+    StoredBlock,
+    decompress_block,
+    stored_blocks,
+    stored_size,
+)
 from streamoffload.codecs.index import BlockLocation
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.storage.base import RangedReader
@@ -34,6 +42,19 @@ class StoredLayout:
 
     blocks: list[StoredBlock]
     size: int
+    block_size: int = MAX_BLOCK
+    """The segment's block size (its policy's ``managedLedgerOffloadMaxBlockSizeInBytes``): no compressed block's
+    plaintext is longer, so none is inflated beyond it."""
+
+
+def _block_size(manifest: SegmentManifest) -> int:
+    """The block size the segment was opened with; ``MAX_BLOCK`` when its manifest does not say (or says it in
+    a form that does not read: the manifest's checks report that)."""
+    try:
+        text = mf.policy_field(manifest, "managedLedgerOffloadMaxBlockSizeInBytes")
+    except (ValueError, AttributeError):
+        return MAX_BLOCK
+    return int(text) if text.isdigit() and 0 < int(text) <= MAX_BLOCK else MAX_BLOCK
 
 
 def stored_otherwise(manifest: SegmentManifest) -> bool:
@@ -50,7 +71,15 @@ def stored_layout(manifest: SegmentManifest | None, blocks: Sequence[BlockLocati
     frames = mf.frame_table(manifest)
     plain = [(b.offset, b.length) for b in blocks]
     if frames is not None:
-        return StoredLayout(stored_blocks(plain, frames), stored_size(frames))
+        block_size = _block_size(manifest)
+        laid = stored_blocks(plain, frames)
+        for i, block in enumerate(laid):
+            if block.codec != CODEC_NONE and block.plain_length > block_size:
+                raise FrameError(
+                    f"block {i + 1} at plaintext offset {block.plain_offset} is compressed and its index says it holds "
+                    f"{block.plain_length} bytes, above the segment's {block_size}-byte block size"
+                )
+        return StoredLayout(laid, stored_size(frames), block_size)
     laid = stored_blocks(plain, None, OVERHEAD)
     return StoredLayout(laid, sum(b.stored_length for b in laid))
 
@@ -59,7 +88,13 @@ class StoredBlockReader:
     """A ``RangedReader`` over the plaintext of a data object whose blocks are stored as ``blocks`` say,
     sealed with ``cipher`` when it is not None."""
 
-    def __init__(self, inner: RangedReader, blocks: Sequence[StoredBlock], cipher: SegmentCipher | None) -> None:
+    def __init__(
+        self,
+        inner: RangedReader,
+        blocks: Sequence[StoredBlock],
+        cipher: SegmentCipher | None,
+        block_size: int = MAX_BLOCK,
+    ) -> None:
         self.inner = inner
         self.store = inner.store
         self.key = inner.key
@@ -69,10 +104,11 @@ class StoredBlockReader:
         self._offsets = [b.plain_offset for b in blocks]
         self._end = blocks[-1].plain_offset + blocks[-1].plain_length if blocks else 0
         self._cipher = cipher
-        self._kept: OrderedDict[int, bytes] = OrderedDict()
+        self._block_size = block_size
+        self._kept: OrderedDict[int, bytes | bytearray] = OrderedDict()
         self._lock = threading.Lock()  # the read-ahead reads from other threads
 
-    def _plain(self, i: int) -> bytes:
+    def _plain(self, i: int) -> bytes | bytearray:
         with self._lock:
             kept = self._kept.get(i)
             if kept is not None:
@@ -84,7 +120,9 @@ class StoredBlockReader:
             frame = decrypt_block(
                 self._cipher.data_key, self._cipher.segment_id, block.plain_offset, frame, where=self.key
             )
-        plain = decompress_block(block.codec, frame, block.plain_length, offset=block.plain_offset, where=self.key)
+        plain = decompress_block(
+            block.codec, frame, block.plain_length, offset=block.plain_offset, where=self.key, max_size=self._block_size
+        )
         with self._lock:
             self._kept[i] = plain
             while len(self._kept) > KEPT_BLOCKS:
@@ -96,7 +134,7 @@ class StoredBlockReader:
         if start >= end:
             return b""
         i = max(bisect.bisect_right(self._offsets, start) - 1, 0)
-        pieces: list[bytes] = []
+        pieces: list[bytes | bytearray] = []
         pos = start
         while pos < end:
             plain = self._plain(i)

@@ -29,6 +29,7 @@ from streamoffload.codecs.entry import (
 from streamoffload.codecs.errors import (
     BadMagicError,
     ChecksumError,
+    DecompressionError,
     FormatError,
     LengthMismatchError,
     TruncatedError,
@@ -411,9 +412,9 @@ def test_zlib_batch_is_inflated() -> None:
     entry = encode_entry(md, zlib.compress(bytes(plain.payload)))
     assert [bytes(m.payload) for m in entry_messages(entry)] == [b"ab", b""]
     md.uncompressed_size += 1
-    with pytest.raises(LengthMismatchError, match="uncompressed_size 33"):
+    with pytest.raises(DecompressionError, match="ZLIB payload with uncompressed_size 33 refused: it inflates to 32"):
         entry_messages(encode_entry(md, zlib.compress(bytes(plain.payload))))
-    with pytest.raises(FormatError, match="does not inflate"):
+    with pytest.raises(DecompressionError, match="does not inflate"):
         entry_messages(encode_entry(md, b"not zlib"))
 
 

@@ -73,8 +73,14 @@ def test_v1_round_trip_needs_the_ledger_id() -> None:
     raw = index.encode()
     assert struct.unpack_from(">IIQQII", raw) == (V1_INDEX_MAGIC, len(raw), data_length, 128, len(blocks), 2)
     assert OffloadIndex.decode(raw, ledger_id=77) == index
-    with pytest.raises(ValueError, match="pass ledger_id"):
-        OffloadIndex.decode(raw)
+    # Without the ledger id (a v1 index where a v2 one was expected): the object's error, naming it (fuzz bench,
+    # issue 52: it was a bare ValueError).
+    with pytest.raises(FormatError) as info:
+        OffloadIndex.decode(raw, where="t/x-index")
+    assert str(info.value) == (
+        "t/x-index: a v1 (ledger-based) index, which does not record its ledger id, where no ledger id is known "
+        "(a v1 index object's name ends in -ledger-<id>-index) (at byte offset 0)"
+    )
     with pytest.raises(IndexBuildError, match="exactly one ledger"):
         OffloadIndex(V1, data_length, (index.ledgers[0], LedgerIndex(78, b"", index.ledgers[0].entries))).encode()
 

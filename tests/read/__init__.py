@@ -85,10 +85,11 @@ def offload(
     block_size: int = BLOCK_SIZE,
     segment_bytes: int = SEGMENT_BYTES,
     batch: int = 40,
+    compression: str = "none",
 ) -> MetadataStore:
     """Offload ``history`` through the segmenter and the sink: streaming (v2) for the entries before
     ``switch_at`` (all of them when None), ledger-based (v1) after; then seal. The sink fetches the entries'
-    bytes from ``history``."""
+    bytes from ``history``. ``compression``: the policy's ``offloadCompression`` (blocks compressed at rest)."""
     state = MemoryState()
     sink = memory_sink(scoped, holding(history.topic, history.entries))
 
@@ -98,6 +99,7 @@ def offload(
             managedLedgerOffloadMaxBlockSizeInBytes=block_size,
             maxSizePerOffloadSegmentMbytes=segment_bytes / MIB,
             offloadBufferMaxBytes=64 * MIB,
+            offloadCompression=compression,
         )
 
     now = 1_000

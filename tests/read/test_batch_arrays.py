@@ -334,3 +334,21 @@ def test_an_entry_at_fault_is_reported_before_a_later_read_error(monkeypatch: py
     with pytest.raises(FormatError) as got:
         list(ofr._message_rows(None, TOPIC, None, None, ofr.ANY_TIME, 0, 100, 1 << 20))  # type: ignore[arg-type]
     assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+
+
+def test_a_message_count_the_payload_cannot_hold_allocates_nothing_for_it() -> None:
+    """``num_messages_in_batch`` is a producer's claim: each message takes at least 6 bytes (its 4-byte metadata
+    size and the required ``payload_size``), so 2,000,000 of them in 12 bytes is declined before any column is
+    allocated for them (it took 100 MB before), and the per-entry split names the entry."""
+    import tracemalloc
+
+    single = SingleMessageMetadata(payload_size=0).SerializeToString()
+    payload = (len(single).to_bytes(4, "big") + single) * 2
+    tracemalloc.start()
+    try:
+        assert split_batches([payload], [2_000_000], [0], [0]) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert split_batches([payload], [2], [0], [0]) is not None
