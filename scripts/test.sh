@@ -32,6 +32,18 @@ if ! grep -qs "\"version\": \"$S3RVER_VERSION\"" "$S3RVER_DIR/node_modules/s3rve
     fi
 fi
 # --- end s3rver ---
+# --- Apache Pulsar: the real broker of the `pulsar` tests (Maven Central, into .cache/pulsar; scripts/pulsar.sh) ---
+if ! command -v mvn >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing maven (apt-get install maven)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends maven
+fi
+if command -v mvn >/dev/null 2>&1; then
+    bash "$ROOT/scripts/pulsar.sh" fetch \
+        || echo "note: fetching Apache Pulsar failed; the pulsar tests will skip (or fail when CI is set)" >&2
+else
+    echo "note: Maven is not installed; the Apache Pulsar tests (marker pulsar) will skip (or fail when CI is set)" >&2
+fi
+# --- end Apache Pulsar ---
 echo "== ruff check, ruff format --check"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

@@ -36,7 +36,16 @@ from types import TracebackType
 from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.protocol.broker_connection import pulsar_handshake
 
-__all__ = ["BrokerError", "EmbeddedBroker", "find_binary", "free_port", "pulsar_handshake"]
+__all__ = [
+    "BrokerError",
+    "EmbeddedBroker",
+    "file_tail",
+    "find_binary",
+    "free_port",
+    "kill_group",
+    "pulsar_handshake",
+    "stop_group",
+]
 
 BINARY_NAME = "pulsar-lite"
 CONFIG_NAME = "pulsar-lite.toml"
@@ -169,15 +178,7 @@ class EmbeddedBroker:
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the broker's log ('' when there is none yet)."""
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - 64 * 1024))
-                text = fh.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return file_tail(self.log_path, lines)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -256,13 +257,7 @@ class EmbeddedBroker:
         if process is None:
             return
         try:
-            if process.poll() is None:
-                _signal_group(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    _signal_group(process.pid, signal.SIGKILL)
-                    process.wait(timeout=timeout)
+            stop_group(process, timeout)
         finally:
             self._process = None
 
@@ -271,8 +266,7 @@ class EmbeddedBroker:
         process = self._process
         if process is None:
             return
-        _signal_group(process.pid, signal.SIGKILL)
-        process.wait()
+        kill_group(process)
         self._process = None
 
     def restart(self, timeout: float = 10.0) -> None:
@@ -300,6 +294,36 @@ class EmbeddedBroker:
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running else "stopped"
         return f"EmbeddedBroker({self.service_url}, data_dir={str(self.data_dir)!r}, {state})"
+
+
+def file_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of the text file at ``path`` (its last 64 KiB at most; '' when it does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_group(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM to the process group ``process`` leads (started with ``start_new_session``), SIGKILL after
+    ``timeout`` seconds; returns once the process is reaped."""
+    if process.poll() is None:
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the process group ``process`` leads, as a crash would; returns once it is reaped."""
+    _signal_group(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
