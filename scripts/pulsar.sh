@@ -24,10 +24,14 @@ fetch() {
     local partial="$LIB.partial.$$"
     rm -rf "$partial"
     mkdir -p "$(dirname "$LIB")"
-    if ! mvn -q -B -ntp -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DincludeScope=runtime \
-        -DoutputDirectory="$partial" -Dpulsar.version="$VERSION"; then
+    # Maven's output goes to a log, shown only on failure.
+    mkdir -p "$ROOT/var/logs"
+    local log="$ROOT/var/logs/pulsar-fetch.log"
+    if ! mvn -B -ntp -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DincludeScope=runtime \
+        -DoutputDirectory="$partial" -Dpulsar.version="$VERSION" >"$log" 2>&1; then
         rm -rf "$partial"
-        echo "streamoffload: resolving Apache Pulsar $VERSION from Maven Central failed (mvn output above)" >&2
+        tail -n 40 "$log" >&2
+        echo "streamoffload: resolving Apache Pulsar $VERSION from Maven Central failed (log: $log)" >&2
         return 1
     fi
     rm -rf "$LIB"
