@@ -37,17 +37,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
-from streamoffload.embedded_broker import (
-    BrokerError,
-    file_tail,
-    free_port,
-    kill_group,
-    pulsar_handshake,
-    stop_group,
-)
+from streamoffload.embedded_broker import BrokerError, BrokerProcess, free_port, pulsar_handshake
 
 __all__ = ["PULSAR_VERSION", "PulsarStandalone", "pulsar_lib_dir"]
 
@@ -107,7 +99,7 @@ def _java() -> str:
     return found
 
 
-class PulsarStandalone:
+class PulsarStandalone(BrokerProcess):
     """An Apache Pulsar standalone process on ``127.0.0.1``.
 
     ``data_dir`` defaults to a fresh temporary directory, removed by :meth:`close` (and on leaving the ``with``
@@ -117,6 +109,8 @@ class PulsarStandalone:
     ledger rollovers after a few entries. ``config`` adds or overrides ``standalone.conf`` keys (Pulsar's
     names). ``heap`` and ``direct_memory`` are the JVM's ``-Xmx`` and ``-XX:MaxDirectMemorySize``.
     """
+
+    stop_timeout = 60.0  # Pulsar closes its ledgers and the bookie flushes: 5-10 s here
 
     def __init__(
         self,
@@ -158,7 +152,7 @@ class PulsarStandalone:
         self.start_timeout = start_timeout
         self.started_in_s: float | None = None
         """Seconds the last :meth:`start` took, from spawning the JVM to serving."""
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process = None
 
     # --- paths and addresses ---------------------------------------------------------------
 
@@ -177,14 +171,6 @@ class PulsarStandalone:
     @property
     def log_path(self) -> Path:
         return self.data_dir / LOG_NAME
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def config_values(self) -> dict[str, str]:
         """``standalone.conf``'s keys and values. The bookie reads the same file (PulsarStandalone loads it as
@@ -261,10 +247,6 @@ class PulsarStandalone:
             str(self.data_dir / "bookkeeper"),
         ]
 
-    def log_tail(self, lines: int = 30) -> str:
-        """The last ``lines`` lines of the broker's log ('' when there is none yet)."""
-        return file_tail(self.log_path, lines)
-
     # --- the admin REST API ----------------------------------------------------------------
 
     def admin(self, method: str, path: str, body: Any = None, *, timeout: float = 60.0) -> Any:
@@ -293,7 +275,7 @@ class PulsarStandalone:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> PulsarStandalone:
+    def start(self) -> Self:
         """Start the broker and wait until it serves: ``public/default`` exists, the binary port answers the
         Pulsar handshake and ``/admin/v2/brokers/health`` (a produce and read on the broker's heartbeat topic)
         says ``ok``. Idempotent when running."""
@@ -347,7 +329,7 @@ class PulsarStandalone:
                 self.started_in_s = time.monotonic() - began
                 return
             if time.monotonic() >= deadline:
-                self._terminate(30.0)
+                self._terminate(self.stop_timeout)
                 raise BrokerError(
                     f"Apache Pulsar did not serve on {self.service_url} within {self.start_timeout:g} s "
                     f"(log {self.log_path}):\n{self.log_tail()}"
@@ -365,50 +347,6 @@ class PulsarStandalone:
             return bool(self.admin("GET", "/admin/v2/brokers/health", timeout=30.0) == "ok")
         except (BrokerError, OSError):
             return False
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """Stop the broker: SIGTERM to its process group (Pulsar closes its ledgers and the bookie flushes),
-        SIGKILL after ``timeout`` seconds."""
-        self._terminate(timeout)
-
-    def _terminate(self, timeout: float) -> None:
-        process = self._process
-        if process is None:
-            return
-        try:
-            stop_group(process, timeout)
-        finally:
-            self._process = None
-
-    def kill(self) -> None:
-        """Kill the broker at once (SIGKILL), as a crash would."""
-        process = self._process
-        if process is None:
-            return
-        kill_group(process)
-        self._process = None
-
-    def restart(self, timeout: float = 60.0) -> None:
-        """Stop and start again on the same ports with the same data."""
-        self.stop(timeout)
-        self.start()
-
-    def close(self) -> None:
-        """Stop the broker and remove its data directory when it was a temporary one."""
-        self.stop()
-        if self._owns_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self) -> PulsarStandalone:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running else "stopped"

@@ -4,25 +4,16 @@ tier's tests share."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 import pulsar
 
 from streamoffload.pulsar_standalone import PulsarStandalone
+from tests.job.readback import ReadMessage
 
 
-@dataclass(frozen=True)
-class HeldMessage:
-    ledger_id: int
-    entry_id: int
-    batch_index: int
-    payload: bytes
-    key: str | None
-    properties: dict[str, str]
-
-
-def held_messages(broker: PulsarStandalone, topic_partition: str) -> list[HeldMessage]:
-    """Every message the broker holds on ``topic_partition``, from the earliest, with its position."""
+def held_messages(broker: PulsarStandalone, topic_partition: str) -> list[ReadMessage]:
+    """Every message the broker holds on ``topic_partition``, from the earliest, with its position (as
+    ``tests.job.readback`` reads the store's, so the two compare as they are)."""
     client = pulsar.Client(broker.service_url, operation_timeout_seconds=60)
     try:
         reader = client.create_reader(topic_partition, pulsar.MessageId.earliest)
@@ -31,7 +22,7 @@ def held_messages(broker: PulsarStandalone, topic_partition: str) -> list[HeldMe
             m = reader.read_next(60_000)
             mid = m.message_id()
             key = m.partition_key() or None
-            out.append(HeldMessage(mid.ledger_id(), mid.entry_id(), mid.batch_index(), m.data(), key, m.properties()))
+            out.append(ReadMessage(mid.ledger_id(), mid.entry_id(), mid.batch_index(), m.data(), key, m.properties()))
         return out
     finally:
         client.close()

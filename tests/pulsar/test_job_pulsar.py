@@ -14,7 +14,6 @@ from streamoffload.codecs.entry import MAGIC_CRC32C, decode_entry
 from streamoffload.config import load_config
 from streamoffload.produce import produce
 from streamoffload.pulsar_standalone import PulsarStandalone
-from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.pulsar import ROLLOVER_ENTRIES
 from tests.job.readback import read_entries, read_messages
@@ -51,18 +50,6 @@ maxOffloadSegmentRolloverTimeMinutes = 10
     return path
 
 
-def offloaded(scoped: ScopedStore, topic: str) -> list[tuple[int, int, int, bytes, str | None, dict[str, str]]]:
-    return [
-        (m.ledger_id, m.entry_id, m.batch_index, m.payload, m.key, m.properties) for m in read_messages(scoped, topic)
-    ]
-
-
-def held(broker: PulsarStandalone, topic: str) -> list[tuple[int, int, int, bytes, str | None, dict[str, str]]]:
-    return [
-        (m.ledger_id, m.entry_id, m.batch_index, m.payload, m.key, m.properties) for m in held_messages(broker, topic)
-    ]
-
-
 def test_job_is_exact_across_pulsar_rollovers_a_restart_and_a_listed_pattern(
     spark: Any, apache_pulsar: PulsarStandalone, tmp_path: Path
 ) -> None:
@@ -86,7 +73,7 @@ def test_job_is_exact_across_pulsar_rollovers_a_restart_and_a_listed_pattern(
     assert meta.manifests(other) == []
     for tp in [plain, *parts]:
         assert len(internal_ledgers(apache_pulsar, tp)) >= 2, f"{tp} should span Pulsar ledger rollovers"
-        assert offloaded(scoped, tp) == held(apache_pulsar, tp), tp
+        assert read_messages(scoped, tp) == held_messages(apache_pulsar, tp), tp
 
     # A restart closes the open ledger; what comes after is in a new one. The job continues exactly.
     before = internal_ledgers(apache_pulsar, plain)
@@ -97,12 +84,11 @@ def test_job_is_exact_across_pulsar_rollovers_a_restart_and_a_listed_pattern(
     assert after[: len(before)] == before and len(after) > len(before)
     OffloadJob(config, str(config_path)).run_once(spark)
     for tp in [plain, *parts]:
-        want = held(apache_pulsar, tp)
-        assert offloaded(scoped, tp) == want, tp
+        assert read_messages(scoped, tp) == held_messages(apache_pulsar, tp), tp
         assert all(m.status == mf.OFFLOADED for m in meta.manifests(tp))
         # Entries are stored as Apache Pulsar holds them: with the producer's 0x0e01 CRC-32C section, which
         # decodes (and so checks) here; pulsar-lite hands entries out without it.
         for ledger, entry, stored in read_entries(scoped, tp):
             assert int.from_bytes(stored[:2], "big") == MAGIC_CRC32C, (tp, ledger, entry)
             assert decode_entry(stored).checksum == int.from_bytes(stored[2:6], "big")
-    assert {ledger for ledger, *_ in held(apache_pulsar, plain)} == set(after)
+    assert {m.ledger_id for m in held_messages(apache_pulsar, plain)} == set(after)

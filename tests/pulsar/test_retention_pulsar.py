@@ -75,9 +75,7 @@ def test_retain_subscription_holds_real_retention_and_reads_cross_the_trimmed_se
     OffloadJob(config, str(config_path)).run_once(spark)
     scoped = config.store.location.open()
     stored = read_entries(scoped, topic)
-    assert [(m[0], m[1], m[2], m[3]) for m in messages_of(stored)] == [
-        (m.ledger_id, m.entry_id, m.batch_index, m.payload) for m in history
-    ]
+    assert messages_of(stored) == [(m.ledger_id, m.entry_id, m.batch_index, m.payload) for m in history]
     apache_pulsar.admin("POST", f"/admin/v2/persistent/{rest_path(topic)}/trim")
     poll(lambda: internal_ledgers(apache_pulsar, topic) == ledgers[2:], 120, "the broker trimming the held topic")
     produce(url, topic, 10, 500, batching=False)

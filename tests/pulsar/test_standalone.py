@@ -8,7 +8,6 @@ import ipaddress
 import os
 from pathlib import Path
 
-import pulsar
 import pytest
 
 from streamoffload.embedded_broker import BrokerError
@@ -16,6 +15,7 @@ from streamoffload.produce import expected_payload, produce
 from streamoffload.pulsar_standalone import PulsarStandalone
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.pulsar import ROLLOVER_ENTRIES
+from tests.pulsar.broker_truth import held_messages, internal_ledgers
 
 
 def _listening(pid: int) -> set[tuple[str, int]]:
@@ -61,15 +61,7 @@ def test_standalone_serves_on_loopback_and_rolls_ledgers(apache_pulsar: PulsarSt
     topic = unique_topic("standalone")
     count = 2 * ROLLOVER_ENTRIES + 10
     summary = produce(apache_pulsar.service_url, topic, count, 40, batching=False)
-    client = pulsar.Client(apache_pulsar.service_url, operation_timeout_seconds=30)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        got = []
-        while reader.has_message_available():
-            message = reader.read_next(30_000)
-            got.append((message.message_id().ledger_id(), message.message_id().entry_id(), message.data()))
-    finally:
-        client.close()
+    got = [(m.ledger_id, m.entry_id, m.payload) for m in held_messages(apache_pulsar, topic)]
     assert [payload for _, _, payload in got] == [expected_payload(topic, seq, 40) for seq in range(count)]
     # Three ledgers of 50, 50 and 10 entries, each numbered from 0; nothing trimmed (retention is kept).
     ledgers = sorted({ledger for ledger, _, _ in got})
@@ -78,8 +70,7 @@ def test_standalone_serves_on_loopback_and_rolls_ledgers(apache_pulsar: PulsarSt
         (ledger, entry) for ledger, n in zip(ledgers, (50, 50, 10), strict=True) for entry in range(n)
     ]
     assert summary.partitions[topic].first_message_id[:2] == (ledgers[0], 0)
-    stats = apache_pulsar.admin("GET", "/admin/v2/persistent/" + topic.removeprefix("persistent://") + "/internalStats")
-    assert [ledger["ledgerId"] for ledger in stats["ledgers"]] == ledgers
+    assert internal_ledgers(apache_pulsar, topic) == ledgers
 
 
 def test_a_missing_release_names_the_fetch_command(tmp_path: Path) -> None:
