@@ -2,6 +2,7 @@
 pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.broker",
+    "tests.fixtures.pulsar",
     "tests.fixtures.s3",
     "tests.fixtures.s3rver",
 ]

@@ -1,7 +1,8 @@
 """What the benches that drive a job share: on their command line the store to use, where the work directory
 goes and whether to keep it, and unwinding cleanly on SIGTERM (bench/soak.py; bench/chaos.py does the same
 inline); the ``[store]`` table of the job's configuration, and a local moto_server with a bucket for it
-(bench/offload.py, bench/chaos.py, bench/soak.py)."""
+(bench/offload.py, bench/chaos.py, bench/soak.py); and the broker a bench runs against, pulsar-lite or Apache
+Pulsar standalone (``--broker``: bench/offload.py, bench/source.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.pulsar_standalone import PulsarStandalone
+
+BROKERS = ("pulsar-lite", "pulsar")
+Broker = EmbeddedBroker | PulsarStandalone
 
 
 def add_work_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +38,34 @@ def new_work_dir(parent: str | None, prefix: str) -> Path:
     if parent:
         os.makedirs(parent, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+# --- the broker a bench runs against ------------------------------------------------------------------------
+
+
+def add_broker_argument(parser: argparse.ArgumentParser) -> None:
+    """``--broker pulsar-lite|pulsar``."""
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default="pulsar-lite",
+        help="the embedded pulsar-lite (default), or Apache Pulsar standalone (bash scripts/pulsar.sh fetch first)",
+    )
+
+
+def bench_broker(kind: str, data_dir: Path) -> Broker:
+    """A broker of ``kind`` (not started; use it as a context manager). Apache Pulsar runs with its full JIT
+    (``quick_start=False``): benches measure its dispatch, not its start-up."""
+    if kind == "pulsar":
+        return PulsarStandalone(data_dir, quick_start=False, log_level="warn")
+    return EmbeddedBroker(data_dir)
+
+
+def broker_name(broker: Broker) -> str:
+    """How a bench prints its broker: ``pulsar-lite``, or ``Apache Pulsar <version> (started in N s)``."""
+    if isinstance(broker, PulsarStandalone):
+        return f"Apache Pulsar {broker.version} standalone (started in {broker.started_in_s or 0:.0f} s)"
+    return "pulsar-lite"
 
 
 # --- the store a bench's job writes to ----------------------------------------------------------------------

@@ -6,9 +6,10 @@ Run from the repository root:
     .venv/bin/python bench/offload.py --backlog-mb 20 --lag-seconds 20  # smoke test, about 2 min
     .venv/bin/python bench/offload.py --backlog-mb 2000 --defaults      # memory on the default config
 
-It starts the embedded pulsar-lite broker and one local Spark session (``local[2]``), and uses a
-filesystem store (``--store s3``: a local moto_server, throughput only), a checkpoint and the broker's
-data under one temporary work directory (removed at the end unless ``--keep``).
+It starts the broker (``--broker``: the embedded pulsar-lite, or Apache Pulsar standalone) and one local
+Spark session (``local[2]``), and uses a filesystem store (``--store s3``: a local moto_server, throughput
+only), a checkpoint and the broker's data under one temporary work directory (removed at the end unless
+``--keep``).
 
 1. **Throughput.** It publishes a backlog of ``--backlog-mb`` MB of ``--payload-size`` messages,
    batched (``--batch-size`` messages per entry), over ``--partitions`` topic-partitions, then drains
@@ -91,7 +92,16 @@ from typing import Any
 # bench/procstats.py is shared by the bench scripts; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import fs_store_section, moto_bucket, moto_credentials, s3_store_section
+from bench.harness import (
+    Broker,
+    add_broker_argument,
+    bench_broker,
+    broker_name,
+    fs_store_section,
+    moto_bucket,
+    moto_credentials,
+    s3_store_section,
+)
 from bench.logs import log_beside
 from bench.procstats import CpuMeter, JvmThreadCensus, ProcessCensus, RssSampler, jvm_heap_pools
 from bench.readable import offloaded_through, percentile, readable_messages, wait_offloaded
@@ -99,7 +109,6 @@ from bench.source import drain_to_noop
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, Config, parse_config
-from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.limits import min_block_size
 from streamoffload.produce import ProduceSummary, produce
 from streamoffload.streaming.job.offload_job import OffloadJob
@@ -337,7 +346,7 @@ def drain_plain_client(service_url: str, topics: list[str]) -> float:
         client.close()
 
 
-def publish_backlog(args: argparse.Namespace, broker: EmbeddedBroker, part: str, name: str) -> ProduceSummary:
+def publish_backlog(args: argparse.Namespace, broker: Broker, part: str, name: str) -> ProduceSummary:
     """Publish ``--backlog-mb`` of batched messages to ``<name>-partition-<i>`` and say so."""
     summary = produce(
         broker.service_url,
@@ -403,7 +412,7 @@ def old_generation_bytes(spark: Any) -> int:
     return 0
 
 
-def throughput(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> None:
     """Rounds of: the job's source alone, ``run_once``, and a plain ``pulsar-client`` drain of the same
     backlog, alternating, so each ratio is taken under the same load; medians over the rounds."""
     topics = list(publish_backlog(args, broker, "throughput", "bench-offload-backlog").partitions)
@@ -518,7 +527,7 @@ def json_payload(rnd: random.Random, seq: int, size: int) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def publish_payloads(args: argparse.Namespace, broker: EmbeddedBroker, name: str, kind: str) -> list[str]:
+def publish_payloads(args: argparse.Namespace, broker: Broker, name: str, kind: str) -> list[str]:
     """Publish ``--backlog-mb`` of ``kind`` payloads (``json`` events or ``random`` bytes, ``--payload-size``
     each), batched, round-robin over ``--partitions`` topic-partitions; returns the topic-partitions."""
     import pulsar
@@ -560,7 +569,7 @@ def publish_payloads(args: argparse.Namespace, broker: EmbeddedBroker, name: str
     return topics
 
 
-def at_rest(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+def at_rest(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> None:
     """``--encrypt`` and/or ``--compress zstd``: rounds of ``run_once`` over the same backlog, the plain job beside
     each at-rest side (encrypted, compressed, both), alternating so that each ratio is taken under the same load:
     MB/s of each, the ratio to the plain job's (target >= 0.8), stored bytes ÷ payload bytes and Spark-side CPU
@@ -654,7 +663,7 @@ def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_
 # --- memory on the default configuration -----------------------------------------------------------
 
 
-def memory(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+def memory(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> None:
     from streamoffload.streaming.source.admission import buffer_bound, buffer_file_path, write_buffer_file
     from streamoffload.streaming.source.source_options import SourceOptions
 
@@ -749,9 +758,7 @@ def _heap_max(heap: dict[str, tuple[int, int]]) -> int:
 # --- lag ------------------------------------------------------------------------------------------------
 
 
-def lag(
-    args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path, name: str = "lag"
-) -> dict[str, float]:
+def lag(args: argparse.Namespace, spark: Any, broker: Broker, work: Path, name: str = "lag") -> dict[str, float]:
     """The lag phase (see the module docstring); returns its figures for ``--compare``. ``name`` keeps
     repeated phases apart: their own topics, store and checkpoint."""
     base = f"{NAMESPACE}/bench-offload-{name}"
@@ -881,7 +888,7 @@ def lag(
     return figures
 
 
-def compare_lag(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+def compare_lag(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> None:
     """``--compare``: the lag phase ``--rounds`` times on each side, alternating in this one session: A
     with the job's settings, B with the ``--compare`` settings on top of them (the job sets
     ``STATE_STORE_CONF`` on the session when a query starts, so B replaces those entries there)."""
@@ -929,7 +936,7 @@ def _last_positions(summary: Any) -> dict[str, tuple[int, int]]:
 # --- main -----------------------------------------------------------------------------------------------
 
 
-def warm_up(args: argparse.Namespace, spark: Any, broker: EmbeddedBroker, work: Path) -> None:
+def warm_up(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> None:
     """The first queries of a session pay JVM warm-up, Python worker start and imports: spend that here."""
     topics = list(
         produce(
@@ -989,6 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger-interval", default="1 second", help="the job's trigger (default '1 second')")
     parser.add_argument("--work-dir", help="parent of the temporary work directory (default: the system's)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    add_broker_argument(parser)
     parser.add_argument(
         "--min-part-mb",
         type=float,
@@ -1059,7 +1067,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.max_bytes_per_trigger:,}"
     )
     print(
-        f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], pulsar-lite, "
+        f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], {args.broker}, "
         f"{'S3 (moto_server)' if args.store == 's3' else 'filesystem'} store; {args.payload_size} B messages "
         f"batched by {args.batch_size}, {args.partitions} topic-partitions, "
         f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
@@ -1074,7 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
         extra_conf=extra_conf,
     )
     try:
-        with _s3_endpoint(args, work), EmbeddedBroker(work / "broker") as broker:
+        with _s3_endpoint(args, work), bench_broker(args.broker, work / "broker") as broker:
+            print(f"broker: {broker_name(broker)}")
             warm_up(args, spark, broker, work)
             if args.encrypt or args.compress:
                 at_rest(args, spark, broker, work)

@@ -9,8 +9,9 @@ Run from the repository root:
     .venv/bin/python bench/source.py --min-partitions 1,2   # also the Spark source with minPartitions 2
 
 For each mode (unbatched: one message per entry; batched: up to 100 messages per entry) it starts
-the embedded pulsar-lite broker, publishes the backlog with ``streamoffload.produce``, then drains
-it several ways, in the same run, from the same broker:
+the broker (``--broker``: the embedded pulsar-lite, or Apache Pulsar standalone), publishes the
+backlog with ``streamoffload.produce``, then drains it several ways, in the same run, from the same
+broker:
 
 - ``plain``: a ``pulsar-client`` Reader loop reading every message and its payload -- the minimum a
   correct client does on pulsar-lite: skip what it already saw and re-open the reader at the last
@@ -48,8 +49,8 @@ import pulsar
 # bench/logs.py is shared by the bench scripts; run from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import add_broker_argument, bench_broker, broker_name
 from bench.logs import log_beside
-from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("raw", "client"),
         help="the Spark source's 'reader' option (default: the source's default, raw)",
     )
+    add_broker_argument(parser)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (broker data, checkpoints)")
     parser.add_argument(
         "--conf",
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="bench-source-")
     print(
         f"source bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.messages:,} messages of "
-        f"{args.payload_size} B per mode over {args.partitions} topic-partition(s), pulsar-lite, work dir {work}"
+        f"{args.payload_size} B per mode over {args.partitions} topic-partition(s), {args.broker}, work dir {work}"
         + ("" if args.no_spark else f", Spark source reader={args.spark_reader or 'raw (default)'}")
         + "".join(f"; --conf {kv}" for kv in args.conf)
     )
@@ -222,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             extra_conf={"spark.ui.showConsoleProgress": "false", **extra},
         )
     try:
-        with EmbeddedBroker(os.path.join(work, "broker")) as broker:
+        with bench_broker(args.broker, Path(work) / "broker") as broker:
+            print(f"broker: {broker_name(broker)}")
             client = pio.make_client(broker.service_url)
             raw_client = rr.RawClient(broker.service_url)
             try:

@@ -32,6 +32,12 @@ if ! grep -qs "\"version\": \"$S3RVER_VERSION\"" "$S3RVER_DIR/node_modules/s3rve
     fi
 fi
 # --- end s3rver ---
+# --- Maven: the Pulsar reader harness and the Apache Pulsar broker below resolve from Maven Central ---
+if ! command -v mvn >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing maven (apt-get install maven)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends maven
+fi
+# --- end Maven ---
 # --- pulsar-reader: Pulsar's own offloader as a reader of our objects, for tests/interop (Maven, into
 #     .cache/pulsar_reader; see tests/fixtures/pulsar_reader.py). Rebuilt when its sources are newer. ---
 PULSAR_READER_SRC="$ROOT/tests/pulsar_reader"
@@ -54,6 +60,14 @@ if [ ! -f "$PULSAR_READER_CLASS" ] || [ -n "$(find "$PULSAR_READER_SRC" -newer "
     fi
 fi
 # --- end pulsar-reader ---
+# --- Apache Pulsar: the real broker of the `pulsar` tests (Maven Central, into .cache/pulsar; scripts/pulsar.sh) ---
+if command -v mvn >/dev/null 2>&1; then
+    bash "$ROOT/scripts/pulsar.sh" fetch \
+        || echo "note: fetching Apache Pulsar failed; the pulsar tests will skip (or fail when CI is set)" >&2
+else
+    echo "note: Maven is not installed; the Apache Pulsar tests (marker pulsar) will skip (or fail when CI is set)" >&2
+fi
+# --- end Apache Pulsar ---
 echo "== ruff check, ruff format --check"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

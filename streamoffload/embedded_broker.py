@@ -32,12 +32,23 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from streamoffload.errors import StreamOffloadError
 from streamoffload.redaction import private_opener
 from streamoffload.streaming.protocol.broker_connection import pulsar_handshake
 
-__all__ = ["BrokerError", "EmbeddedBroker", "find_binary", "free_port", "pulsar_handshake"]
+__all__ = [
+    "BrokerError",
+    "BrokerProcess",
+    "EmbeddedBroker",
+    "file_tail",
+    "find_binary",
+    "free_port",
+    "kill_group",
+    "pulsar_handshake",
+    "stop_group",
+]
 
 BINARY_NAME = "pulsar-lite"
 CONFIG_NAME = "pulsar-lite.toml"
@@ -84,7 +95,83 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-class EmbeddedBroker:
+class BrokerProcess:
+    """What the broker processes the project runs share (:class:`EmbeddedBroker`, and
+    ``streamoffload.pulsar_standalone.PulsarStandalone``): a process leading its own process group, its log
+    file, stop (SIGTERM, then SIGKILL after ``stop_timeout`` seconds), kill, restart, and a data directory
+    removed by :meth:`close` when it was a temporary one. Subclasses set ``data_dir``, ``_owns_dir`` and
+    ``log_path`` and implement :meth:`start`."""
+
+    stop_timeout: float = 10.0
+    data_dir: Path
+    _owns_dir: bool
+    _process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the broker's log ('' when there is none yet)."""
+        return file_tail(self.log_path, lines)
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the broker: SIGTERM to its process group, SIGKILL after ``timeout`` seconds (default
+        ``stop_timeout``)."""
+        self._terminate(self.stop_timeout if timeout is None else timeout)
+
+    def _terminate(self, timeout: float) -> None:
+        process = self._process
+        if process is None:
+            return
+        try:
+            stop_group(process, timeout)
+        finally:
+            self._process = None
+
+    def kill(self) -> None:
+        """Kill the broker at once (SIGKILL), as a crash would."""
+        process = self._process
+        if process is None:
+            return
+        kill_group(process)
+        self._process = None
+
+    def restart(self, timeout: float | None = None) -> None:
+        """Stop and start again on the same port(s) with the same data."""
+        self.stop(timeout)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the broker and remove its data directory when it was a temporary one."""
+        self.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class EmbeddedBroker(BrokerProcess):
     """A ``pulsar-lite`` broker process on ``127.0.0.1:port``.
 
     ``data_dir`` defaults to a fresh temporary directory, removed by :meth:`close` (and on leaving
@@ -122,7 +209,7 @@ class EmbeddedBroker:
         self.keep_alive_s = keep_alive_s
         """pulsar-lite's PING interval and the time it waits for the PONG before closing a connection (its
         ``keep_alive_interval_secs`` and ``connection_liveness_check_timeout_secs``; None: its defaults)."""
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process = None
 
     # --- paths and addresses ---------------------------------------------------------------
 
@@ -142,14 +229,6 @@ class EmbeddedBroker:
     def db_path(self) -> Path:
         return self.data_dir / DB_NAME
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
     def config_text(self) -> str:
         """The TOML pulsar-lite reads (unknown keys are ignored by it, so only known ones are written)."""
         lines = [
@@ -168,21 +247,9 @@ class EmbeddedBroker:
             lines += ["enabled = true", f"addr = {_toml_string(f'{self.host}:{self.metrics_port}')}"]
         return "\n".join(lines) + "\n"
 
-    def log_tail(self, lines: int = 30) -> str:
-        """The last ``lines`` lines of the broker's log ('' when there is none yet)."""
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - 64 * 1024))
-                text = fh.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> EmbeddedBroker:
+    def start(self) -> Self:
         """Start the broker and wait until it answers the Pulsar handshake. Idempotent when running."""
         if self.is_running:
             return self
@@ -238,7 +305,7 @@ class EmbeddedBroker:
             if pulsar_handshake(self.host, self.port, timeout=1.0):
                 return
             if time.monotonic() >= deadline:
-                self._terminate()
+                self._terminate(self.stop_timeout)
                 raise BrokerError(
                     f"pulsar-lite did not answer a Pulsar handshake on {self.host}:{self.port} within "
                     f"{self.start_timeout:g} s (log {self.log_path}):\n{self.log_tail()}"
@@ -246,61 +313,39 @@ class EmbeddedBroker:
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the broker: SIGTERM to its process group, SIGKILL after ``timeout`` seconds."""
-        if self._process is None:
-            return
-        self._terminate(timeout)
-
-    def _terminate(self, timeout: float = 10.0) -> None:
-        process = self._process
-        if process is None:
-            return
-        try:
-            if process.poll() is None:
-                _signal_group(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    _signal_group(process.pid, signal.SIGKILL)
-                    process.wait(timeout=timeout)
-        finally:
-            self._process = None
-
-    def kill(self) -> None:
-        """Kill the broker at once (SIGKILL), as a crash would."""
-        process = self._process
-        if process is None:
-            return
-        _signal_group(process.pid, signal.SIGKILL)
-        process.wait()
-        self._process = None
-
-    def restart(self, timeout: float = 10.0) -> None:
-        """Stop and start again on the same port with the same data."""
-        self.stop(timeout)
-        self.start()
-
-    def close(self) -> None:
-        """Stop the broker and remove its data directory when it was a temporary one."""
-        self.stop()
-        if self._owns_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running else "stopped"
         return f"EmbeddedBroker({self.service_url}, data_dir={str(self.data_dir)!r}, {state})"
+
+
+def file_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of the text file at ``path`` (its last 64 KiB at most; '' when it does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_group(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM to the process group ``process`` leads (started with ``start_new_session``), SIGKILL after
+    ``timeout`` seconds; returns once the process is reaped."""
+    if process.poll() is None:
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the process group ``process`` leads, as a crash would; returns once it is reaped."""
+    _signal_group(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
