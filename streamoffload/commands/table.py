@@ -33,8 +33,8 @@ sync killed at any point, replayed, or racing another one converges to one copy 
 `rebuild` drops a table and derives it from the store again. `show` prints each table's position and how
 far it is behind the store.
 
-The catalog is a SQL catalog (pyiceberg's, over SQLAlchemy). By default, for a store on a filesystem, a
-SQLite file under the store: <store>/_iceberg/catalog.db, its warehouse <store>/_iceberg/warehouse."""
+The catalog is a SQL catalog (pyiceberg's, over SQLAlchemy) named "streamoffload". By default, for a store on
+a filesystem, a SQLite file under the store: <store>/_iceberg/catalog.db, its warehouse <store>/_iceberg/warehouse."""
 
 EPILOG = """\
 examples:
@@ -48,8 +48,7 @@ examples:
 
 then, e.g. with polars:
   from pyiceberg.catalog.sql import SqlCatalog; import polars as pl
-  catalog = SqlCatalog("so", uri="sqlite:///var/demo/store/_iceberg/catalog.db",
-                       warehouse="file:///.../var/demo/store/_iceberg/warehouse")
+  catalog = SqlCatalog("streamoffload", uri="sqlite:///var/demo/store/_iceberg/catalog.db")
   pl.scan_iceberg(catalog.load_table("public.default.demo-orders")).group_by("__key").len().collect()
 """
 
@@ -131,6 +130,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         raise TableCommandError(
             f"`streamoffload table` needs pyiceberg ({err.name} is not installed): pip install 'streamoffload[table]'"
         ) from None
+    if args.table_action != "show":
+        int_arg(args.segments_per_commit, "--segments-per-commit", 1, 1_000_000, "segments per commit")
     config, _ = config_from_args(args)
     location = config.store.location
     settings = catalog_settings(
@@ -161,9 +162,9 @@ def _sync(args: argparse.Namespace, scoped: ScopedStore, catalog: Catalog, topic
     from streamoffload.checkpoints.keyring import KeyRing
     from streamoffload.table.sync import DEFAULT_SEGMENTS_PER_COMMIT, SyncOptions, rebuild_topic, sync_topic
 
-    per_commit = int_arg(args.segments_per_commit, "--segments-per-commit", 1, 1_000_000, "segments per commit")
     options = SyncOptions(
-        segments_per_commit=per_commit or DEFAULT_SEGMENTS_PER_COMMIT, keyring=KeyRing.with_file(args.keys_file)
+        segments_per_commit=args.segments_per_commit or DEFAULT_SEGMENTS_PER_COMMIT,
+        keyring=KeyRing.with_file(args.keys_file),
     )
     step = rebuild_topic if args.table_action == "rebuild" else sync_topic
     reports = []

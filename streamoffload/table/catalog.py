@@ -16,10 +16,10 @@ from urllib.parse import urlsplit
 from pyiceberg.catalog.sql import SqlCatalog
 
 from streamoffload.errors import ConfigError
+from streamoffload.storage.keys import TABLES_DIR
 from streamoffload.storage.location import StoreLocation
 
 CATALOG_NAME = "streamoffload"
-DEFAULT_DIR = "_iceberg"
 
 
 class TableConfigError(ConfigError):
@@ -113,7 +113,7 @@ def catalog_settings(
                 f"the store {store.describe()} has no local directory for the default SQLite catalog: give --catalog "
                 "(a SQLAlchemy URI such as sqlite:////var/offload/catalog.db, or a path)"
             )
-        root = Path(store.path).resolve() / DEFAULT_DIR
+        root = Path(store.path).resolve() / TABLES_DIR
         uri = f"sqlite:///{root / 'catalog.db'}"
     else:
         uri = catalog_uri(catalog)
