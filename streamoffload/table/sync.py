@@ -11,8 +11,8 @@ view of it: the positions come from the table alone, so any process may sync, an
 
 **Exactly once.**
 
-- A crash before the commit leaves data files no snapshot names (orphans, ``table.orphans`` lists them);
-  the next sync starts from the same position and writes the same segments again, in new files.
+- A crash before the commit leaves data files no snapshot names (orphans: ``table.status.orphan_files``);
+  the next sync starts from the same position and writes the same segments again, under the same names.
 - A crash after the commit: the next sync reads the new position and appends nothing twice.
 - A replayed sync with nothing new commits nothing (no empty snapshot).
 - Two writers: each commit requires the snapshot it read the position from to still be current (Iceberg's
@@ -23,9 +23,11 @@ view of it: the positions come from the table alone, so any process may sync, an
 
 **File names** are deterministic per attempt: ``00000-<n>-<uuid>.parquet`` in the partition's directory, with
 the uuid derived from the table, the segment, the read task, the snapshot the attempt builds on and the writer
-(``writer``: the job will pass its writer epoch). A retry from the same snapshot (after a crash) writes the same
-files again rather than new ones; once anything commits, the names of later attempts differ from every name a
-snapshot references, so a file a snapshot holds is never written again.
+(``SyncOptions.writer``). A retry from the same snapshot (after a crash) writes the same files again rather than
+new ones, so a crash loop leaves no more orphans than one attempt; once a commit lands, later attempts build on
+another snapshot and never write a name a snapshot references. Two writers on the same snapshot with the same
+writer name write identical bytes under identical names (on a filesystem warehouse a reader of the winner's
+snapshot may then see a file being rewritten): the job will pass its writer epoch, so two jobs never do.
 """
 
 from __future__ import annotations
