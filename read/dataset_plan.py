@@ -307,13 +307,15 @@ def plan(
         for segment in segments:
             if not _segment_in_positions(segment, bounds) or not segment_in_time(segment, times, skew_ms):
                 continue
-            tasks += _split(scoped.store, topic, segment, bounds, max_partition_bytes)
+            tasks += segment_tasks(scoped.store, topic, segment, bounds, max_partition_bytes)
     return tasks
 
 
-def _split(
+def segment_tasks(
     store: ObjectStore, topic: str, segment: SegmentManifest, bounds: PositionBounds, max_bytes: int
 ) -> list[ReadTask]:
+    """The read tasks of one segment within ``bounds``: the whole segment, or runs of whole blocks of about
+    ``max_bytes`` when its data object is larger (located through its index)."""
     encoded = mf.encode_manifest(segment)
     if segment.dataLength <= max_bytes or segment.blockCount <= 1:
         return [ReadTask(topic, encoded, bounds.start, bounds.end, data_bytes=segment.dataLength)]

@@ -17,6 +17,7 @@
 <prefix>/_meta/health/job                        the running job's health: its broker unreachable (streaming.job.health)
 <prefix>/_control/requests/<id>                  offload-now requests (checkpoints.control_requests)
 <prefix>/_control/status/<id>                    what became of them
+_iceberg/catalog.db, _iceberg/warehouse/         a filesystem store's Iceberg tables, by default (streamoffload.table)
 ```
 
 Each topic-name component is percent-encoded (UTF-8, uppercase hex) for every character outside
@@ -52,6 +53,9 @@ DELETED_DIR = f"{META_DIR}/deleted"
 DELETED_SEGMENTS_DIR = f"{META_DIR}/deleted-segments"
 DELETED_SUMMARY_DIR = f"{META_DIR}/deleted-summary"
 CONTROL_DIR = "_control"
+TABLES_DIR = "_iceberg"
+"""A filesystem store's default SQLite catalog and warehouse of its Iceberg tables (``streamoffload.table.catalog``):
+not objects of the store (no topic directory starts with ``_``), written by pyiceberg."""
 # Kinds of metadata of a whole prefix (prefix_meta_prefix) and of control objects (control_prefix).
 WRITERS = "writers"
 POLICIES = "policies"

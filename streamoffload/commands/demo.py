@@ -153,12 +153,48 @@ maxOffloadSegmentRolloverTimeMinutes = 1
         print(f"  {topic}: {len(messages)} messages read back, {'all identical' if ok else f'{bad} differ'}")
     first = next(iter(reader.read(orders[0])))
     print(f"  e.g. {orders[0]} entry {first.ledger_id}:{first.entry_id}, {len(first.payload)} bytes")
+    table_failures = _query_table(config.store.location, scoped, [DEMO_TOPICS[0], audit], args.messages)
     program = _program()
     print(f"\ntry: {program} status --store {config.store.location.describe()}")
     print(f"     {program} read --store {config.store.location.describe()} {orders[0]} --messages --limit 3")
     print(f"     {program} verify --store {config.store.location.describe()} --crc")
+    if table_failures is not None:
+        print(f"     {program} table show --store {config.store.location.describe()}")
     print(f"logs: {settings.log_file}")
-    return 1 if failures else 0
+    return 1 if failures or table_failures else 0
+
+
+def _query_table(location: Any, scoped: Any, topics: list[str], messages: int) -> int | None:
+    """Publish the topics as Iceberg tables and print a query over one; the number of tables that do not hold every
+    message (None: pyiceberg is not installed, so there is no table step)."""
+    try:
+        import pyarrow.compute as pc
+
+        from streamoffload.table.catalog import catalog_settings, open_catalog
+        from streamoffload.table.layout import identifier
+        from streamoffload.table.sync import sync_topic
+    except ModuleNotFoundError:
+        print("\n(the Iceberg table step needs pyiceberg: pip install 'streamoffload[table]')")
+        return None
+    settings = catalog_settings(location)
+    _say(f"publishing the topics as Iceberg tables ({settings.describe()})")
+    catalog = open_catalog(settings)
+    failures = 0
+    for topic in topics:
+        report = sync_topic(scoped, catalog, topic)
+        table = catalog.load_table(identifier(topic))
+        snapshot = table.current_snapshot()
+        rows = int(snapshot.summary["total-records"] or 0) if snapshot and snapshot.summary else 0
+        ok = rows == messages * (3 if topic == DEMO_TOPICS[0] else 1)
+        failures += not ok
+        print(f"  {report.table}: {report.rows} messages appended in {len(report.commits)} commit(s), {rows} in all")
+    orders = catalog.load_table(identifier(DEMO_TOPICS[0]))
+    counts = orders.scan(selected_fields=("__key",)).to_arrow().group_by("__key").aggregate([("__key", "count")])
+    top = counts.sort_by([("__key_count", "descending"), ("__key", "ascending")]).slice(0, 3)
+    print(f"  the most frequent keys of {'.'.join(orders.name())} (a pyiceberg scan of __key, grouped):")
+    for key, count in zip(pc.cast(top["__key"], "string").to_pylist(), top["__key_count"].to_pylist(), strict=True):
+        print(f"    {key}: {count}")
+    return failures
 
 
 def _program() -> str:

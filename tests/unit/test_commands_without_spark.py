@@ -44,7 +44,18 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(
     "command",
-    ["offload-now", "offload-status", "status", "read", "verify", "cleanup", "delete-ledger", "policy", "inspect"],
+    [
+        "offload-now",
+        "offload-status",
+        "status",
+        "read",
+        "verify",
+        "cleanup",
+        "delete-ledger",
+        "policy",
+        "inspect",
+        "table",
+    ],
 )
 def test_help_does_not_import_pyspark(command: str) -> None:
     assert run_command(command, "--help") == {"exit": 0, "pyspark": False}

@@ -15,6 +15,7 @@ FOLDERS = {
     "read/segment/": ROOT / "read" / "segment",
     "metrics/": ROOT / "streamoffload" / "metrics",
     "dashboard/": ROOT / "streamoffload" / "dashboard",
+    "table/": ROOT / "streamoffload" / "table",
 }
 FOLDERS.update(
     {

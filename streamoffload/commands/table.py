@@ -1,0 +1,258 @@
+"""``streamoffload table sync|rebuild|show``: the offloaded topics as Apache Iceberg tables (``table/``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TextIO
+
+from streamoffload.cli_common import add_store_args, config_from_args, float_arg, int_arg
+from streamoffload.codecs.positions import Position
+from streamoffload.config import MAX_RETENTION_MINUTES
+from streamoffload.errors import StreamOffloadError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+    from streamoffload.storage.location import ScopedStore
+    from streamoffload.table.status import TableStatus
+    from streamoffload.table.sync import SyncReport
+
+DESCRIPTION = """\
+Publish the offloaded history as Apache Iceberg tables that any engine reads (Spark, Trino, DuckDB, polars,
+pyiceberg): one table per topic, named tenant.namespace.topic (a partitioned topic's partitions in one table),
+with pulsar-spark's columns (__key, value, __topic, __messageId, __publishTime, __eventTime,
+__messageProperties) and each message's ledger_id, entry_id, batch_index and partition; partitioned by
+partition and by day of __publishTime; Parquet with zstd.
+
+The store stays the truth: `sync` appends what the store has committed past each table, exactly once (each
+Iceberg snapshot records, per topic-partition, the last position it holds and the segments it appended; a
+sync killed at any point, replayed, or racing another one converges to one copy of every message).
+`rebuild` drops a table and derives it from the store again. `show` prints each table's position and how
+far it is behind the store.
+
+The catalog is a SQL catalog (pyiceberg's, over SQLAlchemy) named "streamoffload". By default, for a store on
+a filesystem, a SQLite file under the store: <store>/_iceberg/catalog.db, its warehouse <store>/_iceberg/warehouse."""
+
+EPILOG = """\
+examples:
+  streamoffload table sync --store var/demo/store                      # every topic of the store
+  streamoffload table sync --store var/demo/store demo-orders --json
+  streamoffload table show --store var/demo/store
+  streamoffload table show --store var/demo/store --orphans            # data files of failed attempts
+  streamoffload table rebuild --store var/demo/store persistent://public/default/demo-orders
+  streamoffload table sync --store s3://bucket/pulsar --s3-endpoint http://127.0.0.1:9000 \\
+      --catalog sqlite:////var/offload/catalog.db --warehouse s3://bucket/iceberg
+
+then, e.g. with polars:
+  from pyiceberg.catalog.sql import SqlCatalog; import polars as pl
+  catalog = SqlCatalog("streamoffload", uri="sqlite:///var/demo/store/_iceberg/catalog.db")
+  pl.scan_iceberg(catalog.load_table("public.default.demo-orders")).group_by("__key").len().collect()
+"""
+
+
+class TableCommandError(StreamOffloadError):
+    """The table command cannot run as asked (pyiceberg missing, ...)."""
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "table",
+        help="publish the offloaded topics as Apache Iceberg tables (sync, rebuild, show)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="table_action", metavar="ACTION", required=True)
+    for name, help_text, topics_help in (
+        ("sync", "append what the store has committed past each table", "topics to sync (default: every topic)"),
+        ("rebuild", "drop a topic's table and derive it from the store again", "the topic whose table to rebuild"),
+        ("show", "each table's position and lag behind the store", "topics to show (default: every topic)"),
+    ):
+        action = actions.add_parser(
+            name,
+            help=help_text,
+            description=f"{help_text[0].upper()}{help_text[1:]}.",
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        add_store_args(action)
+        group = action.add_argument_group("tables")
+        group.add_argument(
+            "--catalog",
+            metavar="URI",
+            help="the SQL catalog: a SQLAlchemy URI (sqlite:////abs/catalog.db, postgresql+psycopg2://...) or a SQLite "
+            "file (default, for a filesystem store: <store>/_iceberg/catalog.db)",
+        )
+        group.add_argument(
+            "--warehouse",
+            metavar="URL",
+            help="where new tables' files go: file:///dir, s3://bucket/prefix or a directory (default: 'warehouse' "
+            "beside a SQLite catalog's file)",
+        )
+        if name == "rebuild":
+            action.add_argument("table_topics", metavar="TOPIC", nargs=1, help=topics_help)
+        else:
+            action.add_argument("table_topics", metavar="TOPIC", nargs="*", help=topics_help)
+        if name in ("sync", "rebuild"):
+            group.add_argument(
+                "--segments-per-commit",
+                type=int,
+                default=None,
+                metavar="N",
+                help="segments appended per Iceberg commit (default 64; a crash repeats at most this many)",
+            )
+            group.add_argument(
+                "--keys-file", metavar="FILE", help="key-encryption keys of a store encrypted at rest (JSON)"
+            )
+        if name == "show":
+            group.add_argument(
+                "--orphans", action="store_true", help="list data files no snapshot references (failed attempts)"
+            )
+            group.add_argument(
+                "--orphan-grace-minutes",
+                type=float,
+                default=60.0,
+                metavar="MIN",
+                help="with --orphans, leave out files younger than this: a running sync's (default 60)",
+            )
+        action.add_argument("--json", action="store_true", help="one JSON document instead of text")
+        action.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        from streamoffload.table.catalog import catalog_settings, open_catalog
+    except ModuleNotFoundError as err:
+        raise TableCommandError(
+            f"`streamoffload table` needs pyiceberg ({err.name} is not installed): pip install 'streamoffload[table]'"
+        ) from None
+    if args.table_action != "show":
+        int_arg(args.segments_per_commit, "--segments-per-commit", 1, 1_000_000, "segments per commit")
+    config, _ = config_from_args(args)
+    location = config.store.location
+    settings = catalog_settings(
+        location, args.catalog, args.warehouse, s3_endpoint=args.s3_endpoint, s3_region=args.s3_region
+    )
+    scoped = location.open(create=False)  # a mistyped path is an error, not a new empty store
+    catalog = open_catalog(settings)
+    topics = _topics(scoped, args.table_topics)
+    if args.table_action == "show":
+        return _show(args, scoped, catalog, topics, out)
+    return _sync(args, scoped, catalog, topics, out)
+
+
+def _topics(scoped: ScopedStore, named: list[str]) -> list[str]:
+    """The topics (partitioned topics whole) named, or every topic of the store."""
+    from streamoffload.checkpoints.metadata_store import MetadataStore
+    from streamoffload.codecs.topics import TopicName
+
+    if named:
+        return list(dict.fromkeys(str(TopicName.parse(t).base) for t in named))
+    found = sorted({str(t.base) for t in MetadataStore(scoped).topics()})
+    if not found:
+        raise TableCommandError(f"the store {scoped.describe()} has no offloaded topics")
+    return found
+
+
+def _sync(args: argparse.Namespace, scoped: ScopedStore, catalog: Catalog, topics: list[str], out: TextIO) -> int:
+    from streamoffload.checkpoints.keyring import KeyRing
+    from streamoffload.table.sync import DEFAULT_SEGMENTS_PER_COMMIT, SyncOptions, rebuild_topic, sync_topic
+
+    options = SyncOptions(
+        segments_per_commit=args.segments_per_commit or DEFAULT_SEGMENTS_PER_COMMIT,
+        keyring=KeyRing.with_file(args.keys_file),
+    )
+    step = rebuild_topic if args.table_action == "rebuild" else sync_topic
+    reports = []
+    for topic in topics:
+        report = step(scoped, catalog, topic, options)
+        reports.append(report)
+        if not args.json:
+            print(_sync_line(report, args.table_action), file=out)
+    if args.json:
+        print(json.dumps({"tables": [_sync_doc(r) for r in reports]}, indent=2), file=out)
+    return 0
+
+
+def _sync_line(report: SyncReport, action: str) -> str:
+    head = f"{report.topic} -> {report.table}"
+    snapshot = f"snapshot {report.position.snapshot_id}" if report.position.snapshot_id is not None else "no snapshot"
+    if not report.commits:
+        return f"{head}: up to date ({snapshot})" if action == "sync" else f"{head}: rebuilt, empty"
+    verb = "rebuilt with" if action == "rebuild" else "appended"
+    conflicts = f", {report.conflicts} commit(s) lost to another writer and redone" if report.conflicts else ""
+    return (
+        f"{head}: {verb} {report.rows} message(s) of {report.segments} segment(s) in {len(report.commits)} "
+        f"commit(s){conflicts} ({snapshot})"
+    )
+
+
+def _position(position: Position | None) -> list[int] | None:
+    return None if position is None else list(position)
+
+
+def _sync_doc(report: SyncReport) -> dict[str, Any]:
+    return {
+        "topic": report.topic,
+        "table": report.table,
+        "created": report.created,
+        "rows": report.rows,
+        "segments": report.segments,
+        "conflicts": report.conflicts,
+        "snapshot_id": report.position.snapshot_id,
+        "positions": {t: _position(p) for t, p in sorted(report.position.positions.items())},
+        "commits": [
+            {"snapshot_id": c.snapshot_id, "segments": c.segments, "rows": c.rows, "files": c.files}
+            for c in report.commits
+        ],
+    }
+
+
+def _show(args: argparse.Namespace, scoped: ScopedStore, catalog: Catalog, topics: list[str], out: TextIO) -> int:
+    from streamoffload.table.status import table_status
+
+    grace = float_arg(args.orphan_grace_minutes, "--orphan-grace-minutes", 0, MAX_RETENTION_MINUTES, "minutes")
+    statuses = [table_status(scoped, catalog, t, orphans=args.orphans, grace_s=(grace or 0.0) * 60.0) for t in topics]
+    if args.json:
+        print(json.dumps({"tables": [s.as_dict() for s in statuses]}, indent=2), file=out)
+        return 0
+    for status in statuses:
+        print(render_status(status), file=out)
+    return 0
+
+
+def _at(position: Position | None) -> str:
+    return "-" if position is None else f"{position[0]}:{position[1]}"
+
+
+def render_status(status: TableStatus) -> str:
+    """A table's status as text: one line for the table, one per topic-partition, then its orphans if asked."""
+    if status.segments_behind:
+        behind = f"{status.segments_behind} segment(s), {status.entries_behind} entries behind the store"
+    else:
+        behind = "caught up with the store"
+    if not status.exists:
+        head = f"{status.table} ({status.topic}): no table yet (run `streamoffload table sync`), {behind}"
+    else:
+        when = (
+            datetime.fromtimestamp(status.committed_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+            if status.committed_ms is not None
+            else "-"
+        )
+        head = (
+            f"{status.table} ({status.topic}): snapshot {status.snapshot_id} at {when}, {status.rows} rows in "
+            f"{status.data_files} data file(s), {behind}"
+        )
+    lines = [head]
+    for p in status.partitions:
+        lag = f"{p.segments_behind} segment(s), {p.entries_behind} entries behind" if p.segments_behind else "caught up"
+        lines.append(f"  {p.topic}: table at {_at(p.table_position)}, store at {_at(p.store_position)}: {lag}")
+    if status.orphans is not None:
+        colon = ":" if status.orphans else ""
+        lines.append(f"  {len(status.orphans)} orphan data file(s) (no snapshot references them){colon}")
+        lines += [f"    {path}" for path in status.orphans]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The offloaded history as Apache Iceberg tables."""

@@ -1,0 +1,365 @@
+"""Append what the store has committed past a topic's table, exactly once: ``sync_topic``, ``rebuild_topic``.
+
+A sync is a loop of commits. Each reads the table's position (``table.position``: the current snapshot's summary
+says the last position held per topic-partition), takes the ``Offloaded`` segments past it (at most
+``segments_per_commit``), reads their messages with the dataset reader (``read.dataset_read``: the rows
+``pulsar-offloaded`` gives, CRC-checked), writes them as Parquet data files (pyiceberg's writer: zstd, field
+ids, column statistics, one file per partition of the table), then commits them in one Iceberg snapshot
+whose summary carries the new positions and the segments it appended. The store is the truth and the table a
+view of it: the positions come from the table alone, so any process may sync, and the job later can call
+``sync_topic`` after its own commits.
+
+**Exactly once.**
+
+- A crash before the commit leaves data files no snapshot names (orphans: ``table.status.orphan_files``);
+  the next sync starts from the same position and writes the same segments again, under the same names.
+- A crash after the commit: the next sync reads the new position and appends nothing twice.
+- A replayed sync with nothing new commits nothing (no empty snapshot).
+- Two writers: each commit requires the snapshot it read the position from to still be current (Iceberg's
+  optimistic concurrency; the SQL catalog swaps the metadata pointer only from the one it read). The loser gets
+  ``CommitFailedException``, re-reads the position and writes only what is still missing. pyiceberg's own
+  retry, which re-applies the same appended files on the new snapshot, is turned off for these tables
+  (``commit.retry.num-retries`` = 0): it would append the winner's segments a second time.
+
+**File names** are deterministic per attempt: ``00000-<n>-<uuid>.parquet`` in the partition's directory, with
+the uuid derived from the table, the segment, the read task, the snapshot the attempt builds on and the writer
+(``SyncOptions.writer``). A retry from the same snapshot (after a crash) writes the same files again rather than
+new ones, so a crash loop leaves no more orphans than one attempt; once a commit lands, later attempts build on
+another snapshot and never write a name a snapshot references. Two writers on the same snapshot with the same
+writer name write identical bytes under identical names (on a filesystem warehouse a reader of the winner's
+snapshot may then see a file being rewritten): the job will pass its writer epoch, so two jobs never do.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.keyring import KeyRing
+from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
+from streamoffload.codecs.positions import Position
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
+from streamoffload.codecs.topics import TopicName
+from streamoffload.errors import StreamOffloadError
+from streamoffload.read.dataset_plan import (
+    DEFAULT_MAX_PARTITION_BYTES,
+    PositionBounds,
+    refuse_corrupt,
+    resolve_topics,
+    segment_tasks,
+)
+from streamoffload.read.dataset_read import read_task
+from streamoffload.storage.location import ScopedStore
+from streamoffload.table import layout
+from streamoffload.table.position import TablePosition, summary_properties, table_position
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENTS_PER_COMMIT = 64
+"""Segments appended by one Iceberg commit: a commit's summary names them, and a crash repeats at most this many."""
+DEFAULT_MAX_CONFLICTS = 20
+"""Commits lost to another writer before a sync gives up (each loss re-reads the table and re-plans)."""
+
+TOPIC_PROPERTY = "streamoffload.topic"
+STORE_PROPERTY = "streamoffload.store"
+# Table properties the sync needs: no commit retried by pyiceberg on a new base (see the module notes), Parquet
+# with zstd, format version 2.
+TABLE_PROPERTIES = {
+    "commit.retry.num-retries": "0",
+    "write.parquet.compression-codec": "zstd",
+    "format-version": "2",
+}
+_NAMES = uuid.UUID("6b1d4e0a-4f5c-4b8e-9a49-0e1ceb3f7a01")
+"""The namespace of data file uuids (``uuid5``)."""
+
+
+class TableSyncError(StreamOffloadError):
+    """A table that cannot be synced from this store as it is (another topic's, another store's, ...)."""
+
+
+class TableConflictError(TableSyncError):
+    """Other writers kept committing first: the sync gave up after ``max_conflicts`` lost commits."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One snapshot a sync committed: the segments it appended per topic-partition, its rows and data files."""
+
+    snapshot_id: int
+    segments: dict[str, list[str]]
+    rows: int
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """How a sync writes: ``segments_per_commit`` (a commit's summary names them; a crash repeats at most this
+    many), ``max_conflicts`` (commits lost to other writers before it gives up), ``max_partition_bytes`` (a
+    segment larger than this is read, and written, in runs of blocks of about this size: the memory a write
+    takes), ``writer`` (part of every data file name: the job passes its writer epoch), ``keyring`` (a store
+    encrypted at rest; None: the keys in the environment)."""
+
+    segments_per_commit: int = DEFAULT_SEGMENTS_PER_COMMIT
+    max_conflicts: int = DEFAULT_MAX_CONFLICTS
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    writer: str = ""
+    keyring: KeyRing | None = None
+
+    def __post_init__(self) -> None:
+        if self.segments_per_commit < 1 or self.max_conflicts < 0 or self.max_partition_bytes < 1:
+            raise ValueError(f"invalid sync options: {self}")
+
+
+@dataclass
+class SyncHooks:
+    """Points where tests inject a crash or another writer: ``written`` runs after an attempt's data files are
+    written and before its commit."""
+
+    written: Callable[[Table, list[DataFile]], None] | None = None
+
+
+@dataclass
+class SyncReport:
+    """What one sync of a topic did."""
+
+    topic: str
+    table: str
+    created: bool = False
+    commits: list[Commit] = field(default_factory=list)
+    conflicts: int = 0
+    position: TablePosition = field(default_factory=TablePosition)
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.commits)
+
+    @property
+    def segments(self) -> int:
+        return sum(len(ids) for c in self.commits for ids in c.segments.values())
+
+
+def table_name(topic: str | TopicName) -> str:
+    return ".".join(layout.identifier(topic))
+
+
+def store_name(scoped: ScopedStore) -> str:
+    """The store as a table records it (its URL and prefix; no credentials are part of either)."""
+    return scoped.describe()
+
+
+def open_table(
+    catalog: Catalog, scoped: ScopedStore, topic: TopicName, *, create: bool, partitioned: bool = False
+) -> tuple[Table | None, bool]:
+    """The table of ``topic`` (a partitioned topic's, for a partition), checked to be this topic's and this store's;
+    created if missing and ``create`` (partitioned by ``partition`` too if ``partitioned``: the store holds the
+    topic's partitions). Returns it (None if missing and not created) and whether it was created."""
+    ident = layout.identifier(topic)
+    created = False
+    try:
+        table = catalog.load_table(ident)
+    except NoSuchTableError:
+        if not create:
+            return None, False
+        catalog.create_namespace_if_not_exists(ident[:2])
+        properties = {**TABLE_PROPERTIES, TOPIC_PROPERTY: str(topic), STORE_PROPERTY: store_name(scoped)}
+        try:
+            table = catalog.create_table(
+                ident, layout.SCHEMA, partition_spec=layout.partition_spec(partitioned), properties=properties
+            )
+            created = True
+        except TableAlreadyExistsError:  # another writer created it first
+            table = catalog.load_table(ident)
+    check_table(table, scoped, topic)
+    return table, created
+
+
+def check_table(table: Table, scoped: ScopedStore, topic: TopicName) -> None:
+    """Refuse a table that is not ``topic``'s from this store; turn pyiceberg's commit retries off if they are on."""
+    name = ".".join(table.name())
+    props = table.properties
+    if props.get(TOPIC_PROPERTY) != str(topic):
+        held = props.get(TOPIC_PROPERTY)
+        raise TableSyncError(
+            f"table {name} is not the table of {topic}: "
+            + (f"it holds {held}" if held else "it was not created by `streamoffload table sync`")
+        )
+    if props.get(STORE_PROPERTY) != store_name(scoped):
+        raise TableSyncError(
+            f"table {name} was derived from the store {props.get(STORE_PROPERTY)}, not {store_name(scoped)}: "
+            "give the other store, another --catalog, or `streamoffload table rebuild` it from this store"
+        )
+    if props.get("commit.retry.num-retries") != "0":
+        log.info("table %s: turning pyiceberg's commit retries off (they would append twice)", name)
+        with table.transaction() as tx:
+            tx.set_properties({"commit.retry.num-retries": "0"})
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """The segments of one topic-partition past the table's position."""
+
+    topic: str
+    after: Position | None
+    segments: list[SegmentManifest]
+
+
+def _position_after(position: Position | None) -> Position | None:
+    return None if position is None else (position[0], position[1] + 1)
+
+
+def _pending(listed: dict[str, list[SegmentManifest]], position: TablePosition, limit: int) -> list[_Pending]:
+    """At most ``limit`` segments past the table's position, in position order per topic-partition."""
+    out: list[_Pending] = []
+    left = limit
+    for topic, segments in listed.items():
+        if left <= 0:
+            break
+        last = position.of(topic)
+        ahead = [s for s in segments if last is None or mf.end_position(s) > last][:left]
+        if ahead:
+            out.append(_Pending(topic, last, ahead))
+            left -= len(ahead)
+    return out
+
+
+def _listed(
+    metadata: MetadataStore, topics: Sequence[str], position: TablePosition
+) -> dict[str, list[SegmentManifest]]:
+    """Each topic-partition's ``Offloaded`` segments; refuses a manifest that does not decode past the table's
+    position (appending around it would leave its messages out of the table for good)."""
+    out = {}
+    for topic in topics:
+        corrupt: list[CorruptManifest] = []
+        segments = metadata.offloaded_segments(topic, corrupt)
+        refuse_corrupt(topic, corrupt, segments, _position_after(position.of(topic)), None)
+        out[topic] = segments
+    return out
+
+
+def _write(
+    scoped: ScopedStore,
+    table: Table,
+    pending: list[_Pending],
+    base: int | None,
+    options: SyncOptions,
+) -> tuple[list[DataFile], int]:
+    """Write the pending segments' messages as data files of ``table``; returns them and their rows."""
+    files: list[DataFile] = []
+    rows = 0
+    table_uuid = table.metadata.table_uuid
+    for part in pending:
+        partition = TopicName.parse(part.topic).partition
+        bounds = PositionBounds(start=_position_after(part.after))
+        for segment in part.segments:
+            segment_id = mf.manifest_uuid(segment)
+            tasks = segment_tasks(scoped.store, part.topic, segment, bounds, options.max_partition_bytes)
+            for i, task in enumerate(tasks):
+                batches = [layout.rows_of(b, partition) for b in read_task(scoped, task, keyring=options.keyring)]
+                data = pa.concat_tables(batches) if batches else layout.empty_rows()
+                if data.num_rows == 0:
+                    continue
+                write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
+                files += _dataframe_to_data_files(table.metadata, data, table.io, write_uuid=write_uuid)
+                rows += data.num_rows
+    return files, rows
+
+
+def sync_topic(
+    scoped: ScopedStore,
+    catalog: Catalog,
+    topic: str | TopicName,
+    options: SyncOptions | None = None,
+    hooks: SyncHooks | None = None,
+) -> SyncReport:
+    """Append to ``topic``'s table (created if new) every message the store has committed past it (module notes).
+    ``topic`` is a topic, a partitioned topic (all its partitions) or one of its partitions (the whole topic)."""
+    options = options or SyncOptions()
+    base_topic = layout.table_topic(topic)
+    metadata = MetadataStore(scoped)
+    topics = resolve_topics(metadata, [str(base_topic)])
+    partitioned = any(TopicName.parse(t).is_partition for t in topics)
+    table, created = open_table(catalog, scoped, base_topic, create=True, partitioned=partitioned)
+    assert table is not None
+    report = SyncReport(str(base_topic), table_name(base_topic), created=created)
+    position = table_position(table)
+    listed = _listed(metadata, topics, position)
+    while True:
+        pending = _pending(listed, position, options.segments_per_commit)
+        if not pending:
+            report.position = position
+            return report
+        files, rows = _write(scoped, table, pending, position.snapshot_id, options)
+        positions = dict(position.positions)
+        segments: dict[str, list[str]] = {}
+        for part in pending:
+            positions[part.topic] = mf.end_position(part.segments[-1])
+            segments[part.topic] = [str(mf.manifest_uuid(s)) for s in part.segments]
+        if hooks is not None and hooks.written is not None:
+            hooks.written(table, files)
+        try:
+            snapshot_id = _commit(table, files, summary_properties(positions, segments, store_name(scoped)))
+        except CommitFailedException as err:
+            report.conflicts += 1
+            log.info("table %s: another writer committed first (%s); re-reading it", report.table, err)
+            if report.conflicts > options.max_conflicts:
+                raise TableConflictError(
+                    f"table {report.table}: {report.conflicts} commits in a row lost to other writers; nothing "
+                    "was appended twice, run the sync again"
+                ) from None
+            table.refresh()
+            position = table_position(table)
+            continue
+        report.commits.append(Commit(snapshot_id, segments, rows, [f.file_path for f in files]))
+        position = table_position(table)
+
+
+def _commit(table: Table, files: list[DataFile], properties: dict[str, str]) -> int:
+    """Commit ``files`` as one fast-append snapshot with ``properties`` in its summary, on the snapshot the position
+    was read from (``table``'s current one): ``CommitFailedException`` if another writer committed since."""
+    tx = table.transaction()
+    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        for data_file in files:
+            append.append_data_file(data_file)
+    tx.commit_transaction()
+    current = table.current_snapshot()
+    assert current is not None
+    return current.snapshot_id
+
+
+def rebuild_topic(
+    scoped: ScopedStore,
+    catalog: Catalog,
+    topic: str | TopicName,
+    options: SyncOptions | None = None,
+    hooks: SyncHooks | None = None,
+) -> SyncReport:
+    """Drop ``topic``'s table (its data files, manifests and metadata with it) and derive it again from the store.
+    Only a table the sync made for this topic is dropped (of any store). A crash part way leaves a table that a
+    sync completes."""
+    base_topic = layout.table_topic(topic)
+    resolve_topics(MetadataStore(scoped), [str(base_topic)])  # a topic with nothing offloaded: an error first
+    ident = layout.identifier(base_topic)
+    try:
+        table = catalog.load_table(ident)
+    except NoSuchTableError:
+        table = None
+    if table is not None:
+        held = table.properties.get(TOPIC_PROPERTY)
+        if held != str(base_topic):
+            raise TableSyncError(
+                f"table {table_name(base_topic)} is not the table of {base_topic} "
+                + (f"(it holds {held})" if held else "(it was not created by `streamoffload table sync`)")
+                + ": it is left as it is"
+            )
+        catalog.purge_table(ident)
+    return sync_topic(scoped, catalog, base_topic, options, hooks)
