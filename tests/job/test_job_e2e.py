@@ -9,12 +9,14 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.streaming import StreamingQueryListener
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import submit_requests
@@ -172,8 +174,61 @@ def test_once_to_s3(spark: Any, pulsar_broker: Any, tmp_path: Path, moto_server:
     assert not list(s3.pending_multiparts(""))
 
 
+IDLE_EVENTS_CONF = "spark.sql.streaming.noDataProgressEventInterval"
+"""How often a query tells its listeners that a trigger ran no micro-batch (Spark's default: at most every 10 s)."""
+
+
+class Triggers(StreamingQueryListener):
+    """Each query's triggers, in order, as Spark's listener bus tells them: a micro-batch (its batch id, once it
+    ended) or a trigger that ran none (``None``; every one while :data:`IDLE_EVENTS_CONF` is 0)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, list[int | None]] = {}
+
+    def _add(self, query: str, batch: int | None) -> None:
+        with self._lock:
+            self._events.setdefault(query, []).append(batch)
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        self._add(str(event.progress.id), int(event.progress.batchId))
+
+    def onQueryIdle(self, event: Any) -> None:
+        self._add(str(event.id), None)
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    def _after(self, query: str, batch: int) -> list[int | None]:
+        with self._lock:
+            events = list(self._events.get(query, []))
+        return events[events.index(batch) + 1 :] if batch in events else []
+
+    def idle_after(self, query: str, batch: int) -> int:
+        """Triggers that ran nothing since ``batch`` ended."""
+        return sum(1 for e in self._after(query, batch) if e is None)
+
+    def batches_after(self, query: str, batch: int) -> list[int]:
+        return [e for e in self._after(query, batch) if e is not None]
+
+
+@pytest.fixture
+def triggers(spark: Any) -> Iterator[Triggers]:
+    """A :class:`Triggers` listening to the queries started meanwhile, told of every idle trigger."""
+    listener = Triggers()
+    previous = spark.conf.get(IDLE_EVENTS_CONF)
+    spark.conf.set(IDLE_EVENTS_CONF, "0")  # read as a query starts
+    spark.streams.addListener(listener)
+    yield listener
+    spark.streams.removeListener(listener)
+    spark.conf.set(IDLE_EVENTS_CONF, previous)
+
+
 def test_continuous_job_seals_by_time_on_request_and_on_method_switch(
-    running_job: Callable[[Path], OffloadJob], pulsar_broker: Any, tmp_path: Path
+    triggers: Triggers, running_job: Callable[[Path], OffloadJob], pulsar_broker: Any, tmp_path: Path
 ) -> None:
     quiet, busy = unique_topic("quiet"), unique_topic("busy")
     policy = (
@@ -187,6 +242,8 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     config = load_config(config_path)
     meta = MetadataStore(config.store.location.open())
     job = running_job(config_path)
+    seals: list[int] = []
+    job.listeners.append(lambda report: seals.extend([report.batch_id] * len(report.sealed)))
 
     # A quiet topic's open segment is sealed by time with no further traffic.
     produce(pulsar_broker.service_url, quiet, count=20, payload_size=100, batching=False)
@@ -194,11 +251,12 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     assert sealed.sealReason == "time" and sealed.entries == 20
 
     # With no timer pending and nothing new, the job runs no micro-batch (Spark would run one at every
-    # trigger for processing-time timers: offset_planner's WAKE_KEY plans them only when a timer is due).
-    time.sleep(2)  # the seal's micro-batch ends
-    idle_from = job.query.lastProgress["batchId"]
-    time.sleep(3)  # three triggers
-    assert job.query.lastProgress["batchId"] == idle_from
+    # trigger for processing-time timers: offset_planner's WAKE_KEY plans them only when a timer is due):
+    # the seal's micro-batch is the last one, three triggers after it.
+    [seal_batch] = poll(lambda: seals, what="the seal's batch report")
+    query = str(job.query.id)
+    poll(lambda: triggers.idle_after(query, seal_batch) >= 3, what="three idle triggers after the seal")
+    assert triggers.batches_after(query, seal_batch) == [], "no micro-batch after the seal"
 
     # offload-now seals the busy topic's open segment at once (its rollover is 10 minutes).
     phases = [produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)]
