@@ -80,7 +80,9 @@ from bench.s3_fault_proxy import Fault, S3FaultProxy
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.blocks import iter_blocks
+from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.codecs.entry import entry_messages
+from streamoffload.codecs.index import OffloadIndex
 from streamoffload.config import Config, load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_payload
@@ -158,6 +160,9 @@ class ChaosReport:
     cleanup_error: str | None = None
     orphans_after_cleanup: int | None = None
     cleanup_dropped_segments: int = 0
+    cleanup_damage: list[str] = field(default_factory=list)
+    """What cleanup took from the committed segments (``cleanup_damage``): each object one names that is gone or
+    no longer reads back, and any difference in what reads back against before cleanup."""
     wall_seconds: float = 0.0
     job_runs: int = 0
     job_exits: dict[str, int] = field(default_factory=dict)
@@ -221,6 +226,7 @@ class ChaosReport:
             and self.cleanup_removed is not None
             and not self.orphans_after_cleanup
             and self.cleanup_dropped_segments == 0
+            and not self.cleanup_damage
         )
 
     def render(self) -> str:
@@ -249,7 +255,12 @@ class ChaosReport:
                 f"FAILED ({self.cleanup_error})"
                 if self.cleanup_removed is None
                 else f"removed {self.cleanup_removed}, orphans left {self.orphans_after_cleanup}, "
-                f"Offloaded segments lost {self.cleanup_dropped_segments}",
+                f"Offloaded segments lost {self.cleanup_dropped_segments}, "
+                + (
+                    f"DAMAGED {len(self.cleanup_damage)}: {'; '.join(self.cleanup_damage[:3])}"
+                    if self.cleanup_damage
+                    else "every committed segment's objects read back"
+                ),
             ),
             ("job runs", f"{self.job_runs} ({sum(self.job_exits.values())} ended on their own)"),
             ("job stop (SIGTERM)", "killed after 90 s" if self.stop_exit is None else f"exit {self.stop_exit}"),
@@ -424,6 +435,30 @@ def check_store(
 
 def _store_keys(scoped: ScopedStore) -> set[str]:
     return {info.key for info in scoped.store.list(f"{scoped.prefix}/" if scoped.prefix else "")}
+
+
+def segment_objects(manifest: mf.SegmentManifest) -> list[str]:
+    """Every object a committed segment names: its data, its index, its block checksum records."""
+    records = (keys.block_checksums_key(manifest.dataKey, n) for n in range(1, mf.checksum_blocks(manifest) + 1))
+    return [manifest.dataKey, manifest.indexKey, *records]
+
+
+def cleanup_damage(store: ObjectStore, offloaded: dict[str, list[mf.SegmentManifest]]) -> list[str]:
+    """Each object a committed segment names that is gone or does not read back, as ``key: why``: the data object
+    is there (its content is read back by ``check_store``), the index decodes, each checksum record decodes."""
+    damage: list[str] = []
+    for segments in offloaded.values():
+        for manifest in segments:
+            v1_ledger = manifest.startLedgerId if manifest.formatVersion == 1 else None
+            data, index, *records = segment_objects(manifest)
+            try:
+                store.head(data)
+                OffloadIndex.decode(store.get(index), ledger_id=v1_ledger)
+                for key in records:
+                    BlockChecksums.decode(store.get(key), where=key)
+            except Exception as err:  # a missing object (ObjectNotFoundError) or one that no longer decodes
+                damage.append(f"{mf.manifest_uuid(manifest)}: {type(err).__name__}: {err}")
+    return damage
 
 
 # --- the run --------------------------------------------------------------------------------------------
@@ -768,7 +803,7 @@ class _Chaos:
             f"duplicated {report.duplicated:,}, corrupt {report.corrupt:,}, out of order {report.out_of_order:,}"
         )
         self._verify()
-        self._cleanup()
+        self._cleanup(producer)
         report.wall_seconds = time.monotonic() - self.started
         return report
 
@@ -800,7 +835,7 @@ class _Chaos:
             last = [x for x in (done.stderr + done.stdout).splitlines() if x.strip()] or ["(no output)"]
             self.report.verify_error = f"exit {done.returncode}: {last[-1][:400]}"
 
-    def _cleanup(self) -> None:
+    def _cleanup(self, producer: Producer) -> None:
         report = self.report
         segments_before = {
             mf.manifest_uuid(s) for segs in _offloaded(self.meta, self.topic_list).values() for s in segs
@@ -816,19 +851,21 @@ class _Chaos:
         offloaded = _offloaded(self.meta, self.topic_list)
         segments_after = {mf.manifest_uuid(s) for segs in offloaded.values() for s in segs}
         report.cleanup_dropped_segments = len(segments_before - segments_after)
-        referenced = {
-            k
-            for segs in offloaded.values()
-            for s in segs
-            for k in (
-                s.dataKey,
-                s.indexKey,
-                *(keys.block_checksums_key(s.dataKey, n) for n in range(1, mf.checksum_blocks(s) + 1)),
-            )
-        }
-        # Besides metadata (a key component starting with "_"), a converged store holds exactly those objects.
+        referenced = {k for segs in offloaded.values() for s in segs for k in segment_objects(s)}
+        # Besides metadata (a key component starting with "_"), a converged store holds exactly those objects ...
         data_keys = {k for k in _store_keys(self.scoped) if not any(part.startswith("_") for part in k.split("/"))}
         report.orphans_after_cleanup = len(data_keys - referenced)
+        # ... each of them still there and reading back, and every message reads back as it did before cleanup.
+        report.cleanup_damage = cleanup_damage(self.store, offloaded)
+        try:
+            after = check_store(self.store, self.meta, producer, self.s.payload_size)
+        except Exception as err:  # a data object gone or no longer whole
+            report.cleanup_damage.append(f"read back after cleanup failed: {type(err).__name__}: {err}")
+        else:
+            changed = [t for t in report.topics if after.get(t) != report.topics[t]]
+            report.cleanup_damage += [
+                f"{t}: read back {after.get(t)} after cleanup, {report.topics[t]} before" for t in changed
+            ]
 
 
 # --- main -----------------------------------------------------------------------------------------------

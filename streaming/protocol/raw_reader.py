@@ -57,7 +57,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
@@ -128,11 +128,14 @@ class LookupCache:
     service URL, for this process: the job's tasks open a consumer per range, every micro-batch on the same
     active topic-partitions, and a lookup is one of the three round trips each open waits for. An entry is
     dropped when a consumer opened through it fails (the topic moved: the retry looks it up afresh) and
-    after ``ttl_s``; at most ``limit`` are kept (the oldest go first)."""
+    after ``ttl_s`` of ``clock`` (seconds); at most ``limit`` are kept (the oldest go first)."""
 
-    def __init__(self, ttl_s: float = 300.0, limit: int = 100_000) -> None:
+    def __init__(
+        self, ttl_s: float = 300.0, limit: int = 100_000, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl_s = ttl_s
         self.limit = limit
+        self._clock = clock
         self._found: dict[tuple[str, str], tuple[ServiceAddress, str | None, float]] = {}
         self._lock = threading.Lock()
 
@@ -141,7 +144,7 @@ class LookupCache:
             found = self._found.get((service_url, topic))
             if found is None:
                 return None
-            if found[2] < time.monotonic():
+            if found[2] < self._clock():
                 del self._found[(service_url, topic)]
                 return None
             return found[0], found[1]
@@ -149,7 +152,7 @@ class LookupCache:
     def put(self, service_url: str, topic: str, address: ServiceAddress, proxy_to: str | None) -> None:
         with self._lock:
             self._found.pop((service_url, topic), None)
-            self._found[(service_url, topic)] = (address, proxy_to, time.monotonic() + self.ttl_s)
+            self._found[(service_url, topic)] = (address, proxy_to, self._clock() + self.ttl_s)
             while len(self._found) > self.limit:
                 del self._found[next(iter(self._found))]
 

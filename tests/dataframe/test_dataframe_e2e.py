@@ -91,7 +91,14 @@ def offloaded(spark: Any, pulsar_broker: Any, tmp_path_factory: pytest.TempPathF
     config_path = write_config(tmp_path, pulsar_broker.service_url, list(sent), fs_store(tmp_path), SMALL_SEGMENTS)
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)
-    return {"store": f"file://{tmp_path / 'store'}", "base": base, "plain": plain, "sent": sent}
+    # What the broker holds: each entry's bytes as it stored them (the reference for output="entries").
+    held = {topic: broker_entries(spark, pulsar_broker.service_url, topic) for topic in sent}
+    return {"store": f"file://{tmp_path / 'store'}", "base": base, "plain": plain, "sent": sent, "held": held}
+
+
+def broker_entries(spark: Any, service_url: str, topic: str) -> list[tuple[int, int, bytes]]:
+    frame = spark.read.format("pulsar").option("serviceUrl", service_url).option("topics", topic).load()
+    return [(r.ledger_id, r.entry_id, bytes(r.entry)) for r in frame.orderBy("ledger_id", "entry_id").collect()]
 
 
 def read(spark: Any, store: str, topics: str, **options: str) -> Any:
@@ -155,13 +162,26 @@ def test_every_message_and_column(spark: Any, offloaded: dict[str, Any]) -> None
     assert all(r["__batchIndex"] == -1 for r in got[offloaded["plain"]])
     # The entries are stored compressed, as the producer wrote them; messages came back decompressed.
     entries = rows_of(read(spark, offloaded["store"], offloaded["plain"] + "," + offloaded["base"], output="entries"))
+    by_position = sorted(entries, key=lambda r: (r["topic"], r["ledger_id"], r["entry_id"]))
     codecs: dict[str, set[int]] = {}
     for r in entries:
         codecs.setdefault(r["topic"], set()).add(decode_entry(r["entry"]).metadata.compression)
     for i, topic in enumerate(partition_names(offloaded["base"], 3)):
         assert codecs[topic] == {CODECS[i][1]}
     assert codecs[offloaded["plain"]] == {CompressionType.SNAPPY}
-    assert sum(r["num_messages"] for r in entries) == sum(len(s) for s in offloaded["sent"].values())
+    # Entry by entry, exactly what the broker holds (its bytes), with its message count and publish time as the
+    # message rows gave them.
+    assert {r["topic"] for r in entries} == set(offloaded["sent"])
+    for topic, sent in offloaded["sent"].items():
+        rows = [r for r in by_position if r["topic"] == topic]
+        assert [(r["ledger_id"], r["entry_id"], bytes(r["entry"])) for r in rows] == offloaded["held"][topic], topic
+        in_entry: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for message in got[topic]:
+            in_entry.setdefault((message["__ledgerId"], message["__entryId"]), []).append(message)
+        assert [r["num_messages"] for r in rows] == [len(in_entry[r["ledger_id"], r["entry_id"]]) for r in rows]
+        published = [{ms(m["__publishTime"]) for m in in_entry[r["ledger_id"], r["entry_id"]]} for r in rows]
+        assert [{ms(r["publish_time"])} for r in rows] == published, topic
+        assert sum(r["num_messages"] for r in rows) == len(sent)
 
 
 def test_time_and_position_bounds(spark: Any, offloaded: dict[str, Any]) -> None:

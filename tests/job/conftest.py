@@ -13,22 +13,44 @@ from streamoffload.config import load_config
 from streamoffload.streaming.job.offload_job import OffloadJob
 
 
+class _JobThread(threading.Thread):
+    """``job.run_forever`` in a thread that keeps what it raised, for the test's teardown to raise again."""
+
+    def __init__(self, job: OffloadJob, spark: Any) -> None:
+        super().__init__(name=f"running-job-{job.instance}", daemon=True)
+        self.job, self.spark = job, spark
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.job.run_forever(self.spark)
+        except BaseException as err:  # raised again at teardown: a job that died is the test's failure
+            self.error = err
+
+
 @pytest.fixture
 def running_job(spark: Any) -> Iterator[Callable[[Path], OffloadJob]]:
-    """Start ``OffloadJob.run_forever`` on a config file in a thread; stopped after the test. Policy
-    edits are picked up within about a second (not the default ~15 s)."""
-    jobs: list[tuple[OffloadJob, threading.Thread]] = []
+    """Start ``OffloadJob.run_forever`` on a config file in a thread; stopped after the test, which then fails
+    with what the job raised, if anything (or if it did not stop). Policy edits are picked up within about a
+    second (not the default ~15 s)."""
+    threads: list[_JobThread] = []
 
     def start(config_path: Path) -> OffloadJob:
         job = OffloadJob(load_config(config_path), str(config_path))
         job.policies._min_interval_s = 0.0
         job.policy_refresh_s, job.policy_clock_skew_ms = 1.0, 200  # policy edits in force within ~1 s
-        thread = threading.Thread(target=job.run_forever, args=(spark,), daemon=True)
+        thread = _JobThread(job, spark)
         thread.start()
-        jobs.append((job, thread))
+        threads.append(thread)
         return job
 
     yield start
-    for job, thread in jobs:
-        job.stop()
-        thread.join(60)
+    for thread in threads:
+        thread.job.stop()
+    for thread in threads:
+        thread.join(120)
+    for thread in threads:
+        if thread.error is not None:
+            raise AssertionError(f"the running job {thread.job.instance} failed: {thread.error!r}") from thread.error
+        if thread.is_alive():
+            raise AssertionError(f"the running job {thread.job.instance} did not stop within 120 s of stop()")

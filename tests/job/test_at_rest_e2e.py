@@ -18,9 +18,9 @@ import pytest
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.keyring import KeyRing, KeyUnavailableError, encryption_key_id
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.codecs.block_cipher import BlockAuthenticationError, new_data_key
-from streamoffload.codecs.block_frames import CODEC_NONE, CODEC_ZSTD
-from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.block_cipher import NONCE_BYTES, OVERHEAD, BlockAuthenticationError, new_data_key
+from streamoffload.codecs.block_frames import CODEC_NONE, CODEC_ZSTD, FrameError, StoredBlock, stored_blocks
+from streamoffload.codecs.index import OffloadIndex
 from streamoffload.config import load_config
 from streamoffload.produce import produce
 from streamoffload.read.topic_reader import TopicReader
@@ -70,6 +70,15 @@ def publish_compressed(service_url: str, topic: str, count: int) -> None:
         producer.close()
     finally:
         client.close()
+
+
+def middle_block(scoped: Any, manifest: Any) -> StoredBlock:
+    """The middle block of a segment, with where its frame is stored in the data object."""
+    v1_ledger = manifest.startLedgerId if manifest.formatVersion == 1 else None
+    index = OffloadIndex.decode(scoped.store.get(manifest.indexKey), ledger_id=v1_ledger)
+    overhead = OVERHEAD if encryption_key_id(manifest) else 0
+    laid = stored_blocks([(b.offset, b.length) for b in index.blocks()], mf.frame_table(manifest), overhead)
+    return laid[len(laid) // 2]
 
 
 def kind_of(manifest: Any) -> tuple[bool, str | None]:
@@ -189,14 +198,34 @@ def test_plain_compressed_and_encrypted_segments_with_a_rotation_read_back_exact
     # and verify names both objects.
     encrypted_victim = next(m for m, k in zip(segments, kinds, strict=True) if k == (False, "k1"))
     compressed_victim = zstd_only[0]
-    for victim in (encrypted_victim, compressed_victim):
+    # The middle block of each: in the ciphertext past its nonce (the tag fails), in the zstd frame's magic number
+    # (its header no longer declares the block's size; a bit deeper in a frame without a checksum could decompress
+    # to other bytes, refused by another check).
+    hit = {victim.dataKey: middle_block(scoped, victim) for victim in (encrypted_victim, compressed_victim)}
+    for victim, at in ((encrypted_victim, NONCE_BYTES + 100), (compressed_victim, 0)):
         path = tmp_path / "store" / victim.dataKey
         data = bytearray(path.read_bytes())
-        data[len(data) // 2] ^= 0x10
+        data[hit[victim.dataKey].stored_offset + at] ^= 0x10
         path.write_bytes(bytes(data))
-    with pytest.raises(FormatError) as refused, TopicReader(scoped) as reader:
+    # Each victim read alone: one error naming its object and the plaintext offset of the block it hit.
+    block = hit[encrypted_victim.dataKey]
+    with pytest.raises(BlockAuthenticationError) as refused, TopicReader(scoped) as reader:
+        list(reader.open_segment(encrypted_victim).read_range())
+    assert str(refused.value) == (
+        f"{encrypted_victim.dataKey}: encrypted block at plaintext offset {block.plain_offset} fails authentication "
+        f"(altered bytes, or another key) (at byte offset {block.plain_offset})"
+    )
+    block = hit[compressed_victim.dataKey]
+    with pytest.raises(FrameError) as broken, TopicReader(scoped) as reader:
+        list(reader.open_segment(compressed_victim).read_range())
+    assert str(broken.value) == (
+        f"{compressed_victim.dataKey}: zstd frame of the block at plaintext offset {block.plain_offset} says it "
+        f"holds an unknown number of bytes, the index says {block.plain_length} (at byte offset {block.plain_offset})"
+    )
+    # The topic read whole stops at the first of them in position order (the zstd run comes before k1's).
+    with pytest.raises(FrameError) as first_refused, TopicReader(scoped) as reader:
         list(reader.read(topic))
-    assert isinstance(refused.value, FormatError)
+    assert str(first_refused.value) == str(broken.value)
     flipped = cli("verify", "--store", store_url, "--crc", env=env)
     assert flipped.returncode == 1 and "BlockAuthenticationError" in flipped.stdout, flipped.stdout
     assert encrypted_victim.dataKey in flipped.stdout and compressed_victim.dataKey in flipped.stdout, flipped.stdout

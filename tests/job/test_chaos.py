@@ -49,4 +49,5 @@ def test_ten_mixed_faults_lose_double_and_reorder_nothing(tmp_path: Path) -> Non
     assert report.verify_ran and report.verify_error is None, summary
     assert report.cleanup_removed is not None, summary  # cleanup ran and succeeded
     assert report.orphans_after_cleanup == 0 and report.cleanup_dropped_segments == 0, summary
+    assert report.cleanup_damage == [], summary  # every committed segment's objects there and reading back
     assert report.ok, summary

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from bench.chaos import ChaosReport, check_store
+from bench.chaos import ChaosReport, check_store, cleanup_damage, segment_objects
 from bench.chaos_processes import _TopicTraffic
+from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.produce import expected_payload
@@ -117,3 +118,32 @@ def test_the_same_position_stored_twice_is_duplicated(tmp_path: Path, monkeypatc
 def test_a_gap_is_missing_not_out_of_order(tmp_path: Path) -> None:
     counts = check(tmp_path, [*range(25), *range(30, 60)], range(60))
     assert (counts.missing, counts.first_missing, counts.out_of_order) == (5, [25, 26, 27, 28, 29], 0)
+
+
+def test_cleanup_damage_names_each_committed_segment_whose_objects_are_gone_or_do_not_read_back(
+    tmp_path: Path,
+) -> None:
+    store, meta = stored(tmp_path, list(range(60)))
+    segments = meta.offloaded_segments(TOPIC)
+    assert cleanup_damage(store, {TOPIC: segments}) == []
+    first, second, third = segments[:3]
+    records = segment_objects(first)[2:]
+    assert records, "the segments have block checksum records"
+    store.delete(records[-1])  # a cleanup that took a checksum record, an index, a data object ...
+    store.delete(second.indexKey)
+    store.delete(third.dataKey)
+    store.put(segments[-1].indexKey, store.get(segments[-1].indexKey)[:-7])  # ... or cut one short
+    damage = cleanup_damage(store, {TOPIC: segments})
+    named = [line.split(":", 1)[0] for line in damage]
+    assert named == [str(mf.manifest_uuid(s)) for s in (first, second, third, segments[-1])], damage
+    assert "ObjectNotFoundError" in damage[0] and records[-1] in damage[0], damage[0]
+    report = ChaosReport(
+        topics={TOPIC: check(tmp_path / "clean", list(range(60)), range(60))},
+        converged=True,
+        verify_ran=True,
+        cleanup_removed=3,
+        orphans_after_cleanup=0,
+    )
+    assert report.ok
+    report.cleanup_damage = damage
+    assert not report.ok and f"DAMAGED 4: {damage[0]}" in report.render()

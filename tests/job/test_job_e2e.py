@@ -4,17 +4,19 @@ read everything back from the store byte for byte."""
 from __future__ import annotations
 
 import base64
-import datetime
 import json
 import os
+import random
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.streaming import StreamingQueryListener
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import submit_requests
@@ -172,8 +174,61 @@ def test_once_to_s3(spark: Any, pulsar_broker: Any, tmp_path: Path, moto_server:
     assert not list(s3.pending_multiparts(""))
 
 
+IDLE_EVENTS_CONF = "spark.sql.streaming.noDataProgressEventInterval"
+"""How often a query tells its listeners that a trigger ran no micro-batch (Spark's default: at most every 10 s)."""
+
+
+class Triggers(StreamingQueryListener):
+    """Each query's triggers, in order, as Spark's listener bus tells them: a micro-batch (its batch id, once it
+    ended) or a trigger that ran none (``None``; every one while :data:`IDLE_EVENTS_CONF` is 0)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, list[int | None]] = {}
+
+    def _add(self, query: str, batch: int | None) -> None:
+        with self._lock:
+            self._events.setdefault(query, []).append(batch)
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        self._add(str(event.progress.id), int(event.progress.batchId))
+
+    def onQueryIdle(self, event: Any) -> None:
+        self._add(str(event.id), None)
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    def _after(self, query: str, batch: int) -> list[int | None]:
+        with self._lock:
+            events = list(self._events.get(query, []))
+        return events[events.index(batch) + 1 :] if batch in events else []
+
+    def idle_after(self, query: str, batch: int) -> int:
+        """Triggers that ran nothing since ``batch`` ended."""
+        return sum(1 for e in self._after(query, batch) if e is None)
+
+    def batches_after(self, query: str, batch: int) -> list[int]:
+        return [e for e in self._after(query, batch) if e is not None]
+
+
+@pytest.fixture
+def triggers(spark: Any) -> Iterator[Triggers]:
+    """A :class:`Triggers` listening to the queries started meanwhile, told of every idle trigger."""
+    listener = Triggers()
+    previous = spark.conf.get(IDLE_EVENTS_CONF)
+    spark.conf.set(IDLE_EVENTS_CONF, "0")  # read as a query starts
+    spark.streams.addListener(listener)
+    yield listener
+    spark.streams.removeListener(listener)
+    spark.conf.set(IDLE_EVENTS_CONF, previous)
+
+
 def test_continuous_job_seals_by_time_on_request_and_on_method_switch(
-    running_job: Callable[[Path], OffloadJob], pulsar_broker: Any, tmp_path: Path
+    triggers: Triggers, running_job: Callable[[Path], OffloadJob], pulsar_broker: Any, tmp_path: Path
 ) -> None:
     quiet, busy = unique_topic("quiet"), unique_topic("busy")
     policy = (
@@ -187,6 +242,8 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     config = load_config(config_path)
     meta = MetadataStore(config.store.location.open())
     job = running_job(config_path)
+    seals: list[int] = []
+    job.listeners.append(lambda report: seals.extend([report.batch_id] * len(report.sealed)))
 
     # A quiet topic's open segment is sealed by time with no further traffic.
     produce(pulsar_broker.service_url, quiet, count=20, payload_size=100, batching=False)
@@ -194,11 +251,12 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     assert sealed.sealReason == "time" and sealed.entries == 20
 
     # With no timer pending and nothing new, the job runs no micro-batch (Spark would run one at every
-    # trigger for processing-time timers: offset_planner's WAKE_KEY plans them only when a timer is due).
-    time.sleep(2)  # the seal's micro-batch ends
-    idle_from = job.query.lastProgress["batchId"]
-    time.sleep(3)  # three triggers
-    assert job.query.lastProgress["batchId"] == idle_from
+    # trigger for processing-time timers: offset_planner's WAKE_KEY plans them only when a timer is due):
+    # the seal's micro-batch is the last one, three triggers after it.
+    [seal_batch] = poll(lambda: seals, what="the seal's batch report")
+    query = str(job.query.id)
+    poll(lambda: triggers.idle_after(query, seal_batch) >= 3, what="three idle triggers after the seal")
+    assert triggers.batches_after(query, seal_batch) == [], "no micro-batch after the seal"
 
     # offload-now seals the busy topic's open segment at once (its rollover is 10 minutes).
     phases = [produce(pulsar_broker.service_url, busy, count=30, payload_size=100, batching=False)]
@@ -260,11 +318,28 @@ ALWAYS_CRASHED = ("after-index",)
 rewrite the segment). after-part is also crashed at in every run by test_store_truth_e2e's policy-edit test."""
 
 
-def crash_points_this_run(today: int | None = None) -> tuple[str, ...]:
-    """The crash points this run's sweep kills the job at: :data:`ALWAYS_CRASHED` plus one of the others, which
-    rotates daily (so successive CI days cover every point), in :data:`CRASH_POINTS`' order. Each point costs a
-    Spark start-up (~30 s of a 2-core CI run). ``STREAMOFFLOAD_CRASH_POINTS=all`` (or a comma-separated list of
-    points) sweeps those instead: ``STREAMOFFLOAD_CRASH_POINTS=all pytest tests/job/test_job_e2e.py -k sigkill``."""
+CRASH_SEED_ENV = "STREAMOFFLOAD_CRASH_SEED"
+"""Names the seed the crash sweep draws its points from (an integer); unset, a random seed, printed."""
+
+
+def crash_seed() -> int:
+    """The crash sweep's seed: ``STREAMOFFLOAD_CRASH_SEED`` if set, else a fresh random one (the sweep prints it, so
+    a failing run is replayed with ``STREAMOFFLOAD_CRASH_SEED=<seed>``)."""
+    given = os.environ.get(CRASH_SEED_ENV, "").strip()
+    if not given:
+        return random.SystemRandom().randrange(1 << 32)
+    try:
+        return int(given)
+    except ValueError:
+        raise ValueError(f"{CRASH_SEED_ENV}={given!r}: not an integer seed") from None
+
+
+def crash_points_this_run(seed: int) -> tuple[str, ...]:
+    """The crash points this run's sweep kills the job at: :data:`ALWAYS_CRASHED` plus one of the others, drawn
+    from ``seed`` (so successive runs cover every point, and a run is replayed by its seed), in
+    :data:`CRASH_POINTS`' order. Each point costs a Spark start-up (~30 s of a 2-core CI run).
+    ``STREAMOFFLOAD_CRASH_POINTS=all`` (or a comma-separated list of points) sweeps those instead:
+    ``STREAMOFFLOAD_CRASH_POINTS=all pytest tests/job/test_job_e2e.py -k sigkill``."""
     chosen = os.environ.get("STREAMOFFLOAD_CRASH_POINTS", "").strip()
     if chosen == "all":
         return CRASH_POINTS
@@ -275,17 +350,27 @@ def crash_points_this_run(today: int | None = None) -> tuple[str, ...]:
             raise ValueError(f"STREAMOFFLOAD_CRASH_POINTS: unknown {sorted(unknown)}; known {CRASH_POINTS}")
         return tuple(p for p in CRASH_POINTS if p in wanted)
     rotating = [p for p in CRASH_POINTS if p not in ALWAYS_CRASHED]
-    day = datetime.date.today().toordinal() if today is None else today
-    sample = {rotating[day % len(rotating)], *ALWAYS_CRASHED}
+    sample = {random.Random(seed).choice(rotating), *ALWAYS_CRASHED}
     return tuple(p for p in CRASH_POINTS if p in sample)
 
 
-def test_the_crash_sweep_sample_rotates_through_every_point_and_always_holds_the_commit_window() -> None:
-    samples = [crash_points_this_run(today=day) for day in range(len(CRASH_POINTS) - len(ALWAYS_CRASHED))]
-    assert {p for s in samples for p in s} == set(CRASH_POINTS)
-    for sample in samples:
+def test_the_crash_sweep_draws_from_its_seed_and_always_holds_the_commit_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STREAMOFFLOAD_CRASH_POINTS", raising=False)
+    samples = {seed: crash_points_this_run(seed) for seed in range(40)}
+    assert {p for s in samples.values() for p in s} == set(CRASH_POINTS), "some seed draws each point"
+    for seed, sample in samples.items():
+        assert crash_points_this_run(seed) == sample, "the same seed, the same points"
         assert set(ALWAYS_CRASHED) <= set(sample) and len(sample) == len(ALWAYS_CRASHED) + 1
         assert list(sample) == sorted(sample, key=CRASH_POINTS.index)
+    monkeypatch.setenv(CRASH_SEED_ENV, "1234")
+    assert crash_seed() == 1234
+    monkeypatch.setenv(CRASH_SEED_ENV, "soon")
+    with pytest.raises(ValueError, match=r"STREAMOFFLOAD_CRASH_SEED='soon': not an integer seed"):
+        crash_seed()
+    monkeypatch.delenv(CRASH_SEED_ENV)
+    assert len({crash_seed() for _ in range(8)}) > 1, "unset: a fresh seed each run"
 
 
 @pytest.mark.slow
@@ -313,8 +398,12 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
 
     # Each restart reads again what the store has not committed, so the points go from the earliest
     # (most work left) to the latest.
-    points = crash_points_this_run()
-    print(f"crash points this run: {', '.join(points)} (STREAMOFFLOAD_CRASH_POINTS=all sweeps every one)")
+    seed = crash_seed()
+    points = crash_points_this_run(seed)
+    print(
+        f"crash points this run: {', '.join(points)} ({CRASH_SEED_ENV}={seed} replays them; "
+        "STREAMOFFLOAD_CRASH_POINTS=all sweeps every one)"
+    )
     for i, point in enumerate(points):
         # A crash directory per run: a Python worker of the previous, killed run may outlive it and must
         # not count (or crash) in this one.
@@ -326,8 +415,8 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
             capture_output=True,
             timeout=300,
         )
-        assert (crash_dir / "crashed").exists(), f"no crash at {point}: {proc.stderr.decode()[-2000:]}"
-        assert proc.returncode == -9, proc.returncode
+        assert (crash_dir / "crashed").exists(), f"no crash at {point} (seed {seed}): {proc.stderr.decode()[-2000:]}"
+        assert proc.returncode == -9, (proc.returncode, point, seed)
 
     # The last recovery runs in this session's Spark: no start-up of its own. Each crash run but the first above
     # was a recovery through the CLI (`run --once`) of the crash before it.

@@ -30,6 +30,7 @@ from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from tests.fixtures.entries import Published
+from tests.job.readback import read_entries, read_messages
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries
 
 OTHER = "persistent://public/default/other-partition-0"
@@ -187,7 +188,14 @@ def _payload_byte(store: FilesystemStore, seg: Any) -> tuple[int, int]:
 def test_a_flipped_payload_bit_fails_the_read_in_both_modes(
     capsys: pytest.CaptureFixture[str], root: Path, store: FilesystemStore, meta: MetadataStore, messages: bool
 ) -> None:
-    seg = meta.offloaded_segments(TOPIC)[1]
+    first, seg = meta.offloaded_segments(TOPIC)[:2]
+    # What the reference reader (whole objects, its own decoding) finds in the first segment, before the damage.
+    before = {(e.ledger_id, e.entry_id) for e in _entries(store, first)}
+    if messages:
+        want = [(m.ledger_id, m.entry_id, m.batch_index, m.payload) for m in read_messages(ScopedStore(store), TOPIC)]
+    else:
+        want = [(ledger, entry, -2, payload) for ledger, entry, payload in read_entries(ScopedStore(store), TOPIC)]
+    want = [w for w in want if w[:2] in before]
     at, crc_at = _payload_byte(store, seg)
     data = bytearray(store.get(seg.dataKey))
     data[at] ^= 0x10
@@ -196,11 +204,14 @@ def test_a_flipped_payload_bit_fails_the_read_in_both_modes(
     assert code == 1
     assert seg.dataKey in err and f"(at byte offset {crc_at})" in err and "checksum mismatch" in err
     assert len(err.strip().splitlines()) == 1
-    # Nothing from the damaged entry on was printed: only the previous segment's entries.
-    first = meta.offloaded_segments(TOPIC)[0]
-    assert {(line["ledger_id"], line["entry_id"]) for line in lines} <= {
-        (e.ledger_id, e.entry_id) for e in _entries(store, first)
-    }
+    # Nothing from the damaged entry (the second segment's first) on was printed: exactly the first segment's
+    # entries or messages, in order, with their bytes.
+    got = [
+        (line["ledger_id"], line["entry_id"], line.get("batch_index", -2), base64.b64decode(line["payload"]))
+        for line in lines
+    ]
+    assert got == want
+    assert len({w[:2] for w in want}) == first.entries, "every entry of the first segment"
 
 
 def _entries(store: FilesystemStore, seg: Any) -> list[Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli import main
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
@@ -128,10 +129,25 @@ def test_missing_index_and_truncated_data(
     truncate(store, second.dataKey, second.dataLength - 5)
     code, doc = verify(capsys, flags)
     assert code == 1
-    by_object = {p["object"]: p for p in doc["problems"]}
-    assert by_object[first.indexKey]["error"] == "MissingObject"
-    cut = by_object[second.dataKey]
-    assert cut["error"] in ("TruncatedError", "IndexMismatchError") and cut["offset"] is not None
+    # Exactly these two problems, each naming its object and (for the cut one) the offset where it ends.
+    assert doc["problems"] == [
+        {
+            "object": first.indexKey,
+            "offset": None,
+            "error": "MissingObject",
+            "message": "index object does not exist",
+            "topic": TOPIC,
+            "segment": str(mf.manifest_uuid(first)),
+        },
+        {
+            "object": second.dataKey,
+            "offset": second.dataLength - 5,
+            "error": "IndexMismatchError",
+            "message": f"index says the data object is {second.dataLength} bytes, but it is {second.dataLength - 5}",
+            "topic": TOPIC,
+            "segment": str(mf.manifest_uuid(second)),
+        },
+    ]
 
 
 def test_index_that_disagrees_with_its_data(

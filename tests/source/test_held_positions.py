@@ -11,10 +11,12 @@ from collections.abc import Callable
 
 import pytest
 
+from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.streaming.protocol import latest_positions as lp
 from streamoffload.streaming.protocol import raw_reader as rr
+from streamoffload.streaming.protocol.broker_connection import BrokerConnection
 from streamoffload.streaming.protocol.exactly_once import PulsarIOError
 from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
 from tests.fixtures.broker import unique_topic
@@ -75,6 +77,43 @@ def test_a_broker_restart_costs_one_pass_then_the_consumers_are_held_again(
         assert held.held() == 1
     finally:
         held.close()
+
+
+def poll_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def log_count(broker: EmbeddedBroker, text: str) -> int:
+    return broker.log_path.read_text().count(text)
+
+
+def _counting_pongs(conn: BrokerConnection) -> list[float]:
+    """The PONGs ``conn`` sends from now on (when each went), counted on the way out."""
+    sent: list[float] = []
+    real = conn.send
+
+    def send(command: BaseCommand) -> None:
+        if command.type == BaseCommand.PONG:
+            sent.append(time.monotonic())
+        real(command)
+
+    conn.send = send  # type: ignore[method-assign]
+    return sent
+
+
+def _changed_until(held: HeldPositions, topic: str, timeout_s: float = 60.0) -> set[str]:
+    """Everything ``held.changed()`` names until it has named ``topic`` (a push takes a moment to arrive)."""
+    seen: set[str] = set()
+
+    def named() -> bool:
+        seen.update(held.changed())
+        return topic in seen
+
+    poll_until(named, f"a change of {topic}", timeout_s)
+    return seen
 
 
 def _changed_soon(held: HeldPositions, timeout_s: float = 10.0) -> set[str]:
@@ -164,14 +203,19 @@ def test_idle_held_connections_answer_the_brokers_pings_between_passes(
     unkept = HeldPositions(rr.RawClient(broker.service_url), keep_alive_s=0)
     try:
         first = held.ask([quiet, moving])
+        [conn] = held._connections.values()
+        pongs = _counting_pongs(conn)
         unkept.ask([quiet])
-        time.sleep(2.5)  # past a PING and its deadline, no pass
+        # No pass meanwhile: the held connection answers PINGs (two: it outlived the first one's deadline), and
+        # the broker closes the unkept one, whose PING went unanswered.
+        poll_until(lambda: len(pongs) >= 2 and log_count(broker, "liveness check timed out") == 1, "the PINGs")
         produce(broker.service_url, moving, 1, 16, batching=False)
-        time.sleep(2.5)
-        assert held.changed() == {moving}, "the quiet watch survived; the moving one fired during the gap"
+        fired = _changed_until(held, moving)
+        assert fired == {moving}, "the quiet watch survived; the moving one fired during the gap"
         assert held.held() == 2 and held.armed(quiet)
         assert held.ask([quiet, moving])[moving] > first[moving]  # type: ignore[operator]
-        assert unkept.changed() == {quiet} and unkept.held() == 0, "without the keep-alive the broker closed it"
+        assert _changed_until(unkept, quiet) == {quiet}, "without the keep-alive the broker closed it"
+        assert unkept.held() == 0
     finally:
         held.close()
         unkept.close()

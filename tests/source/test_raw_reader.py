@@ -616,14 +616,23 @@ def test_lookups_are_remembered_in_the_process_and_forgotten_when_a_consumer_fai
 
 
 def test_the_lookup_cache_expires_and_keeps_at_most_its_limit() -> None:
-    cache = rr.LookupCache(ttl_s=0.05, limit=2)
+    now = [1000.0]
+    cache = rr.LookupCache(ttl_s=300.0, limit=2, clock=lambda: now[0])
     here = ServiceAddress.parse("pulsar://127.0.0.1:6650")
     for topic in ("a", "b", "c"):
         cache.put("pulsar://svc", topic, here, None)
-    assert cache.get("pulsar://svc", "a") is None and cache.get("pulsar://svc", "c") == (here, None)
+        now[0] += 100.0
+    # Put at 1000, 1100 and 1200: "a" went for the limit; at 1300 "b" and "c" are within their 300 s.
+    assert cache.get("pulsar://svc", "a") is None
+    assert cache.get("pulsar://svc", "b") == (here, None) and cache.get("pulsar://svc", "c") == (here, None)
     assert cache.get("pulsar://other", "c") is None, "per service URL"
-    time.sleep(0.06)
-    assert cache.get("pulsar://svc", "c") is None
+    now[0] = 1400.0  # "b" expires at 1400 (still kept at it), "c" at 1500
+    assert cache.get("pulsar://svc", "b") == (here, None)
+    now[0] = 1400.5
+    assert cache.get("pulsar://svc", "b") is None and cache.get("pulsar://svc", "c") == (here, None)
+    cache.put("pulsar://svc", "b", here, None)  # looked up again: a new 300 s from now
+    now[0] = 1500.5
+    assert cache.get("pulsar://svc", "c") is None and cache.get("pulsar://svc", "b") == (here, None)
 
 
 def test_a_corrupt_entry_is_refused_and_read_again(scripted: Callable[..., ScriptedBroker]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
-import time
 import traceback
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from streamoffload.redaction import RedactingFilter
+from streamoffload.storage import s3 as s3_module
 from streamoffload.storage import s3_runtime
 from streamoffload.storage.base import (
     ObjectExistsError,
@@ -231,13 +231,33 @@ def test_throttling_is_retried_until_it_passes(scripted: Any, caplog: pytest.Log
     assert "attempt 1 of 4" in retries[0]
 
 
-def test_persistent_5xx_gives_up_after_max_attempts(scripted: Any) -> None:
+class Backoffs:
+    """Stands in for ``storage.s3``'s ``random``: records the range of each backoff it draws (the full-jitter
+    bound, ``min(max_delay, base * 2 ** (attempt - 1))``) and waits all of it, so the waits are known exactly."""
+
+    def __init__(self) -> None:
+        self.bounds: list[float] = []
+
+    def uniform(self, low: float, high: float) -> float:
+        assert low == 0
+        self.bounds.append(high)
+        return high
+
+
+@pytest.fixture
+def backoffs(monkeypatch: pytest.MonkeyPatch) -> Backoffs:
+    drawn = Backoffs()
+    monkeypatch.setattr(s3_module, "random", drawn)
+    return drawn
+
+
+def test_persistent_5xx_gives_up_after_max_attempts(scripted: Any, backoffs: Backoffs) -> None:
     server = scripted([(503, "ServiceUnavailable", b"Reduce your request rate.")])
-    started = time.monotonic()
     with pytest.raises(StorageError) as err:
-        _store(server.url).put("k", b"x")
-    assert time.monotonic() - started < 5
-    assert len(server.requests) == 4
+        _store(server.url, retry_base_delay=0.004).put("k", b"x")
+    # Three waits between four attempts, doubling from the base and capped at retry_max_delay (0.01 s).
+    assert backoffs.bounds == [0.004, 0.008, 0.01]
+    assert server.requests == ["PUT /bucket/pfx/k"] * 4
     message = str(err.value)
     assert "after 4 attempts" in message
     assert "ServiceUnavailable" in message
@@ -263,18 +283,19 @@ def test_client_errors_are_not_retried(scripted: Any, status: int, code: str, ex
         assert code in str(err.value)
 
 
-def test_unreachable_endpoint_fails_fast_with_bounded_attempts(caplog: pytest.LogCaptureFixture) -> None:
+def test_unreachable_endpoint_fails_fast_with_bounded_attempts(
+    caplog: pytest.LogCaptureFixture, backoffs: Backoffs
+) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     store = _store(endpoint, max_attempts=3)
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="streamoffload.storage.s3"), pytest.raises(StorageError) as err:
         store.head("k")
-    elapsed = time.monotonic() - started
-    assert elapsed < 5
-    message = str(err.value)
-    assert "after 3 attempts" in message
-    assert endpoint in message
-    assert "head 'k'" in message
+    assert backoffs.bounds == [0.001, 0.002], "two backoffs of the configured bounds between three attempts"
+    # Refused at once each time (a connect that hung would end in ConnectTimeoutError after connect_timeout).
+    assert str(err.value) == (
+        f"s3://bucket/pfx: S3 head 'k' failed after 3 attempts at {endpoint}: EndpointConnectionError: "
+        f'Could not connect to the endpoint URL: "{endpoint}/bucket/pfx/k"'
+    )
     assert len(caplog.records) == 2  # one warning per retry
 
 
