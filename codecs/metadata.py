@@ -107,7 +107,13 @@ def ledger_info_v2(
     timestamp_ms: int,
     properties: Mapping[str, str] | None = None,
 ) -> bytes:
-    """A managed-ledger ``LedgerInfo`` as a v2 index stores it per ledger."""
+    """A managed-ledger ``LedgerInfo`` as a v2 index stores it per ledger.
+
+    ``entries`` is the ledger's entry count as Pulsar keeps it, counted from entry 0: a segment that holds
+    entries up to ``e`` of the ledger writes ``e + 1``, however many of them it holds (Pulsar's streaming
+    reader takes ``entries - 1`` of the ledger's last index as its last entry). ``size``: the bytes of the
+    ledger's entries in the segment.
+    """
     for name, value in (("ledger_id", ledger_id), ("entries", entries), ("size", size), ("timestamp_ms", timestamp_ms)):
         _check_int64(name, value)
     if entries < 0 or size < 0:

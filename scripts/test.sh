@@ -44,6 +44,28 @@ else
     echo "note: Maven is not installed; the Apache Pulsar tests (marker pulsar) will skip (or fail when CI is set)" >&2
 fi
 # --- end Apache Pulsar ---
+# --- pulsar-reader: Pulsar's own offloader as a reader of our objects, for tests/interop (Maven, into
+#     .cache/pulsar_reader; see tests/fixtures/pulsar_reader.py). Rebuilt when its sources are newer. ---
+PULSAR_READER_SRC="$ROOT/tests/pulsar_reader"
+PULSAR_READER_DIR="$ROOT/.cache/pulsar_reader"
+PULSAR_READER_CLASS="$PULSAR_READER_DIR/target/classes/streamoffload/pulsarreader/ReadOffloaded.class"
+if [ ! -f "$PULSAR_READER_CLASS" ] || [ -n "$(find "$PULSAR_READER_SRC" -newer "$PULSAR_READER_CLASS" -type f)" ]; then
+    if command -v mvn >/dev/null 2>&1; then
+        echo "== building the Pulsar reader harness into $PULSAR_READER_DIR (Maven; a cold ~/.m2 takes minutes)"
+        mkdir -p "$PULSAR_READER_DIR"
+        if ! mvn -q -B -s "$PULSAR_READER_SRC/settings.xml" -f "$PULSAR_READER_SRC/pom.xml" package \
+            >"$PULSAR_READER_DIR/build.log" 2>&1; then
+            tail -n 40 "$PULSAR_READER_DIR/build.log" >&2
+            echo "streamoffload: building tests/pulsar_reader failed (log: $PULSAR_READER_DIR/build.log)" >&2
+            exit 1
+        fi
+        touch "$PULSAR_READER_CLASS"  # Maven may leave an up-to-date class as it was: mark it newer than its sources
+    else
+        echo "note: mvn is not installed; the Pulsar reader tests in tests/interop will skip" \
+            "(or fail when CI is set)" >&2
+    fi
+fi
+# --- end pulsar-reader ---
 echo "== ruff check, ruff format --check"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

@@ -554,11 +554,14 @@ class Segmenter:
             per_ledger.setdefault(ledger, []).append(IndexEntry(first_entry, part_id, offset))
         ledgers = []
         for ledger in sorted(per_ledger):
-            _first, last, count, size = seg.spans[str(ledger)]
+            _first, last, _count, size = seg.spans[str(ledger)]
             if seg.version == FormatVersion.V1:
                 metadata = ledger_metadata_v1(last_entry_id=last, length=size, ctime_ms=seg.assigned_ms)
             else:
-                metadata = ledger_info_v2(ledger_id=ledger, entries=count, size=size, timestamp_ms=self.now_ms)
+                # Pulsar's LedgerInfo.entries counts the ledger's entries from entry 0, and its streaming
+                # reader takes entries - 1 of a ledger's last index as the last entry: the last entry id + 1
+                # here, not the segment's count (a ledger that began in an earlier segment would end early).
+                metadata = ledger_info_v2(ledger_id=ledger, entries=last + 1, size=size, timestamp_ms=self.now_ms)
             ledgers.append(LedgerIndex(ledger, metadata, tuple(per_ledger[ledger])))
         return OffloadIndex(FormatVersion(seg.version), seg.data_bytes, tuple(ledgers))
 

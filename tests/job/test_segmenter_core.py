@@ -14,6 +14,7 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import OffloadIndex
+from streamoffload.codecs.metadata import parse_ledger_info
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.handoff.part_layout import decode_layouts, encode_layouts, part_length
@@ -150,6 +151,25 @@ def test_rollover_counts_from_the_first_entrys_publish_time_on_a_live_topic(env:
 )
 def test_rollover_start(published: int, rollover_ms: int, starts: int) -> None:
     assert rollover_start(published, 100_000, rollover_ms) == starts
+
+
+def test_a_v2_index_counts_a_ledgers_entries_from_entry_0_as_pulsar_does(env: tuple) -> None:
+    """Pulsar's LedgerInfo.entries is the ledger's entry count from entry 0 (its streaming reader takes
+    entries - 1 of a ledger's last index as the last entry), so a segment that holds entries 40..59 of a
+    ledger says 60, not 20."""
+    store, meta, sink, state = env
+    entries, _expected = published_to(sink, {3: 120, 4: 40})
+    apply(sink, run_segmenter(TOPIC, policy(), state, entries, now_ms=10_000))
+    apply(sink, run_segmenter(TOPIC, policy(), state, [], [CONTROL_SEAL], now_ms=10_100))
+    said: list[tuple[int, int, int, int]] = []  # (ledger, first entry, last entry, LedgerInfo.entries)
+    for manifest in meta.offloaded_segments(TOPIC):
+        index = OffloadIndex.decode(store.get(manifest.indexKey))
+        for info in manifest.ledgers:
+            first = manifest.startEntryId if info.ledgerId == manifest.startLedgerId else 0
+            entries_said = parse_ledger_info(index.ledger(info.ledgerId).metadata).entries
+            said.append((info.ledgerId, first, first + info.entries - 1, entries_said))
+    assert len({ledger for ledger, first, _last, _said in said if first > 0}) >= 1, said
+    assert [s for s in said if s[3] != s[2] + 1] == []
 
 
 def test_ledger_mode_writes_one_v1_object_per_ledger_and_method_switch_seals(env: tuple) -> None:
