@@ -115,7 +115,9 @@ class PulsarStandalone:
     to free ports, chosen once and kept across restarts. ``max_entries_per_ledger`` sets
     ``managedLedgerMaxEntriesPerLedger`` (Pulsar's default 50,000) with no minimum rollover time, so a test sees
     ledger rollovers after a few entries. ``config`` adds or overrides ``standalone.conf`` keys (Pulsar's
-    names). ``heap`` and ``direct_memory`` are the JVM's ``-Xmx`` and ``-XX:MaxDirectMemorySize``.
+    names). ``heap`` and ``direct_memory`` are the JVM's ``-Xmx`` and ``-XX:MaxDirectMemorySize``. ``env`` adds
+    to the JVM's environment (this process's): e.g. ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` for its own
+    offloader, kept out of ``standalone.conf`` and the command line.
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class PulsarStandalone:
         direct_memory: str = "256m",
         quick_start: bool = True,
         jvm_options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         log_level: str = "info",
         start_timeout: float = 300.0,
     ) -> None:
@@ -154,6 +157,7 @@ class PulsarStandalone:
         self.direct_memory = direct_memory
         self.quick_start = quick_start
         self.jvm_options = tuple(jvm_options)
+        self.env = dict(env or {})
         self.log_level = log_level
         self.start_timeout = start_timeout
         self.started_in_s: float | None = None
@@ -331,6 +335,7 @@ class PulsarStandalone:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=str(self.data_dir),
+                env={**os.environ, **self.env} if self.env else None,
                 start_new_session=True,  # stop() signals its process group; a terminal's Ctrl-C is ours
             )
         deadline = began + self.start_timeout
