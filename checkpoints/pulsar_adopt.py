@@ -19,8 +19,10 @@ Before copying, each ledger is checked against what the broker says of it: both 
 the length the index says, and its ``LedgerMetadataFormat`` is closed with the broker's last entry and length.
 Ledgers are adopted in order and stop at the first one Pulsar has not offloaded (later ones would leave a gap);
 a ledger at or before the store's last offloaded position is skipped, and one adopted before is reported so, so a
-second run is a no-op. Entries keep the ``0x0e01`` CRC-32C the broker stored, which readers check (no checksum
-records are written: they would only repeat it).
+second run is a no-op (and publishes the manifest of an adoption whose commit a crash left without one). Entries
+keep the ``0x0e01`` CRC-32C the broker stored, which readers check (no checksum records are written: they would
+only repeat it). A segment's ``publishTimeLast`` is the ledger's close time from the broker (Pulsar's own time
+retention uses it too); ``publishTimeFirst`` stays unknown.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class PulsarLedger:
     size: int
     offload_uuid: uuid.UUID | None
     """The UUID of its offloaded objects (None: not offloaded, or not completely)."""
+    closed_ms: int = 0
+    """The broker's ``timestamp`` of the ledger (when it was closed; 0: not given), at or after its last publish."""
 
 
 def pulsar_managed_ledger(topic: TopicName) -> str:
@@ -88,7 +92,8 @@ def parse_internal_info(doc: Any, where: str) -> list[PulsarLedger]:
         ledger_id = _count(item.get("ledgerId"), f"{at}.ledgerId")
         entries = _count(item.get("entries", 0), f"{at}.entries")
         size = _count(item.get("size", 0), f"{at}.size")
-        out.append(PulsarLedger(ledger_id, entries, size, _offload_uuid(item, at)))
+        closed = _count(item.get("timestamp", 0), f"{at}.timestamp")
+        out.append(PulsarLedger(ledger_id, entries, size, _offload_uuid(item, at), closed))
     return sorted(out, key=lambda ledger: ledger.ledger_id)
 
 
@@ -166,6 +171,16 @@ def adopt_ledgers(
     meta = MetadataStore(into)
     report = AdoptReport(str(topic))
     adopted = {mf.manifest_uuid(m): m for m in meta.offloaded_segments(topic)}
+    committed = meta.last_commit(topic)
+    if (
+        committed is not None
+        and mf.driver_property(committed, ADOPTED_FROM)
+        and mf.manifest_uuid(committed) not in adopted
+    ):
+        # A crash between an adoption's commit and its manifest: publish it, as the commit says (recover does so too).
+        if not dry_run:
+            meta.put_manifest(committed)
+        adopted[mf.manifest_uuid(committed)] = committed
     point = meta.resume_point(topic)
     last, ordinal = point.last, point.next_ordinal
     managed_ledger = pulsar_managed_ledger(topic)
@@ -234,6 +249,8 @@ def adopt_ledgers(
                 block_count=checked.blocks,
                 part_count=checked.blocks,
                 seal_reason="ledger",
+                # At or after the ledger's last publish: pruning and retention by time stay on the safe side.
+                publish_time_last=ledger.closed_ms,
             )
             meta.commit(sealed)
         report.ledgers.append(

@@ -194,8 +194,11 @@ def test_adopted_ledgers_read_exactly_through_every_reader(
     assert [(m.formatVersion, m.startLedgerId, m.startEntryId, m.endLedgerId, m.endEntryId) for m in segments] == [
         (1, lid, 0, lid, ROLLOVER - 1) for lid in sorted(tier.offloaded)
     ]
+    closed_ms = {int(ledger["ledgerId"]): int(ledger["timestamp"]) for ledger in tier.info["ledgers"]}
     for manifest in segments:
         assert str(mf.manifest_uuid(manifest)) == tier.offloaded[manifest.startLedgerId]
+        assert manifest.publishTimeLast == closed_ms[manifest.startLedgerId]
+        assert not manifest.HasField("publishTimeFirst")
         original = f"{tier.offloaded[manifest.startLedgerId]}-ledger-{manifest.startLedgerId}"
         for copy, source in ((manifest.dataKey, original), (manifest.indexKey, original + "-index")):
             assert copy.startswith("ours/public/default/tier-")
