@@ -18,8 +18,6 @@ another on that backlog:
 2. ``ours -> s3``: the same, to our bucket on the same moto;
 3. ``pulsar -> s3``: ``pulsar-admin topics offload`` through the admin REST API (every closed ledger), polled until
    done. It runs last: a broker reads an offloaded ledger back from the tier, and ours must read BookKeeper's.
-4. ``empty -> fs``: ``run --once`` again on the filesystem store, which finds nothing new: what a run costs whatever
-   it offloads (Spark's start-up above all), printed per GB of the backlog and taken off 1 and 2 on a last line.
 
 Figures, each with its denominators: MB/s = entry bytes offloaded (10^6 B; ours: the manifests' ``entryBytes``;
 Pulsar's: the offloaded ledgers' sizes, the same bytes) / wall; CPU s per GB = CPU seconds / entry GB, counted from
@@ -120,13 +118,12 @@ def delta(before: dict[str, float], after: dict[str, float], keys: tuple[str, ..
 
 
 def write_conf(work: Path, name: str, service_url: str, store: dict[str, Any]) -> Path:
-    """The job's configuration: the defaults, but for the broker, the topic, the store and a checkpoint (one per
-    store: a second run on a store finds nothing new)."""
+    """The job's configuration: the defaults, but for the broker, the topic, the store and a checkpoint."""
     path = work / f"{name}.toml"
     path.write_text(
         f'[pulsar]\nservice_url = "{service_url}"\ntopics = ["{TOPIC}"]\n'
         f"{store_toml(store)}\n"
-        f'[spark]\ncheckpoint = "{work / f"checkpoint-{name.split()[-1]}"}"\n'
+        f'[spark]\ncheckpoint = "{work / f"checkpoint-{name}"}"\n'
         '[metrics]\naddress = ""\n'
     )
     return path
@@ -140,10 +137,7 @@ def run_ours(
     url: str,
     endpoint: str | None,
     pids: tuple[int, int],
-    entry_bytes: int | None = None,
 ) -> Side:
-    """``run --once`` to ``store`` as its own process. ``entry_bytes``: the denominator to use (a run that finds
-    nothing new: its fixed cost per GB of the backlog), else what the store's manifests hold."""
     conf = write_conf(work, name, service_url, store)
     log = work / f"{name}.log"
     cmd = [sys.executable, "-m", "streamoffload", "run", "--once", "--conf", str(conf), "--log-file", str(log)]
@@ -170,7 +164,7 @@ def run_ours(
     scoped.store.close()
     return Side(
         name,
-        entry_bytes if entry_bytes is not None else sum(m.entryBytes for m in segments),
+        sum(m.entryBytes for m in segments),
         sum(m.entries for m in segments),
         wall,
         delta(before, after, ("ours", "broker", "moto")),
@@ -268,27 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 run_pulsar(broker, pids),
             ]
-            # The same job once more on the filesystem store: nothing new, so what a run costs whatever it offloads
-            # (Spark's start-up, planning, the seal), per GB of this backlog.
-            empty = run_ours(
-                "empty -> fs",
-                work,
-                broker.service_url,
-                fs_store_section(work / "store"),
-                str(work / "store"),
-                None,
-                pids,
-                entry_bytes=sides[0].entry_bytes,
-            )
-            for side in [*sides, empty]:
+            for side in sides:
                 print(side.figures())
-            fixed = sum(v for k, v in empty.cpu.items() if k != "moto")
-            for side in sides[:2]:
-                own = sum(v for k, v in side.cpu.items() if k != "moto")
-                print(
-                    f"{side.name}, less the empty run: {side.entry_bytes / 1e6 / (side.wall_s - empty.wall_s):.1f} "
-                    f"MB/s, {(own - fixed) / (side.entry_bytes / 1e9):.1f} CPU s/GB"
-                )
             ours, theirs = sides[1], sides[2]
             print(
                 f"to the same moto, ours / Pulsar's: {ours.mb_per_s / theirs.mb_per_s:.2f}x the MB/s, "
