@@ -107,7 +107,9 @@ class PulsarStandalone(BrokerProcess):
     to free ports, chosen once and kept across restarts. ``max_entries_per_ledger`` sets
     ``managedLedgerMaxEntriesPerLedger`` (Pulsar's default 50,000) with no minimum rollover time, so a test sees
     ledger rollovers after a few entries. ``config`` adds or overrides ``standalone.conf`` keys (Pulsar's
-    names). ``heap`` and ``direct_memory`` are the JVM's ``-Xmx`` and ``-XX:MaxDirectMemorySize``.
+    names). ``heap`` and ``direct_memory`` are the JVM's ``-Xmx`` and ``-XX:MaxDirectMemorySize``. ``env`` adds
+    to the JVM's environment (this process's): e.g. ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` for its own
+    offloader, kept out of ``standalone.conf`` and the command line.
     """
 
     stop_timeout = 60.0  # Pulsar closes its ledgers and the bookie flushes: 5-10 s here
@@ -127,6 +129,7 @@ class PulsarStandalone(BrokerProcess):
         direct_memory: str = "256m",
         quick_start: bool = True,
         jvm_options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         log_level: str = "info",
         start_timeout: float = 300.0,
     ) -> None:
@@ -148,6 +151,7 @@ class PulsarStandalone(BrokerProcess):
         self.direct_memory = direct_memory
         self.quick_start = quick_start
         self.jvm_options = tuple(jvm_options)
+        self.env = dict(env or {})
         self.log_level = log_level
         self.start_timeout = start_timeout
         self.started_in_s: float | None = None
@@ -313,6 +317,7 @@ class PulsarStandalone(BrokerProcess):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=str(self.data_dir),
+                env={**os.environ, **self.env} if self.env else None,
                 start_new_session=True,  # stop() signals its process group; a terminal's Ctrl-C is ours
             )
         deadline = began + self.start_timeout
