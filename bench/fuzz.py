@@ -385,7 +385,7 @@ def _decode_object(seeded: Seeded, item: Input) -> None:
             if text is not None:
                 decode_table(text, where=where)
     elif item.kind == "lease":
-        LeaseRecord.decode(item.data)
+        LeaseRecord.decode(item.data, where=item.key)
         WriterLease(seeded.scoped, HOLDER).current()
     elif item.kind == "policy":
         PolicyVersions([(1, json.loads(item.data))]).policy_at(PLAIN_TOPIC, 2)
