@@ -84,7 +84,7 @@ from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.policy_versions import PolicyVersions
+from streamoffload.streaming.control.policy_versions import PolicyVersions, decode_version
 from tests.read import History, offload, pulsar_entries
 
 PREFIX = "fuzz"
@@ -388,7 +388,7 @@ def _decode_object(seeded: Seeded, item: Input) -> None:
         LeaseRecord.decode(item.data, where=item.key)
         WriterLease(seeded.scoped, HOLDER).current()
     elif item.kind == "policy":
-        PolicyVersions([(1, json.loads(item.data))]).policy_at(PLAIN_TOPIC, 2)
+        PolicyVersions([(1, decode_version(item.data, where=item.key))]).policy_at(PLAIN_TOPIC, 2)
 
 
 def _topics(item: Input) -> tuple[str, ...]:
