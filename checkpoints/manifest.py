@@ -79,9 +79,7 @@ def policy_field(manifest: SegmentManifest, name: str, default: str = "") -> str
     except ValueError as err:  # JSONDecodeError; and an integer of more digits than Python converts
         raise FormatError(f"driver property {PROP_POLICY!r} is not JSON: {err}", where=where) from None
     if not isinstance(doc, dict):
-        raise FormatError(
-            f"driver property {PROP_POLICY!r} is not a JSON object but {type(doc).__name__}", where=where
-        )
+        raise FormatError(f"driver property {PROP_POLICY!r} is not a JSON object but {type(doc).__name__}", where=where)
     value = doc.get(name)
     return default if value is None else str(value)
 
