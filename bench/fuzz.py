@@ -4,7 +4,7 @@ and to ``cleanup`` and ``verify`` over a filesystem store seeded with a real com
 Run from the repository root:
 
     .venv/bin/python bench/fuzz.py                          # 10,000 inputs per kind, a random seed (printed)
-    .venv/bin/python bench/fuzz.py --seed 52 --count 200    # what tests/bench/test_fuzz.py runs
+    .venv/bin/python bench/fuzz.py --seed 52 --count 60     # what tests/bench/test_fuzz.py runs per store kind
     .venv/bin/python bench/fuzz.py --kinds manifest,lease --count 1000
 
 The store is built with the project's own writers (``tests.read.offload``: the segmenter and the sink): a topic
