@@ -4,7 +4,7 @@ and to ``cleanup`` and ``verify`` over a filesystem store seeded with a real com
 Run from the repository root:
 
     .venv/bin/python bench/fuzz.py                          # 10,000 inputs per kind, a random seed (printed)
-    .venv/bin/python bench/fuzz.py --seed 52 --count 200    # what tests/bench/test_fuzz.py runs
+    .venv/bin/python bench/fuzz.py --seed 52 --count 60     # what tests/bench/test_fuzz.py runs per store kind
     .venv/bin/python bench/fuzz.py --kinds manifest,lease --count 1000
 
 The store is built with the project's own writers (``tests.read.offload``: the segmenter and the sink): a topic
@@ -84,7 +84,7 @@ from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.policy_versions import PolicyVersions
+from streamoffload.streaming.control.policy_versions import PolicyVersions, decode_version
 from tests.read import History, offload, pulsar_entries
 
 PREFIX = "fuzz"
@@ -385,10 +385,10 @@ def _decode_object(seeded: Seeded, item: Input) -> None:
             if text is not None:
                 decode_table(text, where=where)
     elif item.kind == "lease":
-        LeaseRecord.decode(item.data)
+        LeaseRecord.decode(item.data, where=item.key)
         WriterLease(seeded.scoped, HOLDER).current()
     elif item.kind == "policy":
-        PolicyVersions([(1, json.loads(item.data))]).policy_at(PLAIN_TOPIC, 2)
+        PolicyVersions([(1, decode_version(item.data, where=item.key))]).policy_at(PLAIN_TOPIC, 2)
 
 
 def _topics(item: Input) -> tuple[str, ...]:

@@ -45,6 +45,16 @@ LIVE_WRITER_GRACE_MS = 2 * COMMIT_WINDOW_MS
 """The shortest grace ``cleanup`` takes while another instance's lease is live: the commit window, and as much
 again for the commit request itself and for the store's clock and cleanup's disagreeing."""
 
+MAX_LEASE_TIME_MS = 253_402_300_799_999
+"""The latest time a lease record may hold (9999-12-31 23:59:59.999 UTC, the last instant ``time.gmtime`` and
+``datetime`` take everywhere): a record's renewal time plus its time to live, and each of them, are at most this."""
+
+MAX_LEASE_NUMBER = 2**63 - 1
+"""The largest epoch, pid or start time a lease record may hold (a Java long, as every number the store keeps):
+an epoch still fits the key's 20 digits."""
+
+_TIMES = ("acquired_ms", "renewed_ms", "ttl_ms")
+
 CLEANUP_HOLDER = "streamoffload-cleanup"
 """The holder id of ``cleanup`` holding the lease (``checkpoints.cleanup_guard``), followed by its host."""
 
@@ -156,7 +166,8 @@ class LeaseRecord:
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> LeaseRecord:
-        """The record at ``where``; ``FormatError`` naming it for anything but a JSON object of the fields."""
+        """The record at ``where``; ``FormatError`` naming it for anything but a JSON object of the fields, with
+        every number in its range (times up to ``MAX_LEASE_TIME_MS``, the others up to ``MAX_LEASE_NUMBER``)."""
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as err:
@@ -174,8 +185,18 @@ class LeaseRecord:
             if isinstance(value, bool) or not isinstance(value, want):
                 kind = "text" if want is str else "an integer"
                 raise FormatError(f"not a writer lease record: {f.name!r} is {value!r}, not {kind}", where=where)
+            most = MAX_LEASE_TIME_MS if f.name in _TIMES else MAX_LEASE_NUMBER
+            if isinstance(value, int) and not 0 <= value <= most:
+                raise FormatError(f"not a writer lease record: {f.name!r} is {value}, outside 0..{most}", where=where)
             values[f.name] = value
-        return cls(**values)  # type: ignore[arg-type]
+        record = cls(**values)  # type: ignore[arg-type]
+        if record.expires_ms > MAX_LEASE_TIME_MS:
+            raise FormatError(
+                f"not a writer lease record: it expires at {record.expires_ms} ms (renewed_ms + ttl_ms), after "
+                f"{MAX_LEASE_TIME_MS}",
+                where=where,
+            )
+        return record
 
 
 def _now_ms() -> int:

@@ -68,9 +68,19 @@ def frame_table(manifest: SegmentManifest) -> tuple[Frame, ...] | None:
 
 
 def policy_field(manifest: SegmentManifest, name: str, default: str = "") -> str:
-    """A field of the policy the segment was opened under (``PROP_POLICY``), as text ("" : not recorded)."""
+    """A field of the policy the segment was opened under (``PROP_POLICY``), as text (``default``: not recorded);
+    ``FormatError`` naming the manifest's segment when the recorded policy is not a JSON object."""
     policy = driver_property(manifest, PROP_POLICY)
-    value = json.loads(policy).get(name) if policy else None
+    if not policy:
+        return default
+    where = f"manifest of segment {manifest_uuid(manifest)} of {manifest.topic}"
+    try:
+        doc = json.loads(policy)
+    except ValueError as err:  # JSONDecodeError; and an integer of more digits than Python converts
+        raise FormatError(f"driver property {PROP_POLICY!r} is not JSON: {err}", where=where) from None
+    if not isinstance(doc, dict):
+        raise FormatError(f"driver property {PROP_POLICY!r} is not a JSON object but {type(doc).__name__}", where=where)
+    value = doc.get(name)
     return default if value is None else str(value)
 
 

@@ -40,17 +40,29 @@ __all__ = [
     "compress",
     "decompress",
     "max_inflated",
+    "max_uncompressed",
 ]
 
 MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 """Pulsar's ``maxMessageSize`` default (broker.conf): the largest entry a broker accepts."""
 
-MAX_UNCOMPRESSED = MAX_MESSAGE_SIZE + 1024 * 1024
-"""The default cap on a payload's inflated size. Pulsar's producers close a batch before its uncompressed
-messages pass ``maxMessageSize`` (Java's ``BatchMessageContainerImpl.haveEnoughSpace``); the extra MiB holds the
-batch's own framing (per message a 4-byte size and a ``SingleMessageMetadata``, 1,000 messages by default). A
-producer that compressed one message bigger than that is refused with this bound named (its entry still reads
-as stored); a reader that must inflate more passes ``max_size``."""
+BATCH_FRAMING_ROOM = 1024 * 1024
+"""What a cap on a payload's inflated size allows beyond ``maxMessageSize``: a full batch's own framing."""
+
+
+def max_uncompressed(max_message_size: int = MAX_MESSAGE_SIZE) -> int:
+    """The cap on a payload's inflated size for a broker whose ``maxMessageSize`` is ``max_message_size``
+    (``[pulsar] max_message_size`` in the configuration): that and ``BATCH_FRAMING_ROOM``."""
+    return max_message_size + BATCH_FRAMING_ROOM
+
+
+MAX_UNCOMPRESSED = max_uncompressed()
+"""The default cap on a payload's inflated size (``max_uncompressed`` of Pulsar's default ``maxMessageSize``).
+Pulsar's producers close a batch before its uncompressed messages pass ``maxMessageSize`` (Java's
+``BatchMessageContainerImpl.haveEnoughSpace``); the extra MiB holds the batch's own framing (per message a 4-byte
+size and a ``SingleMessageMetadata``, 1,000 messages by default). A producer that compressed one message bigger
+than that is refused with this bound named (its entry still reads as stored); the readers take the configured
+broker's (``[pulsar] max_message_size``) through ``max_uncompressed``."""
 
 CODECS = (CompressionType.NONE, CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD, CompressionType.SNAPPY)
 

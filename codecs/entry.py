@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError, EncodeError
 from google.protobuf.message import Message as _ProtoMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from streamoffload.codecs.compression import decompress
+from streamoffload.codecs.compression import MAX_UNCOMPRESSED, decompress
 from streamoffload.codecs.errors import (
     BadMagicError,
     ChecksumError,
@@ -377,13 +377,23 @@ def entry_incompressible(buf: bytes | bytearray | memoryview) -> bool:
     return metadata.compression != CompressionType.NONE or metadata_encrypted(metadata)
 
 
-def uncompressed_payload(decoded: DecodedEntry, where: str | None = None) -> memoryview:
-    """The entry's payload, inflated if it is compressed (a view into the entry otherwise)."""
+def uncompressed_payload(
+    decoded: DecodedEntry, where: str | None = None, max_size: int = MAX_UNCOMPRESSED
+) -> memoryview:
+    """The entry's payload, inflated if it is compressed (a view into the entry otherwise) to at most
+    ``max_size`` bytes (``codecs.compression.max_uncompressed`` of the broker's ``maxMessageSize``)."""
     md = decoded.metadata
     if md.compression == CompressionType.NONE:
         return decoded.payload
     return memoryview(
-        decompress(md.compression, decoded.payload, md.uncompressed_size, offset=decoded.payload_offset, where=where)
+        decompress(
+            md.compression,
+            decoded.payload,
+            md.uncompressed_size,
+            max_size=max_size,
+            offset=decoded.payload_offset,
+            where=where,
+        )
     )
 
 
@@ -407,12 +417,15 @@ def _props(items: Sequence[KeyValue], offset: int, where: str | None) -> dict[st
     }
 
 
-def split_messages(decoded: DecodedEntry, *, where: str | None = None) -> list[EntryMessage]:
-    """The messages of an already decoded entry (one with ``batch_index`` -1 if it is not a batch)."""
+def split_messages(
+    decoded: DecodedEntry, *, where: str | None = None, max_uncompressed: int = MAX_UNCOMPRESSED
+) -> list[EntryMessage]:
+    """The messages of an already decoded entry (one with ``batch_index`` -1 if it is not a batch); a compressed
+    payload is inflated to at most ``max_uncompressed`` bytes (``uncompressed_payload``)."""
     md = decoded.metadata
     meta_at = decoded.metadata_offset
     producer_name = _text(md.producer_name, "producer_name", meta_at, where)
-    payload = uncompressed_payload(decoded, where)
+    payload = uncompressed_payload(decoded, where, max_uncompressed)
     # Offsets in errors are into the entry for an uncompressed payload, into the inflated payload otherwise.
     base = decoded.payload_offset if md.compression == CompressionType.NONE else 0
     if not md.HasField("num_messages_in_batch"):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
+from streamoffload.codecs.compression import MAX_UNCOMPRESSED
 from streamoffload.codecs.entry import (
     DecodedEntry,
     EntryMessage,
@@ -125,19 +126,26 @@ class _Irregular(Exception):
     """Something the fast loop leaves to ``split_messages``."""
 
 
-def append_messages(decoded: DecodedEntry, columns: MessageColumns, *, where: str | None = None) -> int:
+def append_messages(
+    decoded: DecodedEntry,
+    columns: MessageColumns,
+    *,
+    where: str | None = None,
+    max_uncompressed: int = MAX_UNCOMPRESSED,
+) -> int:
     """Append the messages of an already decoded entry to ``columns``; returns how many. Raises what
-    ``split_messages`` raises for the entry, and then leaves ``columns`` as they were."""
+    ``split_messages`` raises for the entry (with the same ``max_uncompressed``), and then leaves ``columns`` as
+    they were."""
     md = decoded.metadata
     mark = columns._mark()
     producer = md.producer_name
     try:
         if not md.HasField("num_messages_in_batch") or type(producer) is not str:
             raise _Irregular  # one message: the per-entry path costs nothing extra here
-        count = _append_batch(decoded, columns, where)
+        count = _append_batch(decoded, columns, where, max_uncompressed)
     except _Irregular:
         columns._rollback(mark)
-        messages = split_messages(decoded, where=where)
+        messages = split_messages(decoded, where=where, max_uncompressed=max_uncompressed)
         for msg in messages:
             columns._append_message(msg)
         count = len(messages)
@@ -149,12 +157,12 @@ def append_messages(decoded: DecodedEntry, columns: MessageColumns, *, where: st
     return count
 
 
-def _append_batch(decoded: DecodedEntry, columns: MessageColumns, where: str | None) -> int:
+def _append_batch(decoded: DecodedEntry, columns: MessageColumns, where: str | None, max_uncompressed: int) -> int:
     md = decoded.metadata
     count = metadata_num_messages(md)
     if count < 0:
         raise _Irregular
-    payload = uncompressed_payload(decoded, where)
+    payload = uncompressed_payload(decoded, where, max_uncompressed)
     size = len(payload)
     entry_event_time = md.event_time
     entry_sequence_id = md.sequence_id

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH
+from streamoffload.codecs.compression import MAX_UNCOMPRESSED
 from streamoffload.codecs.entry import (
     CompressionType,
     DecodedEntry,
@@ -209,9 +210,11 @@ def read_task(
     keyring: KeyRing | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
+    max_uncompressed: int = MAX_UNCOMPRESSED,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one task as Arrow record batches of ``MESSAGE_ARROW_SCHEMA`` or ``ENTRY_ARROW_SCHEMA``
-    (``rows`` turns one into dicts)."""
+    (``rows`` turns one into dicts); a compressed payload inflates to at most ``max_uncompressed`` bytes
+    (``codecs.compression.max_uncompressed`` of the broker's ``maxMessageSize``)."""
     if isinstance(location, StoreLocation):
         store, owned = location.open(create=False).store, True  # in a Spark task: open it here, close it after
     else:
@@ -234,8 +237,12 @@ def read_task(
                 end = min(end, stop) if end is not None else stop
             if start is not None and end is not None and start > end:
                 return
-        emit = _message_rows if output == OUTPUT_MESSAGES else _entry_rows
-        yield from emit(handle, task.topic, start, end, times, skew_ms, batch_rows, batch_bytes)
+        if output == OUTPUT_MESSAGES:
+            yield from _message_rows(
+                handle, task.topic, start, end, times, skew_ms, batch_rows, batch_bytes, max_uncompressed
+            )
+        else:
+            yield from _entry_rows(handle, task.topic, start, end, times, skew_ms, batch_rows, batch_bytes)
     finally:
         handle.close()
         if owned:
@@ -351,9 +358,10 @@ class _MessageBatch:
     entry is not a batch, the entries are split one by one into per-field lists (``codecs.entry_columns``),
     which gives the same rows or raises the error naming the first entry at fault."""
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, max_uncompressed: int = MAX_UNCOMPRESSED) -> None:
         self.topic = topic
         self.partition = partition
+        self.max_uncompressed = max_uncompressed
         self.pending: list[tuple[int, int, DecodedEntry, str]] = []
         self.messages = 0
         self.payload_bytes = 0
@@ -408,7 +416,7 @@ class _MessageBatch:
                 payloads.append(decoded.payload)
                 continue
             try:
-                payloads.append(uncompressed_payload(decoded, where))
+                payloads.append(uncompressed_payload(decoded, where, self.max_uncompressed))
             except Exception:  # the one-by-one split raises it, after any earlier entry's error
                 return None
         metadata = [d.metadata for _, _, d, _ in self.pending]
@@ -422,7 +430,7 @@ class _MessageBatch:
     def _one_by_one(self) -> tuple[MessageColumns, list[int]]:
         cols = MessageColumns()
         for _, _, decoded, where in self.pending:
-            append_messages(decoded, cols, where=where)
+            append_messages(decoded, cols, where=where, max_uncompressed=self.max_uncompressed)
         return cols, cols.batch_sizes
 
     def _from_columns(self, cols: MessageColumns, batch_sizes: list[int]) -> pa.RecordBatch:
@@ -548,9 +556,10 @@ def _message_rows(
     skew_ms: int,
     batch_rows: int,
     batch_bytes: int,
+    max_uncompressed: int = MAX_UNCOMPRESSED,
 ) -> Iterator[pa.RecordBatch]:
     partition = TopicName.parse(topic).partition
-    batch = _MessageBatch(topic, partition)
+    batch = _MessageBatch(topic, partition, max_uncompressed)
     entries = _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}")
     while True:
         try:
@@ -570,7 +579,7 @@ def _message_rows(
         batch.add(entry.ledger_id, entry.entry_id, decoded, where)
         if batch.messages >= batch_rows or batch.payload_bytes >= batch_bytes:
             yield batch.to_arrow()
-            batch = _MessageBatch(topic, partition)
+            batch = _MessageBatch(topic, partition, max_uncompressed)
     if batch.pending:
         yield batch.to_arrow()
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints.keyring import KeyRing
-from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.read.segment import (
     DEFAULT_READ_BUFFER_SIZE,
@@ -103,14 +103,23 @@ class TopicReader:
         found = self.metadata.segments_for_range(topic, start, end)
         if start is None and end is None:
             self._known_segments[str(topic)] = found  # the full list: single-entry reads use it
-        if not found and not self.metadata.offloaded_segments(topic):
-            known = self.metadata.topics()
-            shown = ", ".join(str(t) for t in known[:10]) + (", ..." if len(known) > 10 else "")
+        if found:
+            return found
+        corrupt: list[CorruptManifest] = []
+        if self.metadata.offloaded_segments(topic, corrupt):
+            return found
+        if corrupt:  # manifests there, none usable: they are the answer, not the other topics
+            shown = "; ".join(c.error for c in corrupt[:3]) + ("; ..." if len(corrupt) > 3 else "")
             raise TopicNotFoundError(
-                f"no offloaded segments for topic {topic} in {self.scoped.describe()}"
-                + (f" (topics with offloaded data: {shown})" if known else " (no topic has offloaded data there)")
+                f"no readable offloaded segments for topic {topic} in {self.scoped.describe()}: "
+                f"{len(corrupt)} manifest{'s' if len(corrupt) > 1 else ''} cannot be used: {shown}"
             )
-        return found
+        known = self.metadata.topics()
+        shown = ", ".join(str(t) for t in known[:10]) + (", ..." if len(known) > 10 else "")
+        raise TopicNotFoundError(
+            f"no offloaded segments for topic {topic} in {self.scoped.describe()}"
+            + (f" (topics with offloaded data: {shown})" if known else " (no topic has offloaded data there)")
+        )
 
     def open_segment(self, segment: SegmentManifest | SegmentKeys) -> SegmentReadHandle:
         """A handle on one segment (reused while it stays among the ``max_open_segments`` latest)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +15,15 @@ if TYPE_CHECKING:
     from streamoffload.storage.filesystem import FilesystemStore
 
 
-def pread_exact(fd: int, start: int, length: int) -> bytes:
+def pread_exact(fd: int, start: int, length: int, size: int | None = None) -> bytes:
     """``length`` bytes at ``start``, shorter only at the end of the file. Regular files return short
-    reads only at the end, but a reader must not depend on that (SPEC 7: short reads on streams)."""
+    reads only at the end, but a reader must not depend on that (SPEC 7: short reads on streams).
+
+    No more is asked of the kernel than the file holds past ``start`` (its ``size``, from ``fstat`` when not
+    given): ``os.pread`` allocates the length it is asked for before it reads, so a request for 64 MiB of a
+    2 KiB object would take 64 MiB (and one for 2**62 bytes fail), however little came back."""
+    if length:
+        length = min(length, max(0, (_size(fd) if size is None else size) - start))
     data = os.pread(fd, length, start) if length else b""
     if 0 < len(data) < length:
         pieces = [data]
@@ -28,6 +36,12 @@ def pread_exact(fd: int, start: int, length: int) -> bytes:
             got += len(more)
         data = b"".join(pieces)
     return data
+
+
+def _size(fd: int) -> int:
+    """The size of a regular file; for anything else (a stream) a size that bounds nothing."""
+    st = os.fstat(fd)
+    return st.st_size if stat.S_ISREG(st.st_mode) else sys.maxsize
 
 
 class ReopeningFileReader(RangedReader):
@@ -53,6 +67,7 @@ class FileRangedReader(RangedReader):
         super().__init__(store, key)
         self._path = store.root.joinpath(*check_key(key).split("/"))
         self._file: Any = None
+        self._size = 0
         self._lock = threading.Lock()
 
     def _fd(self) -> int:
@@ -62,10 +77,12 @@ class FileRangedReader(RangedReader):
                     self._file = open(self._path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
                 except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                     raise ObjectNotFoundError(self.key) from None
+                self._size = _size(self._file.fileno())  # an object is immutable: its size once
             return int(self._file.fileno())
 
     def read(self, start: int, length: int) -> bytes:
-        return pread_exact(self._fd(), start, length)
+        fd = self._fd()
+        return pread_exact(fd, start, length, self._size)
 
     def close(self) -> None:
         with self._lock:

@@ -371,7 +371,12 @@ def _check_type(value: Any, expected: type, key: str, source: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value) and expected in (int, float):
         raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits (a policy document's JSON allows it)
+            raise ConfigError(
+                f"{source}: {key} must be a finite number, got an integer of {value.bit_length()} bits"
+            ) from None
     if expected is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
@@ -595,6 +600,46 @@ def _option_text(value: Any, where: str, source: str) -> str:
     return str(value)
 
 
+def parse_policy_sections(
+    doc: Mapping[str, Any], source: str
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The ``[offload]``, ``[namespaces]`` and ``[topics]`` sections of ``doc`` (a configuration file's, or a
+    published policy version's, ``streaming.control.policy_versions``), normalised and each level validated:
+    ``ConfigError`` naming ``source`` and the key otherwise."""
+    broker_policy = _normalise_policy(_section(doc, "offload", source), source, "offload")
+    namespace_policies: dict[str, dict[str, Any]] = {}
+    for ns, table in _section(doc, "namespaces", source).items():
+        if ns.count("/") != 1 or not all(ns.split("/")):
+            raise ConfigError(f"{source}: [namespaces.{ns!r}]: a namespace is written tenant/namespace")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{source}: [namespaces.{ns!r}] must be a table")
+        namespace_policies[ns] = _normalise_policy(table, source, f"namespaces.{ns!r}")
+    topic_policies: dict[str, dict[str, Any]] = {}
+    spellings: dict[str, str] = {}
+    for topic, table in _section(doc, "topics", source).items():
+        try:
+            name = str(TopicName.parse(topic))
+        except TopicNameError as err:
+            raise ConfigError(f"{source}: [topics.{topic!r}]: {err}") from None
+        if name in spellings:  # one would silently replace the other (an enabled = false could vanish)
+            raise ConfigError(
+                f"{source}: [topics.{spellings[name]!r}] and [topics.{topic!r}] are one topic, {name}: "
+                "merge them into one section"
+            )
+        spellings[name] = topic
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{source}: [topics.{topic!r}] must be a table")
+        topic_policies[name] = _normalise_policy(table, source, f"topics.{topic!r}")
+
+    # Validate every level now, naming the level, so a bad value fails at load and not hours later.
+    _validated_policy(broker_policy, source, "offload")
+    for ns, table in namespace_policies.items():
+        _validated_policy({**broker_policy, **table}, source, f"namespaces.{ns!r}")
+    for topic, table in topic_policies.items():
+        _validated_policy({**broker_policy, **table}, source, f"topics.{topic!r}")
+    return broker_policy, namespace_policies, topic_policies
+
+
 def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None) -> Config:
     """Build and validate a ``Config`` from a parsed TOML document."""
     known_sections = {"pulsar", "store", "spark", "metrics", "encryption", "offload", "namespaces", "topics"}
@@ -641,37 +686,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
         if not is_url(spark.checkpoint) and not os.path.isabs(spark.checkpoint):
             spark = replace(spark, checkpoint=str(base_dir / spark.checkpoint))
 
-    broker_policy = _normalise_policy(_section(doc, "offload", source), source, "offload")
-    namespace_policies: dict[str, dict[str, Any]] = {}
-    for ns, table in _section(doc, "namespaces", source).items():
-        if ns.count("/") != 1 or not all(ns.split("/")):
-            raise ConfigError(f"{source}: [namespaces.{ns!r}]: a namespace is written tenant/namespace")
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{source}: [namespaces.{ns!r}] must be a table")
-        namespace_policies[ns] = _normalise_policy(table, source, f"namespaces.{ns!r}")
-    topic_policies: dict[str, dict[str, Any]] = {}
-    spellings: dict[str, str] = {}
-    for topic, table in _section(doc, "topics", source).items():
-        try:
-            name = str(TopicName.parse(topic))
-        except TopicNameError as err:
-            raise ConfigError(f"{source}: [topics.{topic!r}]: {err}") from None
-        if name in spellings:  # one would silently replace the other (an enabled = false could vanish)
-            raise ConfigError(
-                f"{source}: [topics.{spellings[name]!r}] and [topics.{topic!r}] are one topic, {name}: "
-                "merge them into one section"
-            )
-        spellings[name] = topic
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{source}: [topics.{topic!r}] must be a table")
-        topic_policies[name] = _normalise_policy(table, source, f"topics.{topic!r}")
-
-    # Validate every level now, naming the level, so a bad value fails at load and not hours later.
-    _validated_policy(broker_policy, source, "offload")
-    for ns, table in namespace_policies.items():
-        _validated_policy({**broker_policy, **table}, source, f"namespaces.{ns!r}")
-    for topic, table in topic_policies.items():
-        _validated_policy({**broker_policy, **table}, source, f"topics.{topic!r}")
+    broker_policy, namespace_policies, topic_policies = parse_policy_sections(doc, source)
     config = Config(
         pulsar, store, spark, metrics, broker_policy, namespace_policies, topic_policies, source, encryption
     )

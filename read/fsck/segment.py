@@ -263,13 +263,28 @@ class _Checker:
 
     def decode_index(self, info: ObjectInfo) -> OffloadIndex | None:
         key = self.report.index_key
+        if info.size > MAX_INDEX_READ_BYTES:  # refused on its size, before any of it is read
+            self.problem(
+                key,
+                None,
+                "IndexTooLarge",
+                f"index object has {info.size} bytes, more than a reader takes ({MAX_INDEX_READ_BYTES})",
+            )
+            return None
         try:
-            raw = self.store.get_range(key, 0, MAX_INDEX_READ_BYTES + 1)
+            # Its size and one byte more: one that grew since its HEAD is told from one of that size.
+            raw = self.store.get_range(key, 0, info.size + 1)
         except ObjectNotFoundError:
             self.problem(key, None, "MissingObject", "index object disappeared while being verified")
             return None
-        if len(raw) > MAX_INDEX_READ_BYTES:
-            self.problem(key, None, "IndexTooLarge", f"index object has more than {MAX_INDEX_READ_BYTES} bytes")
+        if len(raw) != info.size:
+            self.problem(
+                key,
+                None,
+                "LengthMismatch",
+                f"index object changed while being verified: it had {info.size} "
+                f"bytes, then {'more' if len(raw) > info.size else len(raw)}",
+            )
             return None
         ledger_id = self.ledger_id
         if ledger_id is None:

@@ -22,9 +22,14 @@ _U32 = struct.Struct(">I")
 _CRC_HEADER = 6  # u16 magic 0x0e01, u32 CRC-32C
 
 MAX_INDEX_READ_BYTES = 64 * 1024 * 1024
-"""The largest index object a reader downloads: 20 bytes per block, so over three million blocks (a segment of
-64 MiB blocks holds a few thousand). An index is read whole, so this bounds what a hostile or damaged object
-(or a manifest's ``indexLength``) can make a reader allocate."""
+"""The largest index object a reader downloads: 20 bytes per block, so 3,355,443 blocks. The largest index a
+configuration can write is far below: a segment of at most ``maxSizePerOffloadSegmentMbytes`` (1 TiB, the
+configuration's bound) in blocks of at least ``maxMessageSize`` + 1,164 bytes (5 MiB by default;
+``streamoffload.limits``) is 209,669 blocks, 4.2 MB of entries (the defaults, 1 GiB in 64 MiB blocks: 16 blocks,
+320 bytes), plus per ledger a 16-byte header and its LedgerInfo (a few thousand ledgers at most: Pulsar rolls a
+ledger over no sooner than every 10 minutes, a segment after 30 days). An index is read whole, and no further
+than its HEAD size, so this bounds what a hostile or damaged object can make a reader allocate; a manifest's
+``indexLength`` other than the object's size is refused before the read."""
 
 
 def index_read_length(manifest: SegmentManifest | None, where: str) -> int:
@@ -52,6 +57,18 @@ def index_length_problem(manifest: SegmentManifest | None, fetched: int) -> str 
         return None
     if fetched > MAX_INDEX_READ_BYTES:
         return f"index object has more than {MAX_INDEX_READ_BYTES} bytes, more than a reader takes"
+    return None
+
+
+def index_size_problem(manifest: SegmentManifest | None, size: int) -> str | None:
+    """What is wrong with an index object whose HEAD says ``size`` bytes, before any of it is read: a size other
+    than its manifest's ``indexLength``, or one above the cap."""
+    if manifest is not None and manifest.HasField("indexLength"):
+        if size != manifest.indexLength:
+            return f"index object has {size} bytes, but its manifest records {manifest.indexLength}"
+        return None
+    if size > MAX_INDEX_READ_BYTES:
+        return f"index object has {size} bytes, more than the {MAX_INDEX_READ_BYTES} a reader takes"
     return None
 
 

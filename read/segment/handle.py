@@ -35,6 +35,7 @@ from streamoffload.read.segment.checks import (
     check_entry_checksum,
     index_length_problem,
     index_read_length,
+    index_size_problem,
     manifest_disagreements,
     unsupported_format_version,
 )
@@ -146,9 +147,7 @@ class SegmentReadHandle:
                 ) from None
 
         data_info = self._head(self.data_key, "data") if check_metadata else None
-        index_bytes = self._get_index()
-        if check_metadata:
-            self._check_format_metadata(self._head(self.index_key, "index"))
+        index_bytes = self._get_index(check_metadata)
         self.index = self._decode_index(index_bytes, ledger_hint)
         self.version: FormatVersion = self.index.version
         self.length = self.index.data_object_length
@@ -217,11 +216,20 @@ class SegmentReadHandle:
                 where=info.key,
             )
 
-    def _get_index(self) -> bytes:
+    def _get_index(self, check_metadata: bool) -> bytes:
         """The index object, read no further than its manifest's ``indexLength`` (or the cap) and refused, naming
-        it, when its length is not that."""
+        it, when its length is not that. With ``check_metadata`` its HEAD comes first: a size other than the
+        manifest's (or above the cap) is refused before any of it is read, and no more than its size is asked."""
+        want = index_read_length(self.manifest, self.index_key)
         try:
-            buf = self.store.get_range(self.index_key, 0, index_read_length(self.manifest, self.index_key))
+            if check_metadata:
+                info = self.store.head(self.index_key)
+                self._check_format_metadata(info)
+                problem = index_size_problem(self.manifest, info.size)
+                if problem is not None:
+                    raise ManifestMismatchError(problem, where=self.index_key)
+                want = min(want, info.size + 1)  # and one more: one that grew since is told from one of that size
+            buf = self.store.get_range(self.index_key, 0, want)
         except ObjectNotFoundError:
             raise MissingObjectError(
                 f"index object {self.index_key} of data object {self.data_key} is missing from {self.store.url} "

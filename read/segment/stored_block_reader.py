@@ -29,6 +29,7 @@ from streamoffload.codecs.block_frames import (
     stored_blocks,
     stored_size,
 )
+from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.index import BlockLocation
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.storage.base import RangedReader
@@ -52,7 +53,7 @@ def _block_size(manifest: SegmentManifest) -> int:
     a form that does not read: the manifest's checks report that)."""
     try:
         text = mf.policy_field(manifest, "managedLedgerOffloadMaxBlockSizeInBytes")
-    except (ValueError, AttributeError):
+    except FormatError:
         return MAX_BLOCK
     return int(text) if text.isdigit() and 0 < int(text) <= MAX_BLOCK else MAX_BLOCK
 

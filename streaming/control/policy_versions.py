@@ -27,7 +27,7 @@ from typing import Any
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import Config
+from streamoffload.config import Config, parse_policy_sections
 from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError, ObjectStore
@@ -51,12 +51,34 @@ def policy_document(config: Config) -> dict[str, Any]:
 
 
 def config_of(doc: Mapping[str, Any], source: str) -> Config:
-    return Config(
-        broker_policy=doc.get("offload", {}),
-        namespace_policies=doc.get("namespaces", {}),
-        topic_policies=doc.get("topics", {}),
-        source=source,
-    )
+    """The policy document as a configuration's policy sections, validated as a configuration file's are:
+    ``ConfigError`` naming ``source`` and the key for anything else (a version is read from the store, and
+    trusted no more than a file)."""
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{source}: not a policy version: a JSON object, not {type(doc).__name__}")
+    unknown = sorted(set(doc) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"{source}: not a policy version: unknown section {unknown[0]!r} (known: {', '.join(SECTIONS)})"
+        )
+    broker, namespaces, topics = parse_policy_sections(doc, source)
+    config = Config(broker_policy=broker, namespace_policies=namespaces, topic_policies=topics, source=source)
+    for topic in topics:  # each level is valid alone; a topic's merges its namespace's too
+        config.policy_for(topic)
+    return config
+
+
+SECTIONS = ("offload", "namespaces", "topics")
+
+
+def decode_version(data: bytes, where: str) -> dict[str, Any]:
+    """The policy document stored at ``where``, checked (``config_of``); ``ConfigError`` naming ``where``."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{where}: not a policy version (not JSON: {err})") from None
+    config_of(doc, where)
+    return dict(doc)
 
 
 def publish_delay_ms(refresh_s: float, clock_skew_ms: int = CLOCK_SKEW_MS) -> int:
@@ -158,7 +180,7 @@ class PolicyLog:
             if self._versions.latest_effective is not None and effective <= self._versions.latest_effective:
                 continue
             try:
-                self._versions.add(effective, json.loads(self.store.get(key)))
+                self._versions.add(effective, decode_version(self.store.get(key), key))
             except ObjectNotFoundError:
                 continue
 
@@ -168,7 +190,7 @@ class PolicyLog:
         out = []
         for effective, key in self._list():
             try:
-                out.append((effective, json.loads(self.store.get(key))))
+                out.append((effective, decode_version(self.store.get(key), key)))
             except ObjectNotFoundError:
                 continue
         return out
@@ -182,7 +204,7 @@ class PolicyLog:
             if effective > now_ms:
                 self.store.delete(key)
         kept = [(e, k) for e, k in listed if e <= now_ms]
-        latest = json.loads(self.store.get(kept[-1][1])) if kept else None
+        latest = decode_version(self.store.get(kept[-1][1]), kept[-1][1]) if kept else None
         if latest != doc:
             self._put(now_ms, doc)
             kept.append((now_ms, self._key(now_ms)))

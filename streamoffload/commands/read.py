@@ -18,6 +18,7 @@ from streamoffload.cli_common import (
     ledger_id_arg,
     topic_arg,
 )
+from streamoffload.codecs.compression import MAX_UNCOMPRESSED, max_uncompressed
 from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
@@ -144,7 +145,7 @@ def _entry_line(entry: OffloadedEntry) -> dict[str, Any]:
     return {"ledger_id": entry.ledger_id, "entry_id": entry.entry_id, "payload": _b64(entry.payload)}
 
 
-def _message_lines(entry: OffloadedEntry) -> Iterator[dict[str, Any]]:
+def _message_lines(entry: OffloadedEntry, max_uncompressed: int) -> Iterator[dict[str, Any]]:
     where = f"entry {entry.ledger_id}:{entry.entry_id}"
     decoded = decode_entry(entry.payload, where=where)  # checks the CRC-32C
     if decoded.encrypted:
@@ -158,7 +159,7 @@ def _message_lines(entry: OffloadedEntry) -> Iterator[dict[str, Any]]:
             "producer_name": md.producer_name,
         }
         return
-    for msg in split_messages(decoded, where=where):
+    for msg in split_messages(decoded, where=where, max_uncompressed=max_uncompressed):
         yield {
             "ledger_id": entry.ledger_id,
             "entry_id": entry.entry_id,
@@ -171,13 +172,21 @@ def _message_lines(entry: OffloadedEntry) -> Iterator[dict[str, Any]]:
         }
 
 
-def write_lines(entries: Iterator[OffloadedEntry], out: TextIO, *, messages: bool, limit: int | None) -> int:
-    """Print entries (or their messages) as JSON lines; returns the number of lines."""
+def write_lines(
+    entries: Iterator[OffloadedEntry],
+    out: TextIO,
+    *,
+    messages: bool,
+    limit: int | None,
+    max_uncompressed: int = MAX_UNCOMPRESSED,
+) -> int:
+    """Print entries (or their messages, each payload inflated to at most ``max_uncompressed`` bytes) as JSON
+    lines; returns the number of lines."""
     count = 0
     if limit is not None and limit <= 0:
         return 0
     for entry in entries:
-        lines = _message_lines(entry) if messages else iter((_entry_line(entry),))
+        lines = _message_lines(entry, max_uncompressed) if messages else iter((_entry_line(entry),))
         for line in lines:
             out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")))
             out.write("\n")
@@ -239,7 +248,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             # A reader of our output that goes away (`| head`) is a BrokenPipeError, which streamoffload.cli
             # turns into a quiet exit for every command.
-            write_lines(entries, sys.stdout, messages=args.messages, limit=args.limit)
+            write_lines(
+                entries,
+                sys.stdout,
+                messages=args.messages,
+                limit=args.limit,
+                max_uncompressed=max_uncompressed(config.pulsar.max_message_size),
+            )
             sys.stdout.flush()
         finally:
             close = getattr(entries, "close", None)

@@ -25,7 +25,7 @@ from streamoffload.codecs.errors import FormatError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore
-from tests.checkpoints.segments import NOW, write_segment
+from tests.checkpoints.segments import NOW, TOPIC, write_segment
 
 TTL_MS = 30_000
 
@@ -193,3 +193,29 @@ def test_a_new_process_after_the_holder_was_killed_takes_the_lease_at_once(
     assert restart.acquire().epoch == 2  # live for ten more minutes, but its process is gone
     with pytest.raises(LeaseHeldError, match=restart.holder):  # another path still waits
         WriterLease(ScopedStore(fs_store, "prefix"), instance_id("/other")).acquire()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("ttl_ms", 2**70, rf"'ttl_ms' is {2**70}, outside 0\.\.253402300799999"),
+        ("renewed_ms", -1, r"'renewed_ms' is -1, outside 0\.\.253402300799999"),
+        ("epoch", 2**64, rf"'epoch' is {2**64}, outside 0\.\.{2**63 - 1}"),
+        ("ttl_ms", 253_402_300_799_999, r"it expires at \d+ ms \(renewed_ms \+ ttl_ms\), after 253402300799999"),
+    ],
+)
+def test_a_lease_records_numbers_are_range_checked_before_cleanup_or_a_writer_uses_them(
+    store: ObjectStore, name: str, value: int, why: str
+) -> None:
+    """A time past what ``time.gmtime`` takes once reached the error text of ``cleanup`` as a raw OSError
+    (EOVERFLOW): the record is refused where it is decoded, naming it."""
+    first = lease(store, "host-a")
+    first.acquire(now_ms=NOW)
+    key = keys.prefix_meta_prefix("prefix", "writers") + f"{1:020d}"
+    doc = json.loads(store.get(key))
+    doc[name] = value
+    store.put(key, json.dumps(doc).encode())
+    with pytest.raises(FormatError, match=f"^{key}: not a writer lease record: {why}$"):
+        lease(store, "host-b").current()
+    with pytest.raises(FormatError, match=f"^{key}: not a writer lease record: {why}"):
+        MetadataStore(ScopedStore(store, "prefix")).cleanup(TOPIC, grace_ms=0, at_ms=NOW + 1)

@@ -21,13 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamoffload.codecs.block_frames import CODEC_ZSTD, FrameError, compress_block, decompress_block
-from streamoffload.codecs.compression import MAX_UNCOMPRESSED, codec_name, compress, decompress
+from streamoffload.codecs.compression import MAX_UNCOMPRESSED, codec_name, compress, decompress, max_uncompressed
 from streamoffload.codecs.entry import (
     CompressionType,
     MessageMetadata,
+    SingleMessageMetadata,
     decode_entry,
     encode_entry,
     entry_messages,
+    split_messages,
 )
 from streamoffload.codecs.entry_columns import MessageColumns, append_messages
 from streamoffload.codecs.errors import DecompressionError
@@ -245,3 +247,30 @@ def test_a_block_frame_is_held_to_its_index_size_and_the_block_size() -> None:
     unsized = zstd_without_content_size(bytes(64 * MIB))
     with pytest.raises(FrameError, match="says it holds an unknown number of bytes, the index says 4096"):
         decompress_block(CODEC_ZSTD, unsized, 4096, where="k")
+
+
+@pytest.mark.parametrize(
+    "codec", [CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD, CompressionType.SNAPPY]
+)
+def test_the_message_splitters_take_the_cap_they_are_given(codec: int) -> None:
+    """``split_messages`` and ``append_messages`` (batched and not) inflate to the configured broker's bound
+    (``max_uncompressed(maxMessageSize)``), not the default's."""
+    single = SingleMessageMetadata(payload_size=3000).SerializeToString()
+    batch = len(single).to_bytes(4, "big") + single + bytes(3000)
+    for batched, plain in ((True, batch), (False, bytes(3000))):
+        md = MessageMetadata(
+            producer_name="p", sequence_id=1, publish_time=1, compression=codec, uncompressed_size=len(plain)
+        )
+        if batched:
+            md.num_messages_in_batch = 1
+        decoded = decode_entry(encode_entry(md, compress(codec, plain)), where="entry 7:1")
+        cap = len(plain) - 1
+        assert max_uncompressed(cap - 1024 * 1024) == cap
+        for size in (cap, len(plain)):
+            for split in (split_messages, append_messages):
+                args = (decoded,) if split is split_messages else (decoded, MessageColumns())
+                if size == cap:
+                    with pytest.raises(DecompressionError, match=f"^entry 7:1: .* above the {cap}-byte bound"):
+                        split(*args, where="entry 7:1", max_uncompressed=size)  # type: ignore[operator]
+                else:
+                    split(*args, where="entry 7:1", max_uncompressed=size)  # type: ignore[operator]

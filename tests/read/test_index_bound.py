@@ -9,7 +9,10 @@ import pytest
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.codecs.errors import FormatError
-from streamoffload.read.segment import SegmentKeys, SegmentReadHandle
+from streamoffload.codecs.topics import TopicName
+from streamoffload.read.fsck import segment as fsck_segment
+from streamoffload.read.fsck import verify_topic
+from streamoffload.read.segment import SegmentKeys, SegmentReadHandle, checks
 from streamoffload.read.segment.checks import MAX_INDEX_READ_BYTES
 from streamoffload.read.segment.errors import ManifestMismatchError
 from streamoffload.storage.filesystem import FilesystemStore
@@ -52,14 +55,24 @@ def test_the_index_is_read_up_to_its_recorded_length_and_a_longer_one_is_refused
     SegmentReadHandle(store, segment).close()
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
 
+    longer = segment.indexLength + 8 * 1024 * 1024
     store.put(segment.indexKey, index + bytes(8 * 1024 * 1024))  # 8 MiB more than the manifest says
     store.asked.clear()
     with pytest.raises(
         ManifestMismatchError,
-        match=f"^{segment.indexKey}: index object has more than {segment.indexLength} bytes, but its manifest "
-        f"records {segment.indexLength}",
+        match=f"^{segment.indexKey}: index object has {longer} bytes, but its manifest records {segment.indexLength}$",
     ):
         SegmentReadHandle(store, segment)
+    assert [a for a in store.asked if a[0] == segment.indexKey] == []  # refused on its HEAD
+
+    # Without the HEAD (check_metadata=False) it is read up to the recorded length and one more, and refused.
+    store.asked.clear()
+    with pytest.raises(
+        ManifestMismatchError,
+        match=f"^{segment.indexKey}: index object has more than {segment.indexLength} bytes, but its manifest "
+        f"records {segment.indexLength} \\(at byte offset {segment.indexLength + 1}\\)$",
+    ):
+        SegmentReadHandle(store, segment, check_metadata=False)
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
 
     store.put(segment.indexKey, index[:-1])
@@ -79,7 +92,63 @@ def test_an_index_length_past_the_cap_is_refused_before_any_read(
     assert all(key != segment.indexKey for key, _ in store.asked)
 
 
-def test_without_a_manifest_the_index_is_read_up_to_the_cap(store: CountingStore, segment: mf.SegmentManifest) -> None:
+def test_an_index_length_larger_than_the_object_is_refused_before_any_read(
+    store: CountingStore, segment: mf.SegmentManifest
+) -> None:
+    """A manifest claiming an index within the cap but larger than the object (its HEAD says how large): refused
+    naming both sizes, and nothing of the index is read (nor allocated to the claimed length)."""
+    hostile = mf.SegmentManifest()
+    hostile.CopyFrom(segment)
+    hostile.indexLength = MAX_INDEX_READ_BYTES
+    store.asked.clear()
+    with pytest.raises(
+        ManifestMismatchError,
+        match=f"^{segment.indexKey}: index object has {segment.indexLength} bytes, but its manifest records "
+        f"{MAX_INDEX_READ_BYTES}$",
+    ):
+        SegmentReadHandle(store, hostile)
+    assert all(key != segment.indexKey for key, _ in store.asked)
+
+
+def test_without_a_manifest_the_index_is_read_up_to_its_size_or_the_cap(
+    store: CountingStore, segment: mf.SegmentManifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store.asked.clear()
     SegmentReadHandle(store, SegmentKeys(segment.dataKey, segment.indexKey)).close()
+    assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
+    store.asked.clear()
+    SegmentReadHandle(store, SegmentKeys(segment.dataKey, segment.indexKey), check_metadata=False).close()
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, MAX_INDEX_READ_BYTES + 1)]
+
+    monkeypatch.setattr(checks, "MAX_INDEX_READ_BYTES", segment.indexLength - 1)  # an index above the cap
+    store.asked.clear()
+    with pytest.raises(
+        ManifestMismatchError,
+        match=f"^{segment.indexKey}: index object has {segment.indexLength} bytes, more than the "
+        f"{segment.indexLength - 1} a reader takes$",
+    ):
+        SegmentReadHandle(store, SegmentKeys(segment.dataKey, segment.indexKey))
+    assert all(key != segment.indexKey for key, _ in store.asked)
+
+
+def test_verify_reads_an_index_up_to_its_size_and_one_too_large_not_at_all(
+    store: CountingStore, segment: mf.SegmentManifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``verify`` asked for the cap plus one of every index (64 MiB taken by a filesystem read whatever the
+    object held): it asks for the size its HEAD said and one more, and one above the cap is a problem unread."""
+    topic = TopicName.parse(segment.topic)
+    store.asked.clear()
+    assert verify_topic(ScopedStore(store), topic, crc=True).all_problems == []
+    assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
+
+    monkeypatch.setattr(fsck_segment, "MAX_INDEX_READ_BYTES", segment.indexLength - 1)
+    store.asked.clear()
+    problems = verify_topic(ScopedStore(store), topic, crc=True).all_problems
+    assert [(p.object, p.error, p.message) for p in problems if p.object == segment.indexKey] == [
+        (
+            segment.indexKey,
+            "IndexTooLarge",
+            f"index object has {segment.indexLength} bytes, more than a reader takes ({segment.indexLength - 1})",
+        )
+    ]
+    assert [a for a in store.asked if a[0] == segment.indexKey] == []

@@ -9,13 +9,19 @@ from typing import Any
 
 import pytest
 
+from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli import main
+from streamoffload.codecs.compression import CompressionType, DecompressionError, compress
+from streamoffload.codecs.entry import MessageMetadata, encode_entry
+from streamoffload.read.dataset_plan import ReadTask
+from streamoffload.read.dataset_read import read_task, rows
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
+from tests.fixtures.entries import Published
 from tests.fixtures.s3 import S3_REGION
-from tests.read import TOPIC, History, offload, pulsar_entries
+from tests.read import MIB, TOPIC, History, offload, pulsar_entries
 
 PREFIX = "offload"
 
@@ -147,3 +153,36 @@ def test_reads_with_a_configuration_file(capsys: pytest.CaptureFixture[str], tmp
     code, lines, _ = cli(capsys, "--conf", str(conf), TOPIC)
     assert code == 0
     assert [(d["ledger_id"], d["entry_id"], base64.b64decode(d["payload"])) for d in lines] == history.expected
+
+
+def test_messages_inflate_up_to_the_configured_brokers_max_message_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A producer's 7 MiB message compressed (zstd): above the cap of Pulsar's default ``maxMessageSize`` (5 MiB
+    and 1 MiB of batch framing), so refused naming it; read once ``[pulsar] max_message_size`` says the broker
+    takes 8 MiB. The same bound reaches the DataFrame reader's ``read_task``."""
+    body = bytes(7 * MIB)
+    md = MessageMetadata(
+        producer_name="p", sequence_id=0, publish_time=1, compression=CompressionType.ZSTD, uncompressed_size=len(body)
+    )
+    root = tmp_path / "store"
+    scoped = ScopedStore(FilesystemStore(root, fsync=False))
+    meta = offload(scoped, History(TOPIC, [Published(3, 0, encode_entry(md, compress(CompressionType.ZSTD, body)), 1)]))
+    store_conf = f'[store]\nmanagedLedgerOffloadDriver = "filesystem"\nroot = "{root}"\n'
+    default, larger = tmp_path / "default.toml", tmp_path / "larger.toml"
+    default.write_text(store_conf)
+    larger.write_text(f"[pulsar]\nmax_message_size = {8 * MIB}\n\n{store_conf}")
+
+    code, lines, err = cli(capsys, "--conf", str(default), "--messages", TOPIC)
+    assert (code, lines) == (1, [])
+    assert f"ZSTD payload with uncompressed_size {7 * MIB} refused: it is above the 6291456-byte bound" in err
+    code, lines, err = cli(capsys, "--conf", str(larger), "--messages", TOPIC)
+    assert code == 0, err
+    assert [(d["ledger_id"], d["entry_id"], base64.b64decode(d["payload"]) == body) for d in lines] == [(3, 0, True)]
+
+    (segment,) = meta.offloaded_segments(TOPIC)
+    task = ReadTask(TOPIC, mf.encode_manifest(segment), None, None)
+    with pytest.raises(DecompressionError, match="above the 6291456-byte bound"):
+        list(read_task(scoped, task))
+    (batch,) = read_task(scoped, task, max_uncompressed=9 * MIB)
+    assert [r["value"] == body for r in rows(batch)] == [True]

@@ -431,3 +431,20 @@ def test_any_range_reads_exactly_the_entries_in_it(
         entry = history.entries[(i * 7 + n) % len(positions)]
         assert bytes(reader.read_entry(TOPIC, entry.position).payload) == entry.payload
     assert readahead_threads() == 0
+
+
+def test_a_topic_whose_only_manifests_are_corrupt_is_refused_naming_them(tmp_path: Path) -> None:
+    """No readable segment, but manifests there: the error names each one and why (it said only that the
+    topic had no offloaded segments, and listed the other topics)."""
+    store = FilesystemStore(tmp_path / "store", fsync=False)
+    scoped = ScopedStore(store)
+    meta = offload(scoped, pulsar_entries({3: 10}))
+    (key,) = [meta.manifest_key(m) for m in meta.offloaded_segments(TOPIC)]
+    flip_byte(store, key, 20)
+    (error,) = [c.error for c in meta.corrupt_manifests(TOPIC)]
+    assert error.startswith(f"{key}: ")
+    with TopicReader(scoped) as reader, pytest.raises(TopicNotFoundError) as err:
+        reader.read(TOPIC)
+    assert str(err.value) == (
+        f"no readable offloaded segments for topic {TOPIC} in {scoped.describe()}: 1 manifest cannot be used: {error}"
+    )

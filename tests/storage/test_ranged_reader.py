@@ -5,6 +5,7 @@ return the same bytes for the same ranges."""
 from __future__ import annotations
 
 import random
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,4 +126,45 @@ def test_a_missing_object_raises_object_not_found_from_every_reader(
     for reader in readers:
         with pytest.raises(ObjectNotFoundError):
             reader.read(0, 10)
+        reader.close()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("length", [64 * 1024 * 1024 + 1, 2**62])
+def test_a_read_past_the_end_takes_no_more_memory_than_the_object_holds(
+    tmp_path: Path, s3_bucket: str, s3_settings: dict[str, Any], length: int
+) -> None:
+    """A length read from a hostile manifest or index (the 64 MiB index cap plus one, or 2**62) asked of a
+    2 KiB object: every reader returns the 2 KiB and allocates about that, not the length asked for (``os.pread``
+    allocates its length before it reads)."""
+    small = random.Random(52).randbytes(2048)
+    fs = FilesystemStore(tmp_path / "store", fsync=False)
+    fs.put(KEY, small)
+    s3 = S3Store(s3_bucket, "pfx", **s3_settings)
+    s3.put(KEY, small)
+    try:
+        reads = {
+            "filesystem get_range": lambda: fs.get_range(KEY, 0, length),
+            "filesystem, held descriptor": lambda: read_once(fs.open_ranged_reader(KEY), length),
+            "filesystem, get_range per read": lambda: read_once(fs.open_ranged_reader(KEY, hold_open=False), length),
+            "s3 get_range": lambda: s3.get_range(KEY, 0, length),
+        }
+        for name, read in reads.items():
+            read()  # first uses (lazy imports, connections) are not the read's
+            tracemalloc.start()
+            try:
+                assert read() == small, name
+                assert fs.get_range(KEY, 1000, length) == small[1000:], name
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 1024 * 1024, f"{name}: {peak} bytes"
+    finally:
+        s3.close()
+
+
+def read_once(reader: RangedReader, length: int) -> bytes:
+    try:
+        return reader.read(0, length)
+    finally:
         reader.close()
