@@ -32,6 +32,9 @@ Options (names are case-insensitive, as Spark makes them):
 ``maxPartitionBytes`` (32 MiB), ``publishTimeSkewMs`` (1000), ``readBufferSize`` (1 MiB)
     A segment larger than ``maxPartitionBytes`` is read by several tasks, each a run of whole blocks;
     the publish-time slack of pruning (see ``offloaded_read``); the ranged-GET size.
+``maxMessageSize`` (5 MiB, Pulsar's broker default)
+    The broker's ``maxMessageSize``: a compressed payload inflates to at most this plus 1 MiB of batch framing
+    (``codecs.compression.max_uncompressed``); one that declares more is refused, naming its entry.
 
 Filters in the query (``where``) on the publish time, topic, ledger id (and entry id with
 ``ledgerId =``) and ``__messageId =`` are pushed down (PySpark >= 4.1; ``register`` turns on
@@ -64,6 +67,7 @@ from pyspark.sql.types import StructType
 
 from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import MAX_ID
+from streamoffload.codecs.compression import MAX_MESSAGE_SIZE, max_uncompressed
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
 from streamoffload.read import dataset_plan as ofp
@@ -89,6 +93,7 @@ class OffloadedOptions:
     skew_ms: int = ofp.DEFAULT_SKEW_MS
     read_buffer_size: int = 1 << 20
     keys_file: str | None = None
+    max_message_size: int = MAX_MESSAGE_SIZE
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> OffloadedOptions:
@@ -134,6 +139,9 @@ class OffloadedOptions:
         read_buffer = parse_size(get("readBufferSize") or "1m", "readBufferSize")
         if max_bytes <= 0 or read_buffer <= 0:
             raise ConfigError("options maxPartitionBytes and readBufferSize must be positive")
+        max_message = parse_size(get("maxMessageSize") or str(MAX_MESSAGE_SIZE), "maxMessageSize")
+        if max_message <= 0:
+            raise ConfigError(f"option maxMessageSize must be positive, got {get('maxMessageSize')!r}")
         return cls(
             location=parse_store_url(store, endpoint=get("s3.endpoint"), region=get("s3.region")),
             topics=topics,
@@ -146,6 +154,7 @@ class OffloadedOptions:
             skew_ms=int(skew),
             read_buffer_size=read_buffer,
             keys_file=get("keysFile"),
+            max_message_size=max_message,
         )
 
     @property
@@ -325,6 +334,7 @@ class OffloadedReader(DataSourceReader):
             skew_ms=self.options.skew_ms,
             read_buffer_size=self.options.read_buffer_size,
             keyring=KeyRing.with_file(self.options.keys_file),
+            max_uncompressed=max_uncompressed(self.options.max_message_size),
         ):
             # A schema given with .schema(...) that differs from ours is cast to (as Spark would, in its
             # worker, for rows); a wrong one fails there, naming the column.

@@ -242,12 +242,15 @@ def test_option_errors_name_the_option() -> None:
         ({**good, "startingTime": "yesterday"}, "option startingTime: expected milliseconds since the epoch"),
         ({**good, "output": "rows"}, "option output: expected messages or entries"),
         ({**good, "publishTimeSkewMs": "-1"}, "option publishTimeSkewMs"),
+        ({**good, "maxMessageSize": "0"}, "option maxMessageSize must be positive, got '0'"),
     ]
     for options, message in cases:
         with pytest.raises(ConfigError, match=message):
             OffloadedOptions.parse(options)
     parsed = OffloadedOptions.parse({**good, "STARTINGTIME": "2026-03-01T00:00:00Z", "endingTime": "1772409600000"})
     assert parsed.times == ofp.TimeBounds(1772323200000, 1772409600000)
+    assert parsed.max_message_size == 5 * 1024 * 1024  # Pulsar's broker default
+    assert OffloadedOptions.parse({**good, "maxMessageSize": "8m"}).max_message_size == 8 * 1024 * 1024
 
 
 def test_pushed_filters_become_pruning_bounds() -> None:
