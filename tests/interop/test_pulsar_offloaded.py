@@ -38,7 +38,8 @@ from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
 from tests.fixtures.pulsar_offloader import offload_topic, offloaders_dir, offloading_broker
 from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION
-from tests.pulsar.broker_truth import HeldMessage, held_messages
+from tests.job.readback import ReadMessage
+from tests.pulsar.broker_truth import held_messages
 
 pytestmark = [pytest.mark.pulsar, pytest.mark.s3]
 
@@ -58,7 +59,7 @@ class Tier:
     topic: str
     entries: list[Entry]
     """Every entry the broker held before the offload, as it stores it (ledger, entry, bytes)."""
-    messages: list[HeldMessage]
+    messages: list[ReadMessage]
     info: dict[str, Any]
     """The topic's internal-info after the offload."""
     offloaded: dict[int, str]
