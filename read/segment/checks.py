@@ -25,7 +25,7 @@ MAX_INDEX_READ_BYTES = 64 * 1024 * 1024
 """The largest index object a reader downloads: 20 bytes per block, so 3,355,443 blocks. The largest index a
 configuration can write is far below: a segment of at most ``maxSizePerOffloadSegmentMbytes`` (1 TiB, the
 configuration's bound) in blocks of at least ``maxMessageSize`` + 1,164 bytes (5 MiB by default;
-``streamoffload.limits``) is 209,669 blocks, 4.2 MB of entries (the defaults, 1 GiB in 64 MiB blocks: 16 blocks,
+``checkpoints.policy``) is 209,669 blocks, 4.2 MB of entries (the defaults, 1 GiB in 64 MiB blocks: 16 blocks,
 320 bytes), plus per ledger a 16-byte header and its LedgerInfo (a few thousand ledgers at most: Pulsar rolls a
 ledger over no sooner than every 10 minutes, a segment after 30 days). An index is read whole, and no further
 than its HEAD size, so this bounds what a hostile or damaged object can make a reader allocate; a manifest's

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -22,7 +23,6 @@ from streamoffload.cli_common import (
     topic_arg,
 )
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.printable import PrintableWriter
 from streamoffload.read.fsck import (
     STALE_MINUTES,
