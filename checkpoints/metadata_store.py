@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.cleanup_guard import CleanupGuard
 from streamoffload.checkpoints.deleted_segments import DeletedRecord, select_deletable
-from streamoffload.checkpoints.manifest import OFFLOADED, Position
+from streamoffload.checkpoints.manifest import OFFLOADED
 from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.managed_ledger_pb2 import ManagedLedgerInfo
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
 from streamoffload.codecs.topics import TopicName
@@ -30,6 +31,7 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import (
     ObjectExistsError,
+    ObjectInfo,
     ObjectNotFoundError,
     ObjectStore,
     StorageError,
@@ -555,7 +557,7 @@ class MetadataStore:
                 log.warning("cleanup: %s: skipping an unreadable commit: %s", topic, err)
         return out
 
-    def _topic_objects(self, topic_dir: str) -> Iterator[object]:
+    def _topic_objects(self, topic_dir: str) -> Iterator[ObjectInfo]:
         for info in self.store.list(topic_dir):
             if "/" not in info.key[len(topic_dir) :]:
                 yield info

@@ -1,6 +1,6 @@
 """The rules the read path checks stored objects against, each written once.
 
-The read handle raises on the first rule broken; ``verify`` (``read.fsck``) collects every one as a
+The read handle raises on the first rule broken; ``verify`` (``read.verify``) collects every one as a
 problem. So the rules return what disagrees, and each caller decides what to do with it.
 """
 
@@ -115,6 +115,13 @@ class ManifestDisagreement(NamedTuple):
     ``blockCount``."""
     said: object
     found: object
+
+
+def position_text(value: object) -> str:
+    """A ``start`` or ``end`` disagreement's position as Pulsar writes one, ``ledger:entry``."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return f"{value[0]}:{value[1]}"
+    return str(value)
 
 
 def manifest_disagreements(

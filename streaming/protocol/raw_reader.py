@@ -62,6 +62,7 @@ from typing import Any, NamedTuple
 
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
 from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import (
     BaseCommand,
     CommandAck,
@@ -73,7 +74,6 @@ from streamoffload.streaming.protocol.broker_connection import BrokerConnection,
 from streamoffload.streaming.protocol.client_options import ConnectionConfig, ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
-    Position,
     Probe,
     PulsarIOError,
     RangeConsumer,
@@ -116,7 +116,8 @@ class RawMessage(NamedTuple):
     entry_id: int
     publish_time: int
     num_messages: int
-    payload: bytes
+    payload: bytes | bytearray
+    """A large entry is the ``bytearray`` it was received into (no copy)."""
 
 
 _MAX_IDLE = 4
@@ -558,7 +559,8 @@ def read_range_raw(
     settings = settings or ReaderSettings()
 
     def open_consumer(after: Position) -> RangeConsumer:
-        return client.open_consumer(topic, after, settings.receiver_queue_size)
+        consumer: RangeConsumer = client.open_consumer(topic, after, settings.receiver_queue_size)
+        return consumer
 
     # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
     # pulsar-lite does) would otherwise cost a re-subscription each time.

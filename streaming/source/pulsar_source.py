@@ -199,6 +199,7 @@ from pyspark.sql.types import StructType
 
 from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
 from streamoffload.read.topic_reader import TopicReader
@@ -209,7 +210,6 @@ from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
-    Position,
     Probe,
     ReadEntry,
     ReaderSettings,
