@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from streamoffload.embedded_broker import BrokerError, BrokerProcess, free_port, pulsar_handshake
 
@@ -142,7 +142,7 @@ class PulsarStandalone(BrokerProcess):
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="pulsar-"))
         self.host = "127.0.0.1"
         self._fixed_ports = port is not None or web_port is not None or bookie_port is not None
-        self.port: int = port if port is not None else free_port(self.host)
+        self.port = port if port is not None else free_port(self.host)
         self.web_port: int = web_port if web_port is not None else free_port(self.host)
         self.bookie_port: int = bookie_port if bookie_port is not None else free_port(self.host)
         self.max_entries_per_ledger = max_entries_per_ledger
@@ -158,23 +158,14 @@ class PulsarStandalone(BrokerProcess):
         """Seconds the last :meth:`start` took, from spawning the JVM to serving."""
         self._process = None
 
-    # --- paths and addresses ---------------------------------------------------------------
+    config_name = CONFIG_NAME
+    log_name = LOG_NAME
 
-    @property
-    def service_url(self) -> str:
-        return f"pulsar://{self.host}:{self.port}"
+    # --- addresses -------------------------------------------------------------------------
 
     @property
     def admin_url(self) -> str:
         return f"http://{self.host}:{self.web_port}"
-
-    @property
-    def config_path(self) -> Path:
-        return self.data_dir / CONFIG_NAME
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / LOG_NAME
 
     def config_values(self) -> dict[str, str]:
         """``standalone.conf``'s keys and values. The bookie reads the same file (PulsarStandalone loads it as
@@ -279,29 +270,20 @@ class PulsarStandalone(BrokerProcess):
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> Self:
-        """Start the broker and wait until it serves: ``public/default`` exists, the binary port answers the
-        Pulsar handshake and ``/admin/v2/brokers/health`` (a produce and read on the broker's heartbeat topic)
-        says ``ok``. Idempotent when running."""
-        if self.is_running:
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        first_start = not (self.data_dir / "metadata").exists()
-        attempts = 3 if first_start and not self._fixed_ports else 1
-        for attempt in range(attempts):
-            try:
-                self._spawn_and_wait()
-                return self
-            except BrokerError:
-                # A port picked by us can be taken between picking and binding: pick others, before any data.
-                if attempt + 1 >= attempts or "Address already in use" not in self.log_tail(200):
-                    raise
-                shutil.rmtree(self.data_dir / "metadata", ignore_errors=True)
-                shutil.rmtree(self.data_dir / "bookkeeper", ignore_errors=True)
-                self.port, self.web_port, self.bookie_port = (free_port(self.host) for _ in range(3))
-        return self  # unreachable: the loop returns or raises
+    def _may_pick_ports(self) -> bool:
+        # Only before the first start: the bookie's port is then recorded in its cookie, which a restart honours.
+        return not self._fixed_ports and not (self.data_dir / "metadata").exists()
+
+    def _pick_ports(self) -> None:
+        # Nothing was stored yet, but the metadata and the bookie's cookie name the taken ports: start afresh.
+        shutil.rmtree(self.data_dir / "metadata", ignore_errors=True)
+        shutil.rmtree(self.data_dir / "bookkeeper", ignore_errors=True)
+        self.port, self.web_port, self.bookie_port = (free_port(self.host) for _ in range(3))
 
     def _spawn_and_wait(self) -> None:
+        """Start the JVM and wait until the broker serves: ``public/default`` exists, the binary port answers the
+        Pulsar handshake and ``/admin/v2/brokers/health`` (a produce and read on the broker's heartbeat topic)
+        says ``ok``."""
         self.config_path.write_text(self.config_text(), encoding="utf-8")
         (self.data_dir / LOG_CONFIG_NAME).write_text(_log_config(self.log_level), encoding="utf-8")
         began = time.monotonic()
