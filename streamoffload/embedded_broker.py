@@ -99,13 +99,20 @@ class BrokerProcess:
     """What the broker processes the project runs share (:class:`EmbeddedBroker`, and
     ``streamoffload.pulsar_standalone.PulsarStandalone``): a Pulsar binary protocol port on ``host``, a data
     directory holding the configuration written at every start (``config_name``) and the log appended across
-    restarts (``log_name``), a process leading its own process group, a start that picks other ports when one we
-    picked was taken meanwhile, stop (SIGTERM, then SIGKILL after ``stop_timeout`` seconds), kill, restart, and a
-    data directory removed by :meth:`close` when it was a temporary one. Subclasses set ``data_dir``,
-    ``_owns_dir``, ``host``, ``port`` and ``_fixed_ports``, and implement :meth:`_spawn_and_wait` and
-    :meth:`_pick_ports`."""
+    restarts (``log_name``), a process leading its own process group, a start that waits until it serves and picks
+    other ports when one we picked was taken meanwhile, stop (SIGTERM, then SIGKILL after ``stop_timeout``
+    seconds), kill, restart, and a data directory removed by :meth:`close` when it was a temporary one. Subclasses
+    set the class attributes below, and ``data_dir``, ``_owns_dir``, ``host``, ``port``, ``_fixed_ports`` and
+    ``start_timeout``, and implement :meth:`_spawn`, :meth:`_serving` and :meth:`_pick_ports`."""
 
     stop_timeout: float = 10.0
+    start_timeout: float
+    product: str
+    """What the log and the errors call the broker."""
+    serving_means: str
+    """What "serving" is, as the error of a start that timed out says it: "<product> did not <serving_means> ..."."""
+    poll_s: tuple[float, float, float]
+    """How :meth:`_spawn_and_wait` polls :meth:`_serving`: first pause, growth factor, longest pause (seconds)."""
     config_name: str
     log_name: str
     data_dir: Path
@@ -115,6 +122,8 @@ class BrokerProcess:
     _fixed_ports: bool
     """A port was given: never pick another."""
     _process: subprocess.Popen[bytes] | None = None
+    started_in_s: float | None = None
+    """Seconds the last :meth:`start` took, from spawning the process to serving."""
 
     @property
     def service_url(self) -> str:
@@ -168,8 +177,40 @@ class BrokerProcess:
         raise NotImplementedError
 
     def _spawn_and_wait(self) -> None:
-        """Write the configuration, start the process and return once it serves; ``BrokerError`` (the process
-        stopped) otherwise."""
+        """Start the process (:meth:`_spawn`) and poll until it serves (:meth:`_serving`); ``BrokerError``, with
+        the log's tail, when it exits first or is not serving within ``start_timeout`` seconds (it is then
+        stopped)."""
+        began = time.monotonic()
+        process = self._process = self._spawn()
+        deadline = began + self.start_timeout
+        delay, growth, longest = self.poll_s
+        while True:
+            code = process.poll()
+            if code is not None:
+                self._process = None
+                raise BrokerError(
+                    f"{self.product} exited with code {code} before serving on {self.service_url} "
+                    f"(log {self.log_path}):\n{self.log_tail()}"
+                )
+            if self._serving():
+                self.started_in_s = time.monotonic() - began
+                return
+            if time.monotonic() >= deadline:
+                self._terminate(self.stop_timeout)
+                raise BrokerError(
+                    f"{self.product} did not {self.serving_means} on {self.service_url} within "
+                    f"{self.start_timeout:g} s (log {self.log_path}):\n{self.log_tail()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * growth, longest)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Write the configuration and start the process, leading its own process group (``stop`` signals the
+        group; a Ctrl-C in a terminal running ``streamoffload broker`` is ours, not delivered twice), its output
+        appended to the log."""
+        raise NotImplementedError
+
+    def _serving(self) -> bool:
         raise NotImplementedError
 
     def stop(self, timeout: float | None = None) -> None:
@@ -228,6 +269,12 @@ class EmbeddedBroker(BrokerProcess):
     dispatches and every acknowledgement, gigabytes an hour at a few thousand messages a second.
     """
 
+    product = "pulsar-lite"
+    serving_means = "answer a Pulsar handshake"
+    poll_s = (0.02, 2.0, 0.25)
+    config_name = CONFIG_NAME
+    log_name = LOG_NAME
+
     def __init__(
         self,
         data_dir: str | os.PathLike[str] | None = None,
@@ -256,9 +303,6 @@ class EmbeddedBroker(BrokerProcess):
         """pulsar-lite's PING interval and the time it waits for the PONG before closing a connection (its
         ``keep_alive_interval_secs`` and ``connection_liveness_check_timeout_secs``; None: its defaults)."""
         self._process = None
-
-    config_name = CONFIG_NAME
-    log_name = LOG_NAME
 
     # --- paths -----------------------------------------------------------------------------
 
@@ -289,13 +333,12 @@ class EmbeddedBroker(BrokerProcess):
     def _pick_ports(self) -> None:
         self.port = free_port(self.host)
 
-    def _spawn_and_wait(self) -> None:
-        """Start pulsar-lite and wait until it answers the Pulsar handshake."""
+    def _spawn(self) -> subprocess.Popen[bytes]:
         self.config_path.write_text(self.config_text(), encoding="utf-8")
         with open(self.log_path, "ab", opener=private_opener) as log:
             log.write(f"\n--- streamoffload: starting {self.binary} on {self.host}:{self.port} ---\n".encode())
             log.flush()
-            self._process = subprocess.Popen(
+            return subprocess.Popen(
                 [
                     self.binary,
                     "--config",
@@ -309,30 +352,11 @@ class EmbeddedBroker(BrokerProcess):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=str(self.data_dir),
-                # Its own process group, so stop() reaches anything it spawns and a Ctrl-C in a
-                # terminal running `streamoffload broker` is handled by us, not delivered twice.
                 start_new_session=True,
             )
-        deadline = time.monotonic() + self.start_timeout
-        delay = 0.02
-        while True:
-            code = self._process.poll()
-            if code is not None:
-                self._process = None
-                raise BrokerError(
-                    f"pulsar-lite exited with code {code} before accepting connections on {self.host}:{self.port} "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            if pulsar_handshake(self.host, self.port, timeout=1.0):
-                return
-            if time.monotonic() >= deadline:
-                self._terminate(self.stop_timeout)
-                raise BrokerError(
-                    f"pulsar-lite did not answer a Pulsar handshake on {self.host}:{self.port} within "
-                    f"{self.start_timeout:g} s (log {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
+
+    def _serving(self) -> bool:
+        return pulsar_handshake(self.host, self.port, timeout=1.0)
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running else "stopped"

@@ -32,7 +32,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -113,6 +112,11 @@ class PulsarStandalone(BrokerProcess):
     """
 
     stop_timeout = 60.0  # Pulsar closes its ledgers and the bookie flushes: 5-10 s here
+    product = "Apache Pulsar"
+    serving_means = "serve"
+    poll_s = (0.1, 1.5, 1.0)
+    config_name = CONFIG_NAME
+    log_name = LOG_NAME
 
     def __init__(
         self,
@@ -154,12 +158,7 @@ class PulsarStandalone(BrokerProcess):
         self.env = dict(env or {})
         self.log_level = log_level
         self.start_timeout = start_timeout
-        self.started_in_s: float | None = None
-        """Seconds the last :meth:`start` took, from spawning the JVM to serving."""
         self._process = None
-
-    config_name = CONFIG_NAME
-    log_name = LOG_NAME
 
     # --- addresses -------------------------------------------------------------------------
 
@@ -280,51 +279,28 @@ class PulsarStandalone(BrokerProcess):
         shutil.rmtree(self.data_dir / "bookkeeper", ignore_errors=True)
         self.port, self.web_port, self.bookie_port = (free_port(self.host) for _ in range(3))
 
-    def _spawn_and_wait(self) -> None:
-        """Start the JVM and wait until the broker serves: ``public/default`` exists, the binary port answers the
-        Pulsar handshake and ``/admin/v2/brokers/health`` (a produce and read on the broker's heartbeat topic)
-        says ``ok``."""
+    def _spawn(self) -> subprocess.Popen[bytes]:
         self.config_path.write_text(self.config_text(), encoding="utf-8")
         (self.data_dir / LOG_CONFIG_NAME).write_text(_log_config(self.log_level), encoding="utf-8")
-        began = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(
                 f"\n--- streamoffload: starting Apache Pulsar {self.version} standalone on {self.service_url}, "
                 f"admin {self.admin_url}, bookie {self.host}:{self.bookie_port} ---\n".encode()
             )
             log.flush()
-            self._process = subprocess.Popen(
+            return subprocess.Popen(
                 self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=str(self.data_dir),
                 env={**os.environ, **self.env} if self.env else None,
-                start_new_session=True,  # stop() signals its process group; a terminal's Ctrl-C is ours
+                start_new_session=True,
             )
-        deadline = began + self.start_timeout
-        delay = 0.1
-        while True:
-            code = self._process.poll()
-            if code is not None:
-                self._process = None
-                raise BrokerError(
-                    f"Apache Pulsar exited with code {code} before serving on {self.service_url} "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            if self._serving():
-                self.started_in_s = time.monotonic() - began
-                return
-            if time.monotonic() >= deadline:
-                self._terminate(self.stop_timeout)
-                raise BrokerError(
-                    f"Apache Pulsar did not serve on {self.service_url} within {self.start_timeout:g} s "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
 
     def _serving(self) -> bool:
+        """``public/default`` exists, the binary port answers the Pulsar handshake and ``/admin/v2/brokers/health``
+        (a produce and read on the broker's heartbeat topic) says ``ok``."""
         try:
             namespaces = self.admin("GET", "/admin/v2/namespaces/public", timeout=10.0)
             if not isinstance(namespaces, list) or "public/default" not in namespaces:
