@@ -6,9 +6,9 @@ Run from the repository root:
     .venv/bin/python bench/empty_run.py --messages 20 --partitions 1   # smoke size (tests/bench)
 
 It starts the embedded pulsar-lite broker, publishes ``--messages`` (2,000) batched 1 KiB messages to each of
-``--partitions`` (4) topic-partitions, runs ``streamoffload run --once`` once to offload them, then twice more with nothing new,
-each as a user would (a new process: Spark's start-up included), and prints each run's wall time. The
-job's log goes to a file whose path it prints. Nothing is left behind but that log.
+``--partitions`` (4) topic-partitions, runs ``streamoffload run --once`` once to offload them, then twice more
+with nothing new, each as a user would (a new process: Spark's start-up included), and prints each run's wall
+time. The job's log goes to a file whose path it prints. Nothing is left behind but that log.
 """
 
 from __future__ import annotations
