@@ -1,0 +1,299 @@
+"""Every bench runs at a smoke size, as a user runs it: ``bench/X.py`` in its own process from the repository root,
+exiting 0 and printing the figures it promises (each pattern below is one of its figure lines or its table header).
+A bench broken by a change elsewhere fails here, not on the next person who measures.
+
+Each smoke size is set through the bench's own arguments. The temporary files of a bench (work directories, Spark's
+log beside them) go under the test's ``tmp_path`` (``TMPDIR``). A bench that needs moto's server or Apache Pulsar's
+jars skips without them, or fails under CI (``tests.fixtures.tools``). Benches whose shortest run still starts a
+job process, waits for it to converge or starts Apache Pulsar are marked ``slow``."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bench.offloading_broker import build_command, offloader_jar
+from bench.s3_endpoint import moto_command
+from streamoffload.pulsar_standalone import PULSAR_VERSION, pulsar_lib_dir
+from tests.fixtures.tools import missing_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+HANG_GUARD_S = 900
+"""A bench that has not ended by then is stuck (a smoke run takes seconds to a few minutes on 2 loaded cores)."""
+
+NUMBER = r"[\d,]+(?:\.\d+)?"
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """One bench at its smoke size: the arguments (``{work}`` is the test's directory) and what it must print."""
+
+    bench: str
+    args: tuple[str, ...]
+    prints: tuple[str, ...]
+    """Regular expressions, each matching a whole line of its output (multiline mode)."""
+    needs: tuple[str, ...] = ()
+    """``moto`` (moto's server), ``pulsar`` (Apache Pulsar's jars), ``offloader`` (Pulsar's jcloud offloader)."""
+
+
+SPARK = (pytest.mark.spark, pytest.mark.broker)
+SMOKES = [
+    pytest.param(
+        Smoke(
+            "codec_speed.py",
+            ("--total-mib", "1", "--repeat", "1", "--sizes", "1024"),
+            (
+                r"codecs bench: Python .*, 1 MiB per size, blocks of 67,108,864 bytes, best of 1",
+                rf"encode 1KiB: {NUMBER} MB/s vs bytes copy {NUMBER} MB/s \(ratio {NUMBER}; 1,024 entries, "
+                rf"{NUMBER} ns/entry\)",
+                rf"decode 1KiB: {NUMBER} MB/s vs bytes copy {NUMBER} MB/s \(ratio {NUMBER}; 1,024 entries, "
+                rf"{NUMBER} ns/entry\)",
+            ),
+        ),
+        id="codec_speed",
+    ),
+    pytest.param(
+        Smoke(
+            "page_cost.py",
+            ("--mb", "4", "--rounds", "1", "--dir", "{work}"),
+            (
+                rf"round 1: {NUMBER} CPU s for 4 MiB = {NUMBER} CPU s per GiB",
+                rf"new-page writes: median {NUMBER} CPU s per GiB, min {NUMBER}, max {NUMBER} over 1 rounds",
+            ),
+        ),
+        id="page_cost",
+    ),
+    pytest.param(
+        Smoke(
+            "segment_cost.py",
+            ("--segments", "2", "--entries", "3", "--rounds", "1", "--dir", "{work}"),
+            tuple(
+                rf"  {path} +{sync} +{NUMBER} ms wall, +{NUMBER} ms CPU per segment \({NUMBER} us per entry\); "
+                rf"{NUMBER} fsyncs, {NUMBER} syncfs; requests .*put \d+.*"
+                for path in ("written whole", "multipart")
+                for sync in ("group commit", "fsync per file", "without syncs")
+            ),
+        ),
+        id="segment_cost",
+    ),
+    pytest.param(
+        Smoke(
+            "fuzz.py",
+            ("--seed", "52", "--count", "2", "--kinds", "payload-lz4,lease", "--work-dir", "{work}"),
+            (
+                r"fuzz: seed 52, 2 inputs per kind, kinds payload-lz4, lease",
+                r"kind +inputs +clean +refused +violations +max peak B +s",
+                rf"payload-lz4 +2 +\d +\d +0 +{NUMBER} +{NUMBER}",
+                rf"lease +2 +\d +\d +0 +{NUMBER} +{NUMBER}",
+                rf"allocation bound 12,582,912 bytes \(tracemalloc peak per input\); process peak RSS {NUMBER} KiB",
+            ),
+        ),
+        id="fuzz",
+    ),
+    pytest.param(
+        Smoke(
+            "read.py",
+            (
+                *("--size-mib", "2", "--s3-size-mib", "1", "--min-entry-kib", "4", "--max-entry-kib", "16"),
+                *("--segment-mib", "1", "--s3-segment-mib", "1", "--block-mib", "1", "--s3-big-buffer-mib", "1"),
+                *("--repeat", "1", "--s3-repeat", "1", "--random-reads", "10", "--cold-reads", "5"),
+                *("--s3-random-reads", "5", "--latency-ms", "1", "--work-dir", "{work}"),
+            ),
+            (
+                rf"filesystem backlog: {NUMBER} entries, 2 MiB of entries in \d+ segments .*",
+                rf"catch-up read \(default .*\): {NUMBER} entries/s, {NUMBER} MB/s of entries .* vs raw sequential "
+                rf"read {NUMBER} MB/s \(ratio {NUMBER}\)",
+                rf"random entry read, warm reader \(10 reads\): p50 {NUMBER} ms, p99 {NUMBER} ms vs raw pread .*",
+                rf"random entry read, cold reader \(5 reads; .*\): p50 {NUMBER} ms, p99 {NUMBER} ms",
+                rf"simulated remote store .*: read-ahead .* {NUMBER} MB/s vs no read-ahead {NUMBER} MB/s .*",
+                rf"S3 catch-up read \(read-ahead thread \(default for S3\), .*\): {NUMBER} entries/s, .* vs plain GET "
+                rf"of each whole object {NUMBER} MB/s .*",
+                rf"S3 random entry read, warm reader \(5 reads, cache 64 MiB\): p50 {NUMBER} ms, p99 {NUMBER} ms",
+            ),
+            needs=("moto",),
+        ),
+        id="read",
+        marks=pytest.mark.s3,
+    ),
+    pytest.param(
+        Smoke(
+            "source.py",
+            ("--messages", "200", "--no-spark", "--repeat", "1", "--readers", "plain,pulsar_io,raw"),
+            (
+                rf"unbatched: published in {NUMBER} s \({NUMBER} msg/s\)",
+                rf"  plain +200 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s",
+                rf"  pulsar_io +200 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s +ratio {NUMBER}",
+                rf"  raw +200 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s +ratio {NUMBER}",
+                rf"batched: published in {NUMBER} s \({NUMBER} msg/s\)",
+                rf"  raw +2 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s +ratio {NUMBER}",
+            ),
+        ),
+        id="source",
+        marks=pytest.mark.broker,
+    ),
+    pytest.param(
+        Smoke(
+            "ceiling.py",
+            (
+                *("--no-shape", "--no-job", "--mb", "2", "--repeat", "1", "--partitions", "1"),
+                *("--store-part-mb", "1", "--store-segment-mb", "1"),
+            ),
+            (
+                r"topic: \d+ entries, 2.\d MB of entry bytes \(raw reader; 2.0 MB of payload\)",
+                rf"  plain \(pulsar-client drain\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s",
+                rf"  raw \(read_range_raw\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
+                rf"  raw ×2 \(two read_range_raw drains\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
+                rf"  store fs \(FilesystemStore, fsync\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
+                rf"  store s3 \(S3Store, moto_server\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
+            ),
+            needs=("moto",),
+        ),
+        id="ceiling-no-spark",
+        marks=(pytest.mark.broker, pytest.mark.s3),
+    ),
+    pytest.param(
+        Smoke(
+            "dataframe.py",
+            (
+                *("--direct", "--store-mb", "1", "--partitions", "1", "--runs", "1"),
+                *("--block-mib", "1", "--segment-mib", "1", "--work-dir", "{work}"),
+            ),
+            (
+                r"dataframe bench: .*, store of 1 MB \(\d+ data objects, .*; 1 topic-partitions; .*\), built in .*",
+                rf"OffloadedReader.read called directly \(1 process, no Spark\): {NUMBER} messages, best of \d+: "
+                rf"{NUMBER} s wall, {NUMBER} s CPU = {NUMBER} µs per message wall, {NUMBER} µs CPU; .*",
+            ),
+        ),
+        id="dataframe-direct",
+    ),
+    pytest.param(
+        Smoke(
+            "scale.py",
+            ("--topics", "10", "--create-only", "--probes", "2"),
+            (
+                r"== 10 topic-partitions",
+                rf"  created on pulsar-lite +12 topic-partitions in {NUMBER} s .*",
+                rf"  discovery \(this process\) +first {NUMBER} s, again {NUMBER} s \(found 12; .*",
+                r"\| exactly once \| - \|.*",
+            ),
+        ),
+        id="scale-create-only",
+        marks=pytest.mark.broker,
+    ),
+    pytest.param(
+        Smoke(
+            "subscribe_cost.py",
+            ("--rounds", "1", "--reads", "5", "--entries", "50"),
+            (
+                r"   entries subscriptions  names reused  fresh names  fresh ÷ reused",
+                rf" +50 +10 +{NUMBER} ms +{NUMBER} ms +({NUMBER}|-)",
+            ),
+        ),
+        id="subscribe_cost",
+        marks=pytest.mark.broker,
+    ),
+]
+
+# The benches that start Spark (a JVM and its Python workers: 15-20 s on a calm machine, minutes on a loaded one)
+# or a job process that must converge, or Apache Pulsar: their smoke sizes are as small as their arguments go.
+SLOW_SMOKES = [
+    pytest.param(
+        Smoke(
+            "ceiling.py",
+            (
+                *("--no-shape", "--mb", "2", "--repeat", "1", "--partitions", "1", "--no-s3"),
+                *("--store-part-mb", "1", "--store-segment-mb", "1"),
+            ),
+            (
+                rf"positions job warm-up \(run_once on a small topic\): {NUMBER} s",
+                rf"  plain \(pulsar-client drain\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s",
+                rf"  raw ×2 \(two read_range_raw drains\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
+                rf"  store fs \(FilesystemStore, fsync\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
+                rf"  positions job \(run_once, fs store\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}"
+                rf"  \(wall {NUMBER} s\)",
+                rf"      CPU s per GB: jvm \+ python workers {NUMBER}, broker {NUMBER}, .*",
+            ),
+        ),
+        id="ceiling",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
+    pytest.param(
+        Smoke(
+            "offload.py",
+            ("--backlog-mb", "1", "--partitions", "1", "--skip-lag", "--repeat", "1", "--work-dir", "{work}"),
+            (
+                rf"warm-up \(source and job on a small topic\): {NUMBER} s",
+                r"throughput: published 244 messages of 4096 B \(1 MB of payload\) to 1 topic-partitions in .*",
+                rf"  source +\d+ entries, +1.0 MB: +{NUMBER} MB/s",
+                rf"  job +\d+ entries, +1.0 MB: +{NUMBER} MB/s   ratio {NUMBER} .*",
+                rf"  run --once steady .* vs a plain pulsar-client drain {NUMBER} MB/s: ratio {NUMBER} .*",
+                rf"  Spark-side CPU \(JVM \+ Python workers\): {NUMBER} s per GB .*; broker CPU per byte, job ÷ plain "
+                rf"drain: {NUMBER}; JVM old generation after the run: {NUMBER} MiB .*",
+            ),
+        ),
+        id="offload",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
+    pytest.param(
+        Smoke(
+            "empty_run.py",
+            ("--messages", "20", "--partitions", "1"),
+            (
+                rf"first run \(offloads 1 x 20 messages\): exit 0, {NUMBER} s wall",
+                rf"nothing new: exit 0, {NUMBER} s wall",
+                rf"nothing new, again: exit 0, {NUMBER} s wall",
+            ),
+        ),
+        id="empty_run",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
+]
+
+
+def _check_needs(needs: tuple[str, ...]) -> None:
+    if "moto" in needs and moto_command() is None:
+        missing_tool(f"moto_server not found beside {sys.executable} (pip install 'moto[server]')")
+    if "pulsar" in needs and not (pulsar_lib_dir() / f"pulsar-broker-{PULSAR_VERSION}.jar").is_file():
+        missing_tool(
+            f"Apache Pulsar {PULSAR_VERSION} is not resolved in {pulsar_lib_dir()} (bash scripts/pulsar.sh fetch)"
+        )
+    if "offloader" in needs and not offloader_jar().is_file():
+        missing_tool(f"Pulsar's jcloud offloader {offloader_jar()} is not resolved ({build_command()})")
+
+
+@pytest.mark.parametrize("smoke", SMOKES + SLOW_SMOKES)
+def test_the_bench_runs_at_its_smoke_size_and_prints_its_figures(smoke: Smoke, tmp_path: Path) -> None:
+    _check_needs(smoke.needs)
+    work = tmp_path / "work"
+    work.mkdir()
+    command = [sys.executable, f"bench/{smoke.bench}", *(a.replace("{work}", str(work)) for a in smoke.args)]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    output = f"$ {' '.join(command)}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, output
+    missing = [p for p in smoke.prints if not re.search(f"^{p}$", proc.stdout, re.MULTILINE)]
+    assert not missing, f"no line matches {missing}\n{output}"
+
+
+def test_no_bench_imports_the_test_tree() -> None:
+    """A bench runs without pytest and the test tree: what the benches share with the tests lives in bench/."""
+    offenders = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            offenders += [
+                f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in ("tests", "pytest")
+            ]
+    assert not offenders, offenders
