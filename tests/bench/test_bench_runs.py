@@ -41,6 +41,10 @@ class Smoke:
     """Regular expressions, each matching a whole line of its output (multiline mode)."""
     needs: tuple[str, ...] = ()
     """``moto`` (moto's server), ``pulsar`` (Apache Pulsar's jars), ``offloader`` (Pulsar's jcloud offloader)."""
+    verdict: bool = False
+    """The bench exits 1 when a measured figure misses its target (it printed the figures and its verdict): at a
+    smoke size on a loaded machine that is a measurement, not a broken bench, so exit 1 passes too, without a
+    traceback. Exactness and crashes are checked by the printed lines."""
 
 
 SPARK = (pytest.mark.spark, pytest.mark.broker)
@@ -254,6 +258,42 @@ SLOW_SMOKES = [
         id="empty_run",
         marks=(*SPARK, pytest.mark.slow),
     ),
+    pytest.param(
+        Smoke(
+            "rate_limit.py",
+            ("--rate-mb", "1", "--seconds", "6", "--entry-kib", "16", "--topics", "2"),
+            (
+                r"rate-limit bench: target 1 MB/s for 6 s; work .*",
+                r"published \d+ entries of 16384 bytes \(\d+ MB\) in .*",
+                r"parts: \d+ in 6 s, largest \d+ bytes",
+                rf"whole run: {NUMBER} MB/s vs target 1 \([-+]{NUMBER}%\) (OK|OUT)",
+                rf"window +0- +5 s: +{NUMBER} MB/s \([-+]{NUMBER}%\) \(the first: the query's start\)",
+                r"result: (every figure within ±10% of the target|OUTSIDE ±10%)",
+            ),
+            verdict=True,
+        ),
+        id="rate_limit",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
+    pytest.param(
+        Smoke(
+            "dataframe.py",
+            (
+                *("--store-mb", "2", "--partitions", "1", "--runs", "1", "--block-mib", "1", "--segment-mib", "1"),
+                *("--work-dir", "{work}"),
+            ),
+            (
+                rf"raw sequential read of the data objects: +{NUMBER} s +{NUMBER} MB/s  \(reference\)",
+                rf"spark count\(\): +{NUMBER} s +{NUMBER} MB/s  ratio {NUMBER}  \(1,860 messages\)",
+                rf"spark scan of value: +{NUMBER} s +{NUMBER} MB/s  ratio {NUMBER}  \(2 MB of values\)",
+                rf"TopicReader scan of value \(1 process\): +{NUMBER} s +{NUMBER} MB/s  ratio {NUMBER}",
+                rf"1% publish-time window: read {NUMBER} MB of the 2 MB store \({NUMBER}%, must be < 3%\); spark "
+                rf"count\(\) {NUMBER} s, 10 messages \({NUMBER}% of them\)",
+            ),
+        ),
+        id="dataframe",
+        marks=(pytest.mark.spark, pytest.mark.slow),
+    ),
 ]
 
 
@@ -277,7 +317,8 @@ def test_the_bench_runs_at_its_smoke_size_and_prints_its_figures(smoke: Smoke, t
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     output = f"$ {' '.join(command)}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-4000:]}"
-    assert proc.returncode == 0, output
+    allowed = (0, 1) if smoke.verdict else (0,)
+    assert proc.returncode in allowed and "Traceback" not in proc.stderr, output
     missing = [p for p in smoke.prints if not re.search(f"^{p}$", proc.stdout, re.MULTILINE)]
     assert not missing, f"no line matches {missing}\n{output}"
 
