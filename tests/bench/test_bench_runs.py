@@ -294,6 +294,44 @@ SLOW_SMOKES = [
         id="dataframe",
         marks=(pytest.mark.spark, pytest.mark.slow),
     ),
+    pytest.param(
+        Smoke(
+            "chaos.py",
+            ("--faults", "1", "--kinds", "policy-live", "--rate", "50", "--max-delay", "0.5", "--work-dir", "{work}"),
+            (
+                r"  fault kind +injected +survived",
+                r"  policy-live +1 +1",
+                r"  published \(acked\) +([\d,]+)\n  stored +\1 in [\d,]+ Offloaded segments",
+                *(rf"  {figure} +0" for figure in ("missing", "duplicated", "corrupt", "out of order")),
+                r"  verify --crc +clean",
+                r"  cleanup +removed \d+, orphans left 0, Offloaded segments lost 0, .*",
+                r"  result +OK",
+            ),
+        ),
+        id="chaos",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
+    pytest.param(
+        Smoke(
+            "scale.py",
+            (
+                *("--topics", "20", "--active", "10", "--rate", "100", "--minutes", "0.25", "--warmup-s", "5"),
+                *("--rotate-s", "10", "--idle-s", "10", "--settle-s", "2", "--probes", "2", "--seed-messages", "0"),
+                *("--startup-timeout", "400", "--step-minutes", "4"),
+            ),
+            (
+                r"== 20 topic-partitions",
+                rf"  start-up: {NUMBER} s until every topic-partition had a segment Offloaded",
+                r"  traffic done: [\d,]+ acknowledged in .*",
+                rf"  lag of active topics +p50 {NUMBER} s, p99 {NUMBER} s, max {NUMBER} s .*",
+                rf"  one /metrics scrape +{NUMBER} series .*",
+                r"  exactly once +OK: ([\d,]+) acknowledged, \1 stored .*",
+                r"\| exactly once \| OK \|.*",
+            ),
+        ),
+        id="scale",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
 ]
 
 
