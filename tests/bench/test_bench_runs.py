@@ -332,6 +332,28 @@ SLOW_SMOKES = [
         id="scale",
         marks=(*SPARK, pytest.mark.slow),
     ),
+    pytest.param(
+        Smoke(
+            "soak.py",
+            (
+                *("--minutes", "0.5", "--rate", "100", "--partitions", "4", "--sample-s", "5", "--gc-every-s", "15"),
+                *("--out", "{work}"),
+            ),
+            (
+                r"soak: 0.5 min, 100 msg/s over 4 topic-partitions, rollover 5 s; judged after a warm-up of .*",
+                r"  series +mean +min +max +slope %/.* +verdict",
+                rf"  JVM RSS \(MiB\) +{NUMBER} .*",
+                rf"  lag \(publish to Offloaded\)  p50 {NUMBER} s  p99 {NUMBER} s  max {NUMBER} s .*",
+                r"  exactly once  published ([\d,]+), stored \1, missing 0, duplicated 0, corrupt 0, out of order 0",
+                r"  OK      every message in the store exactly once: ([\d,]+) acknowledged, \1 stored",
+                r"  OK      the job ran throughout and converged: converged",
+                r"  (OK|FAILED)  resources flat after warm-up: .*",
+            ),
+            verdict=True,
+        ),
+        id="soak",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
 ]
 
 
