@@ -4,8 +4,10 @@ A bench broken by a change elsewhere fails here, not on the next person who meas
 
 Each smoke size is set through the bench's own arguments. The temporary files of a bench (work directories, Spark's
 log beside them) go under the test's ``tmp_path`` (``TMPDIR``). A bench that needs moto's server or Apache Pulsar's
-jars skips without them, or fails under CI (``tests.fixtures.tools``). Benches whose shortest run still starts a
-job process, waits for it to converge or starts Apache Pulsar are marked ``slow``."""
+jars skips without them, or fails under CI (``tests.fixtures.tools``). ``SMOKES`` start no Spark: seconds of CPU
+each. ``SLOW_SMOKES`` start Spark, a job process that must converge, or Apache Pulsar, which no argument makes
+small (a Spark start-up is 15-20 s on a calm machine), and are marked ``slow``; where such a bench has a mode
+without Spark, ``SMOKES`` runs that mode too."""
 
 from __future__ import annotations
 
@@ -19,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.offloading_broker import build_command, offloader_jar
+from bench.offloading_broker import OFFLOADER_VERSION, build_command, offloader_jar
 from bench.s3_endpoint import moto_command
 from streamoffload.pulsar_standalone import PULSAR_VERSION, pulsar_lib_dir
 from tests.fixtures.tools import missing_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-HANG_GUARD_S = 900
-"""A bench that has not ended by then is stuck (a smoke run takes seconds to a few minutes on 2 loaded cores)."""
+HANG_GUARD_S = 1800
+"""A bench that has not ended by then is stuck (a smoke run takes seconds to 7 minutes on 2 loaded cores)."""
 
 NUMBER = r"[\d,]+(?:\.\d+)?"
 
@@ -353,6 +355,25 @@ SLOW_SMOKES = [
         ),
         id="soak",
         marks=(*SPARK, pytest.mark.slow),
+    ),
+    pytest.param(
+        Smoke(
+            "pulsar_offloader.py",
+            ("--backlog-mb", "1", "--ledger-entries", "5", "--work-dir", "{work}"),
+            (
+                rf"Apache Pulsar {re.escape(PULSAR_VERSION)} standalone up in {NUMBER} s; moto at .*; offloader "
+                rf"tiered-storage-jcloud-{re.escape(OFFLOADER_VERSION)}\.nar",
+                r"published 244 messages of 4096 B batched by 32 \(1 MB of payload\) in .*; \d+ closed ledgers, .*",
+                *(
+                    rf"{side} +{NUMBER} MB/s +{NUMBER} CPU s/GB \(moto apart\)  publish to readable +{NUMBER} s .*"
+                    for side in ("ours -> fs", "ours -> s3", "pulsar -> s3")
+                ),
+                rf"to the same moto, ours / Pulsar's: {NUMBER}x the MB/s, {NUMBER}x the CPU s per GB \(moto apart\)",
+            ),
+            needs=("moto", "pulsar", "offloader"),
+        ),
+        id="pulsar_offloader",
+        marks=(pytest.mark.pulsar, pytest.mark.spark, pytest.mark.s3, pytest.mark.slow),
     ),
 ]
 
