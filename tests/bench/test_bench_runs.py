@@ -233,8 +233,13 @@ SLOW_SMOKES = [
     pytest.param(
         Smoke(
             "offload.py",
-            ("--backlog-mb", "1", "--partitions", "1", "--skip-lag", "--repeat", "1", "--work-dir", "{work}"),
+            # S3 on moto (bench/harness.py's moto_bucket); ceiling's positions job line covers the filesystem store.
             (
+                *("--backlog-mb", "1", "--partitions", "1", "--skip-lag", "--repeat", "1", "--store", "s3"),
+                *("--work-dir", "{work}"),
+            ),
+            (
+                r"offload bench: .*, S3 \(moto_server\) store; .*",
                 rf"warm-up \(source and job on a small topic\): {NUMBER} s",
                 r"throughput: published 244 messages of 4096 B \(1 MB of payload\) to 1 topic-partitions in .*",
                 rf"  source +\d+ entries, +1.0 MB: +{NUMBER} MB/s",
@@ -243,9 +248,10 @@ SLOW_SMOKES = [
                 rf"  Spark-side CPU \(JVM \+ Python workers\): {NUMBER} s per GB .*; broker CPU per byte, job ÷ plain "
                 rf"drain: {NUMBER}; JVM old generation after the run: {NUMBER} MiB .*",
             ),
+            needs=("moto",),
         ),
         id="offload",
-        marks=(*SPARK, pytest.mark.slow),
+        marks=(*SPARK, pytest.mark.s3, pytest.mark.slow),
     ),
     pytest.param(
         Smoke(
