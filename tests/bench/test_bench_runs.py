@@ -148,7 +148,7 @@ SMOKES = [
         Smoke(
             "ceiling.py",
             (
-                *("--no-shape", "--no-job", "--mb", "2", "--repeat", "1", "--partitions", "1"),
+                *("--no-shape", "--no-job", "--no-s3", "--mb", "2", "--repeat", "1", "--partitions", "1"),
                 *("--store-part-mb", "1", "--store-segment-mb", "1"),
             ),
             (
@@ -157,12 +157,10 @@ SMOKES = [
                 rf"  raw \(read_range_raw\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
                 rf"  raw ×2 \(two read_range_raw drains\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
                 rf"  store fs \(FilesystemStore, fsync\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
-                rf"  store s3 \(S3Store, moto_server\) +{NUMBER} MB in +{NUMBER} s +{NUMBER} MB/s  ratio +{NUMBER}",
             ),
-            needs=("moto",),
         ),
         id="ceiling-no-spark",
-        marks=(pytest.mark.broker, pytest.mark.s3),
+        marks=pytest.mark.broker,
     ),
     pytest.param(
         Smoke(
