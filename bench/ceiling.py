@@ -71,7 +71,7 @@ come from /proc in ticks of 0.01 s: at ``--mb 20`` one tick is 0.5 s per GB.
    directory, fsync on (its default; its ``complete`` copies the parts into the object, so the disk sees
    the bytes twice); CPU of this process (the kernel's writeback threads are nobody's). ``store s3``:
    ``streamoffload.storage.s3.S3Store`` against a ``moto_server`` the bench starts
-   (``tests/fixtures/s3.py``'s ``moto_endpoint``; moto keeps objects in memory and is Python on the same
+   (``bench/s3_endpoint.py``'s ``moto_endpoint``; moto keeps objects in memory and is Python on the same
    cores, so this is moto's ceiling, not S3's); CPU of this process and of moto. Index and manifest puts
    are left out (small). ``--no-store`` skips both.
 7. ``positions job``: ``OffloadJob.run_once`` (``streaming/job/supervision.py``) end to end over the topic into a
@@ -740,7 +740,12 @@ def main(argv: list[str] | None = None) -> int:
     # checkpoint and the topics are set (with defaults it reads no other field but trigger_interval, which
     # run_once's AvailableNow query does not use; the others are named in case that changes).
     job_args = argparse.Namespace(
-        defaults=True, trigger_interval="5 seconds", max_bytes_per_trigger=0, segment_mb=None, block_size=None
+        defaults=True,
+        trigger_interval="5 seconds",
+        max_bytes_per_trigger=0,
+        segment_mb=None,
+        block_size=None,
+        store="fs",  # offload.job_config's store: a filesystem store under the work directory
     )
     stores: list[tuple[str, Callable[[], ObjectStore], int | None]] = []  # (line, opener, pid to meter)
     store_data = memoryview(b"")
@@ -792,8 +797,8 @@ def main(argv: list[str] | None = None) -> int:
             fs_root = os.path.join(work, "store-fs")
             stores.append(("store fs (FilesystemStore, fsync)", lambda: FilesystemStore(fs_root), None))
             if not args.no_s3:
+                from bench.s3_endpoint import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
                 from streamoffload.storage.s3 import S3Store
-                from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
 
                 endpoint = stack.enter_context(moto_endpoint(Path(work) / "moto.log"))
                 moto = child_pids("moto")

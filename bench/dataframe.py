@@ -57,6 +57,7 @@ from streamoffload.storage.location import ScopedStore
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.logs import log_beside
+from bench.synthetic import CountingStore, build_topic
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.read import dataset_plan as ofp
@@ -64,7 +65,6 @@ from streamoffload.read import dataset_read as ofr
 from streamoffload.read.segment import ChunkCache
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage.filesystem import FilesystemStore
-from tests.dataframe.synthetic import CountingStore, build_topic
 
 MIB = 1024 * 1024
 DAY_MS = 86_400_000

@@ -7,7 +7,7 @@ Run from the repository root:
     .venv/bin/python bench/fuzz.py --seed 52 --count 60     # what tests/bench/test_fuzz.py runs per store kind
     .venv/bin/python bench/fuzz.py --kinds manifest,lease --count 1000
 
-The store is built with the project's own writers (``tests.read.offload``: the segmenter and the sink): a topic
+The store is built with the project's own writers (``bench.histories.offload``: the segmenter and the sink): a topic
 with a streaming (v2) segment and a ledger-based (v1) one, a topic whose blocks are compressed at rest (zstd,
 with its frame table), every block's checksum record, a writer lease (``WriterLease.acquire``) and a policy
 version. Kinds: ``data-v2``, ``data-v1``, ``index-v2``, ``index-v1``, ``manifest``, ``checksums``, ``frames``
@@ -56,6 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.histories import History, offload, pulsar_entries
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.lease import LeaseRecord, WriterLease
 from streamoffload.checkpoints.metadata_store import MetadataStore
@@ -85,7 +86,6 @@ from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.control.policy_versions import PolicyVersions, decode_version
-from tests.read import History, offload, pulsar_entries
 
 PREFIX = "fuzz"
 PLAIN_TOPIC = "persistent://public/default/orders-partition-0"

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.s3_endpoint import moto_endpoint, raw_s3_client
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.pulsar_standalone import PulsarStandalone
 
@@ -106,8 +107,6 @@ def moto_credentials(env: dict[str, str] | None = None) -> None:
 @contextlib.contextmanager
 def moto_bucket(log_path: Path, bucket: str) -> Iterator[str]:
     """A local moto_server on a free port with ``bucket`` created; yields its URL."""
-    from tests.fixtures.s3 import moto_endpoint, raw_s3_client
-
     with moto_endpoint(log_path) as url:
         raw_s3_client(url).create_bucket(Bucket=bucket)
         yield url

@@ -8,7 +8,7 @@ Run from the repository root (after ``bash scripts/test.sh`` has fetched Pulsar 
 
 It starts a moto_server (two buckets: Pulsar's and ours) and Apache Pulsar 4.0.7 standalone (JIT as in production:
 no C1-only quick start) with its own tiered storage configured as an operator would: ``managedLedgerOffloadDriver =
-aws-s3`` on moto, the jcloud offloader NAR (4.0.8; tests/fixtures/pulsar_offloader.py), Pulsar's default block and
+aws-s3`` on moto, the jcloud offloader NAR (4.0.8; bench/offloading_broker.py), Pulsar's default block and
 read-buffer sizes. It publishes ``--backlog-mb`` MB of ``--payload-size`` messages batched by ``--batch-size`` to
 one topic whose ledgers roll every ``--ledger-entries`` entries, then unloads the topic (the broker closes its last
 ledger, which Pulsar's offloader would otherwise never take: it offloads closed ledgers only). Then, one after
@@ -57,12 +57,19 @@ from bench.harness import (
     s3_store_section,
     store_toml,
 )
+from bench.offloading_broker import (
+    build_command,
+    offload_topic,
+    offloader_jar,
+    offloaders_dir,
+    offloading_broker,
+    rest_topic,
+)
 from bench.procstats import child_pids, tree_cpu
+from bench.s3_endpoint import raw_s3_client
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.produce import produce
 from streamoffload.storage.location import parse_store_url
-from tests.fixtures.pulsar_offloader import offload_topic, offloaders_dir, offloading_broker, rest_topic
-from tests.fixtures.s3 import raw_s3_client
 
 ROOT = Path(__file__).resolve().parent.parent
 # pulsar-client logs every producer's life at INFO on stdout; the figures should stand out.
@@ -197,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_work_arguments(parser)
     args = parser.parse_args(argv)
+    if not offloader_jar().is_file():
+        print(
+            f"bench/pulsar_offloader.py: Pulsar's jcloud offloader {offloader_jar()} is not resolved "
+            f"({build_command()}; scripts/test.sh does it)",
+            file=sys.stderr,
+        )
+        return 2
     work = new_work_dir(args.work_dir, "bench-pulsar-offloader-")
     try:
         with contextlib.ExitStack() as stack:

@@ -50,9 +50,11 @@ from typing import Any
 
 from streamoffload.storage.location import ScopedStore
 
-# tests/fixtures/s3.py starts moto for the tests and for this bench; run from the repository root.
+# bench.* from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.entries import Published, forget_sent, memory_sink, publish_to
+from bench.s3_endpoint import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH, iter_blocks
@@ -63,8 +65,6 @@ from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
-from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
-from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION, moto_endpoint, raw_s3_client
 
 MIB = 1024 * 1024
 TOPIC = "persistent://public/bench/backlog-partition-0"

@@ -34,8 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.fixtures, from the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.entries import Published, memory_sink, publish_to
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.storage import filesystem
 from streamoffload.storage.filesystem import FilesystemStore
@@ -43,7 +44,6 @@ from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import MemoryFetcher
-from tests.fixtures.entries import Published, memory_sink, publish_to
 
 TOPIC = "persistent://public/default/segment-cost"
 OPERATIONS = ("put", "get", "head", "list", "delete", "start_multipart", "resume_multipart")

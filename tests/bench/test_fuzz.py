@@ -5,7 +5,7 @@ bound, or make cleanup delete what a committed segment names.
 
 200 inputs of each payload kind (milliseconds each) and 60 of each store kind (each is read by six readers over
 the whole seeded store, tens of milliseconds of CPU): the suite's share stays under a minute on 2 cores; the
-bench itself runs 10,000 per kind (bench/README.md "fuzz (issue 52)")."""
+bench itself runs 10,000 per kind (bench/README.md "fuzz")."""
 
 from __future__ import annotations
 
