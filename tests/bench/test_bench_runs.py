@@ -6,8 +6,9 @@ Each smoke size is set through the bench's own arguments. The temporary files of
 log beside them) go under the test's ``tmp_path`` (``TMPDIR``). A bench that needs moto's server or Apache Pulsar's
 jars skips without them, or fails under CI (``tests.fixtures.tools``). ``SMOKES`` start no Spark: seconds of CPU
 each. ``SLOW_SMOKES`` start Spark, a job process that must converge, or Apache Pulsar, which no argument makes
-small (a Spark start-up is 15-20 s on a calm machine), and are marked ``slow``; where such a bench has a mode
-without Spark, ``SMOKES`` runs that mode too."""
+small (a Spark start-up is 15-20 s on a calm machine): about 14 minutes together, so they run with
+``--slow-benches`` and the default suite runs their ``--help``; where such a bench has a mode without Spark,
+``SMOKES`` runs that mode too."""
 
 from __future__ import annotations
 
@@ -380,6 +381,7 @@ SLOW_SMOKES = [
         marks=(pytest.mark.pulsar, pytest.mark.spark, pytest.mark.s3, pytest.mark.slow),
     ),
 ]
+SLOW_BENCHES = [p.values[0] for p in SLOW_SMOKES]
 
 
 def _check_needs(needs: tuple[str, ...]) -> None:
@@ -394,7 +396,11 @@ def _check_needs(needs: tuple[str, ...]) -> None:
 
 
 @pytest.mark.parametrize("smoke", SMOKES + SLOW_SMOKES)
-def test_the_bench_runs_at_its_smoke_size_and_prints_its_figures(smoke: Smoke, tmp_path: Path) -> None:
+def test_the_bench_runs_at_its_smoke_size_and_prints_its_figures(
+    smoke: Smoke, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if smoke in SLOW_BENCHES and not request.config.getoption("--slow-benches"):
+        pytest.skip("a Spark or Apache Pulsar bench: runs with --slow-benches (its --help runs in every suite)")
     _check_needs(smoke.needs)
     work = tmp_path / "work"
     work.mkdir()
@@ -406,6 +412,16 @@ def test_the_bench_runs_at_its_smoke_size_and_prints_its_figures(smoke: Smoke, t
     assert proc.returncode in allowed and "Traceback" not in proc.stderr, output
     missing = [p for p in smoke.prints if not re.search(f"^{p}$", proc.stdout, re.MULTILINE)]
     assert not missing, f"no line matches {missing}\n{output}"
+
+
+@pytest.mark.parametrize("bench", sorted({s.bench for s in SLOW_BENCHES}))
+def test_every_slow_bench_starts_and_teaches(bench: str) -> None:
+    """The benches the default suite does not run at their smoke size still import and parse their arguments, in
+    their own process: a broken import or option fails here."""
+    proc = subprocess.run(
+        [sys.executable, f"bench/{bench}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: "), f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
 
 
 def test_no_bench_imports_the_test_tree() -> None:
