@@ -16,7 +16,7 @@ from streamoffload.checkpoints.lease import CleanupRunningError, FencedError, Le
 from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.control.quarantine import failed_topics, failure_reason
 from streamoffload.streaming.job.health import BROKER_BACKOFF_CAP_S, broker_unreachable
-from streamoffload.streaming.job.runs import LeaseUnrenewableError
+from streamoffload.streaming.job.runs import JobRuns, LeaseUnrenewableError
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ def _wait(query: Any, seconds: float) -> None:
         query.awaitTermination(seconds)
 
 
-class JobSupervision:
-    """``run_once`` and ``run_forever``, and what they do about failures."""
+class JobSupervision(JobRuns):
+    """``run_once`` and ``run_forever``, and what they do about failures: of the runs (``JobRuns``)."""
 
     def run_once(self, spark: Any) -> None:
         """Drain everything available, then seal every open segment. A topic-partition whose offload fails
@@ -224,15 +224,16 @@ class JobSupervision:
         Each attempt says so in one line and waits with exponential backoff capped at ``cap_s``, probing
         every second so that a broker back early is used at once."""
         url = self.config.pulsar.service_url
-        while cause is not None and not self._stop.is_set():
+        unreachable: str | None = cause
+        while unreachable is not None and not self._stop.is_set():
             attempt = self.health.current.attempts + 1
             delay = min(backoff_s * 2 ** (attempt - 1), cap_s)
-            health = self.health.broker_down(cause, delay)
+            health = self.health.broker_down(unreachable, delay)
             since = time.strftime("%H:%M:%S", time.localtime(health.since_ms / 1000))
             (log.error if attempt == 1 else log.warning)(
                 "broker %s unreachable: %s; retrying in %.0f s (attempt %d, unreachable since %s)",
                 url,
-                cause,
+                unreachable,
                 delay,
                 attempt,
                 since,
@@ -241,7 +242,7 @@ class JobSupervision:
             while not self._stop.wait(min(1.0, delay)) and time.monotonic() < deadline:
                 if broker_unreachable(url) is None:
                     break
-            cause = broker_unreachable(url)
+            unreachable = broker_unreachable(url)
         self._broker_back()
 
     def _broker_back(self) -> None:
