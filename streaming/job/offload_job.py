@@ -16,17 +16,13 @@ again from the broker.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
 
-from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, FencedError, WriterLease, instance_id
-from streamoffload.checkpoints.retention import RetentionRunner
+from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, instance_id
 from streamoffload.config import Config, PolicySource
 from streamoffload.streaming.control.policy_versions import CLOCK_SKEW_MS, DEFAULT_REFRESH_S
-from streamoffload.streaming.control.quarantine import Quarantine
 from streamoffload.streaming.job.health import HealthTracker
-from streamoffload.streaming.job.queries import BatchListener, JobQueries
-from streamoffload.streaming.job.runs import JobRuns, Run
+from streamoffload.streaming.job.queries import JobQueries
+from streamoffload.streaming.job.runs import JobRuns
 from streamoffload.streaming.job.supervision import JobSupervision
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
 
@@ -36,36 +32,32 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
     ``streaming/job/runs.py``) and their supervision (``JobSupervision``, ``streaming/job/supervision.py``)."""
 
     def __init__(self, config: Config, config_path: str | None = None, *, instance: str | None = None) -> None:
+        # The state its parts share, declared with its types and meanings in ``JobState`` (streaming/job/state.py).
         self.config = config
         self.config_path = config_path
         self.policies = PolicySource(config, config_path)
-        self.listeners: list[BatchListener] = []
-        self.metadata_listeners: list[Callable[[Iterable[str]], None]] = []
-        """Told which topic-partitions' metadata the job wrote (each batch's, and every recovered one at a
-        run's start): the driver's periodic passes (retention, metrics) list only those again."""
-        self.query: Any = None
+        self.listeners = []
+        self.metadata_listeners = []
+        self.query = None
         self._stop = threading.Event()
-        self.retention: RetentionRunner | None = None
-        self.last_topic_stats: dict[str, dict[str, Any]] = {}
-        """The segmenter's latest figures per topic-partition (see BatchReport.topics)."""
+        self.retention = None
+        self.last_topic_stats = {}
         self.retention_interval_s = 60.0
         self.instance = instance or instance_id(config.spark.checkpoint)
-        """Who this job is to the writer lease: a restart of the same instance takes its lease at once."""
         self.lease_ttl_ms = DEFAULT_TTL_MS
         self.policy_refresh_s = DEFAULT_REFRESH_S
         self.policy_clock_skew_ms = CLOCK_SKEW_MS
         self.force_lease = False
-        self.run: Run | None = None
-        self.lease: WriterLease | None = None
-        self._fenced: FencedError | None = None
-        self._renewer: threading.Thread | None = None
+        self.run = None
+        self.lease = None
+        self._fenced = None
+        self._renewer = None
         self._run_ended = threading.Event()
-        self.quarantine: Quarantine | None = None
-        self._fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None = None
+        self.quarantine = None
+        # JobQueries' cache of how the sink fetches entries, for which epoch: queries.py (not type-checked until
+        # h53-handoff's change of it merges) declares it only by assigning a tuple, so mypy takes that for its type.
+        self._fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None = None  # type: ignore[assignment]
         self.rate_limit_tasks = 1
-        """Tasks that share the job's total rate limits: Spark's parallelism, set when the query is built."""
-        self.failed_topics: dict[str, str] = {}
-        """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
-        self._policy_failure: str | None = None
+        self.failed_topics = {}
+        self._policy_failure = None
         self.health = HealthTracker(None, config.pulsar.service_url)
-        """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""

@@ -11,9 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from streamoffload.checkpoints.control_requests import submit_requests
 from streamoffload.checkpoints.lease import FencedError, WriterLease
@@ -27,6 +25,8 @@ from streamoffload.streaming.control.policy_versions import (
     write_versions_file,
 )
 from streamoffload.streaming.control.quarantine import Quarantine
+from streamoffload.streaming.job.queries import JobQueries
+from streamoffload.streaming.job.state import JobState, Run
 from streamoffload.streaming.segmenter.segmenter_model import (
     CONTROL_POLICY,
 )
@@ -45,20 +45,9 @@ class LeaseUnrenewableError(FencedError):
     lease again unless another instance took it meanwhile."""
 
 
-@dataclass
-class Run:
-    """One run of the job: a lease epoch, where each topic-partition continues, a fresh checkpoint."""
-
-    epoch: int
-    resume: dict[str, tuple[list[int] | None, int]]
-    checkpoint: str
-    policy_log: PolicyLog
-    published: dict[str, Any]
-    """The policy document last published."""
-
-
-class JobRuns:
-    """A run's lifecycle: lease, recovery, checkpoint, policy; and the retention beside it."""
+class JobRuns(JobState, JobQueries):
+    """A run's lifecycle: lease, recovery, checkpoint, policy; and the retention beside it. Its query is
+    ``JobQueries``'s."""
 
     def metadata(self) -> MetadataStore:
         return MetadataStore(self.location.open())
@@ -105,9 +94,9 @@ class JobRuns:
         versions = policy_log.start_run(config, int(time.time() * 1000))
         self.quarantine = Quarantine(scoped, self._pause_file())
         self.quarantine.load()
-        for topic, until_ms in sorted(self.quarantine.paused().items()):
+        for paused, until_ms in sorted(self.quarantine.paused().items()):
             until = time.strftime("%H:%M:%S", time.localtime(until_ms / 1000))
-            log.warning("%s: set aside after failing again and again; not offloaded until %s", topic, until)
+            log.warning("%s: set aside after failing again and again; not offloaded until %s", paused, until)
         meta = MetadataStore(scoped)
         resume: dict[str, tuple[list[int] | None, int]] = {}
         recovered = meta.topics()

@@ -10,18 +10,22 @@ import contextlib
 import logging
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints.lease import CleanupRunningError, FencedError, LeaseHeldError
 from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.control.quarantine import failed_topics, failure_reason
 from streamoffload.streaming.job.health import BROKER_BACKOFF_CAP_S, broker_unreachable
-from streamoffload.streaming.job.runs import LeaseUnrenewableError
+from streamoffload.streaming.job.runs import JobRuns, LeaseUnrenewableError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
 
-def _wait(query: Any, seconds: float) -> None:
+def _wait(query: StreamingQuery, seconds: int) -> None:
     """Wait for the query to end, at most ``seconds``. A failure is not raised here: Spark raises it from
     ``awaitTermination`` only when the wait overlaps the failure, so callers read ``query.exception()``
     after the loop instead, every time."""
@@ -31,10 +35,10 @@ def _wait(query: Any, seconds: float) -> None:
         query.awaitTermination(seconds)
 
 
-class JobSupervision:
-    """``run_once`` and ``run_forever``, and what they do about failures."""
+class JobSupervision(JobRuns):
+    """``run_once`` and ``run_forever``, and what they do about failures: of the runs (``JobRuns``)."""
 
-    def run_once(self, spark: Any) -> None:
+    def run_once(self, spark: SparkSession) -> None:
         """Drain everything available, then seal every open segment. A topic-partition whose offload fails
         is set aside (``streaming.control.quarantine``) and the run starts again without it, so the other topics are
         offloaded; the run then fails, naming it."""
@@ -115,20 +119,20 @@ class JobSupervision:
                 return False
         return True
 
-    def _drain_and_seal(self, spark: Any) -> None:
+    def _drain_and_seal(self, spark: SparkSession) -> None:
         """One query: it reads up to the positions of its start (``Trigger.AvailableNow``), and its last
         micro-batch seals every open segment (the source's seal markers), so nothing that arrives meanwhile
         lands unbounded in one batch: it waits for the next run."""
         self._await(self.start(spark, once=True))
         self.retention_runner().run_pass()
 
-    def _await(self, query: Any) -> None:
+    def _await(self, query: StreamingQuery) -> None:
         while query.isActive:
             if self._stop.is_set():
                 query.stop()
                 raise StreamOffloadError("stopped before the run finished; the next run continues from the store")
             self._watch_policy_or_retry()
-            _wait(query, 1.0)
+            _wait(query, 1)
         if self._fenced is not None:
             raise self._fenced
         self._raise_if_failed()
@@ -144,7 +148,7 @@ class JobSupervision:
 
     def run_forever(
         self,
-        spark: Any,
+        spark: SparkSession,
         *,
         max_restarts: int = 10,
         backoff_s: float = 5.0,
@@ -162,8 +166,8 @@ class JobSupervision:
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
-                query: Any = None
-                error: Any
+                query: StreamingQuery | None = None
+                error: BaseException | None
                 try:
                     if self.run is None:
                         self.begin_run()
@@ -181,7 +185,7 @@ class JobSupervision:
                 else:
                     while not self._stop.is_set() and query.isActive:
                         self._watch_policy_or_retry()
-                        _wait(query, 1.0)
+                        _wait(query, 1)
                     if self._fenced is not None and not isinstance(self._fenced, LeaseUnrenewableError):
                         raise self._fenced
                     if self._stop.is_set():
@@ -224,15 +228,16 @@ class JobSupervision:
         Each attempt says so in one line and waits with exponential backoff capped at ``cap_s``, probing
         every second so that a broker back early is used at once."""
         url = self.config.pulsar.service_url
-        while cause is not None and not self._stop.is_set():
+        unreachable: str | None = cause
+        while unreachable is not None and not self._stop.is_set():
             attempt = self.health.current.attempts + 1
             delay = min(backoff_s * 2 ** (attempt - 1), cap_s)
-            health = self.health.broker_down(cause, delay)
+            health = self.health.broker_down(unreachable, delay)
             since = time.strftime("%H:%M:%S", time.localtime(health.since_ms / 1000))
             (log.error if attempt == 1 else log.warning)(
                 "broker %s unreachable: %s; retrying in %.0f s (attempt %d, unreachable since %s)",
                 url,
-                cause,
+                unreachable,
                 delay,
                 attempt,
                 since,
@@ -241,7 +246,7 @@ class JobSupervision:
             while not self._stop.wait(min(1.0, delay)) and time.monotonic() < deadline:
                 if broker_unreachable(url) is None:
                     break
-            cause = broker_unreachable(url)
+            unreachable = broker_unreachable(url)
         self._broker_back()
 
     def _broker_back(self) -> None:
@@ -257,7 +262,7 @@ class JobSupervision:
             )
 
 
-def _made_progress(query: Any) -> bool:
+def _made_progress(query: StreamingQuery | None) -> bool:
     """Whether a failed query had completed a micro-batch (then its failure starts a new series)."""
     if query is None:
         return False
@@ -270,7 +275,7 @@ def _made_progress(query: Any) -> bool:
 _CAUSE_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): \S")
 
 
-def _one_line(error: Any) -> str:
+def _one_line(error: BaseException | str) -> str:
     """An error as one line naming its cause. Spark wraps a Python failure as "An exception was raised by the
     Python Proxy. Return Message: Traceback ..." followed by the JVM stack: the cause is the traceback's last
     ``SomeError: why`` line that is not a JVM class."""

@@ -15,6 +15,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from streamoffload.checkpoints.policy import OffloadPolicy
@@ -224,9 +225,9 @@ class SourcePlanner:
     def _list_namespace(self, namespace: str) -> list[str]:
         if self._listing_supported is not False:
             try:
-                names = list_topics(self.options.service_url, namespace, client_options=self.options.client_opts)
+                listed = list_topics(self.options.service_url, namespace, client_options=self.options.client_opts)
                 self._listing_supported = True
-                return names
+                return listed
             except TopicListingUnsupported as err:
                 self._listing_supported = False
                 log.warning("pulsar source: %s; using topicsPatternCandidates", err)
@@ -273,7 +274,7 @@ class SourcePlanner:
             got = batch.get(tp)
             if tp not in batch or (isinstance(got, PulsarIOError) and not isinstance(got, TopicNotFoundError)):
                 try:
-                    got = self._retrying(f"latest position of {tp}", lambda tp=tp: self._latest_position(tp))
+                    got = self._retrying(f"latest position of {tp}", partial(self._latest_position, tp))
                 except TopicNotFoundError as err:
                     got = err
             if isinstance(got, TopicNotFoundError):  # nothing to read: deleted, or not created yet
@@ -360,9 +361,9 @@ class SourcePlanner:
     def initial_offset(self) -> dict[str, list[int]]:
         partitions = self.topic_partitions(force=True)
         if self.options.starting_time is not None:
-            start = self._starts_at_time(partitions, self.options.starting_time)
-            self._consumed = dict(start)
-            return offsets_json(start)
+            at_time = self._starts_at_time(partitions, self.options.starting_time)
+            self._consumed = dict(at_time)
+            return offsets_json(at_time)
         spec = self.options.starting_offsets
         latest: dict[str, Position | None] = {}
         wants_latest = spec == "latest" or (isinstance(spec, dict) and "latest" in spec.values())
@@ -396,7 +397,7 @@ class SourcePlanner:
                 if reader is not None:
                     found = stored_position_at(reader, tp, reader.metadata.offloaded_segments(tp), at_ms)
                 if found is None:
-                    found = broker_position_at(lambda after, tp=tp: self._broker_next(tp, after), latest[tp], at_ms)
+                    found = broker_position_at(partial(self._broker_next, tp), latest[tp], at_ms)
                 start[tp] = (found[0], found[1] - 1) if found is not None else latest[tp] or BEFORE_EARLIEST
                 log.info("pulsar source: %s starts after %s (startingTime %d)", tp, start[tp], at_ms)
         finally:

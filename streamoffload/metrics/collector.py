@@ -435,7 +435,7 @@ def _histogram(defn: d.MetricDef, registry: CollectorRegistry) -> Histogram:
     return Histogram(defn.name, defn.help, list(defn.labels), registry=registry, buckets=defn.buckets)
 
 
-_FAMILIES: dict[str, type[Metric]] = {
+_FAMILIES: dict[str, type[CounterMetricFamily] | type[GaugeMetricFamily] | type[HistogramMetricFamily]] = {
     "counter": CounterMetricFamily,
     "gauge": GaugeMetricFamily,
     "histogram": HistogramMetricFamily,

@@ -56,7 +56,8 @@ class SizeHistogram:
         self.count += 1
 
     def cumulative(self) -> list[tuple[str, float]]:
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, n in zip(self.buckets, self.counts, strict=True):
             running += n
             out.append((_float_text(bound), running))

@@ -78,7 +78,7 @@ def shared_read_cache() -> CacheCounters:
 def progress_listener(query_name: str, on_progress: Callable[[Any], None], on_failed: Callable[[], None]) -> Any:
     """A ``StreamingQueryListener`` telling ``on_progress`` each progress of the queries named ``query_name``,
     and ``on_failed`` when one ends with an error (``JobMetrics.on_progress`` and ``on_query_failed``)."""
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.listener import StreamingQueryListener
 
     class QueryProgressListener(StreamingQueryListener):
         def __init__(self) -> None:

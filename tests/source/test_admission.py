@@ -20,7 +20,7 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
 from streamoffload.streaming.control.policy_versions import policy_document, write_versions_file
 from streamoffload.streaming.job.offload_job import OffloadJob
-from streamoffload.streaming.job.runs import Run
+from streamoffload.streaming.job.state import Run
 from streamoffload.streaming.protocol.exactly_once import Position, Probe
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import Entry, MemoryState

@@ -1,0 +1,72 @@
+"""What the offload job's parts share: the state :class:`~streamoffload.streaming.job.offload_job.OffloadJob`
+sets up (``OffloadJob.__init__``) and its runs (``JobRuns``) and their supervision (``JobSupervision``) read
+and set, declared once with its types; and :class:`Run`, one run of the job."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from streamoffload.checkpoints.lease import FencedError, WriterLease
+from streamoffload.checkpoints.retention import RetentionRunner
+from streamoffload.config import Config, PolicySource
+from streamoffload.streaming.control.policy_versions import PolicyLog
+from streamoffload.streaming.control.quarantine import Quarantine
+from streamoffload.streaming.job.health import HealthTracker
+from streamoffload.streaming.job.queries import BatchListener
+
+
+@dataclass
+class Run:
+    """One run of the job: a lease epoch, where each topic-partition continues, a fresh checkpoint."""
+
+    epoch: int
+    resume: dict[str, tuple[list[int] | None, int]]
+    checkpoint: str
+    policy_log: PolicyLog
+    published: dict[str, Any]
+    """The policy document last published."""
+
+
+class JobState:
+    """The offload job's state, declared for its parts (only annotations: the values are ``OffloadJob``'s)."""
+
+    config: Config
+    config_path: str | None
+    policies: PolicySource
+    listeners: list[BatchListener]
+    """Told each micro-batch's report."""
+    metadata_listeners: list[Callable[[Iterable[str]], None]]
+    """Told which topic-partitions' metadata the job wrote (each batch's, and every recovered one at a run's
+    start): the driver's periodic passes (retention, metrics) list only those again."""
+    query: Any
+    """The running Spark ``StreamingQuery``, None before the first ``start``."""
+    _stop: threading.Event
+    retention: RetentionRunner | None
+    last_topic_stats: dict[str, dict[str, Any]]
+    """The segmenter's latest figures per topic-partition (see BatchReport.topics)."""
+    retention_interval_s: float
+    instance: str
+    """Who this job is to the writer lease: a restart of the same instance takes its lease at once."""
+    lease_ttl_ms: int
+    policy_refresh_s: float
+    policy_clock_skew_ms: int
+    force_lease: bool
+    """Take the writer lease at the next run's start even if another instance holds it (once)."""
+    run: Run | None
+    lease: WriterLease | None
+    _fenced: FencedError | None
+    """Why the run lost its writer lease, once it has."""
+    _renewer: threading.Thread | None
+    _run_ended: threading.Event
+    quarantine: Quarantine | None
+    rate_limit_tasks: int
+    """Tasks that share the job's total rate limits: Spark's parallelism, set when the query is built."""
+    failed_topics: dict[str, str]
+    """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
+    _policy_failure: str | None
+    """Why publishing the edited policy last failed (said once per cause)."""
+    health: HealthTracker
+    """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""
