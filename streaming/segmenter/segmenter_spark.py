@@ -27,15 +27,11 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from streamoffload.streaming.control.policy_versions import PolicyLog
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.handoff.actions import pack_actions
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter import Segmenter
-from streamoffload.streaming.segmenter.segmenter_model import (
-    TIMER_UNKNOWN,
-    BlockEntry,
-    Entry,
-    TopicState,
-    pack_actions,
-)
+from streamoffload.streaming.segmenter.segmenter_model import TIMER_UNKNOWN, TopicState
 
 TOPIC_STATE_SCHEMA = StructType([StructField("json", StringType())])
 BLOCK_STATE_SCHEMA = StructType(
@@ -76,13 +72,13 @@ class SparkState:
     def save(self, state: TopicState) -> None:
         self._topic.update((state.to_json(),))
 
-    def block_entries(self) -> list[BlockEntry]:
+    def block_entries(self) -> list[Entry]:
         if not self._block.exists():
             return []
-        return [(int(lid), int(eid), int(size), int(crc)) for lid, eid, size, crc in self._block.get()]
+        return [Entry(int(lid), int(eid), int(size), int(crc)) for lid, eid, size, crc in self._block.get()]
 
-    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None:
-        self._block.appendList(list(entries))
+    def append_block_entries(self, entries: Sequence[Entry]) -> None:
+        self._block.appendList([(e.ledger_id, e.entry_id, e.size, e.crc32c) for e in entries])
 
     def clear_block_entries(self) -> None:
         self._block.clear()

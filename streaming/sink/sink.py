@@ -18,7 +18,6 @@ request").
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -26,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 from urllib.parse import quote
 
 from streamoffload import __version__
@@ -53,7 +52,6 @@ from streamoffload.codecs.block_frames import (
     encode_table,
     stored_size,
 )
-from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.entry import entry_incompressible
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
@@ -64,6 +62,14 @@ from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FO
 from streamoffload.storage.location import ScopedStore, StoreLocation
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.control.rate_limits import RateLimiter, limiter_for, throttled_since
+from streamoffload.streaming.handoff.actions import (
+    Action,
+    OpenAction,
+    PartAction,
+    RequestsAction,
+    SealAction,
+    StatsAction,
+)
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
     block_chunks_of_part,
@@ -206,15 +212,13 @@ task and micro-batch); one ``syncfs`` serves every thread waiting at once, so mo
 the S3 store's connection pool. Memory stays bounded by ``ByteBudget``."""
 
 
-def _checksum_objects(data_key: str, part: PlannedPart, info: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+def _checksum_objects(action: PartAction, part: PlannedPart) -> list[tuple[str, bytes]]:
     """The checksum records of a part's blocks, as (key, record); none for a segment opened without them."""
-    recorded = info.get("checksums")
-    if recorded is None:
+    if action.first_block is None:
         return []
-    first, offset = int(recorded["first_block"]), int(recorded["offset"])
     return [
-        (keys.block_checksums_key(data_key, block), record)
-        for block, record in checksum_records(part.blocks, first, offset)
+        (keys.block_checksums_key(action.data_key, block), record)
+        for block, record in checksum_records(part.blocks, action.first_block, action.offset)
     ]
 
 
@@ -233,7 +237,7 @@ class CommitWindowError(StreamOffloadError, TimeoutError):
 
 
 class SegmentSink:
-    """Applies actions (rows with the segmenter's ``ACTION_COLUMNS``): each topic-partition's in order, up to
+    """Applies the segmenter's actions (``streaming.handoff.actions``): each topic-partition's in order, up to
     ``threads`` topic-partitions at once."""
 
     def __init__(
@@ -269,7 +273,7 @@ class SegmentSink:
         self._encodings = _Bounded()  # data key -> its BlockEncoding (cipher, compression)
         self._done = _Bounded()  # data keys whose object already exists (a replay after success)
 
-    def apply(self, actions: Iterable[Mapping[str, Any]]) -> SinkStats:
+    def apply(self, actions: Iterable[Action]) -> SinkStats:
         """Apply a task's actions, each topic-partition's in order; topic-partitions are independent (their own
         segments, uploads and commits), so up to ``threads`` of them go at once. They are small (layouts,
         indexes, manifests: no entry bytes), so they are read ahead to find the runs of consecutive parts each
@@ -282,7 +286,7 @@ class SegmentSink:
         parts = _plan_parts(actions)
         by_topic: dict[str, list[int]] = {}
         for i, action in enumerate(actions):
-            by_topic.setdefault(str(action["topic"]), []).append(i)
+            by_topic.setdefault(action.topic, []).append(i)
         counts_before = fetch_counts(self.fetcher)
         throttled_before = self.limiter.throttled() if self.limiter is not None else {}
         groups = list(by_topic.values())
@@ -316,7 +320,7 @@ class SegmentSink:
         return stats
 
     def _apply_topic(
-        self, actions: list[Mapping[str, Any]], indexes: list[int], parts: dict[int, PlannedPart]
+        self, actions: list[Action], indexes: list[int], parts: dict[int, PlannedPart]
     ) -> tuple[SinkStats, tuple[str, Exception] | None]:
         """One topic-partition's actions, in order, with its own reader: its stats, and its failure if any."""
         stats = SinkStats()
@@ -339,7 +343,7 @@ class SegmentSink:
                 except Exception as err:
                     stats.errors += 1
                     self._record_failure(action, err)
-                    return stats, (str(action["topic"]), err)
+                    return stats, (action.topic, err)
             return stats, None
         finally:
             if reader is not None:
@@ -348,69 +352,69 @@ class SegmentSink:
 
     def _apply_one(
         self,
-        action: Mapping[str, Any],
+        action: Action,
         stats: SinkStats,
         reader: PartReader | None = None,
         part: PlannedPart | None = None,
     ) -> None:
-        kind = action["action"]
-        if kind == "stats":
-            stats.topics[action["topic"]] = json.loads(action["info"])
-        elif kind == "open":
-            self._open(mf.decode_manifest(bytes(action["manifest"])))
-            crash_point("after-open")
-            stats.opened += 1
-        elif kind == "part":
-            data_key = action["data_key"]
-            if self._object_exists(data_key):
-                return
-            started = time.monotonic()
-            throttled = 0.0
-            info = json.loads(action["info"])
-            upload = self._upload_for(data_key, info["manifest_key"])
-            part = part or _plan_parts([action])[0]
-            with self.budget.hold(int(info.get("length") or 0)):
-                encoding = self._encoding_for(data_key, info)
-                data, frames = self._part_chunks(action["topic"], part, info, reader, encoding)
-                if frames is not None:
-                    # Before the part (the seal joins them into the manifest's table); deterministic like it.
-                    key = keys.part_frames_key(data_key, int(action["part_number"]))
-                    self.store.put(key, frames.encode())
-                self._put_checksum_records(data_key, part, info)
-                size = buffers_size(data)
-                if self.limiter is not None:  # the part's bytes pass when the wait ends
-                    throttled += self.limiter.acquire("upload", action["topic"], size)
-                upload.write_part(int(action["part_number"]), data)
-                del data
-            release = getattr(self.fetcher, "release", None)  # the spool: these entries are written now
-            if release is not None:
-                release(action["topic"], part.last)
-            crash_point("after-part")
-            stats.upload_seconds.append(time.monotonic() - started - throttled)  # the throttle is counted apart
-            stats.parts += 1
-            stats.part_bytes += size
-        elif kind == "seal":
-            self._apply_seal(action, stats)
-        elif kind == "requests":
-            self._requests_done(action["topic"], json.loads(action["info"])["requests"], None)
-        else:
-            raise ValueError(f"unknown sink action {kind!r}")
+        match action:
+            case StatsAction():
+                stats.topics[action.topic] = action.figures()
+            case OpenAction():
+                self._open(mf.decode_manifest(action.manifest))
+                crash_point("after-open")
+                stats.opened += 1
+            case PartAction():
+                self._apply_part(action, stats, reader, part)
+            case SealAction():
+                self._apply_seal(action, stats)
+            case RequestsAction():
+                self._requests_done(action.topic, action.requests, None)
+            case _:
+                assert_never(action)
+
+    def _apply_part(
+        self, action: PartAction, stats: SinkStats, reader: PartReader | None, part: PlannedPart | None
+    ) -> None:
+        data_key = action.data_key
+        if self._object_exists(data_key):
+            return
+        started = time.monotonic()
+        throttled = 0.0
+        upload = self._upload_for(data_key, action.manifest_key)
+        part = part or _plan_parts([action])[0]
+        with self.budget.hold(action.length):
+            encoding = self._encoding_for(data_key, action.manifest_key)
+            data, frames = self._part_chunks(action, part, reader, encoding)
+            if frames is not None:
+                # Before the part (the seal joins them into the manifest's table); deterministic like it.
+                self.store.put(keys.part_frames_key(data_key, action.part_number), frames.encode())
+            self._put_checksum_records(action, part)
+            size = buffers_size(data)
+            if self.limiter is not None:  # the part's bytes pass when the wait ends
+                throttled += self.limiter.acquire("upload", action.topic, size)
+            upload.write_part(action.part_number, data)
+            del data
+        release = getattr(self.fetcher, "release", None)  # the spool: these entries are written now
+        if release is not None:
+            release(action.topic, part.last)
+        crash_point("after-part")
+        stats.upload_seconds.append(time.monotonic() - started - throttled)  # the throttle is counted apart
+        stats.parts += 1
+        stats.part_bytes += size
 
     def _apply_seal(
-        self, action: Mapping[str, Any], stats: SinkStats, whole_size: int | None = None, begun: float | None = None
+        self, action: SealAction, stats: SinkStats, whole_size: int | None = None, begun: float | None = None
     ) -> None:
         started = time.monotonic()
-        info = json.loads(action["info"])
-        self._seal(action, info, whole_size, begun)
+        self._seal(action, whole_size, begun)
         stats.upload_seconds.append(time.monotonic() - started)
-        self._requests_done(action["topic"], info.get("requests", []), action["segment"])
-        info["topic"] = action["topic"]
-        info["segment"] = action["segment"]
-        stats.sealed.append(info)
+        self._requests_done(action.topic, action.requests, action.segment)
+        stats.sealed.append(action.summary())
 
     def _apply_whole(
         self,
-        actions: list[Mapping[str, Any]],
+        actions: list[Action],
         segment: WholeSegment,
         stats: SinkStats,
         reader: PartReader | None,
@@ -422,30 +426,33 @@ class SegmentSink:
         skipped: a replay writes the same bytes under the same names, and a failed attempt's objects are
         overwritten or left to ``cleanup``."""
         opened = actions[segment.open]
-        topic, data_key = str(opened["topic"]), str(opened["data_key"])
+        assert isinstance(opened, OpenAction)
+        topic, data_key = opened.topic, opened.data_key
         started = time.monotonic()
         throttled = 0.0
         crash_point("after-open")
-        infos = [json.loads(actions[i]["info"]) for i in segment.parts]
+        part_actions = [_part_action(actions[i]) for i in segment.parts]
         planned = [parts.get(i) or _plan_parts([actions[i]])[0] for i in segment.parts]
         seal = actions[segment.seal]
-        with self.budget.hold(sum(int(info.get("length") or 0) for info in infos)):
+        assert isinstance(seal, SealAction)
+        with self.budget.hold(sum(action.length for action in part_actions)):
             chunks: list[Buffer] = []
             objects: list[tuple[str, Buffer, Mapping[str, str] | None]] = []
-            for part, info in zip(planned, infos, strict=True):
-                data, _ = self._part_chunks(topic, part, info, reader)
-                objects.extend((key, record, None) for key, record in _checksum_objects(data_key, part, info))
+            for part_action, part in zip(part_actions, planned, strict=True):
+                data, _ = self._part_chunks(part_action, part, reader)
+                objects.extend((key, record, None) for key, record in _checksum_objects(part_action, part))
                 chunks.extend(data)
             crash_point("after-part")
             size = buffers_size(chunks)
-            expected = int(json.loads(seal["info"])["data_length"])
-            if size != expected:  # before anything is written under the segment's names
-                raise ReplayMismatchError(f"{topic}: a segment's parts built {size} bytes, its index says {expected}")
+            if size != seal.data_length:  # before anything is written under the segment's names
+                raise ReplayMismatchError(
+                    f"{topic}: a segment's parts built {size} bytes, its index says {seal.data_length}"
+                )
             if self.limiter is not None:
                 throttled += self.limiter.acquire("upload", topic, size)
-            metadata = object_metadata(topic, str(opened["segment"]))
+            metadata = object_metadata(topic, opened.segment)
             objects.append((data_key, b"".join(chunks), metadata))
-            objects.append((str(seal["index_key"]), bytes(seal["data"]), metadata))
+            objects.append((seal.index_key, seal.index, metadata))
             # The records, the data and the index at once: no reader finds any of them before the commit, and
             # nothing names them until then (the commit window starts here).
             begun = self.clock()
@@ -461,17 +468,16 @@ class SegmentSink:
         stats.upload_seconds.append(time.monotonic() - started - throttled)
         self._apply_seal(seal, stats, whole_size=size, begun=begun)
 
-    def _put_checksum_records(self, data_key: str, part: PlannedPart, info: Mapping[str, Any]) -> None:
+    def _put_checksum_records(self, action: PartAction, part: PlannedPart) -> None:
         """The part's blocks' checksum records: before the part and the manifest; a replay writes the same bytes
         under the same names."""
-        for key, record in _checksum_objects(data_key, part, info):
+        for key, record in _checksum_objects(action, part):
             self.store.put(key, record)
 
     def _part_chunks(
         self,
-        topic: str,
+        action: PartAction,
         part: PlannedPart,
-        info: Mapping[str, Any],
         reader: PartReader | None,
         encoding: BlockEncoding | None = None,
     ) -> tuple[list[Buffer], PartFrames | None]:
@@ -482,14 +488,14 @@ class SegmentSink:
         part's frames (the sink records them beside the part)."""
         if reader is None:
             raise StreamOffloadError("this sink has no entry fetcher: it cannot write parts")
+        topic = action.topic
         payloads = reader.take(topic, part_refs(part.blocks), part.blocks[0].after, part.run_end)
-        blocks = block_chunks_of_part(FormatVersion(int(info["format"])), part.blocks, payloads)
-        expected = info.get("length")
-        if expected is not None and (size := sum(buffers_size(b) for b in blocks)) != int(expected):
-            raise ReplayMismatchError(f"{topic}: a part built {size} bytes, its layout says {expected}")
+        blocks = block_chunks_of_part(action.format, part.blocks, payloads)
+        if (size := sum(buffers_size(b) for b in blocks)) != action.length:
+            raise ReplayMismatchError(f"{topic}: a part built {size} bytes, its layout says {action.length}")
         if encoding is None or encoding.plain:
             return [chunk for block in blocks for chunk in block], None
-        offset = _part_offset(info)
+        offset = action.offset
         stored: list[Buffer] = []
         frames: list[Frame] = []
         first = 0
@@ -511,19 +517,19 @@ class SegmentSink:
         if encoding.level is None:
             return stored, None
         filler = self.store.min_part_size - sum(f.stored_length for f in frames)
-        if filler > 0 and not info.get("last"):
+        if filler > 0 and not action.last:
             # S3 refuses a part below its minimum but the last: fill this one up; the table skips the filler.
             stored.append(FILLER * filler)
             frames[-1] = Frame(frames[-1].codec, frames[-1].stored_length, filler)
         return stored, PartFrames(tuple(frames))
 
-    def _encoding_for(self, data_key: str, info: Mapping[str, Any]) -> BlockEncoding:
+    def _encoding_for(self, data_key: str, manifest_key: str) -> BlockEncoding:
         """How the segment ``data_key`` belongs to stores its blocks, from its Assigned manifest (remembered when
         this sink opened or resumed it; read otherwise)."""
         encoding = self._encodings.get(data_key)
         if encoding is not None:
             return encoding  # type: ignore[no-any-return]
-        return self._remember_encoding(self._written_manifest(info["manifest_key"]))
+        return self._remember_encoding(self._written_manifest(manifest_key))
 
     def _remember_encoding(self, written: SegmentManifest) -> BlockEncoding:
         cipher = segment_cipher(written, self._keys()) if encryption_key_id(written) else None
@@ -605,22 +611,16 @@ class SegmentSink:
             ) from None
         return mf.decode_manifest(written, where=manifest_key)
 
-    def _seal(
-        self,
-        action: Mapping[str, Any],
-        info: Mapping[str, Any],
-        whole_size: int | None = None,
-        begun: float | None = None,
-    ) -> None:
+    def _seal(self, action: SealAction, whole_size: int | None = None, begun: float | None = None) -> None:
         """Complete the data object, put the index, check the lease and commit (``whole_size``: the size of the
         data object the sink has just put whole, with its index, at ``begun`` on ``clock``). The commit follows
         the seal's first write within ``COMMIT_WINDOW_MS`` or not at all (``CommitWindowError``)."""
         begun = self.clock() if begun is None else begun
-        data_key = action["data_key"]
-        topic, segment = action["topic"], action["segment"]
-        expected = int(info["data_length"])
-        parts = int(action["part_number"])
-        sealed = mf.decode_manifest(bytes(action["manifest"]))
+        data_key = action.data_key
+        topic, segment = action.topic, action.segment
+        expected = action.data_length
+        parts = action.part_count
+        sealed = mf.decode_manifest(action.manifest)
         level = _policy_compression_level(sealed)
         if level is not None:
             # Where each stored block lies: the parts' frame records, joined into the manifest's table.
@@ -657,11 +657,11 @@ class SegmentSink:
                 )
         crash_point("after-complete")
         if whole_size is None:
-            self.store.put(action["index_key"], bytes(action["data"]), object_metadata(topic, segment))
+            self.store.put(action.index_key, action.index, object_metadata(topic, segment))
         crash_point("after-index")
         # Fencing: a writer whose lease was taken over commits nothing; and the commit itself is
         # create-only in the segment's place in the topic's history, so two writers never both win.
-        check_epoch(self.scoped, int(info.get("epoch", 0)))
+        check_epoch(self.scoped, action.epoch)
         # `cleanup` beside the job deletes what nothing names once it is older than twice this window: a seal's
         # objects are named by its commit in time, or never.
         elapsed = self.clock() - begun
@@ -712,17 +712,17 @@ class SegmentSink:
         for request_id in request_ids:
             record_request_status(self.scoped, request_id, "done", topic=topic, segment=segment)
 
-    def _record_failure(self, action: Mapping[str, Any], err: BaseException) -> None:
-        if not action.get("segment"):
+    def _record_failure(self, action: Action, err: BaseException) -> None:
+        if not isinstance(action, OpenAction | PartAction | SealAction):
             return
         why = f"{type(err).__name__}: {err}"
         try:
-            self.metadata.record_failure(action["topic"], action["segment"], why)
-            if action["action"] == "seal":
-                for request_id in json.loads(action["info"]).get("requests", []):
-                    record_request_status(self.scoped, request_id, "failed", topic=action["topic"], error=why)
+            self.metadata.record_failure(action.topic, action.segment, why)
+            if isinstance(action, SealAction):
+                for request_id in action.requests:
+                    record_request_status(self.scoped, request_id, "failed", topic=action.topic, error=why)
         except Exception:  # the store itself may be what failed; the next run retries the segment
-            log.warning("could not record the failure of segment %s", action["segment"], exc_info=True)
+            log.warning("could not record the failure of segment %s", action.segment, exc_info=True)
 
 
 @dataclass(frozen=True)
@@ -734,35 +734,40 @@ class WholeSegment:
     seal: int
 
 
-def _whole_segments(actions: list[Mapping[str, Any]], indexes: list[int], limit: int) -> dict[int, WholeSegment]:
+def _whole_segments(actions: list[Action], indexes: list[int], limit: int) -> dict[int, WholeSegment]:
     """Of one topic-partition's actions (``indexes``, in order), the segments to write whole, by the index of
     their ``open``: opened and sealed here, neither encrypted nor compressed (their bytes are then a function of
     their layouts alone, so a replay writes the same object), of at most ``limit`` bytes."""
     found: dict[int, WholeSegment] = {}
-    opened: int | None = None
+    opened: OpenAction | None = None
+    at = 0  # the index of ``opened``
     parts: list[int] = []
     size = 0
     for i in indexes:
         action = actions[i]
-        kind = action["action"]
-        if kind == "open":
-            manifest = mf.decode_manifest(bytes(action["manifest"]))
+        if isinstance(action, OpenAction):
+            manifest = mf.decode_manifest(action.manifest)
             plain = not _policy_key_id(manifest) and _policy_compression_level(manifest) is None
-            opened, parts, size = (i if plain else None), [], 0
-        elif kind not in ("part", "seal") or opened is None:
+            opened, at, parts, size = (action if plain else None), i, [], 0
+        elif not isinstance(action, PartAction | SealAction) or opened is None:
             continue
-        elif action["segment"] != actions[opened]["segment"]:
+        elif action.segment != opened.segment:
             opened = None
-        elif kind == "part":
+        elif isinstance(action, PartAction):
             parts.append(i)
-            size += int(json.loads(action["info"]).get("length") or 0)
+            size += action.length
             if size > limit:
                 opened = None
         else:
             if parts:
-                found[opened] = WholeSegment(opened, tuple(parts), i)
+                found[at] = WholeSegment(at, tuple(parts), i)
             opened = None
     return found
+
+
+def _part_action(action: Action) -> PartAction:
+    assert isinstance(action, PartAction), action
+    return action
 
 
 @dataclass
@@ -802,30 +807,21 @@ def _policy_compression_level(manifest: SegmentManifest) -> int | None:
     return int(mf.policy_field(manifest, "offloadCompressionLevel", str(DEFAULT_LEVEL)))
 
 
-def _part_offset(info: Mapping[str, Any]) -> int:
-    if "offset" in info:
-        return int(info["offset"])
-    recorded = info.get("checksums")
-    if recorded is None:
-        raise StreamOffloadError("a part of an encrypted segment without its offset (state of an older version)")
-    return int(recorded["offset"])
-
-
-def _plan_parts(actions: list[Mapping[str, Any]]) -> dict[int, PlannedPart]:
+def _plan_parts(actions: list[Action]) -> dict[int, PlannedPart]:
     """The part actions (by index), each with the last position of the run of consecutive parts of its
     topic-partition it belongs to, so one read covers the run (``PartReader``)."""
     planned: dict[int, PlannedPart] = {}
     current: dict[str, PlannedPart] = {}  # topic -> the last part of its open run
     runs: dict[int, list[PlannedPart]] = {}  # id of a run's first part -> the run
     for i, action in enumerate(actions):
-        if action["action"] != "part":
+        if not isinstance(action, PartAction):
             continue
-        part = PlannedPart(decode_layouts(bytes(action["data"])), (0, 0))
-        previous = current.get(action["topic"])
+        part = PlannedPart(decode_layouts(action.layouts), (0, 0))
+        previous = current.get(action.topic)
         run = runs[id(previous)] if previous is not None and previous.last == part.blocks[0].after else []
         run.append(part)
         runs[id(part)] = run
-        current[action["topic"]] = planned[i] = part
+        current[action.topic] = planned[i] = part
     for part in planned.values():
         part.run_end = runs[id(part)][-1].last
     return planned

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from streamoffload.streaming.handoff import spool
-from streamoffload.streaming.handoff.part_layout import EntryRef
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
 from streamoffload.streaming.sink.entry_fetch import EntryGoneError, MemoryFetcher, PartReader
 from tests.fixtures.entries import Published
@@ -37,8 +37,8 @@ def spool_range(root: Path, entries: list[Published], start: tuple[int, int], ma
     writer.finish()
 
 
-def refs(entries: list[Published]) -> list[EntryRef]:
-    return [EntryRef(e.ledger_id, e.entry_id, e.meta.size, e.meta.crc32c) for e in entries]
+def refs(entries: list[Published]) -> list[Entry]:
+    return [Entry(e.ledger_id, e.entry_id, e.meta.size, e.meta.crc32c) for e in entries]
 
 
 def test_spooled_ranges_are_read_from_the_spool_and_the_rest_from_the_broker(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
 
@@ -74,7 +74,7 @@ def pulsar_entries(
 
 
 def _apply(sink: SegmentSink, actions: list) -> None:
-    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    sink.apply(actions)
 
 
 def offload(

@@ -1,0 +1,466 @@
+"""What the segmenter tells the sink to do, one frozen class per kind, and their packed form (what crosses Spark).
+
+Per topic-partition and micro-batch the segmenter emits, in order: ``OpenAction`` (write the segment's Assigned
+manifest), ``PartAction`` (upload one part of its data object, as block layouts), ``SealAction`` (complete the
+data object, write the index, commit, write the Offloaded manifest), ``RequestsAction`` (manual requests with
+nothing to seal), and last ``StatsAction`` (its figures for the driver). The sink dispatches on the class.
+
+In Spark the actions of a topic-partition travel as one binary value (``PACKED_ACTIONS_SCHEMA``): their count
+(u32), then per action a header ``<i8I`` (its part number, then the lengths of its eight byte fields: topic,
+segment, kind, data, manifest, data key, index key, info) and those fields. ``data`` is a part's layouts or a
+seal's index; ``info`` is a JSON object with the kind's other fields (``OpenAction.ordinal``, ...). The bytes
+cross processes, so :func:`unpack_actions` checks what it reads and names the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from streamoffload.codecs.blocks import FormatVersion
+from streamoffload.codecs.positions import Position
+from streamoffload.errors import StreamOffloadError
+
+
+class ActionPackError(StreamOffloadError, ValueError):
+    """Packed actions that do not decode: cut, padded, or a field that is not what its kind needs."""
+
+
+@dataclass(frozen=True)
+class OpenAction:
+    """Open the segment: start its multipart upload, write its Assigned manifest (create-only)."""
+
+    kind: ClassVar[str] = "open"
+    topic: str
+    segment: str
+    manifest: bytes
+    """The Assigned manifest (``checkpoints.manifest``), encoded."""
+    data_key: str
+    index_key: str
+    ordinal: int
+    method: str
+
+
+@dataclass(frozen=True)
+class PartAction:
+    """Upload part ``part_number`` of the segment's data object: the blocks ``layouts`` describe
+    (``streaming.handoff.part_layout``), built from entries the sink fetches."""
+
+    kind: ClassVar[str] = "part"
+    topic: str
+    segment: str
+    part_number: int
+    layouts: bytes
+    data_key: str
+    manifest_key: str
+    """Where the segment's Assigned manifest is (its upload id and encoding)."""
+    format: FormatVersion
+    length: int
+    """The part's bytes in the clear (the sum of its blocks' lengths)."""
+    offset: int
+    """Where the part starts in the data object in the clear."""
+    last: bool = False
+    """The seal's part, which a store takes below its minimum part size."""
+    first_block: int | None = None
+    """The data object's ordinal of the part's first block, for the blocks' checksum records
+    (``codecs.checksums``); None: the segment records none (opened by a version that did not)."""
+
+
+@dataclass(frozen=True)
+class SealAction:
+    """Seal the segment: complete its data object from parts ``1..part_count``, write ``index``, check the
+    lease, commit and write the Offloaded ``manifest``."""
+
+    kind: ClassVar[str] = "seal"
+    topic: str
+    segment: str
+    part_count: int
+    index: bytes
+    manifest: bytes
+    data_key: str
+    index_key: str
+    reason: str
+    """Why the segment was sealed (``segmenter_model.SEAL_*``; a metric label)."""
+    data_length: int
+    """The data object's bytes in the clear."""
+    entries: int
+    entry_bytes: int
+    ordinal: int
+    end: Position
+    format: FormatVersion
+    epoch: int
+    """The writer's lease epoch: a fenced writer's commit is refused."""
+    requests: tuple[str, ...] = ()
+    """The manual requests this seal completes."""
+
+    def summary(self) -> dict[str, Any]:
+        """What the sink reports of the seal to the driver (``SinkStats.sealed``, JSON)."""
+        return {
+            "reason": self.reason,
+            "parts": self.part_count,
+            "data_length": self.data_length,
+            "entries": self.entries,
+            "entry_bytes": self.entry_bytes,
+            "ordinal": self.ordinal,
+            "end": list(self.end),
+            "format": int(self.format),
+            "epoch": self.epoch,
+            "requests": list(self.requests),
+            "topic": self.topic,
+            "segment": self.segment,
+        }
+
+
+@dataclass(frozen=True)
+class RequestsAction:
+    """Manual requests done with no segment to show for them (nothing was open)."""
+
+    kind: ClassVar[str] = "requests"
+    topic: str
+    requests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StatsAction:
+    """The topic-partition's figures after the batch (``Segmenter.stats``), for the driver's metrics and the
+    source's admission control; always the batch's last action."""
+
+    kind: ClassVar[str] = "stats"
+    topic: str
+    buffered_bytes: int
+    open_segment: str | None
+    open_segment_entries: int
+    open_segment_bytes: int
+    open_segment_assigned_ms: int | None
+    last_position: Position | None
+    now_ms: int
+    batch_entries: int
+    """Entries (and their bytes) this micro-batch brought: the source sizes the next one by them."""
+    batch_bytes: int
+    wake_ms: int | None
+    """When this topic-partition's timer fires (rollover, policy wake-up): the source plans a micro-batch then."""
+    read_throttled_s: float
+    """Seconds the source's read limits held this batch's entries back."""
+
+    def figures(self) -> dict[str, Any]:
+        """The figures as the sink reports them to the driver (``SinkStats.topics``, JSON)."""
+        return {
+            "buffered_bytes": self.buffered_bytes,
+            "open_segment": self.open_segment,
+            "open_segment_entries": self.open_segment_entries,
+            "open_segment_bytes": self.open_segment_bytes,
+            "open_segment_assigned_ms": self.open_segment_assigned_ms,
+            "last_position": None if self.last_position is None else list(self.last_position),
+            "now_ms": self.now_ms,
+            "batch_entries": self.batch_entries,
+            "batch_bytes": self.batch_bytes,
+            "wake_ms": self.wake_ms,
+            "read_throttled_s": self.read_throttled_s,
+        }
+
+
+Action = OpenAction | PartAction | SealAction | RequestsAction | StatsAction
+SegmentAction = OpenAction | PartAction | SealAction
+"""The actions that write a segment (the others name none)."""
+
+PACKED_ACTIONS_SCHEMA = "topic STRING, actions BINARY"
+"""The segmenter's output in Spark: one row per topic-partition and micro-batch, its actions packed by
+``pack_actions``. Two columns, not one per field: PySpark converts each key's output frame column by column, so
+every column cost each topic-partition every micro-batch (bench/README, session 32)."""
+
+_PACKED_HEADER = struct.Struct("<i8I")
+"""Per action: its part number, then the lengths of its eight byte fields (``_FIELDS`` order)."""
+_PACKED_COUNT = struct.Struct("<I")
+_FIELDS = ("topic", "segment", "kind", "data", "manifest", "data_key", "index_key", "info")
+_TEXT_FIELDS = frozenset({"topic", "segment", "kind", "data_key", "index_key", "info"})
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """One action as its packed fields."""
+
+    topic: str
+    segment: str
+    kind: str
+    part_number: int = 0
+    data: bytes = b""
+    manifest: bytes = b""
+    data_key: str = ""
+    index_key: str = ""
+    info: str = "{}"
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _packed(action: Action) -> _Packed:
+    match action:
+        case OpenAction():
+            info = _dumps({"ordinal": action.ordinal, "method": action.method})
+            return _Packed(
+                action.topic, action.segment, action.kind, 0, b"", action.manifest, action.data_key,
+                action.index_key, info,
+            )  # fmt: skip
+        case PartAction():
+            doc: dict[str, Any] = {
+                "manifest_key": action.manifest_key,
+                "format": int(action.format),
+                "length": action.length,
+                "offset": action.offset,
+            }
+            if action.last:
+                doc["last"] = True
+            if action.first_block is not None:
+                doc["checksums"] = {"first_block": action.first_block, "offset": action.offset}
+            return _Packed(
+                action.topic, action.segment, action.kind, action.part_number, action.layouts, b"", action.data_key,
+                "", _dumps(doc),
+            )  # fmt: skip
+        case SealAction():
+            doc = action.summary()
+            del doc["topic"], doc["segment"]
+            return _Packed(
+                action.topic, action.segment, action.kind, action.part_count, action.index, action.manifest,
+                action.data_key, action.index_key, _dumps(doc),
+            )  # fmt: skip
+        case RequestsAction():
+            return _Packed(action.topic, "", action.kind, info=_dumps({"requests": list(action.requests)}))
+        case StatsAction():
+            return _Packed(action.topic, "", action.kind, info=_dumps(action.figures()))
+
+
+def pack_actions(actions: Sequence[Action]) -> bytes:
+    """Actions as one binary value (the module docstring's shape). The count makes a value cut between two
+    actions an error too."""
+    if not actions:
+        return b""
+    out = bytearray(_PACKED_COUNT.pack(len(actions)))
+    for action in actions:
+        packed = _packed(action)
+        raw = [f.encode() if isinstance(f, str) else f for f in (getattr(packed, name) for name in _FIELDS)]
+        out += _PACKED_HEADER.pack(packed.part_number, *(len(r) for r in raw))
+        for r in raw:
+            out += r
+    return bytes(out)
+
+
+def unpack_actions(packed: bytes) -> Iterator[Action]:
+    """The actions ``pack_actions`` packed, checked: :class:`ActionPackError` names where a value is cut or
+    which field of which action is wrong."""
+    view = memoryview(packed)
+    if not view:
+        return
+    if len(view) < _PACKED_COUNT.size:
+        raise ActionPackError(f"packed actions end inside their count at byte 0 of {len(view)}")
+    (count,) = _PACKED_COUNT.unpack_from(view, 0)
+    pos = _PACKED_COUNT.size
+    for _ in range(count):
+        if pos + _PACKED_HEADER.size > len(view):
+            raise ActionPackError(f"packed actions end inside a header at byte {pos} of {len(view)}")
+        part_number, *lengths = _PACKED_HEADER.unpack_from(view, pos)
+        pos += _PACKED_HEADER.size
+        fields: dict[str, Any] = {}
+        for name, length in zip(_FIELDS, lengths, strict=True):
+            if pos + length > len(view):
+                raise ActionPackError(f"packed actions end inside {name!r} at byte {pos} of {len(view)}")
+            value = bytes(view[pos : pos + length])
+            if name in _TEXT_FIELDS:
+                try:
+                    fields[name] = value.decode()
+                except UnicodeDecodeError as err:
+                    raise ActionPackError(f"packed actions: {name!r} at byte {pos} is not UTF-8 ({err})") from None
+            else:
+                fields[name] = value
+            pos += length
+        yield _action_of(_Packed(part_number=part_number, **fields))
+    if pos != len(view):
+        raise ActionPackError(f"packed actions hold {len(view) - pos} bytes after their {count} actions")
+
+
+class _Info:
+    """An action's info document, read field by field: each read checks the type and names the field."""
+
+    def __init__(self, where: str, doc: dict[str, Any]) -> None:
+        self.where = where
+        self.doc = doc
+
+    @classmethod
+    def of(cls, packed: _Packed) -> _Info:
+        segment = f" segment {packed.segment!r}" if packed.segment else ""
+        info = cls(f"packed {packed.kind} action of {packed.topic!r}{segment}", {})
+        try:
+            doc = json.loads(packed.info)
+        except ValueError as err:
+            raise info.error(f"its info is not JSON ({err})") from None
+        if not isinstance(doc, dict):
+            raise info.error(f"its info is {type(doc).__name__}, not an object")
+        info.doc = doc
+        return info
+
+    def inner(self, key: str) -> _Info | None:
+        """The object under ``key``, read the same way (None: none)."""
+        value = self.doc.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.error(f"field {key!r} is {value!r}, not an object")
+        return _Info(f"{self.where}, its {key}", value)
+
+    def error(self, why: str) -> ActionPackError:
+        return ActionPackError(f"{self.where}: {why}")
+
+    def _get(self, key: str) -> Any:
+        if key not in self.doc:
+            raise self.error(f"field {key!r} is missing")
+        return self.doc[key]
+
+    def integer(self, key: str, minimum: int | None = 0) -> int:
+        value = self._get(key)
+        if not _is_int(value):
+            raise self.error(f"field {key!r} is {value!r}, not an integer")
+        if minimum is not None and value < minimum:
+            raise self.error(f"field {key!r} is {value}, below {minimum}")
+        return int(value)
+
+    def optional_integer(self, key: str) -> int | None:
+        return None if self._get(key) is None else self.integer(key, None)
+
+    def text(self, key: str) -> str:
+        value = self._get(key)
+        if not isinstance(value, str):
+            raise self.error(f"field {key!r} is {value!r}, not a string")
+        return value
+
+    def optional_text(self, key: str) -> str | None:
+        return None if self._get(key) is None else self.text(key)
+
+    def flag(self, key: str) -> bool:
+        value = self.doc.get(key, False)
+        if not isinstance(value, bool):
+            raise self.error(f"field {key!r} is {value!r}, not true or false")
+        return value
+
+    def seconds(self, key: str) -> float:
+        value = self._get(key)
+        if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value) or value < 0:
+            raise self.error(f"field {key!r} is {value!r}, not a number of seconds")
+        return float(value)
+
+    def texts(self, key: str) -> tuple[str, ...]:
+        value = self._get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(f"field {key!r} is {value!r}, not a list of strings")
+        return tuple(value)
+
+    def position(self, key: str) -> Position:
+        value = self._get(key)
+        if not isinstance(value, list) or len(value) != 2 or not all(_is_int(v) for v in value):
+            raise self.error(f"field {key!r} is {value!r}, not a position [ledgerId, entryId]")
+        return (int(value[0]), int(value[1]))
+
+    def optional_position(self, key: str) -> Position | None:
+        return None if self._get(key) is None else self.position(key)
+
+    def format(self, key: str = "format") -> FormatVersion:
+        value = self.integer(key)
+        try:
+            return FormatVersion(value)
+        except ValueError:
+            raise self.error(f"field {key!r} is {value}, not a format version (1 or 2)") from None
+
+    def check(self, ok: bool, why: str) -> None:
+        if not ok:
+            raise self.error(why)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_KINDS = (OpenAction.kind, PartAction.kind, SealAction.kind, RequestsAction.kind, StatsAction.kind)
+
+
+def _action_of(p: _Packed) -> Action:
+    info = _Info.of(p)
+    info.check(p.kind in _KINDS, f"its kind {p.kind!r} is none of {', '.join(_KINDS)}")
+    info.check(bool(p.topic), "its topic is empty")
+    names_segment = p.kind in (OpenAction.kind, PartAction.kind, SealAction.kind)
+    info.check(bool(p.segment) == names_segment, "it names a segment" if p.segment else "it names no segment")
+    info.check(p.part_number >= 0, f"its part number is {p.part_number}")
+    if p.kind == OpenAction.kind:
+        info.check(p.part_number == 0 and not p.data, "it carries a part number or data")
+        return OpenAction(
+            p.topic, p.segment, p.manifest, p.data_key, p.index_key, info.integer("ordinal"), info.text("method")
+        )
+    if p.kind == PartAction.kind:
+        info.check(p.part_number >= 1, f"its part number is {p.part_number}, not 1 or more")
+        info.check(bool(p.data), "it carries no block layouts")
+        info.check(not p.manifest and not p.index_key, "it carries a manifest or an index key")
+        offset = info.integer("offset")
+        first_block: int | None = None
+        checksums = info.inner("checksums")
+        if checksums is not None:
+            first_block = checksums.integer("first_block", 1)
+            at = checksums.integer("offset")
+            info.check(at == offset, f"its checksums start at {at}, the part at {offset}")
+        return PartAction(
+            p.topic,
+            p.segment,
+            p.part_number,
+            p.data,
+            p.data_key,
+            info.text("manifest_key"),
+            info.format(),
+            info.integer("length"),
+            offset,
+            info.flag("last"),
+            first_block,
+        )
+    if p.kind == SealAction.kind:
+        parts = info.integer("parts")
+        info.check(parts == p.part_number, f"its info says {parts} parts, its header {p.part_number}")
+        return SealAction(
+            p.topic,
+            p.segment,
+            p.part_number,
+            p.data,
+            p.manifest,
+            p.data_key,
+            p.index_key,
+            info.text("reason"),
+            info.integer("data_length"),
+            info.integer("entries"),
+            info.integer("entry_bytes"),
+            info.integer("ordinal"),
+            info.position("end"),
+            info.format(),
+            info.integer("epoch"),
+            info.texts("requests"),
+        )
+    info.check(
+        p.part_number == 0 and not (p.data or p.manifest or p.data_key or p.index_key),
+        "it carries a part number, data, a manifest or keys",
+    )
+    if p.kind == RequestsAction.kind:
+        return RequestsAction(p.topic, info.texts("requests"))
+    if p.kind == StatsAction.kind:
+        return StatsAction(
+            p.topic,
+            info.integer("buffered_bytes"),
+            info.optional_text("open_segment"),
+            info.integer("open_segment_entries"),
+            info.integer("open_segment_bytes"),
+            info.optional_integer("open_segment_assigned_ms"),
+            info.optional_position("last_position"),
+            info.integer("now_ms", None),
+            info.integer("batch_entries"),
+            info.integer("batch_bytes"),
+            info.optional_integer("wake_ms"),
+            info.seconds("read_throttled_s"),
+        )
+    raise AssertionError(p.kind)  # checked above
