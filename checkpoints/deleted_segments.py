@@ -15,9 +15,9 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints.manifest import Position
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.metadata import msb_lsb_to_uuid
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
 
 

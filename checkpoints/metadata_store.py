@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.cleanup_guard import CleanupGuard
 from streamoffload.checkpoints.deleted_segments import DeletedRecord, select_deletable
-from streamoffload.checkpoints.manifest import OFFLOADED, Position
+from streamoffload.checkpoints.manifest import OFFLOADED
 from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.managed_ledger_pb2 import ManagedLedgerInfo
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
 from streamoffload.codecs.topics import TopicName

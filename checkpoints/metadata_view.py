@@ -13,9 +13,10 @@ from dataclasses import dataclass, field, replace
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.deleted_segments import DeletedRecord, DeletedSummary, DeletedTotals, all_marked
-from streamoffload.checkpoints.manifest import OFFLOADED, LedgerSpan, Position
+from streamoffload.checkpoints.manifest import OFFLOADED, LedgerSpan
 from streamoffload.checkpoints.metadata_store import MetadataStore, delete_block_checksums, now_ms
 from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage import keys

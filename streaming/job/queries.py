@@ -21,6 +21,7 @@ from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.streaming.control.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.control.rate_limits import RateLimitSpec
 from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, unpack_actions
+from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
@@ -249,7 +250,7 @@ class JobQueries:
             .option("idlePollSeconds", str(IDLE_POLL_S))
             .load()
             # The source's seal markers (``sealAtEnd``, ledger_id -1) seal their topic-partition's open segment.
-            .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))
+            .withColumn(CONTROL, F.when(F.col(LEDGER_ID) < 0, F.lit(CONTROL_SEAL)).cast("string"))
         )
         controls = (
             spark.readStream.format("streamoffload-control").option("store", json.dumps(asdict(self.location))).load()

@@ -43,12 +43,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from streamoffload.codecs.entry import Message, build_entry
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.redaction import redact
 from streamoffload.streaming.protocol.client_options import client_kwargs
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
-    Position,
     Probe,
     PulsarIOError,
     ReadEntry,

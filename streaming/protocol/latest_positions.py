@@ -26,10 +26,11 @@ import logging
 import threading
 from collections.abc import Iterable, Sequence
 
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
 from streamoffload.streaming.protocol.broker_connection import BrokerConnection, lookup_refusal
 from streamoffload.streaming.protocol.client_options import ServiceAddress
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Position, PulsarIOError
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, PulsarIOError
 from streamoffload.streaming.protocol.raw_reader import (
     CLOSE_WAIT_S,
     RawClient,

@@ -62,6 +62,7 @@ from typing import Any, NamedTuple
 
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
 from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import (
     BaseCommand,
     CommandAck,
@@ -73,7 +74,6 @@ from streamoffload.streaming.protocol.broker_connection import BrokerConnection,
 from streamoffload.streaming.protocol.client_options import ConnectionConfig, ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
-    Position,
     Probe,
     PulsarIOError,
     RangeConsumer,

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.positions import Position
 from streamoffload.errors import StreamOffloadError
 from streamoffload.redaction import redact
 from streamoffload.storage.base import Buffer
 from streamoffload.streaming.control.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.entry import Entry
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, Position, ReaderSettings
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, ReaderSettings
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from streamoffload.streaming.protocol.exactly_once import Position
+from streamoffload.codecs.positions import Position
 from streamoffload.streaming.runtime.side_files import write_json_file
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple
 
-from streamoffload.streaming.protocol.exactly_once import Position
+from streamoffload.codecs.positions import Position
 
 
 class Range(NamedTuple):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.redaction import redact
@@ -29,7 +30,6 @@ from streamoffload.streaming.protocol.broker_connection import TopicListingUnsup
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
-    Position,
     Probe,
     PulsarIOError,
     TopicNotFoundError,

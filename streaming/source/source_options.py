@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamoffload.codecs.positions import Position
 from streamoffload.config import parse_pattern
 from streamoffload.errors import ConfigError
 from streamoffload.storage.location import StoreLocation, parse_store_url
@@ -19,7 +20,7 @@ from streamoffload.streaming.protocol.client_options import (
     client_kwargs,
     client_options,
 )
-from streamoffload.streaming.protocol.exactly_once import Position, ReaderSettings
+from streamoffload.streaming.protocol.exactly_once import ReaderSettings
 from streamoffload.streaming.protocol.option_values import (
     parse_bool,
     parse_positive,

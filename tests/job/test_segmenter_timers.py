@@ -16,8 +16,9 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.streaming.handoff.actions import unpack_actions
+from streamoffload.streaming.handoff.positions import epoch_ms
 from streamoffload.streaming.segmenter.segmenter_model import TopicState
-from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor, epoch_ms
+from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor
 
 TOPIC = "persistent://public/default/timers-partition-0"
 POLICY = OffloadPolicy(maxOffloadSegmentRolloverTimeMinutes=1)
