@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.positions import Position
@@ -49,6 +49,15 @@ class EntryFetcher(Protocol):
     def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, Buffer]]:
         """The entries of ``topic`` in ``(after, end]``, in position order, as ``(position, bytes)``; the sink
         takes each part's entries from it in turn (:class:`PartReader`) and checks them (:func:`match`)."""
+        ...
+
+
+@runtime_checkable
+class ReleasingFetcher(EntryFetcher, Protocol):
+    """A fetcher that keeps entries until the sink has written them (``streaming.handoff.spool.SpoolFetcher``)."""
+
+    def release(self, topic: str, upto: Position) -> None:
+        """Every entry of ``topic`` up to ``upto`` is written: what holds only those may go."""
         ...
 
 
@@ -188,7 +197,7 @@ class PartReader:
 
     def __init__(self, fetcher: EntryFetcher) -> None:
         self.fetcher = fetcher
-        self._open: dict[str, tuple[Iterator[tuple[Position, bytes]], Position, Position]] = {}
+        self._open: dict[str, tuple[Iterator[tuple[Position, Buffer]], Position, Position]] = {}
         self.stats = FetchStats()
 
     def take(self, topic: str, refs: Sequence[Entry], after: Position, run_end: Position) -> list[Buffer]:

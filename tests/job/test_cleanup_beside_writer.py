@@ -29,7 +29,8 @@ from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
-from streamoffload.streaming.sink.sink import CommitWindowError, SegmentSink
+from streamoffload.streaming.sink.commit import CommitWindowError
+from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import triples
 from tests.job.readback import read_entries
 from tests.job.test_store_truth import BROKER, POLICY, TOPIC, entries, offload, published, reopen, store
