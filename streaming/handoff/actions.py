@@ -19,7 +19,7 @@ import math
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.positions import Position
@@ -179,8 +179,7 @@ _FIELDS = ("topic", "segment", "kind", "data", "manifest", "data_key", "index_ke
 _TEXT_FIELDS = frozenset({"topic", "segment", "kind", "data_key", "index_key", "info"})
 
 
-@dataclass(frozen=True)
-class _Packed:
+class _Packed(NamedTuple):
     """One action as its packed fields."""
 
     topic: str
@@ -203,9 +202,14 @@ def _packed(action: Action) -> _Packed:
         case OpenAction():
             info = _dumps({"ordinal": action.ordinal, "method": action.method})
             return _Packed(
-                action.topic, action.segment, action.kind, 0, b"", action.manifest, action.data_key,
-                action.index_key, info,
-            )  # fmt: skip
+                action.topic,
+                action.segment,
+                action.kind,
+                manifest=action.manifest,
+                data_key=action.data_key,
+                index_key=action.index_key,
+                info=info,
+            )
         case PartAction():
             doc: dict[str, Any] = {
                 "manifest_key": action.manifest_key,
@@ -218,16 +222,28 @@ def _packed(action: Action) -> _Packed:
             if action.first_block is not None:
                 doc["checksums"] = {"first_block": action.first_block, "offset": action.offset}
             return _Packed(
-                action.topic, action.segment, action.kind, action.part_number, action.layouts, b"", action.data_key,
-                "", _dumps(doc),
-            )  # fmt: skip
+                action.topic,
+                action.segment,
+                action.kind,
+                part_number=action.part_number,
+                data=action.layouts,
+                data_key=action.data_key,
+                info=_dumps(doc),
+            )
         case SealAction():
             doc = action.summary()
             del doc["topic"], doc["segment"]
             return _Packed(
-                action.topic, action.segment, action.kind, action.part_count, action.index, action.manifest,
-                action.data_key, action.index_key, _dumps(doc),
-            )  # fmt: skip
+                action.topic,
+                action.segment,
+                action.kind,
+                part_number=action.part_count,
+                data=action.index,
+                manifest=action.manifest,
+                data_key=action.data_key,
+                index_key=action.index_key,
+                info=_dumps(doc),
+            )
         case RequestsAction():
             return _Packed(action.topic, "", action.kind, info=_dumps({"requests": list(action.requests)}))
         case StatsAction():
@@ -241,11 +257,19 @@ def pack_actions(actions: Sequence[Action]) -> bytes:
         return b""
     out = bytearray(_PACKED_COUNT.pack(len(actions)))
     for action in actions:
-        packed = _packed(action)
-        raw = [f.encode() if isinstance(f, str) else f for f in (getattr(packed, name) for name in _FIELDS)]
-        out += _PACKED_HEADER.pack(packed.part_number, *(len(r) for r in raw))
-        for r in raw:
-            out += r
+        p = _packed(action)
+        raw = (
+            p.topic.encode(),
+            p.segment.encode(),
+            p.kind.encode(),
+            p.data,
+            p.manifest,
+            p.data_key.encode(),
+            p.index_key.encode(),
+            p.info.encode(),
+        )
+        out += _PACKED_HEADER.pack(p.part_number, *map(len, raw))
+        out += b"".join(raw)
     return bytes(out)
 
 
@@ -264,150 +288,166 @@ def unpack_actions(packed: bytes) -> Iterator[Action]:
             raise ActionPackError(f"packed actions end inside a header at byte {pos} of {len(view)}")
         part_number, *lengths = _PACKED_HEADER.unpack_from(view, pos)
         pos += _PACKED_HEADER.size
-        fields: dict[str, Any] = {}
+        fields: list[Any] = []
         for name, length in zip(_FIELDS, lengths, strict=True):
             if pos + length > len(view):
                 raise ActionPackError(f"packed actions end inside {name!r} at byte {pos} of {len(view)}")
             value = bytes(view[pos : pos + length])
             if name in _TEXT_FIELDS:
                 try:
-                    fields[name] = value.decode()
+                    fields.append(value.decode())
                 except UnicodeDecodeError as err:
                     raise ActionPackError(f"packed actions: {name!r} at byte {pos} is not UTF-8 ({err})") from None
             else:
-                fields[name] = value
+                fields.append(value)
             pos += length
-        yield _action_of(_Packed(part_number=part_number, **fields))
+        topic, segment, kind, data, manifest, data_key, index_key, info = fields
+        yield _action_of(_Packed(topic, segment, kind, part_number, data, manifest, data_key, index_key, info))
     if pos != len(view):
         raise ActionPackError(f"packed actions hold {len(view) - pos} bytes after their {count} actions")
 
 
-class _Info:
-    """An action's info document, read field by field: each read checks the type and names the field."""
+_MISSING = object()
+_FORMATS = {int(v): v for v in FormatVersion}
 
-    def __init__(self, where: str, doc: dict[str, Any]) -> None:
-        self.where = where
+
+class _Info:
+    """An action's info document, read field by field: each read checks the type and names the field. Cheap when
+    all is well (a few hundred actions per task and micro-batch): the error's text is made only for an error."""
+
+    def __init__(self, packed: _Packed, doc: dict[str, Any], inside: str = "") -> None:
+        self.packed = packed
         self.doc = doc
+        self.inside = inside
 
     @classmethod
     def of(cls, packed: _Packed) -> _Info:
-        segment = f" segment {packed.segment!r}" if packed.segment else ""
-        info = cls(f"packed {packed.kind} action of {packed.topic!r}{segment}", {})
+        info = cls(packed, {})
         try:
             doc = json.loads(packed.info)
         except ValueError as err:
             raise info.error(f"its info is not JSON ({err})") from None
-        if not isinstance(doc, dict):
+        if type(doc) is not dict:
             raise info.error(f"its info is {type(doc).__name__}, not an object")
         info.doc = doc
         return info
+
+    def error(self, why: str) -> ActionPackError:
+        p = self.packed
+        segment = f" segment {p.segment!r}" if p.segment else ""
+        return ActionPackError(f"packed {p.kind} action of {p.topic!r}{segment}{self.inside}: {why}")
+
+    def _wrong(self, key: str, value: Any, expected: str) -> ActionPackError:
+        if value is _MISSING:
+            return self.error(f"field {key!r} is missing")
+        return self.error(f"field {key!r} is {value!r}, not {expected}")
 
     def inner(self, key: str) -> _Info | None:
         """The object under ``key``, read the same way (None: none)."""
         value = self.doc.get(key)
         if value is None:
             return None
-        if not isinstance(value, dict):
-            raise self.error(f"field {key!r} is {value!r}, not an object")
-        return _Info(f"{self.where}, its {key}", value)
-
-    def error(self, why: str) -> ActionPackError:
-        return ActionPackError(f"{self.where}: {why}")
-
-    def _get(self, key: str) -> Any:
-        if key not in self.doc:
-            raise self.error(f"field {key!r} is missing")
-        return self.doc[key]
+        if type(value) is not dict:
+            raise self._wrong(key, value, "an object")
+        return _Info(self.packed, value, f", its {key}")
 
     def integer(self, key: str, minimum: int | None = 0) -> int:
-        value = self._get(key)
-        if not _is_int(value):
-            raise self.error(f"field {key!r} is {value!r}, not an integer")
+        value = self.doc.get(key, _MISSING)
+        if type(value) is not int:  # not a bool either
+            raise self._wrong(key, value, "an integer")
         if minimum is not None and value < minimum:
             raise self.error(f"field {key!r} is {value}, below {minimum}")
-        return int(value)
+        return value
 
     def optional_integer(self, key: str) -> int | None:
-        return None if self._get(key) is None else self.integer(key, None)
+        value = self.doc.get(key, _MISSING)
+        if value is None:
+            return None
+        if type(value) is not int:
+            raise self._wrong(key, value, "an integer")
+        return value
 
     def text(self, key: str) -> str:
-        value = self._get(key)
-        if not isinstance(value, str):
-            raise self.error(f"field {key!r} is {value!r}, not a string")
+        value = self.doc.get(key, _MISSING)
+        if type(value) is not str:
+            raise self._wrong(key, value, "a string")
         return value
 
     def optional_text(self, key: str) -> str | None:
-        return None if self._get(key) is None else self.text(key)
+        value = self.doc.get(key, _MISSING)
+        return None if value is None else self.text(key)
 
     def flag(self, key: str) -> bool:
         value = self.doc.get(key, False)
-        if not isinstance(value, bool):
-            raise self.error(f"field {key!r} is {value!r}, not true or false")
+        if type(value) is not bool:
+            raise self._wrong(key, value, "true or false")
         return value
 
     def seconds(self, key: str) -> float:
-        value = self._get(key)
-        if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value) or value < 0:
-            raise self.error(f"field {key!r} is {value!r}, not a number of seconds")
+        value = self.doc.get(key, _MISSING)
+        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+            raise self._wrong(key, value, "a number of seconds")
         return float(value)
 
     def texts(self, key: str) -> tuple[str, ...]:
-        value = self._get(key)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error(f"field {key!r} is {value!r}, not a list of strings")
+        value = self.doc.get(key, _MISSING)
+        if type(value) is not list or not all(type(v) is str for v in value):
+            raise self._wrong(key, value, "a list of strings")
         return tuple(value)
 
     def position(self, key: str) -> Position:
-        value = self._get(key)
-        if not isinstance(value, list) or len(value) != 2 or not all(_is_int(v) for v in value):
-            raise self.error(f"field {key!r} is {value!r}, not a position [ledgerId, entryId]")
-        return (int(value[0]), int(value[1]))
+        value = self.doc.get(key, _MISSING)
+        if type(value) is not list or len(value) != 2 or type(value[0]) is not int or type(value[1]) is not int:
+            raise self._wrong(key, value, "a position [ledgerId, entryId]")
+        return (value[0], value[1])
 
     def optional_position(self, key: str) -> Position | None:
-        return None if self._get(key) is None else self.position(key)
+        value = self.doc.get(key, _MISSING)
+        return None if value is None else self.position(key)
 
     def format(self, key: str = "format") -> FormatVersion:
         value = self.integer(key)
-        try:
-            return FormatVersion(value)
-        except ValueError:
-            raise self.error(f"field {key!r} is {value}, not a format version (1 or 2)") from None
-
-    def check(self, ok: bool, why: str) -> None:
-        if not ok:
-            raise self.error(why)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+        version = _FORMATS.get(value)
+        if version is None:
+            raise self.error(f"field {key!r} is {value}, not a format version (1 or 2)")
+        return version
 
 
 _KINDS = (OpenAction.kind, PartAction.kind, SealAction.kind, RequestsAction.kind, StatsAction.kind)
+_SEGMENT_KINDS = frozenset((OpenAction.kind, PartAction.kind, SealAction.kind))
 
 
 def _action_of(p: _Packed) -> Action:
     info = _Info.of(p)
-    info.check(p.kind in _KINDS, f"its kind {p.kind!r} is none of {', '.join(_KINDS)}")
-    info.check(bool(p.topic), "its topic is empty")
-    names_segment = p.kind in (OpenAction.kind, PartAction.kind, SealAction.kind)
-    info.check(bool(p.segment) == names_segment, "it names a segment" if p.segment else "it names no segment")
-    info.check(p.part_number >= 0, f"its part number is {p.part_number}")
+    if p.kind not in _KINDS:
+        raise info.error(f"its kind {p.kind!r} is none of {', '.join(_KINDS)}")
+    if not p.topic:
+        raise info.error("its topic is empty")
+    if bool(p.segment) != (p.kind in _SEGMENT_KINDS):
+        raise info.error("it names a segment" if p.segment else "it names no segment")
+    if p.part_number < 0:
+        raise info.error(f"its part number is {p.part_number}")
     if p.kind == OpenAction.kind:
-        info.check(p.part_number == 0 and not p.data, "it carries a part number or data")
+        if p.part_number or p.data:
+            raise info.error("it carries a part number or data")
         return OpenAction(
             p.topic, p.segment, p.manifest, p.data_key, p.index_key, info.integer("ordinal"), info.text("method")
         )
     if p.kind == PartAction.kind:
-        info.check(p.part_number >= 1, f"its part number is {p.part_number}, not 1 or more")
-        info.check(bool(p.data), "it carries no block layouts")
-        info.check(not p.manifest and not p.index_key, "it carries a manifest or an index key")
+        if p.part_number < 1:
+            raise info.error(f"its part number is {p.part_number}, not 1 or more")
+        if not p.data:
+            raise info.error("it carries no block layouts")
+        if p.manifest or p.index_key:
+            raise info.error("it carries a manifest or an index key")
         offset = info.integer("offset")
         first_block: int | None = None
         checksums = info.inner("checksums")
         if checksums is not None:
             first_block = checksums.integer("first_block", 1)
             at = checksums.integer("offset")
-            info.check(at == offset, f"its checksums start at {at}, the part at {offset}")
+            if at != offset:
+                raise info.error(f"its checksums start at {at}, the part at {offset}")
         return PartAction(
             p.topic,
             p.segment,
@@ -423,7 +463,8 @@ def _action_of(p: _Packed) -> Action:
         )
     if p.kind == SealAction.kind:
         parts = info.integer("parts")
-        info.check(parts == p.part_number, f"its info says {parts} parts, its header {p.part_number}")
+        if parts != p.part_number:
+            raise info.error(f"its info says {parts} parts, its header {p.part_number}")
         return SealAction(
             p.topic,
             p.segment,
@@ -442,25 +483,21 @@ def _action_of(p: _Packed) -> Action:
             info.integer("epoch"),
             info.texts("requests"),
         )
-    info.check(
-        p.part_number == 0 and not (p.data or p.manifest or p.data_key or p.index_key),
-        "it carries a part number, data, a manifest or keys",
-    )
+    if p.part_number or p.data or p.manifest or p.data_key or p.index_key:
+        raise info.error("it carries a part number, data, a manifest or keys")
     if p.kind == RequestsAction.kind:
         return RequestsAction(p.topic, info.texts("requests"))
-    if p.kind == StatsAction.kind:
-        return StatsAction(
-            p.topic,
-            info.integer("buffered_bytes"),
-            info.optional_text("open_segment"),
-            info.integer("open_segment_entries"),
-            info.integer("open_segment_bytes"),
-            info.optional_integer("open_segment_assigned_ms"),
-            info.optional_position("last_position"),
-            info.integer("now_ms", None),
-            info.integer("batch_entries"),
-            info.integer("batch_bytes"),
-            info.optional_integer("wake_ms"),
-            info.seconds("read_throttled_s"),
-        )
-    raise AssertionError(p.kind)  # checked above
+    return StatsAction(
+        p.topic,
+        info.integer("buffered_bytes"),
+        info.optional_text("open_segment"),
+        info.integer("open_segment_entries"),
+        info.integer("open_segment_bytes"),
+        info.optional_integer("open_segment_assigned_ms"),
+        info.optional_position("last_position"),
+        info.integer("now_ms", None),
+        info.integer("batch_entries"),
+        info.integer("batch_bytes"),
+        info.optional_integer("wake_ms"),
+        info.seconds("read_throttled_s"),
+    )
