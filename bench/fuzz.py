@@ -77,10 +77,10 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.dataset_plan import ReadTask
 from streamoffload.read.dataset_read import _MessageBatch, read_task
-from streamoffload.read.fsck import verify_topic
 from streamoffload.read.segment.handle import SegmentReadHandle
 from streamoffload.read.segment.results import SegmentKeys
 from streamoffload.read.topic_reader import TopicReader
+from streamoffload.read.verify import verify_topic
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
@@ -405,7 +405,7 @@ def _read_handles(seeded: Seeded, item: Input) -> None:
         if mf.frame_table(manifest) is not None or not item.key.startswith(manifest.dataKey.split("-ledger-")[0]):
             continue
         segment = SegmentKeys(manifest.dataKey, manifest.indexKey, keys.ledger_id_in_key(manifest.dataKey))
-        with SegmentReadHandle(seeded.scoped.store, segment) as handle:
+        with SegmentReadHandle.open(seeded.scoped.store, segment) as handle:
             for _ in handle.read_range():
                 pass
 

@@ -108,8 +108,8 @@ from bench.readable import offloaded_through, percentile, readable_messages, wai
 from bench.source import drain_to_noop
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.policy import min_block_size
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, Config, parse_config
-from streamoffload.limits import min_block_size
 from streamoffload.produce import ProduceSummary, produce
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.queries import BatchReport
@@ -146,7 +146,7 @@ def job_config(
     pulsar: dict[str, Any] = {"service_url": service_url, "topics": topics}
     if not args.defaults:
         # Its entries (batches of a few KiB messages) stay far below 1 MiB; declaring so lets blocks smaller
-        # than Pulsar's 5 MiB maxMessageSize through the configuration check (streamoffload.limits).
+        # than Pulsar's 5 MiB maxMessageSize through the configuration check (checkpoints.policy).
         pulsar["max_message_size"] = min(1 << 20, args.block_size - min_block_size(0))
     if args.max_bytes_per_trigger > 0 and not args.defaults:
         pulsar["max_bytes_per_trigger"] = args.max_bytes_per_trigger

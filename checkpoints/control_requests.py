@@ -111,7 +111,8 @@ def record_request_status(
     record is kept (the source marks "running" that way, so it never hides an outcome)."""
     if state not in RECORDED_STATES:
         raise ValueError(f"request status must be one of {', '.join(RECORDED_STATES)}, not {state!r}")
-    body = {"id": request_id, "state": state, "topic": topic, "segment": segment, "error": error}
+    body: dict[str, str | int | None] = {"id": request_id, "state": state, "topic": topic, "segment": segment}
+    body["error"] = error
     body["at_ms"] = int(time.time() * 1000)
     with contextlib.suppress(ObjectExistsError):  # raised only with if_absent: a record is already there
         scoped.store.put(status_prefix(scoped.prefix) + request_id, json.dumps(body).encode(), if_absent=if_absent)

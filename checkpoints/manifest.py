@@ -24,13 +24,14 @@ from streamoffload.codecs.frame import FRAME_LENGTH, frame, unframe
 from streamoffload.codecs.metadata import msb_lsb_to_uuid, uuid_to_msb_lsb
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, DeletedSegment, SegmentManifest
+from streamoffload.codecs.protobuf import missing_fields
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.storage import keys
 
 ASSIGNED = SegmentManifest.ASSIGNED
 OFFLOADED = SegmentManifest.OFFLOADED
 FAILED = SegmentManifest.FAILED
-STATUS_NAMES = {ASSIGNED: "Assigned", OFFLOADED: "Offloaded", FAILED: "Failed"}
+STATUS_NAMES: dict[int, str] = {ASSIGNED: "Assigned", OFFLOADED: "Offloaded", FAILED: "Failed"}
 
 DRIVER_NAME = "streamoffload"
 
@@ -277,7 +278,7 @@ def decode_manifest(data: bytes, where: str | None = None) -> SegmentManifest:
     except DecodeError as err:
         raise FormatError(f"not a segment manifest: {err}", offset=FRAME_LENGTH, where=where) from None
     if not manifest.IsInitialized():
-        missing = ", ".join(manifest.FindInitializationErrors())
+        missing = missing_fields(manifest)
         raise FormatError(f"segment manifest is missing required fields: {missing}", offset=FRAME_LENGTH, where=where)
     if manifest.status not in STATUS_NAMES:
         raise FormatError(

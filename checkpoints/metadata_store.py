@@ -31,6 +31,7 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import (
     ObjectExistsError,
+    ObjectInfo,
     ObjectNotFoundError,
     ObjectStore,
     StorageError,
@@ -556,7 +557,7 @@ class MetadataStore:
                 log.warning("cleanup: %s: skipping an unreadable commit: %s", topic, err)
         return out
 
-    def _topic_objects(self, topic_dir: str) -> Iterator[object]:
+    def _topic_objects(self, topic_dir: str) -> Iterator[ObjectInfo]:
         for info in self.store.list(topic_dir):
             if "/" not in info.key[len(topic_dir) :]:
                 yield info

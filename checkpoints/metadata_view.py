@@ -331,7 +331,8 @@ def _start_ledger(key: str) -> int:
 class _Cached:
     size: int
     modified: float
-    value: object
+    value: SegmentRecord | DeletedLedger | DeletedRecord | DeletedSummary | None
+    """What the object decodes to, by its kind (None: undecodable)."""
     final: bool
     """Never re-read while listed (Offloaded manifests, create-only marks, records and summaries)."""
 
@@ -472,14 +473,14 @@ class MetadataView:
             value = entry.value
             if value is None:
                 snap.corrupt.append(info.key)
-            elif kind == "segments":
-                snap.segments[info.key] = value  # type: ignore[assignment]
-            elif kind == "deleted":
-                snap.marks[value.ledgerId] = value  # type: ignore[attr-defined]
-            elif kind == "deleted-segments":
-                snap.deleted[rest] = value  # type: ignore[assignment]
+            elif isinstance(value, SegmentRecord):  # each kind decodes to one type (_read)
+                snap.segments[info.key] = value
+            elif isinstance(value, DeletedLedger):
+                snap.marks[value.ledgerId] = value
+            elif isinstance(value, DeletedRecord):
+                snap.deleted[rest] = value
             else:
-                snap.summaries[value.seq] = value  # type: ignore[attr-defined]
+                snap.summaries[value.seq] = value
         if fold is not None and not self._check_fold(snap, folded_listed):
             log.info("%s: segments appeared among the folded ones: reading its metadata again", name)
             self._folds.pop(name, None)
@@ -546,7 +547,7 @@ class MetadataView:
                 return _Cached(info.size, info.last_modified, record, record.offloaded)
             data = self.meta.store.get(info.key)
             if kind == "deleted":
-                value: object = mf.decode_deleted_ledger(data, where=info.key)
+                value: DeletedLedger | DeletedRecord | DeletedSummary = mf.decode_deleted_ledger(data, where=info.key)
             elif kind == "deleted-segments":
                 value = DeletedRecord.decode(data, where=info.key)
             else:
@@ -562,7 +563,7 @@ class MetadataView:
         snap = self._snapshots.get(str(topic))
         return snap if snap is not None else self.refresh(topic)
 
-    def _remember(self, topic: str, key: str, value: object) -> None:
+    def _remember(self, topic: str, key: str, value: DeletedLedger | DeletedRecord | DeletedSummary) -> None:
         self._cache.setdefault(topic, {})[key] = _Cached(-1, -1.0, value, True)
 
     def _forget(self, topic: str, key: str) -> None:

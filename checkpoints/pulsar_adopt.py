@@ -302,14 +302,14 @@ def _check(source: ScopedStore, ledger: PulsarLedger, managed_ledger: str) -> _C
     index_bytes = source.store.get(index_key)
     try:
         decoded = OffloadIndex.decode(index_bytes, ledger_id=ledger.ledger_id, where=index_key)
-        metadata = parse_ledger_metadata_v1(decoded.ledgers[0].metadata, where=index_key)
+        ledger_meta = parse_ledger_metadata_v1(decoded.ledgers[0].metadata, where=index_key)
     except FormatError as err:
         raise AdoptError(f"{index_key}: not a v1 index of ledger {ledger.ledger_id}: {err}") from None
     if decoded.version != 1:
         raise AdoptError(f"{index_key}: a {decoded.version.label} index, not Pulsar's v1 (ledger-based)")
     if decoded.data_object_length != data.size:
         raise AdoptError(f"{data_key}: {data.size} bytes, but its index {index_key} says {decoded.data_object_length}")
-    said = (metadata.state, metadata.lastEntryId, metadata.length)
+    said = (ledger_meta.state, ledger_meta.lastEntryId, ledger_meta.length)
     expected = (LedgerMetadataFormat.CLOSED, ledger.entries - 1, ledger.size)
     if said != expected:
         raise AdoptError(

@@ -13,8 +13,9 @@ payload: payloads come back as ``memoryview`` slices of the caller's buffer.
 
 from __future__ import annotations
 
+import mmap
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -75,7 +76,7 @@ class InvalidFieldError(FormatError):
     """A field holds a value its format does not allow (non-zero reserved bytes, a negative id, ...)."""
 
 
-def _as_view(buf: bytes | bytearray | memoryview) -> memoryview:
+def _as_view(buf: bytes | bytearray | memoryview | mmap.mmap) -> memoryview:
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -318,9 +319,10 @@ class EntryRef:
 
 
 _new_object = object.__new__
-_set_entry_id = EntryRef.entry_id.__set__  # type: ignore[attr-defined]
-_set_entry_offset = EntryRef.offset.__set__  # type: ignore[attr-defined]
-_set_entry_payload = EntryRef.payload.__set__  # type: ignore[attr-defined]
+# The slots' own setters (a frozen dataclass refuses attribute assignment): mypy does not type slot descriptors.
+_set_entry_id: Callable[[EntryRef, int], None] = EntryRef.__dict__["entry_id"].__set__
+_set_entry_offset: Callable[[EntryRef, int], None] = EntryRef.__dict__["offset"].__set__
+_set_entry_payload: Callable[[EntryRef, memoryview], None] = EntryRef.__dict__["payload"].__set__
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +492,7 @@ def detect_format(buf: bytes | bytearray | memoryview, *, where: str | None = No
 
 
 def iter_blocks(
-    data: bytes | bytearray | memoryview, *, where: str | None = None, base_offset: int = 0
+    data: bytes | bytearray | memoryview | mmap.mmap, *, where: str | None = None, base_offset: int = 0
 ) -> Iterator[DecodedBlock]:
     """Walk a whole data object block by block, validating each block and their order.
 

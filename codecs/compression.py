@@ -69,7 +69,7 @@ CODECS = (CompressionType.NONE, CompressionType.LZ4, CompressionType.ZLIB, Compr
 # The most one byte of a codec's format inflates to: an LZ4 block's match grows 255 bytes per length byte (a
 # whole sequence is at least 4 bytes for at most 273), a raw Snappy copy is at least 3 bytes for at most 64.
 # ZLIB and ZSTD inflate step by step into their bound, so their ratio (1032, 32768) would add nothing.
-_MAX_RATIO = {CompressionType.LZ4: 255, CompressionType.SNAPPY: 22}
+_MAX_RATIO: dict[int, int] = {CompressionType.LZ4: 255, CompressionType.SNAPPY: 22}
 
 Buffer = bytes | bytearray | memoryview
 

@@ -41,6 +41,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     MessageMetadata,
     SingleMessageMetadata,
 )
+from streamoffload.codecs.protobuf import missing_fields, parse_from
 
 __all__ = [
     "MAGIC_BROKER_ENTRY_METADATA",
@@ -146,7 +147,8 @@ class DecodedEntry:
 
 def metadata_encrypted(metadata: MessageMetadata) -> bool:
     """Whether ``metadata`` has any of the encryption fields 13-15 (kept as unknown fields)."""
-    return any(field.field_number in _ENCRYPTION_FIELDS for field in UnknownFieldSet(metadata))
+    fields = UnknownFieldSet(metadata)  # indexed: its stub declares no __iter__
+    return any(fields[i].field_number in _ENCRYPTION_FIELDS for i in range(len(fields)))
 
 
 def metadata_num_messages(metadata: MessageMetadata) -> int:
@@ -162,7 +164,7 @@ def _serialize(message: MessageMetadata | SingleMessageMetadata | BrokerEntryMet
     try:
         return message.SerializeToString()
     except EncodeError as exc:
-        missing = ", ".join(message.FindInitializationErrors())
+        missing = missing_fields(message)
         raise ValueError(f"{message.DESCRIPTOR.name} is missing required fields: {missing}") from exc
 
 
@@ -266,14 +268,14 @@ def build_entry(
 def _parse(cls: type[_M], data: memoryview, offset: int, where: str | None, what: str) -> _M:
     msg = cls()
     try:
-        msg.ParseFromString(data)
+        parse_from(msg, data)
     except DecodeError as exc:
         raise FormatError(
             f"{what} ({len(data)} bytes) is not a valid protobuf message: {exc}", offset=offset, where=where
         ) from None
     # upb's parser does not enforce proto2 `required`; a message missing one is not what it claims to be.
     if not msg.IsInitialized():
-        missing = ", ".join(msg.FindInitializationErrors())
+        missing = missing_fields(msg)
         raise FormatError(f"{what} is missing required fields: {missing}", offset=offset, where=where)
     return msg
 

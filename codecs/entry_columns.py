@@ -29,6 +29,7 @@ from streamoffload.codecs.entry import (
     split_messages,
     uncompressed_payload,
 )
+from streamoffload.codecs.protobuf import from_buffer
 
 __all__ = ["MessageColumns", "append_messages"]
 
@@ -166,7 +167,7 @@ def _append_batch(decoded: DecodedEntry, columns: MessageColumns, where: str | N
     size = len(payload)
     entry_event_time = md.event_time
     entry_sequence_id = md.sequence_id
-    parse = SingleMessageMetadata.FromString
+    parse = from_buffer(SingleMessageMetadata)
     unpack = _U32.unpack_from
     parts: list[memoryview] = []
     sizes = columns.value_sizes

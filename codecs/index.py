@@ -19,6 +19,7 @@ knows it from the object name (``<uuid>-ledger-<ledgerId>-index``).
 from __future__ import annotations
 
 import bisect
+import mmap
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -178,7 +179,7 @@ class OffloadIndex:
     @classmethod
     def decode(
         cls,
-        buf: bytes | bytearray | memoryview,
+        buf: bytes | bytearray | memoryview | mmap.mmap,
         *,
         ledger_id: int | None = None,
         where: str | None = None,

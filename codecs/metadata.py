@@ -25,6 +25,7 @@ from streamoffload.codecs.proto.managed_ledger_pb2 import (
     OffloadDriverMetadata,
     OffloadSegment,
 )
+from streamoffload.codecs.protobuf import missing_fields, parse_from
 
 __all__ = [
     "KeyValue",
@@ -91,8 +92,8 @@ def ledger_metadata_v1(
         ackQuorumSize=ack_quorum_size,
         ctime=ctime_ms,
     )
-    for key, value in (custom_metadata or {}).items():
-        md.customMetadata.add(key=key, value=bytes(value))
+    for key, raw in (custom_metadata or {}).items():
+        md.customMetadata.add(key=key, value=bytes(raw))
     try:
         return md.SerializeToString()
     except (EncodeError, ValueError) as exc:
@@ -119,20 +120,20 @@ def ledger_info_v2(
     if entries < 0 or size < 0:
         raise ValueError(f"entries={entries} and size={size} must be >= 0")
     info = LedgerInfo(ledgerId=ledger_id, entries=entries, size=size, timestamp=timestamp_ms)
-    for key, value in (properties or {}).items():
-        info.properties.add(key=key, value=value)
+    for key, text in (properties or {}).items():
+        info.properties.add(key=key, value=text)
     return info.SerializeToString()
 
 
 def _parse(cls: type[_M], data: bytes | memoryview, what: str, where: str | None) -> _M:
     msg = cls()
     try:
-        msg.ParseFromString(data)
+        parse_from(msg, data)
     except DecodeError as exc:
         raise FormatError(f"{what} ({len(data)} bytes) is not a valid protobuf message: {exc}", where=where) from None
     # upb does not enforce proto2 `required` while parsing; garbage often parses as unknown fields.
     if not msg.IsInitialized():
-        missing = ", ".join(msg.FindInitializationErrors())
+        missing = missing_fields(msg)
         raise FormatError(f"{what} ({len(data)} bytes) is missing required fields: {missing}", where=where)
     return msg
 

@@ -124,7 +124,9 @@ def start_bound(spec: Position | str | None, topic: str, option: str = "starting
         return None
     if spec == "latest":
         raise ConfigError(f"option {option}: 'latest' is not a start for a batch read ({topic})")
-    ledger, entry = spec  # type: ignore[misc]
+    if isinstance(spec, str):
+        raise ConfigError(f"option {option}: {spec!r} is neither a position nor 'earliest' ({topic})")
+    ledger, entry = spec
     return (max(ledger, 0), entry + 1) if ledger >= 0 else None
 
 
@@ -135,7 +137,9 @@ def end_bound(spec: Position | str | None, topic: str, option: str = "endingOffs
         return None
     if spec == "earliest":
         raise ConfigError(f"option {option}: 'earliest' is not an end for a batch read ({topic})")
-    ledger, entry = spec  # type: ignore[misc]
+    if isinstance(spec, str):
+        raise ConfigError(f"option {option}: {spec!r} is neither a position nor 'latest' ({topic})")
+    ledger, entry = spec
     if ledger < 0:
         return (-1, -1)  # before everything: nothing to read
     return (ledger, entry) if entry >= 0 else (ledger - 1, MAX_ID)
@@ -146,12 +150,9 @@ def spec_for(spec: str | Mapping[str, Any], topic: str) -> Position | str | None
     topic's entry applies to its partitions)."""
     if isinstance(spec, str):
         return spec
-    if topic in spec:
-        return spec[topic]
     base = str(TopicName.parse(topic).base)
-    if base in spec:
-        return spec[base]
-    return spec.get("*")
+    value: Position | str | None = spec[topic] if topic in spec else spec[base] if base in spec else spec.get("*")
+    return value
 
 
 # --- which topics -----------------------------------------------------------------------------------------
@@ -320,7 +321,7 @@ def segment_tasks(
     if segment.dataLength <= max_bytes or segment.blockCount <= 1:
         return [ReadTask(topic, encoded, bounds.start, bounds.end, data_bytes=segment.dataLength)]
     # Only the index is read (check_metadata=False: no HEADs; the task's own handle checks the objects).
-    handle = SegmentReadHandle(store, segment, check_metadata=False)
+    handle = SegmentReadHandle.open(store, segment, check_metadata=False)
     try:
         blocks = handle.index.blocks()
     finally:

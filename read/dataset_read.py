@@ -220,7 +220,7 @@ def read_task(
     else:
         store, owned = location.store, False
     segment = task.segment
-    handle = SegmentReadHandle(store, segment, read_buffer_size=read_buffer_size, keyring=keyring)
+    handle = SegmentReadHandle.open(store, segment, read_buffer_size=read_buffer_size, keyring=keyring)
     try:
         blocks = handle.index.blocks()
         last = len(blocks) - 1 if task.last_block < 0 else task.last_block
@@ -530,10 +530,10 @@ class _MessageBatch:
             prefix = message_id(ledger, entry, self.partition, -1, 0)
             prefix_lengths.append(len(prefix))
             if batch_size:
-                suffixes, lengths = _batch_id_suffixes(batch_size)
+                suffixes, batch_lengths = _batch_id_suffixes(batch_size)
                 parts.append(prefix)
                 parts.append(prefix.join(suffixes))
-                suffix_lengths.extend(lengths)
+                suffix_lengths.extend(batch_lengths)
             else:
                 parts.append(prefix * count)
                 suffix_lengths.extend([0] * count)

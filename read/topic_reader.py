@@ -128,7 +128,7 @@ class TopicReader:
         if handle is not None:
             self._handles.move_to_end(ident)
             return handle
-        handle = SegmentReadHandle(
+        handle = SegmentReadHandle.open(
             self.store,
             segment,
             read_buffer_size=self.read_buffer_size,

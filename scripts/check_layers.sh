@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Check the import layers declared in pyproject.toml ([tool.importlinter]) with import-linter.
+# Check the import layers declared in pyproject.toml ([tool.importlinter]) with import-linter, then report
+# the uses of typing.Any per layer and hold each to its ceiling (scripts/any_count.py, scripts/any_ceiling.txt).
 # The code folders are installed as subpackages of `streamoffload` through package-dir, which
 # import-linter's module finder cannot follow, so the check runs on a copy laid out as installed.
 set -euo pipefail
@@ -27,4 +28,5 @@ else
     sed -n '/Contracts:/,$p' <<<"$out" | grep -v '^\s*$'
     [ -n "$(sed -n '/Contracts:/,$p' <<<"$out")" ] || echo "$out"
 fi
+"$PY" "$ROOT/scripts/any_count.py" || status=1
 exit "$status"

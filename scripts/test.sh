@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up the virtual environment and run everything CI runs: ruff, the import layers, then the test suite.
+# Set up the virtual environment and run everything CI runs: ruff, the import layers, mypy, then the test suite.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/codecs -x).
 source "$(dirname "$0")/_env.sh"
 check_java
@@ -73,5 +73,7 @@ echo "== ruff check, ruff format --check"
 "$VENV/bin/ruff" format --check .
 echo "== import layers (docs/DESIGN.md)"
 PY="$PY" bash "$ROOT/scripts/check_layers.sh"
+echo "== mypy (pyproject.toml [tool.mypy]: strict for codecs, storage, checkpoints, read)"
+PY="$PY" bash "$ROOT/scripts/mypy.sh"
 echo "== pytest"
 exec "$PY" -m pytest --durations=25 "$@"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import re
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from streamoffload.storage.base import (
+    Buffer,
     MultipartWrite,
     ObjectExistsError,
     ObjectInfo,
@@ -105,7 +107,7 @@ def check_mode(mode: int, what: str) -> int:
     return mode
 
 
-def _write_chunks(f: object, chunks: Iterable[bytes | memoryview]) -> int:
+def _write_chunks(f: object, chunks: Iterable[Buffer]) -> int:
     """Write ``chunks`` to the open binary file ``f``; return the byte count. (One function so that
     tests can stop a writer half-way, as a crash would.)"""
     total = 0
@@ -331,7 +333,10 @@ class FilesystemStore(ObjectStore):
         manifest = self._read_manifest(upload_id)
         if manifest is None or manifest.get("key") != key:
             raise UploadNotFoundError(key, upload_id, self.url)
-        return FilesystemMultipartWrite(self, key, upload_id, dict(manifest.get("metadata") or {}))
+        metadata = manifest.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise StorageError(f"{self.url}: the multipart manifest of upload {upload_id} has metadata {metadata!r}")
+        return FilesystemMultipartWrite(self, key, upload_id, {str(k): str(v) for k, v in metadata.items()})
 
     def pending_multiparts(self, prefix: str) -> Iterator[PendingUpload]:
         check_prefix(prefix)
@@ -346,7 +351,10 @@ class FilesystemStore(ObjectStore):
                 continue  # a start_multipart that crashed before its manifest: never handed out
             key = manifest.get("key")
             if isinstance(key, str) and key.startswith(prefix):
-                found.append(PendingUpload(key, entry.name, float(manifest.get("initiated", 0.0))))
+                initiated = manifest.get("initiated", 0.0)
+                found.append(
+                    PendingUpload(key, entry.name, float(initiated) if isinstance(initiated, int | float) else 0.0)
+                )
         found.sort(key=lambda p: (p.key, p.initiated, p.upload_id))
         return iter(found)
 
@@ -431,7 +439,7 @@ class FilesystemStore(ObjectStore):
             ) from exc
 
     @contextlib.contextmanager
-    def _open_object(self, key: str, path: Path) -> Iterator[object]:
+    def _open_object(self, key: str, path: Path) -> Iterator[io.FileIO]:
         try:
             f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -492,7 +500,7 @@ class FilesystemStore(ObjectStore):
     def _write_temp(
         self,
         path: Path,
-        chunks: Iterable[bytes | memoryview] | Callable[[BinaryIO], object],
+        chunks: Iterable[Buffer] | Callable[[BinaryIO], object],
         *,
         create_dirs: bool = True,
         durable: bool = True,

@@ -136,10 +136,11 @@ class StoreLocation:
         if self.scheme == "s3":
             from streamoffload.storage.s3 import S3Store
 
-            options = {"endpoint_url": self.endpoint, "region": self.region, "path_style": self.path_style}
-            store: ObjectStore = S3Store(self.bucket, "", **{k: v for k, v in options.items() if v is not None})
+            store: ObjectStore = S3Store(
+                self.bucket, "", endpoint_url=self.endpoint, region=self.region, path_style=self.path_style
+            )
             return ScopedStore(maybe_counting(store), self.prefix)
-        modes = {"file_mode": self.file_mode, "dir_mode": self.dir_mode, "sync": self.sync}
+        modes: dict[str, int | str | None] = {"file_mode": self.file_mode, "dir_mode": self.dir_mode, "sync": self.sync}
         options = {k: v for k, v in modes.items() if v is not None}
         return ScopedStore(maybe_counting(_filesystem(self.path, Path(self.path), options, create)), self.prefix)
 

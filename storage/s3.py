@@ -28,6 +28,7 @@ import botocore.exceptions
 from streamoffload.errors import ConfigError
 from streamoffload.redaction import redact, register_secret
 from streamoffload.storage.base import (
+    Buffer,
     MultipartWrite,
     ObjectExistsError,
     ObjectInfo,
@@ -286,7 +287,10 @@ class S3Store(ObjectStore):
         async def attempt(client: Any, number: int) -> dict[str, Any]:
             extra = {"IfNoneMatch": "*"} if if_absent else {}
             try:
-                return await client.put_object(Bucket=self._bucket, Key=full, Body=body, Metadata=meta, **extra)
+                put: dict[str, Any] = await client.put_object(
+                    Bucket=self._bucket, Key=full, Body=body, Metadata=meta, **extra
+                )
+                return put
             except botocore.exceptions.ClientError as exc:
                 code, status, _ = error_code(exc)
                 if not if_absent or (code != "PreconditionFailed" and status != 412):
@@ -313,7 +317,8 @@ class S3Store(ObjectStore):
         async def attempt(client: Any, number: int) -> bytes:
             resp = await client.get_object(Bucket=self._bucket, Key=self._full(key))
             async with resp["Body"] as stream:
-                return await stream.read()
+                data: bytes = await stream.read()
+            return data
 
         return self._run(self._call("get", key, attempt))
 
@@ -335,7 +340,7 @@ class S3Store(ObjectStore):
                     return b""  # start at or past the end of the object
                 raise
             async with resp["Body"] as stream:
-                data = await stream.read()
+                data: bytes = await stream.read()
             if "ContentRange" not in resp:
                 return data[start : start + length]  # a server that ignores Range sends the whole object
             return data
@@ -368,7 +373,10 @@ class S3Store(ObjectStore):
 
             async def attempt(client: Any, number: int, tok: str | None = tok) -> dict[str, Any]:
                 extra = {"ContinuationToken": tok} if tok else {}
-                return await client.list_objects_v2(Bucket=self._bucket, Prefix=self._full(prefix), **extra)
+                listed: dict[str, Any] = await client.list_objects_v2(
+                    Bucket=self._bucket, Prefix=self._full(prefix), **extra
+                )
+                return listed
 
             page = self._run(self._call("list", prefix, attempt))
             for obj in page.get("Contents", []) or []:
@@ -426,7 +434,10 @@ class S3Store(ObjectStore):
             current = dict(markers)
 
             async def attempt(client: Any, number: int, current: dict[str, str] = current) -> dict[str, Any]:
-                return await client.list_multipart_uploads(Bucket=self._bucket, Prefix=self._full(prefix), **current)
+                uploads: dict[str, Any] = await client.list_multipart_uploads(
+                    Bucket=self._bucket, Prefix=self._full(prefix), **current
+                )
+                return uploads
 
             page = self._run(self._call("pending_multiparts", prefix, attempt))
             for upload in page.get("Uploads", []) or []:
@@ -455,13 +466,14 @@ class S3Store(ObjectStore):
                 if max_parts:
                     extra["MaxParts"] = max_parts
                 try:
-                    return await client.list_parts(
+                    listed: dict[str, Any] = await client.list_parts(
                         Bucket=self._bucket, Key=self._full(key), UploadId=upload_id, **extra
                     )
                 except botocore.exceptions.ClientError as exc:
                     if error_code(exc)[0] in ("NoSuchUpload", "404"):
                         raise UploadNotFoundError(key, upload_id, self._url) from None
                     raise
+                return listed
 
             page = await self._call("list_parts", key, attempt)
             for part in page.get("Parts", []) or []:
@@ -470,7 +482,7 @@ class S3Store(ObjectStore):
                 return parts
             marker = int(page.get("NextPartNumberMarker") or 0)
 
-    def _write_part(self, key: str, upload_id: str, part_number: int, data: bytes | memoryview) -> str:
+    def _write_part(self, key: str, upload_id: str, part_number: int, data: Buffer) -> str:
         body = bytes(data) if isinstance(data, memoryview) else data
 
         async def attempt(client: Any, number: int) -> str:

@@ -80,7 +80,7 @@ class Runtime:
                     response_checksum_validation=cfg.checksums,
                 )
                 stack = contextlib.AsyncExitStack()
-                client = await stack.enter_async_context(
+                created: Any = await stack.enter_async_context(
                     session.create_client(
                         "s3",
                         region_name=cfg.region,
@@ -93,11 +93,11 @@ class Runtime:
                 )
                 # botocore asks for "Expect: 100-continue" on uploads and aiohttp then waits for the
                 # "100 Continue" with no timeout at all: a black-holed endpoint would hang us forever.
-                client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+                created.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
                 if cfg.access_key is None:
                     await _register_chain_credentials(session)
                 self.stacks.append(stack)
-                self.clients[cfg] = client
+                self.clients[cfg] = client = created
         return client
 
     async def _close_clients(self) -> None:

@@ -14,62 +14,33 @@ import os
 import re
 import tomllib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from streamoffload.checkpoints.keyring import KEY_ID, KeyRing
-from streamoffload.checkpoints.policy import OffloadPolicy
-from streamoffload.codecs.block_frames import COMPRESSIONS
-from streamoffload.codecs.blocks import MIN_BLOCK_LENGTH
+from streamoffload.checkpoints.keyring import KeyRing
+from streamoffload.checkpoints.policy import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    JOB_ONLY_KEYS,
+    MAX_BLOCK_BYTES,
+    RATE_KEYS,
+    OffloadPolicy,
+    check_block_size,
+    validated_policy,
+)
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError, StreamOffloadError
-from streamoffload.limits import DEFAULT_MAX_MESSAGE_SIZE, check_config_block_sizes
 from streamoffload.storage.fs_sync import SYNC_MODES
 from streamoffload.storage.location import StoreLocation, is_url
-from streamoffload.units import MIB
+from streamoffload.units import DAY_MS, MIB, MINUTE_MS, parse_duration_ms, parse_size
 
-# The smallest block: a header and one framed entry of one byte.
-HEADER_AND_ONE_ENTRY = MIN_BLOCK_LENGTH + 1
-
-# Upper bounds (see conf/streamoffload.toml). Pulsar keeps sizes and times in Java ints and longs: every
-# bound keeps int(value in bytes or ms) far inside a Java long, so no arithmetic on them can overflow.
-MAX_JAVA_INT = 2**31 - 1
-TIB = 1024**4
-MINUTE_MS = 60_000
-DAY_MS = 24 * 60 * MINUTE_MS
-MAX_BLOCK_BYTES = MAX_JAVA_INT
-"""managedLedgerOffloadMaxBlockSizeInBytes and ...ReadBufferSizeInBytes: Pulsar's int."""
-MAX_SEGMENT_MB = TIB // MIB
-"""maxSizePerOffloadSegmentMbytes: 1 TiB."""
-MAX_BUFFER_BYTES = TIB
-"""offloadBufferMaxBytes: 1 TiB."""
-MAX_ROLLOVER_MINUTES = 30 * 24 * 60
-"""maxOffloadSegmentRolloverTimeMinutes: 30 days."""
-MAX_RETENTION_MINUTES = 100 * 366 * 24 * 60
-"""retentionTimeInMinutes: 100 years (-1 keeps forever)."""
-MAX_RETENTION_MB = 2**40
-"""retentionSizeInMB: 1 EiB (-1 for no limit)."""
-MAX_DELETION_LAG_MS = 100 * 366 * DAY_MS
-"""managedLedgerOffloadDeletionLagMs: 100 years."""
-MAX_RATE_BYTES_PER_SECOND = TIB
-"""The rate limits (offload...RateBytesPerSecond): 1 TiB/s (-1 for no limit)."""
-RATE_KEYS = (
-    "offloadReadRateBytesPerSecond",
-    "offloadUploadRateBytesPerSecond",
-    "offloadTotalReadRateBytesPerSecond",
-    "offloadTotalUploadRateBytesPerSecond",
-)
-JOB_ONLY_KEYS = ("offloadTotalReadRateBytesPerSecond", "offloadTotalUploadRateBytesPerSecond")
-"""Policy keys of the whole job: allowed in ``[offload]`` only, not in a namespace's or a topic's section."""
-
-METHODS = ("streaming", "ledger")
 DRIVERS = ("filesystem", "aws-s3", "s3")
 
 
 _POLICY_TYPES: dict[str, type] = typing.get_type_hints(OffloadPolicy)
+"""The policy keys and their types; the values' rules are ``checkpoints.policy``'s."""
 _POLICY_ALIASES = {
     # Seconds are allowed where Pulsar only has minutes: tests and demos want short rollovers.
     "maxOffloadSegmentRolloverTimeSeconds": ("maxOffloadSegmentRolloverTimeMinutes", 1 / 60),
@@ -93,28 +64,15 @@ _SIZE_KEYS: dict[str, int] = {
     **{key: 1 for key in RATE_KEYS},  # bytes per second: "10MiB" is 10 MiB/s
 }
 
-_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": MINUTE_MS, "min": MINUTE_MS, "h": 60 * MINUTE_MS, "d": DAY_MS}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)", re.IGNORECASE)
-_DURATION_RE = re.compile(rf"^\s*(?:{_DURATION_PART.pattern}\s*)+$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 
-
-def parse_duration_ms(text: str) -> float:
-    """Milliseconds in ``text``: ``500ms``, ``90s``, ``10m`` (or ``10min``), ``4h``, ``2d``, or a sum such
-    as ``1h30m``. Raises ``ValueError`` for anything else (no sign: durations are never negative)."""
-    if not _DURATION_RE.match(text):
-        raise ValueError(f"expected a duration like 90s, 10m, 4h, 2d or 500ms, got {text!r}")
-    return float(sum(float(n) * _DURATION_UNITS_MS[unit.lower()] for n, unit in _DURATION_PART.findall(text)))
-
-
-def parse_size_bytes(text: str) -> float:
-    """Bytes in ``text``: ``1048576``, ``512b``, ``64k``, ``64KiB``, ``64MB``, ``1.5g``, ``2TiB``. Units are
-    binary (k = 1024), as in Pulsar's ``...Mbytes`` keys. Raises ``ValueError`` for anything else."""
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise ValueError(f"expected a size like 1048576, 64KiB, 64MiB or 1GiB, got {text!r}")
-    return float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+def _size_bytes(text: str) -> float:
+    """Bytes in a size string (``streamoffload.units``); a number too large for a float is infinite, as it was
+    when the size was a float, and refused as not finite."""
+    size = parse_size(text)
+    try:
+        return float(size)
+    except OverflowError:
+        return math.inf
 
 
 def parse_pattern(pattern: str, where: str = "option topicsPattern") -> tuple[str, re.Pattern[str]]:
@@ -215,7 +173,7 @@ class PulsarSettings:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     """The broker's ``maxMessageSize`` (Pulsar's default 5 MiB): the largest entry it accepts. Every block size
     the policies can apply must hold such an entry, or the job would stop at the first one
-    (``streamoffload.limits``); a broker configured for smaller messages lets smaller blocks through."""
+    (``checkpoints.policy.check_block_size``); a broker configured for smaller messages lets smaller blocks through."""
     client: Mapping[str, str] = field(default_factory=dict)
     """Passed to the source as ``pulsar.client.<key>`` (auth, TLS)."""
 
@@ -342,7 +300,7 @@ class Config:
     def policy_for(self, topic: TopicName | str) -> OffloadPolicy:
         """Broker defaults, then the namespace's, then the partitioned topic's, then the partition's."""
         name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-        return _validated_policy(self._merged_policy(name), self.source, f"policy of {name}")
+        return validated_policy(self._merged_policy(name), self.source, f"policy of {name}")
 
     def _merged_policy(self, name: TopicName) -> dict[str, Any]:
         merged: dict[str, Any] = dict(self.broker_policy)
@@ -390,7 +348,7 @@ def _parse_unit_string(value: str, key: str, where: str, source: str) -> float:
         if key in _DURATION_KEYS:
             return parse_duration_ms(value) / _DURATION_KEYS[key]
         if key in _SIZE_KEYS:
-            return parse_size_bytes(value) / _SIZE_KEYS[key]
+            return _size_bytes(value) / _SIZE_KEYS[key]
     except ValueError as err:
         raise ConfigError(f"{source}: {where}: {err}") from None
     raise AssertionError(key)
@@ -421,109 +379,6 @@ def _normalise_policy(table: Mapping[str, Any], source: str, section: str) -> di
     return out
 
 
-def _in_range(value: Any, low: float, high: float) -> bool:
-    """``low <= value <= high`` for a real number; False for nan, inf outside the range, and non-numbers."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
-
-
-def _validated_policy(values: Mapping[str, Any], source: str, section: str) -> OffloadPolicy:
-    policy = OffloadPolicy(**values)
-    p = policy
-    # Every check is written so that nan fails it (comparisons with nan are False), for values that did
-    # not come through _normalise_policy (policy documents built by code).
-    checks: list[tuple[Callable[[], bool], str, str]] = [
-        (lambda: isinstance(p.enabled, bool), "enabled", f"must be true or false, got {p.enabled!r}"),
-        (lambda: p.method in METHODS, "method", f"must be one of {', '.join(METHODS)}, got {p.method!r}"),
-        (
-            lambda: p.offloadEncryptionKeyId == "" or bool(KEY_ID.fullmatch(p.offloadEncryptionKeyId)),
-            "offloadEncryptionKeyId",
-            "must be empty (no encryption) or a key id: letters, digits, '_', '.' and '-' (at most 64), "
-            f"got {p.offloadEncryptionKeyId!r}",
-        ),
-        (
-            lambda: p.offloadCompression in COMPRESSIONS,
-            "offloadCompression",
-            f"must be one of {', '.join(COMPRESSIONS)}, got {p.offloadCompression!r}",
-        ),
-        (
-            lambda: isinstance(p.offloadCompressionLevel, int) and 1 <= p.offloadCompressionLevel <= 19,
-            "offloadCompressionLevel",
-            f"must be a zstd level from 1 (fastest) to 19 (smallest), got {p.offloadCompressionLevel!r}",
-        ),
-        (
-            lambda: _in_range(p.managedLedgerOffloadMaxBlockSizeInBytes, HEADER_AND_ONE_ENTRY, MAX_BLOCK_BYTES),
-            "managedLedgerOffloadMaxBlockSizeInBytes",
-            f"must be at least {HEADER_AND_ONE_ENTRY} (a 128-byte header and one framed entry) and at most "
-            f"{MAX_BLOCK_BYTES} (Pulsar's int), got {p.managedLedgerOffloadMaxBlockSizeInBytes!r}",
-        ),
-        (
-            lambda: (
-                _in_range(p.maxSizePerOffloadSegmentMbytes, 0, MAX_SEGMENT_MB)
-                and p.maxSizePerOffloadSegmentMbytes > 0
-                and p.max_segment_bytes >= 1
-            ),
-            "maxSizePerOffloadSegmentMbytes",
-            f"must be positive (at least 1 byte) and at most {MAX_SEGMENT_MB} (1 TiB), "
-            f"got {p.maxSizePerOffloadSegmentMbytes!r}",
-        ),
-        (
-            lambda: _in_range(p.maxOffloadSegmentRolloverTimeMinutes, 0, MAX_ROLLOVER_MINUTES) and p.rollover_ms >= 1,
-            "maxOffloadSegmentRolloverTimeMinutes",
-            f"must be positive (at least 1 ms) and at most {MAX_ROLLOVER_MINUTES} (30 days), "
-            f"got {p.maxOffloadSegmentRolloverTimeMinutes!r}",
-        ),
-        (
-            lambda: _in_range(p.offloadBufferMaxBytes, 0, MAX_BUFFER_BYTES),
-            "offloadBufferMaxBytes",
-            f"must be at most {MAX_BUFFER_BYTES} (1 TiB), got {p.offloadBufferMaxBytes!r}",
-        ),
-        (
-            lambda: p.offloadBufferMaxBytes >= p.block_size,
-            "offloadBufferMaxBytes",
-            f"({p.offloadBufferMaxBytes}) must hold at least one block ({p.block_size})",
-        ),
-        (
-            lambda: _in_range(p.managedLedgerOffloadReadBufferSizeInBytes, 1, MAX_BLOCK_BYTES),
-            "managedLedgerOffloadReadBufferSizeInBytes",
-            f"must be positive and at most {MAX_BLOCK_BYTES} (Pulsar's int), "
-            f"got {p.managedLedgerOffloadReadBufferSizeInBytes!r}",
-        ),
-        (
-            lambda: p.retentionTimeInMinutes == -1 or _in_range(p.retentionTimeInMinutes, 0, MAX_RETENTION_MINUTES),
-            "retentionTimeInMinutes",
-            f"must be -1 (keep forever) or between 0 and {MAX_RETENTION_MINUTES} (100 years), "
-            f"got {p.retentionTimeInMinutes!r}",
-        ),
-        (
-            lambda: p.retentionSizeInMB == -1 or _in_range(p.retentionSizeInMB, 0, MAX_RETENTION_MB),
-            "retentionSizeInMB",
-            f"must be -1 (no limit) or between 0 and {MAX_RETENTION_MB} (1 EiB), got {p.retentionSizeInMB!r}",
-        ),
-        (
-            lambda: _in_range(p.managedLedgerOffloadDeletionLagMs, 0, MAX_DELETION_LAG_MS),
-            "managedLedgerOffloadDeletionLagMs",
-            f"must be between 0 and {MAX_DELETION_LAG_MS} (100 years), got {p.managedLedgerOffloadDeletionLagMs!r}",
-        ),
-    ]
-    for key in RATE_KEYS:
-        checks.append(
-            (
-                lambda key=key: getattr(p, key) == -1 or _in_range(getattr(p, key), 1, MAX_RATE_BYTES_PER_SECOND),
-                key,
-                f"must be -1 (no limit) or bytes per second between 1 and {MAX_RATE_BYTES_PER_SECOND} (1 TiB/s; "
-                f"to pause a topic set enabled = false), got {getattr(p, key)!r}",
-            )
-        )
-    for ok, key, problem in checks:
-        try:
-            good = ok()
-        except (TypeError, ValueError, OverflowError):  # a value of the wrong type from a policy document
-            good = False
-        if not good:
-            raise ConfigError(f"{source}: {section}.{key} {problem}")
-    return policy
-
-
 def _section(doc: Mapping[str, Any], name: str, source: str) -> Mapping[str, Any]:
     value = doc.get(name, {})
     if not isinstance(value, Mapping):
@@ -545,7 +400,7 @@ def _count_setting(value: Any, where: str, source: str, sizes: bool) -> int:
     if isinstance(value, str):
         text = value.strip()
         try:
-            number = parse_size_bytes(text) if sizes else float(int(text))
+            number = _size_bytes(text) if sizes else float(int(text))
         except ValueError:
             expected = "a byte count like 268435456 or 256MiB" if sizes else "a whole number"
             raise ConfigError(f"{source}: {where} must be {expected}, got {value!r}") from None
@@ -632,11 +487,11 @@ def parse_policy_sections(
         topic_policies[name] = _normalise_policy(table, source, f"topics.{topic!r}")
 
     # Validate every level now, naming the level, so a bad value fails at load and not hours later.
-    _validated_policy(broker_policy, source, "offload")
+    validated_policy(broker_policy, source, "offload")
     for ns, table in namespace_policies.items():
-        _validated_policy({**broker_policy, **table}, source, f"namespaces.{ns!r}")
+        validated_policy({**broker_policy, **table}, source, f"namespaces.{ns!r}")
     for topic, table in topic_policies.items():
-        _validated_policy({**broker_policy, **table}, source, f"topics.{topic!r}")
+        validated_policy({**broker_policy, **table}, source, f"topics.{topic!r}")
     return broker_policy, namespace_policies, topic_policies
 
 
@@ -696,7 +551,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
         name = TopicName.parse(topic)
         section = f"topics.{str(name)!r}" if str(name) in topic_policies else f"pulsar.topics[{topic!r}]"
         try:
-            _validated_policy(config._merged_policy(name), source, section)
+            validated_policy(config._merged_policy(name), source, section)
         except ConfigError as err:
             raise ConfigError(
                 f"{err} (in the effective policy of {name}: [offload], its namespace's and its topic's sections merged)"
@@ -710,6 +565,26 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
     check_config_block_sizes(config, pulsar.max_message_size)
     check_encryption_keys(config)
     return config
+
+
+_PROBE = "streamoffload-block-size-check"
+"""A topic name in each configured namespace, for its policy."""
+
+
+def check_config_block_sizes(config: Config, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+    """The block-size rule (``checkpoints.policy.check_block_size``) for every policy the configuration can
+    apply: the configured topics', each namespace's and each topic's policy (and the broker defaults through
+    them)."""
+    names: list[str] = [*config.pulsar.topics, *config.topic_policies]
+    names += [f"persistent://{namespace}/{_PROBE}" for namespace in config.namespace_policies]
+    if not names:
+        names = [f"persistent://public/default/{_PROBE}"]
+    for name in names:
+        policy = config.policy_for(name)
+        where = f"{config.source}: managedLedgerOffloadMaxBlockSizeInBytes"
+        if not name.endswith(_PROBE):
+            where += f" (policy of {name})"
+        check_block_size(policy.managedLedgerOffloadMaxBlockSizeInBytes, max_message_size, where=where)
 
 
 def check_encryption_keys(config: Config) -> None:

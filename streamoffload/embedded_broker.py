@@ -97,19 +97,45 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class BrokerProcess:
     """What the broker processes the project runs share (:class:`EmbeddedBroker`, and
-    ``streamoffload.pulsar_standalone.PulsarStandalone``): a process leading its own process group, its log
-    file, stop (SIGTERM, then SIGKILL after ``stop_timeout`` seconds), kill, restart, and a data directory
-    removed by :meth:`close` when it was a temporary one. Subclasses set ``data_dir``, ``_owns_dir`` and
-    ``log_path`` and implement :meth:`start`."""
+    ``streamoffload.pulsar_standalone.PulsarStandalone``): a Pulsar binary protocol port on ``host``, a data
+    directory holding the configuration written at every start (``config_name``) and the log appended across
+    restarts (``log_name``), a process leading its own process group, a start that waits until it serves and picks
+    other ports when one we picked was taken meanwhile, stop (SIGTERM, then SIGKILL after ``stop_timeout``
+    seconds), kill, restart, and a data directory removed by :meth:`close` when it was a temporary one. Subclasses
+    set the class attributes below, and ``data_dir``, ``_owns_dir``, ``host``, ``port``, ``_fixed_ports`` and
+    ``start_timeout``, and implement :meth:`_spawn`, :meth:`_serving` and :meth:`_pick_ports`."""
 
     stop_timeout: float = 10.0
+    start_timeout: float
+    product: str
+    """What the log and the errors call the broker."""
+    serving_means: str
+    """What "serving" is, as the error of a start that timed out says it: "<product> did not <serving_means> ..."."""
+    poll_s: tuple[float, float, float]
+    """How :meth:`_spawn_and_wait` polls :meth:`_serving`: first pause, growth factor, longest pause (seconds)."""
+    config_name: str
+    log_name: str
     data_dir: Path
+    host: str
+    port: int
     _owns_dir: bool
+    _fixed_ports: bool
+    """A port was given: never pick another."""
     _process: subprocess.Popen[bytes] | None = None
+    started_in_s: float | None = None
+    """Seconds the last :meth:`start` took, from spawning the process to serving."""
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / self.config_name
 
     @property
     def log_path(self) -> Path:
-        raise NotImplementedError
+        return self.data_dir / self.log_name
 
     @property
     def pid(self) -> int | None:
@@ -124,6 +150,67 @@ class BrokerProcess:
         return file_tail(self.log_path, lines)
 
     def start(self) -> Self:
+        """Start the broker and wait until it serves (:meth:`_spawn_and_wait`). Idempotent when running. When a
+        port we picked was taken between picking and binding (the log says so), pick others and try again, twice
+        at most."""
+        if self.is_running:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        attempts = 3 if self._may_pick_ports() else 1
+        for attempt in range(attempts):
+            logged = _file_size(self.log_path)
+            try:
+                self._spawn_and_wait()
+                return self
+            except BrokerError:
+                if attempt + 1 >= attempts or not _port_taken(self.log_path, logged):
+                    raise
+                self._pick_ports()
+        return self  # unreachable: the loop returns or raises
+
+    def _may_pick_ports(self) -> bool:
+        """Whether :meth:`start` may move to other ports: only ones we picked ourselves."""
+        return not self._fixed_ports
+
+    def _pick_ports(self) -> None:
+        """Free ports in place of the ones taken (and undo whatever the failed start recorded about them)."""
+        raise NotImplementedError
+
+    def _spawn_and_wait(self) -> None:
+        """Start the process (:meth:`_spawn`) and poll until it serves (:meth:`_serving`); ``BrokerError``, with
+        the log's tail, when it exits first or is not serving within ``start_timeout`` seconds (it is then
+        stopped)."""
+        began = time.monotonic()
+        process = self._process = self._spawn()
+        deadline = began + self.start_timeout
+        delay, growth, longest = self.poll_s
+        while True:
+            code = process.poll()
+            if code is not None:
+                self._process = None
+                raise BrokerError(
+                    f"{self.product} exited with code {code} before serving on {self.service_url} "
+                    f"(log {self.log_path}):\n{self.log_tail()}"
+                )
+            if self._serving():
+                self.started_in_s = time.monotonic() - began
+                return
+            if time.monotonic() >= deadline:
+                self._terminate(self.stop_timeout)
+                raise BrokerError(
+                    f"{self.product} did not {self.serving_means} on {self.service_url} within "
+                    f"{self.start_timeout:g} s (log {self.log_path}):\n{self.log_tail()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * growth, longest)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Write the configuration and start the process, leading its own process group (``stop`` signals the
+        group; a Ctrl-C in a terminal running ``streamoffload broker`` is ours, not delivered twice), its output
+        appended to the log."""
+        raise NotImplementedError
+
+    def _serving(self) -> bool:
         raise NotImplementedError
 
     def stop(self, timeout: float | None = None) -> None:
@@ -182,6 +269,12 @@ class EmbeddedBroker(BrokerProcess):
     dispatches and every acknowledgement, gigabytes an hour at a few thousand messages a second.
     """
 
+    product = "pulsar-lite"
+    serving_means = "answer a Pulsar handshake"
+    poll_s = (0.02, 2.0, 0.25)
+    config_name = CONFIG_NAME
+    log_name = LOG_NAME
+
     def __init__(
         self,
         data_dir: str | os.PathLike[str] | None = None,
@@ -199,8 +292,8 @@ class EmbeddedBroker(BrokerProcess):
         self._owns_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="pulsar-lite-"))
         self.host = "127.0.0.1"
-        self._fixed_port = port is not None
-        self.port: int = port if port is not None else free_port(self.host)
+        self._fixed_ports = port is not None
+        self.port = port if port is not None else free_port(self.host)
         self.default_partitions = default_partitions
         self.metrics_port = metrics_port
         self.binary = binary or find_binary()
@@ -211,19 +304,7 @@ class EmbeddedBroker(BrokerProcess):
         ``keep_alive_interval_secs`` and ``connection_liveness_check_timeout_secs``; None: its defaults)."""
         self._process = None
 
-    # --- paths and addresses ---------------------------------------------------------------
-
-    @property
-    def service_url(self) -> str:
-        return f"pulsar://{self.host}:{self.port}"
-
-    @property
-    def config_path(self) -> Path:
-        return self.data_dir / CONFIG_NAME
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / LOG_NAME
+    # --- paths -----------------------------------------------------------------------------
 
     @property
     def db_path(self) -> Path:
@@ -249,32 +330,15 @@ class EmbeddedBroker(BrokerProcess):
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> Self:
-        """Start the broker and wait until it answers the Pulsar handshake. Idempotent when running."""
-        if self.is_running:
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        attempts = 1 if self._fixed_port else 3
-        for attempt in range(attempts):
-            try:
-                self._spawn_and_wait()
-                return self
-            except BrokerError:
-                # A port picked by us can be taken between picking and binding: pick another.
-                if attempt + 1 >= attempts or not self._port_taken_by_other():
-                    raise
-                self.port = free_port(self.host)
-        return self  # unreachable: the loop returns or raises
+    def _pick_ports(self) -> None:
+        self.port = free_port(self.host)
 
-    def _port_taken_by_other(self) -> bool:
-        return "Address already in use" in self.log_tail(10) or "AddrInUse" in self.log_tail(10)
-
-    def _spawn_and_wait(self) -> None:
+    def _spawn(self) -> subprocess.Popen[bytes]:
         self.config_path.write_text(self.config_text(), encoding="utf-8")
         with open(self.log_path, "ab", opener=private_opener) as log:
             log.write(f"\n--- streamoffload: starting {self.binary} on {self.host}:{self.port} ---\n".encode())
             log.flush()
-            self._process = subprocess.Popen(
+            return subprocess.Popen(
                 [
                     self.binary,
                     "--config",
@@ -288,30 +352,11 @@ class EmbeddedBroker(BrokerProcess):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=str(self.data_dir),
-                # Its own process group, so stop() reaches anything it spawns and a Ctrl-C in a
-                # terminal running `streamoffload broker` is handled by us, not delivered twice.
                 start_new_session=True,
             )
-        deadline = time.monotonic() + self.start_timeout
-        delay = 0.02
-        while True:
-            code = self._process.poll()
-            if code is not None:
-                self._process = None
-                raise BrokerError(
-                    f"pulsar-lite exited with code {code} before accepting connections on {self.host}:{self.port} "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            if pulsar_handshake(self.host, self.port, timeout=1.0):
-                return
-            if time.monotonic() >= deadline:
-                self._terminate(self.stop_timeout)
-                raise BrokerError(
-                    f"pulsar-lite did not answer a Pulsar handshake on {self.host}:{self.port} within "
-                    f"{self.start_timeout:g} s (log {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
+
+    def _serving(self) -> bool:
+        return pulsar_handshake(self.host, self.port, timeout=1.0)
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running else "stopped"
@@ -329,6 +374,29 @@ def file_tail(path: Path, lines: int = 30) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+PORT_TAKEN = ("Address already in use", "AddrInUse")
+"""How a broker's log says a port was taken: the JVM's ``BindException`` and Rust's ``io::ErrorKind``."""
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _port_taken(log_path: Path, since: int) -> bool:
+    """Whether the log says, after its first ``since`` bytes (what earlier starts wrote), that a port was taken
+    (in the last 4 MiB of what this start wrote: a failed start ends with why)."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(since, fh.seek(0, os.SEEK_END) - 4 * 1024 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return False
+    return any(marker in text for marker in PORT_TAKEN)
 
 
 def stop_group(process: subprocess.Popen[bytes], timeout: float) -> None:

@@ -32,12 +32,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from streamoffload.embedded_broker import BrokerError, BrokerProcess, free_port, pulsar_handshake
 
@@ -113,6 +112,11 @@ class PulsarStandalone(BrokerProcess):
     """
 
     stop_timeout = 60.0  # Pulsar closes its ledgers and the bookie flushes: 5-10 s here
+    product = "Apache Pulsar"
+    serving_means = "serve"
+    poll_s = (0.1, 1.5, 1.0)
+    config_name = CONFIG_NAME
+    log_name = LOG_NAME
 
     def __init__(
         self,
@@ -142,7 +146,7 @@ class PulsarStandalone(BrokerProcess):
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="pulsar-"))
         self.host = "127.0.0.1"
         self._fixed_ports = port is not None or web_port is not None or bookie_port is not None
-        self.port: int = port if port is not None else free_port(self.host)
+        self.port = port if port is not None else free_port(self.host)
         self.web_port: int = web_port if web_port is not None else free_port(self.host)
         self.bookie_port: int = bookie_port if bookie_port is not None else free_port(self.host)
         self.max_entries_per_ledger = max_entries_per_ledger
@@ -154,27 +158,13 @@ class PulsarStandalone(BrokerProcess):
         self.env = dict(env or {})
         self.log_level = log_level
         self.start_timeout = start_timeout
-        self.started_in_s: float | None = None
-        """Seconds the last :meth:`start` took, from spawning the JVM to serving."""
         self._process = None
 
-    # --- paths and addresses ---------------------------------------------------------------
-
-    @property
-    def service_url(self) -> str:
-        return f"pulsar://{self.host}:{self.port}"
+    # --- addresses -------------------------------------------------------------------------
 
     @property
     def admin_url(self) -> str:
         return f"http://{self.host}:{self.web_port}"
-
-    @property
-    def config_path(self) -> Path:
-        return self.data_dir / CONFIG_NAME
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / LOG_NAME
 
     def config_values(self) -> dict[str, str]:
         """``standalone.conf``'s keys and values. The bookie reads the same file (PulsarStandalone loads it as
@@ -279,70 +269,38 @@ class PulsarStandalone(BrokerProcess):
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> Self:
-        """Start the broker and wait until it serves: ``public/default`` exists, the binary port answers the
-        Pulsar handshake and ``/admin/v2/brokers/health`` (a produce and read on the broker's heartbeat topic)
-        says ``ok``. Idempotent when running."""
-        if self.is_running:
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        first_start = not (self.data_dir / "metadata").exists()
-        attempts = 3 if first_start and not self._fixed_ports else 1
-        for attempt in range(attempts):
-            try:
-                self._spawn_and_wait()
-                return self
-            except BrokerError:
-                # A port picked by us can be taken between picking and binding: pick others, before any data.
-                if attempt + 1 >= attempts or "Address already in use" not in self.log_tail(200):
-                    raise
-                shutil.rmtree(self.data_dir / "metadata", ignore_errors=True)
-                shutil.rmtree(self.data_dir / "bookkeeper", ignore_errors=True)
-                self.port, self.web_port, self.bookie_port = (free_port(self.host) for _ in range(3))
-        return self  # unreachable: the loop returns or raises
+    def _may_pick_ports(self) -> bool:
+        # Only before the first start: the bookie's port is then recorded in its cookie, which a restart honours.
+        return not self._fixed_ports and not (self.data_dir / "metadata").exists()
 
-    def _spawn_and_wait(self) -> None:
+    def _pick_ports(self) -> None:
+        # Nothing was stored yet, but the metadata and the bookie's cookie name the taken ports: start afresh.
+        shutil.rmtree(self.data_dir / "metadata", ignore_errors=True)
+        shutil.rmtree(self.data_dir / "bookkeeper", ignore_errors=True)
+        self.port, self.web_port, self.bookie_port = (free_port(self.host) for _ in range(3))
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
         self.config_path.write_text(self.config_text(), encoding="utf-8")
         (self.data_dir / LOG_CONFIG_NAME).write_text(_log_config(self.log_level), encoding="utf-8")
-        began = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(
                 f"\n--- streamoffload: starting Apache Pulsar {self.version} standalone on {self.service_url}, "
                 f"admin {self.admin_url}, bookie {self.host}:{self.bookie_port} ---\n".encode()
             )
             log.flush()
-            self._process = subprocess.Popen(
+            return subprocess.Popen(
                 self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=str(self.data_dir),
                 env={**os.environ, **self.env} if self.env else None,
-                start_new_session=True,  # stop() signals its process group; a terminal's Ctrl-C is ours
+                start_new_session=True,
             )
-        deadline = began + self.start_timeout
-        delay = 0.1
-        while True:
-            code = self._process.poll()
-            if code is not None:
-                self._process = None
-                raise BrokerError(
-                    f"Apache Pulsar exited with code {code} before serving on {self.service_url} "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            if self._serving():
-                self.started_in_s = time.monotonic() - began
-                return
-            if time.monotonic() >= deadline:
-                self._terminate(self.stop_timeout)
-                raise BrokerError(
-                    f"Apache Pulsar did not serve on {self.service_url} within {self.start_timeout:g} s "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
 
     def _serving(self) -> bool:
+        """``public/default`` exists, the binary port answers the Pulsar handshake and ``/admin/v2/brokers/health``
+        (a produce and read on the broker's heartbeat topic) says ``ok``."""
         try:
             namespaces = self.admin("GET", "/admin/v2/namespaces/public", timeout=10.0)
             if not isinstance(namespaces, list) or "public/default" not in namespaces:

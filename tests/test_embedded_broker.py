@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import urllib.request
 from collections.abc import Callable
@@ -174,3 +175,29 @@ def test_broker_command_runs_until_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_picked_port_taken_meanwhile_is_picked_again(tmp_path: Path) -> None:
+    """The port we picked is bound by someone else before the broker binds it: start picks another and serves."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        broker = EmbeddedBroker(tmp_path / "data")
+        broker.port = taken.getsockname()[1]
+        try:
+            broker.start()
+            assert broker.port != taken.getsockname()[1]
+            assert pulsar_handshake("127.0.0.1", broker.port)
+            assert "streamoffload: starting" in broker.log_tail(200)
+        finally:
+            broker.close()
+
+
+def test_a_given_port_that_is_taken_is_an_error(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        broker = EmbeddedBroker(tmp_path / "data", port=taken.getsockname()[1], start_timeout=20)
+        with pytest.raises(BrokerError, match=r"exited with code"):
+            broker.start()
+        assert broker.port == taken.getsockname()[1]

@@ -1,6 +1,6 @@
 """The rules the read path checks stored objects against, each written once.
 
-The read handle raises on the first rule broken; ``verify`` (``read.fsck``) collects every one as a
+The read handle raises on the first rule broken; ``verify`` (``read.verify``) collects every one as a
 problem. So the rules return what disagrees, and each caller decides what to do with it.
 """
 
@@ -25,7 +25,7 @@ MAX_INDEX_READ_BYTES = 64 * 1024 * 1024
 """The largest index object a reader downloads: 20 bytes per block, so 3,355,443 blocks. The largest index a
 configuration can write is far below: a segment of at most ``maxSizePerOffloadSegmentMbytes`` (1 TiB, the
 configuration's bound) in blocks of at least ``maxMessageSize`` + 1,164 bytes (5 MiB by default;
-``streamoffload.limits``) is 209,669 blocks, 4.2 MB of entries (the defaults, 1 GiB in 64 MiB blocks: 16 blocks,
+``checkpoints.policy``) is 209,669 blocks, 4.2 MB of entries (the defaults, 1 GiB in 64 MiB blocks: 16 blocks,
 320 bytes), plus per ledger a 16-byte header and its LedgerInfo (a few thousand ledgers at most: Pulsar rolls a
 ledger over no sooner than every 10 minutes, a segment after 30 days). An index is read whole, and no further
 than its HEAD size, so this bounds what a hostile or damaged object can make a reader allocate; a manifest's
@@ -115,6 +115,13 @@ class ManifestDisagreement(NamedTuple):
     ``blockCount``."""
     said: object
     found: object
+
+
+def position_text(value: object) -> str:
+    """A ``start`` or ``end`` disagreement's position as Pulsar writes one, ``ledger:entry``."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return f"{value[0]}:{value[1]}"
+    return str(value)
 
 
 def manifest_disagreements(

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from streamoffload.checkpoints.keyring import KeyRing, encryption_key_id, segment_cipher
+from streamoffload.checkpoints.keyring import KeyRing, SegmentCipher, encryption_key_id, segment_cipher
 from streamoffload.codecs.blocks import (
     BLOCK_HEADER_LENGTH,
     ENTRY_HEADER,
@@ -37,6 +37,7 @@ from streamoffload.read.segment.checks import (
     index_read_length,
     index_size_problem,
     manifest_disagreements,
+    position_text,
     unsupported_format_version,
 )
 from streamoffload.read.segment.chunked_object import DEFAULT_READ_BUFFER_SIZE, ChunkedObject, SegmentReadStats
@@ -53,7 +54,7 @@ from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
 from streamoffload.read.segment.scan import ChunkScan, SequentialStream
 from streamoffload.read.segment.scan_plan import RangePlanner
 from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout
-from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
+from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore, RangedReader
 from streamoffload.storage.keys import (
     FORMAT_VERSION_METADATA_KEY,
     SUPPORTED_FORMAT_VERSION,
@@ -72,9 +73,11 @@ CHECKSUM_CACHE_ENTRIES = 1 << 20
 class SegmentReadHandle:
     """Reads one offload segment: a data object and its index object (v1 or v2).
 
+    ``SegmentReadHandle.open(store, segment)`` opens one (Pulsar's ``BlobStoreBackedReadHandleImpl.open``):
     ``segment`` is a ``SegmentManifest`` (its ``dataKey``/``indexKey``, format version and positions are
     used and checked) or a ``SegmentKeys``. Opening reads the index object and HEADs both objects (their
-    sizes and format-version metadata are checked; ``check_metadata=False`` skips the HEADs).
+    sizes and format-version metadata are checked; ``check_metadata=False`` skips the HEADs). The
+    constructor takes what ``open`` read and checked, and does no I/O.
 
     ``read_buffer_size`` is the chunk (ranged GET) size; ``readahead_bytes`` bounds what the read-ahead
     thread fetches beyond what the reader consumed (default 4 chunks). ``readahead`` None (auto) runs the
@@ -89,20 +92,39 @@ class SegmentReadHandle:
     def __init__(
         self,
         store: ObjectStore,
-        segment: SegmentManifest | SegmentKeys,
         *,
+        data_key: str,
+        index_key: str,
+        manifest: SegmentManifest | None,
+        index: OffloadIndex,
+        reader: RangedReader,
+        recorded: RecordedChecksums,
+        cipher: SegmentCipher | None,
+        transformed: bool,
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         cache: ChunkCache | None = None,
         readahead: bool | None = None,
         readahead_bytes: int | None = None,
-        check_metadata: bool = True,
-        local_files: bool = True,
         verify_checksums: bool = True,
-        keyring: KeyRing | None = None,
     ) -> None:
-        if read_buffer_size < BLOCK_HEADER_LENGTH:
-            raise ValueError(f"read buffer size {read_buffer_size} is smaller than a block header")
         self.store = store
+        self.data_key, self.index_key = data_key, index_key
+        self.manifest = manifest
+        self.index = index
+        self.version: FormatVersion = index.version
+        self.length = index.data_object_length
+        self._blocks = index.blocks()
+        # What was recorded at offload (codecs.checksums): nothing for objects named without a manifest, or
+        # a segment sealed before records were written; then entries are checked by their own 0x0e01 CRC.
+        self.recorded = recorded
+        self._sums: OrderedDict[int, BlockChecksums] = OrderedDict()  # by block index, most recent last
+        self._sums_entries = 0
+        # Encryption at rest (checkpoints.keyring): the index describes the plaintext; each stored block is
+        # longer by the cipher's overhead.
+        self.encryption_key_id = encryption_key_id(manifest) if manifest is not None else None
+        self.cipher = cipher
+        self.transformed = transformed
+        """Whether the data object's bytes are not the plaintext's (encrypted or compressed at rest)."""
         self.read_buffer_size = read_buffer_size
         self.verify_checksums = verify_checksums
         self.readahead_bytes = (
@@ -116,76 +138,8 @@ class SegmentReadHandle:
         self._learned: dict[int, LearnedOffsets] = {}  # by block offset
         self._prefetchers: set[Prefetcher | ParallelPrefetcher] = set()
         self._closed = False
-
-        self.manifest: SegmentManifest | None
-        # What was recorded at offload (codecs.checksums): nothing for objects named without a manifest, or
-        # a segment sealed before records were written; then entries are checked by their own 0x0e01 CRC.
-        self.recorded = RecordedChecksums(False, None)
-        self._sums: OrderedDict[int, BlockChecksums] = OrderedDict()  # by block index, most recent last
-        self._sums_entries = 0
-        if isinstance(segment, SegmentKeys):
-            self.manifest = None
-            self.data_key, self.index_key = segment.data_key, segment.index_key
-            ledger_hint = segment.ledger_id
-            if ledger_hint is None:
-                ledger_hint = ledger_id_in_key(segment.data_key)
-        else:
-            self.manifest = segment
-            if not segment.dataKey or not segment.indexKey:
-                raise ManifestMismatchError(
-                    f"segment manifest of {segment.topic} starting at {segment.startLedgerId}:{segment.startEntryId} "
-                    "names no data or index object",
-                    where=segment.topic,
-                )
-            self.data_key, self.index_key = segment.dataKey, segment.indexKey
-            ledger_hint = segment.startLedgerId if segment.formatVersion == 1 else None
-            try:
-                self.recorded = recorded_checksums([(p.key, p.value) for p in segment.driverMetadata.properties])
-            except FormatError as err:
-                raise ManifestMismatchError(
-                    f"segment manifest of {segment.topic}: {err.reason}", where=self.data_key
-                ) from None
-
-        data_info = self._head(self.data_key, "data") if check_metadata else None
-        index_bytes = self._get_index(check_metadata)
-        self.index = self._decode_index(index_bytes, ledger_hint)
-        self.version: FormatVersion = self.index.version
-        self.length = self.index.data_object_length
-        self._blocks = self.index.blocks()
-        # Encryption at rest (checkpoints.keyring): the index describes the plaintext; each stored block is
-        # longer by the cipher's overhead. Without the key this raises KeyUnavailableError naming its id.
-        self.encryption_key_id = encryption_key_id(self.manifest) if self.manifest is not None else None
-        self.cipher = segment_cipher(self.manifest, keyring, where=self.data_key) if self.manifest else None
-        # Compression at rest (codecs.block_frames): the manifest's frame table says where each block is stored.
-        try:
-            layout = stored_layout(self.manifest, self._blocks)
-        except FormatError as err:
-            raise ManifestMismatchError(
-                f"segment manifest of {self.data_key}: {err.reason}", where=self.data_key
-            ) from None
-        stored = layout.size if layout is not None else self.length
-        self.transformed = layout is not None
-        """Whether the data object's bytes are not the plaintext's (encrypted or compressed at rest)."""
-        if data_info is not None:
-            if data_info.size < stored:
-                raise TruncatedError(
-                    f"data object has {data_info.size} bytes but its index {self.index_key} says {stored}",
-                    offset=data_info.size,
-                    where=self.data_key,
-                )
-            if data_info.size > stored:
-                raise LengthMismatchError(
-                    f"data object has {data_info.size} bytes but its index {self.index_key} says {stored}",
-                    offset=stored,
-                    where=self.data_key,
-                )
-        if self.manifest is not None:
-            self._check_manifest(self.manifest)
         self._block_offsets = [b.offset for b in self._blocks]
         self._block_positions = [(b.ledger_id, b.first_entry_id) for b in self._blocks]
-        reader = store.open_ranged_reader(self.data_key, hold_open=local_files)
-        if layout is not None:
-            reader = StoredBlockReader(reader, layout.blocks, self.cipher, layout.block_size)  # type: ignore[assignment]
         # Auto: a thread where the reader says one pays off (remote stores). A local file read through one
         # descriptor gets the kernel's own read-ahead, and a Python thread would only add hand-over costs
         # (see bench/README.md).
@@ -194,73 +148,61 @@ class SegmentReadHandle:
 
     # -- opening ---------------------------------------------------------------------------------------
 
-    def _head(self, key: str, what: str) -> ObjectInfo:
+    @classmethod
+    def open(
+        cls,
+        store: ObjectStore,
+        segment: SegmentManifest | SegmentKeys,
+        *,
+        read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+        cache: ChunkCache | None = None,
+        readahead: bool | None = None,
+        readahead_bytes: int | None = None,
+        check_metadata: bool = True,
+        local_files: bool = True,
+        verify_checksums: bool = True,
+        keyring: KeyRing | None = None,
+    ) -> SegmentReadHandle:
+        """Open ``segment`` in ``store``: read its index, HEAD its objects (unless ``check_metadata`` is
+        False), check them against each other and the manifest, and open the data object's ranged reader.
+        Without the key of an encrypted segment this raises KeyUnavailableError naming its id."""
+        if read_buffer_size < BLOCK_HEADER_LENGTH:
+            raise ValueError(f"read buffer size {read_buffer_size} is smaller than a block header")
+        manifest, data_key, index_key, ledger_hint, recorded = _named_objects(segment)
+        data_info = _head(store, data_key, "data", index_key) if check_metadata else None
+        index_bytes = _get_index(store, manifest, index_key, data_key, check_metadata=check_metadata)
+        index_crc = recorded.index_crc if verify_checksums else None
+        index = _decode_index(index_bytes, ledger_hint, index_crc, index_key=index_key, data_key=data_key)
+        cipher = segment_cipher(manifest, keyring, where=data_key) if manifest is not None else None
+        # Compression at rest (codecs.block_frames): the manifest's frame table says where each block is stored.
         try:
-            info = self.store.head(key)
-        except ObjectNotFoundError:
-            other = self.index_key if what == "data" else self.data_key
-            raise MissingObjectError(
-                f"{what} object {key} is missing from {self.store.url} (the {'index' if what == 'data' else 'data'}"
-                f" object is {other}; never completely written, or deleted?)",
-                key,
-            ) from None
-        self._check_format_metadata(info)
-        return info
-
-    def _check_format_metadata(self, info: ObjectInfo) -> None:
-        version = unsupported_format_version(info)
-        if version is not None:
-            raise UnsupportedFormatVersionError(
-                f"object metadata {FORMAT_VERSION_METADATA_KEY}={version!r}; this reader reads format version "
-                f"{SUPPORTED_FORMAT_VERSION} (the one Pulsar's offloader writes)",
-                where=info.key,
-            )
-
-    def _get_index(self, check_metadata: bool) -> bytes:
-        """The index object, read no further than its manifest's ``indexLength`` (or the cap) and refused, naming
-        it, when its length is not that. With ``check_metadata`` its HEAD comes first: a size other than the
-        manifest's (or above the cap) is refused before any of it is read, and no more than its size is asked."""
-        want = index_read_length(self.manifest, self.index_key)
-        try:
-            if check_metadata:
-                info = self.store.head(self.index_key)
-                self._check_format_metadata(info)
-                problem = index_size_problem(self.manifest, info.size)
-                if problem is not None:
-                    raise ManifestMismatchError(problem, where=self.index_key)
-                want = min(want, info.size + 1)  # and one more: one that grew since is told from one of that size
-            buf = self.store.get_range(self.index_key, 0, want)
-        except ObjectNotFoundError:
-            raise MissingObjectError(
-                f"index object {self.index_key} of data object {self.data_key} is missing from {self.store.url} "
-                "(the segment was never sealed, or was deleted)",
-                self.index_key,
-            ) from None
-        problem = index_length_problem(self.manifest, len(buf))
-        if problem is not None:
-            raise ManifestMismatchError(problem, offset=len(buf), where=self.index_key)
-        return buf
-
-    def _decode_index(self, buf: bytes, ledger_hint: int | None) -> OffloadIndex:
-        if is_v1_index(buf) and ledger_hint is None:
-            raise ReadError(
-                f"{self.index_key} is a v1 (ledger-based) index, which does not record its ledger id, and the data key "
-                f"{self.data_key} does not end in -ledger-<id>: give the ledger id"
-            )
-        # decode() reports a bad magic, truncation or inconsistency with its offset.
-        index = OffloadIndex.decode(buf, ledger_id=ledger_hint, where=self.index_key)
-        # A flip that still decodes (an offset, a LedgerInfo field) is caught by the CRC its manifest recorded.
-        want = self.recorded.index_crc
-        if want is not None and self.verify_checksums:
-            actual = crc32c(buf)
-            if actual != want:
-                raise ChecksumError(
-                    f"index object CRC-32C 0x{actual:08x} does not match 0x{want:08x} recorded in its manifest "
-                    f"(corrupt index; the damage is somewhere in its {len(buf)} bytes)",
-                    offset=0,
-                    where=self.index_key,
-                )
-        return index
+            layout = stored_layout(manifest, index.blocks())
+        except FormatError as err:
+            raise ManifestMismatchError(f"segment manifest of {data_key}: {err.reason}", where=data_key) from None
+        if data_info is not None:
+            stored = layout.size if layout is not None else index.data_object_length
+            _check_stored_size(data_info, stored, data_key=data_key, index_key=index_key)
+        if manifest is not None:
+            _check_manifest(manifest, index, data_key=data_key, index_key=index_key)
+        reader = store.open_ranged_reader(data_key, hold_open=local_files)
+        if layout is not None:
+            reader = StoredBlockReader(reader, layout.blocks, cipher, layout.block_size)
+        return cls(
+            store,
+            data_key=data_key,
+            index_key=index_key,
+            manifest=manifest,
+            index=index,
+            reader=reader,
+            recorded=recorded,
+            cipher=cipher,
+            transformed=layout is not None,
+            read_buffer_size=read_buffer_size,
+            cache=cache,
+            readahead=readahead,
+            readahead_bytes=readahead_bytes,
+            verify_checksums=verify_checksums,
+        )
 
     def _block_sums(self, bi: int) -> BlockChecksums | None:
         """The recorded checksums of block ``bi`` (index into the blocks in object order), read once and kept
@@ -299,25 +241,6 @@ class SegmentReadHandle:
     def _check_recorded(self, sums: BlockChecksums, bi: int, payload: memoryview, at: int, entry_id: int) -> None:
         """``payload`` (entry ``entry_id`` of block ``bi``, at offset ``at``) against its recorded CRC-32C."""
         sums.check(entry_id, payload, at=at, record=block_checksums_key(self.data_key, bi + 1), where=self.data_key)
-
-    def _check_manifest(self, manifest: SegmentManifest) -> None:
-        where = self.data_key
-        facts = manifest_disagreements(manifest, format_version=int(self.version), data_length=self.length)
-        for field, said, _ in facts:
-            if field == "formatVersion":
-                message = f"manifest says format version {said} but the index {self.index_key} is {self.version.label}"
-            else:
-                message = f"manifest says the data object has {said} bytes, its index says {self.length}"
-            raise ManifestMismatchError(message, where=where)
-        ledgers = set(self.index.ledger_ids)
-        for lid in (manifest.startLedgerId, manifest.endLedgerId):
-            if lid not in ledgers:
-                raise ManifestMismatchError(
-                    f"manifest positions {manifest.startLedgerId}:{manifest.startEntryId}.."
-                    f"{manifest.endLedgerId}:{manifest.endEntryId} name ledger {lid}, which the index "
-                    f"{self.index_key} does not hold (it holds {sorted(ledgers)})",
-                    where=where,
-                )
 
     # -- Pulsar ReadHandle-like queries ----------------------------------------------------------------
 
@@ -690,17 +613,16 @@ class SegmentReadHandle:
         self, manifest: SegmentManifest, first_seen: Position | None, last_seen: Position | None
     ) -> None:
         for field, said, found in manifest_disagreements(manifest, first=first_seen, last=last_seen):
-            (s_ledger, s_entry), (f_ledger, f_entry) = said, found  # type: ignore[misc]
             if field == "start":
                 raise ManifestMismatchError(
-                    f"manifest says the segment starts at {s_ledger}:{s_entry}, the data object starts with entry "
-                    f"{f_ledger}:{f_entry}",
+                    f"manifest says the segment starts at {position_text(said)}, the data object starts with entry "
+                    f"{position_text(found)}",
                     offset=0,
                     where=self.data_key,
                 )
             raise ManifestMismatchError(
-                f"manifest says the segment ends at {s_ledger}:{s_entry}, the data object ends with entry "
-                f"{f_ledger}:{f_entry}",
+                f"manifest says the segment ends at {position_text(said)}, the data object ends with entry "
+                f"{position_text(found)}",
                 offset=self.length,
                 where=self.data_key,
             )
@@ -728,3 +650,145 @@ class SegmentReadHandle:
 
     def __repr__(self) -> str:
         return f"SegmentReadHandle({self.data_key!r}, {self.version.label}, ledgers={self.ledger_ids})"
+
+
+# -- opening: the I/O and checks of ``SegmentReadHandle.open`` ------------------------------------------
+
+
+def _named_objects(
+    segment: SegmentManifest | SegmentKeys,
+) -> tuple[SegmentManifest | None, str, str, int | None, RecordedChecksums]:
+    """What ``segment`` names: (its manifest or None, data key, index key, the ledger id a v1 index needs,
+    the checksums its manifest says were recorded)."""
+    if isinstance(segment, SegmentKeys):
+        ledger_hint = segment.ledger_id
+        if ledger_hint is None:
+            ledger_hint = ledger_id_in_key(segment.data_key)
+        return None, segment.data_key, segment.index_key, ledger_hint, RecordedChecksums(False, None)
+    if not segment.dataKey or not segment.indexKey:
+        raise ManifestMismatchError(
+            f"segment manifest of {segment.topic} starting at {segment.startLedgerId}:{segment.startEntryId} "
+            "names no data or index object",
+            where=segment.topic,
+        )
+    ledger_hint = segment.startLedgerId if segment.formatVersion == 1 else None
+    try:
+        recorded = recorded_checksums([(p.key, p.value) for p in segment.driverMetadata.properties])
+    except FormatError as err:
+        raise ManifestMismatchError(
+            f"segment manifest of {segment.topic}: {err.reason}", where=segment.dataKey
+        ) from None
+    return segment, segment.dataKey, segment.indexKey, ledger_hint, recorded
+
+
+def _head(store: ObjectStore, key: str, what: str, other: str) -> ObjectInfo:
+    """HEAD the ``what`` ("data" or "index") object ``key`` (``other`` is its partner) and check its format
+    metadata."""
+    try:
+        info = store.head(key)
+    except ObjectNotFoundError:
+        raise MissingObjectError(
+            f"{what} object {key} is missing from {store.url} (the {'index' if what == 'data' else 'data'}"
+            f" object is {other}; never completely written, or deleted?)",
+            key,
+        ) from None
+    _check_format_metadata(info)
+    return info
+
+
+def _check_format_metadata(info: ObjectInfo) -> None:
+    version = unsupported_format_version(info)
+    if version is not None:
+        raise UnsupportedFormatVersionError(
+            f"object metadata {FORMAT_VERSION_METADATA_KEY}={version!r}; this reader reads format version "
+            f"{SUPPORTED_FORMAT_VERSION} (the one Pulsar's offloader writes)",
+            where=info.key,
+        )
+
+
+def _get_index(
+    store: ObjectStore, manifest: SegmentManifest | None, index_key: str, data_key: str, *, check_metadata: bool
+) -> bytes:
+    """The index object, read no further than its manifest's ``indexLength`` (or the cap) and refused, naming
+    it, when its length is not that. With ``check_metadata`` its HEAD comes first: a size other than the
+    manifest's (or above the cap) is refused before any of it is read, and no more than its size is asked."""
+    want = index_read_length(manifest, index_key)
+    try:
+        if check_metadata:
+            info = store.head(index_key)
+            _check_format_metadata(info)
+            problem = index_size_problem(manifest, info.size)
+            if problem is not None:
+                raise ManifestMismatchError(problem, where=index_key)
+            want = min(want, info.size + 1)  # and one more: one that grew since is told from one of that size
+        buf = store.get_range(index_key, 0, want)
+    except ObjectNotFoundError:
+        raise MissingObjectError(
+            f"index object {index_key} of data object {data_key} is missing from {store.url} "
+            "(the segment was never sealed, or was deleted)",
+            index_key,
+        ) from None
+    problem = index_length_problem(manifest, len(buf))
+    if problem is not None:
+        raise ManifestMismatchError(problem, offset=len(buf), where=index_key)
+    return buf
+
+
+def _decode_index(
+    buf: bytes, ledger_hint: int | None, index_crc: int | None, *, index_key: str, data_key: str
+) -> OffloadIndex:
+    """The index in ``buf``, checked against ``index_crc`` (its manifest's record; None: no check)."""
+    if is_v1_index(buf) and ledger_hint is None:
+        raise ReadError(
+            f"{index_key} is a v1 (ledger-based) index, which does not record its ledger id, and the data key "
+            f"{data_key} does not end in -ledger-<id>: give the ledger id"
+        )
+    # decode() reports a bad magic, truncation or inconsistency with its offset.
+    index = OffloadIndex.decode(buf, ledger_id=ledger_hint, where=index_key)
+    # A flip that still decodes (an offset, a LedgerInfo field) is caught by the CRC its manifest recorded.
+    if index_crc is not None:
+        actual = crc32c(buf)
+        if actual != index_crc:
+            raise ChecksumError(
+                f"index object CRC-32C 0x{actual:08x} does not match 0x{index_crc:08x} recorded in its manifest "
+                f"(corrupt index; the damage is somewhere in its {len(buf)} bytes)",
+                offset=0,
+                where=index_key,
+            )
+    return index
+
+
+def _check_stored_size(data_info: ObjectInfo, stored: int, *, data_key: str, index_key: str) -> None:
+    """The data object's size (its HEAD) against ``stored``, the size its index (and frame table) says."""
+    if data_info.size < stored:
+        raise TruncatedError(
+            f"data object has {data_info.size} bytes but its index {index_key} says {stored}",
+            offset=data_info.size,
+            where=data_key,
+        )
+    if data_info.size > stored:
+        raise LengthMismatchError(
+            f"data object has {data_info.size} bytes but its index {index_key} says {stored}",
+            offset=stored,
+            where=data_key,
+        )
+
+
+def _check_manifest(manifest: SegmentManifest, index: OffloadIndex, *, data_key: str, index_key: str) -> None:
+    """The manifest's format version, data length and end ledgers against the index."""
+    version, length = index.version, index.data_object_length
+    for field, said, _ in manifest_disagreements(manifest, format_version=int(version), data_length=length):
+        if field == "formatVersion":
+            message = f"manifest says format version {said} but the index {index_key} is {version.label}"
+        else:
+            message = f"manifest says the data object has {said} bytes, its index says {length}"
+        raise ManifestMismatchError(message, where=data_key)
+    ledgers = set(index.ledger_ids)
+    for lid in (manifest.startLedgerId, manifest.endLedgerId):
+        if lid not in ledgers:
+            raise ManifestMismatchError(
+                f"manifest positions {manifest.startLedgerId}:{manifest.startEntryId}.."
+                f"{manifest.endLedgerId}:{manifest.endEntryId} name ledger {lid}, which the index "
+                f"{index_key} does not hold (it holds {sorted(ledgers)})",
+                where=data_key,
+            )

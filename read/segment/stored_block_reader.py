@@ -85,7 +85,7 @@ def stored_layout(manifest: SegmentManifest | None, blocks: Sequence[BlockLocati
     return StoredLayout(laid, sum(b.stored_length for b in laid))
 
 
-class StoredBlockReader:
+class StoredBlockReader(RangedReader):
     """A ``RangedReader`` over the plaintext of a data object whose blocks are stored as ``blocks`` say,
     sealed with ``cipher`` when it is not None."""
 
@@ -96,9 +96,8 @@ class StoredBlockReader:
         cipher: SegmentCipher | None,
         block_size: int = MAX_BLOCK,
     ) -> None:
+        super().__init__(inner.store, inner.key)
         self.inner = inner
-        self.store = inner.store
-        self.key = inner.key
         self.remote = inner.remote
         self.readahead = inner.readahead
         self._blocks = list(blocks)

@@ -122,7 +122,7 @@ def quarantine_key(prefix: str, topic: str) -> str:
 
 def backoff_ms(failures: int) -> int:
     steps = max(0, failures - FAILURES_BEFORE_QUARANTINE)
-    return min(FIRST_BACKOFF_MS * 2**steps, MAX_BACKOFF_MS)
+    return min(FIRST_BACKOFF_MS * (1 << steps), MAX_BACKOFF_MS)
 
 
 class Quarantine:
@@ -205,8 +205,9 @@ class PauseFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        empty: dict[str, int] = {}
         self._file = WatchedJsonFile(
-            path, lambda doc: {str(t): int(u) for t, u in doc.items()}, {}, "quarantined topics"
+            path, lambda doc: {str(t): int(u) for t, u in doc.items()}, empty, "quarantined topics"
         )
 
     def until(self) -> dict[str, int]:

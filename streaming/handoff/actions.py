@@ -19,7 +19,7 @@ import math
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.positions import Position
@@ -97,7 +97,7 @@ class SealAction:
     requests: tuple[str, ...] = ()
     """The manual requests this seal completes."""
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """What the sink reports of the seal to the driver (``SinkStats.sealed``, JSON)."""
         return {
             "reason": self.reason,
@@ -146,7 +146,7 @@ class StatsAction:
     read_throttled_s: float
     """Seconds the source's read limits held this batch's entries back."""
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, object]:
         """The figures as the sink reports them to the driver (``SinkStats.topics``, JSON)."""
         return {
             "buffered_bytes": self.buffered_bytes,
@@ -193,7 +193,7 @@ class _Packed(NamedTuple):
     info: str = "{}"
 
 
-def _dumps(doc: dict[str, Any]) -> str:
+def _dumps(doc: dict[str, object]) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -211,7 +211,7 @@ def _packed(action: Action) -> _Packed:
                 info=info,
             )
         case PartAction():
-            doc: dict[str, Any] = {
+            doc: dict[str, object] = {
                 "manifest_key": action.manifest_key,
                 "format": int(action.format),
                 "length": action.length,
@@ -288,21 +288,26 @@ def unpack_actions(packed: bytes) -> Iterator[Action]:
             raise ActionPackError(f"packed actions end inside a header at byte {pos} of {len(view)}")
         part_number, *lengths = _PACKED_HEADER.unpack_from(view, pos)
         pos += _PACKED_HEADER.size
-        fields: list[Any] = []
+        raw: list[bytes] = []
         for name, length in zip(_FIELDS, lengths, strict=True):
             if pos + length > len(view):
                 raise ActionPackError(f"packed actions end inside {name!r} at byte {pos} of {len(view)}")
-            value = bytes(view[pos : pos + length])
-            if name in _TEXT_FIELDS:
-                try:
-                    fields.append(value.decode())
-                except UnicodeDecodeError as err:
-                    raise ActionPackError(f"packed actions: {name!r} at byte {pos} is not UTF-8 ({err})") from None
-            else:
-                fields.append(value)
+            raw.append(bytes(view[pos : pos + length]))
             pos += length
-        topic, segment, kind, data, manifest, data_key, index_key, info = fields
-        yield _action_of(_Packed(topic, segment, kind, part_number, data, manifest, data_key, index_key, info))
+        topic, segment, kind, data, manifest, data_key, index_key, info = raw
+        yield _action_of(
+            _Packed(
+                _text(topic, 0, raw),
+                _text(segment, 1, raw),
+                _text(kind, 2, raw),
+                part_number,
+                data,
+                manifest,
+                _text(data_key, 5, raw),
+                _text(index_key, 6, raw),
+                _text(info, 7, raw),
+            )
+        )
     if pos != len(view):
         raise ActionPackError(f"packed actions hold {len(view) - pos} bytes after their {count} actions")
 
@@ -311,11 +316,19 @@ _MISSING = object()
 _FORMATS = {int(v): v for v in FormatVersion}
 
 
+def _text(value: bytes, i: int, fields: list[bytes]) -> str:
+    """Field ``i`` of an action's ``fields``, as text."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError as err:
+        raise ActionPackError(f"packed actions: the {_FIELDS[i]!r} of an action is not UTF-8 ({err})") from None
+
+
 class _Info:
     """An action's info document, read field by field: each read checks the type and names the field. Cheap when
     all is well (a few hundred actions per task and micro-batch): the error's text is made only for an error."""
 
-    def __init__(self, packed: _Packed, doc: dict[str, Any], inside: str = "") -> None:
+    def __init__(self, packed: _Packed, doc: dict[str, object], inside: str = "") -> None:
         self.packed = packed
         self.doc = doc
         self.inside = inside
@@ -337,7 +350,7 @@ class _Info:
         segment = f" segment {p.segment!r}" if p.segment else ""
         return ActionPackError(f"packed {p.kind} action of {p.topic!r}{segment}{self.inside}: {why}")
 
-    def _wrong(self, key: str, value: Any, expected: str) -> ActionPackError:
+    def _wrong(self, key: str, value: object, expected: str) -> ActionPackError:
         if value is _MISSING:
             return self.error(f"field {key!r} is missing")
         return self.error(f"field {key!r} is {value!r}, not {expected}")
@@ -347,63 +360,62 @@ class _Info:
         value = self.doc.get(key)
         if value is None:
             return None
-        if type(value) is not dict:
+        if not isinstance(value, dict):
             raise self._wrong(key, value, "an object")
         return _Info(self.packed, value, f", its {key}")
 
     def integer(self, key: str, minimum: int | None = 0) -> int:
         value = self.doc.get(key, _MISSING)
-        if type(value) is not int:  # not a bool either
+        if not isinstance(value, int) or isinstance(value, bool):
             raise self._wrong(key, value, "an integer")
         if minimum is not None and value < minimum:
             raise self.error(f"field {key!r} is {value}, below {minimum}")
         return value
 
     def optional_integer(self, key: str) -> int | None:
-        value = self.doc.get(key, _MISSING)
-        if value is None:
-            return None
-        if type(value) is not int:
-            raise self._wrong(key, value, "an integer")
-        return value
+        return None if self.doc.get(key, _MISSING) is None else self.integer(key, None)
 
     def text(self, key: str) -> str:
         value = self.doc.get(key, _MISSING)
-        if type(value) is not str:
+        if not isinstance(value, str):
             raise self._wrong(key, value, "a string")
         return value
 
     def optional_text(self, key: str) -> str | None:
-        value = self.doc.get(key, _MISSING)
-        return None if value is None else self.text(key)
+        return None if self.doc.get(key, _MISSING) is None else self.text(key)
 
     def flag(self, key: str) -> bool:
         value = self.doc.get(key, False)
-        if type(value) is not bool:
+        if not isinstance(value, bool):
             raise self._wrong(key, value, "true or false")
         return value
 
     def seconds(self, key: str) -> float:
         value = self.doc.get(key, _MISSING)
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
             raise self._wrong(key, value, "a number of seconds")
         return float(value)
 
     def texts(self, key: str) -> tuple[str, ...]:
         value = self.doc.get(key, _MISSING)
-        if type(value) is not list or not all(type(v) is str for v in value):
+        if not isinstance(value, list):
             raise self._wrong(key, value, "a list of strings")
-        return tuple(value)
+        texts = tuple(v for v in value if isinstance(v, str))
+        if len(texts) != len(value):
+            raise self._wrong(key, value, "a list of strings")
+        return texts
 
     def position(self, key: str) -> Position:
         value = self.doc.get(key, _MISSING)
-        if type(value) is not list or len(value) != 2 or type(value[0]) is not int or type(value[1]) is not int:
+        ids = (
+            tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool)) if isinstance(value, list) else ()
+        )
+        if not isinstance(value, list) or len(value) != 2 or len(ids) != 2:
             raise self._wrong(key, value, "a position [ledgerId, entryId]")
-        return (value[0], value[1])
+        return (ids[0], ids[1])
 
     def optional_position(self, key: str) -> Position | None:
-        value = self.doc.get(key, _MISSING)
-        return None if value is None else self.position(key)
+        return None if self.doc.get(key, _MISSING) is None else self.position(key)
 
     def format(self, key: str = "format") -> FormatVersion:
         value = self.integer(key)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from streamoffload.streaming.handoff.entry import Entry
 
@@ -54,7 +53,7 @@ POSITIONS_SCHEMA = ddl(POSITIONS_COLUMNS)
 CONTROL_SCHEMA = ddl(CONTROL_COLUMNS)
 
 
-def control_row(topic: str, value: str) -> tuple[Any, ...]:
+def control_row(topic: str, value: str) -> tuple[object, ...]:
     """A control row in ``CONTROL_COLUMNS`` order: no position (ledger and entry -1), no entry."""
     return (topic, -1, -1, -1, None, 0, 0, 0, 0, value)
 
@@ -83,23 +82,37 @@ class PositionsBatch:
     read_wait_us: int = 0
 
     @classmethod
-    def read(cls, rows: Iterable[Mapping[str, Any]]) -> PositionsBatch:
+    def read(cls, rows: Iterable[Mapping[str, object]]) -> PositionsBatch:
         """``rows`` as dicts by column name (``Row.asDict()``): the positions columns, and ``control`` where the
         job joined the control rows (absent or None in an entry's row)."""
         batch = cls()
         for values in rows:
-            batch.read_wait_us += values.get(READ_WAIT_US) or 0
+            batch.read_wait_us += _count(values, READ_WAIT_US)
             control = values.get(CONTROL)
             if control is not None:
-                batch.controls.append(control)
+                batch.controls.append(str(control))
                 continue
+            published = values.get(PUBLISH_TIME)
             batch.entries.append(
                 Entry(
-                    int(values[LEDGER_ID]),
-                    int(values[ENTRY_ID]),
-                    int(values[SIZE]),
-                    int(values[CRC32C]),
-                    epoch_ms(values.get(PUBLISH_TIME)),
+                    _long(values, LEDGER_ID),
+                    _long(values, ENTRY_ID),
+                    _long(values, SIZE),
+                    _long(values, CRC32C),
+                    epoch_ms(published) if isinstance(published, datetime) else 0,
                 )
             )
         return batch
+
+
+def _long(values: Mapping[str, object], column: str) -> int:
+    value = values.get(column)
+    if not isinstance(value, int):
+        raise ValueError(f"a positions row's {column!r} is {value!r}, not an integer")
+    return value
+
+
+def _count(values: Mapping[str, object], column: str) -> int:
+    """A column that may be absent or null (0 then)."""
+    value = values.get(column)
+    return 0 if value is None else _long(values, column)

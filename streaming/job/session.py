@@ -151,7 +151,8 @@ def _launch_gateway(conf: dict[str, str], settings: SparkLogging) -> None:
     key = "spark.driver.extraJavaOptions"
     conf[key] = f"{conf[key]} {option}" if conf.get(key) else option
     popen: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
-    gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())), popen_kwargs=popen)
+    spark_conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+    gateway = launch_gateway(spark_conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]  # pyspark's has no hints
     proc = getattr(gateway, "proc", None)
     if proc is not None and proc.stdout is not None:
         threading.Thread(target=_pump, args=(proc.stdout, settings), name="spark-output", daemon=True).start()

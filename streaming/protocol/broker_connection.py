@@ -30,6 +30,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     CommandLookupTopicResponse,
     ServerError,
 )
+from streamoffload.codecs.protobuf import from_buffer
 from streamoffload.errors import ConfigError
 from streamoffload.redaction import redact
 from streamoffload.streaming.protocol.client_options import (
@@ -46,6 +47,7 @@ PROTOCOL_VERSION = 19  # v18 is the first that may receive broker entry metadata
 CLIENT_VERSION = "streamoffload-raw-reader"
 _RECV_CHUNK = 1 << 18
 _PUSHED = frozenset((T.MESSAGE, T.CLOSE_CONSUMER, T.REACHED_END_OF_TOPIC))
+_parse_command = from_buffer(BaseCommand)  # a frame's command, parsed from the receive buffer without a copy
 """Frames a broker sends a consumer unasked: ``BrokerConnection.on_push`` takes them."""
 _POLL_S = 0.001
 """``BrokerConnection.poll``: how long one look at the socket waits for more."""
@@ -135,7 +137,9 @@ class BrokerConnection:
                 sock.close()
             raise
 
-    def _connect_step(self, connect: BaseCommand | None, deadline: float) -> tuple[BaseCommand, bytes | None] | None:
+    def _connect_step(
+        self, connect: BaseCommand | None, deadline: float
+    ) -> tuple[BaseCommand, bytes | bytearray | None] | None:
         """Send CONNECT (when given) and read the next answer. A TLS server that wants a client
         certificate may refuse only now (TLS 1.3 sends its alert after the handshake)."""
         try:
@@ -290,11 +294,11 @@ class BrokerConnection:
         into), or None until more has arrived."""
         partial = self._partial
         if partial is not None:
-            cmd, payload, filled = partial
-            if filled < len(payload):
+            cmd, large, filled = partial
+            if filled < len(large):
                 return None
             self._partial = None
-            return cmd, payload
+            return cmd, large
         buf = self._buf
         pos = self._pos
         if len(buf) - pos < 8:
@@ -309,16 +313,16 @@ class BrokerConnection:
                 return None
             # A large payload (an entry): the rest of it goes straight into its own buffer.
             with memoryview(buf) as mv:
-                cmd = BaseCommand.FromString(mv[pos + 8 : cmd_end])
-                payload = bytearray(end - cmd_end)
+                cmd = _parse_command(mv[pos + 8 : cmd_end])
+                large = bytearray(end - cmd_end)
                 have = len(buf) - cmd_end
-                payload[:have] = mv[cmd_end:]
+                large[:have] = mv[cmd_end:]
             del buf[:]
             self._pos = 0
-            self._partial = (cmd, payload, have)
+            self._partial = (cmd, large, have)
             return None
         with memoryview(buf) as mv:
-            cmd = BaseCommand.FromString(mv[pos + 8 : cmd_end])
+            cmd = _parse_command(mv[pos + 8 : cmd_end])
             payload = mv[cmd_end:end].tobytes() if end > cmd_end else None
         self._pos = end
         return cmd, payload
@@ -379,14 +383,14 @@ class BrokerConnection:
                     f"within {wait:g} s"
                 )
             cmd, _payload = got
-            request_id = request_id_of(cmd)
-            if request_id not in waiting:
+            answered = request_id_of(cmd)
+            if answered is None or answered not in waiting:
                 continue
-            what = waiting.pop(request_id)
+            what = waiting.pop(answered)
             if cmd.type == T.ERROR:
-                answers[request_id] = refusal(cmd, what, self.name)
+                answers[answered] = refusal(cmd, what, self.name)
             else:
-                answers[request_id] = cmd
+                answers[answered] = cmd
         return answers
 
     def lookup(self, topic: str, authoritative: bool) -> CommandLookupTopicResponse:

@@ -74,7 +74,8 @@ class ReadEntry(NamedTuple):
     entry_id: int
     publish_time: int
     num_messages: int
-    payload: bytes
+    payload: bytes | bytearray
+    """A large entry is the ``bytearray`` the raw reader received it into (no copy)."""
 
     @property
     def position(self) -> Position:
@@ -145,7 +146,7 @@ class Delivered(Protocol):
     def num_messages(self) -> int: ...
 
     @property
-    def data(self) -> bytes: ...
+    def payload(self) -> bytes | bytearray: ...
 
 
 class RangeConsumer(Protocol):

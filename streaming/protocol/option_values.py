@@ -3,22 +3,23 @@ numbers and topic names. Each error is one line naming the option and the value 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from streamoffload import units
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
 
 def parse_size(text: str, name: str) -> int:
-    """A byte count: digits with an optional binary unit (``64m``, ``1GiB``); errors name option ``name``."""
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise ConfigError(f"option {name}: expected a byte count like 1048576, 64m or 1GiB, got {text!r}")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
-    return int(match.group(1)) * scale
+    """A whole number of bytes in the size grammar of ``streamoffload.units`` (``1048576``, ``64m``, ``1GiB``,
+    ``1.5g``); errors name option ``name``."""
+    try:
+        size = units.parse_size(text)
+    except ValueError:
+        raise ConfigError(f"option {name}: expected a byte count like 1048576, 64m or 1GiB, got {text!r}") from None
+    if size.denominator != 1:
+        raise ConfigError(f"option {name}: expected a whole number of bytes, got {text!r}")
+    return int(size)
 
 
 def parse_positive(text: str, name: str, kind: type = int) -> Any:

@@ -116,7 +116,8 @@ class RawMessage(NamedTuple):
     entry_id: int
     publish_time: int
     num_messages: int
-    payload: bytes
+    payload: bytes | bytearray
+    """A large entry is the ``bytearray`` it was received into (no copy)."""
 
 
 _MAX_IDLE = 4
@@ -558,7 +559,8 @@ def read_range_raw(
     settings = settings or ReaderSettings()
 
     def open_consumer(after: Position) -> RangeConsumer:
-        return client.open_consumer(topic, after, settings.receiver_queue_size)
+        consumer: RangeConsumer = client.open_consumer(topic, after, settings.receiver_queue_size)
+        return consumer
 
     # The stall timeout is not reset on progress: a broker that pauses every dozen entries (as
     # pulsar-lite does) would otherwise cost a re-subscription each time.

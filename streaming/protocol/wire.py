@@ -127,7 +127,7 @@ def batch_size_of(serialized_message_id: bytes) -> int:
     """The batch size in a serialized ``MessageIdData`` (field 6), 0 when absent (not batched)."""
     for number, wire, value in proto_fields(serialized_message_id):
         if number == 6 and wire == 0:
-            return int(value)  # type: ignore[arg-type]
+            return int(value)
     return 0
 
 

@@ -35,6 +35,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from streamoffload.redaction import private_opener
 from streamoffload.streaming.runtime.fork_client import SOCKET_ENV, STATUS
@@ -98,7 +99,7 @@ def preload() -> None:
     preload_modules(PRELOADED + RUNNER_MODULES)
 
 
-def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request and its three file descriptors (stdin, stdout, stderr)."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
     while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
@@ -112,7 +113,7 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data[4 : 4 + length]), fds
 
 
-def _child(request: dict, fds: list[int], servers: list[int]) -> None:
+def _child(request: dict[str, Any], fds: list[int], servers: list[int]) -> None:
     """In the forked child: become the process the client would have started, run the module, exit.
     ``servers``: the server's own descriptors (its socket, selector, other clients' connections and
     children), closed first so that a long-lived child (a Spark daemon) holds none of them."""

@@ -207,7 +207,8 @@ class PushedBounds:
         return bounds
 
     def add(self, f: Filter, columns: Sequence[str]) -> None:
-        name = f.attribute[0] if isinstance(getattr(f, "attribute", None), tuple) and len(f.attribute) == 1 else None
+        attribute = getattr(f, "attribute", None)
+        name = attribute[0] if isinstance(attribute, tuple) and len(attribute) == 1 else None
         if name is None:
             return
         messages = "value" in columns

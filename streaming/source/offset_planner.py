@@ -8,6 +8,7 @@ Offsets are JSON objects ``{topic-partition: [ledgerId, entryId]}``: the last po
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -61,13 +62,32 @@ def _went_back(latest: Position | None, consumed: Position) -> bool:
 
 
 def position_of(value: Any) -> Position:
-    """A position from offset JSON (``[ledgerId, entryId]``)."""
+    """A position from offset JSON (``[ledgerId, entryId]``, two integers); ``ValueError`` otherwise."""
+    if not (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    ):
+        raise ValueError(f"expected a position [ledgerId, entryId], got {value!r}")
     return (int(value[0]), int(value[1]))
+
+
+def offset_positions(offset: str | Mapping[str, Any]) -> dict[str, Position]:
+    """The positions of a Pulsar source offset (its JSON text, or the object) by topic-partition. Keys that are no
+    topic-partition's (no ``://``: :data:`SEALED_KEY`, :data:`WAKE_KEY`) are left out; ``ValueError`` for text
+    that is not a JSON object, or a topic-partition's value that is not a position."""
+    try:
+        doc = json.loads(offset) if isinstance(offset, str) else offset
+    except ValueError:
+        doc = None
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"expected an offset {{topic-partition: [ledgerId, entryId]}}, got {offset!r}")
+    return {tp: position_of(value) for tp, value in doc.items() if isinstance(tp, str) and "://" in tp}
 
 
 SEALED_KEY = "sealedAtEnd"
 """In a ``sealAtEnd`` query's offset: the seal markers were emitted. Not a topic-partition name (no ``://``),
-so offset readers that want positions skip it (:func:`split_offsets`)."""
+so offset readers that want positions skip it (:func:`offset_positions`)."""
 
 
 WAKE_KEY = "wakeAt"
@@ -80,13 +100,10 @@ WAKE_FALLBACK_S = 30.0
 """A micro-batch at least this often while nothing moves, whatever the job reported: timers the job cannot
 report yet (state restored from a checkpoint, before the run's first micro-batch) fire at most this late."""
 
-_NOT_TOPICS = (SEALED_KEY, WAKE_KEY)
-
 
 def split_offsets(doc: Mapping[str, Any]) -> tuple[dict[str, Position], bool]:
     """An offset's positions by topic-partition, and whether it marks the seal markers as emitted."""
-    positions = {tp: position_of(value) for tp, value in doc.items() if tp not in _NOT_TOPICS}
-    return positions, bool(doc.get(SEALED_KEY))
+    return offset_positions(doc), bool(doc.get(SEALED_KEY))
 
 
 class SourcePlanner:
@@ -720,4 +737,13 @@ class SourcePlanner:
             self._client = None
 
 
-__all__ = ["SEALED_KEY", "WAKE_FALLBACK_S", "WAKE_KEY", "SourcePlanner", "offsets_json", "position_of", "split_offsets"]
+__all__ = [
+    "SEALED_KEY",
+    "WAKE_FALLBACK_S",
+    "WAKE_KEY",
+    "SourcePlanner",
+    "offset_positions",
+    "offsets_json",
+    "position_of",
+    "split_offsets",
+]

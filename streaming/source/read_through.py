@@ -184,7 +184,8 @@ class StoredHistory:
         pieces = min(most, int(total // max(piece_bytes, 1)) + 1)
         if pieces <= 1:
             return []
-        step, cuts, acc = total / pieces, [], 0.0
+        cuts: list[Position] = []
+        step, acc = total / pieces, 0.0
         for bytes_, (span, lo, hi) in zip(per_entry, parts, strict=True):
             upto = acc + bytes_ * (hi - lo + 1)
             while len(cuts) < pieces - 1 and step * (len(cuts) + 1) <= upto:

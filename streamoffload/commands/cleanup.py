@@ -9,8 +9,8 @@ from streamoffload.checkpoints.cleanup_guard import CleanupGuard
 from streamoffload.checkpoints.lease import COMMIT_WINDOW_MS, LIVE_WRITER_GRACE_MS
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.metadata_view import MetadataView
+from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
 from streamoffload.cli_common import add_store_args, config_from_args, float_arg, topic_arg
-from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.errors import StreamOffloadError
 from streamoffload.printable import printable
 from streamoffload.storage import keys

@@ -16,13 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from streamoffload.checkpoints.policy import min_block_size
 from streamoffload.cli_common import configure_logging, default_log_file, log_settings
-from streamoffload.limits import check_config_block_sizes, min_block_size
+from streamoffload.config import check_config_block_sizes
 
 DEMO_TOPICS = ("persistent://public/default/demo-orders", "persistent://public/default/demo-audit")
 DEMO_BLOCK_SIZE = 6 * 1024 * 1024
 """Holds the largest entry pulsar-lite or Pulsar accepts (maxMessageSize, 5 MiB), so the demo never depends on
-how full produce's batches get (``streamoffload.limits``)."""
+how full produce's batches get (``checkpoints.policy.min_block_size``)."""
 assert min_block_size() <= DEMO_BLOCK_SIZE
 
 EPILOG = """\

@@ -1,5 +1,12 @@
 """``streamoffload offload-status``: what became of ``offload-now`` requests (like ``pulsar-admin topics
-offload-status [-w]``)."""
+offload-status [-w]``).
+
+``--json`` also speaks Pulsar's ``OffloadProcessStatus`` (what ``GET /admin/v2/persistent/{topic}/offload``
+returns) for each topic-partition: ``status`` NOT_RUN | RUNNING | SUCCESS | ERROR, ``lastError`` ("" unless
+ERROR) and ``firstUnoffloadedMessage``, a MessageId with Pulsar's fields. On SUCCESS it is the position right
+after the last entry the request's segment holds (everything before it is in the store); otherwise Pulsar's
+``earliest`` (-1:-1), as the broker says. Its ``partitionIndex`` is -1, as the broker's is for a partition.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args
@@ -22,6 +30,32 @@ from streamoffload.storage.location import ScopedStore
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
 NONE = "none"
+
+PULSAR_STATUS = {NONE: "NOT_RUN", PENDING: "RUNNING", RUNNING: "RUNNING", DONE: "SUCCESS", FAILED: "ERROR"}
+"""Pulsar's ``LongRunningProcessStatus.Status`` for each state: Pulsar starts an offload when asked, so a request
+still waiting for the job is RUNNING there too."""
+
+
+@dataclass(frozen=True)
+class MessageId:
+    """Pulsar's ``MessageIdImpl`` as its admin REST API writes it in JSON."""
+
+    ledger_id: int
+    entry_id: int
+    partition_index: int = -1
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "ledgerId": self.ledger_id,
+            "entryId": self.entry_id,
+            "partitionIndex": self.partition_index,
+            "batchIndex": -1,
+            "batchSize": 0,
+        }
+
+
+EARLIEST = MessageId(-1, -1)
+"""Pulsar's ``MessageId.earliest``: what ``firstUnoffloadedMessage`` says unless an offload succeeded."""
 
 
 class NoOffloadRequestsError(StreamOffloadError):
@@ -53,7 +87,13 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="with --wait, give up after SECONDS (exit status 2); default: wait for as long as it takes",
     )
-    parser.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document instead of text; each topic-partition's also carries Pulsar's OffloadProcessStatus "
+        "fields (what `pulsar-admin topics offload-status` reads): status NOT_RUN|RUNNING|SUCCESS|ERROR, lastError "
+        "and firstUnoffloadedMessage (the position after the last entry offloaded; -1:-1 unless SUCCESS)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -100,17 +140,39 @@ class PartitionStatus:
             return f"Error in offload: {latest.error or 'no reason recorded'}"
         return f"Offload request {latest.id} in unknown state {state!r}"
 
-    def as_dict(self) -> dict[str, Any]:
-        latest = self.latest
+    def as_dict(self, first_unoffloaded: MessageId = EARLIEST) -> dict[str, Any]:
+        """Ours, then Pulsar's ``OffloadProcessStatus`` fields (module docstring); ``first_unoffloaded`` from
+        :func:`first_unoffloaded`."""
+        latest, state = self.latest, self.state
         return {
             "topic": self.topic,
-            "state": self.state,
+            "state": state,
             "message": self.message,
             "request": latest.id if latest else None,
             "segment": latest.segment if latest else None,
             "error": latest.error if latest else None,
             "requests": [r.as_dict() for r in self.requests],
+            "status": PULSAR_STATUS.get(state, "ERROR"),
+            "lastError": (latest.error or "no reason recorded") if latest is not None and state == FAILED else "",
+            "firstUnoffloadedMessage": (first_unoffloaded if state == DONE else EARLIEST).as_dict(),
         }
+
+
+def first_unoffloaded(meta: MetadataStore, partition: PartitionStatus) -> MessageId:
+    """Where the store's copy of the topic-partition ended when its latest request succeeded: the position after
+    the last entry of the segment it sealed, or, when nothing was open to seal, of the last segment offloaded by
+    then. Pulsar's ``earliest`` unless the latest request succeeded (or when no segment is offloaded)."""
+    latest = partition.latest
+    if latest is None or partition.state != DONE:
+        return EARLIEST
+    segments = meta.offloaded_segments(partition.topic)
+    sealed = [s for s in segments if str(mf.manifest_uuid(s)) == latest.segment] if latest.segment else []
+    if not sealed:
+        sealed = [s for s in segments if latest.at_ms is not None and s.offloadedTimestamp <= latest.at_ms]
+    if not sealed:
+        return EARLIEST
+    ledger_id, entry_id = mf.end_position(sealed[-1])
+    return MessageId(ledger_id, entry_id + 1)
 
 
 def topic_status(scoped: ScopedStore, topic: str) -> list[PartitionStatus]:
@@ -174,7 +236,9 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, interval: float 
         partitions, timed_out = wait_for(fetch, timeout=args.timeout, interval=interval)
     failed = any(p.state == FAILED for p in partitions)
     if args.json:
-        doc = {"topic": args.topic, "timed_out": timed_out, "partitions": [p.as_dict() for p in partitions]}
+        meta = MetadataStore(scoped)
+        docs = [p.as_dict(first_unoffloaded(meta, p)) for p in partitions]
+        doc = {"topic": args.topic, "timed_out": timed_out, "partitions": docs}
         print(json.dumps(doc, indent=2), file=out)
     else:
         print(render(partitions), file=out)

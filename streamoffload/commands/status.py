@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     # The running job's own record: while its broker is unreachable it says so here (it keeps retrying).
     health = read_health(meta.scoped)
     if args.json:
-        doc = {"store": location.describe(), "topics": [r.to_json() for r in rows]}
+        doc: dict[str, Any] = {"store": location.describe(), "topics": [r.to_json() for r in rows]}
         if held:
             doc["retain_subscription"] = held
         if health is not None:

@@ -8,9 +8,9 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
 from streamoffload.cli_common import add_store_args, config_from_args, float_arg, int_arg
 from streamoffload.codecs.positions import Position
-from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.errors import StreamOffloadError
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """``streamoffload verify``: check stored segments against themselves and each other.
 
 The command layer: arguments, which topics or objects to check, the summary or JSON, the exit status (1 if
-there is any problem). The checks themselves are ``read.fsck``: ``verify_segment`` for every Offloaded
+there is any problem). The checks themselves are ``read.verify``: ``verify_segment`` for every Offloaded
 segment of the chosen topic-partitions (or one segment named by its object keys), ``verify_topic`` for each
 topic-partition's history as a whole. Every problem names the object and the byte offset.
 """
@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
 from streamoffload.cli_common import (
     add_store_args,
     config_from_args,
@@ -22,9 +23,8 @@ from streamoffload.cli_common import (
     topic_arg,
 )
 from streamoffload.codecs.topics import TopicName
-from streamoffload.config import MAX_RETENTION_MINUTES
 from streamoffload.printable import PrintableWriter
-from streamoffload.read.fsck import (
+from streamoffload.read.verify import (
     STALE_MINUTES,
     Problem,
     SegmentReport,

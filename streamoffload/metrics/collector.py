@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -38,6 +38,9 @@ from streamoffload.metrics.selection import (
 )
 from streamoffload.metrics.serving import MetricsServer, format_address
 from streamoffload.metrics.sources import backlog_from_source_progress, shared_read_cache
+
+if TYPE_CHECKING:
+    from streamoffload.streaming.job.queries import BatchReport
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +137,7 @@ class JobMetrics(Collector):
             state = self._topics[topic] = TopicState(namespace=namespace_of(topic))
         return state
 
-    def on_batch(self, report: Any) -> None:
+    def on_batch(self, report: BatchReport) -> None:
         """A job listener: account a :class:`~streamoffload.streaming.job.queries.BatchReport`."""
         now = self.clock()
         for seconds in report.upload_seconds:
@@ -147,7 +150,7 @@ class JobMetrics(Collector):
             self.part_bytes_uploaded.inc(report.part_bytes)
         if report.opened:
             self.segments_opened.inc(report.opened)
-        for kinds in getattr(report, "throttled", {}).values():
+        for kinds in report.throttled.values():
             for kind, seconds in kinds.items():
                 if seconds > 0:
                     self.throttled_seconds.labels(kind=kind).inc(seconds)

@@ -4,16 +4,47 @@ refresher thread and the HTTP endpoint, all undone by ``JobMetrics.stop()``."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from streamoffload.config import DEFAULT_TOPIC_SERIES
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.config import Config
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import BacklogProvider
 from streamoffload.metrics.sources import backlog_file_provider, progress_listener
 
+if TYPE_CHECKING:
+    from streamoffload.streaming.job.health import HealthTracker
+    from streamoffload.streaming.job.queries import BatchListener
+
+
+class MetricsJob(Protocol):
+    """What metrics need of a job (``streaming.job.offload_job.OffloadJob`` is one): its events, its store and
+    its configuration."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def listeners(self) -> list[BatchListener]:
+        """Told each micro-batch's report."""
+
+    @property
+    def metadata_listeners(self) -> list[Callable[[Iterable[str]], None]] | None:
+        """Told which topic-partitions' metadata the job wrote; None: a job that does not tell (every store
+        refresh then lists every topic-partition)."""
+
+    @property
+    def health(self) -> HealthTracker | None:
+        """Broker reachability and restarts; None: not known."""
+
+    def metadata(self) -> MetadataStore: ...
+
+    def source_options(self) -> dict[str, str]: ...
+
 
 def install_metrics(
-    job: Any,
+    job: MetricsJob,
     spark: Any,
     address: str,
     *,
@@ -40,11 +71,10 @@ def install_metrics(
         backlog_path = _source_option(job, "backlogFile")
         backlog = backlog_file_provider(backlog_path) if backlog_path else None
     if topic_series is None:
-        settings = getattr(getattr(job, "config", None), "metrics", None)
-        topic_series = getattr(settings, "topic_series", DEFAULT_TOPIC_SERIES)
+        topic_series = job.config.metrics.topic_series
     # The job tells what its batches (and each run's recovery) wrote: the store refresh lists only that, and
     # every other topic-partition once per METADATA_RELIST_S.
-    listeners = getattr(job, "metadata_listeners", None)
+    listeners = job.metadata_listeners
     metrics = JobMetrics(
         job.metadata(),
         backlog=backlog,
@@ -57,13 +87,13 @@ def install_metrics(
         listeners.append(metrics.mark_changed)
         metrics.on_stop(lambda: _remove(listeners, metrics.mark_changed))
     metrics.start_refresher()
-    health = getattr(job, "health", None)
+    health = job.health
     if health is not None:
         metrics.job_health = lambda: health.current
     job.listeners.append(metrics.on_batch)
     metrics.on_stop(lambda: _remove(job.listeners, metrics.on_batch))
     if spark is not None:
-        listener = progress_listener(metrics, QUERY_NAME)
+        listener = progress_listener(QUERY_NAME, metrics.on_progress, metrics.on_query_failed)
         spark.streams.addListener(listener)
         metrics.on_stop(lambda: spark.streams.removeListener(listener))
     try:
@@ -74,7 +104,7 @@ def install_metrics(
     return metrics
 
 
-def _source_option(job: Any, name: str) -> str | None:
+def _source_option(job: MetricsJob, name: str) -> str | None:
     try:
         return job.source_options().get(name)
     except Exception:  # no topics configured, or a job without source options (tests)

@@ -4,41 +4,24 @@ the Pulsar source's backlog file, the broker), the Spark progress listener, and 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from streamoffload.codecs.positions import Position
 from streamoffload.metrics.model import Backlog, BacklogProvider, CacheCounters
 from streamoffload.streaming.source.backlog import entries_between
-
-if TYPE_CHECKING:
-    from streamoffload.metrics.collector import JobMetrics
+from streamoffload.streaming.source.offset_planner import offset_positions
 
 log = logging.getLogger(__name__)
 
 
 def _offsets(value: Any) -> dict[str, Position]:
-    """A Pulsar source offset (JSON text or dict ``{topic-partition: [ledgerId, entryId]}``); {} otherwise."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return {}
-    if not isinstance(value, Mapping):
+    """A Pulsar source offset's positions (``offset_planner.offset_positions``); {} for another source's."""
+    try:
+        return offset_positions(value)
+    except ValueError:
         return {}
-    out: dict[str, Position] = {}
-    for topic, pos in value.items():
-        if (
-            isinstance(topic, str)
-            and "://" in topic
-            and isinstance(pos, list | tuple)
-            and len(pos) == 2
-            and all(isinstance(x, int) for x in pos)
-        ):
-            out[topic] = (int(pos[0]), int(pos[1]))
-    return out
 
 
 def backlog_from_source_progress(source: Any) -> dict[str, Backlog]:
@@ -92,8 +75,9 @@ def shared_read_cache() -> CacheCounters:
     return CacheCounters(hits=stats.hits, misses=stats.misses)
 
 
-def progress_listener(metrics: JobMetrics, query_name: str) -> Any:
-    """A ``StreamingQueryListener`` feeding ``metrics`` with the progress of queries named ``query_name``."""
+def progress_listener(query_name: str, on_progress: Callable[[Any], None], on_failed: Callable[[], None]) -> Any:
+    """A ``StreamingQueryListener`` telling ``on_progress`` each progress of the queries named ``query_name``,
+    and ``on_failed`` when one ends with an error (``JobMetrics.on_progress`` and ``on_query_failed``)."""
     from pyspark.sql.streaming import StreamingQueryListener
 
     class QueryProgressListener(StreamingQueryListener):
@@ -107,7 +91,7 @@ def progress_listener(metrics: JobMetrics, query_name: str) -> Any:
         def onQueryProgress(self, event: Any) -> None:
             progress = event.progress
             if progress.name == query_name:
-                metrics.on_progress(progress)
+                on_progress(progress)
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -116,7 +100,7 @@ def progress_listener(metrics: JobMetrics, query_name: str) -> Any:
             if str(event.id) in self.ids:
                 self.ids.discard(str(event.id))
                 if event.exception:
-                    metrics.on_query_failed()
+                    on_failed()
 
     return QueryProgressListener()
 

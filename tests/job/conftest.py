@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,52 @@ import pytest
 
 from streamoffload.config import load_config
 from streamoffload.streaming.job.offload_job import OffloadJob
+
+
+def write_job_config(
+    directory: Path,
+    service_url: str,
+    *,
+    topics: Sequence[str] = (),
+    pulsar: str = "",
+    max_message_size: int = 4096,
+    block_bytes: int = 8192,
+    segment_mb: float = 0.03,
+    name: str = "offload.toml",
+) -> Path:
+    """A job configuration for a test, at ``directory/name``: the broker, ``topics`` and any other ``[pulsar]``
+    lines (``pulsar``: e.g. ``topics_pattern`` or ``retain_subscription``), a filesystem store and the checkpoint
+    under ``directory``, no metrics endpoint, a 1 s trigger, and small segments (``block_bytes`` blocks, sealed at
+    ``segment_mb`` or after 10 minutes). ``max_message_size`` must fit in a block (``streamoffload.limits``)."""
+    pulsar_lines = [f"service_url = {json.dumps(service_url)}"]
+    if topics:
+        pulsar_lines.append(f"topics = {json.dumps(list(topics))}")
+    if pulsar:
+        pulsar_lines.append(pulsar.strip())
+    pulsar_lines.append(f"max_message_size = {max_message_size}")
+    path = directory / name
+    path.write_text(
+        "[pulsar]\n"
+        + "\n".join(pulsar_lines)
+        + f"""
+
+[store]
+root = {json.dumps(str(directory / "store"))}
+
+[spark]
+checkpoint = {json.dumps(str(directory / "checkpoint"))}
+trigger_interval = "1 second"
+
+[metrics]
+address = ""
+
+[offload]
+managedLedgerOffloadMaxBlockSizeInBytes = {block_bytes}
+maxSizePerOffloadSegmentMbytes = {segment_mb}
+maxOffloadSegmentRolloverTimeMinutes = 10
+"""
+    )
+    return path
 
 
 class _JobThread(threading.Thread):

@@ -49,7 +49,7 @@ def write_config(tmp_path: Path, service_url: str, topics: list[str], store: str
 [pulsar]
 service_url = "{service_url}"
 topics = {topics!r}
-max_message_size = 4096  # the small blocks of these tests must hold the largest entry (streamoffload.limits)
+max_message_size = 4096  # the small blocks of these tests must hold the largest entry (checkpoints.policy)
 
 {store}
 

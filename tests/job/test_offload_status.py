@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import (
     DONE,
     FAILED,
@@ -24,6 +25,8 @@ from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.keys import topic_dir
 from streamoffload.storage.location import ScopedStore
+from tests.checkpoints.segments import NOW, write_segment
+from tests.checkpoints.segments import TOPIC as SEGMENT_TOPIC
 
 TOPIC = "persistent://public/default/orders"
 P0, P1 = f"{TOPIC}-partition-0", f"{TOPIC}-partition-1"
@@ -121,6 +124,46 @@ def test_a_partitioned_topic_reports_every_partition_and_the_latest_outcome(
         (p2, "none", None),
     ]
     assert [r["id"] for r in doc["partitions"][0]["requests"]] == sorted([first, second])
+
+
+def test_json_speaks_pulsars_offload_process_status(
+    root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Beside our fields, Pulsar's ``OffloadProcessStatus`` words (what ``GET .../offload`` returns): NOT_RUN |
+    RUNNING | SUCCESS | ERROR, lastError, and firstUnoffloadedMessage right after the last entry offloaded."""
+    scoped = ScopedStore(store)
+    meta = MetadataStore(scoped)
+    sealed = write_segment(meta, 0, [3, 4], publish_last=NOW)  # entries 0..9 of ledgers 3 and 4
+    write_segment(meta, 1, [6], publish_last=NOW + 60_000)  # and of ledger 6, sealed later
+    p1 = SEGMENT_TOPIC.replace("-partition-0", "-partition-1")
+    p2 = SEGMENT_TOPIC.replace("-partition-0", "-partition-2")
+    base = SEGMENT_TOPIC.removesuffix("-partition-0")
+    earliest = {"ledgerId": -1, "entryId": -1, "partitionIndex": -1, "batchIndex": -1, "batchSize": 0}
+
+    def pulsar_words() -> dict[str, dict[str, object]]:
+        assert status(root, base, "--json") == 0
+        doc = json.loads(capsys.readouterr().out)
+        return {
+            p["topic"]: {k: p[k] for k in ("status", "lastError", "firstUnoffloadedMessage")} for p in doc["partitions"]
+        }
+
+    first, failed, _pending = submit_requests(scoped, [SEGMENT_TOPIC, p1, p2])
+    record_request_status(scoped, first, DONE, topic=SEGMENT_TOPIC, segment=str(mf.manifest_uuid(sealed)))
+    record_request_status(scoped, failed, FAILED, topic=p1, error="upload of part 3 failed: 503")
+    at = {"ledgerId": 4, "entryId": 10, "partitionIndex": -1, "batchIndex": -1, "batchSize": 0}
+    assert pulsar_words() == {
+        # The segment the request sealed ends at 4:9; ledger 6's, sealed later, is not what it did.
+        SEGMENT_TOPIC: {"status": "SUCCESS", "lastError": "", "firstUnoffloadedMessage": at},
+        p1: {"status": "ERROR", "lastError": "upload of part 3 failed: 503", "firstUnoffloadedMessage": earliest},
+        p2: {"status": "RUNNING", "lastError": "", "firstUnoffloadedMessage": earliest},
+    }
+    # A request that found nothing open: everything offloaded by then, i.e. up to the last segment's end.
+    [second] = submit_requests(scoped, [SEGMENT_TOPIC])
+    record_request_status(scoped, second, DONE, topic=SEGMENT_TOPIC)
+    assert pulsar_words()[SEGMENT_TOPIC]["firstUnoffloadedMessage"] == {**at, "ledgerId": 6}
+    # The text is what it was.
+    assert status(root, SEGMENT_TOPIC) == 0
+    assert capsys.readouterr().out == f"{SEGMENT_TOPIC}: Offload was a success (no open segment to seal)\n"
 
 
 def test_wait_times_out_with_exit_2(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:

@@ -194,7 +194,7 @@ def test_a_missing_field_is_refused_by_name(action: Action, data: st.DataObject)
     ("packed", "message"),
     [
         (packed_by_hand("abandon", segment=b"s"), "its kind 'abandon' is none of open, part, seal, requests, stats"),
-        (packed_by_hand("stats", topic=b"\xff"), "'topic' at byte 40 is not UTF-8"),
+        (packed_by_hand("stats", topic=b"\xff"), "the 'topic' of an action is not UTF-8"),
         (packed_by_hand("requests", info=b"{"), "packed requests action of 't': its info is not JSON"),
         (packed_by_hand("requests", info=["r"]), "its info is list, not an object"),
         (packed_by_hand("requests", topic=b"", info={"requests": []}), "its topic is empty"),

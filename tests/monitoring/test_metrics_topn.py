@@ -476,7 +476,7 @@ def test_topic_series_must_not_be_negative() -> None:
 
 def test_install_takes_topic_series_from_the_job_configuration(tmp_path: Path) -> None:
     job = FakeJob(MetadataStore(ScopedStore(FilesystemStore(tmp_path / "store", fsync=False))))
-    job.config = Config(metrics=MetricsSettings(address="", topic_series=7))  # type: ignore[attr-defined]
+    job.config = Config(metrics=MetricsSettings(address="", topic_series=7))
     metrics = install_metrics(job, None, "127.0.0.1:0", backlog=lambda _known: {})
     try:
         assert metrics.topic_series == 7

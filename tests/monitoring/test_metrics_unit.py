@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
-from streamoffload.config import parse_metrics_address
+from streamoffload.config import Config, parse_metrics_address
 from streamoffload.errors import ConfigError
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.install import install_metrics
@@ -351,12 +351,20 @@ def test_parse_address() -> None:
 
 
 class FakeJob:
+    """A ``metrics.install.MetricsJob`` that does not tell what it wrote, of unknown health."""
+
     def __init__(self, meta: MetadataStore) -> None:
+        self.config = Config()
         self.listeners: list[Any] = []
+        self.metadata_listeners: list[Any] | None = None
+        self.health: Any = None
         self._meta = meta
 
     def metadata(self) -> MetadataStore:
         return self._meta
+
+    def source_options(self) -> dict[str, str]:
+        return {}
 
 
 def test_install_serves_prometheus_text_and_stop_detaches(store: FilesystemStore) -> None:

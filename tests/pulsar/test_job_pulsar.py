@@ -16,6 +16,7 @@ from streamoffload.produce import produce
 from streamoffload.pulsar_standalone import PulsarStandalone
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.pulsar import ROLLOVER_ENTRIES
+from tests.job.conftest import write_job_config
 from tests.job.readback import read_entries, read_messages
 from tests.pulsar.broker_truth import create_partitioned, held_messages, internal_ledgers, new_namespace
 
@@ -23,31 +24,10 @@ pytestmark = [pytest.mark.pulsar, pytest.mark.spark]
 
 
 def write_config(tmp_path: Path, service_url: str, pulsar_keys: str) -> Path:
-    path = tmp_path / "offload.toml"
-    path.write_text(
-        f"""
-[pulsar]
-service_url = "{service_url}"
-{pulsar_keys}
-max_message_size = 16384
-
-[store]
-root = "{tmp_path / "store"}"
-
-[spark]
-checkpoint = "{tmp_path / "checkpoint"}"
-trigger_interval = "1 second"
-
-[metrics]
-address = ""
-
-[offload]
-managedLedgerOffloadMaxBlockSizeInBytes = 32768
-maxSizePerOffloadSegmentMbytes = 0.05
-maxOffloadSegmentRolloverTimeMinutes = 10
-"""
+    """The tier's job configuration: entries of up to 16 KiB in 32 KiB blocks, segments sealed at 50 KB."""
+    return write_job_config(
+        tmp_path, service_url, pulsar=pulsar_keys, max_message_size=16384, block_bytes=32768, segment_mb=0.05
     )
-    return path
 
 
 def test_job_is_exact_across_pulsar_rollovers_a_restart_and_a_listed_pattern(

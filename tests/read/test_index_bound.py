@@ -10,11 +10,11 @@ import pytest
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.topics import TopicName
-from streamoffload.read.fsck import segment as fsck_segment
-from streamoffload.read.fsck import verify_topic
 from streamoffload.read.segment import SegmentKeys, SegmentReadHandle, checks
 from streamoffload.read.segment.checks import MAX_INDEX_READ_BYTES
 from streamoffload.read.segment.errors import ManifestMismatchError
+from streamoffload.read.verify import segment as verify_segment_module
+from streamoffload.read.verify import verify_topic
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from tests.read import TOPIC, offload, pulsar_entries
@@ -52,7 +52,7 @@ def test_the_index_is_read_up_to_its_recorded_length_and_a_longer_one_is_refused
     index = store.get(segment.indexKey)
     assert len(index) == segment.indexLength
     store.asked.clear()
-    SegmentReadHandle(store, segment).close()
+    SegmentReadHandle.open(store, segment).close()
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
 
     longer = segment.indexLength + 8 * 1024 * 1024
@@ -62,7 +62,7 @@ def test_the_index_is_read_up_to_its_recorded_length_and_a_longer_one_is_refused
         ManifestMismatchError,
         match=f"^{segment.indexKey}: index object has {longer} bytes, but its manifest records {segment.indexLength}$",
     ):
-        SegmentReadHandle(store, segment)
+        SegmentReadHandle.open(store, segment)
     assert [a for a in store.asked if a[0] == segment.indexKey] == []  # refused on its HEAD
 
     # Without the HEAD (check_metadata=False) it is read up to the recorded length and one more, and refused.
@@ -72,12 +72,12 @@ def test_the_index_is_read_up_to_its_recorded_length_and_a_longer_one_is_refused
         match=f"^{segment.indexKey}: index object has more than {segment.indexLength} bytes, but its manifest "
         f"records {segment.indexLength} \\(at byte offset {segment.indexLength + 1}\\)$",
     ):
-        SegmentReadHandle(store, segment, check_metadata=False)
+        SegmentReadHandle.open(store, segment, check_metadata=False)
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
 
     store.put(segment.indexKey, index[:-1])
     with pytest.raises(ManifestMismatchError, match=f"has {segment.indexLength - 1} bytes, but its manifest"):
-        SegmentReadHandle(store, segment)
+        SegmentReadHandle.open(store, segment)
 
 
 def test_an_index_length_past_the_cap_is_refused_before_any_read(
@@ -88,7 +88,7 @@ def test_an_index_length_past_the_cap_is_refused_before_any_read(
     hostile.indexLength = 2**40
     store.asked.clear()
     with pytest.raises(FormatError, match=f"^{segment.indexKey}: its manifest records an index of {2**40} bytes"):
-        SegmentReadHandle(store, hostile)
+        SegmentReadHandle.open(store, hostile)
     assert all(key != segment.indexKey for key, _ in store.asked)
 
 
@@ -106,7 +106,7 @@ def test_an_index_length_larger_than_the_object_is_refused_before_any_read(
         match=f"^{segment.indexKey}: index object has {segment.indexLength} bytes, but its manifest records "
         f"{MAX_INDEX_READ_BYTES}$",
     ):
-        SegmentReadHandle(store, hostile)
+        SegmentReadHandle.open(store, hostile)
     assert all(key != segment.indexKey for key, _ in store.asked)
 
 
@@ -114,10 +114,10 @@ def test_without_a_manifest_the_index_is_read_up_to_its_size_or_the_cap(
     store: CountingStore, segment: mf.SegmentManifest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.asked.clear()
-    SegmentReadHandle(store, SegmentKeys(segment.dataKey, segment.indexKey)).close()
+    SegmentReadHandle.open(store, SegmentKeys(segment.dataKey, segment.indexKey)).close()
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
     store.asked.clear()
-    SegmentReadHandle(store, SegmentKeys(segment.dataKey, segment.indexKey), check_metadata=False).close()
+    SegmentReadHandle.open(store, SegmentKeys(segment.dataKey, segment.indexKey), check_metadata=False).close()
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, MAX_INDEX_READ_BYTES + 1)]
 
     monkeypatch.setattr(checks, "MAX_INDEX_READ_BYTES", segment.indexLength - 1)  # an index above the cap
@@ -127,7 +127,7 @@ def test_without_a_manifest_the_index_is_read_up_to_its_size_or_the_cap(
         match=f"^{segment.indexKey}: index object has {segment.indexLength} bytes, more than the "
         f"{segment.indexLength - 1} a reader takes$",
     ):
-        SegmentReadHandle(store, SegmentKeys(segment.dataKey, segment.indexKey))
+        SegmentReadHandle.open(store, SegmentKeys(segment.dataKey, segment.indexKey))
     assert all(key != segment.indexKey for key, _ in store.asked)
 
 
@@ -141,7 +141,7 @@ def test_verify_reads_an_index_up_to_its_size_and_one_too_large_not_at_all(
     assert verify_topic(ScopedStore(store), topic, crc=True).all_problems == []
     assert [a for a in store.asked if a[0] == segment.indexKey] == [(segment.indexKey, segment.indexLength + 1)]
 
-    monkeypatch.setattr(fsck_segment, "MAX_INDEX_READ_BYTES", segment.indexLength - 1)
+    monkeypatch.setattr(verify_segment_module, "MAX_INDEX_READ_BYTES", segment.indexLength - 1)
     store.asked.clear()
     problems = verify_topic(ScopedStore(store), topic, crc=True).all_problems
     assert [(p.object, p.error, p.message) for p in problems if p.object == segment.indexKey] == [

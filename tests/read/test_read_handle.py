@@ -91,10 +91,10 @@ def test_reads_everything_back_byte_for_byte_across_segments_ledgers_and_formats
 
 def test_readahead_defaults_to_a_thread_for_remote_stores_only(store: ObjectStore, offloaded: MetadataStore) -> None:
     seg = offloaded.offloaded_segments(TOPIC)[0]
-    with SegmentReadHandle(store, seg) as handle:
+    with SegmentReadHandle.open(store, seg) as handle:
         # A filesystem object is read through one held descriptor, which the kernel reads ahead.
         assert handle.readahead is not isinstance(store, FilesystemStore)
-    with SegmentReadHandle(store, seg, local_files=False) as handle:
+    with SegmentReadHandle.open(store, seg, local_files=False) as handle:
         assert handle.readahead is True
 
 
@@ -144,7 +144,7 @@ def test_handle_answers_like_pulsars_read_handle(
     )
     v1 = next(s for s in offloaded.offloaded_segments(TOPIC) if s.formatVersion == 1)
     payloads = {(e.ledger_id, e.entry_id): e.payload for e in history.entries}
-    with SegmentReadHandle(store, v2, read_buffer_size=BUF) as handle:
+    with SegmentReadHandle.open(store, v2, read_buffer_size=BUF) as handle:
         assert handle.first_position == (v2.startLedgerId, v2.startEntryId)
         assert handle.last_position == (v2.endLedgerId, v2.endEntryId)
         assert handle.get_length() == v2.dataLength
@@ -156,7 +156,7 @@ def test_handle_answers_like_pulsars_read_handle(
             handle.read(v2.startEntryId, last + 1, lid)
     # Without the manifest: keys only. A v1 object's ledger id comes from its name, its LAC from its index.
     keys = SegmentKeys(v1.dataKey, v1.indexKey)
-    with SegmentReadHandle(store, keys, read_buffer_size=BUF) as handle:
+    with SegmentReadHandle.open(store, keys, read_buffer_size=BUF) as handle:
         assert handle.ledger_ids == [v1.startLedgerId]
         assert handle.last_add_confirmed() == v1.endEntryId
         assert [e.position for e in handle.read_range()] == [
@@ -164,7 +164,7 @@ def test_handle_answers_like_pulsars_read_handle(
             for p in history.positions()
             if (v1.startLedgerId, v1.startEntryId) <= p <= (v1.endLedgerId, v1.endEntryId)
         ]
-    with SegmentReadHandle(store, SegmentKeys(v2.dataKey, v2.indexKey), read_buffer_size=BUF) as handle:
+    with SegmentReadHandle.open(store, SegmentKeys(v2.dataKey, v2.indexKey), read_buffer_size=BUF) as handle:
         assert handle.last_position == (v2.endLedgerId, v2.endEntryId)  # found by reading the last block
 
 
@@ -216,7 +216,7 @@ def test_truncated_data_object(store: ObjectStore, offloaded: MetadataStore) -> 
     assert err.value.where == seg.dataKey and err.value.offset == cut
     assert seg.dataKey in str(err.value) and f"offset {cut}" in str(err.value)
     # Without the HEAD check the short read is caught where it happens, with the same key and offset.
-    handle = SegmentReadHandle(store, seg, read_buffer_size=BUF, check_metadata=False, readahead=False)
+    handle = SegmentReadHandle.open(store, seg, read_buffer_size=BUF, check_metadata=False, readahead=False)
     with pytest.raises(TruncatedError) as err:
         list(handle.read_range())
     assert err.value.where == seg.dataKey and err.value.offset == cut
@@ -251,7 +251,7 @@ def test_format_version_metadata_is_checked(store: ObjectStore, offloaded: Metad
     assert info.metadata["s3managedledgeroffloaderformatversion"] == "1"
     store.put(seg.dataKey, store.get(seg.dataKey), {**info.metadata, "s3managedledgeroffloaderformatversion": "2"})
     with pytest.raises(UnsupportedFormatVersionError, match="format version") as err:
-        SegmentReadHandle(store, seg)
+        SegmentReadHandle.open(store, seg)
     assert err.value.where == seg.dataKey
 
 
@@ -302,6 +302,63 @@ class FlakyStore(ObjectStore):
         return self.inner.pending_multiparts(prefix)
 
 
+class RecordingStore(FlakyStore):
+    """Delegates to a store and records every read request: (what, key)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.calls: list[tuple[str, str]] = []
+
+    def head(self, key: str) -> Any:
+        self.calls.append(("head", key))
+        return self.inner.head(key)
+
+    def get(self, key: str) -> bytes:
+        self.calls.append(("get", key))
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.calls.append(("get_range", key))
+        return self.inner.get_range(key, start, length)
+
+    def open_ranged_reader(self, key: str, *, hold_open: bool = True) -> Any:
+        self.calls.append(("open_ranged_reader", key))
+        return self.inner.open_ranged_reader(key, hold_open=hold_open)
+
+
+def test_open_does_the_io_and_the_constructor_none(store: ObjectStore, offloaded: MetadataStore) -> None:
+    """Pulsar's ``BlobStoreBackedReadHandleImpl.open``: the factory HEADs both objects, reads the index and
+    opens the data object; a handle built from what it opened reads the same entries, and building one asks
+    the store for nothing."""
+    seg = offloaded.offloaded_segments(TOPIC)[0]
+    recording = RecordingStore(store)
+    with SegmentReadHandle.open(recording, seg) as opened:
+        assert recording.calls == [
+            ("head", seg.dataKey),
+            ("head", seg.indexKey),
+            ("get_range", seg.indexKey),
+            ("open_ranged_reader", seg.dataKey),
+        ]
+        expected = [(e.ledger_id, e.entry_id, bytes(e.payload)) for e in opened.read_range()]
+        recording.calls.clear()
+        built = SegmentReadHandle(
+            recording,
+            data_key=opened.data_key,
+            index_key=opened.index_key,
+            manifest=opened.manifest,
+            index=opened.index,
+            reader=store.open_ranged_reader(seg.dataKey),
+            recorded=opened.recorded,
+            cipher=None,
+            transformed=False,
+        )
+        assert recording.calls == []
+        with built:
+            assert [(e.ledger_id, e.entry_id, bytes(e.payload)) for e in built.read_range()] == expected
+    assert expected[0][:2] == (seg.startLedgerId, seg.startEntryId)
+    assert expected[-1][:2] == (seg.endLedgerId, seg.endEntryId)
+
+
 def _poll(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -316,7 +373,7 @@ def _biggest_segment(meta: MetadataStore) -> Any:
 def test_readahead_error_surfaces_in_the_reader_at_its_chunk(store: ObjectStore, offloaded: MetadataStore) -> None:
     seg = _biggest_segment(offloaded)
     flaky = FlakyStore(store, fail_at=seg.dataLength - 10)
-    handle = SegmentReadHandle(flaky, seg, read_buffer_size=BUF, readahead=True, readahead_bytes=2 * BUF)
+    handle = SegmentReadHandle.open(flaky, seg, read_buffer_size=BUF, readahead=True, readahead_bytes=2 * BUF)
     read = []
     with pytest.raises(OSError, match="injected failure"):
         for entry in handle.read_range():
@@ -329,7 +386,9 @@ def test_readahead_is_bounded_and_stops_when_abandoned(store: ObjectStore, offlo
     seg = _biggest_segment(offloaded)
     assert seg.dataLength >= 12 * BUF
     window = 3 * BUF
-    handle = SegmentReadHandle(FlakyStore(store), seg, read_buffer_size=BUF, readahead=True, readahead_bytes=window)
+    handle = SegmentReadHandle.open(
+        FlakyStore(store), seg, read_buffer_size=BUF, readahead=True, readahead_bytes=window
+    )
     iterator = handle.read_range()
     first = next(iterator)
     assert first.position == (seg.startLedgerId, seg.startEntryId)

@@ -16,6 +16,7 @@ from streamoffload.config import load_config
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.table.catalog import catalog_settings, open_catalog
 from tests.fixtures.broker import partition_names, unique_topic
+from tests.job.conftest import write_job_config
 from tests.table.offload import row_tuple
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.slow]
@@ -89,29 +90,8 @@ def test_publish_offload_sync_read_with_polars_and_duckdb(
     sent += publish(pulsar_broker.service_url, partitions[1], 45, batched=True)
     sent += publish(pulsar_broker.service_url, plain, 60, batched=False)
     assert {s[3] for s in sent} >= {-1, 0, 6}  # batches of up to 7 messages and single messages
-    config_path = tmp_path / "offload.toml"
-    config_path.write_text(
-        f"""
-[pulsar]
-service_url = "{pulsar_broker.service_url}"
-topics = {[*partitions, plain]!r}
-max_message_size = 4096
-
-[store]
-root = "{tmp_path / "store"}"
-
-[spark]
-checkpoint = "{tmp_path / "checkpoint"}"
-trigger_interval = "1 second"
-
-[metrics]
-address = ""
-
-[offload]
-managedLedgerOffloadMaxBlockSizeInBytes = 8192
-maxSizePerOffloadSegmentMbytes = 0.01
-maxOffloadSegmentRolloverTimeMinutes = 10
-""".replace("'", '"')
+    config_path = write_job_config(
+        tmp_path, pulsar_broker.service_url, topics=[*partitions, plain], block_bytes=8192, segment_mb=0.01
     )
     config = load_config(config_path)
     OffloadJob(config, str(config_path)).run_once(spark)

@@ -191,7 +191,7 @@ def test_bounds_are_inclusive() -> None:
     ],
 )
 def test_durations_and_sizes_as_strings(key: str, text: str, attribute: str, expected: float) -> None:
-    # A broker taking only small messages lets the small blocks below through (streamoffload.limits).
+    # A broker taking only small messages lets the small blocks below through (checkpoints.policy).
     policy = parse_config({"pulsar": {"max_message_size": 256}, "offload": {key: text}}).policy_for("t")
     value = getattr(policy, attribute)
     assert value == expected and type(value) is type(expected)

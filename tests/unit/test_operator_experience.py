@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.checkpoints.policy import BlockSizeError, OffloadPolicy, check_block_size, min_block_size
 from streamoffload.cli import main, one_line, root_cause, split_logging_args
 from streamoffload.cli_common import LogSettings, configure_logging, log_settings
 from streamoffload.commands.status import render_table
-from streamoffload.config import Config, parse_config
+from streamoffload.config import Config, check_config_block_sizes, parse_config
 from streamoffload.errors import StreamOffloadError
-from streamoffload.limits import BlockSizeError, check_block_size, check_config_block_sizes, min_block_size
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.status import offload_lag_seconds, store_status

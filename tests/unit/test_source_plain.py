@@ -121,8 +121,11 @@ def test_sizes_and_positive_numbers() -> None:
     assert parse_size("1048576", "x") == 1 << 20
     assert parse_size("64m", "x") == parse_size("64MiB", "x") == parse_size("64 mb", "x") == 64 << 20
     assert parse_size("1GiB", "x") == 1 << 30
+    assert parse_size("1.5g", "x") == 3 << 29  # one grammar with the configuration file's (streamoffload.units)
     with pytest.raises(ConfigError, match="option arrowBatchBytes: expected a byte count"):
-        parse_size("1.5g", "arrowBatchBytes")
+        parse_size("1,5g", "arrowBatchBytes")
+    with pytest.raises(ConfigError, match="option arrowBatchBytes: expected a whole number of bytes"):
+        parse_size("1.5", "arrowBatchBytes")
     assert parse_positive("2.5", "retryTimeoutSeconds", float) == 2.5
     with pytest.raises(ConfigError, match="option stallTimeoutMs: must be > 0"):
         parse_positive("0", "stallTimeoutMs")

@@ -1,11 +1,11 @@
-"""``fsck`` for offloaded data: the checker behind ``streamoffload verify``.
+"""``verify`` for offloaded data: the checker behind ``streamoffload verify``.
 
 ``verify_segment`` checks one segment's objects (and its manifest); ``verify_topic`` checks a
 topic-partition's history and every Offloaded segment of it. Both collect ``Problem``s in a report rather
 than raising; the command prints them and sets the exit status.
 """
 
-from streamoffload.read.fsck.history import STALE_MINUTES, TopicReport, verify_topic
-from streamoffload.read.fsck.segment import Problem, SegmentReport, VerifyError, verify_segment
+from streamoffload.read.verify.history import STALE_MINUTES, TopicReport, verify_topic
+from streamoffload.read.verify.segment import Problem, SegmentReport, VerifyError, verify_segment
 
 __all__ = ["STALE_MINUTES", "Problem", "SegmentReport", "TopicReport", "VerifyError", "verify_segment", "verify_topic"]

@@ -37,7 +37,7 @@ from streamoffload.codecs.metadata import parse_ledger_info, parse_ledger_metada
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.segment import manifest_disagreements, unsupported_format_version
-from streamoffload.read.segment.checks import MAX_INDEX_READ_BYTES
+from streamoffload.read.segment.checks import MAX_INDEX_READ_BYTES, position_text
 from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout, stored_otherwise
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
@@ -486,9 +486,8 @@ class _Checker:
             elif name == "indexLength":
                 mismatch(f"manifest says {said} index bytes, the object has {found}", obj=r.index_key)
             elif name in ("start", "end"):
-                (s_ledger, s_entry), (f_ledger, f_entry) = said, found  # type: ignore[misc]
                 mismatch(
-                    f"manifest {name}s at {s_ledger}:{s_entry}, the data at {f_ledger}:{f_entry}",
+                    f"manifest {name}s at {position_text(said)}, the data at {position_text(found)}",
                     offset=0 if name == "start" else data.size,
                 )
             else:

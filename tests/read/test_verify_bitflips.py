@@ -1,4 +1,4 @@
-"""fsck: flip random bits in the data, index and manifest objects of a real store, one at a time.
+"""verify: flip random bits in the data, index and manifest objects of a real store, one at a time.
 
 Every flip is either harmless (padding, or bytes no reader uses) and ``read`` returns exactly the original
 entries, or ``verify --crc`` reports it, naming the damaged segment's object (and the byte offset where one

@@ -23,7 +23,7 @@ from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
-from streamoffload.read.fsck.segment import Problem, SegmentReport, verify_segment
+from streamoffload.read.verify.segment import Problem, SegmentReport, verify_segment
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectNotFoundError
 from streamoffload.storage.location import ScopedStore
@@ -208,9 +208,9 @@ def verify_topic(
     by_ordinal: dict[int, _Known] = {}
     for ordinal, commit in commits.items():
         by_ordinal[ordinal] = commit
-    for record in deleted.values():
-        if record.ordinal is not None:
-            by_ordinal.setdefault(record.ordinal, record)
+    for known in deleted.values():
+        if known.ordinal is not None:
+            by_ordinal.setdefault(known.ordinal, known)
     live = {m.ordinal: (m, key) for m, key in reversed(offloaded)}
     for ordinal, (m, key) in live.items():
         by_ordinal[ordinal] = _Known(ordinal, str(mf.manifest_uuid(m)), mf.start_position(m), mf.end_position(m), key)
