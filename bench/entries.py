@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.part_layout import decode_layouts
-from streamoffload.streaming.segmenter.segmenter_model import Entry, SegmenterState
+from streamoffload.streaming.segmenter.segmenter_model import SegmenterState
 from streamoffload.streaming.sink.entry_fetch import MemoryFetcher
 from streamoffload.streaming.sink.sink import SegmentSink
 

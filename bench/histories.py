@@ -16,7 +16,7 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
 
 TOPIC = "persistent://public/default/orders-partition-0"
@@ -73,7 +73,7 @@ def pulsar_entries(
 
 
 def _apply(sink: SegmentSink, actions: list) -> None:
-    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    sink.apply(actions)
 
 
 def offload(

@@ -64,7 +64,7 @@ from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 
 MIB = 1024 * 1024
 TOPIC = "persistent://public/bench/backlog-partition-0"
@@ -107,7 +107,7 @@ def build_backlog(
         actions = run_segmenter(
             TOPIC, policy(method), state, seen, controls, now_ms=now, min_part_size=store.min_part_size
         )
-        sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+        sink.apply(actions)
         forget_sent(sink, TOPIC, state)  # only what a later part may name stays in memory
 
     written = count = 0

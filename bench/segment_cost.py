@@ -42,7 +42,7 @@ from streamoffload.storage import filesystem
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import MemoryFetcher
 
 TOPIC = "persistent://public/default/segment-cost"
@@ -113,7 +113,7 @@ def one_round(
             started, started_cpu = time.perf_counter(), time.process_time()
             actions = run_segmenter(TOPIC, policy, state, metas, now_ms=now_ms)
             actions += run_segmenter(TOPIC, policy, state, [], [CONTROL_SEAL], now_ms=now_ms + 1)
-            sink.apply([{c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions])
+            sink.apply(actions)
             wall += time.perf_counter() - started
             cpu += time.process_time() - started_cpu
     finally:

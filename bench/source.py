@@ -51,10 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import add_broker_argument, bench_broker, broker_name
 from bench.logs import log_beside
+from streamoffload.codecs.positions import Position
 from streamoffload.produce import produce
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import Position, ReaderSettings, ReadStats
+from streamoffload.streaming.protocol.exactly_once import ReaderSettings, ReadStats
 from streamoffload.streaming.protocol.wire import batch_size_of
 
 

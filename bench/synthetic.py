@@ -15,7 +15,7 @@ from streamoffload.codecs.entry import Message, MessageMetadata, build_entry, de
 from streamoffload.storage.base import ObjectStore, RangedReader
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 
 MIB = 1024 * 1024
 
@@ -86,7 +86,7 @@ def build_topic(
             key_prefix=scoped.prefix,
             min_part_size=scoped.store.min_part_size,
         )
-        sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+        sink.apply(actions)
         forget_sent(sink, topic, state)  # only what a later part may name stays in memory
         pending, pending_bytes, now = [], 0, now + 1
 

@@ -28,6 +28,7 @@ from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, enco
 from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import Buffer
+from streamoffload.streaming.handoff.entry import Entry
 
 _BLOCK = struct.Struct(">QqqqQI")
 _ENTRY = struct.Struct(">qII")
@@ -35,20 +36,6 @@ _ENTRY = struct.Struct(">qII")
 
 class LayoutError(StreamOffloadError):
     """A part layout that cannot be decoded (a bug, or state written by another version)."""
-
-
-@dataclass(frozen=True)
-class EntryRef:
-    """One entry as the segmenter knows it: where it is, how long it is and its CRC-32C."""
-
-    ledger_id: int
-    entry_id: int
-    size: int
-    crc32c: int
-
-    @property
-    def position(self) -> tuple[int, int]:
-        return (self.ledger_id, self.entry_id)
 
 
 @dataclass(frozen=True)
@@ -73,9 +60,9 @@ class BlockLayout:
             return self.padded_to
         return BLOCK_HEADER_LENGTH + sum(framed_entry_size(size) for _, size, _ in self.entries)
 
-    def refs(self) -> Iterator[EntryRef]:
+    def refs(self) -> Iterator[Entry]:
         for entry_id, size, crc in self.entries:
-            yield EntryRef(self.ledger_id, entry_id, size, crc)
+            yield Entry(self.ledger_id, entry_id, size, crc)
 
 
 def encode_layouts(blocks: Iterable[BlockLayout]) -> bytes:
@@ -107,7 +94,7 @@ def decode_layouts(data: bytes) -> list[BlockLayout]:
     return blocks
 
 
-def part_refs(blocks: Sequence[BlockLayout]) -> list[EntryRef]:
+def part_refs(blocks: Sequence[BlockLayout]) -> list[Entry]:
     """Every entry of a part, in position order."""
     return [ref for block in blocks for ref in block.refs()]
 

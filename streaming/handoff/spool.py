@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamoffload.codecs.positions import Position
 from streamoffload.storage.base import Buffer
-from streamoffload.streaming.protocol.exactly_once import Position
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,10 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.streaming.control.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.control.rate_limits import RateLimitSpec
+from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, unpack_actions
+from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
-from streamoffload.streaming.segmenter.segmenter_model import (
-    CONTROL_SEAL,
-    PACKED_ACTIONS_SCHEMA,
-    unpack_actions,
-)
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
 from streamoffload.streaming.sink.sink import SinkStats, sink_for
 from streamoffload.streaming.source.admission import buffer_file_path, write_buffer_file
@@ -83,8 +81,8 @@ BatchListener = Callable[[BatchReport], None]
 SINK_STATS_SCHEMA = "stats STRING"
 
 
-def _arrow_actions(batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
-    """The action rows of the segmenter's Arrow record batches (``PACKED_ACTIONS_SCHEMA``: each row a
+def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
+    """The actions of the segmenter's Arrow record batches (``PACKED_ACTIONS_SCHEMA``: each row a
     topic-partition's packed actions), one at a time."""
     for batch in batches:
         for packed in batch.column("actions"):
@@ -252,7 +250,7 @@ class JobQueries:
             .option("idlePollSeconds", str(IDLE_POLL_S))
             .load()
             # The source's seal markers (``sealAtEnd``, ledger_id -1) seal their topic-partition's open segment.
-            .withColumn("control", F.when(F.col("ledger_id") < 0, F.lit(CONTROL_SEAL)).cast("string"))
+            .withColumn(CONTROL, F.when(F.col(LEDGER_ID) < 0, F.lit(CONTROL_SEAL)).cast("string"))
         )
         controls = (
             spark.readStream.format("streamoffload-control").option("store", json.dumps(asdict(self.location))).load()

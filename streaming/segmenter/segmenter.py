@@ -15,9 +15,10 @@ Per topic-partition it keeps (PIP-76):
   ends at the batch boundary), so between batches the state describes less than one minimum part of
   entries and blocks (v1, whose blocks stay full, up to one block plus one minimum part).
 
-It emits actions for the sink, in order: ``open`` (write the Assigned manifest), ``part`` (upload
-one multipart part of the data object), ``seal`` (complete the data object, write the index, commit
-the segment and write the Offloaded manifest), ``requests`` (manual requests with nothing to seal).
+It emits actions for the sink (``streaming.handoff.actions``), in order: ``OpenAction`` (write the Assigned
+manifest), ``PartAction`` (upload one multipart part of the data object), ``SealAction`` (complete the data
+object, write the index, commit the segment and write the Offloaded manifest), ``RequestsAction`` (manual
+requests with nothing to seal), and last ``StatsAction`` (its figures).
 Everything it emits is a deterministic function of its state, its input, the batch time and the policy
 version in force at that time, so a replayed micro-batch reproduces the same names, part numbers and bytes.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
@@ -42,6 +44,15 @@ from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.codecs.index import IndexEntry, LedgerIndex, OffloadIndex
 from streamoffload.codecs.metadata import ledger_info_v2, ledger_metadata_v1
 from streamoffload.storage import keys
+from streamoffload.streaming.handoff.actions import (
+    Action,
+    OpenAction,
+    PartAction,
+    RequestsAction,
+    SealAction,
+    StatsAction,
+)
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.part_layout import BlockLayout, encode_layouts
 from streamoffload.streaming.segmenter.segmenter_model import (
     CONTROL_POLICY,
@@ -52,10 +63,7 @@ from streamoffload.streaming.segmenter.segmenter_model import (
     SEAL_METHOD_SWITCH,
     SEAL_SIZE,
     SEAL_TIME,
-    Action,
-    BlockEntry,
     ControlRequest,
-    Entry,
     OpenSegment,
     SegmenterState,
     TopicState,
@@ -125,7 +133,7 @@ class Segmenter:
         """The open segment's policy as last built from its recorded document (``_seg_policy``)."""
         """Entries (and their bytes) this micro-batch brought: the source sizes the next one by them."""
         # Entries/blocks of this batch not yet in the state store (written once, at the end).
-        self._new_block_entries: list[BlockEntry] = []
+        self._new_block_entries: list[Entry] = []
         self._new_held: list[bytes] = []
 
     # -- public --------------------------------------------------------------------------------------
@@ -163,7 +171,7 @@ class Segmenter:
                 self.seal(SEAL_MANUAL)
             elif self.requests:
                 # Nothing open: the requests are done with no segment to show for them.
-                self.actions.append(Action(self.topic, "", "requests", info=json.dumps({"requests": self.requests})))
+                self.actions.append(RequestsAction(self.topic, tuple(self.requests)))
             self.requests = []
         if not policy.enabled:
             # Paused: what was read before the pause took effect is offloaded, not held open.
@@ -202,24 +210,26 @@ class Segmenter:
         seg = self.state.open
         return 0 if seg is None else seg.block_bytes + seg.held_bytes
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StatsAction:
         """Figures for the driver's metrics: buffer, open segment, last position."""
         seg = self.state.open
-        return {
-            "buffered_bytes": self.buffered_bytes(),
-            "open_segment": seg.uuid if seg else None,
-            "open_segment_entries": seg.entries if seg else 0,
-            "open_segment_bytes": (seg.data_bytes + seg.block_bytes) if seg else 0,
-            "open_segment_assigned_ms": seg.assigned_ms if seg else None,
-            "last_position": self.state.last,
-            "now_ms": self.now_ms,
-            "batch_entries": self.batch_entries,
-            "batch_bytes": self.batch_bytes,
+        last = self.state.last
+        return StatsAction(
+            self.topic,
+            buffered_bytes=self.buffered_bytes(),
+            open_segment=seg.uuid if seg else None,
+            open_segment_entries=seg.entries if seg else 0,
+            open_segment_bytes=(seg.data_bytes + seg.block_bytes) if seg else 0,
+            open_segment_assigned_ms=seg.assigned_ms if seg else None,
+            last_position=(last[0], last[1]) if last else None,
+            now_ms=self.now_ms,
+            batch_entries=self.batch_entries,
+            batch_bytes=self.batch_bytes,
             # When this topic-partition's timer fires (rollover, policy wake-up): the job's source plans a
             # micro-batch then, because Spark runs no batch without new data (``offset_planner`` wakes).
-            "wake_ms": self.next_deadline(),
-            "read_throttled_s": self.read_wait_s,
-        }
+            wake_ms=self.next_deadline(),
+            read_throttled_s=self.read_wait_s,
+        )
 
     def finish(self) -> list[Action]:
         """Persist state; returns all actions of this batch, ending with a ``stats`` action.
@@ -238,7 +248,7 @@ class Segmenter:
                 self.state.open.held_stored += len(self._new_held)
             self._new_held = []
         self.store.save(self.state)
-        self.actions.append(Action(self.topic, "", "stats", info=json.dumps(self.stats())))
+        self.actions.append(self.stats())
         return self.actions
 
     def _flush_batch(self) -> None:
@@ -273,14 +283,16 @@ class Segmenter:
             self._emit_part()
             return
         held = seg.held_bytes
-        merge.data = merge.data + self._take_held()[0]  # its blocks follow the part's: same start, ordinals
-        merge.info = _grown(merge.info, held)
+        i, part = merge
+        # Its blocks follow the part's: same start, same first block.
+        self.actions[i] = replace(part, layouts=part.layouts + self._take_held()[0], length=part.length + held)
 
-    def _batch_part(self, seg: OpenSegment) -> Action | None:
-        """The last part of ``seg`` this batch sent, if any (its tail may join it)."""
-        for action in reversed(self.actions):
-            if action.segment == seg.uuid and action.action == "part":
-                return action
+    def _batch_part(self, seg: OpenSegment) -> tuple[int, PartAction] | None:
+        """The last part of ``seg`` this batch sent, if any, and where it is in ``actions`` (its tail may join it)."""
+        for i in range(len(self.actions) - 1, -1, -1):
+            action = self.actions[i]
+            if isinstance(action, PartAction) and action.segment == seg.uuid:
+                return i, action
         return None
 
     # -- assigning entries ------------------------------------------------------------------------------
@@ -320,7 +332,7 @@ class Segmenter:
             )
             seg.block_after = list(previous) if previous is not None else [-1, -1]
         seg.block_bytes += framed
-        self._new_block_entries.append((entry.ledger_id, entry.entry_id, entry.size, entry.crc32c))
+        self._new_block_entries.append(entry)
         span = seg.spans.setdefault(str(entry.ledger_id), [entry.entry_id, entry.entry_id, 0, 0])
         span[1] = entry.entry_id
         span[2] += 1
@@ -398,14 +410,14 @@ class Segmenter:
         seg.open_sent = True
         opened = mf.decode_manifest(bytes.fromhex(seg.manifest))
         self.actions.append(
-            Action(
+            OpenAction(
                 self.topic,
                 seg.uuid,
-                "open",
                 manifest=bytes.fromhex(seg.manifest),
                 data_key=opened.dataKey,
                 index_key=opened.indexKey,
-                info=json.dumps({"ordinal": seg.ordinal, "method": seg.method}),
+                ordinal=seg.ordinal,
+                method=seg.method,
             )
         )
 
@@ -422,7 +434,7 @@ class Segmenter:
         self._new_block_entries = []
         layout = BlockLayout(
             seg.block_ledger,
-            tuple((entry_id, size, crc) for _, entry_id, size, crc in entries),
+            tuple((e.entry_id, e.size, e.crc32c) for e in entries),
             self._seg_policy(seg).block_size if padded else 0,
             (seg.block_after[0], seg.block_after[1]),
         )
@@ -462,28 +474,21 @@ class Segmenter:
             return
         self._send_open(seg)
         seg.parts += 1
-        manifest_key = keys.manifest_key(self.key_prefix, self.topic, seg.start[0], seg.start[1], seg.uuid)
-        info: dict[str, Any] = {
-            "manifest_key": manifest_key,
-            "format": seg.version,
-            "length": length,
-            "offset": seg.data_bytes - length,  # where the part starts in the (plaintext) data object
-        }
-        if last:
-            info["last"] = True
-        if seg.checksums:
-            # The held blocks are the segment's last ``count``: where the part starts, and its first block's
-            # ordinal, name the blocks' checksum records (the sink writes them with the part).
-            info["checksums"] = {"first_block": len(seg.blocks) - count + 1, "offset": seg.data_bytes - length}
         self.actions.append(
-            Action(
+            PartAction(
                 self.topic,
                 seg.uuid,
-                "part",
                 part_number=seg.parts,
-                data=data,
+                layouts=data,
                 data_key=seg.data_key,
-                info=json.dumps(info),
+                manifest_key=keys.manifest_key(self.key_prefix, self.topic, seg.start[0], seg.start[1], seg.uuid),
+                format=FormatVersion(seg.version),
+                length=length,
+                offset=seg.data_bytes - length,  # where the part starts in the (plaintext) data object
+                last=last,
+                # The held blocks are the segment's last ``count``: where the part starts, and its first block's
+                # ordinal, name the blocks' checksum records (the sink writes them with the part).
+                first_block=len(seg.blocks) - count + 1 if seg.checksums else None,
             )
         )
 
@@ -520,29 +525,23 @@ class Segmenter:
         if seg.checksums:
             sealed = mf.with_driver_property(sealed, PROP_BLOCK_CHECKSUMS, "1")
         self.actions.append(
-            Action(
+            SealAction(
                 self.topic,
                 seg.uuid,
-                "seal",
-                part_number=seg.parts,
-                data=index_bytes,
+                part_count=seg.parts,
+                index=index_bytes,
                 manifest=mf.encode_manifest(sealed),
                 data_key=opened.dataKey,
                 index_key=opened.indexKey,
-                info=json.dumps(
-                    {
-                        "reason": reason,
-                        "parts": seg.parts,
-                        "data_length": seg.data_bytes,
-                        "entries": seg.entries,
-                        "entry_bytes": sealed.entryBytes,
-                        "ordinal": seg.ordinal,
-                        "end": [seg.last[0], seg.last[1]],
-                        "format": seg.version,
-                        "epoch": self.epoch,
-                        "requests": self.requests if reason == SEAL_MANUAL else [],
-                    }
-                ),
+                reason=reason,
+                data_length=seg.data_bytes,
+                entries=seg.entries,
+                entry_bytes=sealed.entryBytes,
+                ordinal=seg.ordinal,
+                end=(seg.last[0], seg.last[1]),
+                format=FormatVersion(seg.version),
+                epoch=self.epoch,
+                requests=tuple(self.requests) if reason == SEAL_MANUAL else (),
             )
         )
         self.state.open = None
@@ -564,13 +563,6 @@ class Segmenter:
                 metadata = ledger_info_v2(ledger_id=ledger, entries=last + 1, size=size, timestamp_ms=self.now_ms)
             ledgers.append(LedgerIndex(ledger, metadata, tuple(per_ledger[ledger])))
         return OffloadIndex(FormatVersion(seg.version), seg.data_bytes, tuple(ledgers))
-
-
-def _grown(info: str, more: int) -> str:
-    """A part action's info once ``more`` bytes of blocks joined the part."""
-    doc = json.loads(info)
-    doc["length"] = int(doc.get("length", 0)) + more
-    return json.dumps(doc)
 
 
 def run_segmenter(

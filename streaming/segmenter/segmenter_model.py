@@ -1,7 +1,6 @@
-"""What the segmenter reads, keeps and emits: its input entries and control requests, the actions it
-hands the sink (``Action``; in Spark packed per topic-partition by ``pack_actions``), and its per-topic-partition
-state (``TopicState`` with the open segment) behind ``SegmenterState``, which Spark's state store or
-``MemoryState`` implements.
+"""What the segmenter reads and keeps: its control requests, and its per-topic-partition state (``TopicState``
+with the open segment) behind ``SegmenterState``, which Spark's state store or ``MemoryState`` implements. Its
+input entries (``Entry``) and the actions it hands the sink are the stages' contract, in ``streaming.handoff``.
 
 Plain data, no logic beyond (de)serialising it: ``streaming.segmenter.segmenter`` decides, this module holds.
 """
@@ -9,12 +8,11 @@ Plain data, no logic beyond (de)serialising it: ``streaming.segmenter.segmenter`
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from streamoffload.codecs.entry import crc32c
+from streamoffload.streaming.handoff.entry import Entry
 
 # Why a segment was sealed (also a metric label).
 SEAL_SIZE = "size"
@@ -44,98 +42,6 @@ class ControlRequest:
             effective = doc.get("effective_ms")
             return cls(str(doc.get("kind", CONTROL_SEAL)), doc.get("id"), None if effective is None else int(effective))
         return cls(text)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One entry as the segmenter sees it: position, size, CRC-32C and publish time, never its bytes
-    (the sink fetches those, ``streaming.sink.entry_fetch``)."""
-
-    ledger_id: int
-    entry_id: int
-    size: int
-    crc32c: int
-    publish_time: int = 0
-
-    @property
-    def position(self) -> tuple[int, int]:
-        return (self.ledger_id, self.entry_id)
-
-    @classmethod
-    def of(cls, ledger_id: int, entry_id: int, payload: bytes, publish_time: int = 0) -> Entry:
-        """The metadata of an entry whose bytes are at hand (tests, benches, the fetcher's checks)."""
-        return cls(ledger_id, entry_id, len(payload), crc32c(payload), publish_time)
-
-
-@dataclass
-class Action:
-    """One instruction to the sink. ``data`` is the part's block layouts (``streaming.handoff.part_layout``) for
-    ``part`` and the index bytes for ``seal``."""
-
-    topic: str
-    segment: str
-    action: str
-    part_number: int = 0
-    data: bytes = b""
-    manifest: bytes = b""
-    data_key: str = ""
-    index_key: str = ""
-    info: str = "{}"
-
-
-ACTION_COLUMNS = ["topic", "segment", "action", "part_number", "data", "manifest", "data_key", "index_key", "info"]
-
-PACKED_ACTIONS_SCHEMA = "topic STRING, actions BINARY"
-"""The segmenter's output in Spark: one row per topic-partition and micro-batch, its actions packed by
-``pack_actions``. Two columns, not one per ``ACTION_COLUMNS``: PySpark converts each key's output frame column by
-column, so every column cost each topic-partition every micro-batch (bench/README, session 32)."""
-
-_PACKED_HEADER = struct.Struct("<i8I")
-"""Per action: its part number, then the lengths of its eight other fields (``ACTION_COLUMNS`` order)."""
-_PACKED_COUNT = struct.Struct("<I")
-_TEXT_COLUMNS = frozenset({"topic", "segment", "action", "data_key", "index_key", "info"})
-_PACKED_COLUMNS = [c for c in ACTION_COLUMNS if c != "part_number"]
-
-
-def pack_actions(actions: Sequence[Action]) -> bytes:
-    """Actions as one binary value: their count, then per action a fixed header (``_PACKED_HEADER``) and its
-    fields' bytes. The count makes a value cut between two actions an error too."""
-    if not actions:
-        return b""
-    out = bytearray(_PACKED_COUNT.pack(len(actions)))
-    for action in actions:
-        fields = [getattr(action, c) for c in _PACKED_COLUMNS]
-        raw = [f.encode() if isinstance(f, str) else bytes(f) for f in fields]
-        out += _PACKED_HEADER.pack(action.part_number, *(len(r) for r in raw))
-        for r in raw:
-            out += r
-    return bytes(out)
-
-
-def unpack_actions(packed: bytes) -> Iterator[dict[str, Any]]:
-    """The actions ``pack_actions`` packed, as the sink's rows (``ACTION_COLUMNS`` keys)."""
-    view = memoryview(packed)
-    if not view:
-        return
-    if len(view) < _PACKED_COUNT.size:
-        raise ValueError(f"packed actions end inside their count at byte 0 of {len(view)}")
-    (count,) = _PACKED_COUNT.unpack_from(view, 0)
-    pos = _PACKED_COUNT.size
-    for _ in range(count):
-        if pos + _PACKED_HEADER.size > len(view):
-            raise ValueError(f"packed actions end inside a header at byte {pos} of {len(view)}")
-        part_number, *lengths = _PACKED_HEADER.unpack_from(view, pos)
-        pos += _PACKED_HEADER.size
-        row: dict[str, Any] = {"part_number": part_number}
-        for column, length in zip(_PACKED_COLUMNS, lengths, strict=True):
-            if pos + length > len(view):
-                raise ValueError(f"packed actions end inside {column!r} at byte {pos} of {len(view)}")
-            value = bytes(view[pos : pos + length])
-            row[column] = value.decode() if column in _TEXT_COLUMNS else value
-            pos += length
-        yield row
-    if pos != len(view):
-        raise ValueError(f"packed actions hold {len(view) - pos} bytes after their {count} actions")
 
 
 @dataclass
@@ -214,17 +120,13 @@ class TopicState:
         return cls(**raw, open=OpenSegment(**seg) if seg else None)
 
 
-BlockEntry = tuple[int, int, int, int]
-"""An entry of the open block in state: (ledger id, entry id, size, crc32c)."""
-
-
 class SegmenterState(Protocol):
     """Where the segmenter keeps its state between micro-batches."""
 
     def load(self) -> TopicState | None: ...
     def save(self, state: TopicState) -> None: ...
-    def block_entries(self) -> list[BlockEntry]: ...
-    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None: ...
+    def block_entries(self) -> list[Entry]: ...
+    def append_block_entries(self, entries: Sequence[Entry]) -> None: ...
     def clear_block_entries(self) -> None: ...
     def held_blocks(self) -> list[bytes]:
         """Layouts (``part_layout.encode_layouts``) of the blocks cut but not yet sent."""
@@ -239,7 +141,7 @@ class MemoryState:
 
     def __init__(self) -> None:
         self.state: str | None = None
-        self.block: list[BlockEntry] = []
+        self.block: list[Entry] = []
         self.held: list[bytes] = []
 
     def load(self) -> TopicState | None:
@@ -248,10 +150,10 @@ class MemoryState:
     def save(self, state: TopicState) -> None:
         self.state = state.to_json()
 
-    def block_entries(self) -> list[BlockEntry]:
+    def block_entries(self) -> list[Entry]:
         return list(self.block)
 
-    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None:
+    def append_block_entries(self, entries: Sequence[Entry]) -> None:
         self.block.extend(entries)
 
     def clear_block_entries(self) -> None:

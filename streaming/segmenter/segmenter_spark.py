@@ -5,15 +5,14 @@ converted each key's one-row output frame back to Arrow, ~1 ms per key against ~
 topic-partition with traffic: ~300 per micro-batch in the scale bench).
 
 Thin: it maps Spark's state variables (RocksDB state store) onto ``SegmenterState``, turns input rows
-(the source's ``positionsOnly`` rows: positions, sizes and CRC-32Cs, no bytes) into ``Entry`` objects and
-control requests, keeps one processing-time timer at the open segment's
+(the source's ``positionsOnly`` rows: positions, sizes and CRC-32Cs, no bytes; ``streaming.handoff.positions``)
+into ``Entry`` objects and control requests, keeps one processing-time timer at the open segment's
 rollover deadline (so a quiet topic is sealed by time with no new traffic), and yields the actions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark.sql import Row
@@ -27,15 +26,12 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from streamoffload.streaming.control.policy_versions import PolicyLog
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.handoff.actions import pack_actions
+from streamoffload.streaming.handoff.entry import Entry
+from streamoffload.streaming.handoff.positions import PositionsBatch
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter import Segmenter
-from streamoffload.streaming.segmenter.segmenter_model import (
-    TIMER_UNKNOWN,
-    BlockEntry,
-    Entry,
-    TopicState,
-    pack_actions,
-)
+from streamoffload.streaming.segmenter.segmenter_model import TIMER_UNKNOWN, TopicState
 
 TOPIC_STATE_SCHEMA = StructType([StructField("json", StringType())])
 BLOCK_STATE_SCHEMA = StructType(
@@ -47,20 +43,6 @@ BLOCK_STATE_SCHEMA = StructType(
     ]
 )
 HELD_STATE_SCHEMA = StructType([StructField("data", BinaryType())])
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_ONE_MS = timedelta(milliseconds=1)
-
-
-def epoch_ms(value: datetime | None) -> int:
-    """A row's timestamp as milliseconds since the epoch, exactly (integer arithmetic); 0 for none (a control
-    row, a seal marker). Spark hands rows their timestamps with a zone; one without is taken as UTC."""
-    if value is None:
-        return 0
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return (value - _EPOCH) // _ONE_MS
 
 
 class SparkState:
@@ -76,13 +58,13 @@ class SparkState:
     def save(self, state: TopicState) -> None:
         self._topic.update((state.to_json(),))
 
-    def block_entries(self) -> list[BlockEntry]:
+    def block_entries(self) -> list[Entry]:
         if not self._block.exists():
             return []
-        return [(int(lid), int(eid), int(size), int(crc)) for lid, eid, size, crc in self._block.get()]
+        return [Entry(int(lid), int(eid), int(size), int(crc)) for lid, eid, size, crc in self._block.get()]
 
-    def append_block_entries(self, entries: Sequence[BlockEntry]) -> None:
-        self._block.appendList(list(entries))
+    def append_block_entries(self, entries: Sequence[Entry]) -> None:
+        self._block.appendList([(e.ledger_id, e.entry_id, e.size, e.crc32c) for e in entries])
 
     def clear_block_entries(self) -> None:
         self._block.clear()
@@ -129,27 +111,8 @@ class SegmenterProcessor(StatefulProcessor):
         self.held = handle.getListState("held", HELD_STATE_SCHEMA)
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
-        topic = key[0]
-        entries: list[Entry] = []
-        controls: list[str] = []
-        read_wait_us = 0
-        for row in rows:
-            values = row.asDict()
-            read_wait_us += values.get("read_wait_us") or 0
-            control = values.get("control")
-            if control is not None:
-                controls.append(control)
-                continue
-            entries.append(
-                Entry(
-                    int(values["ledger_id"]),
-                    int(values["entry_id"]),
-                    int(values["size"]),
-                    int(values["crc32c"]),
-                    epoch_ms(values.get("publish_time")),
-                )
-            )
-        yield from self._run(topic, entries, controls, timerValues, read_wait_us / 1e6)
+        batch = PositionsBatch.read(row.asDict() for row in rows)
+        yield from self._run(key[0], batch.entries, batch.controls, timerValues, batch.read_wait_us / 1e6)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo

@@ -22,15 +22,16 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.positions import Position
 from streamoffload.errors import StreamOffloadError
 from streamoffload.redaction import redact
 from streamoffload.storage.base import Buffer
 from streamoffload.streaming.control.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
-from streamoffload.streaming.handoff.part_layout import EntryRef
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, Position, ReaderSettings
+from streamoffload.streaming.handoff.entry import Entry
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, ReaderSettings
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,16 @@ class EntryFetcher(Protocol):
         ...
 
 
-def checked(topic: str, ref: EntryRef, data: Buffer, source: str) -> Buffer:
+@runtime_checkable
+class ReleasingFetcher(EntryFetcher, Protocol):
+    """A fetcher that keeps entries until the sink has written them (``streaming.handoff.spool.SpoolFetcher``)."""
+
+    def release(self, topic: str, upto: Position) -> None:
+        """Every entry of ``topic`` up to ``upto`` is written: what holds only those may go."""
+        ...
+
+
+def checked(topic: str, ref: Entry, data: Buffer, source: str) -> Buffer:
     """``data`` if it is the entry ``ref`` describes, else :class:`EntryChangedError` naming it."""
     if len(data) != ref.size:
         raise EntryChangedError(
@@ -67,9 +77,7 @@ def checked(topic: str, ref: EntryRef, data: Buffer, source: str) -> Buffer:
     return data
 
 
-def match(
-    topic: str, refs: Sequence[EntryRef], delivered: Iterable[tuple[Position, Buffer]], source: str
-) -> list[Buffer]:
+def match(topic: str, refs: Sequence[Entry], delivered: Iterable[tuple[Position, Buffer]], source: str) -> list[Buffer]:
     """Pick ``refs``' entries out of a position-ordered delivery, checking each; entries the delivery has and
     ``refs`` does not (a gap the source skipped with ``failOnDataLoss=false``) are passed over."""
     out: list[Buffer] = []
@@ -90,7 +98,7 @@ def match(
     return out
 
 
-def _gone(topic: str, ref: EntryRef, source: str) -> None:
+def _gone(topic: str, ref: Entry, source: str) -> None:
     raise EntryGoneError(
         f"{topic}: entry {ref.ledger_id}:{ref.entry_id}, read by the source, is gone from {source} when the sink "
         "fetched it (the broker's retention trimmed it before it was offloaded?); keep the broker's retention "
@@ -189,10 +197,10 @@ class PartReader:
 
     def __init__(self, fetcher: EntryFetcher) -> None:
         self.fetcher = fetcher
-        self._open: dict[str, tuple[Iterator[tuple[Position, bytes]], Position, Position]] = {}
+        self._open: dict[str, tuple[Iterator[tuple[Position, Buffer]], Position, Position]] = {}
         self.stats = FetchStats()
 
-    def take(self, topic: str, refs: Sequence[EntryRef], after: Position, run_end: Position) -> list[Buffer]:
+    def take(self, topic: str, refs: Sequence[Entry], after: Position, run_end: Position) -> list[Buffer]:
         """The checked bytes of ``refs``; ``run_end`` is the last position of the run of consecutive parts
         this one begins or continues (a new stream reads ``(after, run_end]``)."""
         if not refs:
@@ -282,7 +290,7 @@ class BrokerFetcherSpec:
         return SpoolFetcher(self.spool_dir, broker)
 
 
-def fetch(fetcher: EntryFetcher, topic: str, refs: Sequence[EntryRef], after: Position = (-1, -1)) -> list[Buffer]:
+def fetch(fetcher: EntryFetcher, topic: str, refs: Sequence[Entry], after: Position = (-1, -1)) -> list[Buffer]:
     """The checked bytes of ``refs`` in one read ``(after, last]`` (one part, or a test's entries)."""
     if not refs:
         return []

@@ -35,16 +35,9 @@ from streamoffload.checkpoints.control_requests import (
 )
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.location import ScopedStore, StoreLocation
+from streamoffload.streaming.handoff.positions import CONTROL_SCHEMA, control_row
 
 log = logging.getLogger(__name__)
-
-SOURCE_SCHEMA = (
-    "topic STRING, partition INT, ledger_id LONG, entry_id LONG, publish_time TIMESTAMP, "
-    "num_messages INT, size INT, crc32c LONG, read_wait_us LONG"
-)
-"""The offload job's Pulsar source rows (``positionsOnly``: no entry bytes), which control rows join."""
-CONTROL_SCHEMA = SOURCE_SCHEMA + ", control STRING"
-
 
 # --- the streaming source ---------------------------------------------------------------------------
 
@@ -142,7 +135,7 @@ class ControlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue  # deleted meanwhile (e.g. by ``run --once`` after its own seal)
             kind = str(request.get("kind", "seal"))
             value = control_value(kind, request_id, request.get("effective_ms"))
-            yield (request["topic"], -1, -1, -1, None, 0, 0, 0, 0, value)
+            yield control_row(request["topic"], value)
 
     def commit(self, end: dict[str, Any]) -> None:
         # Only the requests this offset names: one submitted since is not named and survives.

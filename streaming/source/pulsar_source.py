@@ -205,16 +205,11 @@ from streamoffload.errors import ConfigError
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.control.rate_limits import ReadWaits, limiter_for, throttled_reads
+from streamoffload.streaming.handoff.positions import POSITIONS_SCHEMA
 from streamoffload.streaming.handoff.spool import SpoolWriter
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import (
-    BEFORE_EARLIEST,
-    Probe,
-    ReadEntry,
-    ReaderSettings,
-    ReadStats,
-)
+from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Probe, ReadEntry, ReaderSettings, ReadStats
 from streamoffload.streaming.runtime.interleave import interleave
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.backlog import PartitionBacklog
@@ -230,13 +225,6 @@ SCHEMA = (
     "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
     "num_messages int, entry binary, size int"
 )
-POSITIONS_SCHEMA = (
-    "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
-    "num_messages int, size int, crc32c long, read_wait_us long"
-)
-"""The rows of ``positionsOnly``: an entry's position, size and CRC-32C, not its bytes; ``read_wait_us``: how long
-the read limits (``rateLimits``) held the read back just before this entry, which the segmenter reports so the
-job's throttle metric counts the source's waits, not only the sink's."""
 
 # ---------------------------------------------------------------------------------------------
 # Spark
@@ -672,7 +660,6 @@ class PulsarDataSource(DataSource):
 
 
 __all__ = [
-    "POSITIONS_SCHEMA",
     "SCHEMA",
     "PulsarBatchReader",
     "PulsarDataSource",

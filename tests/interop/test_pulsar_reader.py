@@ -20,7 +20,7 @@ from streamoffload.codecs.metadata import msb_lsb_to_uuid
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.storage import keys
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.sink.sink import managed_ledger_name
+from streamoffload.streaming.sink.commit import managed_ledger_name
 from tests.fixtures.pulsar_reader import LedgerRead, read_offloaded
 from tests.read import History, offload, pulsar_entries
 

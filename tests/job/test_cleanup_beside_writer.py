@@ -29,10 +29,11 @@ from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
-from streamoffload.streaming.sink.sink import CommitWindowError, SegmentSink
+from streamoffload.streaming.sink.commit import CommitWindowError
+from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import triples
 from tests.job.readback import read_entries
-from tests.job.test_store_truth import BROKER, POLICY, TOPIC, entries, offload, published, reopen, rows, store
+from tests.job.test_store_truth import BROKER, POLICY, TOPIC, entries, offload, published, reopen, store
 
 __all__ = ["reopen", "store"]  # fixtures
 
@@ -235,14 +236,14 @@ def test_a_commit_later_than_the_window_after_its_writes_is_refused_and_the_retr
         min_part_size=store.min_part_size,
     )
     if not late:
-        sink.apply(rows(actions))
+        sink.apply(actions)
         assert read_entries(scoped, TOPIC) == triples(published(0, 12))
         return
     with pytest.raises(CommitWindowError, match="not committed"):
-        sink.apply(rows(actions))
+        sink.apply(actions)
     assert not list(store.list(keys.commits_prefix("", TOPIC))) and not meta.offloaded_segments(TOPIC)
     # The replay (a retried batch) writes the objects again and commits in time.
-    SegmentSink(scoped, BROKER, clock=lambda: now[0]).apply(rows(actions))
+    SegmentSink(scoped, BROKER, clock=lambda: now[0]).apply(actions)
     assert read_entries(scoped, TOPIC) == triples(published(0, 12))
 
 

@@ -19,7 +19,7 @@ from streamoffload.read.topic_reader import TopicReader
 from streamoffload.storage import keys
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import MemoryFetcher
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, metas, triples
@@ -54,16 +54,13 @@ def test_compressed_parts_below_s3s_minimum_are_filled_and_read_back(s3_store: A
     assert policy.min_part_bytes(store.min_part_size) == COMPRESSED_PART_FACTOR * 5 * MIB
     state = MemoryState()
 
-    def rows(actions: list[Any]) -> list[dict[str, Any]]:
-        return [{c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions]
-
     first, rest = metas(published[:-100]), metas(published[-100:])
     batch = run_segmenter(TOPIC, policy, state, first, now_ms=1, min_part_size=store.min_part_size)
-    assert [a.part_number for a in batch if a.action == "part"] == [1]  # 40 MiB and more: one part
-    sink.apply(rows(batch))
+    assert [a.part_number for a in batch if a.kind == "part"] == [1]  # 40 MiB and more: one part
+    sink.apply(batch)
     seal = run_segmenter(TOPIC, policy, state, rest, [CONTROL_SEAL], now_ms=2, min_part_size=store.min_part_size)
-    assert [a.part_number for a in seal if a.action == "part"] == [2]  # the last part: no minimum
-    sink.apply(rows(seal))
+    assert [a.part_number for a in seal if a.kind == "part"] == [2]  # the last part: no minimum
+    sink.apply(seal)
 
     (manifest,) = MetadataStore(scoped).offloaded_segments(TOPIC)
     frames = mf.frame_table(manifest)
@@ -82,6 +79,6 @@ def test_compressed_parts_below_s3s_minimum_are_filled_and_read_back(s3_store: A
 
     # A replay of the seal after its commit (the frame records are gone): the committed table serves it.
     sink_again = SegmentSink(scoped, fetcher, keyring=keyring)
-    sink_again.apply(rows(seal))
+    sink_again.apply(seal)
     (again,) = MetadataStore(scoped).offloaded_segments(TOPIC)
     assert mf.frame_table(again) == frames

@@ -23,9 +23,9 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.control.quarantine import TopicFailedError
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
-    EntryRef,
     LayoutError,
     build_part,
     checksum_records,
@@ -36,7 +36,7 @@ from streamoffload.streaming.handoff.part_layout import (
 )
 from streamoffload.streaming.protocol.exactly_once import DataLossError
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import EntryChangedError, EntryGoneError, MemoryFetcher, fetch, match
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
@@ -82,7 +82,7 @@ def test_refs_and_lengths_of_a_layout() -> None:
     assert exact.length == BLOCK_HEADER_LENGTH + framed_entry_size(10) + framed_entry_size(0)
     assert padded.length == 4096 and exact.first_entry_id == 4
     assert part_length([exact, padded]) == exact.length + 4096
-    assert part_refs([exact, padded]) == [EntryRef(7, 4, 10, 1), EntryRef(7, 5, 0, 2), EntryRef(8, 0, 3, 3)]
+    assert part_refs([exact, padded]) == [Entry(7, 4, 10, 1), Entry(7, 5, 0, 2), Entry(8, 0, 3, 3)]
 
 
 # --- build_part --------------------------------------------------------------------------------------------
@@ -152,8 +152,8 @@ def test_build_part_refuses_a_payload_count_that_is_not_the_layouts() -> None:
 # --- entry_fetch: match and MemoryFetcher ------------------------------------------------------------------
 
 
-def _refs(entries: list[Published]) -> list[EntryRef]:
-    return [EntryRef(e.ledger_id, e.entry_id, len(e.payload), crc32c(e.payload)) for e in entries]
+def _refs(entries: list[Published]) -> list[Entry]:
+    return [Entry(e.ledger_id, e.entry_id, len(e.payload), crc32c(e.payload)) for e in entries]
 
 
 ENTRIES = [Published(3, i, f"entry-{i}".encode() * 3) for i in range(6)] + [Published(5, 0, b"other ledger")]
@@ -226,10 +226,6 @@ def _published(count: int = 40) -> list[Published]:
     ]
 
 
-def _rows(actions: list[Action]) -> list[dict[str, Any]]:
-    return [{c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions]
-
-
 VICTIM = (3, 17)
 
 
@@ -262,10 +258,10 @@ def test_a_sink_fetching_other_bytes_writes_no_part_and_commits_nothing(
     actions = run_segmenter(
         TOPIC, POLICY, MemoryState(), metas(published), [CONTROL_SEAL], now_ms=1_000, min_part_size=5 * MIB
     )
-    assert [a.action for a in actions] == ["open", "part", "seal", "stats"]
+    assert [a.kind for a in actions] == ["open", "part", "seal", "stats"]
     sink = memory_sink(ScopedStore(store), fetcher=holding(TOPIC, mutate(published)))
     with pytest.raises(TopicFailedError) as info:
-        sink.apply(_rows(actions))
+        sink.apply(list(actions))
     assert info.value.topic == TOPIC and isinstance(info.value.__cause__, error)
     assert "entry 3:17" in str(info.value)
     assert MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC) == []
@@ -275,7 +271,7 @@ def test_a_sink_fetching_other_bytes_writes_no_part_and_commits_nothing(
 
     # The same actions with the entries the segmenter saw: the segment is written as it should be.
     fresh = FilesystemStore(tmp_path / "fresh", fsync=False)
-    memory_sink(ScopedStore(fresh), fetcher=holding(TOPIC, published)).apply(_rows(actions))
+    memory_sink(ScopedStore(fresh), fetcher=holding(TOPIC, published)).apply(list(actions))
     assert read_entries(ScopedStore(fresh), TOPIC) == triples(published)
 
 
@@ -283,7 +279,7 @@ def test_a_sink_without_a_fetcher_refuses_to_write_a_part(tmp_path: Path) -> Non
     store = FilesystemStore(tmp_path, fsync=False)
     actions = run_segmenter(TOPIC, POLICY, MemoryState(), metas(_published(5)), [CONTROL_SEAL], now_ms=1_000)
     with pytest.raises(StreamOffloadError, match="no entry fetcher"):
-        SegmentSink(ScopedStore(store)).apply(_rows(actions))
+        SegmentSink(ScopedStore(store)).apply(list(actions))
     assert MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC) == []
 
 
@@ -322,10 +318,10 @@ def test_each_part_fetches_after_the_entry_the_segmenter_saw_before_it(tmp_path:
     parts = applied = 0
     for i, start in enumerate(range(0, len(published), 23)):
         batch = metas(published[start : start + 23])
-        parts += sink.apply(_rows(run_segmenter(TOPIC, policy, state, batch, now_ms=i, min_part_size=3000))).parts
+        parts += sink.apply(list(run_segmenter(TOPIC, policy, state, batch, now_ms=i, min_part_size=3000))).parts
         applied += 1
     seal = run_segmenter(TOPIC, policy, state, [], [CONTROL_SEAL], now_ms=99, min_part_size=3000)
-    parts += sink.apply(_rows(seal)).parts
+    parts += sink.apply(list(seal)).parts
     applied += 1
     assert len(MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC)) > 2
 
@@ -345,7 +341,7 @@ def test_each_part_fetches_after_the_entry_the_segmenter_saw_before_it(tmp_path:
 def _topic_actions(topics: list[str], published: list[Published]) -> list[dict[str, Any]]:
     """Each topic-partition's open, parts and seal, interleaved as a micro-batch's rows are."""
     per_topic = [
-        _rows(run_segmenter(t, POLICY, MemoryState(), metas(published), [CONTROL_SEAL], now_ms=1_000, min_part_size=1))
+        list(run_segmenter(t, POLICY, MemoryState(), metas(published), [CONTROL_SEAL], now_ms=1_000, min_part_size=1))
         for t in topics
     ]
     rows: list[dict[str, Any]] = []

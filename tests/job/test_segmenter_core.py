@@ -17,9 +17,11 @@ from streamoffload.codecs.index import OffloadIndex
 from streamoffload.codecs.metadata import parse_ledger_info
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.handoff.actions import PartAction, StatsAction
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.part_layout import decode_layouts, encode_layouts, part_length
 from streamoffload.streaming.segmenter.segmenter import rollover_start, run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, Action, Entry, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, fetcher_of, memory_sink, metas, publish_to, triples
 
@@ -47,7 +49,7 @@ def published_for(ledgers: dict[int, int], seed: int = 1) -> list[Published]:
 
 
 def apply(sink: SegmentSink, actions: list) -> None:
-    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    sink.apply(actions)
 
 
 def read_back(store: FilesystemStore, meta: MetadataStore) -> list[tuple[int, int, bytes]]:
@@ -78,10 +80,10 @@ def published_to(sink: SegmentSink, ledgers: dict[int, int], seed: int = 1) -> t
     return publish_to(sink, TOPIC, published), triples(published)
 
 
-def part_bytes(action: Action) -> int:
-    """The length of the part an action writes (its data holds the blocks' layouts, not their bytes)."""
-    length = part_length(decode_layouts(action.data))
-    assert json.loads(action.info)["length"] == length
+def part_bytes(action: PartAction) -> int:
+    """The length of the part an action writes (it holds the blocks' layouts, not their bytes)."""
+    length = part_length(decode_layouts(action.layouts))
+    assert action.length == length
     return length
 
 
@@ -197,9 +199,7 @@ def test_replayed_batch_is_idempotent(env: tuple) -> None:
     apply(sink, actions[: len(actions) // 2])  # crash midway through the sink
     state.state, state.block, state.held = saved  # Spark reloads the previous state version
     replay = run_segmenter(TOPIC, pol, state, entries[50:], [CONTROL_SEAL], now_ms=5)
-    assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
-        (a.action, a.segment, a.part_number, a.data) for a in actions
-    ]
+    assert replay == actions
     apply(memory_sink(ScopedStore(store), fetcher=fetcher_of(sink)), replay)  # a new executor process
     apply(memory_sink(ScopedStore(store), fetcher=fetcher_of(sink)), replay)  # and a second replay after success
     assert read_back(store, meta) == expected
@@ -211,10 +211,10 @@ def test_s3_sized_parts_hold_blocks_until_the_minimum(env: tuple) -> None:
     _store, _meta, _sink, state = env
     entries = metas(published_for({1: 200}))  # no sink here: the segmenter alone
     actions = run_segmenter(TOPIC, policy(), state, entries, [CONTROL_SEAL], now_ms=0, min_part_size=10_000)
-    segments = {a.segment for a in actions if a.action == "seal"}
+    segments = {a.segment for a in actions if a.kind == "seal"}
     assert len(segments) > 2
     for segment in segments:
-        parts = [a for a in actions if a.action == "part" and a.segment == segment]
+        parts = [a for a in actions if isinstance(a, PartAction) and a.segment == segment]
         assert all(part_bytes(p) >= 10_000 for p in parts[:-1])
         assert [p.part_number for p in parts] == list(range(1, len(parts) + 1))
 
@@ -246,10 +246,10 @@ def state_bytes(state: MemoryState) -> int:
     """Entry and block bytes the segmenter's state store describes (the open block's entries, the blocks
     held back), once checked that it holds their positions and sizes only, never an entry's bytes."""
     for item in state.block:
-        assert len(item) == 4 and all(isinstance(v, int) for v in item), f"not (ledger, entry, size, crc): {item!r}"
+        assert isinstance(item, Entry), f"not an entry's metadata: {item!r}"
     for layout in state.held:
         assert encode_layouts(decode_layouts(layout)) == layout, "a held block is not a layout"
-    return sum(size for _, _, size, _ in state.block) + sum(part_length(decode_layouts(b)) for b in state.held)
+    return sum(e.size for e in state.block) + sum(part_length(decode_layouts(b)) for b in state.held)
 
 
 def test_under_a_backlog_entry_bytes_never_reach_the_state_store(env: tuple) -> None:
@@ -261,7 +261,7 @@ def test_under_a_backlog_entry_bytes_never_reach_the_state_store(env: tuple) -> 
         actions = run_segmenter(TOPIC, pol, state, entries[start : start + 60], now_ms=start, min_part_size=min_part)
         apply(sink, actions)
         assert state_bytes(state) == 0, f"batch at {start}: entries were left in state"
-        assert any(a.action == "part" for a in actions)
+        assert any(a.kind == "part" for a in actions)
     apply(sink, run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=10_000, min_part_size=min_part))
     assert read_back(store, meta) == expected
 
@@ -278,13 +278,13 @@ def test_state_holds_less_than_one_minimum_part_and_parts_meet_the_minimum(env: 
         size = rnd.choice([1, 2, 5, 30])  # a trickle, with the odd larger batch
         actions = run_segmenter(TOPIC, pol, state, entries[start : start + size], now_ms=now, min_part_size=min_part)
         apply(sink, actions)
-        parts += [a for a in actions if a.action == "part"]
+        parts += [a for a in actions if isinstance(a, PartAction)]
         assert state_bytes(state) < min_part
-        assert json.loads(actions[-1].info)["buffered_bytes"] < min_part
+        assert isinstance(actions[-1], StatsAction) and actions[-1].buffered_bytes < min_part
         start, now = start + size, now + 10
     sealing = run_segmenter(TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=now, min_part_size=min_part)
     apply(sink, sealing)
-    parts += [a for a in sealing if a.action == "part"]
+    parts += [a for a in sealing if isinstance(a, PartAction)]
     assert state_bytes(state) == 0
     [segment] = meta.offloaded_segments(TOPIC)
     assert segment.partCount == len(parts) > 2
@@ -303,9 +303,7 @@ def test_replay_of_a_batch_boundary_cut_sends_the_same_parts(env: tuple) -> None
     apply(sink, actions[:1])
     state.state, state.block, state.held = saved
     replay = run_segmenter(TOPIC, pol, state, entries[7:40], now_ms=5, min_part_size=min_part)
-    assert [(a.action, a.segment, a.part_number, a.data) for a in replay] == [
-        (a.action, a.segment, a.part_number, a.data) for a in actions
-    ]
+    assert replay == actions
     apply(memory_sink(ScopedStore(store), fetcher=fetcher_of(sink)), replay)
     apply(sink, run_segmenter(TOPIC, pol, state, entries[40:], [CONTROL_SEAL], now_ms=9, min_part_size=min_part))
     assert read_back(store, meta) == expected
@@ -354,7 +352,7 @@ def test_a_segment_below_one_part_goes_out_whole_at_its_seal(env: tuple) -> None
             whole_small_segments=True,
             cut_every_batch=True,
         )
-        assert [a.action for a in actions] == ["stats"]
+        assert [a.kind for a in actions] == ["stats"]
         apply(sink, actions)
         assert state.block == [] and len(state.held) > i
         assert list(store.list("")) == [] and list(store.pending_multiparts("")) == []
@@ -370,7 +368,7 @@ def test_a_segment_below_one_part_goes_out_whole_at_its_seal(env: tuple) -> None
         whole_small_segments=True,
         cut_every_batch=True,
     )
-    assert [a.action for a in sealing] == ["open", "part", "seal", "stats"]
+    assert [a.kind for a in sealing] == ["open", "part", "seal", "stats"]
     apply(sink, sealing)
     [segment] = meta.offloaded_segments(TOPIC)
     assert segment.partCount == 1 and segment.blockCount == held
@@ -395,7 +393,7 @@ def test_a_segment_goes_out_opened_with_its_first_part_once(env: tuple) -> None:
             whole_small_segments=True,
         )
         apply(sink, actions)
-        sent += [a.action for a in actions if a.action in ("open", "part")]
+        sent += [a.kind for a in actions if a.kind in ("open", "part")]
     apply(
         sink,
         run_segmenter(
@@ -411,7 +409,7 @@ def test_an_open_segment_from_state_written_before_lazy_opens_is_not_opened_agai
     store, meta, sink, state = env
     entries, expected = published_to(sink, {1: 20}, seed=13)
     first = run_segmenter(TOPIC, policy(), state, entries[:10], now_ms=0, min_part_size=1)
-    assert [a.action for a in first][:2] == ["open", "part"]
+    assert [a.kind for a in first][:2] == ["open", "part"]
     apply(sink, first)
     saved = json.loads(state.state)
     del saved["open"]["open_sent"]
@@ -419,7 +417,7 @@ def test_an_open_segment_from_state_written_before_lazy_opens_is_not_opened_agai
     rest = run_segmenter(
         TOPIC, policy(), state, entries[10:], [CONTROL_SEAL], now_ms=1, min_part_size=1, whole_small_segments=True
     )
-    assert "open" not in [a.action for a in rest]
+    assert "open" not in [a.kind for a in rest]
     apply(sink, rest)
     assert read_back(store, meta) == expected
 
@@ -435,13 +433,13 @@ def test_without_a_cut_every_batch_a_trickle_segment_stays_one_block_until_its_s
         actions = run_segmenter(
             TOPIC, pol, state, entries[i : i + 3], now_ms=i, min_part_size=5 << 20, whole_small_segments=True
         )
-        assert [a.action for a in actions] == ["stats"]
+        assert [a.kind for a in actions] == ["stats"]
         assert len(state.block) == i + 3 and state.held == []
         apply(sink, actions)
     sealing = run_segmenter(
         TOPIC, pol, state, [], [CONTROL_SEAL], now_ms=99, min_part_size=5 << 20, whole_small_segments=True
     )
-    assert [a.action for a in sealing] == ["open", "part", "seal", "stats"]
+    assert [a.kind for a in sealing] == ["open", "part", "seal", "stats"]
     apply(sink, sealing)
     [segment] = meta.offloaded_segments(TOPIC)
     assert segment.blockCount == 1 and segment.partCount == 1

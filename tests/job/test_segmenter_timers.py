@@ -15,8 +15,10 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from streamoffload.checkpoints.policy import OffloadPolicy
-from streamoffload.streaming.segmenter.segmenter_model import TopicState, unpack_actions
-from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor, epoch_ms
+from streamoffload.streaming.handoff.actions import unpack_actions
+from streamoffload.streaming.handoff.positions import epoch_ms
+from streamoffload.streaming.segmenter.segmenter_model import TopicState
+from streamoffload.streaming.segmenter.segmenter_spark import SegmenterProcessor
 
 TOPIC = "persistent://public/default/timers-partition-0"
 POLICY = OffloadPolicy(maxOffloadSegmentRolloverTimeMinutes=1)
@@ -103,7 +105,7 @@ def rows(first: int, count: int, publish_ms: int) -> list[Row]:
 
 def actions(out: Any) -> list[str]:
     """The kinds of the actions in the processor's output rows (a topic-partition's actions packed per row)."""
-    return [action["action"] for row in out for action in unpack_actions(row.actions)]
+    return [action.kind for row in out for action in unpack_actions(row.actions)]
 
 
 def new_processor(handle: Handle) -> SegmenterProcessor:

@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.handoff import spool
-from streamoffload.streaming.handoff.part_layout import EntryRef
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
+from streamoffload.streaming.segmenter.segmenter import run_segmenter
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import EntryGoneError, MemoryFetcher, PartReader
-from tests.fixtures.entries import Published
+from streamoffload.streaming.sink.sink import SegmentSink
+from tests.fixtures.entries import Published, metas, triples
+from tests.job.readback import read_entries
 
 TOPIC = "persistent://public/default/spooled-partition-0"
 ENTRIES = [Published(4, i, bytes([i]) * (50 + i)) for i in range(20)] + [Published(6, 0, b"next ledger")]
@@ -37,8 +44,8 @@ def spool_range(root: Path, entries: list[Published], start: tuple[int, int], ma
     writer.finish()
 
 
-def refs(entries: list[Published]) -> list[EntryRef]:
-    return [EntryRef(e.ledger_id, e.entry_id, e.meta.size, e.meta.crc32c) for e in entries]
+def refs(entries: list[Published]) -> list[Entry]:
+    return [Entry(e.ledger_id, e.entry_id, e.meta.size, e.meta.crc32c) for e in entries]
 
 
 def test_spooled_ranges_are_read_from_the_spool_and_the_rest_from_the_broker(tmp_path: Path) -> None:
@@ -169,3 +176,22 @@ def test_the_spool_is_counted_again_when_old_or_half_full(tmp_path: Path, monkey
     # Past half the bound, every range counts again, however recent the last count.
     (foreign / "y.spool").write_bytes(b"y" * 100)
     assert spool._USAGE.room(root, 10_000) == 10_000 - counted - 5_100
+
+
+def test_the_sink_releases_the_spool_files_of_the_parts_it_wrote(tmp_path: Path) -> None:
+    """The sink tells a fetcher that keeps entries (``ReleasingFetcher``: the spool) which it has written: the files
+    of a sealed segment's entries go, those of entries the segmenter holds for a later part stay."""
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:10], (-1, -1))
+    spool_range(root, ENTRIES[10:], ENTRIES[9].position)
+    broker = CountingFetcher()
+    scoped = ScopedStore(FilesystemStore(str(tmp_path / "store")))
+    sink = SegmentSink(scoped, SpoolFetcher(str(root), broker))
+    policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096)
+    state = MemoryState()
+    sink.apply(run_segmenter(TOPIC, policy, state, metas(ENTRIES[:10]), [CONTROL_SEAL], now_ms=1, min_part_size=1))
+    assert [f.end for f in spool_files(root, TOPIC)] == [ENTRIES[-1].position]
+    sink.apply(run_segmenter(TOPIC, policy, state, metas(ENTRIES[10:]), [CONTROL_SEAL], now_ms=2, min_part_size=1))
+    assert spool_files(root, TOPIC) == []
+    assert broker.reads == []  # every entry came from the spool
+    assert read_entries(scoped, TOPIC) == triples(ENTRIES)

@@ -20,8 +20,10 @@ from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.handoff.actions import Action, OpenAction
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, Action, Entry, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, holding, memory_sink, metas, triples
 from tests.job.readback import read_entries
@@ -85,10 +87,6 @@ def store(reopen: Callable[[], ObjectStore]) -> ObjectStore:
     return reopen()
 
 
-def rows(actions: list[Action]) -> list[dict[str, Any]]:
-    return [a.__dict__ for a in actions]
-
-
 def offload(
     store: ObjectStore,
     batch: list[Entry],
@@ -110,7 +108,7 @@ def offload(
         resume=resume,
         min_part_size=store.min_part_size,
     )
-    new_sink(store).apply(rows(actions))
+    new_sink(store).apply(list(actions))
     return actions
 
 
@@ -187,7 +185,7 @@ def test_a_zombie_writer_cannot_commit_after_it_was_fenced(store: ObjectStore) -
         offload(store, entries(30, 10), state=zombie_state, epoch=zombie_lease.epoch, controls=(CONTROL_SEAL,))
     # ... and even a writer that skipped the check cannot take the committed place.
     seal = run_segmenter(TOPIC, POLICY, MemoryState(), entries(0, 40), (CONTROL_SEAL,), now_ms=10_000, epoch=99)
-    sealed = mf.decode_manifest(next(a for a in seal if a.action == "seal").manifest)
+    sealed = mf.decode_manifest(next(a for a in seal if a.kind == "seal").manifest)
     with pytest.raises(CommitConflictError, match="already committed"):
         meta.commit(sealed)
 
@@ -239,7 +237,7 @@ def test_a_phantom_multipart_upload_neither_wedges_the_segment_nor_survives_clea
     meta = MetadataStore(ScopedStore(store))
     state = MemoryState()
     actions = offload(store, entries(0, 30), state=state, epoch=0)
-    data_key = next(a.data_key for a in actions if a.action == "open")
+    data_key = next(a.data_key for a in actions if a.kind == "open")
     # A retried create (or anything else) starts a second upload of the same key after the parts.
     phantom = store.start_multipart(data_key)
     phantom.write_part(1, b"junk")
@@ -257,18 +255,18 @@ def test_an_open_replayed_after_a_lost_race_keeps_to_the_recorded_upload(store: 
     state = MemoryState()
     part = store.min_part_size
     actions = run_segmenter(TOPIC, POLICY, state, entries(0, 30), (), now_ms=10_000, epoch=0, min_part_size=part)
-    open_row = next(a for a in actions if a.action == "open").__dict__
+    open_row = next(a for a in actions if isinstance(a, OpenAction))
     first, second = new_sink(store), new_sink(store)
     first.apply([open_row])
     second.apply([open_row])  # a speculative or retried task: its own create is aborted at once
     [pending] = list(store.pending_multiparts(""))
     manifest = mf.decode_manifest(
-        store.get(MetadataStore(ScopedStore(store)).manifest_key(mf.decode_manifest(open_row["manifest"])))
+        store.get(MetadataStore(ScopedStore(store)).manifest_key(mf.decode_manifest(open_row.manifest)))
     )
     assert mf.driver_property(manifest, mf.PROP_UPLOAD_ID) == pending.upload_id
-    second.apply(rows([a for a in actions if a.action != "open"]))
+    second.apply(list([a for a in actions if a.kind != "open"]))
     seal = run_segmenter(TOPIC, POLICY, state, [], (CONTROL_SEAL,), now_ms=10_000, epoch=0, min_part_size=part)
-    new_sink(store).apply(rows(seal))
+    new_sink(store).apply(list(seal))
     assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 30))
 
 
@@ -278,12 +276,12 @@ def test_a_segment_keeps_the_policy_it_was_opened_under(tmp_path: Path) -> None:
     bigger = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=1 << 20, maxSizePerOffloadSegmentMbytes=64)
     actions = run_segmenter(TOPIC, bigger, state, entries(5, 400), (), now_ms=10_001, epoch=0)
     # The old (small) policy still governs the open segment: it is sealed by size ...
-    seals = [a for a in actions if a.action == "seal"]
+    seals = [a for a in actions if a.kind == "seal"]
     assert seals and all(mf.decode_manifest(a.manifest).dataLength <= POLICY.max_segment_bytes for a in seals)
     recorded = mf.driver_property(mf.decode_manifest(seals[0].manifest), mf.PROP_POLICY)
     assert recorded is not None and '"managedLedgerOffloadMaxBlockSizeInBytes":4096' in recorded
     # ... and the next segment opens under the new one.
-    opens = [mf.decode_manifest(a.manifest) for a in actions if a.action == "open"]
+    opens = [mf.decode_manifest(a.manifest) for a in actions if a.kind == "open"]
     assert opens and '"managedLedgerOffloadMaxBlockSizeInBytes":1048576' in str(
         mf.driver_property(opens[-1], mf.PROP_POLICY)
     )
@@ -295,8 +293,8 @@ def test_a_disabled_topic_offloads_what_it_already_read_and_then_seals(store: Ob
     actions = run_segmenter(
         TOPIC, disabled, state, entries(0, 12), (), now_ms=10_000, epoch=0, min_part_size=store.min_part_size
     )
-    new_sink(store).apply(rows(actions))
-    [seal] = [a for a in actions if a.action == "seal"]
+    new_sink(store).apply(list(actions))
+    [seal] = [a for a in actions if a.kind == "seal"]
     assert mf.decode_manifest(seal.manifest).sealReason == "disabled"
     assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 12)), "paused, never skipped"
 
@@ -338,7 +336,7 @@ def test_a_small_segment_sealed_in_its_batch_is_one_put_with_no_upload_and_no_as
 
     # A replay of the batch (a retried task, or a restart before Spark recorded it) writes the same objects.
     before = {k: store.get(k) for k in (sealed.dataKey, sealed.indexKey)}
-    new_sink(store).apply(rows(actions))
+    new_sink(store).apply(list(actions))
     assert {k: store.get(k) for k in before} == before
     assert [mf.manifest_uuid(m) for m in meta.offloaded_segments(TOPIC)] == [mf.manifest_uuid(sealed)]
     assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 12))

@@ -26,7 +26,7 @@ from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.queries import BatchReport
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, memory_sink, publish_to
 
@@ -187,7 +187,7 @@ def run_batch(
     """One micro-batch: the segmenter sees ``batch``'s metadata, ``sink`` (a ``memory_sink``) fetches its bytes."""
     seen = publish_to(sink, TOPIC, batch)
     actions = run_segmenter(TOPIC, policy(), state, seen, [CONTROL_SEAL] if seal_all else [], now_ms=now_ms)
-    sink_stats = sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    sink_stats = sink.apply(actions)
     return BatchReport(batch_id=0, duration_s=0.01, **asdict(sink_stats))
 
 

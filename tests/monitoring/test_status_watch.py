@@ -17,7 +17,7 @@ from streamoffload.status import TopicStatus
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from tests.fixtures.entries import Published, holding, memory_sink, metas
 
 TOPIC = "persistent://public/default/watch-partition-0"
@@ -102,7 +102,7 @@ def test_status_watch_command_on_a_real_store(tmp_path: Path, monkeypatch: pytes
     entries = [Published(1, i, b"x" * 50, 1_000 + i) for i in range(12)]
     actions = run_segmenter(TOPIC, policy, MemoryState(), metas(entries), [CONTROL_SEAL], now_ms=5)
     sink = memory_sink(ScopedStore(store), fetcher=holding(TOPIC, entries))
-    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    sink.apply(actions)
 
     def interrupt(_seconds: float) -> None:
         raise KeyboardInterrupt

@@ -28,7 +28,7 @@ from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState, TopicState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState, TopicState
 from tests.fixtures.entries import holding, memory_sink, metas
 from tests.read import BLOCK_SIZE, TOPIC, History, flip_byte, offload, pulsar_entries
 
@@ -103,7 +103,7 @@ def test_a_replayed_batch_rewrites_the_same_records(tmp_path: Path) -> None:
             for _ in range(replays):  # a retry starts from the state the batch started from
                 state.state, state.block, state.held = saved[0], list(saved[1]), list(saved[2])
                 actions = run_segmenter(TOPIC, policy, state, chunk, controls, now_ms=1_000, min_part_size=1)
-                sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+                sink.apply(actions)
         stores.append(store)
     listing = [sorted((i.key, s.get(i.key)) for i in s.list("") if "-crc-" in i.key) for s in stores]
     assert listing[0] == listing[1] and listing[0]
@@ -118,7 +118,7 @@ def test_a_segment_opened_before_the_upgrade_is_sealed_without_records(tmp_path:
     sink = memory_sink(ScopedStore(store), holding(TOPIC, history.entries))
     state = MemoryState()
     actions = run_segmenter(TOPIC, policy, state, metas(history.entries[:10]), now_ms=1_000, min_part_size=1)
-    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    sink.apply(actions)
     # What the older version saved: the same state without the field (and the records it never wrote).
     doc = json.loads(TopicState.from_json(state.state or "").to_json())
     del doc["open"]["checksums"]
@@ -129,7 +129,7 @@ def test_a_segment_opened_before_the_upgrade_is_sealed_without_records(tmp_path:
     actions = run_segmenter(
         TOPIC, policy, state, metas(history.entries[10:]), [CONTROL_SEAL], now_ms=2_000, min_part_size=1
     )
-    sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+    sink.apply(actions)
     [seg] = MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC)
     assert mf.checksum_blocks(seg) == 0 and records_of(store, seg) == []
     assert mf.driver_property(seg, mf.PROP_INDEX_CRC) is not None  # the index is covered all the same

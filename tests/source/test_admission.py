@@ -17,13 +17,16 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadMaxBytes
 
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.codecs.positions import Position
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
 from streamoffload.streaming.control.policy_versions import policy_document, write_versions_file
+from streamoffload.streaming.handoff.actions import StatsAction
+from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.state import Run
-from streamoffload.streaming.protocol.exactly_once import Position, Probe
+from streamoffload.streaming.protocol.exactly_once import Probe
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import Entry, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from streamoffload.streaming.source import offset_planner
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
 from streamoffload.streaming.source.offset_planner import SEALED_KEY, WAKE_FALLBACK_S, WAKE_KEY, SourcePlanner
@@ -254,7 +257,9 @@ def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_b
                 Entry.of(LEDGER, e, b"x" * size, 1) for e in range(offset[tp][1] + 1, offset[tp][1] + 1 + counts[tp])
             ]
             actions = run_segmenter(tp, policy, states[tp], entries, now_ms=1000, min_part_size=min_part)
-            stats[tp] = json.loads(actions[-1].info)
+            figures = actions[-1]
+            assert isinstance(figures, StatsAction)
+            stats[tp] = figures.figures()
         write_buffer_file(buffers, stats, min_part)
         planner.commit(end)
         offset = end

@@ -17,7 +17,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
-from streamoffload.streaming.segmenter.segmenter_model import ACTION_COLUMNS, CONTROL_SEAL, MemoryState
+from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
 
@@ -151,7 +151,7 @@ class TopicOffload:
             key_prefix=self.scoped.prefix,
             min_part_size=self.scoped.store.min_part_size,
         )
-        sink.apply({c: getattr(a, c) for c in ACTION_COLUMNS} for a in actions)
+        sink.apply(actions)
         forget_sent(sink, self.topic, self._state)
         self._now += 1
 

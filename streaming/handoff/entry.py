@@ -1,0 +1,34 @@
+"""One entry's metadata as the stages hand it on: position, size, CRC-32C and publish time, never its bytes.
+
+The source's ``positionsOnly`` rows become ``Entry`` objects for the segmenter; the segmenter keeps the open
+block's in its state and writes them into part layouts (``streaming.handoff.part_layout``); the sink fetches
+the bytes and checks them against them (``streaming.sink.entry_fetch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.positions import Position
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry: where it is, how long it is, its CRC-32C and its publish time (0: unknown, as in a part
+    layout or the segmenter's state, which do not record it)."""
+
+    ledger_id: int
+    entry_id: int
+    size: int
+    crc32c: int
+    publish_time: int = 0
+
+    @property
+    def position(self) -> Position:
+        return (self.ledger_id, self.entry_id)
+
+    @classmethod
+    def of(cls, ledger_id: int, entry_id: int, payload: bytes, publish_time: int = 0) -> Entry:
+        """The metadata of an entry whose bytes are at hand (tests, benches, the fetcher's checks)."""
+        return cls(ledger_id, entry_id, len(payload), crc32c(payload), publish_time)
