@@ -76,4 +76,6 @@ PY="$PY" bash "$ROOT/scripts/check_layers.sh"
 echo "== mypy (pyproject.toml [tool.mypy]: strict for codecs, storage, checkpoints, read)"
 PY="$PY" bash "$ROOT/scripts/mypy.sh"
 echo "== pytest"
-exec "$PY" -m pytest --durations=25 "$@"
+# Two workers (pytest-xdist), each taking whole test files: a file's module fixtures (a broker, a Spark query)
+# start once. STREAMOFFLOAD_TEST_WORKERS=0 runs everything in this one process.
+exec "$PY" -m pytest --durations=25 -n "${STREAMOFFLOAD_TEST_WORKERS:-2}" --dist loadfile "$@"
