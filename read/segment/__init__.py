@@ -40,7 +40,8 @@ entry straddling two cached chunks joins them). ``bytes(entry.payload)`` makes a
 Modules: ``handle`` (``SegmentReadHandle``), ``chunked_object`` (``ChunkedObject``: one data object read by
 range, through the store's ``RangedReader``), ``scan_plan`` and ``prefetch`` (sequential reads), ``scan`` (the
 two ways the walk gets bytes), ``offsets`` (``LearnedOffsets``), ``cache`` (``ChunkCache``), ``checks`` (the
-rules, shared with ``verify``), ``results`` and ``errors``.
+rules, shared with ``verify``), ``stored_block_reader`` (the plaintext view of blocks stored compressed or
+encrypted), ``describe`` (what ``inspect`` prints of local objects), ``results`` and ``errors``.
 
 ``read.topic_reader.TopicReader`` reads a topic-partition's offloaded history (several segments,
 several ledgers, v1 and v2 objects side by side) in one call, finding segments through the offload

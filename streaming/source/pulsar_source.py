@@ -1,183 +1,21 @@
 """The Pulsar source for Spark Structured Streaming: ``spark.readStream.format("pulsar")``.
 
-One row per Pulsar **entry**::
+One row per Pulsar **entry** (:data:`SCHEMA`; with ``positionsOnly``, ``POSITIONS_SCHEMA``: no bytes, a
+CRC-32C): ``entry`` holds the entry in Pulsar's headers-and-payload format, byte for byte as the broker sends it
+with ``reader=raw`` (``streaming/protocol/raw_reader.py``), rebuilt from its messages with ``reader=client``
+(``streaming/protocol/client_reader.py``); ``codecs.entry.entry_messages(entry)`` splits it into its messages.
+``partition`` is the partition index (-1 for a topic that is not a partition).
 
-    topic string, partition int, ledger_id long, entry_id long, publish_time timestamp,
-    num_messages int, entry binary, size int
+The options, their defaults and what each does: ``docs/source-options.md`` (written from
+``source_options.OPTIONS`` by ``scripts/gen_source_options.py``).
 
-``entry`` holds the entry in Pulsar's headers-and-payload format: with ``reader=raw`` (the default)
-the stored entry byte for byte, as the broker sends it (compression, sequence ids, encryption, schema
-versions stay as the producer wrote them; ``streaming/protocol/raw_reader.py``); with ``reader=client`` rebuilt
-from the messages ``pulsar-client`` delivers (see ``streaming/protocol/client_reader.py`` for what is exact and what
-the Python client cannot carry). ``size`` is ``len(entry)``, ``partition`` the partition index (-1 for a topic that is
-not a partition) and ``publish_time`` the entry's publish time. ``streamoffload.codecs.entry.
-entry_messages(entry)`` splits an entry into its messages.
-
-Options (names are case-insensitive, as Spark makes them):
-
-``serviceUrl`` (required)
-    ``pulsar://host:port`` or ``pulsar+ssl://host:port``.
-``topic`` (pulsar-spark's name, one topic), ``service.url`` (for ``serviceUrl``), ``admin.url`` (accepted,
-    unused: nothing here needs the admin API)
-``topics``
-    Comma-separated topic names (short names mean ``persistent://public/default/NAME``). A
-    partitioned topic is expanded to its partitions through the broker's partition metadata, and
-    re-expanded every ``discoveryIntervalSeconds``, so added partitions are picked up.
-``topicsPattern``
-    A regular expression for topics of one namespace: ``persistent://tenant/ns/REGEX``,
-    ``tenant/ns/REGEX`` or just ``REGEX`` (``public/default``). It must match a topic's whole local
-    name (or, for a partition, its base topic's). Topics are listed with the binary protocol's
-    ``GetTopicsOfNamespace`` (what Pulsar's clients use for patterns; no admin API needed) every
-    ``discoveryIntervalSeconds``, so new topics are picked up while running. pulsar-lite 0.2 does
-    not answer that command: there, the pattern filters ``topicsPatternCandidates`` (a comma list
-    of names, each expanded like ``topics``); a candidate without data is read as an empty topic
-    and picked up when data arrives, but topics outside the list cannot be discovered.
-``startingOffsets``
-    ``earliest`` (default: offloading starts with the history), ``latest``, or JSON mapping
-    topic-partition names to ``[ledgerId, entryId]`` -- the last position already processed, so
-    reading starts after it (``[L, -1]`` starts at ledger L's first entry) -- or to ``"earliest"`` /
-    ``"latest"``. Topic-partitions the JSON does not name start at the earliest position.
-    The key ``"*"`` (``"earliest"`` or ``"latest"``) sets the start of topic-partitions the JSON does
-    not name. Only used when a query starts without a checkpoint.
-``startingTime``
-    Instead of ``startingOffsets``: each topic-partition starts at its first entry published at or after this
-    time (ms since the epoch, or ISO-8601, UTC unless it says otherwise), found in the store (with
-    ``offloaded.store``) or on the broker by a binary search over probed entries, not by reading the history
-    (``streaming/source/starting_time.py``; publish times are assumed to grow along a topic-partition, as
-    Pulsar's seek by time assumes). A topic-partition with nothing that recent starts after its latest entry.
-    Only used when a query starts without a checkpoint.
-``offloaded.store``, ``offloaded.s3.endpoint``, ``offloaded.s3.region``, ``offloaded.keysFile``
-    **Read through the tier**: the offload store (``file:///dir`` or ``s3://bucket/prefix``, and the S3
-    endpoint and region of an S3-compatible store) that holds what the broker may no longer hold. A range is
-    read from the store wherever it holds the next entry and from the broker elsewhere: a query from
-    ``earliest``, a position or ``startingTime`` before the broker's first entry reads the stored segments
-    (through the read path's read-ahead, cache and checks) and goes on from the broker at the entry after the
-    last stored one: one stream, the same rows, every entry once, in order (ledger entries are immutable, so
-    both places hold the same bytes). A topic-partition's latest position is the later of the broker's and
-    the store's. ``failOnDataLoss`` then fires only for entries in neither, naming the ledger range
-    (``streaming/source/read_through.py``). Not with ``positionsOnly``.
-``endingOffsets`` (batch reads only, as in pulsar-spark)
-    ``spark.read.format("pulsar")`` reads each topic-partition from ``startingOffsets`` up to and
-    including ``endingOffsets``: ``latest`` (default: what the broker holds when the read is planned) or
-    JSON mapping topic-partitions to ``[ledgerId, entryId]`` or ``"latest"``, with ``"*"`` for those not
-    named. A streaming query refuses it: it reads on as data arrives.
-``failOnDataLoss``
-    ``true`` (default): fail when entries that should exist are gone (a gap of entry ids within a
-    ledger, a ledger not starting at entry 0, the range's known last entry missing, or a
-    topic-partition whose latest position went backwards). ``false``: log, skip and go on.
-``maxEntriesPerTrigger`` / ``maxBytesPerTrigger``
-    Admission control through Spark's ``ReadLimit``: at most that many entries (exactly) or about
-    that many bytes (estimated from sampled entry sizes: the driver never sees the entries) per
-    micro-batch, split max-min fairly across the topic-partitions with data, leftovers rotating.
-    A single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls.
-    ``Trigger.AvailableNow`` stops at the positions that were latest when the query started.
-    Without either (and without ``bufferFile``) a micro-batch takes everything available; the offload
-    job always passes ``maxBytesPerTrigger`` (``pulsar.max_bytes_per_trigger``, default 1 GiB).
-``reader``
-    ``raw`` (default): entries are read over Pulsar's binary protocol and stored as the broker sends
-    them (``raw_reader.read_range_raw``); the driver's position lookups and probes use the same
-    protocol. ``client``: the ``pulsar-client`` reader, which rebuilds each entry from its messages
-    (``client_reader.read_range``; compression is dropped, sequence ids renumbered), for clusters whose
-    authentication the raw reader does not speak (OAuth2, custom plugins). Topic discovery uses
-    ``pulsar-client`` and the binary protocol's topic listing either way.
-``pulsar.client.*``
-    Passed to ``pulsar.Client`` (auth, TLS, timeouts; see ``client_options.client_kwargs``) and, with
-    ``reader=raw``, to the raw reader's connections (token, basic and TLS auth, ``pulsar+ssl://``
-    settings, timeouts; see ``client_options.ConnectionConfig``).
-``pulsar.reader.*``
-    pulsar-spark's reader settings: ``pulsar.reader.receiverQueueSize`` sets ``receiverQueueSize``;
-    ``readerName``, ``subscriptionRolePrefix`` and ``cryptoFailureAction`` are accepted and have no
-    effect (no subscription is named; encrypted entries are carried as the broker stores them);
-    ``readCompacted = true`` is refused (an offloader reads the whole log). Other names are refused.
-``stallTimeoutMs`` (200), ``receiverQueueSize`` (2000), ``retryTimeoutSeconds`` (60)
-    Reader tuning: the silence that counts as a stalled reader, the reader's prefetch queue, and how
-    long a read (or the driver's position lookups) keeps retrying without progress before failing.
-``discoveryIntervalSeconds`` (10), ``arrowBatchEntries`` (2000), ``arrowBatchBytes`` (32 MiB)
-``idlePollSeconds`` (0)
-    When above 0, a topic-partition that had nothing new at its last lookup is asked for its latest position
-    again only after about this long (spread over 0.75-1.25 of it by name), not at every trigger: a query over
-    thousands of mostly quiet topic-partitions asks about the active ones and a slice of the rest. New entries
-    on a quiet topic-partition are then seen up to this much later, and ``processAllAvailable`` may return
-    before it has seen them. 0 (the default) asks about every one at every trigger; the offload job sets 2 s.
-    ``Trigger.AvailableNow`` always asks about all of them once.
-``watchedPollSeconds`` (30)
-    With the raw reader the source holds a consumer on each topic-partition between triggers (non-durable, at
-    the latest position, one permit), so the broker pushes it the next entry of a quiet one, and with
-    ``idlePollSeconds`` above 0 that topic-partition is asked about at the next trigger. It is asked about
-    anyway this often (spread like ``idlePollSeconds``): the bound on how late an entry whose push was lost is
-    seen (pulsar-lite's dispatch stalls at times). ``0`` holds no consumer: each lookup subscribes and
-    unsubscribes, and quiet topic-partitions are asked every ``idlePollSeconds``. A held consumer counts as a
-    connected consumer to the broker: ``pulsar-admin topics delete`` without ``--force`` refuses such a topic
-    ("Topic has 1 connected producers/consumers"), and the broker's inactive-topic cleanup passes it by; use
-    ``--force`` (the source lets go, below) or set 0.
-``topics that do not exist``
-    With the raw reader the source never creates a topic: its subscriptions set ``force_topic_creation``
-    false, as Pulsar's own pattern consumers do, so asking about a deleted topic does not bring it back
-    (``pulsar-client``'s readers, ``reader=client``, may create it where the broker allows auto-creation).
-    A topic the broker says does not exist is read as empty. One that was read before and is now gone was
-    deleted: the source lets go of it with one warning, keeps its position (a topic created again under the
-    name is read after it), and lists the namespace again at the next trigger; nothing is reported lost.
-``minPartitions`` (1)
-    As in Spark's Kafka source: a micro-batch with fewer topic-partition ranges than this cuts the
-    largest in pieces read by separate tasks (``streaming/source/input_partitions.py``; only where the entries are
-    known to exist, so loss is still detected). Rows of one topic-partition then come from several input
-    partitions, in position order across them.
-``maxPartitions`` (64)
-    At most this many input partitions (Spark tasks) per micro-batch: a micro-batch with more
-    topic-partition ranges packs them into groups of about equal weight, each read by one task range after
-    range (``streaming/source/input_partitions.py``). A task costs far more than reading a small range, so a query
-    over thousands of mostly quiet topic-partitions must not run a task for each. The offload job sets it to
-    Spark's default parallelism (a task per core). Never below ``minPartitions``.
-``policyVersionsFile``
-    A JSON file of offload policy versions (written by the offload job, ``streaming.control.policy_versions``): a
-    topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not
-    advance, so nothing is read (or skipped) until it is enabled again.
-``bufferFile``
-    A JSON file the offload job rewrites after every micro-batch (``admission.write_buffer_file``): each
-    topic-partition's offload buffer (``buffered_bytes``: bytes the segmenter accepted but has not
-    uploaded) and the store's minimum part size. With it, admission control enforces the buffer bound
-    of the policy in force (``offloadBufferMaxBytes``, from ``policyVersionsFile``, else the default):
-    a topic-partition is admitted at most ``bound - buffered_bytes`` more bytes per micro-batch (at
-    least one entry while below the bound), and none at or above it. The bound used is at least one
-    block plus one minimum part, the most the segmenter can hold between micro-batches (a full block
-    waiting for the entry that does not fit, and complete blocks short of a part), so a topic-partition
-    is never refused for a buffer that only drains when new entries arrive.
-``positionsOnly``
-    ``true`` (the offload job): each row describes its entry without carrying it:
-    ``topic, partition, ledger_id, entry_id, publish_time, num_messages, size, crc32c`` (no
-    ``entry`` column; ``crc32c`` is the CRC-32C of the entry's stored bytes, computed as they are read).
-    The offload job's sink fetches the bytes itself and checks them against these
-    (``streaming/sink/entry_fetch.py``), so no payload byte passes through Spark.
-``spoolDir``, ``spoolMaxBytes`` (2 GiB)
-    With ``positionsOnly``: each task also writes the entries it reads to a private spool file under
-    ``spoolDir`` (``streaming/handoff/spool.py``) while the spool holds less than ``spoolMaxBytes``, so a sink on
-    the same machine need not read them from the broker again.
-``sealAtEnd``
-    ``true`` (the offload job's ``run --once``), with ``Trigger.AvailableNow``: when the query has read
-    entries and has nothing more to read, it runs one more micro-batch of **seal markers**, one row per
-    topic-partition with ``ledger_id = -1``, ``entry_id = -1`` and no entry (the offset gains
-    ``"sealedAtEnd": true``). The job turns each marker into a seal of that topic-partition's open
-    segment, so a batch run drains and seals in one query.
-``backlogFile``
-    When set, a JSON file rewritten (atomically) at every trigger and commit with the backlog below,
-    for a dashboard running in another process.
-
-The Spark classes here are thin: options are parsed by ``streaming/source/source_options.py``, every driver-side
-decision (discovery, positions, admission control, backlog) is ``streaming/source/offset_planner.py``'s
-:class:`~streamoffload.streaming.source.offset_planner.SourcePlanner`, in plain Python.
-
-Offsets are JSON objects ``{topic-partition: [ledgerId, entryId]}``: the last position emitted, or
-``[-1, -1]`` before the first entry. A micro-batch reads one range per topic-partition with new data,
-exactly ``(start, end]`` (in at most ``maxPartitions`` input partitions) (see ``client_reader.read_range``,
-whose contract ``raw_reader.read_range_raw`` shares).
-
-Backlog metrics (for the dashboard): :meth:`PulsarStreamReader.backlog` returns, per
-topic-partition, the latest position, the position consumed (the start of the current micro-batch,
-then its end once committed), ``entries`` behind and ``bytes`` behind (entries times the sampled
-entry size, ``None`` before any sample). ``entries`` is exact when both positions are in the same
-ledger; across ledgers it is a lower bound (``exact`` false): without an admin API the sizes of
-earlier ledgers are unknown. The reader lives in Spark's Python source-runner process, not the
-driver's Python, so other processes read it through ``backlogFile`` (``backlog.read_backlog_file``).
+The Spark classes here are thin: ``source_options.py`` parses the options, ``offset_planner.SourcePlanner`` makes
+every driver-side decision (discovery, positions, admission control, backlog) in plain Python. Offsets are JSON
+``{topic-partition: [ledgerId, entryId]}``, the last position emitted (``[-1, -1]`` before the first entry); a
+micro-batch reads exactly ``(start, end]`` of each topic-partition with new data. :meth:`PulsarStreamReader.backlog`
+(latest and consumed positions, entries and bytes behind; ``entries`` exact within a ledger, a lower bound
+across ledgers) lives in Spark's Python source-runner process, so other processes read it through
+``backlogFile``.
 """
 
 from __future__ import annotations

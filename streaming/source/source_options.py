@@ -1,6 +1,7 @@
-"""The options of the Pulsar source (``streaming/source/pulsar_source.py``, whose docstring lists them), parsed and
-checked in plain Python: :class:`SourceOptions`, the ``startingOffsets``/``endingOffsets`` and
-``topicsPattern`` syntaxes. Each error is one line naming the option."""
+"""The options of the Pulsar source (``streaming/source/pulsar_source.py``), parsed and checked in plain Python:
+:class:`SourceOptions`, the ``startingOffsets``/``endingOffsets`` and ``topicsPattern`` syntaxes. Each error is
+one line naming the option. :data:`OPTIONS` says what each option does: ``scripts/gen_source_options.py`` writes
+it to ``docs/source-options.md``."""
 
 from __future__ import annotations
 
@@ -293,3 +294,287 @@ def positions_only(options: Mapping[str, str]) -> bool:
     """The ``positionsOnly`` option (any letter case): rows without the entries' bytes."""
     value = next((str(v) for k, v in options.items() if k.lower() == "positionsonly"), "")
     return parse_bool(value.strip() or "false", "positionsOnly")
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """One entry of the options reference (``docs/source-options.md``, written by ``scripts/gen_source_options.py``):
+    the option's names (any letter case; pulsar-spark's aliases after the first), its default, one line for the
+    table and the rest of what it does."""
+
+    names: tuple[str, ...]
+    default: str
+    summary: str
+    details: str = ""
+
+
+OPTIONS: tuple[OptionDoc, ...] = (
+    OptionDoc(
+        ("serviceUrl", "service.url"),
+        "required",
+        "The broker: ``pulsar://host:port`` or ``pulsar+ssl://host:port`` (``service.url`` is pulsar-spark's name).",
+    ),
+    OptionDoc(
+        ("admin.url",),
+        "",
+        "pulsar-spark's admin API address: accepted and unused (nothing here needs the admin API).",
+    ),
+    OptionDoc(
+        ("topics", "topic"),
+        "",
+        "Comma-separated topic names (``topic``: pulsar-spark's name, one topic); give this or ``topicsPattern``.",
+        "Short names mean ``persistent://public/default/NAME``. A partitioned topic is expanded to its partitions "
+        "through the broker's partition metadata, and re-expanded every ``discoveryIntervalSeconds``, so added "
+        "partitions are picked up.\n\n"
+        "Topics that do not exist: with the raw reader the source never creates a topic (its subscriptions set "
+        "``force_topic_creation`` false, as Pulsar's own pattern consumers do), so asking about a deleted topic "
+        "does not bring it back (``reader=client``'s ``pulsar-client`` readers may create it where the broker "
+        "allows auto-creation). A topic the broker says does not exist is read as empty. One that was read before "
+        "and is now gone was deleted: the source lets go of it with one warning, keeps its position (a topic "
+        "created again under the name is read after it) and lists the namespace again at the next trigger; "
+        "nothing is reported lost.",
+    ),
+    OptionDoc(
+        ("topicsPattern",),
+        "",
+        "A regular expression for the topics of one namespace; give this or ``topics``.",
+        "``persistent://tenant/ns/REGEX``, ``tenant/ns/REGEX`` or just ``REGEX`` (``public/default``). It must match "
+        "a topic's whole local name (or, for a partition, its base topic's). Topics are listed with the binary "
+        "protocol's ``GetTopicsOfNamespace`` (what Pulsar's clients use for patterns; no admin API needed) every "
+        "``discoveryIntervalSeconds``, so new topics are picked up while running.",
+    ),
+    OptionDoc(
+        ("topicsPatternCandidates",),
+        "",
+        "With ``topicsPattern`` on pulsar-lite, which cannot list a namespace: the names the pattern filters.",
+        "pulsar-lite 0.2 does not answer ``GetTopicsOfNamespace``: there the pattern filters this comma list of "
+        "names, each expanded like ``topics``. A candidate without data is read as an empty topic and picked up "
+        "when data arrives; topics outside the list cannot be discovered.",
+    ),
+    OptionDoc(
+        ("startingOffsets",),
+        "earliest",
+        "Where a query without a checkpoint starts: ``earliest``, ``latest`` or JSON of positions.",
+        "``earliest`` (offloading starts with the history), ``latest``, or JSON mapping topic-partition names to "
+        "``[ledgerId, entryId]`` -- the last position already processed, so reading starts after it (``[L, -1]`` "
+        'starts at ledger L\'s first entry) -- or to ``"earliest"`` / ``"latest"``. The key ``"*"`` '
+        '(``"earliest"`` or ``"latest"``) sets the start of the topic-partitions the JSON does not name; without it '
+        "they start at the earliest position. Only used when a query starts without a checkpoint.",
+    ),
+    OptionDoc(
+        ("startingTime",),
+        "",
+        "Instead of ``startingOffsets``: start at the first entry published at or after this time.",
+        "Milliseconds since the epoch, or ISO-8601 (UTC unless it says otherwise). The entry is found in the store "
+        "(with ``offloaded.store``) or on the broker by a binary search over probed entries, not by reading the "
+        "history (``streaming/source/starting_time.py``; publish times are assumed to grow along a "
+        "topic-partition, as Pulsar's seek by time assumes). A topic-partition with nothing that recent starts "
+        "after its latest entry. Only used when a query starts without a checkpoint.",
+    ),
+    OptionDoc(
+        ("endingOffsets",),
+        "latest",
+        'Batch reads only (as in pulsar-spark): where ``spark.read.format("pulsar")`` stops, inclusive.',
+        "``latest`` (what the broker holds when the read is planned) or JSON mapping topic-partitions to "
+        '``[ledgerId, entryId]`` or ``"latest"``, with ``"*"`` for those not named. A streaming query refuses it: '
+        "it reads on as data arrives.",
+    ),
+    OptionDoc(
+        ("offloaded.store", "offloaded.s3.endpoint", "offloaded.s3.region", "offloaded.keysFile"),
+        "",
+        "Read through the tier: what the broker no longer holds is read from this offload store.",
+        "The store is ``file:///dir`` or ``s3://bucket/prefix``, with the S3 endpoint and region of an "
+        "S3-compatible store; ``offloaded.keysFile`` holds the keys of segments encrypted at rest "
+        "(``checkpoints.keyring``). A range is read from the store wherever it holds the next entry and from the "
+        "broker elsewhere: a query from ``earliest``, a position or ``startingTime`` before the broker's first "
+        "entry reads the stored segments (through the read path's read-ahead, cache and checks) and goes on from "
+        "the broker at the entry after the last stored one: one stream, the same rows, every entry once, in order "
+        "(ledger entries are immutable, so both places hold the same bytes). A topic-partition's latest position "
+        "is the later of the broker's and the store's. ``failOnDataLoss`` then fires only for entries in neither, "
+        "naming the ledger range (``streaming/source/read_through.py``). Not with ``positionsOnly``.",
+    ),
+    OptionDoc(
+        ("failOnDataLoss",),
+        "true",
+        "Fail when entries that should exist are gone; ``false``: log, skip and go on.",
+        "Gone means a gap of entry ids within a ledger, a ledger not starting at entry 0, the range's known last "
+        "entry missing, or a topic-partition whose latest position went backwards.",
+    ),
+    OptionDoc(
+        ("maxEntriesPerTrigger", "maxBytesPerTrigger"),
+        "",
+        "Admission control through Spark's ``ReadLimit``: at most this many entries, or about this many bytes, "
+        "per micro-batch.",
+        "Entries are counted exactly; bytes are estimated from sampled entry sizes (the driver never sees the "
+        "entries). The limit is split max-min fairly across the topic-partitions with data, leftovers rotating. A "
+        "single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls. "
+        "``Trigger.AvailableNow`` stops at the positions that were latest when the query started. Without either "
+        "(and without ``bufferFile``) a micro-batch takes everything available; the offload job always passes "
+        "``maxBytesPerTrigger`` (``pulsar.max_bytes_per_trigger``, default 1 GiB).",
+    ),
+    OptionDoc(
+        ("reader",),
+        "raw",
+        "``raw``: entries over Pulsar's binary protocol, byte for byte; ``client``: rebuilt by ``pulsar-client``.",
+        "``raw`` reads entries over the binary protocol and stores them as the broker sends them "
+        "(``raw_reader.read_range_raw``); the driver's position lookups and probes use the same protocol. "
+        "``client`` uses the ``pulsar-client`` reader, which rebuilds each entry from its messages "
+        "(``client_reader.read_range``; compression is dropped, sequence ids renumbered), for clusters whose "
+        "authentication the raw reader does not speak (OAuth2, custom plugins). Topic discovery uses "
+        "``pulsar-client`` and the binary protocol's topic listing either way.",
+    ),
+    OptionDoc(
+        ("pulsar.client.*",),
+        "",
+        "Passed to ``pulsar.Client`` and, with ``reader=raw``, to the raw reader's connections.",
+        "Auth, TLS and timeouts (``client_options.client_kwargs``); the raw reader speaks token, basic and TLS "
+        "auth, the ``pulsar+ssl://`` settings and the timeouts (``client_options.ConnectionConfig``).",
+    ),
+    OptionDoc(
+        ("pulsar.reader.*",),
+        "",
+        "pulsar-spark's reader settings: ``receiverQueueSize`` is used, ``readCompacted = true`` is refused.",
+        "``pulsar.reader.receiverQueueSize`` sets ``receiverQueueSize``; ``readerName``, "
+        "``subscriptionRolePrefix``, ``subscriptionName`` and ``cryptoFailureAction`` are accepted and have no "
+        "effect (no subscription is named; encrypted entries are carried as the broker stores them); "
+        "``readCompacted = true`` is refused (an offloader reads the whole log). Other names are refused.",
+    ),
+    OptionDoc(
+        ("stallTimeoutMs",),
+        "200",
+        "Reader tuning: the silence that counts as a stalled reader.",
+    ),
+    OptionDoc(
+        ("receiverQueueSize",),
+        "2000",
+        "Reader tuning: the reader's prefetch queue.",
+    ),
+    OptionDoc(
+        ("retryTimeoutSeconds",),
+        "60",
+        "How long a read (or the driver's position lookups) keeps retrying without progress before failing.",
+    ),
+    OptionDoc(
+        ("discoveryIntervalSeconds",),
+        "10",
+        "How often partitions and ``topicsPattern``'s topics are listed again.",
+    ),
+    OptionDoc(
+        ("arrowBatchEntries", "arrowBatchBytes"),
+        "2000, 32 MiB",
+        "The rows, and their bytes, of one Arrow batch a task hands Spark.",
+    ),
+    OptionDoc(
+        ("idlePollSeconds",),
+        "0",
+        "A topic-partition with nothing new at its last lookup is asked again only after about this long.",
+        "The wait is spread over 0.75-1.25 of it by name, so a query over thousands of mostly quiet "
+        "topic-partitions asks about the active ones and a slice of the rest. New entries on a quiet "
+        "topic-partition are then seen up to this much later, and ``processAllAvailable`` may return before it "
+        "has seen them. 0 asks about every one at every trigger; the offload job sets 2 s. "
+        "``Trigger.AvailableNow`` always asks about all of them once.",
+    ),
+    OptionDoc(
+        ("watchedPollSeconds",),
+        "30",
+        "With the raw reader: how often a quiet topic-partition watched by a held consumer is asked about anyway.",
+        "The source holds a consumer on each topic-partition between triggers (non-durable, at the latest "
+        "position, one permit), so the broker pushes it the next entry of a quiet one, and with "
+        "``idlePollSeconds`` above 0 that topic-partition is asked about at the next trigger. This bounds how "
+        "late an entry whose push was lost is seen (pulsar-lite's dispatch stalls at times). ``0`` holds no "
+        "consumer: each lookup subscribes and unsubscribes, and quiet topic-partitions are asked every "
+        "``idlePollSeconds``. A held consumer counts as a connected consumer to the broker: ``pulsar-admin topics "
+        'delete`` without ``--force`` refuses such a topic ("Topic has 1 connected producers/consumers") and the '
+        "broker's inactive-topic cleanup passes it by; use ``--force`` (the source lets go of a deleted topic) or "
+        "set 0.",
+    ),
+    OptionDoc(
+        ("minPartitions",),
+        "1",
+        "As in Spark's Kafka source: at least this many input partitions per micro-batch.",
+        "A micro-batch with fewer topic-partition ranges cuts the largest in pieces read by separate tasks "
+        "(``streaming/source/input_partitions.py``; only where the entries are known to exist, so loss is still "
+        "detected). Rows of one topic-partition then come from several input partitions, in position order "
+        "across them.",
+    ),
+    OptionDoc(
+        ("maxPartitions",),
+        str(DEFAULT_MAX_PARTITIONS),
+        "At most this many input partitions (Spark tasks) per micro-batch; never below ``minPartitions``.",
+        "A micro-batch with more topic-partition ranges packs them into groups of about equal weight, each read "
+        "by one task range after range (``streaming/source/input_partitions.py``). A task costs far more than "
+        "reading a small range, so a query over thousands of mostly quiet topic-partitions must not run a task "
+        "for each. The offload job sets it to Spark's default parallelism (a task per core).",
+    ),
+    OptionDoc(
+        ("policyVersionsFile",),
+        "",
+        "The offload job's policy versions (``streaming.control.policy_versions``): ``enabled = false`` pauses.",
+        "A topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not advance, "
+        "so nothing is read (or skipped) until it is enabled again.",
+    ),
+    OptionDoc(
+        ("quarantineFile",),
+        "",
+        "The offload job's quarantined topics (``streaming.control.quarantine``): paused until their backoff ends.",
+        "A quarantined topic-partition's offset does not move and nothing is skipped; the other topics go on.",
+    ),
+    OptionDoc(
+        ("bufferFile",),
+        "",
+        "The offload job's per-topic-partition offload buffers: admission enforces the policy's buffer bound.",
+        "A JSON file the offload job rewrites after every micro-batch (``admission.write_buffer_file``): each "
+        "topic-partition's offload buffer (``buffered_bytes``: bytes the segmenter accepted but has not uploaded) "
+        "and the store's minimum part size. Admission control then enforces the buffer bound of the policy in "
+        "force (``offloadBufferMaxBytes``, from ``policyVersionsFile``, else the default): a topic-partition is "
+        "admitted at most ``bound - buffered_bytes`` more bytes per micro-batch (at least one entry while below "
+        "the bound), and none at or above it. The bound used is at least one block plus one minimum part, the "
+        "most the segmenter can hold between micro-batches (a full block waiting for the entry that does not fit, "
+        "and complete blocks short of a part), so a topic-partition is never refused for a buffer that only "
+        "drains when new entries arrive.",
+    ),
+    OptionDoc(
+        ("rateLimits",),
+        "",
+        "The offload job's read limits (``streaming.control.rate_limits``): where the tasks find them.",
+    ),
+    OptionDoc(
+        ("keyPrefix",),
+        "",
+        "The store's key prefix: a topic found by ``topicsPattern`` whose keys the store cannot hold is skipped.",
+    ),
+    OptionDoc(
+        ("positionsOnly",),
+        "false",
+        "``true`` (the offload job): rows describe their entry without carrying it, with its CRC-32C.",
+        "Rows are ``topic, partition, ledger_id, entry_id, publish_time, num_messages, size, crc32c`` (no "
+        "``entry`` column; ``crc32c`` is the CRC-32C of the entry's stored bytes, computed as they are read). The "
+        "offload job's sink fetches the bytes itself and checks them against these "
+        "(``streaming/sink/entry_fetch.py``), so no payload byte passes through Spark.",
+    ),
+    OptionDoc(
+        ("spoolDir", "spoolMaxBytes"),
+        "unset, 2 GiB",
+        "With ``positionsOnly``: each task also keeps the entries it reads in a spool file for the sink.",
+        "The spool file is private to the task, under ``spoolDir`` (``streaming/handoff/spool.py``), written while "
+        "the spool holds less than ``spoolMaxBytes``, so a sink on the same machine need not read the entries "
+        "from the broker again.",
+    ),
+    OptionDoc(
+        ("sealAtEnd",),
+        "false",
+        "``true`` (``run --once``), with ``Trigger.AvailableNow``: one last micro-batch of seal markers.",
+        "When the query has read entries and has nothing more to read, it runs one more micro-batch of seal "
+        "markers, one row per topic-partition with ``ledger_id = -1``, ``entry_id = -1`` and no entry (the offset "
+        'gains ``"sealedAtEnd": true``). The job turns each marker into a seal of that topic-partition\'s open '
+        "segment, so a batch run drains and seals in one query.",
+    ),
+    OptionDoc(
+        ("backlogFile",),
+        "",
+        "A JSON file of the backlog, rewritten atomically at every trigger and commit, for a dashboard elsewhere.",
+        "The backlog per topic-partition: the latest position, the position consumed, ``entries`` and ``bytes`` "
+        "behind (``PulsarStreamReader.backlog``; read it with ``backlog.read_backlog_file``).",
+    ),
+)
+"""The options reference: every option :meth:`SourceOptions.parse` reads, in the order the doc lists them."""
