@@ -24,8 +24,8 @@ from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.redaction import redact
 from streamoffload.storage import keys
-from streamoffload.streaming.control.policy_versions import VersionsFile
-from streamoffload.streaming.control.quarantine import PauseFile, TopicFailedError
+from streamoffload.streaming.governance.policy_versions import VersionsFile
+from streamoffload.streaming.governance.quarantine import PauseFile, TopicFailedError
 from streamoffload.streaming.protocol import client_reader as pio
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.broker_connection import TopicListingUnsupported, list_topics
@@ -472,7 +472,7 @@ class SourcePlanner:
             for tp in paused:  # disabled: the offset stays where it is, nothing is read or skipped
                 start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
         if self._quarantine is not None:
-            # Set aside after failing again and again (streaming.control.quarantine): paused like a disabled topic.
+            # Set aside after failing again and again (streaming.governance.quarantine): paused like a disabled topic.
             held = [tp for tp in partitions if self._quarantine.paused(tp, now_ms)]
             if held:
                 aside = set(held)

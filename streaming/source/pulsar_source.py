@@ -129,7 +129,7 @@ Options (names are case-insensitive, as Spark makes them):
     over thousands of mostly quiet topic-partitions must not run a task for each. The offload job sets it to
     Spark's default parallelism (a task per core). Never below ``minPartitions``.
 ``policyVersionsFile``
-    A JSON file of offload policy versions (written by the offload job, ``streaming.control.policy_versions``): a
+    A JSON file of offload policy versions (written by the offload job, ``streaming.governance.policy_versions``): a
     topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not
     advance, so nothing is read (or skipped) until it is enabled again.
 ``bufferFile``
@@ -203,8 +203,8 @@ from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
 from streamoffload.read.topic_reader import TopicReader
-from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
-from streamoffload.streaming.control.rate_limits import ReadWaits, limiter_for, throttled_reads
+from streamoffload.streaming.governance.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.governance.rate_limits import ReadWaits, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.positions import POSITIONS_SCHEMA
 from streamoffload.streaming.handoff.spool import SpoolWriter
 from streamoffload.streaming.protocol import client_reader as pio

@@ -13,7 +13,7 @@ from streamoffload.codecs.positions import Position
 from streamoffload.config import parse_pattern
 from streamoffload.errors import ConfigError
 from streamoffload.storage.location import StoreLocation, parse_store_url
-from streamoffload.streaming.control.rate_limits import RateLimitSpec
+from streamoffload.streaming.governance.rate_limits import RateLimitSpec
 from streamoffload.streaming.protocol.client_options import (
     ConnectionConfig,
     ServiceAddress,
@@ -92,7 +92,8 @@ class SourceOptions:
     """``offloaded.store``: read through the tier -- what the broker no longer holds comes from this store
     (``streaming/source/read_through.py``)."""
     rate_limits: RateLimitSpec | None = None
-    """``rateLimits`` (the offload job's): where the tasks find the read limits (``streaming.control.rate_limits``)."""
+    """``rateLimits`` (the offload job's): where the tasks find the read limits
+    (``streaming.governance.rate_limits``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
