@@ -60,7 +60,7 @@ from streamoffload.read.segment.errors import (
     ManifestMismatchError,
     MissingObjectError,
     ReadError,
-    TopicNotFoundError,
+    TopicNotOffloadedError,
     UnsupportedFormatVersionError,
 )
 from streamoffload.read.segment.handle import SegmentReadHandle
@@ -80,7 +80,7 @@ __all__ = [
     "SegmentKeys",
     "SegmentReadHandle",
     "SegmentReadStats",
-    "TopicNotFoundError",
+    "TopicNotOffloadedError",
     "UnsupportedFormatVersionError",
     "check_entry_checksum",
     "manifest_disagreements",

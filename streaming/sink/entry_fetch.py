@@ -136,9 +136,9 @@ class BrokerFetcher:
             if self._client is None:
                 self._client = rr.RawClient(self.service_url, dict(self.client_options))
             return self._client, rr.read_range_raw
-        from streamoffload.streaming.protocol import client_reader as pio
+        from streamoffload.streaming.protocol import client_reader
 
-        return pio.shared_client(self.service_url, dict(self.client_options)), pio.read_range
+        return client_reader.shared_client(self.service_url, dict(self.client_options)), client_reader.read_range
 
     @property
     def source(self) -> str:
