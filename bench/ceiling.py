@@ -128,7 +128,7 @@ from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.job.queries import STATE_STORE_CONF
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.source.pulsar_source import SCHEMA, arrow_schema
 from streamoffload.units import MIB
@@ -763,10 +763,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"published {messages:,} messages of {message_bytes:,} B batched by {per_entry} in "
                 f"{summary.seconds:.1f} s"
             )
-            client = stack.enter_context(contextlib.closing(pio.make_client(broker.service_url)))
+            client = stack.enter_context(contextlib.closing(client_reader.make_client(broker.service_url)))
             raw_client = rr.RawClient(broker.service_url)
             stack.callback(raw_client.close)
-            end = pio.latest_position(client, topic)
+            end = client_reader.latest_position(client, topic)
             n_raw, topic_entry_bytes, topic_entries = drain_raw(raw_client, topic, end, args.stall_ms, 2000)
             assert n_raw == messages, (n_raw, messages)
             print(

@@ -191,13 +191,13 @@ def plain_drain(service_url: str, topics: list[str], stall_ms: int, queue: int) 
     """(distinct messages, payload bytes) of a plain ``pulsar-client`` Reader drain of ``topics``:
     ``bench/source.py``'s loop (pulsar-lite duplicates deliveries: it counts each message id once)."""
     from bench.source import drain_plain
-    from streamoffload.streaming.protocol import client_reader as pio
+    from streamoffload.streaming.protocol import client_reader
 
-    client = pio.make_client(service_url)
+    client = client_reader.make_client(service_url)
     try:
         messages = nbytes = 0
         for topic in topics:
-            end = pio.latest_position(client, topic)
+            end = client_reader.latest_position(client, topic)
             assert end is not None, topic
             m, b, _entries = drain_plain(client, topic, end, stall_ms, queue)
             messages, nbytes = messages + m, nbytes + b

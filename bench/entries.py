@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from streamoffload.codecs.positions import Position
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.part_layout import decode_layouts
 from streamoffload.streaming.segmenter.segmenter_model import SegmenterState
 from streamoffload.streaming.sink.entry_fetch import MemoryFetcher
 from streamoffload.streaming.sink.sink import SegmentSink
-
-Position = tuple[int, int]
 
 
 @dataclass(frozen=True)

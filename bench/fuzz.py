@@ -85,7 +85,7 @@ from streamoffload.read.verify import verify_topic
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.policy_versions import PolicyVersions, decode_version
+from streamoffload.streaming.governance.policy_versions import PolicyVersions, decode_version
 
 PREFIX = "fuzz"
 PLAIN_TOPIC = "persistent://public/default/orders-partition-0"

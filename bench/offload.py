@@ -329,15 +329,15 @@ def drain_plain_client(service_url: str, topics: list[str]) -> float:
     """Seconds a plain ``pulsar-client`` Reader loop (``bench/source.py``'s) takes to drain ``topics``."""
     import importlib.util
 
-    from streamoffload.streaming.protocol import client_reader as pio
+    from streamoffload.streaming.protocol import client_reader
 
     spec = importlib.util.spec_from_file_location("bench_source", Path(__file__).with_name("source.py"))
     assert spec is not None and spec.loader is not None
     bench_source = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_source)
-    client = pio.make_client(service_url)
+    client = client_reader.make_client(service_url)
     try:
-        ends = {t: pio.latest_position(client, t) for t in topics}
+        ends = {t: client_reader.latest_position(client, t) for t in topics}
         started = time.monotonic()
         for topic in topics:
             bench_source.drain_plain(client, topic, ends[topic], 200, 2000)

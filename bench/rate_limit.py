@@ -9,7 +9,7 @@ Run from the repository root:
 It starts the embedded pulsar-lite broker, publishes a backlog larger than the run can upload (64 KiB entries),
 and runs the job continuously (``local[2]``, a filesystem store, blocks of 1 MiB so that a part is at most about
 1 MiB) with ``offloadTotalUploadRateBytesPerSecond`` set. The sink's processes log every part's bytes when they
-pass the limit (``STREAMOFFLOAD_RATE_TRACE``, ``streaming/control/rate_limits.py``); the run is measured from the
+pass the limit (``STREAMOFFLOAD_RATE_TRACE``, ``streaming/governance/rate_limits.py``); the run is measured from the
 first part on: the figure over ``--seconds`` and over each 5 s window after the first (the first holds the
 query's start).
 """
@@ -30,7 +30,7 @@ from bench.logs import log_beside
 from streamoffload.config import parse_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming.control.rate_limits import TRACE_ENV
+from streamoffload.streaming.governance.rate_limits import TRACE_ENV
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.session import build_session
 

@@ -53,7 +53,7 @@ from bench.harness import add_broker_argument, bench_broker, broker_name
 from bench.logs import log_beside
 from streamoffload.codecs.positions import Position
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.exactly_once import ReaderSettings, ReadStats
 from streamoffload.streaming.protocol.wire import batch_size_of
@@ -92,7 +92,9 @@ def drain_plain(client: Any, topic: str, end: Position, stall_ms: int, queue: in
 def drain_io(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
     stats = ReadStats()
     settings = ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
-    for _entry in pio.read_range(client, topic, pio.BEFORE_EARLIEST, end, settings=settings, stats=stats):
+    for _entry in client_reader.read_range(
+        client, topic, client_reader.BEFORE_EARLIEST, end, settings=settings, stats=stats
+    ):
         pass
     return stats.messages, stats.bytes, stats.entries
 
@@ -100,7 +102,7 @@ def drain_io(client: Any, topic: str, end: Position, stall_ms: int, queue: int) 
 def drain_raw(client: rr.RawClient, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
     stats = ReadStats()
     settings = ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
-    for _entry in rr.read_range_raw(client, topic, pio.BEFORE_EARLIEST, end, settings=settings, stats=stats):
+    for _entry in rr.read_range_raw(client, topic, client_reader.BEFORE_EARLIEST, end, settings=settings, stats=stats):
         pass
     return stats.messages, stats.bytes, stats.entries
 
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with bench_broker(args.broker, Path(work) / "broker") as broker:
             print(f"broker: {broker_name(broker)}")
-            client = pio.make_client(broker.service_url)
+            client = client_reader.make_client(broker.service_url)
             raw_client = rr.RawClient(broker.service_url)
             try:
                 if spark is not None:
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                         batch_size=args.batch_size,
                     )
                     topics = list(summary.partitions)
-                    ends = {t: pio.latest_position(client, t) for t in topics}
+                    ends = {t: client_reader.latest_position(client, t) for t in topics}
                     print(f"{mode}: published in {summary.seconds:.1f} s ({summary.rate:,.0f} msg/s)")
                     readers = {r.strip() for r in args.readers.split(",") if r.strip()}
                     best = {name: float("inf") for name in ("plain", "pulsar_io", "raw")}

@@ -35,7 +35,7 @@ from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError, StreamOffloadError
-from streamoffload.read.segment import SegmentReadHandle, TopicNotFoundError
+from streamoffload.read.segment import SegmentReadHandle, TopicNotOffloadedError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore
 
@@ -166,10 +166,10 @@ def resolve_topics(
     partitioned topic's) matches the regex. A name with nothing offloaded is an error naming the store."""
     known = {str(t): t for t in metadata.topics()}
 
-    def missing(what: str) -> TopicNotFoundError:
+    def missing(what: str) -> TopicNotOffloadedError:
         names = sorted(known)
         shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-        return TopicNotFoundError(
+        return TopicNotOffloadedError(
             f"{what} has no offloaded data in {metadata.scoped.describe()}"
             + (f" (topics with offloaded data: {shown})" if names else " (no topic has offloaded data there)")
         )

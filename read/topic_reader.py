@@ -24,7 +24,7 @@ from streamoffload.read.segment import (
     SegmentKeys,
     SegmentReadHandle,
     SegmentReadStats,
-    TopicNotFoundError,
+    TopicNotOffloadedError,
     shared_cache,
 )
 from streamoffload.storage.location import ScopedStore
@@ -98,7 +98,7 @@ class TopicReader:
     def segments(
         self, topic: TopicName | str, start: Position | None = None, end: Position | None = None
     ) -> list[SegmentManifest]:
-        """Offloaded segments of ``topic`` holding any position in ``[start, end]``; TopicNotFoundError if
+        """Offloaded segments of ``topic`` holding any position in ``[start, end]``; TopicNotOffloadedError if
         the topic has none at all."""
         found = self.metadata.segments_for_range(topic, start, end)
         if start is None and end is None:
@@ -110,13 +110,13 @@ class TopicReader:
             return found
         if corrupt:  # manifests there, none usable: they are the answer, not the other topics
             shown = "; ".join(c.error for c in corrupt[:3]) + ("; ..." if len(corrupt) > 3 else "")
-            raise TopicNotFoundError(
+            raise TopicNotOffloadedError(
                 f"no readable offloaded segments for topic {topic} in {self.scoped.describe()}: "
                 f"{len(corrupt)} manifest{'s' if len(corrupt) > 1 else ''} cannot be used: {shown}"
             )
         known = self.metadata.topics()
         shown = ", ".join(str(t) for t in known[:10]) + (", ..." if len(known) > 10 else "")
-        raise TopicNotFoundError(
+        raise TopicNotOffloadedError(
             f"no offloaded segments for topic {topic} in {self.scoped.describe()}"
             + (f" (topics with offloaded data: {shown})" if known else " (no topic has offloaded data there)")
         )
@@ -152,7 +152,7 @@ class TopicReader:
         self, topic: TopicName | str, start: Position | None = None, end: Position | None = None
     ) -> Iterator[OffloadedEntry]:
         """Every offloaded entry of ``topic`` with a position in ``[start, end]`` (inclusive; None = open),
-        in position order, across all its segments. Raises TopicNotFoundError for a topic without any."""
+        in position order, across all its segments. Raises TopicNotOffloadedError for a topic without any."""
         segments = self.segments(topic, start, end)
         return self._read_segments(segments, start, end)
 

@@ -12,8 +12,8 @@
     _meta/deleted-segments/<uuid>      what retention or ``delete-ledger`` deleted of a segment
     _meta/deleted-summary/<seq:020d>   create-only totals of folded deleted-segment records
 <prefix>/_meta/writers/<epoch:020d>              the writer lease of the whole prefix (checkpoints.lease)
-<prefix>/_meta/policies/<effectiveMs:020d>       offload policy versions (streaming.control.policy_versions)
-<prefix>/_meta/quarantine/<sha256 of topic>      a failing topic's record (streaming.control.quarantine)
+<prefix>/_meta/policies/<effectiveMs:020d>       offload policy versions (streaming.governance.policy_versions)
+<prefix>/_meta/quarantine/<sha256 of topic>      a failing topic's record (streaming.governance.quarantine)
 <prefix>/_meta/health/job                        the running job's health: its broker unreachable (streaming.job.health)
 <prefix>/_control/requests/<id>                  offload-now requests (checkpoints.control_requests)
 <prefix>/_control/status/<id>                    what became of them

@@ -459,7 +459,7 @@ def parse_policy_sections(
     doc: Mapping[str, Any], source: str
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """The ``[offload]``, ``[namespaces]`` and ``[topics]`` sections of ``doc`` (a configuration file's, or a
-    published policy version's, ``streaming.control.policy_versions``), normalised and each level validated:
+    published policy version's, ``streaming.governance.policy_versions``), normalised and each level validated:
     ``ConfigError`` naming ``source`` and the key otherwise."""
     broker_policy = _normalise_policy(_section(doc, "offload", source), source, "offload")
     namespace_policies: dict[str, dict[str, Any]] = {}

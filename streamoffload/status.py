@@ -19,7 +19,7 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.positions import Position
 from streamoffload.errors import StreamOffloadError
-from streamoffload.streaming.control.quarantine import read_records
+from streamoffload.streaming.governance.quarantine import read_records
 
 
 def is_caught_up(last_offloaded: Sequence[int] | None, latest: Sequence[int] | None, latest_known: bool) -> bool | None:
@@ -68,7 +68,7 @@ class TopicStatus:
     error: str | None = None
     """Why this topic-partition's status could not be read (the other topics are still shown)."""
     set_aside: dict[str, Any] | None = None
-    """The job's record of this topic-partition's failures in a row (``streaming.control.quarantine``): failures,
+    """The job's record of this topic-partition's failures in a row (``streaming.governance.quarantine``): failures,
     reason, and ``until_ms`` while it is set aside so the other topics go on."""
 
     def to_json(self) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from streamoffload.read.segment.errors import (
     ManifestMismatchError,
     MissingObjectError,
     ReadError,
-    TopicNotFoundError,
+    TopicNotOffloadedError,
     UnsupportedFormatVersionError,
 )
 from streamoffload.read.segment.handle import SegmentReadHandle
@@ -81,7 +81,7 @@ __all__ = [
     "SegmentKeys",
     "SegmentReadHandle",
     "SegmentReadStats",
-    "TopicNotFoundError",
+    "TopicNotOffloadedError",
     "UnsupportedFormatVersionError",
     "check_entry_checksum",
     "manifest_disagreements",

@@ -22,7 +22,7 @@ class EntryNotFoundError(ReadError, LookupError):
     """A position that is not offloaded (not in the segment, or not in any segment of the topic)."""
 
 
-class TopicNotFoundError(ReadError, LookupError):
+class TopicNotOffloadedError(ReadError, LookupError):
     """A topic-partition with no offloaded segments under the reader's prefix."""
 
 

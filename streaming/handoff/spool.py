@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from streamoffload.codecs.positions import Position
+from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import Buffer
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ def spool_files(root: str | Path, topic: str) -> list[SpoolFile]:
     return sorted(found, key=lambda f: f.start)
 
 
-class TornSpoolError(Exception):
+class TornSpoolError(StreamOffloadError):
     """A spool file ends inside a record: the rest of its range is read from the broker."""
 
 

@@ -19,7 +19,7 @@ import threading
 
 from streamoffload.checkpoints.lease import DEFAULT_TTL_MS, instance_id
 from streamoffload.config import Config, PolicySource
-from streamoffload.streaming.control.policy_versions import CLOCK_SKEW_MS, DEFAULT_REFRESH_S
+from streamoffload.streaming.governance.policy_versions import CLOCK_SKEW_MS, DEFAULT_REFRESH_S
 from streamoffload.streaming.job.health import HealthTracker
 from streamoffload.streaming.job.queries import JobQueries
 from streamoffload.streaming.job.runs import JobRuns

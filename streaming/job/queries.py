@@ -18,8 +18,8 @@ from typing import Any
 
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
-from streamoffload.streaming.control.policy_versions import DEFAULT_REFRESH_S
-from streamoffload.streaming.control.rate_limits import RateLimitSpec
+from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S
+from streamoffload.streaming.governance.rate_limits import RateLimitSpec
 from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, unpack_actions
 from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived

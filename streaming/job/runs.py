@@ -19,12 +19,12 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.location import is_url
-from streamoffload.streaming.control.policy_versions import (
+from streamoffload.streaming.governance.policy_versions import (
     PolicyLog,
     policy_document,
     write_versions_file,
 )
-from streamoffload.streaming.control.quarantine import Quarantine
+from streamoffload.streaming.governance.quarantine import Quarantine
 from streamoffload.streaming.job.queries import JobQueries
 from streamoffload.streaming.job.state import JobState, Run
 from streamoffload.streaming.segmenter.segmenter_model import (

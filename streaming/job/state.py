@@ -12,8 +12,8 @@ from typing import Any
 from streamoffload.checkpoints.lease import FencedError, WriterLease
 from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.config import Config, PolicySource
-from streamoffload.streaming.control.policy_versions import PolicyLog
-from streamoffload.streaming.control.quarantine import Quarantine
+from streamoffload.streaming.governance.policy_versions import PolicyLog
+from streamoffload.streaming.governance.quarantine import Quarantine
 from streamoffload.streaming.job.health import HealthTracker
 from streamoffload.streaming.job.queries import BatchListener
 

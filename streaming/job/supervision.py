@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints.lease import CleanupRunningError, FencedError, LeaseHeldError
 from streamoffload.errors import StreamOffloadError
-from streamoffload.streaming.control.quarantine import failed_topics, failure_reason
+from streamoffload.streaming.governance.quarantine import failed_topics, failure_reason
 from streamoffload.streaming.job.health import BROKER_BACKOFF_CAP_S, broker_unreachable
 from streamoffload.streaming.job.runs import JobRuns, LeaseUnrenewableError
 
@@ -40,7 +40,7 @@ class JobSupervision(JobRuns):
 
     def run_once(self, spark: SparkSession) -> None:
         """Drain everything available, then seal every open segment. A topic-partition whose offload fails
-        is set aside (``streaming.control.quarantine``) and the run starts again without it, so the other topics are
+        is set aside (``streaming.governance.quarantine``) and the run starts again without it, so the other topics are
         offloaded; the run then fails, naming it."""
         self.failed_topics = {}
         while True:

@@ -1,6 +1,6 @@
 """Small JSON files the job's driver writes for the Pulsar source, which runs in another process (Spark's
-Python source runner): the policy versions in force (``streaming.control.policy_versions``), the topics set
-aside (``streaming.control.quarantine``) and the offload buffers (``streaming.source.admission``); and the one
+Python source runner): the policy versions in force (``streaming.governance.policy_versions``), the topics set
+aside (``streaming.governance.quarantine``) and the offload buffers (``streaming.source.admission``); and the one
 the source writes for dashboards in other processes (``streaming.source.backlog``). Written atomically; read
 again only when they change."""
 

@@ -24,8 +24,8 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from streamoffload.streaming.control.policy_versions import PolicyLog
-from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.governance.policy_versions import PolicyLog
+from streamoffload.streaming.governance.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.handoff.actions import pack_actions
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.positions import PositionsBatch

@@ -29,7 +29,7 @@ from streamoffload.codecs.positions import Position
 from streamoffload.errors import StreamOffloadError
 from streamoffload.redaction import redact
 from streamoffload.storage.base import Buffer
-from streamoffload.streaming.control.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
+from streamoffload.streaming.governance.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, ReaderSettings
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
@@ -126,7 +126,7 @@ class BrokerFetcher:
     reader: str = "raw"
     stats: FetchStats = field(default_factory=FetchStats)
     limiter: RateLimiter | None = None
-    """The job's read limits (``streaming.control.rate_limits``): a re-read is a read from the broker too."""
+    """The job's read limits (``streaming.governance.rate_limits``): a re-read is a read from the broker too."""
     _client: Any = None
 
     def _read_range(self) -> tuple[Any, Any]:
@@ -136,9 +136,9 @@ class BrokerFetcher:
             if self._client is None:
                 self._client = rr.RawClient(self.service_url, dict(self.client_options))
             return self._client, rr.read_range_raw
-        from streamoffload.streaming.protocol import client_reader as pio
+        from streamoffload.streaming.protocol import client_reader
 
-        return pio.shared_client(self.service_url, dict(self.client_options)), pio.read_range
+        return client_reader.shared_client(self.service_url, dict(self.client_options)), client_reader.read_range
 
     @property
     def source(self) -> str:

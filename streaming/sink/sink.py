@@ -33,8 +33,8 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import Buffer, buffers_size
 from streamoffload.storage.location import ScopedStore, StoreLocation
-from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
-from streamoffload.streaming.control.rate_limits import RateLimiter, limiter_for, throttled_since
+from streamoffload.streaming.governance.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.governance.rate_limits import RateLimiter, limiter_for, throttled_since
 from streamoffload.streaming.handoff.actions import (
     Action,
     OpenAction,
@@ -170,7 +170,7 @@ class SegmentSink:
     ) -> None:
         """``fetcher`` supplies the entries the parts name (the broker, in the job). ``part_budget``: bytes of
         parts held at once over the threads (0: one part at a time, whatever its size). ``limiter``: the job's
-        rate limits (``streaming.control.rate_limits``), here the upload limit of the parts. ``keyring``: the
+        rate limits (``streaming.governance.rate_limits``), here the upload limit of the parts. ``keyring``: the
         key-encryption keys of encrypted segments (default: the environment's, ``checkpoints.keyring``).
         ``whole_segment_bytes``: segments up to this size opened and sealed in one batch are written as one object
         (0: every segment through a multipart upload). ``clock``: seconds, for the commit window

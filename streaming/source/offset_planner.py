@@ -24,9 +24,9 @@ from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.redaction import redact
 from streamoffload.storage import keys
-from streamoffload.streaming.control.policy_versions import VersionsFile
-from streamoffload.streaming.control.quarantine import PauseFile, TopicFailedError
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.governance.policy_versions import VersionsFile
+from streamoffload.streaming.governance.quarantine import PauseFile, TopicFailedError
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.broker_connection import TopicListingUnsupported, list_topics
 from streamoffload.streaming.protocol.exactly_once import (
@@ -112,7 +112,9 @@ class SourcePlanner:
 
     def __init__(self, options: SourceOptions, client_factory: Callable[[], Any] | None = None) -> None:
         self.options = options
-        self._client_factory = client_factory or (lambda: pio.shared_client(options.service_url, options.client_opts))
+        self._client_factory = client_factory or (
+            lambda: client_reader.shared_client(options.service_url, options.client_opts)
+        )
         self._client: Any = None
         self._raw: rr.RawClient | None = None
         self._held: HeldPositions | None = None
@@ -164,7 +166,7 @@ class SourcePlanner:
     def _latest_position(self, tp: str) -> Position | None:
         if self.options.reader == "raw":
             return rr.latest_position_raw(self.raw_client, tp)
-        return pio.latest_position(self.client, tp)
+        return client_reader.latest_position(self.client, tp)
 
     # --- discovery --------------------------------------------------------------------------
 
@@ -220,7 +222,7 @@ class SourcePlanner:
         return self._fit[name]
 
     def _expand(self, topic: str) -> list[str]:
-        return [str(TopicName.parse(p)) for p in pio.topic_partitions(self.client, topic)]
+        return [str(TopicName.parse(p)) for p in client_reader.topic_partitions(self.client, topic)]
 
     def _list_namespace(self, namespace: str) -> list[str]:
         if self._listing_supported is not False:
@@ -472,7 +474,7 @@ class SourcePlanner:
             for tp in paused:  # disabled: the offset stays where it is, nothing is read or skipped
                 start.setdefault(tp, self._consumed.get(tp, BEFORE_EARLIEST))
         if self._quarantine is not None:
-            # Set aside after failing again and again (streaming.control.quarantine): paused like a disabled topic.
+            # Set aside after failing again and again (streaming.governance.quarantine): paused like a disabled topic.
             held = [tp for tp in partitions if self._quarantine.paused(tp, now_ms)]
             if held:
                 aside = set(held)
@@ -657,7 +659,7 @@ class SourcePlanner:
         settings = self.options.reader_settings()
         if self.options.reader == "raw":
             return rr.probe_after_raw(self.raw_client, tp, after, settings=settings)
-        return pio.probe_after(self.client, tp, after, settings=settings)
+        return client_reader.probe_after(self.client, tp, after, settings=settings)
 
     def _tier_probe(self, tp: str, after: Position) -> Probe | None:
         """Read-through: the next position after ``after`` where the tasks will read it from the store
@@ -734,7 +736,7 @@ class SourcePlanner:
             self._raw.close()
             self._raw = None
         if self._client is not None:
-            pio.close_shared_clients()
+            client_reader.close_shared_clients()
             self._client = None
 
 

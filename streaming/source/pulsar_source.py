@@ -41,11 +41,11 @@ from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
 from streamoffload.read.topic_reader import TopicReader
-from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
-from streamoffload.streaming.control.rate_limits import ReadWaits, limiter_for, throttled_reads
+from streamoffload.streaming.governance.quarantine import TopicFailedError, is_topic_specific
+from streamoffload.streaming.governance.rate_limits import ReadWaits, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.positions import POSITIONS_SCHEMA
 from streamoffload.streaming.handoff.spool import SpoolWriter
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Probe, ReadEntry, ReaderSettings, ReadStats
 from streamoffload.streaming.runtime.interleave import interleave
@@ -258,10 +258,10 @@ def read_partition(
         probe: Callable[..., Probe | None] = rr.probe_after_raw
         latest: Callable[[Any, str], Position | None] = rr.latest_position_raw
     else:
-        client = pio.shared_client(options.service_url, options.client_opts)
-        read_range = pio.read_range
-        probe = pio.probe_after
-        latest = pio.latest_position
+        client = client_reader.shared_client(options.service_url, options.client_opts)
+        read_range = client_reader.read_range
+        probe = client_reader.probe_after
+        latest = client_reader.latest_position
     tier: TierView | None = None
     stored: TopicReader | None = None
     if options.offloaded is not None:

@@ -14,7 +14,7 @@ from streamoffload.codecs.positions import Position
 from streamoffload.config import parse_pattern
 from streamoffload.errors import ConfigError
 from streamoffload.storage.location import StoreLocation, parse_store_url
-from streamoffload.streaming.control.rate_limits import RateLimitSpec
+from streamoffload.streaming.governance.rate_limits import RateLimitSpec
 from streamoffload.streaming.protocol.client_options import (
     ConnectionConfig,
     ServiceAddress,
@@ -93,7 +93,8 @@ class SourceOptions:
     """``offloaded.store``: read through the tier -- what the broker no longer holds comes from this store
     (``streaming/source/read_through.py``)."""
     rate_limits: RateLimitSpec | None = None
-    """``rateLimits`` (the offload job's): where the tasks find the read limits (``streaming.control.rate_limits``)."""
+    """``rateLimits`` (the offload job's): where the tasks find the read limits
+    (``streaming.governance.rate_limits``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -509,14 +510,14 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         ("policyVersionsFile",),
         "",
-        "The offload job's policy versions (``streaming.control.policy_versions``): ``enabled = false`` pauses.",
+        "The offload job's policy versions (``streaming.governance.policy_versions``): ``enabled = false`` pauses.",
         "A topic-partition whose policy in force says ``enabled = false`` is paused: its offset does not advance, "
         "so nothing is read (or skipped) until it is enabled again.",
     ),
     OptionDoc(
         ("quarantineFile",),
         "",
-        "The offload job's quarantined topics (``streaming.control.quarantine``): paused until their backoff ends.",
+        "The offload job's quarantined topics (``streaming.governance.quarantine``): paused until their backoff ends.",
         "A quarantined topic-partition's offset does not move and nothing is skipped; the other topics go on.",
     ),
     OptionDoc(
@@ -536,7 +537,7 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         ("rateLimits",),
         "",
-        "The offload job's read limits (``streaming.control.rate_limits``): where the tasks find them.",
+        "The offload job's read limits (``streaming.governance.rate_limits``): where the tasks find them.",
     ),
     OptionDoc(
         ("keyPrefix",),

@@ -107,7 +107,7 @@ class JobMetrics(Collector):
         """The job's ``streaming.job.health.JobHealth`` now (``install_metrics`` sets it): broker reachability
         and restarts."""
         self._failing: dict[str, tuple[int, int]] = {}
-        """Topic-partitions failing in a row (streaming.control.quarantine): failures and until when set aside."""
+        """Topic-partitions failing in a row (streaming.governance.quarantine): failures and until when set aside."""
 
         reg = self.registry
         self.upload_duration = _histogram(d.UPLOAD_DURATION, reg)
@@ -278,7 +278,7 @@ class JobMetrics(Collector):
                 if state.store_totals is None or totals.segments >= state.store_totals.segments:
                     state.store_totals = totals
         if topics is None:  # one LIST (records exist only while a topic is failing)
-            from streamoffload.streaming.control.quarantine import read_records
+            from streamoffload.streaming.governance.quarantine import read_records
 
             failing = read_records(view.meta.scoped)
             with self._lock:

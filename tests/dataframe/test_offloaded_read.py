@@ -26,7 +26,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.errors import ConfigError
 from streamoffload.read import dataset_plan as ofp
 from streamoffload.read import dataset_read as ofr
-from streamoffload.read.segment import TopicNotFoundError
+from streamoffload.read.segment import TopicNotOffloadedError
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore, parse_store_url
@@ -219,13 +219,13 @@ def test_a_missing_store_or_topic_is_a_clear_error(
         parse_store_url(f"file://{tmp_path}/nowhere").open(create=False)
     metadata = MetadataStore(ScopedStore(FilesystemStore(str(root))))
     with pytest.raises(
-        TopicNotFoundError,
+        TopicNotOffloadedError,
         match=r"topic persistent://public/default/nope has no offloaded data in "
         r".*\(topics with offloaded data: .*audit",
     ):
         ofp.resolve_topics(metadata, ["nope"])
     assert ofp.resolve_topics(metadata, [], ("public/default", re.compile("ord.*"))) == [P0, P1]
-    with pytest.raises(TopicNotFoundError, match=r"topicsPattern public/default/x.* has no offloaded data"):
+    with pytest.raises(TopicNotOffloadedError, match=r"topicsPattern public/default/x.* has no offloaded data"):
         ofp.resolve_topics(metadata, [], ("public/default", re.compile("x.*")))
 
 

@@ -25,7 +25,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_payload, produce
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.quarantine import Quarantine
+from streamoffload.streaming.governance.quarantine import Quarantine
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.runtime.faults import FETCH_FAULT
 from tests.fixtures.broker import unique_topic

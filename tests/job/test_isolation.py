@@ -1,4 +1,4 @@
-"""One bad topic-partition does not stop the others (``streaming.control.quarantine``), end to end: a topic whose
+"""One bad topic-partition does not stop the others (``streaming.governance.quarantine``), end to end: a topic whose
 offload fails (here: data loss, the source was told to continue past what the broker holds, as after a
 topic was deleted and re-created) fails Spark's micro-batch; the job sets it aside and every other topic is
 offloaded, byte for byte."""
@@ -19,8 +19,8 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.produce import produce
 from streamoffload.status import store_status
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control import quarantine
-from streamoffload.streaming.control.quarantine import read_records
+from streamoffload.streaming.governance import quarantine
+from streamoffload.streaming.governance.quarantine import read_records
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import unique_topic
 from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, poll, write_config

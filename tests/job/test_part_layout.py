@@ -22,7 +22,7 @@ from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.quarantine import TopicFailedError
+from streamoffload.streaming.governance.quarantine import TopicFailedError
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,

@@ -14,7 +14,7 @@ import pytest
 
 from streamoffload.produce import produce
 from streamoffload.storage.filesystem import FilesystemStore
-from streamoffload.streaming.control.rate_limits import READ_CHUNK
+from streamoffload.streaming.governance.rate_limits import READ_CHUNK
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.queries import BatchReport
 from tests.fixtures.broker import unique_topic

@@ -157,7 +157,7 @@ def test_second_passes_with_no_change_list_once_per_topic_and_read_nothing(tmp_p
     # The metrics refresher: the first refresh reads every manifest once (and lists the whole store once,
     # to find the topic-partitions); the second lists each topic's metadata once and reads nothing.
     metrics = JobMetrics(meta, read_cache=False)
-    # Each full refresh also lists the failing topics' records once (streaming.control.quarantine; none here).
+    # Each full refresh also lists the failing topics' records once (streaming.governance.quarantine; none here).
     metrics.refresh_store()
     assert counting.calls["get"] == TOPICS * SEGMENTS
     assert counting.calls["list"] == TOPICS + 1 + 1

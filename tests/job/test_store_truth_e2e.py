@@ -21,7 +21,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import load_config
 from streamoffload.produce import expected_payload, produce
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.policy_versions import VersionsFile
+from streamoffload.streaming.governance.policy_versions import VersionsFile
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import unique_topic
 from tests.job.readback import read_messages, referenced_keys, store_keys

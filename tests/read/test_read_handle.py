@@ -22,7 +22,7 @@ from streamoffload.read.segment import (
     MissingObjectError,
     SegmentKeys,
     SegmentReadHandle,
-    TopicNotFoundError,
+    TopicNotOffloadedError,
     UnsupportedFormatVersionError,
 )
 from streamoffload.read.topic_reader import TopicReader, parse_position
@@ -192,13 +192,16 @@ def test_key_prefix(store: ObjectStore, history: History) -> None:
     offload(ScopedStore(store, "offload/cluster-a"), history, switch_at=SWITCH_AT)
     with TopicReader(ScopedStore(store, "offload/cluster-a"), read_buffer_size=BUF) as reader:
         assert read_all(reader) == history.expected
-    with TopicReader(ScopedStore(store, "other"), read_buffer_size=BUF) as reader, pytest.raises(TopicNotFoundError):
+    with (
+        TopicReader(ScopedStore(store, "other"), read_buffer_size=BUF) as reader,
+        pytest.raises(TopicNotOffloadedError),
+    ):
         reader.read(TOPIC)
 
 
 def test_missing_topic_and_missing_index(store: ObjectStore, offloaded: MetadataStore) -> None:
     with TopicReader(ScopedStore(store), read_buffer_size=BUF) as reader:
-        with pytest.raises(TopicNotFoundError, match="orders-partition-0"):
+        with pytest.raises(TopicNotOffloadedError, match="orders-partition-0"):
             reader.read("persistent://public/default/nope")
         seg = offloaded.offloaded_segments(TOPIC)[1]
         store.delete(seg.indexKey)
@@ -502,7 +505,7 @@ def test_a_topic_whose_only_manifests_are_corrupt_is_refused_naming_them(tmp_pat
     flip_byte(store, key, 20)
     (error,) = [c.error for c in meta.corrupt_manifests(TOPIC)]
     assert error.startswith(f"{key}: ")
-    with TopicReader(scoped) as reader, pytest.raises(TopicNotFoundError) as err:
+    with TopicReader(scoped) as reader, pytest.raises(TopicNotOffloadedError) as err:
         reader.read(TOPIC)
     assert str(err.value) == (
         f"no readable offloaded segments for topic {TOPIC} in {scoped.describe()}: 1 manifest cannot be used: {error}"

@@ -13,7 +13,7 @@ import pulsar
 from streamoffload.codecs.entry import CompressionType, entry_messages
 from streamoffload.codecs.positions import Position
 from streamoffload.produce import expected_key, expected_payload, expected_properties
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.exactly_once import ReadEntry
 
@@ -39,10 +39,10 @@ class RangeReader:
     def latest(self, topic: str) -> Position | None:
         if self.kind == "raw":
             return rr.latest_position_raw(self.client, topic)
-        return pio.latest_position(self.client, topic)
+        return client_reader.latest_position(self.client, topic)
 
     def read(self, topic: str, start: Position, end: Position, **kwargs: Any) -> Iterator[ReadEntry]:
-        read_range = rr.read_range_raw if self.kind == "raw" else pio.read_range
+        read_range = rr.read_range_raw if self.kind == "raw" else client_reader.read_range
         return read_range(self.client, topic, start, end, **kwargs)
 
     def close(self) -> None:
@@ -50,7 +50,7 @@ class RangeReader:
 
 
 def open_reader(kind: str, service_url: str, options: Mapping[str, str] | None = None) -> RangeReader:
-    client = rr.RawClient(service_url, options) if kind == "raw" else pio.make_client(service_url, options)
+    client = rr.RawClient(service_url, options) if kind == "raw" else client_reader.make_client(service_url, options)
     return RangeReader(kind, client)
 
 

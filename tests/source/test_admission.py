@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import ReadMaxBytes
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.positions import Position
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
-from streamoffload.streaming.control.policy_versions import policy_document, write_versions_file
+from streamoffload.streaming.governance.policy_versions import policy_document, write_versions_file
 from streamoffload.streaming.handoff.actions import StatsAction
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.job.offload_job import OffloadJob

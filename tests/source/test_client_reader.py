@@ -14,7 +14,7 @@ import pytest
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
@@ -34,7 +34,7 @@ FAST = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=400, retry_time
 
 @pytest.fixture(scope="module")
 def client(pulsar_broker: EmbeddedBroker) -> Iterator[Any]:
-    c = pio.make_client(pulsar_broker.service_url)
+    c = client_reader.make_client(pulsar_broker.service_url)
     yield c
     c.close()
 
@@ -42,12 +42,16 @@ def client(pulsar_broker: EmbeddedBroker) -> Iterator[Any]:
 def test_probe_finds_the_next_entry(pulsar_broker: EmbeddedBroker, client: Any) -> None:
     topic = unique_topic("probe")
     produce(pulsar_broker.service_url, topic, 30, 100, batching=True, batch_size=10)
-    entries = list(pio.read_range(client, topic, BEFORE_EARLIEST, pio.latest_position(client, topic), settings=FAST))
-    probe = pio.probe_after(client, topic, BEFORE_EARLIEST, settings=FAST)
+    entries = list(
+        client_reader.read_range(
+            client, topic, BEFORE_EARLIEST, client_reader.latest_position(client, topic), settings=FAST
+        )
+    )
+    probe = client_reader.probe_after(client, topic, BEFORE_EARLIEST, settings=FAST)
     assert probe is not None and probe.position == entries[0].position
     assert probe.num_messages == entries[0].num_messages
     assert probe.approx_bytes >= 100 * probe.num_messages
-    after_first = pio.probe_after(client, topic, entries[0].position, settings=FAST)
+    after_first = client_reader.probe_after(client, topic, entries[0].position, settings=FAST)
     assert after_first is not None and after_first.position == entries[1].position
 
 
@@ -166,7 +170,7 @@ def test_duplicates_and_stalls_are_absorbed() -> None:
         ]
     )
     stats = ReadStats()
-    entries = list(pio.read_range(client, "t", BEFORE_EARLIEST, (1, 4), settings=QUICK, stats=stats))
+    entries = list(client_reader.read_range(client, "t", BEFORE_EARLIEST, (1, 4), settings=QUICK, stats=stats))
     assert positions(entries) == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
     assert stats.duplicates == 4 and stats.stalls == 1 and stats.reopens == 1
     assert len(client.opened_at) == 2
@@ -181,7 +185,7 @@ def test_batches_are_regrouped_and_torn_batches_reread() -> None:
         ]
     )
     stats = ReadStats()
-    entries = list(pio.read_range(client, "t", BEFORE_EARLIEST, (2, 3), settings=QUICK, stats=stats))
+    entries = list(client_reader.read_range(client, "t", BEFORE_EARLIEST, (2, 3), settings=QUICK, stats=stats))
     assert positions(entries) == [(2, 0), (2, 1), (2, 2), (2, 3)]
     assert [e.num_messages for e in entries] == [3, 4, 2, 1]
     for entry in entries:
@@ -194,13 +198,13 @@ def test_batches_are_regrouped_and_torn_batches_reread() -> None:
 def test_gap_within_a_ledger_is_data_loss_once_confirmed() -> None:
     client = FakeClient([plain(1, 0, 1, 3, 4), plain(1, 3, 4)])
     with pytest.raises(DataLossError, match="t: entries between 1:1 and 1:3 are missing"):
-        list(pio.read_range(client, "t", BEFORE_EARLIEST, (1, 4), settings=QUICK))
+        list(client_reader.read_range(client, "t", BEFORE_EARLIEST, (1, 4), settings=QUICK))
     assert len(client.opened_at) == 2  # the gap was re-read once before being believed
 
 
 def test_gap_that_heals_on_reread_is_not_data_loss() -> None:
     client = FakeClient([plain(1, 0, 1, 3), plain(1, 2, 3)])
-    entries = list(pio.read_range(client, "t", BEFORE_EARLIEST, (1, 3), settings=QUICK))
+    entries = list(client_reader.read_range(client, "t", BEFORE_EARLIEST, (1, 3), settings=QUICK))
     assert positions(entries) == [(1, 0), (1, 1), (1, 2), (1, 3)]
 
 
@@ -208,7 +212,7 @@ def test_gap_skipped_when_fail_on_data_loss_is_off() -> None:
     client = FakeClient([plain(1, 0, 1) + plain(2, 5, 6), plain(2, 5, 6)])
     lenient = ReaderSettings(**{**QUICK.__dict__, "fail_on_data_loss": False})
     stats = ReadStats()
-    entries = list(pio.read_range(client, "t", BEFORE_EARLIEST, (2, 6), settings=lenient, stats=stats))
+    entries = list(client_reader.read_range(client, "t", BEFORE_EARLIEST, (2, 6), settings=lenient, stats=stats))
     assert positions(entries) == [(1, 0), (1, 1), (2, 5), (2, 6)]
     assert stats.lost == [((1, 1), (2, 5))]
 
@@ -216,13 +220,13 @@ def test_gap_skipped_when_fail_on_data_loss_is_off() -> None:
 def test_missing_end_of_a_known_range_is_data_loss() -> None:
     client = FakeClient([plain(1, 5, 9), plain(1, 9)])
     with pytest.raises(DataLossError, match=r"entries after 1:5 up to 1:7 are missing \(the next entry"):
-        list(pio.read_range(client, "t", (1, 4), (1, 7), settings=QUICK))
+        list(client_reader.read_range(client, "t", (1, 4), (1, 7), settings=QUICK))
 
 
 def test_capped_range_ends_quietly_at_a_ledger_boundary() -> None:
     # admission control capped the range at (1, 10) but ledger 1 ended at entry 6
     client = FakeClient([plain(1, 5, 6) + plain(3, 0, 1)])
-    entries = list(pio.read_range(client, "t", (1, 4), (1, 10), settings=QUICK, end_is_known=False))
+    entries = list(client_reader.read_range(client, "t", (1, 4), (1, 10), settings=QUICK, end_is_known=False))
     assert positions(entries) == [(1, 5), (1, 6)]
 
 
@@ -230,4 +234,4 @@ def test_endless_stalls_give_up_with_a_clear_error() -> None:
     client = FakeClient([plain(1, 0)])
     budget = ReaderSettings(stall_timeout_ms=1, max_stall_timeout_ms=1, retry_timeout_s=0.2, initial_backoff_s=0.0)
     with pytest.raises(PulsarIOError, match=r"t: no progress reading positions \(1:0, 1:3\] for 0.2 s"):
-        list(pio.read_range(client, "t", BEFORE_EARLIEST, (1, 3), settings=budget))
+        list(client_reader.read_range(client, "t", BEFORE_EARLIEST, (1, 3), settings=budget))

@@ -33,7 +33,7 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookup
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.protocol.client_options import ServiceAddress
 from streamoffload.streaming.protocol.exactly_once import (
@@ -136,11 +136,11 @@ def test_entries_are_the_producers_bytes(
 def test_same_positions_and_messages_as_the_client_reader(pulsar_broker: EmbeddedBroker, raw: rr.RawClient) -> None:
     topic = unique_topic("raw-vs-client")
     produce(pulsar_broker.service_url, topic, 200, 40, keys=2, properties={"src": "io"}, batching=True, batch_size=9)
-    client = pio.make_client(pulsar_broker.service_url)
+    client = client_reader.make_client(pulsar_broker.service_url)
     try:
-        end = pio.latest_position(client, topic)
+        end = client_reader.latest_position(client, topic)
         assert end is not None
-        via_client = list(pio.read_range(client, topic, BEFORE_EARLIEST, end, settings=FAST))
+        via_client = list(client_reader.read_range(client, topic, BEFORE_EARLIEST, end, settings=FAST))
     finally:
         client.close()
     via_raw = read_all(raw, topic)

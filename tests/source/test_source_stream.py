@@ -17,7 +17,7 @@ import pytest
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
-from streamoffload.streaming.protocol import client_reader as pio
+from streamoffload.streaming.protocol import client_reader
 from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
 from streamoffload.streaming.source.backlog import read_backlog_file
 from streamoffload.streaming.source.offset_planner import SourcePlanner
@@ -238,9 +238,9 @@ def test_starting_offsets_json(spark: Any, pulsar_broker: EmbeddedBroker, tmp_pa
     a, b = unique_topic("start-a"), unique_topic("start-b")
     produce(url, a, 30, 40, properties=PROPS, batching=False)
     produce(url, b, 30, 40, properties=PROPS, batching=False)
-    client = pio.make_client(url)
+    client = client_reader.make_client(url)
     try:
-        entries_a = list(pio.read_range(client, a, BEFORE_EARLIEST, pio.latest_position(client, a)))
+        entries_a = list(client_reader.read_range(client, a, BEFORE_EARLIEST, client_reader.latest_position(client, a)))
     finally:
         client.close()
     tenth = entries_a[9].position
@@ -319,7 +319,7 @@ def test_planner_backlog_and_backlog_file(pulsar_broker: EmbeddedBroker, tmp_pat
     produce(url, topic, 50, 100, properties=PROPS, batching=False)
     path = tmp_path / "metrics" / "backlog.json"
     options = SourceOptions.parse(source_options(url, topics=topic, backlogFile=str(path)))
-    planner = SourcePlanner(options, lambda: pio.make_client(url))
+    planner = SourcePlanner(options, lambda: client_reader.make_client(url))
     try:
         start = planner.initial_offset()
         assert start == {topic: [-1, -1]}

@@ -13,7 +13,7 @@ from streamoffload.errors import ConfigError
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import StoreLocation
-from streamoffload.streaming.control.policy_versions import PolicyLog, decode_version
+from streamoffload.streaming.governance.policy_versions import PolicyLog, decode_version
 
 KEY = "fuzz/_meta/policies/00000001700000000000"
 GOOD = {"offload": {"managedLedgerOffloadMaxBlockSizeInBytes": 8 * 1024 * 1024}, "namespaces": {}, "topics": {}}

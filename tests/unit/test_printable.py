@@ -17,7 +17,7 @@ from streamoffload.cli_common import LogSettings, configure_logging, log_setting
 from streamoffload.printable import PrintableWriter, printable
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.quarantine import Quarantine
+from streamoffload.streaming.governance.quarantine import Quarantine
 from tests.unit.test_cli_errors import one_error_line
 
 HOSTILE_TOPIC = "persistent://public/default/evil\x1b[2J\rname"

@@ -13,7 +13,7 @@ from streamoffload.codecs.errors import EntryTooLargeError
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.control.quarantine import (
+from streamoffload.streaming.governance.quarantine import (
     FIRST_BACKOFF_MS,
     MAX_BACKOFF_MS,
     Quarantine,

@@ -9,7 +9,7 @@ import pytest
 
 from streamoffload.config import load_config, parse_config
 from streamoffload.errors import ConfigError
-from streamoffload.streaming.control.policy_versions import PolicyVersions, policy_document
+from streamoffload.streaming.governance.policy_versions import PolicyVersions, policy_document
 
 MIB = 1 << 20
 

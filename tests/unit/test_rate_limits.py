@@ -1,4 +1,4 @@
-"""The job's rate limits as tasks apply them (``streaming.control.rate_limits``), with a fake clock: no sleeps."""
+"""The job's rate limits as tasks apply them (``streaming.governance.rate_limits``), with a fake clock: no sleeps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.storage.location import StoreLocation
-from streamoffload.streaming.control.rate_limits import (
+from streamoffload.streaming.governance.rate_limits import (
     BURST_SECONDS,
     LIMITS_TTL_S,
     RateLimiter,

@@ -1,4 +1,4 @@
-"""The rate limits' token bucket (``streaming.control.token_bucket``), with a fake clock: no sleeps."""
+"""The rate limits' token bucket (``streaming.governance.token_bucket``), with a fake clock: no sleeps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamoffload.streaming.control.token_bucket import UNLIMITED, TokenBucket
+from streamoffload.streaming.governance.token_bucket import UNLIMITED, TokenBucket
 
 
 class FakeClock:

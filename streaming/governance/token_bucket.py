@@ -1,6 +1,6 @@
 """A token bucket of bytes per second: pure (no Spark, no I/O), with an injectable clock and sleep.
 
-The rate limits of the offload job (``streaming.control.rate_limits``) hold one per limit and process. A caller
+The rate limits of the offload job (``streaming.governance.rate_limits``) hold one per limit and process. A caller
 asks for ``n`` bytes with :meth:`TokenBucket.reserve`, which books them at once and returns how long to wait
 before passing them; :meth:`TokenBucket.acquire` reserves and sleeps. Bookings are first come, first served: the
 tokens may go negative (a debt the next callers wait out), so a request larger than the bucket passes too (it

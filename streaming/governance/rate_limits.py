@@ -6,7 +6,7 @@ bytes written to the store. The limits are offload policy: a task resolves a top
 versions in the store (``policy_versions.PolicyLog``, listed every ``refresh_s``) at the time it passes bytes,
 so an edit applies to what is read and uploaded after its effective time, the same on every executor.
 
-Enforced per process, with one :class:`~streamoffload.streaming.control.token_bucket.TokenBucket` per
+Enforced per process, with one :class:`~streamoffload.streaming.governance.token_bucket.TokenBucket` per
 (kind, topic-partition) with a limit, and one per kind for the job's total whose rate is ``total / tasks``:
 ``tasks`` is Spark's parallelism (``local[n]``'s cores, executors x cores), the most tasks that run at once, and
 a task runs in one Python worker process at a time, so the job's total holds whatever executors the tasks land
@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.storage.location import StoreLocation
-from streamoffload.streaming.control.policy_versions import DEFAULT_REFRESH_S, PolicyLog
-from streamoffload.streaming.control.token_bucket import TokenBucket
+from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S, PolicyLog
+from streamoffload.streaming.governance.token_bucket import TokenBucket
 
 log = logging.getLogger(__name__)
 
