@@ -112,7 +112,7 @@ from streamoffload.checkpoints.policy import min_block_size
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, Config, parse_config
 from streamoffload.produce import ProduceSummary, produce
 from streamoffload.streaming.job.offload_job import OffloadJob
-from streamoffload.streaming.job.queries import BatchReport
+from streamoffload.streaming.job.report import BatchReport
 
 MIB = 1024 * 1024
 NAMESPACE = "persistent://public/default"
@@ -294,9 +294,9 @@ def drain_job(spark: Any, config: Config) -> JobRun:
         entry_bytes,
         segments,
         reasons,
-        sum(1 for r in reports if r.parts or r.sealed),
+        sum(1 for r in reports if r.stats.parts or r.stats.sealed),
         sum(r.duration_s for r in reports),
-        sum(sum(r.upload_seconds) for r in reports),
+        sum(sum(r.stats.upload_seconds) for r in reports),
         queries,
         fetched(reports),
         peak_state_bytes(reports),
@@ -305,10 +305,10 @@ def drain_job(spark: Any, config: Config) -> JobRun:
 
 def fetched(reports: list[BatchReport]) -> str:
     """Where the sink got its entries: the spool, or reads of the broker."""
-    spooled = sum(r.spooled_entries for r in reports)
-    broker = sum(r.broker_entries for r in reports)
-    reads = sum(r.broker_reads for r in reports)
-    seconds = sum(r.fetch_seconds for r in reports)
+    spooled = sum(r.stats.spooled_entries for r in reports)
+    broker = sum(r.stats.broker_entries for r in reports)
+    reads = sum(r.stats.broker_reads for r in reports)
+    seconds = sum(r.stats.fetch_seconds for r in reports)
     return (
         f"the sink took {spooled:,} entries from the spool and {broker:,} from the broker in {reads:,} reads "
         f"({seconds:.1f} task s fetching)"
@@ -317,7 +317,7 @@ def fetched(reports: list[BatchReport]) -> str:
 
 def peak_state_bytes(reports: list[BatchReport]) -> int:
     """The largest remainder (``buffered_bytes``) a topic-partition kept in state after any micro-batch."""
-    return max((int(t.get("buffered_bytes", 0)) for r in reports for t in r.topics.values()), default=0)
+    return max((int(t.get("buffered_bytes", 0)) for r in reports for t in r.stats.topics.values()), default=0)
 
 
 def steady_seconds(queries: list[QueryTimes]) -> float:
@@ -681,7 +681,7 @@ def memory(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> 
             job.last_topic_stats,
             config.store.location.min_part_size,
         )
-        for stats in report.topics.values():
+        for stats in report.stats.topics.values():
             buffered_peak = max(buffered_peak, int(stats.get("buffered_bytes") or 0))
 
     job.listeners.append(on_batch)

@@ -115,7 +115,7 @@ def _name(start: Position, end: Position) -> str:
     return f"{start[0]}_{start[1]}_{end[0]}_{end[1]}{SUFFIX}"
 
 
-def _write_all(fd: int, head: bytes, data: bytes) -> None:
+def _write_all(fd: int, head: bytes, data: bytes | bytearray) -> None:
     written = os.writev(fd, [head, data])
     if written < len(head) + len(data):  # a short write (a signal, a nearly full disk): finish plainly
         rest = memoryview(head + data)[written:]
@@ -171,7 +171,7 @@ class SpoolWriter:
     def active(self) -> bool:
         return self._file is not None
 
-    def add(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+    def add(self, ledger_id: int, entry_id: int, data: bytes | bytearray) -> None:
         if self._file is None:
             return
         size = _RECORD.size + len(data)

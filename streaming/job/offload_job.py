@@ -24,7 +24,6 @@ from streamoffload.streaming.job.health import HealthTracker
 from streamoffload.streaming.job.queries import JobQueries
 from streamoffload.streaming.job.runs import JobRuns
 from streamoffload.streaming.job.supervision import JobSupervision
-from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
 
 
 class OffloadJob(JobSupervision, JobRuns, JobQueries):
@@ -54,9 +53,7 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self._renewer = None
         self._run_ended = threading.Event()
         self.quarantine = None
-        # JobQueries' cache of how the sink fetches entries, for which epoch: queries.py (not type-checked until
-        # h53-handoff's change of it merges) declares it only by assigning a tuple, so mypy takes that for its type.
-        self._fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None = None  # type: ignore[assignment]
+        self._fetcher_spec = None
         self.rate_limit_tasks = 1
         self.failed_topics = {}
         self._policy_failure = None

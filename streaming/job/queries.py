@@ -12,7 +12,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.governance.rate_limits import RateLimitSpec
 from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, unpack_actions
 from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
+from streamoffload.streaming.job.report import BatchReport
+from streamoffload.streaming.job.state import JobState
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
@@ -49,33 +51,6 @@ STATE_STORE_CONF = {
 }
 """Session settings the job's queries need (a query copies them when it starts; each run's checkpoint
 is fresh, so they never meet a checkpoint written without them)."""
-
-
-@dataclass
-class BatchReport:
-    """A micro-batch's ``SinkStats`` summed over its tasks (``SinkStats.merge``: the same fields), with its id and
-    how long the sink's Spark job took."""
-
-    batch_id: int
-    duration_s: float
-    parts: int = 0
-    part_bytes: int = 0
-    fetch_seconds: float = 0.0
-    spooled_entries: int = 0
-    broker_entries: int = 0
-    broker_reads: int = 0
-    opened: int = 0
-    sealed: list[dict[str, Any]] = field(default_factory=list)
-    upload_seconds: list[float] = field(default_factory=list)
-    errors: int = 0
-    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per topic-partition: buffered_bytes, open_segment, open_segment_entries, open_segment_bytes,
-    open_segment_assigned_ms, last_position, now_ms (see Segmenter.stats)."""
-    throttled: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Seconds the sink's tasks waited for the rate limits, by topic-partition and kind (read, upload)."""
-
-
-BatchListener = Callable[[BatchReport], None]
 
 
 SINK_STATS_SCHEMA = "stats STRING"
@@ -107,7 +82,7 @@ def _apply_arrow(
     return apply
 
 
-class JobQueries:
+class JobQueries(JobState):
     """Building and starting the job's query, and handling each micro-batch's results."""
 
     @property
@@ -281,11 +256,11 @@ class JobQueries:
         total = SinkStats()
         for row in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect():
             total.merge(SinkStats(**json.loads(row.stats)))  # each task's, as _apply_arrow wrote it
-        report = BatchReport(batch_id, time.monotonic() - started, **asdict(total))
-        self.last_topic_stats.update(report.topics)
-        self._metadata_changed({*report.topics, *(seal["topic"] for seal in report.sealed)})
-        if self.quarantine is not None and report.sealed:
-            for topic in self.quarantine.clear({seal["topic"] for seal in report.sealed}):
+        report = BatchReport(batch_id, time.monotonic() - started, total)
+        self.last_topic_stats.update(total.topics)
+        self._metadata_changed({*total.topics, *(seal["topic"] for seal in total.sealed)})
+        if self.quarantine is not None and total.sealed:
+            for topic in self.quarantine.clear({seal["topic"] for seal in total.sealed}):
                 log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
         if self.run is not None:  # the source's admission control reads each topic-partition's buffer here
             write_buffer_file(
@@ -293,8 +268,8 @@ class JobQueries:
                 self.last_topic_stats,
                 self.location.part_size,
             )
-        self._hold_broker_retention({seal["topic"]: seal["end"] for seal in report.sealed if "end" in seal})
-        for seal in report.sealed:
+        self._hold_broker_retention({seal["topic"]: seal["end"] for seal in total.sealed if "end" in seal})
+        for seal in total.sealed:
             log.info(
                 "sealed segment %s of %s: %d entries, %d bytes (%s)",
                 seal["segment"],

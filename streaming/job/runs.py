@@ -26,7 +26,7 @@ from streamoffload.streaming.governance.policy_versions import (
 )
 from streamoffload.streaming.governance.quarantine import Quarantine
 from streamoffload.streaming.job.queries import JobQueries
-from streamoffload.streaming.job.state import JobState, Run
+from streamoffload.streaming.job.state import Run
 from streamoffload.streaming.segmenter.segmenter_model import (
     CONTROL_POLICY,
 )
@@ -45,7 +45,7 @@ class LeaseUnrenewableError(FencedError):
     lease again unless another instance took it meanwhile."""
 
 
-class JobRuns(JobState, JobQueries):
+class JobRuns(JobQueries):
     """A run's lifecycle: lease, recovery, checkpoint, policy; and the retention beside it. Its query is
     ``JobQueries``'s."""
 

@@ -1,6 +1,7 @@
 """What the offload job's parts share: the state :class:`~streamoffload.streaming.job.offload_job.OffloadJob`
-sets up (``OffloadJob.__init__``) and its runs (``JobRuns``) and their supervision (``JobSupervision``) read
-and set, declared once with its types; and :class:`Run`, one run of the job."""
+sets up (``OffloadJob.__init__``) and its query (``JobQueries``), its runs (``JobRuns``) and their supervision
+(``JobSupervision``) read and set, declared once with its types, with what one part calls of a part above it;
+and :class:`Run`, one run of the job."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from streamoffload.config import Config, PolicySource
 from streamoffload.streaming.governance.policy_versions import PolicyLog
 from streamoffload.streaming.governance.quarantine import Quarantine
 from streamoffload.streaming.job.health import HealthTracker
-from streamoffload.streaming.job.queries import BatchListener
+from streamoffload.streaming.job.report import BatchListener
+from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
 
 
 @dataclass
@@ -31,7 +33,8 @@ class Run:
 
 
 class JobState:
-    """The offload job's state, declared for its parts (only annotations: the values are ``OffloadJob``'s)."""
+    """The offload job's state, declared for its parts (only annotations: the values are ``OffloadJob``'s), and
+    the methods ``JobQueries`` calls that ``JobRuns`` (above it in ``OffloadJob``'s bases) defines."""
 
     config: Config
     config_path: str | None
@@ -63,6 +66,8 @@ class JobState:
     _run_ended: threading.Event
     quarantine: Quarantine | None
     rate_limit_tasks: int
+    _fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None
+    """How the sink fetches entries (``JobQueries.fetcher_spec``), for the run of which epoch."""
     """Tasks that share the job's total rate limits: Spark's parallelism, set when the query is built."""
     failed_topics: dict[str, str]
     """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
@@ -70,3 +75,15 @@ class JobState:
     """Why publishing the edited policy last failed (said once per cause)."""
     health: HealthTracker
     """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""
+
+    def begin_run(self) -> Run:
+        """Start a run (``JobRuns.begin_run``)."""
+        raise NotImplementedError
+
+    def retention_runner(self) -> RetentionRunner:
+        """The run's retention, made once (``JobRuns.retention_runner``)."""
+        raise NotImplementedError
+
+    def _metadata_changed(self, topics: Iterable[str]) -> None:
+        """Tell ``metadata_listeners`` which topic-partitions' metadata changed (``JobRuns._metadata_changed``)."""
+        raise NotImplementedError

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, TypeVar
 from urllib.parse import quote
 
 from streamoffload import __version__
@@ -62,29 +62,32 @@ def object_metadata(topic: str, segment: str) -> dict[str, str]:
     }
 
 
-class _Bounded:
+V = TypeVar("V")
+
+
+class _Bounded(Generic[V]):
     """A small LRU map: per-executor caches must not grow with the number of segments ever written.
     Shared by the sink's threads (one per topic-partition at a time), hence the lock."""
 
     def __init__(self, limit: int = 1024) -> None:
         self.limit = limit
-        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._items: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, key: str, value: Any) -> None:
+    def remember(self, key: str, value: V) -> None:
         with self._lock:
             self._items[key] = value
             self._items.move_to_end(key)
             while len(self._items) > self.limit:
                 self._items.popitem(last=False)
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> V | None:
         with self._lock:
             return self._items.get(key)
 
-    def pop(self, key: str, default: Any = None) -> Any:
+    def pop(self, key: str) -> None:
         with self._lock:
-            return self._items.pop(key, default)
+            self._items.pop(key, None)
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
@@ -112,20 +115,20 @@ class SegmentCommits:
         self.metadata = MetadataStore(scoped)
         self.keyring = keyring
         self.clock = clock
-        self._uploads = _Bounded()  # data key -> the MultipartWrite its Assigned manifest recorded
-        self._encodings = _Bounded()  # data key -> its BlockEncoding (cipher, compression)
-        self._done = _Bounded()  # data keys whose object already exists (a replay after success)
+        self._uploads: _Bounded[MultipartWrite] = _Bounded()  # data key -> what its Assigned manifest recorded
+        self._encodings: _Bounded[BlockEncoding] = _Bounded()  # data key -> its cipher and compression
+        self._done: _Bounded[bool] = _Bounded()  # data keys whose object already exists (a replay after success)
 
     def forget_upload(self, data_key: str) -> None:
         """The segment ``data_key`` was written whole: no upload of it is wanted any more."""
-        self._uploads.pop(data_key, None)
+        self._uploads.pop(data_key)
 
     def encoding_for(self, data_key: str, manifest_key: str) -> BlockEncoding:
         """How the segment ``data_key`` belongs to stores its blocks, from its Assigned manifest (remembered when
         this sink opened or resumed it; read otherwise)."""
         encoding = self._encodings.get(data_key)
         if encoding is not None:
-            return encoding  # type: ignore[no-any-return]
+            return encoding
         return self._remember_encoding(self._written_manifest(manifest_key))
 
     def _remember_encoding(self, written: SegmentManifest) -> BlockEncoding:
@@ -155,7 +158,7 @@ class SegmentCommits:
         # No manifest, so no attempt of this segment completed: a data object under its key is what an attempt
         # written whole left before its commit (``_apply_whole``), and parts must not be skipped for it.
         self.store.delete(manifest.dataKey)
-        self._done.pop(manifest.dataKey, None)
+        self._done.pop(manifest.dataKey)
         key_id = policy_key_id(manifest)
         if key_id:
             # A fresh data key, recorded (wrapped) in the Assigned manifest before any part is written: the
@@ -244,7 +247,7 @@ class SegmentCommits:
         else:
             upload = self.upload_for(data_key, self.metadata.manifest_key(sealed))
             written = upload.complete(list(range(1, parts + 1)))
-            self._uploads.pop(data_key, None)
+            self._uploads.pop(data_key)
             self._done.remember(data_key, True)
             if written.size != expected:
                 raise ReplayMismatchError(

@@ -46,6 +46,11 @@ class EntryGoneError(DataLossError):
 
 
 class EntryFetcher(Protocol):
+    @property
+    def source(self) -> str:
+        """Where the entries come from, for errors (``the broker at pulsar://...``)."""
+        ...
+
     def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, Buffer]]:
         """The entries of ``topic`` in ``(after, end]``, in position order, as ``(position, bytes)``; the sink
         takes each part's entries from it in turn (:class:`PartReader`) and checks them (:func:`match`)."""
@@ -165,12 +170,31 @@ def _counted(entries: Iterator[Any], stats: FetchStats) -> Iterator[Any]:
         yield entry
 
 
-def fetch_counts(fetcher: Any) -> tuple[int, int, int]:
-    """(entries from a spool, entries read from the broker, broker reads) a fetcher has served so far."""
-    spooled = int(getattr(fetcher, "spooled", 0))
-    broker = getattr(fetcher, "fallback", fetcher)
-    stats = getattr(broker, "stats", None)
-    return spooled, int(getattr(stats, "entries", 0)), int(getattr(stats, "reads", 0))
+@runtime_checkable
+class CountingFetcher(EntryFetcher, Protocol):
+    """A fetcher that counts what it reads from the broker (:class:`BrokerFetcher`)."""
+
+    stats: FetchStats
+
+
+@runtime_checkable
+class CachingFetcher(EntryFetcher, Protocol):
+    """A cache in front of another fetcher (``streaming.handoff.spool.SpoolFetcher``): what it served itself,
+    and the fetcher it asks for the rest, and again for what it got wrong (:meth:`PartReader.take`)."""
+
+    spooled: int
+    fallback: EntryFetcher
+
+
+def fetch_counts(fetcher: EntryFetcher | None) -> tuple[int, int, int]:
+    """(entries from a spool, entries read from the broker, broker reads) a fetcher has served so far (none
+    without a fetcher, or from one that counts nothing: a ``MemoryFetcher``)."""
+    spooled = 0
+    if isinstance(fetcher, CachingFetcher):
+        spooled, fetcher = fetcher.spooled, fetcher.fallback
+    if not isinstance(fetcher, CountingFetcher):
+        return spooled, 0, 0
+    return spooled, fetcher.stats.entries, fetcher.stats.reads
 
 
 class MemoryFetcher:
@@ -218,16 +242,15 @@ class PartReader:
             current = (iter(self.fetcher.stream(topic, after, end)), after, end)
         stream, _, end = current
         try:
-            out = match(topic, refs, stream, getattr(self.fetcher, "source", "the fetcher"))
+            out = match(topic, refs, stream, self.fetcher.source)
         except (EntryChangedError, EntryGoneError) as err:
             self._open[topic] = current
             self.close(topic)
-            fallback = getattr(self.fetcher, "fallback", None)
-            if fallback is None:
+            if not isinstance(self.fetcher, CachingFetcher):
                 raise
             # A spool is a cache: what it got wrong the broker is asked for (and checked) once more.
             log.warning("%s; reading the part from the broker instead", err)
-            out = fetch(fallback, topic, refs, after)
+            out = fetch(self.fetcher.fallback, topic, refs, after)
         except BaseException:
             self._open[topic] = current
             self.close(topic)
@@ -294,4 +317,4 @@ def fetch(fetcher: EntryFetcher, topic: str, refs: Sequence[Entry], after: Posit
     """The checked bytes of ``refs`` in one read ``(after, last]`` (one part, or a test's entries)."""
     if not refs:
         return []
-    return match(topic, refs, fetcher.stream(topic, after, refs[-1].position), getattr(fetcher, "source", "fetcher"))
+    return match(topic, refs, fetcher.stream(topic, after, refs[-1].position), fetcher.source)

@@ -111,7 +111,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._planner = SourcePlanner(self.options)
         return self._planner
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, list[int]]:
         return self.planner.initial_offset()
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -121,7 +121,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxBytes(self.options.max_bytes_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         max_entries: int | None = None
         max_bytes: int | None = None
         if isinstance(limit, ReadMaxRows):
@@ -132,13 +132,13 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("pulsar source: read limit %r is not supported; reading all available", limit)
         return self.planner.latest_offset(start, max_entries, max_bytes)
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, list[int]] | None:
         return self.planner.latest_offset_report()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.planner.prepare_available_now()
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         starts, sealed_before = split_offsets(start)
         ends, sealed = split_offsets(end)
         ranges: list[Range] = []
@@ -160,7 +160,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, PulsarRangePartition)
         yield from read_partition(self.options, partition, self.schema, topic_errors=True)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         self.planner.commit(end)
 
     def stop(self) -> None:
@@ -176,7 +176,9 @@ def arrow_schema(schema: StructType | None, positions_only: bool = False) -> Any
     from pyspark.sql.pandas.types import to_arrow_schema
 
     if schema is None:
-        schema = StructType.fromDDL(POSITIONS_SCHEMA if positions_only else SCHEMA)
+        parsed = StructType.fromDDL(POSITIONS_SCHEMA if positions_only else SCHEMA)
+        assert isinstance(parsed, StructType)  # a DDL of columns is a struct
+        schema = parsed
     return to_arrow_schema(schema, timezone="UTC")
 
 
@@ -188,7 +190,7 @@ def rows_batch(
     entry_ids: Sequence[int],
     publish_us: Sequence[int | None],
     counts: Sequence[int],
-    entries: Sequence[bytes | None] | None,
+    entries: Sequence[bytes | bytearray | None] | None,
     sizes: Sequence[int],
     crcs: Sequence[int] | None = None,
     waits: Sequence[int] | None = None,
@@ -354,7 +356,7 @@ def _read_range_rows(
     entry_ids: list[int] = []
     publish: list[int] = []
     counts: list[int] = []
-    datas: list[bytes] = []
+    datas: list[bytes | bytearray] = []
     sizes: list[int] = []
     crcs: list[int] = []
     waits: list[int] = []
@@ -458,7 +460,7 @@ class PulsarBatchReader(DataSourceReader):
                 continue  # an empty topic-partition
             if last is None or end > last:  # type: ignore[operator]
                 raise ConfigError(
-                    f"option endingOffsets: {tp} ends at {end[0]}:{end[1]} (a position it does not hold yet; "  # type: ignore[index]
+                    f"option endingOffsets: {tp} ends at {end[0]}:{end[1]} (a position it does not hold yet; "
                     f"its latest is {'none: it is empty' if last is None else f'{last[0]}:{last[1]}'})"
                 )
             if end > start[tp]:  # type: ignore[operator]

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from streamoffload.read.topic_reader import TopicReader
     from streamoffload.status import latest_positions, store_status
     from streamoffload.streaming.job.offload_job import OffloadJob
-    from streamoffload.streaming.job.queries import BatchReport
+    from streamoffload.streaming.job.report import BatchReport
     from streamoffload.streaming.job.session import build_session
 
     work = Path(args.work_dir).resolve()
@@ -125,8 +125,9 @@ maxOffloadSegmentRolloverTimeMinutes = 1
 
             def progress(report: BatchReport) -> None:
                 print(
-                    f"  micro-batch {report.batch_id}: {report.parts} parts, {report.part_bytes / 1e6:.1f} MB "
-                    f"uploaded, {len(report.sealed)} segments sealed ({report.duration_s:.1f} s)",
+                    f"  micro-batch {report.batch_id}: {report.stats.parts} parts, "
+                    f"{report.stats.part_bytes / 1e6:.1f} MB uploaded, {len(report.stats.sealed)} segments sealed "
+                    f"({report.duration_s:.1f} s)",
                     flush=True,
                 )
 

@@ -8,7 +8,7 @@ derived from the store's metadata and kept per segment UUID:
 * At start, :meth:`JobMetrics.refresh_store` reads every segment manifest (``checkpoints``), so
   ``streamoffload_entries_offloaded_total`` equals what the store holds right away, and a restarted
   job continues its counters where the store says they are instead of from zero.
-* Every micro-batch's :class:`~streamoffload.streaming.job.queries.BatchReport` adds the segments it sealed
+* Every micro-batch's :class:`~streamoffload.streaming.job.report.BatchReport` adds the segments it sealed
   at once (no wait for the next refresh). A segment is counted once, by UUID, whichever of the two
   sees it first, so a replayed micro-batch or a refresh racing a batch never counts twice.
 * The store is re-read every ``store_refresh_s`` (and the topic of every seal right after it, for

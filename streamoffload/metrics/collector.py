@@ -40,7 +40,7 @@ from streamoffload.metrics.serving import MetricsServer, format_address
 from streamoffload.metrics.sources import backlog_from_source_progress, shared_read_cache
 
 if TYPE_CHECKING:
-    from streamoffload.streaming.job.queries import BatchReport
+    from streamoffload.streaming.job.report import BatchReport
 
 log = logging.getLogger(__name__)
 
@@ -138,33 +138,34 @@ class JobMetrics(Collector):
         return state
 
     def on_batch(self, report: BatchReport) -> None:
-        """A job listener: account a :class:`~streamoffload.streaming.job.queries.BatchReport`."""
+        """A job listener: account a :class:`~streamoffload.streaming.job.report.BatchReport`."""
         now = self.clock()
-        for seconds in report.upload_seconds:
+        sink = report.stats
+        for seconds in sink.upload_seconds:
             self.upload_duration.observe(seconds)
-        if report.errors:
-            self.upload_errors.inc(report.errors)
-        if report.parts:
-            self.parts_uploaded.inc(report.parts)
-        if report.part_bytes:
-            self.part_bytes_uploaded.inc(report.part_bytes)
-        if report.opened:
-            self.segments_opened.inc(report.opened)
-        for kinds in report.throttled.values():
+        if sink.errors:
+            self.upload_errors.inc(sink.errors)
+        if sink.parts:
+            self.parts_uploaded.inc(sink.parts)
+        if sink.part_bytes:
+            self.part_bytes_uploaded.inc(sink.part_bytes)
+        if sink.opened:
+            self.segments_opened.inc(sink.opened)
+        for kinds in sink.throttled.values():
             for kind, seconds in kinds.items():
                 if seconds > 0:
                     self.throttled_seconds.labels(kind=kind).inc(seconds)
         self.sink_duration.observe(report.duration_s)
         with self._lock:
             self._last_batch_time = now
-            for topic, stats in report.topics.items():
+            for topic, stats in sink.topics.items():
                 state = self._topic(topic)
                 state.stats = dict(stats)
                 segment, assigned = stats.get("open_segment"), stats.get("open_segment_assigned_ms")
                 if segment and segment not in state.offloaded:
                     previous = state.open.get(segment)
                     state.open[segment] = OpenSegment(previous.status if previous else "Assigned", int(assigned or 0))
-            for seal in report.sealed:
+            for seal in sink.sealed:
                 state = self._topic(seal["topic"])
                 end = seal.get("end")
                 state.count_offloaded(
@@ -178,7 +179,7 @@ class JobMetrics(Collector):
                 )
                 if not end or not seal.get("publish_time_last"):
                     self._dirty.add(seal["topic"])  # the manifest has the end position and publish time
-        if report.sealed:
+        if sink.sealed:
             self._wake.set()
 
     def on_progress(self, progress: Any) -> None:

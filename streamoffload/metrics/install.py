@@ -15,7 +15,7 @@ from streamoffload.metrics.sources import backlog_file_provider, progress_listen
 
 if TYPE_CHECKING:
     from streamoffload.streaming.job.health import HealthTracker
-    from streamoffload.streaming.job.queries import BatchListener
+    from streamoffload.streaming.job.report import BatchListener
 
 
 class MetricsJob(Protocol):

@@ -243,7 +243,7 @@ maxOffloadSegmentRolloverTimeSeconds = 3
     meta = MetadataStore(config.store.location.open())
     job = running_job(config_path)
     seals: list[int] = []
-    job.listeners.append(lambda report: seals.extend([report.batch_id] * len(report.sealed)))
+    job.listeners.append(lambda report: seals.extend([report.batch_id] * len(report.stats.sealed)))
 
     # A quiet topic's open segment is sealed by time with no further traffic.
     produce(pulsar_broker.service_url, quiet, count=20, payload_size=100, batching=False)

@@ -16,7 +16,7 @@ from streamoffload.produce import produce
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.streaming.governance.rate_limits import READ_CHUNK
 from streamoffload.streaming.job.offload_job import OffloadJob
-from streamoffload.streaming.job.queries import BatchReport
+from streamoffload.streaming.job.report import BatchReport
 from tests.fixtures.broker import unique_topic
 from tests.job.test_job_e2e import fs_store, poll, wait_for_policy, write_config
 
@@ -45,9 +45,9 @@ class Uploads:
 
     def __call__(self, report: BatchReport) -> None:
         with self.lock:
-            self.bytes += report.part_bytes
-            self.throttled += sum(kinds.get("upload", 0.0) for kinds in report.throttled.values())
-            self.read_throttled += sum(kinds.get("read", 0.0) for kinds in report.throttled.values())
+            self.bytes += report.stats.part_bytes
+            self.throttled += sum(kinds.get("upload", 0.0) for kinds in report.stats.throttled.values())
+            self.read_throttled += sum(kinds.get("read", 0.0) for kinds in report.stats.throttled.values())
             self.batches += 1
 
     def snapshot(self) -> tuple[int, float]:

@@ -4,11 +4,13 @@ once written, and never trusted over the checks (a bad spool costs a broker read
 from __future__ import annotations
 
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.codecs.positions import Position
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.handoff import spool
@@ -16,7 +18,7 @@ from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
-from streamoffload.streaming.sink.entry_fetch import EntryGoneError, MemoryFetcher, PartReader
+from streamoffload.streaming.sink.entry_fetch import EntryGoneError, FetchStats, MemoryFetcher, PartReader
 from streamoffload.streaming.sink.sink import SegmentSink
 from tests.fixtures.entries import Published, metas, triples
 from tests.job.readback import read_entries
@@ -195,3 +197,35 @@ def test_the_sink_releases_the_spool_files_of_the_parts_it_wrote(tmp_path: Path)
     assert spool_files(root, TOPIC) == []
     assert broker.reads == []  # every entry came from the spool
     assert read_entries(scoped, TOPIC) == triples(ENTRIES)
+
+
+class StatsFetcher(MemoryFetcher):
+    """The broker as ``BrokerFetcher`` counts it (``stats``: entries delivered, reads opened)."""
+
+    def __init__(self) -> None:
+        super().__init__({TOPIC: {e.position: e.payload for e in ENTRIES}})
+        self.stats = FetchStats()
+
+    def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, bytes]]:
+        self.stats.reads += 1
+        for position, data in super().stream(topic, after, end):
+            self.stats.entries += 1
+            yield position, data
+
+
+def test_the_sink_reports_what_came_from_the_spool_and_what_from_the_broker(tmp_path: Path) -> None:
+    """``SinkStats`` counts the entries the spool served and those (and the reads) its fallback, the broker, did;
+    a fetcher that counts nothing (``MemoryFetcher``) reports none."""
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:12], (-1, -1))
+    broker = StatsFetcher()
+    scoped = ScopedStore(FilesystemStore(str(tmp_path / "store")))
+    sink = SegmentSink(scoped, SpoolFetcher(str(root), broker))
+    policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=4096)
+    stats = sink.apply(run_segmenter(TOPIC, policy, MemoryState(), metas(ENTRIES), [CONTROL_SEAL], now_ms=1))
+    assert (stats.spooled_entries, stats.broker_entries, stats.broker_reads) == (12, len(ENTRIES) - 12, 1)
+    assert read_entries(scoped, TOPIC) == triples(ENTRIES)
+
+    plain = SegmentSink(ScopedStore(FilesystemStore(str(tmp_path / "other"))), CountingFetcher())
+    stats = plain.apply(run_segmenter(TOPIC, policy, MemoryState(), metas(ENTRIES), [CONTROL_SEAL], now_ms=1))
+    assert (stats.spooled_entries, stats.broker_entries, stats.broker_reads) == (0, 0, 0) and stats.parts > 0

@@ -29,7 +29,8 @@ from streamoffload.dashboard.model import (
 from streamoffload.metrics import definitions
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
-from streamoffload.streaming.job.queries import BatchReport
+from streamoffload.streaming.job.report import BatchReport
+from streamoffload.streaming.sink.sink import SinkStats
 from tests.fixtures.tools import debian_prometheus_tool
 
 TOKEN = "glsa_test_token"
@@ -154,7 +155,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
         "skipped_entries": 0,
         "now_ms": 0,
     }
-    metrics.on_batch(BatchReport(0, 0.1, sealed=[seal], topics={topic: stats}))
+    metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
     used = {name for expr in expressions(build_dashboard()) for name in re.findall(r"streamoffload_\w+", expr)}
     assert used - exported == set()
@@ -168,7 +169,7 @@ def test_the_definitions_are_exactly_the_families_the_job_exports() -> None:
     stats = {"open_segment": "s", "open_segment_assigned_ms": 1, "last_position": [1, 0], "buffered_bytes": 0}
     seal = {"topic": topic, "segment": "t", "reason": "time", "entries": 1, "entry_bytes": 5, "data_length": 10}
     seal |= {"end": [1, 0], "publish_time_last": 1_000}
-    metrics.on_batch(BatchReport(0, 0.1, sealed=[seal], topics={topic: stats}))
+    metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
     metrics.refresh_backlog()
     metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record
     exported = {family.name: family for family in metrics.registry.collect()}

@@ -23,8 +23,9 @@ from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.job.queries import BatchReport
+from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.segmenter.segmenter_model import MemoryState
+from streamoffload.streaming.sink.sink import SinkStats
 from tests.fixtures.entries import memory_sink
 from tests.monitoring.test_metrics_unit import FakeClock, FakeJob, entries, run_batch
 
@@ -137,7 +138,7 @@ def feed(metrics: JobMetrics, topics: Iterable[Synthetic], now_ms: int = NOW_MS)
             "last_position": list(read_up_to),
         }
         backlogs[t.topic] = Backlog(latest=(LEDGER, read_up_to[1] + t.unread), entries=t.unread, bytes=t.unread_bytes)
-    metrics.on_batch(BatchReport(0, 0.1, sealed=sealed, topics=stats))
+    metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=sealed, topics=stats)))
     previous = metrics.backlog_provider
     metrics.backlog_provider = lambda _known: backlogs
     metrics.refresh_backlog()
@@ -361,7 +362,7 @@ def test_a_topic_leaving_the_top_n_leaves_the_namespace_counters_as_they_were() 
     assert first.value("streamoffload_namespace_entries_offloaded_total", namespace="t/y") == 40
 
     # New entries on b: its lag is now an hour, so b takes a's place. Nothing was sealed, so no counter moves.
-    metrics.on_batch(BatchReport(1, 0.1, topics={b.topic: {"last_position": [LEDGER, b.end[1] + 4]}}))
+    metrics.on_batch(BatchReport(1, 0.1, SinkStats(topics={b.topic: {"last_position": [LEDGER, b.end[1] + 4]}})))
     second = scrape(metrics)
     assert second.topics() == {b.topic}
     assert second.value("streamoffload_entries_offloaded_total", topic=a.topic) is None  # a's series are gone
@@ -378,7 +379,7 @@ def test_a_topic_leaving_the_top_n_leaves_the_namespace_counters_as_they_were() 
     # a seals a segment while it has no per-topic series: the namespace counter counts it.
     seal = {"topic": a.topic, "segment": "a#1", "reason": "time", "entries": 7, "entry_bytes": 70, "data_length": 9}
     seal |= {"end": [LEDGER, 14], "publish_time_last": NOW_MS - 1000}
-    metrics.on_batch(BatchReport(2, 0.1, sealed=[seal]))
+    metrics.on_batch(BatchReport(2, 0.1, SinkStats(sealed=[seal])))
     third = scrape(metrics)
     assert third.topics() == {b.topic}
     assert third.value("streamoffload_namespace_entries_offloaded_total", namespace="t/x") == 37

@@ -8,7 +8,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,10 @@ from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog, CacheCounters
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.job.queries import BatchReport
+from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
-from streamoffload.streaming.sink.sink import SegmentSink
+from streamoffload.streaming.sink.sink import SegmentSink, SinkStats
 from tests.fixtures.entries import Published, memory_sink, publish_to
 
 TOPIC = "persistent://public/default/orders-partition-0"
@@ -84,15 +83,17 @@ def test_batch_reports_drive_counters_gauges_and_histograms() -> None:
         BatchReport(
             batch_id=0,
             duration_s=0.3,
-            parts=3,
-            part_bytes=3000,
-            opened=2,
-            sealed=[seal(TOPIC, "a", 10, 1000, 1300, "size"), seal(OTHER, "b", 4, 400, 700, "time")],
-            upload_seconds=[0.002, 0.02, 0.2],
-            topics={
-                TOPIC: stats(512, "c", 3, 990_000, (5, 12)),
-                OTHER: stats(0, None, 0, None, (6, 3)),
-            },
+            stats=SinkStats(
+                parts=3,
+                part_bytes=3000,
+                opened=2,
+                sealed=[seal(TOPIC, "a", 10, 1000, 1300, "size"), seal(OTHER, "b", 4, 400, 700, "time")],
+                upload_seconds=[0.002, 0.02, 0.2],
+                topics={
+                    TOPIC: stats(512, "c", 3, 990_000, (5, 12)),
+                    OTHER: stats(0, None, 0, None, (6, 3)),
+                },
+            ),
         )
     )
     assert value(metrics, "streamoffload_entries_offloaded_total", topic=TOPIC) == 10
@@ -122,7 +123,7 @@ def test_batch_reports_drive_counters_gauges_and_histograms() -> None:
     assert value(metrics, "streamoffload_last_batch_timestamp_seconds") == 1000.0
 
     # A replayed micro-batch reports the same seal again: counted once.
-    metrics.on_batch(BatchReport(1, 0.1, sealed=[seal(TOPIC, "a", 10, 1000, 1300, "size")], errors=1))
+    metrics.on_batch(BatchReport(1, 0.1, SinkStats(sealed=[seal(TOPIC, "a", 10, 1000, 1300, "size")], errors=1)))
     assert value(metrics, "streamoffload_entries_offloaded_total", topic=TOPIC) == 10
     assert value(metrics, "streamoffload_segments_sealed_total", topic=TOPIC, reason="size") == 1
     assert value(metrics, "streamoffload_upload_errors_total") == 1
@@ -188,7 +189,7 @@ def run_batch(
     seen = publish_to(sink, TOPIC, batch)
     actions = run_segmenter(TOPIC, policy(), state, seen, [CONTROL_SEAL] if seal_all else [], now_ms=now_ms)
     sink_stats = sink.apply(actions)
-    return BatchReport(batch_id=0, duration_s=0.01, **asdict(sink_stats))
+    return BatchReport(batch_id=0, duration_s=0.01, stats=sink_stats)
 
 
 @pytest.fixture
@@ -402,8 +403,10 @@ def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind
         BatchReport(
             0,
             0.1,
-            sealed=[{**seal(TOPIC, "a", 10, 1000, 1300, "size"), "end": [4, 9], "publish_time_last": 1_990_000}],
-            topics={TOPIC: stats(0, "b", 5, 1_999_000, (4, 14))},
+            SinkStats(
+                sealed=[{**seal(TOPIC, "a", 10, 1000, 1300, "size"), "end": [4, 9], "publish_time_last": 1_990_000}],
+                topics={TOPIC: stats(0, "b", 5, 1_999_000, (4, 14))},
+            ),
         )
     )
     progress = {
@@ -429,8 +432,10 @@ def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind
         BatchReport(
             1,
             0.1,
-            sealed=[{**seal(TOPIC, "b", 11, 1100, 1400, "end"), "end": [4, 20], "publish_time_last": 1_999_500}],
-            topics={TOPIC: stats(0, None, 0, None, (4, 20))},
+            SinkStats(
+                sealed=[{**seal(TOPIC, "b", 11, 1100, 1400, "end"), "end": [4, 20], "publish_time_last": 1_999_500}],
+                topics={TOPIC: stats(0, None, 0, None, (4, 20))},
+            ),
         )
     )
     metrics.on_progress(progress)

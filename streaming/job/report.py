@@ -1,0 +1,24 @@
+"""What the offload job tells its listeners (``JobState.listeners``: metrics, ``demo``, benches) after each
+micro-batch: :class:`BatchReport`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from streamoffload.streaming.sink.sink import SinkStats
+
+
+@dataclass
+class BatchReport:
+    """A micro-batch: its id, how long the sink's Spark job took, and its tasks' ``SinkStats`` summed
+    (``SinkStats.merge``)."""
+
+    batch_id: int
+    duration_s: float
+    stats: SinkStats = field(default_factory=SinkStats)
+    """What the sink did: parts and bytes written, entries fetched, segments opened and sealed, upload errors,
+    rate-limit waits, and the segmenter's figures per topic-partition (``SinkStats.topics``)."""
+
+
+BatchListener = Callable[[BatchReport], None]
