@@ -202,20 +202,20 @@ from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
+from streamoffload.pulsar import client_reader as pio
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, Probe, ReadEntry, ReaderSettings, ReadStats
+from streamoffload.read.through import BrokerFront, TierView, read_through_range, stored_entries
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.streaming.control.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.control.rate_limits import ReadWaits, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.positions import POSITIONS_SCHEMA
 from streamoffload.streaming.handoff.spool import SpoolWriter
-from streamoffload.streaming.protocol import client_reader as pio
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Probe, ReadEntry, ReaderSettings, ReadStats
 from streamoffload.streaming.runtime.interleave import interleave
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.backlog import PartitionBacklog
 from streamoffload.streaming.source.input_partitions import Range, group_ranges, split_ranges
 from streamoffload.streaming.source.offset_planner import SourcePlanner, position_of, split_offsets
-from streamoffload.streaming.source.read_through import BrokerFront, TierView, read_through_range, stored_entries
 from streamoffload.streaming.source.source_options import SourceOptions, positions_only
 
 log = logging.getLogger(__name__)
