@@ -126,10 +126,10 @@ from bench.procstats import CpuMeter, child_pids
 from bench.source import drain_plain, drain_raw
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar import raw_reader as rr
 from streamoffload.storage.base import ObjectStore
 from streamoffload.streaming.job.queries import STATE_STORE_CONF
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol import raw_reader as rr
 from streamoffload.streaming.source.pulsar_source import SCHEMA, arrow_schema
 from streamoffload.units import MIB
 
@@ -252,8 +252,8 @@ def start_drain(spec: str) -> Any:
 
 def drain(spec: str) -> None:
     # Not bench/source.py's drain_raw: this runs in Spark's Python worker, which cannot import ``bench``.
-    from streamoffload.streaming.protocol import raw_reader as rr
-    from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, ReaderSettings
+    from streamoffload.pulsar import raw_reader as rr
+    from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, ReaderSettings
 
     _how, url, topic, end_text, stall_ms = spec.split("|")
     ledger, entry = (int(v) for v in end_text.split(":"))

@@ -191,7 +191,7 @@ def plain_drain(service_url: str, topics: list[str], stall_ms: int, queue: int) 
     """(distinct messages, payload bytes) of a plain ``pulsar-client`` Reader drain of ``topics``:
     ``bench/source.py``'s loop (pulsar-lite duplicates deliveries: it counts each message id once)."""
     from bench.source import drain_plain
-    from streamoffload.streaming.protocol import client_reader
+    from streamoffload.pulsar import client_reader
 
     client = client_reader.make_client(service_url)
     try:

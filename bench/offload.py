@@ -329,7 +329,7 @@ def drain_plain_client(service_url: str, topics: list[str]) -> float:
     """Seconds a plain ``pulsar-client`` Reader loop (``bench/source.py``'s) takes to drain ``topics``."""
     import importlib.util
 
-    from streamoffload.streaming.protocol import client_reader
+    from streamoffload.pulsar import client_reader
 
     spec = importlib.util.spec_from_file_location("bench_source", Path(__file__).with_name("source.py"))
     assert spec is not None and spec.loader is not None

@@ -24,7 +24,7 @@ run is said so):
    so the job's ``topics_pattern`` comes with ``topics_pattern_candidates`` (every name above) and discovery
    expands each candidate (``SourcePlanner._list_namespace``). The first discovery waits out the unanswered
    GetTopicsOfNamespace; the job repeats the expansion every ``discoveryIntervalSeconds`` (10 s) inside a
-   trigger. Also one pipelined pass of every latest position (``streaming/protocol/latest_positions.py``), the other
+   trigger. Also one pipelined pass of every latest position (``streamoffload/pulsar/latest_positions.py``), the other
    part of a trigger's planning.
 3. **The job** as ``python -m streamoffload run --conf FILE`` in its own process group (bench/chaos_processes.py
    ``JobProcess``): the pattern, a trigger every ``--trigger-s``, rollover ``--rollover-s``, segments of at most

@@ -16,9 +16,9 @@ broker:
 - ``plain``: a ``pulsar-client`` Reader loop reading every message and its payload -- the minimum a
   correct client does on pulsar-lite: skip what it already saw and re-open the reader at the last
   message when it stalls (SPEC 6), nothing else;
-- ``pulsar_io``: ``streaming.protocol.client_reader.read_range``, the source's reading without Spark: regrouping
+- ``pulsar_io``: ``pulsar.client_reader.read_range``, the source's reading without Spark: regrouping
   batches, rebuilding every entry's bytes with ``codecs.entry.build_entry``, the exactness checks;
-- ``raw``: ``streaming.protocol.raw_reader.read_range_raw``, the raw-entry reader: the stored entries byte
+- ``raw``: ``pulsar.raw_reader.read_range_raw``, the raw-entry reader: the stored entries byte
   for byte over the binary protocol (CRC-32C checked, message count from the metadata; no
   unpacking, no rebuilding), with the same exactness checks;
 - ``spark``: ``spark.readStream.format("pulsar")`` with ``Trigger.AvailableNow`` into Spark's
@@ -53,10 +53,10 @@ from bench.harness import add_broker_argument, bench_broker, broker_name
 from bench.logs import log_beside
 from streamoffload.codecs.positions import Position
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import ReaderSettings, ReadStats
-from streamoffload.streaming.protocol.wire import batch_size_of
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import ReaderSettings, ReadStats
+from streamoffload.pulsar.wire import batch_size_of
 
 
 def drain_plain(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:

@@ -7,7 +7,7 @@ Run from the repository root:
 
 Each micro-batch asks every topic-partition for its latest position and reads its new entries: two
 subscriptions. The job's readers unsubscribe when they close and reuse their subscription names
-(``streaming/protocol/subscription_names.py``). This bench measures, side by side on two brokers of their own,
+(``streamoffload/pulsar/subscription_names.py``). This bench measures, side by side on two brokers of their own,
 the broker CPU (from /proc) of one "ask and read the last entry" with the job's readers and with a fresh
 name for every subscription (what the readers did before session 30), round after round, while the topic
 grows by ``--entries`` entries per round. With fresh names pulsar-lite's cost per subscription grows with the
@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 import pulsar  # noqa: E402
 
 from streamoffload.embedded_broker import EmbeddedBroker  # noqa: E402
-from streamoffload.streaming.protocol import raw_reader as rr  # noqa: E402
-from streamoffload.streaming.protocol.latest_positions import latest_positions_raw  # noqa: E402
-from streamoffload.streaming.protocol.subscription_names import NAMES  # noqa: E402
+from streamoffload.pulsar import raw_reader as rr  # noqa: E402
+from streamoffload.pulsar.latest_positions import latest_positions_raw  # noqa: E402
+from streamoffload.pulsar.subscription_names import NAMES  # noqa: E402
 
 _HZ = os.sysconf("SC_CLK_TCK")
 

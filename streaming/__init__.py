@@ -1,7 +1,8 @@
 """The offload job on Spark Structured Streaming, in rooms (docs/DESIGN.md "Layers"): ``job/`` over the
 stages ``source/``, ``segmenter/`` and ``sink/`` (which never import each other), over what they share
-(``control/``, ``handoff/``), over Spark's process plumbing (``runtime/``) and the Pulsar protocol client
-(``protocol/``, no Spark). Spark code is kept thin over plain Python that tests can call without Spark.
+(``control/``, ``handoff/``), over Spark's process plumbing (``runtime/``); the Pulsar protocol client
+(``streamoffload.pulsar``, no Spark) is below them all. Spark code is kept thin over plain Python that tests
+can call without Spark.
 This module holds only :func:`register`."""
 
 from __future__ import annotations

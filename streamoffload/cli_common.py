@@ -15,9 +15,9 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, StoreSettings, check_topics_fit, check_trigger_interval, load_config
 from streamoffload.errors import ConfigError, StreamOffloadError
 from streamoffload.printable import printable
+from streamoffload.pulsar.client_options import PULSAR_LOGGER
 from streamoffload.redaction import PrivateFileHandler, RedactingFilter
 from streamoffload.storage.location import parse_store_url
-from streamoffload.streaming.protocol.client_options import PULSAR_LOGGER
 
 STORE_HELP = "object store as a URL: file:///abs/dir (or a plain directory) or s3://bucket/prefix"
 

@@ -35,8 +35,8 @@ from types import TracebackType
 from typing import Self
 
 from streamoffload.errors import StreamOffloadError
+from streamoffload.pulsar.broker_connection import pulsar_handshake
 from streamoffload.redaction import private_opener
-from streamoffload.streaming.protocol.broker_connection import pulsar_handshake
 
 __all__ = [
     "BrokerError",

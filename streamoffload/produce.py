@@ -223,7 +223,7 @@ def produce(
     options = dict(client_options or {})
     if "logger" not in options:
         # Without a logger the C++ client prints its INFO lines on stdout (breaking `produce --json | jq`).
-        from streamoffload.streaming.protocol.client_options import pulsar_logger
+        from streamoffload.pulsar.client_options import pulsar_logger
 
         options["logger"] = pulsar_logger()
     try:

@@ -142,9 +142,9 @@ def latest_positions(
     import logging
 
     from streamoffload.errors import ConfigError
-    from streamoffload.streaming.protocol.exactly_once import PulsarIOError
-    from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
-    from streamoffload.streaming.protocol.raw_reader import RawClient, latest_position_raw
+    from streamoffload.pulsar.exactly_once import PulsarIOError
+    from streamoffload.pulsar.latest_positions import latest_positions_raw
+    from streamoffload.pulsar.raw_reader import RawClient, latest_position_raw
 
     log = logging.getLogger(__name__)
     options = {"operationTimeoutSeconds": "3", "connectionTimeoutMs": "2000", **dict(client_options or {})}
@@ -178,8 +178,8 @@ def _latest_positions_one_by_one(
 
     import pulsar
 
-    from streamoffload.streaming.protocol import client_reader
-    from streamoffload.streaming.protocol.client_options import client_kwargs, pulsar_logger
+    from streamoffload.pulsar import client_reader
+    from streamoffload.pulsar.client_options import client_kwargs, pulsar_logger
 
     log = logging.getLogger(__name__)
     # The client's own lines (connection refused, retried) go where every log line goes, below ERROR: the one

@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass
 from streamoffload.checkpoints.lease import FencedError
 from streamoffload.checkpoints.metadata_store import CommitConflictError
 from streamoffload.errors import StreamOffloadError
+from streamoffload.pulsar.exactly_once import DataLossError, PulsarIOError
 from streamoffload.storage import keys
 from streamoffload.storage.base import InvalidKeyError, ObjectNotFoundError, StorageError
 from streamoffload.storage.location import ScopedStore
-from streamoffload.streaming.protocol.exactly_once import DataLossError, PulsarIOError
 from streamoffload.streaming.runtime.side_files import WatchedJsonFile, write_json_file
 
 log = logging.getLogger(__name__)

@@ -152,7 +152,7 @@ class JobQueries(JobState):
         name = self.config.pulsar.retain_subscription
         if not name or not committed:
             return
-        from streamoffload.streaming.protocol import raw_reader as rr
+        from streamoffload.pulsar import raw_reader as rr
 
         pulsar = self.config.pulsar
         client = rr.RawClient(pulsar.service_url, dict(pulsar.client))

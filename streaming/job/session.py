@@ -23,10 +23,10 @@ from typing import IO, Any
 
 from streamoffload.redaction import private_opener, redact
 from streamoffload.streaming import register
-from streamoffload.streaming.protocol.option_values import parse_size
 from streamoffload.streaming.runtime.fork_client import SOCKET_ENV
 from streamoffload.streaming.runtime.fork_server import ForkServer, start_fork_server
 from streamoffload.streaming.runtime.worker_python import pyspark_from_directory, worker_python
+from streamoffload.streaming.source.option_values import parse_size
 
 SPARK_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 

@@ -27,11 +27,11 @@ from typing import Any, Protocol, runtime_checkable
 from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.positions import Position
 from streamoffload.errors import StreamOffloadError
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, DataLossError, ReaderSettings
 from streamoffload.redaction import redact
 from streamoffload.storage.base import Buffer
 from streamoffload.streaming.governance.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.entry import Entry
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, ReaderSettings
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
 
 log = logging.getLogger(__name__)
@@ -136,12 +136,12 @@ class BrokerFetcher:
 
     def _read_range(self) -> tuple[Any, Any]:
         if self.reader == "raw":
-            from streamoffload.streaming.protocol import raw_reader as rr
+            from streamoffload.pulsar import raw_reader as rr
 
             if self._client is None:
                 self._client = rr.RawClient(self.service_url, dict(self.client_options))
             return self._client, rr.read_range_raw
-        from streamoffload.streaming.protocol import client_reader
+        from streamoffload.pulsar import client_reader
 
         return client_reader.shared_client(self.service_url, dict(self.client_options)), client_reader.read_range
 

@@ -21,15 +21,10 @@ from typing import Any
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
-from streamoffload.read.topic_reader import TopicReader
-from streamoffload.redaction import redact
-from streamoffload.storage import keys
-from streamoffload.streaming.governance.policy_versions import VersionsFile
-from streamoffload.streaming.governance.quarantine import PauseFile, TopicFailedError
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.broker_connection import TopicListingUnsupported, list_topics
-from streamoffload.streaming.protocol.exactly_once import (
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.broker_connection import TopicListingUnsupported, list_topics
+from streamoffload.pulsar.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
     Probe,
@@ -37,13 +32,18 @@ from streamoffload.streaming.protocol.exactly_once import (
     TopicNotFoundError,
     gap,
 )
-from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
+from streamoffload.pulsar.latest_positions import HeldPositions, latest_positions_raw
+from streamoffload.read.starting_time import broker_position_at, stored_position_at
+from streamoffload.read.through import BrokerFront, TierView
+from streamoffload.read.topic_reader import TopicReader
+from streamoffload.redaction import redact
+from streamoffload.storage import keys
+from streamoffload.streaming.governance.policy_versions import VersionsFile
+from streamoffload.streaming.governance.quarantine import PauseFile, TopicFailedError
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, fair_shares
 from streamoffload.streaming.source.backlog import PartitionBacklog, entries_between, write_backlog_file
 from streamoffload.streaming.source.input_partitions import Range
-from streamoffload.streaming.source.read_through import BrokerFront, TierView
 from streamoffload.streaming.source.source_options import SourceOptions, parse_pattern
-from streamoffload.streaming.source.starting_time import broker_position_at, stored_position_at
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ class SourcePlanner:
 
     def latest_positions(self, partitions: Sequence[str]) -> dict[str, Position | None]:
         """Each topic-partition's latest position on the broker. With the raw reader all of them in a few
-        pipelined round trips (``streaming.protocol.latest_positions``); what that could not answer, and everything
+        pipelined round trips (``pulsar.latest_positions``); what that could not answer, and everything
         with the ``pulsar-client`` reader, one at a time with retries."""
         batch: dict[str, Any] = {}
         if self.options.reader == "raw" and partitions and (len(partitions) > 1 or self._held is not None):

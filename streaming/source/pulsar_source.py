@@ -2,8 +2,8 @@
 
 One row per Pulsar **entry** (:data:`SCHEMA`; with ``positionsOnly``, ``POSITIONS_SCHEMA``: no bytes, a
 CRC-32C): ``entry`` holds the entry in Pulsar's headers-and-payload format, byte for byte as the broker sends it
-with ``reader=raw`` (``streaming/protocol/raw_reader.py``), rebuilt from its messages with ``reader=client``
-(``streaming/protocol/client_reader.py``); ``codecs.entry.entry_messages(entry)`` splits it into its messages.
+with ``reader=raw`` (``streamoffload/pulsar/raw_reader.py``), rebuilt from its messages with ``reader=client``
+(``streamoffload/pulsar/client_reader.py``); ``codecs.entry.entry_messages(entry)`` splits it into its messages.
 ``partition`` is the partition index (-1 for a topic that is not a partition).
 
 The options, their defaults and what each does: ``docs/source-options.md`` (written from
@@ -40,20 +40,20 @@ from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, Probe, ReadEntry, ReaderSettings, ReadStats
+from streamoffload.read.through import BrokerFront, TierView, read_through_range, stored_entries
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.streaming.governance.quarantine import TopicFailedError, is_topic_specific
 from streamoffload.streaming.governance.rate_limits import ReadWaits, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.positions import POSITIONS_SCHEMA
 from streamoffload.streaming.handoff.spool import SpoolWriter
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Probe, ReadEntry, ReaderSettings, ReadStats
 from streamoffload.streaming.runtime.interleave import interleave
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.backlog import PartitionBacklog
 from streamoffload.streaming.source.input_partitions import Range, group_ranges, split_ranges
 from streamoffload.streaming.source.offset_planner import SourcePlanner, position_of, split_offsets
-from streamoffload.streaming.source.read_through import BrokerFront, TierView, read_through_range, stored_entries
 from streamoffload.streaming.source.source_options import SourceOptions, positions_only
 
 log = logging.getLogger(__name__)
@@ -299,7 +299,7 @@ def _read_through(
     latest: Callable[[Any, str], Position | None],
 ) -> Callable[..., Iterator[ReadEntry]]:
     """A ``read_range`` that reads what the store holds from the store and the rest from the broker
-    (``offloaded.store``; ``streaming/source/read_through.py``)."""
+    (``offloaded.store``; ``read/through.py``)."""
 
     def read_range(
         client: Any,

@@ -13,16 +13,16 @@ from typing import Any
 from streamoffload.codecs.positions import Position
 from streamoffload.config import parse_pattern
 from streamoffload.errors import ConfigError
-from streamoffload.storage.location import StoreLocation, parse_store_url
-from streamoffload.streaming.governance.rate_limits import RateLimitSpec
-from streamoffload.streaming.protocol.client_options import (
+from streamoffload.pulsar.client_options import (
     ConnectionConfig,
     ServiceAddress,
     client_kwargs,
     client_options,
 )
-from streamoffload.streaming.protocol.exactly_once import ReaderSettings
-from streamoffload.streaming.protocol.option_values import (
+from streamoffload.pulsar.exactly_once import ReaderSettings
+from streamoffload.storage.location import StoreLocation, parse_store_url
+from streamoffload.streaming.governance.rate_limits import RateLimitSpec
+from streamoffload.streaming.source.option_values import (
     parse_bool,
     parse_positive,
     parse_seconds,
@@ -86,12 +86,12 @@ class SourceOptions:
     spool_max_bytes: int = 2 << 30
     starting_time: int | None = None
     """``startingTime`` (ms since the epoch): each topic-partition starts at its first entry published then or
-    later (``streaming/source/starting_time.py``); only when a query starts without a checkpoint."""
+    later (``read/starting_time.py``); only when a query starts without a checkpoint."""
     offloaded: StoreLocation | None = None
     offloaded_keys_file: str | None = None
     """``offloaded.keysFile``: keys of stored segments encrypted at rest (``checkpoints.keyring``)."""
     """``offloaded.store``: read through the tier -- what the broker no longer holds comes from this store
-    (``streaming/source/read_through.py``)."""
+    (``read/through.py``)."""
     rate_limits: RateLimitSpec | None = None
     """``rateLimits`` (the offload job's): where the tasks find the read limits
     (``streaming.governance.rate_limits``)."""

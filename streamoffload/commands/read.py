@@ -277,11 +277,11 @@ def follow_entries(
     args: argparse.Namespace,
 ) -> Iterator[Any]:
     """``--follow``: the topic-partition's entries from ``start`` (or its first) through the store and then the
-    broker (``streaming.source.read_through``: the store where it holds the next entry, the broker after),
+    broker (``read.through``: the store where it holds the next entry, the broker after),
     asking the broker for its latest position every ``--poll-seconds`` while nothing is new; ends at ``end``."""
-    from streamoffload.streaming.protocol import raw_reader as rr
-    from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, ReaderSettings
-    from streamoffload.streaming.source.read_through import (
+    from streamoffload.pulsar import raw_reader as rr
+    from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, ReaderSettings
+    from streamoffload.read.through import (
         BrokerFront,
         StoredHistory,
         read_through_range,

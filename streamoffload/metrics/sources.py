@@ -107,13 +107,13 @@ def progress_listener(query_name: str, on_progress: Callable[[Any], None], on_fa
 
 def pulsar_backlog(service_url: str, options: Mapping[str, str], configured: Sequence[str] = ()) -> BacklogProvider:
     """The default :data:`BacklogProvider`: each topic-partition's latest position, asked from Pulsar
-    (``streaming.protocol.client_reader.latest_position``), for the partitions of the configured topics and the
+    (``pulsar.client_reader.latest_position``), for the partitions of the configured topics and the
     topic-partitions the metrics already know. Entries and bytes behind stay unknown (``None``): the
     Python client cannot count the entries of the ledgers in between."""
 
     def provide(known: Sequence[str]) -> Mapping[str, Backlog]:
-        from streamoffload.streaming.protocol import client_reader
-        from streamoffload.streaming.protocol.client_options import client_options
+        from streamoffload.pulsar import client_reader
+        from streamoffload.pulsar.client_options import client_options
 
         client = client_reader.shared_client(service_url, client_options(options))
         names = set(known)

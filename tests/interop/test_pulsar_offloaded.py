@@ -32,10 +32,10 @@ from streamoffload.checkpoints.pulsar_adopt import (
 from streamoffload.cli import main
 from streamoffload.codecs.entry import MAGIC_CRC32C
 from streamoffload.codecs.topics import TopicName
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST
 from streamoffload.pulsar_standalone import PulsarStandalone
 from streamoffload.storage.location import parse_store_url
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
 from tests.fixtures.pulsar_offloader import offload_topic, offloaders_dir, offloading_broker
 from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION
 from tests.job.readback import ReadMessage

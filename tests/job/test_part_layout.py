@@ -20,6 +20,7 @@ from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, enco
 from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.codecs.entry import crc32c
 from streamoffload.errors import StreamOffloadError
+from streamoffload.pulsar.exactly_once import DataLossError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.governance.quarantine import TopicFailedError
@@ -34,7 +35,6 @@ from streamoffload.streaming.handoff.part_layout import (
     part_length,
     part_refs,
 )
-from streamoffload.streaming.protocol.exactly_once import DataLossError
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import EntryChangedError, EntryGoneError, MemoryFetcher, fetch, match

@@ -33,9 +33,9 @@ from streamoffload.dashboard.model import (
 from streamoffload.embedded_broker import free_port
 from streamoffload.metrics.install import install_metrics
 from streamoffload.produce import produce
+from streamoffload.pulsar import raw_reader
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST
 from streamoffload.streaming.job.offload_job import OffloadJob
-from streamoffload.streaming.protocol import raw_reader
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.tools import debian_prometheus_tool
 

@@ -13,9 +13,9 @@ import pulsar
 from streamoffload.codecs.entry import CompressionType, entry_messages
 from streamoffload.codecs.positions import Position
 from streamoffload.produce import expected_key, expected_payload, expected_properties
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import ReadEntry
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import ReadEntry
 
 READERS = ("client", "raw")
 

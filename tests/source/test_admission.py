@@ -19,12 +19,12 @@ from pyspark.sql.streaming.datasource import ReadMaxBytes
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.positions import Position
 from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER, parse_config
+from streamoffload.pulsar.exactly_once import Probe
 from streamoffload.streaming.governance.policy_versions import policy_document, write_versions_file
 from streamoffload.streaming.handoff.actions import StatsAction
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.state import Run
-from streamoffload.streaming.protocol.exactly_once import Probe
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from streamoffload.streaming.source import offset_planner

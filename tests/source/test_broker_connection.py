@@ -1,4 +1,4 @@
-"""The direct binary-protocol connection (streaming/protocol/broker_connection.py): topic listing with
+"""The direct binary-protocol connection (streamoffload/pulsar/broker_connection.py): topic listing with
 ``GetTopicsOfNamespace`` against pulsar-lite (which ignores it) and a hand-made broker that pins the
 field numbers, and the readiness handshake."""
 
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from streamoffload.embedded_broker import EmbeddedBroker
-from streamoffload.streaming.protocol.broker_connection import TopicListingUnsupported, list_topics, pulsar_handshake
-from streamoffload.streaming.protocol.exactly_once import PulsarIOError
+from streamoffload.pulsar.broker_connection import TopicListingUnsupported, list_topics, pulsar_handshake
+from streamoffload.pulsar.exactly_once import PulsarIOError
 
 
 def test_list_topics_on_pulsar_lite_says_it_is_unsupported(pulsar_broker: EmbeddedBroker) -> None:
@@ -111,9 +111,9 @@ def test_frames_are_read_whole_however_the_bytes_arrive() -> None:
     connection's buffer: frames split into small pieces, several in one segment, a large frame whose rest comes
     after a read's deadline (it waits for the next read) all come out whole and in order."""
     from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand
-    from streamoffload.streaming.protocol.broker_connection import _DIRECT_PAYLOAD, BrokerConnection
-    from streamoffload.streaming.protocol.client_options import ConnectionConfig, ServiceAddress
-    from streamoffload.streaming.protocol.wire import T, frame
+    from streamoffload.pulsar.broker_connection import _DIRECT_PAYLOAD, BrokerConnection
+    from streamoffload.pulsar.client_options import ConnectionConfig, ServiceAddress
+    from streamoffload.pulsar.wire import T, frame
 
     def message(entry: int, payload: bytes) -> bytes:
         cmd = BaseCommand(type=T.MESSAGE)

@@ -1,4 +1,4 @@
-"""The ``pulsar.client.*`` options (streaming/protocol/client_options.py): ``pulsar.Client`` keyword arguments,
+"""The ``pulsar.client.*`` options (streamoffload/pulsar/client_options.py): ``pulsar.Client`` keyword arguments,
 the direct connection's settings and the service URL, with errors that name the option."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pulsar
 import pytest
 
 from streamoffload.errors import ConfigError
-from streamoffload.streaming.protocol.client_options import (
+from streamoffload.pulsar.client_options import (
     ConnectionConfig,
     ServiceAddress,
     client_kwargs,

@@ -14,8 +14,8 @@ import pytest
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol.exactly_once import (
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
     PulsarIOError,
@@ -23,7 +23,7 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReaderSettings,
     ReadStats,
 )
-from streamoffload.streaming.protocol.wire import field_varint
+from streamoffload.pulsar.wire import field_varint
 from tests.fixtures.broker import unique_topic
 
 FAST = ReaderSettings(stall_timeout_ms=100, max_stall_timeout_ms=400, retry_timeout_s=20.0)

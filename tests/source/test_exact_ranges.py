@@ -11,7 +11,7 @@ import pytest
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_payload, produce
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
 from tests.fixtures.broker import ROLLOVER_ENTRIES, unique_topic
 from tests.source.readers import READERS, RangeReader, assert_strictly_increasing, check_messages, open_reader
 

@@ -14,11 +14,11 @@ import pytest
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import latest_positions as lp
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.broker_connection import BrokerConnection
-from streamoffload.streaming.protocol.exactly_once import PulsarIOError
-from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
+from streamoffload.pulsar import latest_positions as lp
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.broker_connection import BrokerConnection
+from streamoffload.pulsar.exactly_once import PulsarIOError
+from streamoffload.pulsar.latest_positions import HeldPositions, latest_positions_raw
 from tests.fixtures.broker import unique_topic
 from tests.source.test_reader_subscriptions import _subscriptions
 

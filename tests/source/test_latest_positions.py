@@ -1,4 +1,4 @@
-"""Latest positions of many topic-partitions in a few pipelined round trips (streaming/protocol/latest_positions.py),
+"""Latest positions of many topic-partitions in a few pipelined round trips (streamoffload/pulsar/latest_positions.py),
 against the embedded broker, and the planner's fallback to one topic-partition at a time."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import broker_connection
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import PulsarIOError
-from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
+from streamoffload.pulsar import broker_connection
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import PulsarIOError
+from streamoffload.pulsar.latest_positions import latest_positions_raw
 from streamoffload.streaming.source.offset_planner import SourcePlanner
 from streamoffload.streaming.source.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic
@@ -75,7 +75,7 @@ def test_the_planner_asks_once_for_all_and_falls_back_one_at_a_time(
     assert connections == []  # the consumers and their connection are held between triggers
 
     # A topic the pipelined pass could not answer is asked again on its own (here: a lookup it was refused).
-    from streamoffload.streaming.protocol.latest_positions import HeldPositions
+    from streamoffload.pulsar.latest_positions import HeldPositions
 
     real_ask = HeldPositions.ask
 

@@ -38,9 +38,9 @@ from streamoffload.codecs.entry import (
 from streamoffload.codecs.proto.pulsar_api_pb2 import BrokerEntryMetadata
 from streamoffload.config import load_config
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
 from streamoffload.streaming.job.offload_job import OffloadJob
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, PulsarIOError, ReaderSettings, ReadStats
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.raw_producer import RawProducer
 from tests.job.readback import read_entries

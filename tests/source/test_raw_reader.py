@@ -1,4 +1,4 @@
-"""The raw-entry reader (streaming/protocol/raw_reader.py): entries byte for byte as pulsar-client's producer
+"""The raw-entry reader (streamoffload/pulsar/raw_reader.py): entries byte for byte as pulsar-client's producer
 wrote them and the broker stores them, read over the binary protocol from the real embedded broker
 (its exactness tests, shared with the client reader, are in test_exact_ranges.py); scripted faults; and the connection
 features against a scripted broker (auth, redirects, proxies) and a TLS terminator in front of the
@@ -33,10 +33,10 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookup
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.client_options import ServiceAddress
-from streamoffload.streaming.protocol.exactly_once import (
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.client_options import ServiceAddress
+from streamoffload.pulsar.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
     Probe,
@@ -46,8 +46,8 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReadStats,
     TopicNotFoundError,
 )
-from streamoffload.streaming.protocol.latest_positions import HeldPositions, latest_positions_raw
-from streamoffload.streaming.protocol.subscription_names import NAMES
+from streamoffload.pulsar.latest_positions import HeldPositions, latest_positions_raw
+from streamoffload.pulsar.subscription_names import NAMES
 from tests.fixtures.broker import unique_topic
 from tests.source.readers import CODECS, assert_strictly_increasing, send_with_client
 
@@ -158,7 +158,7 @@ def test_a_clients_consumers_take_turns_on_one_connection_and_a_stalled_ones_is_
     """A task reads its ranges one after the other: each range's consumer uses the connection the one before
     left (unsubscribed, answered), so a hundred ranges cost one connection, not a hundred. A consumer that
     waited out a stall closes its connection: the next one starts on a new connection."""
-    from streamoffload.streaming.protocol import broker_connection
+    from streamoffload.pulsar import broker_connection
 
     opened: list[Any] = []
     original = broker_connection.BrokerConnection.__init__

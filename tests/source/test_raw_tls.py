@@ -19,8 +19,8 @@ import pytest
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import PulsarIOError
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import PulsarIOError
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.tls_proxy import Pki, TlsProxy, make_pki
 from tests.source.readers import check_messages

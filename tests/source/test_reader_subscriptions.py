@@ -21,10 +21,10 @@ import pytest
 
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
-from streamoffload.streaming.protocol.latest_positions import latest_positions_raw
-from streamoffload.streaming.protocol.subscription_names import NAMES, PREFIX, SLOTS_DIR_ENV, SubscriptionNames
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST
+from streamoffload.pulsar.latest_positions import latest_positions_raw
+from streamoffload.pulsar.subscription_names import NAMES, PREFIX, SLOTS_DIR_ENV, SubscriptionNames
 from tests.fixtures.broker import unique_topic
 
 pytestmark = pytest.mark.broker
@@ -82,9 +82,9 @@ def test_a_restarted_process_subscribes_under_the_names_its_predecessor_used(
         produce(broker.service_url, topic, 4, 16, batching=False)
     script = (
         "import sys\n"
-        "from streamoffload.streaming.protocol import raw_reader as rr\n"
-        "from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST\n"
-        "from streamoffload.streaming.protocol.latest_positions import latest_positions_raw\n"
+        "from streamoffload.pulsar import raw_reader as rr\n"
+        "from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST\n"
+        "from streamoffload.pulsar.latest_positions import latest_positions_raw\n"
         "client = rr.RawClient(sys.argv[1])\n"
         "positions = latest_positions_raw(client, sys.argv[2:])\n"
         "for topic in sys.argv[2:]:\n"

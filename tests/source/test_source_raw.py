@@ -22,8 +22,8 @@ import pytest
 from streamoffload.codecs.entry import CompressionType, decode_entry, entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.errors import ConfigError
-from streamoffload.streaming.protocol import raw_reader as rr
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST
 from streamoffload.streaming.source.offset_planner import SourcePlanner
 from streamoffload.streaming.source.source_options import SourceOptions
 from tests.fixtures.broker import unique_topic

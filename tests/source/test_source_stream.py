@@ -17,8 +17,8 @@ import pytest
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
-from streamoffload.streaming.protocol import client_reader
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST
+from streamoffload.pulsar import client_reader
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST
 from streamoffload.streaming.source.backlog import read_backlog_file
 from streamoffload.streaming.source.offset_planner import SourcePlanner
 from streamoffload.streaming.source.source_options import SourceOptions

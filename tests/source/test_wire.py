@@ -1,4 +1,4 @@
-"""Pulsar's binary protocol on the wire (streaming/protocol/wire.py): frames, and the protobuf helpers for the
+"""Pulsar's binary protocol on the wire (streamoffload/pulsar/wire.py): frames, and the protobuf helpers for the
 fields the generated classes do not declare."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand
-from streamoffload.streaming.protocol.wire import (
+from streamoffload.pulsar.wire import (
     FRAME_HEADER,
     T,
     batch_size_of,

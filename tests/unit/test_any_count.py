@@ -51,11 +51,11 @@ def test_a_layer_above_its_ceiling_fails(
     monkeypatch.setattr(any_count, "CEILING_FILE", ceiling)
     monkeypatch.setattr(sys, "argv", ["any_count.py"])
     assert any_count.main() == 0
-    lowered = found["storage"] - 1
+    lowered = found["checkpoints"] - 1
     ceiling.write_text(
-        "".join(f"{lowered if layer == 'storage' else n} {layer}\n" for layer, n in found.items() if layer != "cli")
+        "".join(f"{lowered if layer == 'checkpoints' else n} {layer}\n" for layer, n in found.items() if layer != "cli")
     )
     assert any_count.main() == 1
     err = capsys.readouterr().err
-    assert f"layer 'storage' uses Any {found['storage']} times, above its ceiling {lowered}" in err
+    assert f"layer 'checkpoints' uses Any {found['checkpoints']} times, above its ceiling {lowered}" in err
     assert "layer 'cli' has no ceiling in scripts/any_ceiling.txt" in err

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {
     "codecs/": ROOT / "codecs",
     "storage/": ROOT / "storage",
+    "pulsar/": ROOT / "streamoffload" / "pulsar",
     "checkpoints/": ROOT / "checkpoints",
     "read/": ROOT / "read",
     "read/segment/": ROOT / "read" / "segment",

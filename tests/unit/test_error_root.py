@@ -22,7 +22,7 @@ SIGNALS = {
     # One upload attempt out of time: retried like a socket timeout, translated to a StorageError at the end.
     "streamoffload.storage.s3_errors.AttemptTimeout",
     # A consumer's delivery re-opened at once by the exactly-once loop, never raised past it.
-    "streamoffload.streaming.protocol.exactly_once.Resync",
+    "streamoffload.pulsar.exactly_once.Resync",
 }
 
 
@@ -55,7 +55,7 @@ def test_every_project_error_descends_from_the_root() -> None:
         "streamoffload.checkpoints.lease.FencedError",
         "streamoffload.read.segment.errors.ReadError",
         "streamoffload.streaming.handoff.spool.TornSpoolError",
-        "streamoffload.streaming.protocol.exactly_once.PulsarIOError",
+        "streamoffload.pulsar.exactly_once.PulsarIOError",
     ):
         assert name in found
 

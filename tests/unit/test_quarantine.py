@@ -10,6 +10,7 @@ import pytest
 
 from streamoffload.checkpoints.lease import FencedError
 from streamoffload.codecs.errors import EntryTooLargeError
+from streamoffload.pulsar.exactly_once import DataLossError, PulsarIOError
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
@@ -24,7 +25,6 @@ from streamoffload.streaming.governance.quarantine import (
     is_topic_specific,
     read_records,
 )
-from streamoffload.streaming.protocol.exactly_once import DataLossError, PulsarIOError
 from streamoffload.streaming.source.source_options import SourceOptions
 from tests.source.test_admission import LEDGER, A, B, C, ModelPlanner
 

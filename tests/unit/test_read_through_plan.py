@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamoffload.codecs.positions import Position
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, DataLossError, Probe, ReadEntry, gap
-from streamoffload.streaming.source.read_through import BrokerFront, LedgerSpan, StoredHistory, read_through_range
-from streamoffload.streaming.source.starting_time import broker_position_at
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, DataLossError, Probe, ReadEntry, gap
+from streamoffload.read.starting_time import broker_position_at
+from streamoffload.read.through import BrokerFront, LedgerSpan, StoredHistory, read_through_range
 
 TP = "persistent://public/default/t"
 

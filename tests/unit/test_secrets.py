@@ -18,11 +18,11 @@ import pytest
 from streamoffload.cli import main
 from streamoffload.cli_common import LogSettings, configure_logging, log_settings
 from streamoffload.errors import ConfigError
+from streamoffload.pulsar.client_options import ConnectionConfig, ServiceAddress
 from streamoffload.redaction import RedactingFilter, redact, register_secret
 from streamoffload.storage.location import open_store
 from streamoffload.streaming.job import session
 from streamoffload.streaming.job.health import HealthTracker
-from streamoffload.streaming.protocol.client_options import ConnectionConfig, ServiceAddress
 from tests.unit.test_cli_errors import one_error_line
 
 SECRET = "hunter2secret"

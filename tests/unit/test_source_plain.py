@@ -12,19 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamoffload.errors import ConfigError
-from streamoffload.streaming.protocol.option_values import (
-    FALSE_WORDS,
-    TRUE_WORDS,
-    parse_bool,
-    parse_positive,
-    parse_size,
-)
 from streamoffload.streaming.source.admission import fair_shares
 from streamoffload.streaming.source.backlog import (
     PartitionBacklog,
     entries_between,
     read_backlog_file,
     write_backlog_file,
+)
+from streamoffload.streaming.source.option_values import (
+    FALSE_WORDS,
+    TRUE_WORDS,
+    parse_bool,
+    parse_positive,
+    parse_size,
 )
 from streamoffload.streaming.source.source_options import SourceOptions, parse_pattern
 

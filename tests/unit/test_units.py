@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from streamoffload.config import parse_config
 from streamoffload.errors import ConfigError
-from streamoffload.streaming.protocol.option_values import parse_size as option_size
+from streamoffload.streaming.source.option_values import parse_size as option_size
 from streamoffload.units import (
     GIB,
     KIB,

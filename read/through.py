@@ -1,4 +1,5 @@
-"""Read-through: the live ``pulsar`` source reads what the broker no longer holds from the offload store.
+"""Read-through: what the broker no longer holds read from the offload store (the live ``pulsar`` source's
+``offloaded.store``, ``read --follow``).
 
 Our offloader runs outside the broker, so the broker knows nothing of the store: once its retention deletes
 a ledger, a reader of the broker alone finds a hole. With the source option ``offloaded.store`` a range
@@ -40,9 +41,7 @@ from typing import TYPE_CHECKING
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.entry import decode_entry, metadata_num_messages
 from streamoffload.codecs.positions import Position
-from streamoffload.read.topic_reader import TopicReader
-from streamoffload.storage.location import ScopedStore, StoreLocation
-from streamoffload.streaming.protocol.exactly_once import (
+from streamoffload.pulsar.exactly_once import (
     BEFORE_EARLIEST,
     DataLossError,
     Probe,
@@ -50,6 +49,8 @@ from streamoffload.streaming.protocol.exactly_once import (
     ReadStats,
     gap,
 )
+from streamoffload.read.topic_reader import TopicReader
+from streamoffload.storage.location import ScopedStore, StoreLocation
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest

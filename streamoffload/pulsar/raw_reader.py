@@ -1,7 +1,7 @@
 """Reading topic-partitions as the broker stores them: entries byte for byte, over Pulsar's binary protocol.
 
-:func:`read_range_raw` is :func:`streamoffload.streaming.protocol.exactly_once.read_exactly_once` -- the loop the
-``pulsar-client`` reader (:func:`streamoffload.streaming.protocol.client_reader.read_range`) uses too: exact
+:func:`read_range_raw` is :func:`streamoffload.pulsar.exactly_once.read_exactly_once` -- the loop the
+``pulsar-client`` reader (:func:`streamoffload.pulsar.client_reader.read_range`) uses too: exact
 ``(start, end]`` ranges, once each and in order, duplicates dropped, stalled readers re-opened at the
 last emitted position, reconnects with backoff, data loss confirmed by one re-read -- over
 :class:`RawConsumer`. It does not rebuild entries: each
@@ -27,7 +27,7 @@ the stored bytes minus that prefix (pulsar-lite has no broker entry metadata at 
 
 Protocol steps (field numbers in ``codecs/proto/pulsar_api.proto``, checked against upstream
 ``PulsarApi.proto``): the connection's ``CONNECT`` handshake, TLS and authentication
-(``streaming/protocol/broker_connection.py``), then ``LOOKUP`` (``Redirect``
+(``streamoffload/pulsar/broker_connection.py``), then ``LOOKUP`` (``Redirect``
 followed, ``Connect`` to the owning broker, ``proxy_through_service_url`` honoured by reconnecting to
 the service URL with ``proxy_to_broker_url``), ``SUBSCRIBE`` (Exclusive, non-durable, a unique
 subscription name, ``start_message_id`` = the last emitted position or earliest), ``FLOW`` permits
@@ -44,7 +44,7 @@ basic (``{"userId": .., "password": ..}`` or ``userId:..,password:..``) and TLS
 ``operationTimeoutSeconds``. Other plugins (OAuth2, custom) raise
 :class:`ConfigError`: read such clusters with the ``pulsar-client`` reader.
 
-TLS failures that configuration causes are not retried (``streaming/protocol/broker_connection.py``). What is
+TLS failures that configuration causes are not retried (``streamoffload/pulsar/broker_connection.py``). What is
 tested against what:
 ``tests/source/test_raw_tls.py`` (TLS, through a TLS-terminating proxy in front of pulsar-lite) and
 the module docstring of ``tests/source/test_raw_reader.py``.
@@ -70,9 +70,9 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
     CommandSubscribe,
     MessageIdData,
 )
-from streamoffload.streaming.protocol.broker_connection import BrokerConnection, lookup_refusal
-from streamoffload.streaming.protocol.client_options import ConnectionConfig, ServiceAddress
-from streamoffload.streaming.protocol.exactly_once import (
+from streamoffload.pulsar.broker_connection import BrokerConnection, lookup_refusal
+from streamoffload.pulsar.client_options import ConnectionConfig, ServiceAddress
+from streamoffload.pulsar.exactly_once import (
     BEFORE_EARLIEST,
     Probe,
     PulsarIOError,
@@ -84,8 +84,8 @@ from streamoffload.streaming.protocol.exactly_once import (
     follows,
     read_exactly_once,
 )
-from streamoffload.streaming.protocol.subscription_names import NAMES
-from streamoffload.streaming.protocol.wire import T, server_error
+from streamoffload.pulsar.subscription_names import NAMES
+from streamoffload.pulsar.wire import T, server_error
 
 log = logging.getLogger(__name__)
 
@@ -552,9 +552,9 @@ def read_range_raw(
     """The stored entries of ``topic`` with positions in ``(start, end]``, in order, once each.
 
     ``client`` is a :class:`RawClient` (or anything with ``open_consumer(topic, after, queue_size)``
-    returning a :class:`~streamoffload.streaming.protocol.exactly_once.RangeConsumer`). The contract, including
+    returning a :class:`~streamoffload.pulsar.exactly_once.RangeConsumer`). The contract, including
     ``end_is_known`` and the fault handling, is
-    :func:`~streamoffload.streaming.protocol.exactly_once.read_exactly_once`'s, which this is.
+    :func:`~streamoffload.pulsar.exactly_once.read_exactly_once`'s, which this is.
     """
     settings = settings or ReaderSettings()
 

@@ -7,16 +7,16 @@ them. :data:`BEFORE_EARLIEST` ``(-1, -1)`` sorts before every real position.
 :func:`read_range` yields the complete entries of a topic-partition in ``(start, end]`` exactly
 once and in order, even from a broker that misbehaves: the loop that guarantees it (duplicates
 dropped, stalled readers re-opened, outages retried with backoff, data loss confirmed by one re-read)
-is :func:`streamoffload.streaming.protocol.exactly_once.read_exactly_once`, shared with the raw-entry reader. What
+is :func:`streamoffload.pulsar.exactly_once.read_exactly_once`, shared with the raw-entry reader. What
 is particular to this reader is :class:`_ClientEntries`, its consumer: the messages the client unpacks
 from a batched entry are regrouped by ``(ledger, entry)`` (the batch size comes from
 ``MessageId.serialize()``, Pulsar's ``MessageIdData`` field 6) and an entry is handed over only when
 all its messages arrived in order; anything else re-opens the reader. Positions, :class:`ReadEntry`,
 :class:`ReaderSettings`, :class:`ReadStats`, :class:`Probe` and the errors live in
-``streaming/protocol/exactly_once.py``.
+``streamoffload/pulsar/exactly_once.py``.
 
 This is the ``pulsar-client`` reader, the Spark source's fallback (option ``reader=client``); the
-source's default is the raw-entry reader (``streaming/protocol/raw_reader.py``, same contract), which emits
+source's default is the raw-entry reader (``streamoffload/pulsar/raw_reader.py``, same contract), which emits
 each stored entry byte for byte. Here the ``entry`` bytes are rebuilt in Pulsar's headers-and-payload
 format with :func:`streamoffload.codecs.entry.build_entry` from the messages of the entry: payloads,
 keys, properties, event times, ordering keys, producer name and publish time are exact. What the
@@ -27,8 +27,8 @@ encryption, schema versions, and the difference between an empty and a missing k
 Also here: the latest position of a topic-partition (:func:`latest_position`), a probe for the
 first entry after a position (:func:`probe_after`, for admission control), the partitions of a topic
 (:func:`topic_partitions`) and a per-process client cache (:func:`shared_client`). The client's
-``pulsar.client.*`` options are ``streaming/protocol/client_options.py``'s; topic listing for ``topicsPattern``
-is ``streaming/protocol/broker_connection.py``'s.
+``pulsar.client.*`` options are ``streamoffload/pulsar/client_options.py``'s; topic listing for ``topicsPattern``
+is ``streamoffload/pulsar/broker_connection.py``'s.
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ from typing import Any
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
-from streamoffload.redaction import redact
-from streamoffload.streaming.protocol.client_options import client_kwargs
-from streamoffload.streaming.protocol.exactly_once import (
+from streamoffload.pulsar.client_options import client_kwargs
+from streamoffload.pulsar.exactly_once import (
     BEFORE_EARLIEST,
     Probe,
     PulsarIOError,
@@ -58,7 +57,8 @@ from streamoffload.streaming.protocol.exactly_once import (
     Resync,
     read_exactly_once,
 )
-from streamoffload.streaming.protocol.wire import batch_size_of
+from streamoffload.pulsar.wire import batch_size_of
+from streamoffload.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def _build(topic: str, pos: Position, msgs: list[Any], batched: bool) -> ReadEnt
 
 
 class _ClientEntries:
-    """The ``pulsar-client`` reader as a :class:`~streamoffload.streaming.protocol.exactly_once.RangeConsumer`: it
+    """The ``pulsar-client`` reader as a :class:`~streamoffload.pulsar.exactly_once.RangeConsumer`: it
     regroups the messages the client unpacks from a batched entry by ``(ledger, entry)`` and hands
     over whole entries, rebuilt with :func:`build_entry`.
 
@@ -294,7 +294,7 @@ def read_range(
     stats: ReadStats | None = None,
 ) -> Iterator[ReadEntry]:
     """The complete entries of ``topic`` with positions in ``(start, end]``, in order, once each,
-    read with ``pulsar-client`` and rebuilt: :func:`streamoffload.streaming.protocol.exactly_once.read_exactly_once`
+    read with ``pulsar-client`` and rebuilt: :func:`streamoffload.pulsar.exactly_once.read_exactly_once`
     (which has the contract, ``end_is_known`` included) over :class:`_ClientEntries`."""
     settings = settings or ReaderSettings()
     stats = stats if stats is not None else ReadStats()

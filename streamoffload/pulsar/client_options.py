@@ -1,6 +1,6 @@
 """The ``pulsar.client.*`` options, parsed once for every way this package talks to Pulsar: the keyword
 arguments of a ``pulsar.Client`` (:func:`client_kwargs`), and the :class:`ConnectionConfig` of a direct
-binary-protocol connection (``streaming/protocol/broker_connection.py``: the raw-entry reader, topic listing).
+binary-protocol connection (``streamoffload/pulsar/broker_connection.py``: the raw-entry reader, topic listing).
 Also the service URL (:class:`ServiceAddress`) and the Python logger the C++ client logs to."""
 
 from __future__ import annotations
@@ -15,9 +15,25 @@ from urllib.parse import urlsplit
 
 from streamoffload.errors import ConfigError
 from streamoffload.redaction import redact, register_secret
-from streamoffload.streaming.protocol.option_values import parse_bool
 
+# The C++ client's logger; also this package's name, so its modules' loggers are children of it and take the
+# level the command line sets on it (cli_common.configure_logging).
 PULSAR_LOGGER = "streamoffload.pulsar"
+
+# The words of a switch: in the pulsar.client.* options and in every data source option (source/option_values).
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off")
+
+
+def parse_bool(text: str, name: str) -> bool:
+    """A switch: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``, any letter case. ``name``
+    is the option's full name (``failOnDataLoss``, ``pulsar.client.tlsAllowInsecureConnection``)."""
+    lowered = text.strip().lower()
+    if lowered in TRUE_WORDS:
+        return True
+    if lowered in FALSE_WORDS:
+        return False
+    raise ConfigError(f"option {name}: expected true or false, got {text!r}")
 
 
 def pulsar_logger() -> logging.Logger:
@@ -275,13 +291,16 @@ def _basic_credentials(params: str) -> bytes:
 
 __all__ = [
     "CLIENT_OPTION_PREFIX",
+    "FALSE_WORDS",
     "PULSAR_LOGGER",
+    "TRUE_WORDS",
     "ConnectionConfig",
     "ServiceAddress",
     "client_kwargs",
     "client_options",
     "normalized",
     "normalized_name",
+    "parse_bool",
     "pulsar_logger",
     "token_from_options",
 ]

@@ -1,4 +1,4 @@
-"""``startingTime`` for the live ``pulsar`` source: the first entry of a topic-partition published at or after
+"""``startingTime`` of the live ``pulsar`` source: the first entry of a topic-partition published at or after
 a time, found in the offload store (read-through) or on the broker, without reading the history.
 
 Publish times are assumed to grow with position along a topic-partition, as Pulsar's own seek by time
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from streamoffload.codecs.entry import decode_entry
 from streamoffload.codecs.positions import Position
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, Probe
 from streamoffload.read.topic_reader import TopicReader
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, Probe
 
 if TYPE_CHECKING:
     from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest

@@ -1,7 +1,7 @@
 """Exact position ranges of a topic-partition, and the one loop that reads them exactly once.
 
-Both readers -- the raw-entry reader (``streaming/protocol/raw_reader.py``) and the ``pulsar-client``
-reader (``streaming/protocol/client_reader.py``) -- plug a small consumer into :func:`read_exactly_once`, which
+Both readers -- the raw-entry reader (``streamoffload/pulsar/raw_reader.py``) and the ``pulsar-client``
+reader (``streamoffload/pulsar/client_reader.py``) -- plug a small consumer into :func:`read_exactly_once`, which
 carries the guarantee on a broker that duplicates and stalls (SPEC 6: pulsar-lite delivers entries
 twice and stalls with data still due; real Pulsar redelivers after reconnects):
 

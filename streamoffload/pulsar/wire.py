@@ -1,5 +1,5 @@
 """Pulsar's binary protocol on the wire, shared by everything here that talks to a broker directly
-(``streaming/protocol/broker_connection.py``, the raw-entry reader, the tests' scripted brokers and producer).
+(``streamoffload/pulsar/broker_connection.py``, the raw-entry reader, the tests' scripted brokers and producer).
 
 A frame is a command, optionally followed by a payload (a ``MESSAGE``'s entry, a ``SEND``'s entry)::
 

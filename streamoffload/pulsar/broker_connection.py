@@ -1,14 +1,14 @@
 """One connection to a Pulsar broker over the binary protocol, shared by the raw-entry reader
-(``streaming/protocol/raw_reader.py``: lookups, subscriptions, entries) and the driver's topic listing
-(:func:`list_topics`) and readiness check (:func:`pulsar_handshake`). Frames are ``streaming/protocol/wire.py``'s.
+(``streamoffload/pulsar/raw_reader.py``: lookups, subscriptions, entries) and the driver's topic listing
+(:func:`list_topics`) and readiness check (:func:`pulsar_handshake`). Frames are ``streamoffload/pulsar/wire.py``'s.
 
 Steps (field numbers in ``codecs/proto/pulsar_api.proto``): ``CONNECT`` (protocol version 19, auth method
 and data, feature flags) -> ``CONNECTED`` (``AUTH_CHALLENGE`` answered with the same credentials);
 ``PING`` is answered with ``PONG`` on the way; a request waits for the answer that carries its request id.
-``pulsar+ssl://`` is TLS with the :class:`~streamoffload.streaming.protocol.client_options.ConnectionConfig` trust
+``pulsar+ssl://`` is TLS with the :class:`~streamoffload.pulsar.client_options.ConnectionConfig` trust
 and client-certificate settings. TLS failures that configuration causes are not retried: a server
 certificate the trust settings do not accept, or a server that requires a client certificate the options
-do not give, raise :class:`~streamoffload.streaming.protocol.exactly_once.ReaderUnusable` naming the address and option;
+do not give, raise :class:`~streamoffload.pulsar.exactly_once.ReaderUnusable` naming the address and option;
 unreadable certificate, key or trust files raise :class:`ConfigError`.
 """
 
@@ -32,16 +32,16 @@ from streamoffload.codecs.proto.pulsar_api_pb2 import (
 )
 from streamoffload.codecs.protobuf import from_buffer
 from streamoffload.errors import ConfigError
-from streamoffload.redaction import redact
-from streamoffload.streaming.protocol.client_options import (
+from streamoffload.pulsar.client_options import (
     CLIENT_OPTION_PREFIX,
     ConnectionConfig,
     ServiceAddress,
     normalized,
     token_from_options,
 )
-from streamoffload.streaming.protocol.exactly_once import PulsarIOError, ReaderUnusable, TopicNotFoundError
-from streamoffload.streaming.protocol.wire import FRAME_HEADER, MAX_FRAME, T, frame, request_id_of, server_error
+from streamoffload.pulsar.exactly_once import PulsarIOError, ReaderUnusable, TopicNotFoundError
+from streamoffload.pulsar.wire import FRAME_HEADER, MAX_FRAME, T, frame, request_id_of, server_error
+from streamoffload.redaction import redact
 
 PROTOCOL_VERSION = 19  # v18 is the first that may receive broker entry metadata
 CLIENT_VERSION = "streamoffload-raw-reader"

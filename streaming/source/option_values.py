@@ -1,13 +1,16 @@
 """Values of data source options, parsed in one way for every source: switches, byte counts, positive
-numbers and topic names. Each error is one line naming the option and the value it refused."""
+numbers and topic names. Each error is one line naming the option and the value it refused. The switches'
+grammar is the Pulsar client's (``pulsar.client_options.parse_bool``: the ``pulsar.client.*`` switches are
+parsed below Spark), named here with the rest."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import overload
 
 from streamoffload import units
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError
+from streamoffload.pulsar.client_options import FALSE_WORDS, TRUE_WORDS, parse_bool
 
 
 def parse_size(text: str, name: str) -> int:
@@ -22,7 +25,11 @@ def parse_size(text: str, name: str) -> int:
     return int(size)
 
 
-def parse_positive(text: str, name: str, kind: type = int) -> Any:
+@overload
+def parse_positive(text: str, name: str) -> int: ...
+@overload
+def parse_positive(text: str, name: str, kind: type[float]) -> float: ...
+def parse_positive(text: str, name: str, kind: type[int] | type[float] = int) -> int | float:
     """A number of type ``kind`` above zero; errors name option ``name``."""
     try:
         value = kind(text)
@@ -42,21 +49,6 @@ def parse_seconds(text: str, name: str) -> float:
     if not value >= 0:  # also refuses NaN
         raise ConfigError(f"option {name}: must be >= 0, got {text!r}")
     return value
-
-
-TRUE_WORDS = ("true", "1", "yes", "on")
-FALSE_WORDS = ("false", "0", "no", "off")
-
-
-def parse_bool(text: str, name: str) -> bool:
-    """A switch: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``, any letter case. ``name``
-    is the option's full name (``failOnDataLoss``, ``pulsar.client.tlsAllowInsecureConnection``)."""
-    lowered = text.strip().lower()
-    if lowered in TRUE_WORDS:
-        return True
-    if lowered in FALSE_WORDS:
-        return False
-    raise ConfigError(f"option {name}: expected true or false, got {text!r}")
 
 
 def parse_topic(text: str, where: str) -> str:

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Sequence
 
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandLookupTopicResponse
-from streamoffload.streaming.protocol.broker_connection import BrokerConnection, lookup_refusal
-from streamoffload.streaming.protocol.client_options import ServiceAddress
-from streamoffload.streaming.protocol.exactly_once import BEFORE_EARLIEST, PulsarIOError
-from streamoffload.streaming.protocol.raw_reader import (
+from streamoffload.pulsar.broker_connection import BrokerConnection, lookup_refusal
+from streamoffload.pulsar.client_options import ServiceAddress
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, PulsarIOError
+from streamoffload.pulsar.raw_reader import (
     CLOSE_WAIT_S,
     RawClient,
     flow_command,
@@ -41,8 +41,8 @@ from streamoffload.streaming.protocol.raw_reader import (
     subscribe_command,
     unsubscribe_command,
 )
-from streamoffload.streaming.protocol.subscription_names import NAMES
-from streamoffload.streaming.protocol.wire import T
+from streamoffload.pulsar.subscription_names import NAMES
+from streamoffload.pulsar.wire import T
 
 Route = tuple[str, int, bool, str | None]
 """Where a topic-partition is served: host, port, TLS, and the broker URL to ask a proxy for (or None)."""
