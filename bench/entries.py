@@ -79,7 +79,7 @@ def memory_sink(scoped: ScopedStore, fetcher: MemoryFetcher | None = None) -> Se
 def named_by_state(state: SegmenterState) -> set[Position]:
     """Positions of the entries the segmenter's state still names (its open block and the blocks it holds
     back): the only entries a later part of the open segment can take."""
-    named = {(ledger, entry) for ledger, entry, _size, _crc in state.block_entries()}
+    named = {e.position for e in state.block_entries()}
     for layout in state.held_blocks():
         named.update(ref.position for block in decode_layouts(layout) for ref in block.refs())
     return named
