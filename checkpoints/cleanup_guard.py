@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from types import TracebackType
 
+from streamoffload.checkpoints.errors import CheckpointError
 from streamoffload.checkpoints.lease import (
     COMMIT_WINDOW_MS,
     DEFAULT_TTL_MS,
@@ -29,11 +30,10 @@ from streamoffload.checkpoints.lease import (
     cleanup_id,
     describe_lease,
 )
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import ScopedStore
 
 
-class CleanupRefusedError(StreamOffloadError):
+class CleanupRefusedError(CheckpointError):
     """A grace too short beside a live writer, or cleanup's own lease taken over while it ran."""
 
 

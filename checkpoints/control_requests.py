@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streamoffload.checkpoints.errors import CheckpointError
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
@@ -40,7 +41,7 @@ STATUS_RETENTION_S = 24 * 3600.0
 """Status records of finished requests older than this are deleted when new requests are submitted."""
 
 
-class UnknownRequestError(StreamOffloadError):
+class UnknownRequestError(CheckpointError):
     """No request object and no status record for a request id."""
 
 

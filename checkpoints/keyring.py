@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.errors import CheckpointError
 from streamoffload.codecs.block_cipher import ALGORITHM, KEY_BYTES, new_data_key, unwrap_key, wrap_key
 from streamoffload.codecs.errors import FormatError
 from streamoffload.errors import ConfigError, StreamOffloadError
@@ -42,7 +43,7 @@ PROP_WRAPPED_KEY = "encryptionWrappedKey"
 KEY_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
-class KeyUnavailableError(StreamOffloadError):
+class KeyUnavailableError(CheckpointError):
     """An encrypted segment (or a policy) needs a key id that is not configured."""
 
     def __init__(self, key_id: str, what: str) -> None:

@@ -27,8 +27,8 @@ import time
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
+from streamoffload.checkpoints.errors import CheckpointError
 from streamoffload.codecs.errors import FormatError
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectExistsError, ObjectNotFoundError
 from streamoffload.storage.location import ScopedStore
@@ -59,7 +59,7 @@ CLEANUP_HOLDER = "streamoffload-cleanup"
 """The holder id of ``cleanup`` holding the lease (``checkpoints.cleanup_guard``), followed by its host."""
 
 
-class LeaseHeldError(StreamOffloadError):
+class LeaseHeldError(CheckpointError):
     """Another instance holds the writer lease of the store prefix."""
 
 
@@ -68,7 +68,7 @@ class CleanupRunningError(LeaseHeldError):
     ``LIVE_WRITER_GRACE_MS``: a job that meets it waits, it does not give up."""
 
 
-class FencedError(StreamOffloadError):
+class FencedError(CheckpointError):
     """This writer's lease was taken over: it must stop writing."""
 
 

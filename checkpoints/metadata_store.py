@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.cleanup_guard import CleanupGuard
 from streamoffload.checkpoints.deleted_segments import DeletedRecord, select_deletable
+from streamoffload.checkpoints.errors import CheckpointError
 from streamoffload.checkpoints.manifest import OFFLOADED
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.managed_ledger_pb2 import ManagedLedgerInfo
 from streamoffload.codecs.proto.offload_manifest_pb2 import DeletedLedger, SegmentManifest
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import (
     ObjectExistsError,
@@ -47,7 +47,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class CommitConflictError(StreamOffloadError):
+class CommitConflictError(CheckpointError):
     """Another segment already holds this place in the topic's history (another writer committed it)."""
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.errors import CheckpointError
 from streamoffload.checkpoints.metadata_store import MetadataStore, now_ms
 from streamoffload.codecs.errors import FormatError
 from streamoffload.codecs.index import OffloadIndex
@@ -40,7 +41,6 @@ from streamoffload.codecs.metadata import msb_lsb_to_uuid, parse_ledger_metadata
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.codecs.proto.bookkeeper_pb2 import LedgerMetadataFormat
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
 from streamoffload.storage.location import ScopedStore
@@ -55,7 +55,7 @@ COPY_PART_BYTES = 16 * 1024 * 1024
 """A data object is copied through memory this many bytes at a time (one multipart part each)."""
 
 
-class AdoptError(StreamOffloadError):
+class AdoptError(CheckpointError):
     """Pulsar's objects, or the broker's word on them, are not what adopting them needs; names the key."""
 
 

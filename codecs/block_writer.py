@@ -15,12 +15,11 @@ from streamoffload.codecs.blocks import (
     assemble_block,
     check_id,
 )
-from streamoffload.codecs.errors import EntryTooLargeError
+from streamoffload.codecs.errors import CodecError, EntryTooLargeError
 from streamoffload.codecs.positions import MAX_ID
-from streamoffload.errors import StreamOffloadError
 
 
-class BlockWriterError(StreamOffloadError, ValueError):
+class BlockWriterError(CodecError, ValueError):
     """A BlockWriter was fed something it cannot write: out-of-order positions or a second ledger in v1."""
 
 

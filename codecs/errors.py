@@ -5,7 +5,11 @@ from __future__ import annotations
 from streamoffload.errors import StreamOffloadError
 
 
-class FormatError(StreamOffloadError):
+class CodecError(StreamOffloadError):
+    """The root of the byte formats' errors (this layer's one base: ``except CodecError`` sees every one)."""
+
+
+class FormatError(CodecError):
     """Bytes that do not follow the format they claim to follow.
 
     ``offset`` is the byte offset (within the object or buffer being decoded) where the problem was
@@ -90,5 +94,5 @@ class DecompressionError(FormatError):
         )
 
 
-class EntryTooLargeError(StreamOffloadError):
+class EntryTooLargeError(CodecError):
     """An entry does not fit in one block (Pulsar silently truncated here; we refuse)."""

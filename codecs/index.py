@@ -38,12 +38,12 @@ from streamoffload.codecs.blocks import (
 )
 from streamoffload.codecs.errors import (
     BadMagicError,
+    CodecError,
     FormatError,
     IndexOutOfRangeError,
     LengthMismatchError,
     TruncatedError,
 )
-from streamoffload.errors import StreamOffloadError
 
 V1_INDEX_MAGIC = 0xDE47DE47
 V2_INDEX_MAGIC = 0x3D1FB0BC
@@ -68,11 +68,11 @@ class IndexMismatchError(FormatError):
     """An index object disagrees with the data object it describes."""
 
 
-class EntryNotCoveredError(StreamOffloadError, LookupError):
+class EntryNotCoveredError(CodecError, LookupError):
     """A lookup asked for a (ledger, entry) position that an index does not cover."""
 
 
-class IndexBuildError(StreamOffloadError, ValueError):
+class IndexBuildError(CodecError, ValueError):
     """build_index was given blocks that cannot form one data object (gaps, disorder, missing metadata)."""
 
 

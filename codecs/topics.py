@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from streamoffload.errors import StreamOffloadError
+from streamoffload.codecs.errors import CodecError
 
 PARTITION_SUFFIX = "-partition-"
 _PARTITION_RE = re.compile(r"^(?P<base>.+)-partition-(?P<index>\d+)$")
 
 
-class TopicNameError(StreamOffloadError, ValueError):
+class TopicNameError(CodecError, ValueError):
     """A string that is not a valid Pulsar topic name."""
 
 

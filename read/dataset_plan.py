@@ -34,8 +34,9 @@ from streamoffload.codecs.index import BlockLocation
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.errors import ConfigError
 from streamoffload.read.segment import SegmentReadHandle, TopicNotOffloadedError
+from streamoffload.read.segment.errors import ReadError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore
 
@@ -45,7 +46,7 @@ DEFAULT_MAX_PARTITION_BYTES = 32 * 1024 * 1024
 DEFAULT_SKEW_MS = 1000
 
 
-class CorruptManifestError(StreamOffloadError):
+class CorruptManifestError(ReadError):
     """A segment manifest that may cover the requested range does not decode: reading around it would
     silently leave its entries out."""
 

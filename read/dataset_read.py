@@ -41,7 +41,6 @@ from streamoffload.codecs.index import BlockLocation
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 from streamoffload.read.batch_arrays import SplitBatch, split_batches
 from streamoffload.read.dataset_plan import (
     ANY_TIME,
@@ -52,6 +51,7 @@ from streamoffload.read.dataset_plan import (
     position_before,
 )
 from streamoffload.read.segment import DEFAULT_READ_BUFFER_SIZE, SegmentReadHandle
+from streamoffload.read.segment.errors import ReadError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore, StoreLocation
 
@@ -118,7 +118,7 @@ _UNCOMPRESSED = int(CompressionType.NONE)
 _PROBE_BYTES = 4096  # a block's first entry header and metadata, for its publish time
 
 
-class EncryptedEntryError(StreamOffloadError):
+class EncryptedEntryError(ReadError):
     """An end-to-end encrypted entry read as messages: its payload is ciphertext."""
 
 

@@ -82,7 +82,11 @@ def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = Tru
     return config, path
 
 
-class ArgumentError(StreamOffloadError):
+class CommandError(StreamOffloadError):
+    """The root of the commands' errors: what a command was asked cannot be done as given (one line, exit 2 or 1)."""
+
+
+class ArgumentError(CommandError):
     """A command-line value out of its range (printed as one line, exit status 1)."""
 
 

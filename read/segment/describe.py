@@ -14,13 +14,13 @@ import crc32c
 
 from streamoffload.codecs.blocks import DecodedBlock, FormatVersion, iter_blocks
 from streamoffload.codecs.index import OffloadIndex, verify_against_blocks
-from streamoffload.errors import StreamOffloadError
+from streamoffload.read.segment.errors import ReadError
 from streamoffload.storage.keys import ledger_id_in_key
 
 UNKNOWN_LEDGER_KEY = "unknown"
 
 
-class InspectError(StreamOffloadError):
+class InspectError(ReadError):
     """A file that cannot be read, or arguments that do not fit the object."""
 
 

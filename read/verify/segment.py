@@ -38,6 +38,7 @@ from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.errors import StreamOffloadError
 from streamoffload.read.segment import manifest_disagreements, unsupported_format_version
 from streamoffload.read.segment.checks import MAX_INDEX_READ_BYTES, position_text
+from streamoffload.read.segment.errors import ReadError
 from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout, stored_otherwise
 from streamoffload.storage import keys
 from streamoffload.storage.base import ObjectInfo, ObjectNotFoundError, ObjectStore
@@ -51,7 +52,7 @@ class MissingRecordError(FormatError):
     """A block checksum record the segment's manifest promises is not in the store."""
 
 
-class VerifyError(StreamOffloadError):
+class VerifyError(ReadError):
     """What to verify cannot be made out: arguments that select nothing, or a v1 index of an object whose
     ledger id is not known."""
 

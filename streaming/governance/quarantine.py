@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass
 
 from streamoffload.checkpoints.lease import FencedError
 from streamoffload.checkpoints.metadata_store import CommitConflictError
-from streamoffload.errors import StreamOffloadError
 from streamoffload.pulsar.exactly_once import DataLossError, PulsarIOError
 from streamoffload.storage import keys
 from streamoffload.storage.base import InvalidKeyError, ObjectNotFoundError, StorageError
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.errors import StreamingError
 from streamoffload.streaming.runtime.side_files import WatchedJsonFile, write_json_file
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ _MARK = "[streamoffload:topic-failed "
 _MARK_RE = re.compile(re.escape(_MARK) + r'("(?:[^"\\]|\\.)*")\]')
 
 
-class TopicFailedError(StreamOffloadError):
+class TopicFailedError(StreamingError):
     """The offload of one topic-partition failed; other topics need not stop for it."""
 
     def __init__(self, topic: str, cause: BaseException | str) -> None:

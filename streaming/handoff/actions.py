@@ -23,10 +23,10 @@ from typing import ClassVar, NamedTuple
 
 from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.positions import Position
-from streamoffload.errors import StreamOffloadError
+from streamoffload.streaming.errors import StreamingError
 
 
-class ActionPackError(StreamOffloadError, ValueError):
+class ActionPackError(StreamingError, ValueError):
     """Packed actions that do not decode: cut, padded, or a field that is not what its kind needs."""
 
 

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 
 from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, FormatVersion, encode_block_chunks, framed_entry_size
 from streamoffload.codecs.checksums import BlockChecksums
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import Buffer
+from streamoffload.streaming.errors import StreamingError
 from streamoffload.streaming.handoff.entry import Entry
 
 _BLOCK = struct.Struct(">QqqqQI")
 _ENTRY = struct.Struct(">qII")
 
 
-class LayoutError(StreamOffloadError):
+class LayoutError(StreamingError):
     """A part layout that cannot be decoded (a bug, or state written by another version)."""
 
 

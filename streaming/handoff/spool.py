@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from streamoffload.codecs.positions import Position
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.base import Buffer
+from streamoffload.streaming.errors import StreamingError
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def spool_files(root: str | Path, topic: str) -> list[SpoolFile]:
     return sorted(found, key=lambda f: f.start)
 
 
-class TornSpoolError(StreamOffloadError):
+class TornSpoolError(StreamingError):
     """A spool file ends inside a record: the rest of its range is read from the broker."""
 
 

@@ -33,6 +33,7 @@ from streamoffload.storage import keys
 from streamoffload.storage.base import MultipartWrite, ObjectNotFoundError
 from streamoffload.storage.keys import FORMAT_VERSION_METADATA_KEY, SUPPORTED_FORMAT_VERSION
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.errors import StreamingError
 from streamoffload.streaming.handoff.actions import SealAction
 from streamoffload.streaming.runtime.faults import crash_point
 from streamoffload.streaming.sink.at_rest import BlockEncoding, policy_compression_level, policy_key_id
@@ -42,7 +43,7 @@ SOFTWARE_VERSION_KEY = "streamoffloadversion"
 SEGMENT_KEY = "streamoffloadsegment"
 
 
-class ReplayMismatchError(StreamOffloadError):
+class ReplayMismatchError(StreamingError):
     """A replayed seal disagrees with the data object a failed attempt already completed."""
 
 
@@ -94,7 +95,7 @@ class _Bounded(Generic[V]):
             return key in self._items
 
 
-class CommitWindowError(StreamOffloadError, TimeoutError):
+class CommitWindowError(StreamingError, TimeoutError):
     """A seal whose commit would come later than ``COMMIT_WINDOW_MS`` after its first write: refused, so that what
     ``cleanup`` beside the job takes for orphans never gets a commit. A timeout of the writer, not of the topic:
     the run starts again and writes the segment again."""

@@ -26,10 +26,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.positions import Position
-from streamoffload.errors import StreamOffloadError
 from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, DataLossError, ReaderSettings
 from streamoffload.redaction import redact
 from streamoffload.storage.base import Buffer
+from streamoffload.streaming.errors import StreamingError
 from streamoffload.streaming.governance.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
@@ -37,7 +37,7 @@ from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
 log = logging.getLogger(__name__)
 
 
-class EntryChangedError(StreamOffloadError):
+class EntryChangedError(StreamingError):
     """A fetched entry is not the entry the source read: another size or another CRC-32C."""
 
 

@@ -21,9 +21,8 @@ from streamoffload.checkpoints.pulsar_adopt import (
     adopt_ledgers,
     parse_internal_info,
 )
-from streamoffload.cli_common import add_store_args, config_from_args, topic_arg
+from streamoffload.cli_common import CommandError, add_store_args, config_from_args, topic_arg
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import parse_store_url
 
 EPILOG = """\
@@ -84,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-class AdoptCommandError(StreamOffloadError):
+class AdoptCommandError(CommandError):
     """What adopt-pulsar was given does not lead to Pulsar's ledgers."""
 
 

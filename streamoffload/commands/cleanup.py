@@ -10,8 +10,7 @@ from streamoffload.checkpoints.lease import COMMIT_WINDOW_MS, LIVE_WRITER_GRACE_
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
-from streamoffload.cli_common import add_store_args, config_from_args, float_arg, topic_arg
-from streamoffload.errors import StreamOffloadError
+from streamoffload.cli_common import CommandError, add_store_args, config_from_args, float_arg, topic_arg
 from streamoffload.printable import printable
 from streamoffload.storage import keys
 
@@ -54,7 +53,7 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-class CleanupError(StreamOffloadError):
+class CleanupError(CommandError):
     """A cleanup target that is not in the store."""
 
 

@@ -8,9 +8,8 @@ from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args, ledger_id_arg, topic_arg
+from streamoffload.cli_common import CommandError, add_store_args, config_from_args, ledger_id_arg, topic_arg
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 
 
 def register(subparsers: Any) -> None:
@@ -38,7 +37,7 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-class DeleteLedgerError(StreamOffloadError):
+class DeleteLedgerError(CommandError):
     """A ledger or topic that delete-ledger refuses to mark."""
 
 

@@ -9,9 +9,8 @@ from typing import Any
 
 from streamoffload.checkpoints.control_requests import submit_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import CommandError, add_store_args, config_from_args
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 
 
 def register(subparsers: Any) -> None:
@@ -30,7 +29,7 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-class UnknownTopicError(StreamOffloadError):
+class UnknownTopicError(CommandError):
     """The topic is neither in the store nor among the configured topics (a typo, most likely)."""
 
 

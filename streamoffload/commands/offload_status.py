@@ -21,10 +21,10 @@ from typing import Any, TextIO
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import add_store_args, config_from_args
+from streamoffload.cli_common import CommandError, add_store_args, config_from_args
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.offload_now import partitions_of
-from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.errors import ConfigError
 from streamoffload.printable import printable
 from streamoffload.storage.location import ScopedStore
 
@@ -58,7 +58,7 @@ EARLIEST = MessageId(-1, -1)
 """Pulsar's ``MessageId.earliest``: what ``firstUnoffloadedMessage`` says unless an offload succeeded."""
 
 
-class NoOffloadRequestsError(StreamOffloadError):
+class NoOffloadRequestsError(CommandError):
     """The topic has no offload requests at all in the store."""
 
 

@@ -6,8 +6,7 @@ import argparse
 import json
 import sys
 
-from streamoffload.cli_common import skip_finalizers_at_exit
-from streamoffload.errors import StreamOffloadError
+from streamoffload.cli_common import CommandError, skip_finalizers_at_exit
 from streamoffload.produce import produce
 
 EPILOG = """\
@@ -23,7 +22,7 @@ seq=SEQ, so readers can check every byte. With --partitions N, topic T is publis
 T-partition-0..N-1 by name (on pulsar-lite, run it with default partitions 0)."""
 
 
-class ProduceArgError(StreamOffloadError):
+class ProduceArgError(CommandError):
     pass
 
 

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import (
+    CommandError,
     add_store_args,
     config_from_args,
     int_arg,
@@ -22,7 +23,6 @@ from streamoffload.codecs.compression import MAX_UNCOMPRESSED, max_uncompressed
 from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.positions import MAX_ID, Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
-from streamoffload.errors import StreamOffloadError
 from streamoffload.read.dataset_plan import refuse_corrupt
 from streamoffload.read.segment import DEFAULT_CACHE_BYTES, ChunkCache, EntryNotFoundError, OffloadedEntry
 from streamoffload.read.topic_reader import TopicReader, parse_position
@@ -113,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-class ReadCommandError(StreamOffloadError):
+class ReadCommandError(CommandError):
     """Arguments that do not make a read."""
 
 

@@ -9,9 +9,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
-from streamoffload.cli_common import add_store_args, config_from_args, float_arg, int_arg
+from streamoffload.cli_common import CommandError, add_store_args, config_from_args, float_arg, int_arg
 from streamoffload.codecs.positions import Position
-from streamoffload.errors import StreamOffloadError
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -53,7 +52,7 @@ then, e.g. with polars:
 """
 
 
-class TableCommandError(StreamOffloadError):
+class TableCommandError(CommandError):
     """The table command cannot run as asked (pyiceberg missing, ...)."""
 
 

@@ -18,11 +18,12 @@ from pyiceberg.catalog.sql import SqlCatalog
 from streamoffload.errors import ConfigError
 from streamoffload.storage.keys import TABLES_DIR
 from streamoffload.storage.location import StoreLocation
+from streamoffload.table.errors import TableError
 
 CATALOG_NAME = "streamoffload"
 
 
-class TableConfigError(ConfigError):
+class TableConfigError(TableError, ConfigError):
     """A catalog or warehouse that cannot be used as given."""
 
 

@@ -23,14 +23,14 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from streamoffload.codecs.positions import Position
-from streamoffload.errors import StreamOffloadError
+from streamoffload.table.errors import TableError
 
 POSITIONS = "streamoffload.positions"
 SEGMENTS = "streamoffload.segments"
 STORE = "streamoffload.store"
 
 
-class TablePositionError(StreamOffloadError):
+class TablePositionError(TableError):
     """A table's snapshots do not say which messages it holds."""
 
 

@@ -50,7 +50,6 @@ from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataSt
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 from streamoffload.read.dataset_plan import (
     DEFAULT_MAX_PARTITION_BYTES,
     PositionBounds,
@@ -61,6 +60,7 @@ from streamoffload.read.dataset_plan import (
 from streamoffload.read.dataset_read import read_task
 from streamoffload.storage.location import ScopedStore
 from streamoffload.table import layout
+from streamoffload.table.errors import TableError
 from streamoffload.table.position import TablePosition, summary_properties, table_position
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ _NAMES = uuid.UUID("6b1d4e0a-4f5c-4b8e-9a49-0e1ceb3f7a01")
 """The namespace of data file uuids (``uuid5``)."""
 
 
-class TableSyncError(StreamOffloadError):
+class TableSyncError(TableError):
     """A table that cannot be synced from this store as it is (another topic's, another store's, ...)."""
 
 

@@ -67,3 +67,36 @@ def test_one_class_per_error_name() -> None:
         if name not in SIGNALS:
             by_name.setdefault(cls.__qualname__, []).append(name)
     assert {n: where for n, where in by_name.items() if len(where) > 1} == {}
+
+
+# One base per layer: the only classes directly under the root (or under ConfigError, the one kind every layer may
+# raise for a bad setting). Every other error specialises one of them, or a lower layer's error it is caught as.
+LAYER_ROOTS = {
+    "streamoffload.errors.ConfigError",
+    "streamoffload.codecs.errors.CodecError",
+    "streamoffload.storage.base.StorageError",
+    "streamoffload.pulsar.exactly_once.PulsarIOError",
+    "streamoffload.checkpoints.errors.CheckpointError",
+    "streamoffload.read.segment.errors.ReadError",
+    "streamoffload.table.errors.TableError",
+    "streamoffload.streaming.errors.StreamingError",
+    "streamoffload.cli_common.CommandError",
+    # The services above the job, one module each: the embedded broker, the producer, the dashboard's push.
+    "streamoffload.embedded_broker.BrokerError",
+    "streamoffload.produce.ProduceError",
+    "streamoffload.dashboard.grafana.GrafanaPushError",
+}
+
+
+def test_each_layer_has_one_error_base() -> None:
+    """No error sits directly under the root but a layer's base: a new one names which layer's kind it is."""
+    found = project_exceptions()
+    assert set(found) >= LAYER_ROOTS
+    direct = {
+        name
+        for name, cls in found.items()
+        if StreamOffloadError in cls.__bases__
+        and name not in SIGNALS
+        and name != "streamoffload.errors.StreamOffloadError"
+    }
+    assert direct == LAYER_ROOTS
