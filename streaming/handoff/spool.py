@@ -34,6 +34,7 @@ from typing import Any
 from streamoffload.codecs.positions import Position
 from streamoffload.storage.base import Buffer
 from streamoffload.streaming.errors import StreamingError
+from streamoffload.streaming.handoff.entry import EntryFetcher
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,7 @@ class SpoolFetcher:
     """``EntryFetcher`` over the spool, then ``fallback`` (the broker) for what the spool does not hold."""
 
     root: str
-    fallback: Any
+    fallback: EntryFetcher
     spooled: int = 0
     """Entries served from the spool (the rest the fallback read: its ``stats``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -270,7 +271,7 @@ class SpoolFetcher:
 
     @property
     def source(self) -> str:
-        return f"the spool {self.root} or {getattr(self.fallback, 'source', 'the broker')}"
+        return f"the spool {self.root} or {self.fallback.source}"
 
     def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, Buffer]]:
         position = after

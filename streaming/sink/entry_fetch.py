@@ -31,7 +31,7 @@ from streamoffload.redaction import redact
 from streamoffload.storage.base import Buffer
 from streamoffload.streaming.errors import StreamingError
 from streamoffload.streaming.governance.rate_limits import RateLimiter, RateLimitSpec, limiter_for, throttled_reads
-from streamoffload.streaming.handoff.entry import Entry
+from streamoffload.streaming.handoff.entry import Entry, EntryFetcher
 from streamoffload.streaming.runtime.faults import fetch_fault, with_fetch_fault
 
 log = logging.getLogger(__name__)
@@ -43,18 +43,6 @@ class EntryChangedError(StreamingError):
 
 class EntryGoneError(DataLossError):
     """An entry the source read is no longer on the broker when the sink fetches it."""
-
-
-class EntryFetcher(Protocol):
-    @property
-    def source(self) -> str:
-        """Where the entries come from, for errors (``the broker at pulsar://...``)."""
-        ...
-
-    def stream(self, topic: str, after: Position, end: Position) -> Iterator[tuple[Position, Buffer]]:
-        """The entries of ``topic`` in ``(after, end]``, in position order, as ``(position, bytes)``; the sink
-        takes each part's entries from it in turn (:class:`PartReader`) and checks them (:func:`match`)."""
-        ...
 
 
 @runtime_checkable
@@ -272,6 +260,26 @@ class PartReader:
                 close()
 
 
+class FetcherOptions(Protocol):
+    """What the sink's fetcher takes of the source's options (``streaming.source.source_options.SourceOptions``,
+    which the sink may not import: the stages are independent)."""
+
+    @property
+    def service_url(self) -> str: ...
+    @property
+    def client_options(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def reader(self) -> str: ...
+    @property
+    def positions_only(self) -> bool: ...
+    @property
+    def spool_dir(self) -> str | None: ...
+    @property
+    def rate_limits(self) -> RateLimitSpec | None: ...
+
+    def reader_settings(self) -> ReaderSettings: ...
+
+
 @dataclass(frozen=True)
 class BrokerFetcherSpec:
     """How an executor makes its :class:`BrokerFetcher`: picklable, and its ``repr`` names it (``sink_for``)."""
@@ -286,7 +294,7 @@ class BrokerFetcherSpec:
     """The job's rate limits, for the re-reads (read) and the sink's uploads (``sink.sink_for``)."""
 
     @classmethod
-    def of(cls, options: Any) -> BrokerFetcherSpec:
+    def of(cls, options: FetcherOptions) -> BrokerFetcherSpec:
         """The fetcher that reads as the source does (``SourceOptions``: its reader, connection, settings and
         spool)."""
         return cls(
@@ -295,7 +303,7 @@ class BrokerFetcherSpec:
             options.reader_settings(),
             options.reader,
             options.spool_dir if options.positions_only else None,
-            getattr(options, "rate_limits", None),
+            options.rate_limits,
         )
 
     def __call__(self) -> EntryFetcher:

@@ -43,6 +43,7 @@ from streamoffload.streaming.handoff.actions import (
     SealAction,
     StatsAction,
 )
+from streamoffload.streaming.handoff.entry import EntryFetcher
 from streamoffload.streaming.handoff.part_layout import (
     BlockLayout,
     block_chunks_of_part,
@@ -53,7 +54,7 @@ from streamoffload.streaming.handoff.part_layout import (
 from streamoffload.streaming.runtime.faults import crash_point
 from streamoffload.streaming.sink.at_rest import BlockEncoding, encode_part, policy_compression_level, policy_key_id
 from streamoffload.streaming.sink.commit import ReplayMismatchError, SegmentCommits, object_metadata
-from streamoffload.streaming.sink.entry_fetch import EntryFetcher, PartReader, ReleasingFetcher, fetch_counts
+from streamoffload.streaming.sink.entry_fetch import PartReader, ReleasingFetcher, fetch_counts
 
 log = logging.getLogger(__name__)
 
