@@ -76,7 +76,7 @@ PY="$PY" bash "$ROOT/scripts/check_layers.sh"
 echo "== mypy (pyproject.toml [tool.mypy]: strict for codecs, storage, checkpoints, read)"
 PY="$PY" bash "$ROOT/scripts/mypy.sh"
 echo "== pytest"
-# One process by default. STREAMOFFLOAD_TEST_WORKERS=2 runs two pytest-xdist workers, each taking whole files (a
-# file's module fixtures start once): 16:55 instead of ~22 min, but the soak and scale tests, adjacent files, then
-# run at once and their timing checks are not yet robust to that.
-exec "$PY" -m pytest --durations=25 -n "${STREAMOFFLOAD_TEST_WORKERS:-0}" --dist loadfile "$@"
+# Two pytest-xdist workers by default, each taking whole files (a file's module fixtures start once): the suite's
+# heavy files (chaos, soak, scale, the fetch faults) then run two at once, and their checks hold with another file
+# beside them. STREAMOFFLOAD_TEST_WORKERS=0 runs it in one process.
+exec "$PY" -m pytest --durations=25 -n "${STREAMOFFLOAD_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -65,6 +65,10 @@ def test_three_hundred_topic_partitions_cost_what_their_traffic_costs(tmp_path: 
 
     # A minute with nothing to do: not a request per topic-partition and trigger (300 x 60 a minute). The short
     # window may hold the driver's first retention and metrics passes (each lists every topic-partition once,
-    # and the topic-partitions the traffic changed): a few requests per topic-partition, extrapolated to a minute.
+    # and the topic-partitions the traffic changed), extrapolated to a minute: on a loaded machine both passes
+    # and a slow one's tail land in the 20 s window (seen: LIST 1,220 a minute, with a second test file running
+    # beside it). So the bound is a sixth of one request per topic-partition and trigger: three whole passes in
+    # the window pass, a cost paid per topic-partition at every trigger does not.
+    triggers_per_min = 60.0 / SETTINGS.trigger_s
     assert report.idle_per_min, summary
-    assert sum(report.idle_per_min.values()) <= 6 * TOPICS, summary
+    assert sum(report.idle_per_min.values()) <= TOPICS * triggers_per_min / 6, summary

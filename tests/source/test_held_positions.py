@@ -195,7 +195,9 @@ def test_idle_held_connections_answer_the_brokers_pings_between_passes(
     """A micro-batch may last longer than the broker's keep-alive: the held connections answer its PINGs
     meanwhile (a keep-alive thread), so the watches outlive the gap, and a push that arrives in it is kept for
     ``changed``. Without it the broker closes the connection and every watch must be held again."""
-    broker = make_broker(default_partitions=0, keep_alive_s=1)  # PING every 1 s, closed 1 s after an unanswered one
+    # PING every 2 s, closed 2 s after an unanswered one. Not 1 s: with a second test file on the other core the
+    # keep-alive thread was once late by more than a second, and the broker closed the held connection too.
+    broker = make_broker(default_partitions=0, keep_alive_s=2)
     quiet, moving = unique_topic("keepalive-quiet"), unique_topic("keepalive-moving")
     for topic in (quiet, moving):
         produce(broker.service_url, topic, 1, 16, batching=False)
