@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pyiceberg.catalog import Catalog
 
@@ -98,12 +98,13 @@ class CatalogSettings:
 
 
 def _uri_secrets(uri: str) -> list[str]:
-    """The password (and a user that may be an access key) of a URI, to register as secrets."""
+    """The password of a URI, as written and decoded (``p%40ss`` is ``p@ss`` to the server), to register as
+    secrets."""
     try:
-        parts = urlsplit(uri)
-        return [s for s in (parts.password,) if s]
+        password = urlsplit(uri).password
     except ValueError:
         return []
+    return [password, unquote(password)] if password else []
 
 
 def shown_uri(uri: str) -> str:

@@ -155,11 +155,13 @@ def test_rest_catalog_from_the_cli_with_properties(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``--catalog rest+http://...`` with a token and a header as properties (the test server accepts any): sync,
-    show and an incremental sync, read back exactly by pyiceberg and DuckDB; the token shows nowhere."""
+    """``--catalog rest+http://...`` with an OAuth2 client credential (exchanged for a token at the server's token
+    endpoint, which grants any client) and a header as properties: sync, show and an incremental sync, read back
+    exactly by pyiceberg and DuckDB; the client secret shows nowhere."""
     monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")
     caplog.set_level(logging.DEBUG)
-    token = "rest-token-0f9e8d7c6b5a"
+    credential = "streamoffload:client-secret-0f9e8d7c6b5a"
+    token_endpoint = f"{iceberg_rest_catalog.url}/v1/oauth/tokens"
     root = tmp_path / "store"
     scoped = parse_store_url(str(root)).open()
     offload = TopicOffload(scoped, AUDIT)
@@ -170,7 +172,9 @@ def test_rest_catalog_from_the_cli_with_properties(
         "--catalog",
         iceberg_rest_catalog.catalog,
         "--catalog-property",
-        f"token={token}",
+        f"credential={credential}",
+        "--catalog-property",
+        f"oauth2-server-uri={token_endpoint}",
         "--catalog-property",
         "header.X-Streamoffload-Test=yes",
     ]
@@ -183,13 +187,22 @@ def test_rest_catalog_from_the_cli_with_properties(
     assert json.loads(again)["tables"][0]["positions"] == {AUDIT: [3, 16]}
     code, shown, err = run_cli(capsys, "show", *args)
     assert code == 0 and f"  {AUDIT}: table at 3:16, store at 3:16: caught up" in shown
-    settings = catalog_settings(parse_store_url(str(root)), iceberg_rest_catalog.catalog, properties={"token": token})
+    properties = {"credential": credential, "oauth2-server-uri": token_endpoint}
+    settings = catalog_settings(parse_store_url(str(root)), iceberg_rest_catalog.catalog, properties=properties)
     table = open_catalog(settings).load_table("public.default.audit")
     expected = sorted(offload.rows, key=lambda r: r.position)
     assert pyiceberg_rows(table) == expected and on_sqlite.duckdb_rows(table) == expected
     assert all(f.startswith(iceberg_rest_catalog.warehouse.as_uri()) for f in current_files(table))
-    assert settings.describe() == f"catalog {iceberg_rest_catalog.catalog} (warehouse chosen by the server; token=***)"
-    assert token not in out + again + shown + err + caplog.text
+    assert settings.describe() == (
+        f"catalog {iceberg_rest_catalog.catalog} (warehouse chosen by the server; credential=***, "
+        f"oauth2-server-uri={token_endpoint})"
+    )
+    assert "client-secret-0f9e8d7c6b5a" not in out + again + shown + err + caplog.text
+    # The credential is used: a token endpoint that is not there fails the sync, in one line without the secret.
+    args[args.index(f"oauth2-server-uri={token_endpoint}")] = f"oauth2-server-uri={token_endpoint}-missing"
+    code, no_out, no_token = run_cli(capsys, "sync", *args)
+    assert code == 1 and no_out == "" and no_token.count("\n") == 1 and "cannot open it: " in no_token, no_token
+    assert "client-secret-0f9e8d7c6b5a" not in no_token
     scoped.store.close()
 
 
@@ -279,6 +292,9 @@ def test_a_secret_property_is_masked_in_any_later_message() -> None:
 
     catalog_settings(parse_store_url("/srv/store"), "rest+http://h:1", properties={"token": "tok-9a8b7c6d5e4f"})
     assert redact("401: token tok-9a8b7c6d5e4f is expired") == f"401: token {MASK} is expired"
+    # A URI's password, as written (percent-encoded) and as the server knows it.
+    catalog_settings(parse_store_url("/srv/store"), "postgresql+psycopg2://u:p%40ss-76543210@db/x", "/srv/wh")
+    assert redact("auth p@ss-76543210 / p%40ss-76543210") == f"auth {MASK} / {MASK}"
 
 
 # --- a warehouse on S3 with the PostgreSQL catalog ---
