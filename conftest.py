@@ -5,4 +5,6 @@ pytest_plugins = [
     "tests.fixtures.pulsar",
     "tests.fixtures.s3",
     "tests.fixtures.s3rver",
+    "tests.fixtures.postgres",
+    "tests.fixtures.iceberg_rest",
 ]

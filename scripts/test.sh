@@ -18,6 +18,19 @@ if ! command -v prometheus >/dev/null 2>&1 && [ ! -x /usr/bin/prometheus ]; then
     fi
 fi
 # --- end monitoring ---
+# --- PostgreSQL: the production Iceberg catalog of tests/table/test_catalogs.py (Debian package; the tests run
+#     their own cluster with initdb + pg_ctl on a free loopback port, tests/fixtures/postgres.py) ---
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing postgresql (apt-get install postgresql)"
+        # A host with systemd also gets the package's own cluster on :5432, which the tests do not use.
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
+    else
+        echo "note: postgresql is not installed and cannot be installed here (needs root and apt-get);" \
+            "the PostgreSQL catalog tests in tests/table will skip (or fail when CI is set)" >&2
+    fi
+fi
+# --- end PostgreSQL ---
 # --- s3rver: a second S3 implementation for tests/storage (npm, into .cache/s3rver; see tests/fixtures/s3rver.py) ---
 S3RVER_VERSION=3.7.1
 S3RVER_DIR="${STREAMOFFLOAD_S3RVER_DIR:-$ROOT/.cache/s3rver}"
@@ -68,6 +81,15 @@ else
     echo "note: Maven is not installed; the Apache Pulsar tests (marker pulsar) will skip (or fail when CI is set)" >&2
 fi
 # --- end Apache Pulsar ---
+# --- Iceberg REST server: the REST catalog of tests/table/test_catalogs.py (Maven Central, into .cache/iceberg_rest;
+#     scripts/iceberg_rest.sh) ---
+if command -v mvn >/dev/null 2>&1; then
+    bash "$ROOT/scripts/iceberg_rest.sh" fetch \
+        || echo "note: fetching Iceberg's REST server failed; the REST catalog tests will skip (or fail when CI is set)" >&2
+else
+    echo "note: Maven is not installed; the REST catalog tests in tests/table will skip (or fail when CI is set)" >&2
+fi
+# --- end Iceberg REST server ---
 echo "== ruff check, ruff format --check"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

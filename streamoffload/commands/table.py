@@ -32,8 +32,11 @@ sync killed at any point, replayed, or racing another one converges to one copy 
 `rebuild` drops a table and derives it from the store again. `show` prints each table's position and how
 far it is behind the store.
 
-The catalog is a SQL catalog (pyiceberg's, over SQLAlchemy) named "streamoffload". By default, for a store on
-a filesystem, a SQLite file under the store: <store>/_iceberg/catalog.db, its warehouse <store>/_iceberg/warehouse."""
+The catalog, named "streamoffload", is pyiceberg's SQL catalog (over SQLAlchemy: SQLite, or PostgreSQL for
+production) or its REST catalog (--catalog rest+https://host/path, with --catalog-property key=value for its
+credential, token, scope, ...: Polaris, Glue, Unity, Nessie, Iceberg's REST server). By default, for a store on
+a filesystem, a SQLite file under the store: <store>/_iceberg/catalog.db, its warehouse <store>/_iceberg/warehouse.
+Passwords and secret properties are never shown."""
 
 EPILOG = """\
 examples:
@@ -44,6 +47,11 @@ examples:
   streamoffload table rebuild --store var/demo/store persistent://public/default/demo-orders
   streamoffload table sync --store s3://bucket/pulsar --s3-endpoint http://127.0.0.1:9000 \\
       --catalog sqlite:////var/offload/catalog.db --warehouse s3://bucket/iceberg
+  streamoffload table sync --store var/demo/store \
+      --catalog postgresql+psycopg2://offload:PASSWORD@db.internal:5432/iceberg --warehouse s3://bucket/iceberg
+  streamoffload table sync --store var/demo/store --catalog rest+https://polaris.internal/api/catalog \
+      --warehouse streamoffload --catalog-property credential=CLIENT_ID:CLIENT_SECRET \
+      --catalog-property scope=PRINCIPAL_ROLE:ALL
 
 then, e.g. with polars:
   from pyiceberg.catalog.sql import SqlCatalog; import polars as pl
@@ -82,14 +90,23 @@ def register(subparsers: Any) -> None:
         group.add_argument(
             "--catalog",
             metavar="URI",
-            help="the SQL catalog: a SQLAlchemy URI (sqlite:////abs/catalog.db, postgresql+psycopg2://...) or a SQLite "
-            "file (default, for a filesystem store: <store>/_iceberg/catalog.db)",
+            help="the catalog: a SQLAlchemy URI (sqlite:////abs/catalog.db, postgresql+psycopg2://user:pw@host/db), "
+            "a SQLite file (default, for a filesystem store: <store>/_iceberg/catalog.db), or a REST catalog "
+            "rest+http(s)://host/path",
+        )
+        group.add_argument(
+            "--catalog-property",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a pyiceberg catalog property, repeatable: a REST catalog's credential, token, scope, "
+            "oauth2-server-uri, header.NAME, s3.*, ... (secret values are never shown)",
         )
         group.add_argument(
             "--warehouse",
             metavar="URL",
             help="where new tables' files go: file:///dir, s3://bucket/prefix or a directory (default: 'warehouse' "
-            "beside a SQLite catalog's file)",
+            "beside a SQLite catalog's file); a REST catalog's server gets it as its warehouse (default: its own)",
         )
         if name == "rebuild":
             action.add_argument("table_topics", metavar="TOPIC", nargs=1, help=topics_help)
@@ -124,7 +141,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        from streamoffload.table.catalog import catalog_settings, open_catalog
+        from streamoffload.table.catalog import catalog_property, catalog_settings, open_catalog
     except ModuleNotFoundError as err:
         raise TableCommandError(
             f"`streamoffload table` needs pyiceberg ({err.name} is not installed): pip install 'streamoffload[table]'"
@@ -134,7 +151,12 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     config, _ = config_from_args(args)
     location = config.store.location
     settings = catalog_settings(
-        location, args.catalog, args.warehouse, s3_endpoint=args.s3_endpoint, s3_region=args.s3_region
+        location,
+        args.catalog,
+        args.warehouse,
+        s3_endpoint=args.s3_endpoint,
+        s3_region=args.s3_region,
+        properties=dict(catalog_property(p) for p in args.catalog_property),
     )
     scoped = location.open(create=False)  # a mistyped path is an error, not a new empty store
     catalog = open_catalog(settings)

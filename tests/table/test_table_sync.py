@@ -13,14 +13,14 @@ import duckdb
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.storage.location import ScopedStore, StoreLocation, parse_store_url
-from streamoffload.table.catalog import catalog_settings, open_catalog
+from streamoffload.table.catalog import CatalogSettings, catalog_settings, open_catalog
 from streamoffload.table.position import POSITIONS, STORE, TablePositionError, segments_of, table_position
 from streamoffload.table.status import orphan_files, referenced_files, table_status
 from streamoffload.table.sync import SyncHooks, SyncOptions, TableSyncError, rebuild_topic, sync_topic
@@ -33,11 +33,13 @@ IDENT = "public.default.orders"
 
 @dataclass
 class Tier:
-    """A filesystem store, its default catalog, and the partitions of one topic being offloaded."""
+    """A store, its catalog (the default SQLite one here; tests/table/test_catalogs.py runs some of these tests on
+    the others), and the partitions of one topic being offloaded."""
 
     location: StoreLocation
     scoped: ScopedStore
-    catalog: SqlCatalog
+    settings: CatalogSettings
+    catalog: Catalog
     offloads: list[TopicOffload]
 
     @property
@@ -50,9 +52,9 @@ class Tier:
     def segment_ids(self, topic: str) -> list[str]:
         return [str(mf.manifest_uuid(m)) for m in MetadataStore(self.scoped).offloaded_segments(topic)]
 
-    def other_catalog(self) -> SqlCatalog:
+    def other_catalog(self) -> Catalog:
         """A second handle on the same catalog: another process's view."""
-        return open_catalog(catalog_settings(self.location))
+        return open_catalog(self.settings)
 
 
 @pytest.fixture
@@ -61,7 +63,8 @@ def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tier]:
     location = parse_store_url(str(tmp_path / "store"))
     scoped = location.open()
     offloads = [TopicOffload(scoped, t) for t in PARTS]
-    yield Tier(location, scoped, open_catalog(catalog_settings(location)), offloads)
+    settings = catalog_settings(location)
+    yield Tier(location, scoped, settings, open_catalog(settings), offloads)
     scoped.store.close()
 
 
