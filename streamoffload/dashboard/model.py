@@ -604,9 +604,9 @@ def dashboard_model() -> Dashboard:
 
 def build_dashboard() -> dict[str, Any]:
     """The dashboard model as JSON-able data, ready for ``POST /api/dashboards/db`` or provisioning."""
+    model = dashboard_model()
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-    model = dashboard_model()
     data: dict[str, Any] = json.loads(JSONEncoder().encode(model))
     return data
 

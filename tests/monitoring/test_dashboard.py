@@ -805,3 +805,23 @@ def test_a_missing_runbook_section_is_found() -> None:
     sections = markdown_anchors("# Runbook\n\n## StreamoffloadJobDown\n\n**Means:** x\n")
     assert set(sections) == {"runbook", "streamoffloadjobdown"}
     assert "streamoffloadrestartloop" not in sections
+
+
+def test_export_alerts_points_the_runbook_urls_where_asked(tmp_path: Path) -> None:
+    out = tmp_path / "alerts.yml"
+    base = "https://git.example.com/ops/blob/main/docs/RUNBOOK.md"
+    assert main(["dashboard", "export", "--alerts", "--runbook-url", base, "-o", str(out)]) == 0
+    urls = re.findall(r'runbook_url: "([^"]+)"', out.read_text())
+    assert urls[0] == f"{base}#streamoffloadlaghigh" and urls[-1] == f"{base}#streamoffloadjobdown"
+    assert len(urls) == 11 and all(u.startswith(base + "#") for u in urls)
+
+
+def test_export_without_the_sdk_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "grafana_foundation_sdk", None)  # import fails, as when not installed
+    assert main(["dashboard", "export"]) == 1
+    err = capsys.readouterr().err
+    assert "grafana-foundation-sdk, which is not installed" in err and "streamoffload[dashboard]" in err
