@@ -57,4 +57,5 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self.rate_limit_tasks = 1
         self.failed_topics = {}
         self._policy_failure = None
+        self.policy_effective_ms = 0
         self.health = HealthTracker(None, config.pulsar.service_url)

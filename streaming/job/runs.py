@@ -92,6 +92,7 @@ class JobRuns(JobQueries):
         config = self.policies.current()
         policy_log = PolicyLog(self.location, self.policy_refresh_s, self.policy_clock_skew_ms)
         versions = policy_log.start_run(config, int(time.time() * 1000))
+        self.policy_effective_ms = versions[-1][0] if versions else 0
         self.quarantine = Quarantine(scoped, self._pause_file())
         self.quarantine.load()
         for paused, until_ms in sorted(self.quarantine.paused().items()):
@@ -192,6 +193,7 @@ class JobRuns(JobQueries):
             return False
         effective = run.policy_log.publish(config, int(time.time() * 1000))
         run.published = doc
+        self.policy_effective_ms = effective
         write_versions_file(self._versions_file(), run.policy_log.versions())
         # Open segments see a new version when their topic is next processed; without traffic that
         # could be the rollover time. A wake-up request makes the segmenter look again when it applies.

@@ -73,6 +73,8 @@ class JobState:
     """Topics that failed during ``run_once`` and were set aside, with why (the run then fails)."""
     _policy_failure: str | None
     """Why publishing the edited policy last failed (said once per cause)."""
+    policy_effective_ms: int
+    """When the newest offload policy version this job published takes effect (its metrics show it)."""
     health: HealthTracker
     """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""
 

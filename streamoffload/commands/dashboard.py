@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from streamoffload.dashboard.alerts import alert_rules
+from streamoffload.dashboard.alerts import RUNBOOK_URL, alert_rules
 from streamoffload.dashboard.export import alert_rules_yaml, dashboard_json
 from streamoffload.dashboard.grafana import DATASOURCE_NAME, connect, push_dashboard
 
@@ -41,7 +41,8 @@ def register(subparsers: Any) -> None:
         help="write the dashboard JSON, or the Prometheus alert rules",
         description="Write the dashboard JSON (for Grafana's file provisioning or the import dialog), or with "
         "--alerts the Prometheus alerting rules (lag over N rollover times, failing uploads, Failed segments, "
-        "stale micro-batches, unreadable store metadata, a stopped or fenced job).",
+        "stale micro-batches, unreadable store metadata, an unreachable broker, a restart loop, a stopped or "
+        "fenced job), each with a runbook_url into docs/RUNBOOK.md.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -63,6 +64,13 @@ def register(subparsers: Any) -> None:
         "--prometheus-job",
         default="streamoffload",
         help="--alerts: the Prometheus job name the offload job is scraped under (default: %(default)s)",
+    )
+    export.add_argument(
+        "--runbook-url",
+        default=RUNBOOK_URL,
+        metavar="URL",
+        help="--alerts: where each rule's runbook_url points, docs/RUNBOOK.md as your operators reach it "
+        "(default: %(default)s)",
     )
     export.set_defaults(func=run_export)
 
@@ -105,7 +113,10 @@ def run_export(args: argparse.Namespace) -> int:
         float_arg(args.rollover_minutes, "--rollover-minutes", 1e-3, 43200.0)
         float_arg(args.lag_rollovers, "--lag-rollovers", 1e-3, 1e6)
         rules = alert_rules(
-            rollover_minutes=args.rollover_minutes, lag_rollovers=args.lag_rollovers, job=args.prometheus_job
+            rollover_minutes=args.rollover_minutes,
+            lag_rollovers=args.lag_rollovers,
+            job=args.prometheus_job,
+            runbook_url=args.runbook_url,
         )
         text = alert_rules_yaml(rules)
     else:

@@ -9,6 +9,15 @@ from streamoffload.dashboard.model import STALE_BATCH_CRIT_S
 from streamoffload.metrics import definitions as m
 
 ALERT_GROUP = "streamoffload"
+RUNBOOK_URL = "docs/RUNBOOK.md"
+"""Where each rule's ``runbook_url`` points by default: the runbook in this repository, one section per alert
+(``#`` and the alert's name in lower case). ``dashboard export --alerts --runbook-url URL`` points them at the
+copy the operators read (a git host's page of the file)."""
+
+
+def runbook_anchor(alert: str) -> str:
+    """The anchor of an alert's section of docs/RUNBOOK.md (its heading is the alert's name)."""
+    return alert.lower()
 
 
 def alert_rules(
@@ -18,6 +27,8 @@ def alert_rules(
     stale_batch_s: float = STALE_BATCH_CRIT_S,
     job: str = "streamoffload",
     throttled_share: float = 0.1,
+    restart_loop_restarts: int = 3,
+    runbook_url: str = RUNBOOK_URL,
 ) -> dict[str, Any]:
     """Prometheus alerting rules (a rule file's document) for the offload job scraped under ``job``:
 
@@ -35,14 +46,20 @@ def alert_rules(
     * ``StreamoffloadFailedSegments``: a segment stays Failed;
     * ``StreamoffloadBatchesStale``: no micro-batch finished for ``stale_batch_s`` seconds (a stuck job);
     * ``StreamoffloadStoreMetadataUnreadable``: the job cannot read the store's metadata;
+    * ``StreamoffloadBrokerUnreachable``: the job's Pulsar broker does not answer (the job keeps retrying);
+    * ``StreamoffloadRestartLoop``: the job restarted its run ``restart_loop_restarts`` times or more in 15
+      minutes (each a failure of its query or of a run's start);
     * ``StreamoffloadJobDown``: the job is not scraped (stopped, crashed, or fenced: a fenced instance stops).
+
+    Every rule has a ``runbook_url`` annotation: ``runbook_url`` and the anchor of the alert's section
+    (:func:`runbook_anchor`), which says what it means, how to check and what to do.
     """
     lag_s = rollover_minutes * 60 * lag_rollovers
     selector = f'{{job="{job}"}}'
     throttled = f"(sum by (job, instance) (rate({m.THROTTLED_SECONDS.total}{selector}[10m])) > {throttled_share:g})"
     topic_lag = f"max by (job, instance, topic) ({m.OFFLOAD_LAG.name}{selector}) > {lag_s:g}"
     namespace_lag = f"max by (job, instance, namespace) ({m.NAMESPACE_MAX_OFFLOAD_LAG.name}{selector}) > {lag_s:g}"
-    rules = [
+    rules: list[dict[str, Any]] = [
         {
             "alert": "StreamoffloadLagHigh",
             "expr": f"({topic_lag}) unless on (job, instance) {throttled}",
@@ -135,6 +152,30 @@ def alert_rules(
             },
         },
         {
+            "alert": "StreamoffloadBrokerUnreachable",
+            "expr": f"max by (job, instance) ({m.BROKER_UNREACHABLE.name}{selector}) == 1",
+            "for": "2m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "the Pulsar broker of {{ $labels.instance }} is unreachable",
+                "description": "The job cannot reach its broker's service URL and retries with capped backoff; "
+                "nothing is read meanwhile, and the topics' backlog grows on the broker. `streamoffload "
+                "status` names the URL and the cause.",
+            },
+        },
+        {
+            "alert": "StreamoffloadRestartLoop",
+            "expr": f"sum by (job, instance) (increase({m.QUERY_RESTARTS.total}{selector}[15m])) "
+            f">= {restart_loop_restarts:d}",
+            "for": "1m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.instance }} restarted its run {{ $value | humanize }} times in 15 minutes",
+                "description": "The job's query (or a run's start) keeps failing and the job keeps starting it "
+                "again from the store: something fails every run. The job's log says what.",
+            },
+        },
+        {
             "alert": "StreamoffloadJobDown",
             "expr": f'up{selector} == 0 or absent(up{{job="{job}"}})',
             "for": "2m",
@@ -146,4 +187,6 @@ def alert_rules(
             },
         },
     ]
+    for rule in rules:
+        rule["annotations"]["runbook_url"] = f"{runbook_url}#{runbook_anchor(rule['alert'])}"
     return {"groups": [{"name": ALERT_GROUP, "rules": rules}]}

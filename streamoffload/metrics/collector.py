@@ -106,6 +106,8 @@ class JobMetrics(Collector):
         self.job_health: Callable[[], Any] | None = None
         """The job's ``streaming.job.health.JobHealth`` now (``install_metrics`` sets it): broker reachability
         and restarts."""
+        self.policy_effective_ms: Callable[[], int] | None = None
+        """When the job's newest offload policy version takes effect, in ms (``install_metrics`` sets it)."""
         self._failing: dict[str, tuple[int, int]] = {}
         """Topic-partitions failing in a row (streaming.governance.quarantine): failures and until when set aside."""
 
@@ -348,6 +350,8 @@ class JobMetrics(Collector):
         restarts = _family(d.QUERY_RESTARTS)
         restarts.add_metric([], health.query_restarts if health is not None else 0)
         yield restarts
+        policy_ms = self.policy_effective_ms() if self.policy_effective_ms is not None else 0
+        yield _gauge(d.POLICY_EFFECTIVE_TIME, policy_ms / 1000)
 
     # -- running ---------------------------------------------------------------------------------
 

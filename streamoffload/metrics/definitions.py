@@ -141,6 +141,12 @@ BROKER_UNREACHABLE = _define(
     "gauge",
     "1 while the job's Pulsar broker is unreachable; the job keeps retrying with capped backoff meanwhile.",
 )
+POLICY_EFFECTIVE_TIME = _define(
+    "policy_effective_timestamp_seconds",
+    "gauge",
+    "When the newest offload policy version the job published takes effect (0 before its first run): it "
+    "changes when the configuration's policy does.",
+)
 BUILD_INFO = _define("build_info", "gauge", "streamoffload version.", ("version",))
 
 # -- per topic-partition: what the store holds and what waits ------------------------------------------

@@ -90,6 +90,8 @@ def install_metrics(
     health = job.health
     if health is not None:
         metrics.job_health = lambda: health.current
+    if hasattr(job, "policy_effective_ms"):  # an OffloadJob: when its newest policy version takes effect
+        metrics.policy_effective_ms = lambda: int(getattr(job, "policy_effective_ms", 0))
     job.listeners.append(metrics.on_batch)
     metrics.on_stop(lambda: _remove(job.listeners, metrics.on_batch))
     if spark is not None:

@@ -21,9 +21,13 @@ from streamoffload.dashboard.export import dashboard_json
 from streamoffload.dashboard.grafana import DATASOURCE_NAME, DATASOURCE_UID
 from streamoffload.dashboard.model import (
     DASHBOARD_UID,
+    DERIVED_ROW,
+    TOP_N,
     TOPIC_VARIABLE_QUERY,
+    annotation_expressions,
     build_dashboard,
     expressions,
+    families_of,
     substitute_variables,
 )
 from streamoffload.metrics import definitions
@@ -56,13 +60,23 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     topic = variables["topic"]
     assert topic["type"] == "query"
-    assert topic["query"]["query"] == TOPIC_VARIABLE_QUERY == topic["definition"]
+    assert topic["query"]["query"] == TOPIC_VARIABLE_QUERY
     assert topic["includeAll"] and topic["multi"] and topic["allValue"] == ".*"
     assert topic["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
 
     panels = [p for p in all_panels(dash) if p["type"] != "row"]
     rows = [p["title"] for p in all_panels(dash) if p["type"] == "row"]
-    assert rows == ["Lag", "Throughput", "Segments", "Errors and uploads", "Buffer", "Spark micro-batches"]
+    assert rows == [
+        "Lag",
+        "Per topic-partition",
+        "Throughput",
+        "Segments",
+        "Errors and uploads",
+        "Health",
+        "Buffer",
+        "Spark micro-batches",
+        DERIVED_ROW,
+    ]
     titles = {p["title"] for p in panels}
     for needed in (
         "Offload lag",
@@ -75,6 +89,12 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
         "Input rate",
         "Upload latency",
         "Seals by reason",
+        "Topic-partitions now",
+        "Broker unreachable",
+        "Query restarts",
+        "Set aside and failing",
+        "Read cache",
+        "Bytes behind the latest position",
     ):
         assert needed in titles
     ids = [p["id"] for p in all_panels(dash)]
@@ -129,8 +149,8 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
 
 
 def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
-    metrics = JobMetrics()
     topic = "persistent://public/default/t-partition-0"
+    metrics = JobMetrics(backlog=lambda _known: {topic: Backlog((1, 5), entries=5, bytes=50)})
     seal = {
         "topic": topic,
         "segment": "s",
@@ -156,8 +176,15 @@ def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
         "now_ms": 0,
     }
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
+    metrics.refresh_backlog()
+    metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
-    used = {name for expr in expressions(build_dashboard()) for name in re.findall(r"streamoffload_\w+", expr)}
+    dash = build_dashboard()
+    used = {
+        name
+        for expr in expressions(dash) + annotation_expressions(dash)
+        for name in re.findall(r"streamoffload_\w+", expr)
+    }
     assert used - exported == set()
 
 
@@ -179,6 +206,139 @@ def test_the_definitions_are_exactly_the_families_the_job_exports() -> None:
         assert (family.type, family.documentation) == (defn.kind, defn.help), name
         labels = {k for sample in family.samples for k in sample.labels if k not in ("le",)}
         assert labels == set(defn.labels), name
+
+
+# --- a panel for every exported family, derived from its definition when none is laid by hand (issue 50) ---
+
+ISSUE_50_FAMILIES = {
+    definitions.BROKER_UNREACHABLE.name,
+    definitions.QUERY_RESTARTS.name,
+    definitions.TOPIC_SET_ASIDE.name,
+    definitions.TOPIC_FAILURES_IN_A_ROW.name,
+    definitions.READ_CACHE_HITS.name,
+    definitions.READ_CACHE_MISSES.name,
+    definitions.SOURCE_BACKLOG_BYTES.name,
+}
+"""Exported families the hand-written dashboard showed nowhere."""
+
+
+def families_without_panel(dashboard: dict[str, Any]) -> set[str]:
+    queried = {family for expr in expressions(dashboard) for family in families_of(expr)}
+    return set(definitions.METRICS) - queried
+
+
+def curated_and_derived(dashboard: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The panels above the derived row, and those in it."""
+    panels = all_panels(dashboard)
+    [at] = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == DERIVED_ROW]
+    return [p for p in panels[:at] if p["type"] != "row"], panels[at + 1 :]
+
+
+def test_every_exported_family_has_a_panel() -> None:
+    dash = build_dashboard()
+    assert families_without_panel(dash) == set()
+    curated, derived = curated_and_derived(dash)
+    by_hand = {f for p in curated for t in p["targets"] for f in families_of(t["expr"])}
+    assert by_hand >= ISSUE_50_FAMILIES
+    # A derived panel is only for what no panel laid by hand shows, one family each.
+    for p in derived:
+        [family] = {f for t in p["targets"] for f in families_of(t["expr"])}
+        assert family not in by_hand and p["description"].startswith(definitions.METRICS[family].help), p["title"]
+    # The check fails when a family loses its panel.
+    without_cache = {**dash, "panels": [p for p in dash["panels"] if p["title"] != "Read cache"]}
+    assert families_without_panel(without_cache) == {
+        definitions.READ_CACHE_HITS.name,
+        definitions.READ_CACHE_MISSES.name,
+    }
+
+
+def test_a_new_family_gets_a_panel_from_its_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A family another change adds to metrics/definitions.py is on the dashboard without a line in model.py."""
+    new = {
+        "streamoffload_table_rows_synced": definitions.MetricDef(
+            "streamoffload_table_rows_synced", "counter", "Rows synced to the table.", ("topic",)
+        ),
+        "streamoffload_namespace_table_bytes": definitions.MetricDef(
+            "streamoffload_namespace_table_bytes", "gauge", "Bytes of the namespace's table.", ("namespace",)
+        ),
+        "streamoffload_table_commit_seconds": definitions.MetricDef(
+            "streamoffload_table_commit_seconds", "histogram", "Time to commit a table snapshot.", (), (0.1, 1.0)
+        ),
+        "streamoffload_table_synced_timestamp_seconds": definitions.MetricDef(
+            "streamoffload_table_synced_timestamp_seconds", "gauge", "When the table was last synced."
+        ),
+    }
+    for name, defn in new.items():
+        monkeypatch.setitem(definitions.METRICS, name, defn)
+    dash = build_dashboard()
+    assert families_without_panel(dash) == set()
+    _curated, derived = curated_and_derived(dash)
+    got = {p["title"]: (p["fieldConfig"]["defaults"]["unit"], [t["expr"] for t in p["targets"]]) for p in derived}
+    s = '{job=~"$job",instance=~"$instance"}'
+    t = '{job=~"$job",instance=~"$instance",topic=~"persistent://$namespace/.*",topic=~"$topic"}'
+    n = '{job=~"$job",instance=~"$instance",namespace=~"$namespace"}'
+    assert got["table rows synced / s"] == (
+        "ops",
+        [f"sum by (topic) (rate(streamoffload_table_rows_synced_total{t}[$__rate_interval]))"],
+    )
+    assert got["namespace table bytes"] == ("bytes", [f"max by (namespace) (streamoffload_namespace_table_bytes{n})"])
+    assert got["table commit seconds"] == (
+        "s",
+        [
+            f"histogram_quantile({q}, sum by (le) (rate(streamoffload_table_commit_seconds_bucket{s}"
+            "[$__rate_interval])))"
+            for q in (0.5, 0.95)
+        ],
+    )
+    assert got["since table synced"] == ("s", [f"time() - max (streamoffload_table_synced_timestamp_seconds{s})"])
+    [rows] = [p for p in derived if p["title"] == "table rows synced / s"]
+    assert rows["description"] == "Rows synced to the table." + TOP_N  # per-topic: says the series are cut
+
+
+def test_annotations_mark_restarts_and_policy_changes() -> None:
+    dash = build_dashboard()
+    notes = {a["name"]: a for a in dash["annotations"]["list"]}
+    assert list(notes) == ["Annotations & Alerts", "Query restarts", "Policy changes"]
+    assert notes["Annotations & Alerts"]["builtIn"] == 1
+    s = '{job=~"$job",instance=~"$instance"}'
+    assert notes["Query restarts"]["expr"] == f"increase(streamoffload_query_restarts_total{s}[1m]) > 0"
+    policy = definitions.POLICY_EFFECTIVE_TIME.name
+    assert notes["Policy changes"]["expr"] == (
+        f"(changes({policy}{s}[1m]) > 0) and (min_over_time({policy}{s}[1m]) > 0)"
+    )
+    for name in ("Query restarts", "Policy changes"):
+        assert notes[name]["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert notes[name]["enable"] is True and notes[name]["titleFormat"] and notes[name]["textFormat"]
+
+
+def test_the_sdk_reads_the_dashboard_back_as_built() -> None:
+    """The exported JSON is what grafana-foundation-sdk's model of a Grafana 11.1 dashboard describes: decoded
+    by the SDK and encoded again, nothing is lost but the Prometheus annotations' own fields, which the SDK's
+    generic annotation model has none for."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    register_default_plugins()
+    exported = json.loads(dashboard_json())
+    again = json.loads(JSONEncoder().encode(Dashboard.from_json(exported)))
+    for note in exported["annotations"]["list"]:
+        for key in ("titleFormat", "textFormat", "step"):
+            note.pop(key, None)
+    assert again == exported
+
+
+def test_the_sdk_refuses_a_panel_wider_than_the_grid() -> None:
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+    from streamoffload.dashboard.model import PanelSpec, Target, _panel
+
+    ds = DataSourceRef(type_val="prometheus", uid="${datasource}")
+    _panel(PanelSpec("full width", "as wide as the grid", (Target("up"),), width=24), 1, None, ds)
+    with pytest.raises(ValueError, match="w must be <= 24"):
+        _panel(PanelSpec("wide", "too wide", (Target("up"),), width=25), 1, None, ds)
+    with pytest.raises(ValueError, match="h must be > 0"):
+        _panel(PanelSpec("flat", "no height", (Target("up"),), height=0), 1, None, ds)
 
 
 def test_variable_substitution_prefers_the_longest_name() -> None:
@@ -432,9 +592,16 @@ def panel(dash: dict[str, Any], title: str) -> dict[str, Any]:
 
 
 def unit_of(p: dict[str, Any], ref_id: str) -> str:
-    """The unit Grafana shows for query ``ref_id`` of a panel: its override's, else the panel default."""
+    """The unit Grafana shows for query ``ref_id`` of a panel: its override's (a table's column is matched by
+    its name, the query's legend, after the merge), else the panel default."""
+    [target] = [t for t in p["targets"] if t["refId"] == ref_id]
+    matcher = (
+        {"id": "byName", "options": target["legendFormat"]}
+        if p["type"] == "table"
+        else {"id": "byFrameRefID", "options": ref_id}
+    )
     for override in p["fieldConfig"]["overrides"]:
-        if override["matcher"] == {"id": "byFrameRefID", "options": ref_id}:
+        if override["matcher"] == matcher:
             for prop in override["properties"]:
                 if prop["id"] == "unit":
                     return str(prop["value"])
@@ -448,7 +615,11 @@ def test_every_series_has_the_unit_of_what_it_counts() -> None:
         for target in p["targets"]:
             unit, expr = unit_of(p, target["refId"]), target["expr"]
             metric = re.findall(r"streamoffload_(\w+)", expr)[0]
-            if "rate(" in expr and "histogram_quantile" not in expr:
+            if expr.startswith("count("):
+                expected = count_units
+            elif "_timestamp_seconds" in metric and expr.endswith("* 1000"):  # a time of day, in ms
+                expected = {"dateTimeAsIso"}
+            elif "rate(" in expr and "histogram_quantile" not in expr:
                 if "bytes" in metric:
                     expected = {"Bps"}
                 elif metric.endswith("_seconds_total"):  # seconds per second: a share of the time
@@ -461,7 +632,7 @@ def test_every_series_has_the_unit_of_what_it_counts() -> None:
                 expected = {"s"}
             elif metric.endswith("rows_per_second"):
                 expected = {"rowsps", "ops"}
-            elif metric.endswith("_refresh_ok"):
+            elif metric.endswith(("_refresh_ok", "_unreachable", "_set_aside")):
                 expected = {"bool_yes_no"}
             elif "histogram_quantile" in expr or metric.startswith("segment_size_bytes"):
                 expected = byte_units if "bytes" in metric else {"s"}
@@ -473,6 +644,8 @@ def test_every_series_has_the_unit_of_what_it_counts() -> None:
     assert unit_of(panel(dash, "Offloaded so far"), "A") == "short"
     assert unit_of(panel(dash, "Open segment size"), "B") == "short"
     assert unit_of(panel(dash, "Upload rate"), "B") == "reqps"
+    table = panel(dash, "Topic-partitions now")
+    assert [unit_of(table, ref) for ref in "ABC"] == ["s", "short", "bytes"]
 
 
 def test_job_instance_and_namespace_variables() -> None:
@@ -488,7 +661,7 @@ def test_job_instance_and_namespace_variables() -> None:
     assert (
         variables["namespace"]["query"]["query"] == "label_values(streamoffload_namespace_topic_partitions, namespace)"
     )
-    assert variables["namespace"]["regex"] == ""
+    assert variables["namespace"].get("regex", "") == ""  # no regex: the label is the namespace
     expr = substitute_variables('x{topic=~"persistent://$namespace/.*",job=~"$job"}', {"namespace": "acme/orders"})
     assert expr == 'x{topic=~"persistent://acme/orders/.*",job=~".*"}'
 
@@ -521,8 +694,16 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
         "StreamoffloadTopicSetAside",
         "StreamoffloadBatchesStale",
         "StreamoffloadStoreMetadataUnreadable",
+        "StreamoffloadBrokerUnreachable",
+        "StreamoffloadRestartLoop",
         "StreamoffloadJobDown",
     }
+    assert rules["StreamoffloadBrokerUnreachable"]["expr"] == (
+        'max by (job, instance) (streamoffload_broker_unreachable{job="streamoffload"}) == 1'
+    )
+    assert rules["StreamoffloadRestartLoop"]["expr"] == (
+        'sum by (job, instance) (increase(streamoffload_query_restarts_total{job="streamoffload"}[15m])) >= 3'
+    )
     assert "> 900) unless on (job, instance) (" in rules["StreamoffloadLagHigh"]["expr"]  # 3 rollovers of 5 minutes
     assert "> 900) unless on (job, instance) (" in rules["StreamoffloadNamespaceLagHigh"]["expr"]
     # Issue 26: lag while the job waits on its rate limits is the limit at work, said by an alert of its own.
@@ -579,3 +760,68 @@ def test_alert_rules_export_passes_promtool_and_loads_into_prometheus(tmp_path: 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# --- every alert links its section of docs/RUNBOOK.md (issue 50) ----------------------------------------------
+
+RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "RUNBOOK.md"
+
+
+def markdown_anchors(text: str) -> dict[str, str]:
+    """Each heading's anchor as GitHub renders it (lower case, punctuation dropped, spaces to hyphens): the
+    section's text under it."""
+    out: dict[str, str] = {}
+    parts = re.split(r"^#{1,6} (.+)$", text, flags=re.M)
+    for heading, body in zip(parts[1::2], parts[2::2], strict=True):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        out[anchor] = body
+    return out
+
+
+def test_every_alert_has_a_runbook_section_saying_what_to_do() -> None:
+    from streamoffload.dashboard.alerts import alert_rules
+
+    sections = markdown_anchors(RUNBOOK.read_text(encoding="utf-8"))
+    rules = alert_rules()["groups"][0]["rules"]
+    for rule in rules:
+        url = rule["annotations"]["runbook_url"]
+        path, _, anchor = url.partition("#")
+        assert path == "docs/RUNBOOK.md" and anchor in sections, (rule["alert"], url)
+        for part in ("**Means:**", "**Check:**", "**Do:**"):
+            assert part in sections[anchor], (rule["alert"], part)
+    # One section per alert, and no section for an alert that does not exist.
+    assert {r["alert"].lower() for r in rules} == set(sections) - {"runbook-streamoffloads-alerts"}
+    # Links inside the runbook go to sections that exist.
+    text = RUNBOOK.read_text(encoding="utf-8")
+    assert {link for link in re.findall(r"\]\(#([\w-]+)\)", text)} <= set(sections)
+    # Pointed elsewhere (the runbook as the operators read it), each keeps its anchor.
+    moved = alert_rules(runbook_url="https://git.example.com/ops/blob/main/docs/RUNBOOK.md")
+    assert [r["annotations"]["runbook_url"] for r in moved["groups"][0]["rules"]] == [
+        f"https://git.example.com/ops/blob/main/docs/RUNBOOK.md#{r['alert'].lower()}" for r in rules
+    ]
+
+
+def test_a_missing_runbook_section_is_found() -> None:
+    sections = markdown_anchors("# Runbook\n\n## StreamoffloadJobDown\n\n**Means:** x\n")
+    assert set(sections) == {"runbook", "streamoffloadjobdown"}
+    assert "streamoffloadrestartloop" not in sections
+
+
+def test_export_alerts_points_the_runbook_urls_where_asked(tmp_path: Path) -> None:
+    out = tmp_path / "alerts.yml"
+    base = "https://git.example.com/ops/blob/main/docs/RUNBOOK.md"
+    assert main(["dashboard", "export", "--alerts", "--runbook-url", base, "-o", str(out)]) == 0
+    urls = re.findall(r'runbook_url: "([^"]+)"', out.read_text())
+    assert urls[0] == f"{base}#streamoffloadlaghigh" and urls[-1] == f"{base}#streamoffloadjobdown"
+    assert len(urls) == 11 and all(u.startswith(base + "#") for u in urls)
+
+
+def test_export_without_the_sdk_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "grafana_foundation_sdk", None)  # import fails, as when not installed
+    assert main(["dashboard", "export"]) == 1
+    err = capsys.readouterr().err
+    assert "grafana-foundation-sdk, which is not installed" in err and "streamoffload[dashboard]" in err

@@ -352,7 +352,8 @@ def test_parse_address() -> None:
 
 
 class FakeJob:
-    """A ``metrics.install.MetricsJob`` that does not tell what it wrote, of unknown health."""
+    """A ``metrics.install.MetricsJob`` that does not tell what it wrote, of unknown health, before its first
+    run (no policy published)."""
 
     def __init__(self, meta: MetadataStore) -> None:
         self.config = Config()
@@ -360,6 +361,7 @@ class FakeJob:
         self.metadata_listeners: list[Any] | None = None
         self.health: Any = None
         self._meta = meta
+        self.policy_effective_ms = 0
 
     def metadata(self) -> MetadataStore:
         return self._meta
@@ -391,6 +393,65 @@ def test_install_serves_prometheus_text_and_stop_detaches(store: FilesystemStore
     assert not any(t.name == "streamoffload-metrics" for t in threading.enumerate())
     with pytest.raises(OSError):
         urllib.request.urlopen(metrics.url, timeout=2)
+
+
+def test_the_policy_gauge_follows_the_jobs_newest_policy_version(store: FilesystemStore) -> None:
+    """``streamoffload_policy_effective_timestamp_seconds``: the dashboard's "Policy changes" annotation."""
+    job = FakeJob(MetadataStore(ScopedStore(store)))
+    metrics = install_metrics(job, None, "127.0.0.1:0", backlog=lambda topics: {})
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("streamoffload_policy_effective_timestamp_seconds")
+
+    try:
+        assert gauge() == 0.0  # a job that does not tell: 0, as before a first run
+        job.policy_effective_ms = 1_700_000_000_250  # as JobRuns.begin_run sets it
+        assert gauge() == 1_700_000_000.25
+        job.policy_effective_ms = 1_700_000_015_250  # and watch_policy, when the file's policy changed
+        assert gauge() == 1_700_000_015.25
+    finally:
+        metrics.stop()
+
+
+def test_the_job_tells_when_its_newest_policy_version_takes_effect(tmp_path: Path) -> None:
+    """What the gauge above shows: a run's start sets it to the version in force, an edited policy to the
+    new version's effective time (later, once every executor can see it); a start with the policy unchanged
+    publishes nothing and keeps it. No broker is needed: nothing is offloaded."""
+    from streamoffload.config import PolicySource, load_config
+    from streamoffload.storage import keys
+    from streamoffload.streaming.job.offload_job import OffloadJob
+    from tests.job.conftest import write_job_config
+
+    path = write_job_config(tmp_path, "pulsar://127.0.0.1:1", topics=["persistent://public/default/t"])
+
+    def versions() -> list[int]:
+        scoped = load_config(path).store.location.open()
+        listed = scoped.store.list(keys.prefix_meta_prefix(scoped.prefix, keys.POLICIES))
+        return sorted(int(info.key.rsplit("/", 1)[1]) for info in listed)
+
+    job = OffloadJob(load_config(path), str(path))
+    assert job.policy_effective_ms == 0
+    job.begin_run()
+    try:
+        [first] = versions()
+        assert job.policy_effective_ms == first
+        job.policies = PolicySource(load_config(path), str(path), min_interval_s=0)
+        path.write_text(
+            path.read_text().replace(
+                "maxOffloadSegmentRolloverTimeMinutes = 10", "maxOffloadSegmentRolloverTimeMinutes = 5"
+            )
+        )
+        assert job.watch_policy()
+        assert versions() == [first, job.policy_effective_ms] and job.policy_effective_ms > first
+    finally:
+        job.end_run()
+    again = OffloadJob(load_config(path), str(path))
+    again.begin_run()
+    try:
+        assert again.policy_effective_ms == versions()[-1]  # unchanged: no new version
+        assert len(versions()) == 2
+    finally:
+        again.end_run()
 
 
 # ---------------------------------------------------------------------------------------------
