@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamoffload import __version__
+from streamoffload.dashboard.errors import DashboardError
 from streamoffload.dashboard.model import DASHBOARD_UID, build_dashboard
-from streamoffload.errors import StreamOffloadError
 
 DATASOURCE_UID = "streamoffload-prometheus"
 DATASOURCE_NAME = "streamoffload Prometheus"
 
 
-class GrafanaPushError(StreamOffloadError):
+class GrafanaPushError(DashboardError):
     """Grafana refused or could not be reached."""
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from streamoffload import __version__
-from streamoffload.errors import StreamOffloadError
+from streamoffload.dashboard.errors import DashboardError
 from streamoffload.metrics import definitions as m
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ DERIVED_ROW = "Every other metric"
 PanelKind = Literal["timeseries", "stat", "bargauge", "table"]
 
 
-class DashboardBuildError(StreamOffloadError):
+class DashboardBuildError(DashboardError):
     """The dashboard cannot be built here (its SDK is not installed)."""
 
 

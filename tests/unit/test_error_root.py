@@ -84,7 +84,7 @@ LAYER_ROOTS = {
     # The services above the job, one module each: the embedded broker, the producer, the dashboard's push.
     "streamoffload.embedded_broker.BrokerError",
     "streamoffload.produce.ProduceError",
-    "streamoffload.dashboard.grafana.GrafanaPushError",
+    "streamoffload.dashboard.errors.DashboardError",
 }
 
 
