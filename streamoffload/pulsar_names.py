@@ -68,7 +68,7 @@ ALIASES: tuple[Alias, ...] = (
         POLICY,
         OFFLOAD_POLICIES,
         "-1 (Pulsar: no automatic offload) is enabled = false, 0 (as soon as possible) enabled = true; "
-        "a positive threshold is refused (THRESHOLD_PROBLEM)",
+        "a positive threshold is refused: this job offloads every entry continuously",
     ),
     Alias(
         "managedLedgerOffloadAutoTriggerSizeThresholdBytes",
