@@ -18,6 +18,7 @@ import pytest
 from streamoffload.checkpoints.keyring import ENV_KEY_PREFIX, ENV_KEYS_FILE, encryption_key_id
 from streamoffload.cli import main
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.errors import ConfigError
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from tests.fixtures.broker import unique_topic
@@ -156,3 +157,23 @@ def test_the_dataframe_readers_decrypt_with_the_key_file(
     at = encrypted.history.entries[20].publish_time
     rows = through_reader.option("startingTime", str(at)).load().orderBy("ledger_id", "entry_id").collect()
     assert [(r.ledger_id, r.entry_id, bytes(r.entry)) for r in rows] == encrypted.history.expected[20:]
+
+
+def test_the_offloaded_readers_conf_option_gives_the_store_and_the_key_file(encrypted: EncryptedStore) -> None:
+    pytest.importorskip("pyspark")
+    from streamoffload.streaming.source.offloaded_source import OffloadedOptions
+
+    topic = encrypted.history.topic
+    parsed = OffloadedOptions.parse({"CONF": str(encrypted.conf), "topics": topic})
+    assert (parsed.location.scheme, parsed.location.path, parsed.keys_file) == (
+        "file",
+        str(encrypted.store),
+        str(encrypted.keys),
+    )
+    # The options say more than the file: they win.
+    other = OffloadedOptions.parse(
+        {"conf": str(encrypted.conf), "store": "/elsewhere", "keysFile": "/etc/k.toml", "topics": topic}
+    )
+    assert (other.location.path, other.keys_file) == ("/elsewhere", "/etc/k.toml")
+    with pytest.raises(ConfigError, match=r"^configuration file not found: /nonexistent\.toml$"):
+        OffloadedOptions.parse({"conf": "/nonexistent.toml", "topics": topic})
