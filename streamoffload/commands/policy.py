@@ -28,7 +28,7 @@ examples:
   streamoffload policy --conf conf/streamoffload.toml persistent://public/default/orders
   streamoffload policy --conf prod.toml orders-partition-3 --json
   pulsar-admin namespaces get-offload-policies tenant/ns | streamoffload policy import - --namespace tenant/ns
-  streamoffload policy import broker-policies.json >> prod.toml      # [store] and [offload]
+  streamoffload policy import applied.json > imported.toml    # [store] and [offload], to merge into yours
 
 Levels, most specific last: default (built in), broker ([offload]), namespace ([namespaces."t/ns"]),
 topic ([topics."persistent://t/ns/topic"], which its partitions inherit), partition.
