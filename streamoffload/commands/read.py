@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "stream, each entry once",
     )
     follow.add_argument(
-        "--service-url", metavar="URL", help="the broker for --follow (default: [pulsar] service_url of --conf)"
+        "--service-url", metavar="URL", help="the broker for --follow (default: [pulsar] serviceUrl of --conf)"
     )
     follow.add_argument(
         "--poll-seconds",
