@@ -85,10 +85,12 @@ def offload(
     segment_bytes: int = SEGMENT_BYTES,
     batch: int = 40,
     compression: str = "none",
+    encryption_key_id: str = "",
 ) -> MetadataStore:
     """Offload ``history`` through the segmenter and the sink: streaming (v2) for the entries before
     ``switch_at`` (all of them when None), ledger-based (v1) after; then seal. The sink fetches the entries'
-    bytes from ``history``. ``compression``: the policy's ``offloadCompression`` (blocks compressed at rest)."""
+    bytes from ``history``. ``compression``: the policy's ``offloadCompression`` (blocks compressed at rest);
+    ``encryption_key_id``: its ``offloadEncryptionKeyId`` (the sink takes the key from the environment)."""
     state = MemoryState()
     sink = memory_sink(scoped, holding(history.topic, history.entries))
 
@@ -99,6 +101,7 @@ def offload(
             maxSizePerOffloadSegmentMbytes=segment_bytes / MIB,
             offloadBufferMaxBytes=64 * MIB,
             offloadCompression=compression,
+            offloadEncryptionKeyId=encryption_key_id,
         )
 
     now = 1_000

@@ -32,24 +32,31 @@ from streamoffload.checkpoints.policy import (
 from streamoffload.codecs.positions import MAX_ID
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.errors import ConfigError, StreamOffloadError
+from streamoffload.pulsar_names import (
+    POLICY,
+    REFUSED,
+    STORE_NAMES,
+    THRESHOLD_KEYS,
+    THRESHOLD_PROBLEM,
+    Alias,
+    aliases_in,
+    house_name,
+)
 from streamoffload.storage.fs_sync import SYNC_MODES
-from streamoffload.storage.location import StoreLocation, is_url
+from streamoffload.storage.location import StoreLocation, is_url, parse_store_url
 from streamoffload.units import DAY_MS, MIB, MINUTE_MS, parse_duration_ms, parse_size
 
 DRIVERS = ("filesystem", "aws-s3", "s3")
+"""Driver names, matched without case as Pulsar matches them (``"S3"`` is ``s3``)."""
 
 
 _POLICY_TYPES: dict[str, type] = typing.get_type_hints(OffloadPolicy)
 """The policy keys and their types; the values' rules are ``checkpoints.policy``'s."""
-_POLICY_ALIASES = {
-    # Seconds are allowed where Pulsar only has minutes: tests and demos want short rollovers.
-    "maxOffloadSegmentRolloverTimeSeconds": ("maxOffloadSegmentRolloverTimeMinutes", 1 / 60),
-    "managedLedgerOffloadDriverBufferBytes": ("offloadBufferMaxBytes", 1),
-}
+_POLICY_ALIASES: dict[str, Alias] = aliases_in(POLICY)
+"""Other names of policy keys (``streamoffload.pulsar_names``)."""
 _DURATION_KEYS: dict[str, int] = {
     # Keys that also take a duration string ("90s", "4h", "1h30m"): milliseconds per unit of the key.
     "maxOffloadSegmentRolloverTimeMinutes": MINUTE_MS,
-    "maxOffloadSegmentRolloverTimeSeconds": 1000,
     "retentionTimeInMinutes": MINUTE_MS,
     "managedLedgerOffloadDeletionLagMs": 1,
 }
@@ -60,7 +67,6 @@ _SIZE_KEYS: dict[str, int] = {
     "managedLedgerOffloadMaxBlockSizeInBytes": 1,
     "managedLedgerOffloadReadBufferSizeInBytes": 1,
     "offloadBufferMaxBytes": 1,
-    "managedLedgerOffloadDriverBufferBytes": 1,
     **{key: 1 for key in RATE_KEYS},  # bytes per second: "10MiB" is 10 MiB/s
 }
 
@@ -320,9 +326,17 @@ class Config:
         )
 
 
+SUGGESTION_CUTOFF = 0.85
+"""How alike (``difflib``'s ratio) an unknown key and a known one must be for "did you mean": a typo
+(``topic_serie``: 0.96), not a different key that shares a long prefix (``s3ManagedLedgerOffloadBucket`` and
+``managedLedgerOffloadDriver``: 0.78)."""
+
+
 def _suggest(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """`` (did you mean 'X'?)`` for the known key most like ``key`` (letter case aside), if it is that close."""
+    by_lower = {name.lower(): name for name in reversed(known)}  # the first spelling of a name wins
+    close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=SUGGESTION_CUTOFF)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
 def _check_type(value: Any, expected: type, key: str, source: str) -> Any:
@@ -354,28 +368,48 @@ def _parse_unit_string(value: str, key: str, where: str, source: str) -> float:
     raise AssertionError(key)
 
 
+def _threshold_enabled(value: object, where: str, source: str) -> bool:
+    """Pulsar's offload threshold as ``enabled``: -1 (no automatic offload) is false, 0 (offload as soon as
+    possible, what this job does) true; a positive threshold is refused (``pulsar_names.THRESHOLD_PROBLEM``)."""
+    number: int = _check_type(value, int, where, source)
+    if number > 0:
+        raise ConfigError(f"{source}: {where} = {number} {THRESHOLD_PROBLEM}")
+    return bool(number == 0)
+
+
+_POLICY_NAMES = [*_POLICY_TYPES, *_POLICY_ALIASES]
+"""Every name a policy table accepts, for suggestions."""
+
+
 def _normalise_policy(table: Mapping[str, Any], source: str, section: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # our key -> the name it was given under in this table
     for key, value in table.items():
         where = f"{section}.{key}"
-        if isinstance(value, str) and (key in _DURATION_KEYS or key in _SIZE_KEYS):
-            value = _parse_unit_string(value, key, where, source)
-            target_type = _POLICY_TYPES.get(_POLICY_ALIASES.get(key, (key, 1))[0])
-            if target_type is int and not value.is_integer():
-                unit = "ms" if key in _DURATION_KEYS else "bytes"
+        alias = _POLICY_ALIASES.get(key)
+        target = alias.target if alias is not None else key
+        if target not in _POLICY_TYPES:
+            if key in STORE_NAMES or key in {f.name for f in fields(StoreSettings)}:
+                raise ConfigError(f"{source}: {where} is a store setting: set it in [store] (one store for the job)")
+            raise ConfigError(f"{source}: unknown offload policy key {where}{_suggest(key, _POLICY_NAMES)}")
+        if target in given:
+            raise ConfigError(f"{source}: {section}.{given[target]} and {where} both set {target}: give one of them")
+        given[target] = key
+        if key in THRESHOLD_KEYS:
+            value = _threshold_enabled(value, where, source)
+        elif isinstance(value, str) and (target in _DURATION_KEYS or target in _SIZE_KEYS):
+            value = _parse_unit_string(value, target, where, source)
+            if _POLICY_TYPES[target] is int and not value.is_integer():
+                unit = "ms" if target in _DURATION_KEYS else "bytes"
                 raise ConfigError(f"{source}: {where} must be a whole number of {unit}, got {table[key]!r}")
-        if key in _POLICY_ALIASES:
-            target, factor = _POLICY_ALIASES[key]
-            value = _check_type(value, float, where, source) * factor
-            key = target
-        if key not in _POLICY_TYPES:
-            raise ConfigError(f"{source}: unknown offload policy key {where}{_suggest(key, list(_POLICY_TYPES))}")
-        if key in JOB_ONLY_KEYS and section != "offload":
+        elif alias is not None and alias.factor != 1:
+            value = _check_type(value, float, where, source) * alias.factor
+        if target in JOB_ONLY_KEYS and section != "offload":
             raise ConfigError(
                 f"{source}: {where} is a limit of the whole job: set it in [offload], not per namespace or topic "
-                f"(per topic-partition: {key.replace('Total', '')})"
+                f"(per topic-partition: {target.replace('Total', '')})"
             )
-        out[key] = _check_type(value, _POLICY_TYPES[key], where, source)
+        out[target] = _check_type(value, _POLICY_TYPES[target], where, source)
     return out
 
 
@@ -410,14 +444,50 @@ def _count_setting(value: Any, where: str, source: str, sizes: bool) -> int:
     return int(number)
 
 
+def file_system_root(value: object, where: str, source: str) -> str:
+    """Pulsar's ``fileSystemURI`` as the filesystem store's ``root``: ``file:///dir`` or a path; another scheme
+    (Pulsar's HDFS offloader's ``hdfs://``) is refused."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{source}: {where} must be a string, got {type(value).__name__} {value!r}")
+    if not is_url(value):
+        return value
+    if value.partition("://")[0].lower() != "file":
+        raise ConfigError(
+            f"{source}: {where} {value!r}: the filesystem store is a local directory (file:///dir or a path); "
+            "Pulsar's HDFS offloader's URIs are not a store here"
+        )
+    try:
+        return parse_store_url(value).path
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {where}: {err}") from None
+
+
 def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) -> Any:
+    """The settings of ``section``, its keys given in the file's style (camelCase), as written before (the
+    field's own name) or under Pulsar's names (``pulsar_names``); one key under two names is refused."""
     known = {f.name: f for f in fields(cls)}
+    names: dict[str, str] = {house_name(name): name for name in known}  # a name in the file -> the field
+    names.update({name: name for name in known})
+    names.update({alias.name: alias.target for alias in aliases_in(section).values()})
     kwargs: dict[str, Any] = {}
+    given: dict[str, str] = {}  # field -> the name it was given under
     for key, value in table.items():
         where = f"{section}.{key}"
-        if key not in known:
-            raise ConfigError(f"{source}: unknown key {where}{_suggest(key, list(known))}")
-        default = getattr(cls(), key)
+        refused = REFUSED.get((section, key))
+        if refused is not None:
+            raise ConfigError(f"{source}: {where} is not supported: it {refused}")
+        if key not in names:
+            raise ConfigError(f"{source}: unknown key {where}{_suggest(key, list(names))}")
+        name = names[key]
+        if name in given:
+            raise ConfigError(
+                f"{source}: {section}.{given[name]} and {where} are one setting ({section}.{house_name(name)}): "
+                "give one of them"
+            )
+        given[name] = key
+        if key == "fileSystemURI":
+            value = file_system_root(value, where, source)
+        default = getattr(cls(), name)
         if isinstance(default, Mapping):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{source}: {where} must be a table")
@@ -429,14 +499,14 @@ def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) ->
                 value = tuple(value)
             else:
                 raise ConfigError(f"{source}: {where} must be a list of strings")
-        elif where in _COUNT_SETTINGS:
-            value = _count_setting(value, where, source, _COUNT_SETTINGS[where])
+        elif f"{section}.{name}" in _COUNT_SETTINGS:
+            value = _count_setting(value, where, source, _COUNT_SETTINGS[f"{section}.{name}"])
         elif default is None:  # optional settings: a string
             if not isinstance(value, str):
                 raise ConfigError(f"{source}: {where} must be a string, got {type(value).__name__} {value!r}")
         else:
             value = _check_type(value, type(default), where, source)
-        kwargs[key] = value
+        kwargs[name] = value
     return cls(**kwargs)
 
 
@@ -514,11 +584,14 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             f"got {metrics.topic_series!r}"
         )
 
-    if store.managedLedgerOffloadDriver not in DRIVERS:
+    driver = store.managedLedgerOffloadDriver
+    if driver.lower() not in DRIVERS:
         raise ConfigError(
-            f"{source}: store.managedLedgerOffloadDriver must be one of {', '.join(DRIVERS)}, "
-            f"got {store.managedLedgerOffloadDriver!r}"
+            f"{source}: store.managedLedgerOffloadDriver must be one of {', '.join(DRIVERS)} (any case, as in "
+            f'Pulsar: "S3" is s3), got {driver!r}'
         )
+    if driver != driver.lower():
+        store = replace(store, managedLedgerOffloadDriver=driver.lower())
     if store.managedLedgerOffloadDriver != "filesystem" and not store.bucket:
         raise ConfigError(f"{source}: store.bucket is required for driver {store.managedLedgerOffloadDriver!r}")
     if pulsar.topics and pulsar.topics_pattern:

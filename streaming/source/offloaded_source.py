@@ -6,9 +6,12 @@ involved; the planning and reading are ``read.dataset_read`` (plain Python). Reg
 
 Options (names are case-insensitive, as Spark makes them):
 
-``store`` (required), ``s3.endpoint``, ``s3.region``
+``store``, ``s3.endpoint``, ``s3.region``
     ``file:///dir`` (or a path) or ``s3://bucket[/prefix]``; the S3 endpoint and region of an
     S3-compatible store (credentials come from the AWS chain).
+``conf``
+    A configuration file (``conf/streamoffload.toml``): its ``[store]`` where ``store`` is not given, and its
+    ``[encryption] keysFile`` where ``keysFile`` is not. One of ``store`` and ``conf`` is required.
 ``topics`` (comma list; ``topic`` for one) or ``topicsPattern`` (``[persistent://]tenant/ns/REGEX``)
     A partitioned topic expands to the partitions the store holds; the regex matches a topic's local
     name, or its partitioned topic's, among the topics in the store.
@@ -69,6 +72,7 @@ from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.codecs.blocks import MAX_ID
 from streamoffload.codecs.compression import MAX_MESSAGE_SIZE, max_uncompressed
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
+from streamoffload.config import load_config
 from streamoffload.errors import ConfigError
 from streamoffload.read import dataset_plan as ofp
 from streamoffload.read import dataset_read as ofr
@@ -104,9 +108,17 @@ class OffloadedOptions:
             value = opts.get(name.lower())
             return None if value is None or str(value).strip() == "" else str(value).strip()
 
-        store = get("store")
-        if not store:
-            raise ConfigError("option store is required: file:///dir or s3://bucket/prefix")
+        store, conf = get("store"), get("conf")
+        if not store and not conf:
+            raise ConfigError(
+                "option store is required: file:///dir or s3://bucket/prefix (or conf: a configuration file)"
+            )
+        config = load_config(conf) if conf else None
+        if store:
+            location = parse_store_url(store, endpoint=get("s3.endpoint"), region=get("s3.region"))
+        else:
+            assert config is not None
+            location = config.store.location
         single, many, pattern = get("topic"), get("topics"), get("topicsPattern")
         if single and many:
             raise ConfigError("give the option topic or topics, not both")
@@ -143,7 +155,7 @@ class OffloadedOptions:
         if max_message <= 0:
             raise ConfigError(f"option maxMessageSize must be positive, got {get('maxMessageSize')!r}")
         return cls(
-            location=parse_store_url(store, endpoint=get("s3.endpoint"), region=get("s3.region")),
+            location=location,
             topics=topics,
             topics_pattern=pattern,
             starting=starting,
@@ -153,7 +165,7 @@ class OffloadedOptions:
             max_partition_bytes=max_bytes,
             skew_ms=int(skew),
             read_buffer_size=read_buffer,
-            keys_file=get("keysFile"),
+            keys_file=get("keysFile") or (config.encryption.keys_file if config is not None else None) or None,
             max_message_size=max_message,
         )
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from streamoffload.checkpoints.keyring import KeyRing
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName, TopicNameError
@@ -392,7 +393,8 @@ class SourcePlanner:
         later: in the store (read-through) or on the broker; after its latest entry when nothing is that recent."""
         latest = self.latest_positions(partitions)
         start: dict[str, Position] = {}
-        reader = TopicReader(self._tier.scoped) if self._tier is not None else None
+        keyring = KeyRing.with_file(self.options.offloaded_keys_file)  # encrypted segments: offloaded.keysFile
+        reader = TopicReader(self._tier.scoped, keyring=keyring) if self._tier is not None else None
         try:
             for tp in partitions:
                 found: Position | None = None

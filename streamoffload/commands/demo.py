@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         config_path.write_text(
             f"""
 [pulsar]
-service_url = "{broker.service_url}"
+serviceUrl = "{broker.service_url}"
 topics = {[*orders, audit]!r}
 
 [store]

@@ -22,6 +22,7 @@ from streamoffload.cli_common import (
 from streamoffload.codecs.compression import MAX_UNCOMPRESSED, max_uncompressed
 from streamoffload.codecs.entry import decode_entry, split_messages
 from streamoffload.codecs.positions import MAX_ID, Position
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName, TopicNameError
 from streamoffload.read.dataset_plan import refuse_corrupt
 from streamoffload.read.segment import DEFAULT_CACHE_BYTES, ChunkCache, EntryNotFoundError, OffloadedEntry
@@ -85,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "stream, each entry once",
     )
     follow.add_argument(
-        "--service-url", metavar="URL", help="the broker for --follow (default: [pulsar] service_url of --conf)"
+        "--service-url", metavar="URL", help="the broker for --follow (default: [pulsar] serviceUrl of --conf)"
     )
     follow.add_argument(
         "--poll-seconds",
@@ -226,12 +227,17 @@ def run(args: argparse.Namespace) -> int:
         cache=ChunkCache(args.cache_bytes),
         readahead=False if args.no_readahead else None,
         readahead_bytes=args.readahead_bytes,
+        keyring=config.encryption.keyring(),  # segments encrypted at rest: [encryption] keysFile, the environment
     )
     try:
         if args.data_key:
             data_key = _under(prefix, args.data_key)
             index_key = _under(prefix, args.index_key) if args.index_key else None
-            entries = reader.read_objects(data_key, index_key, start, end, ledger_id=args.ledger_id)
+            manifest = stored_manifest(reader.metadata, prefix, data_key, index_key)
+            if manifest is not None and args.ledger_id is None:  # its manifest says how it is encrypted, if it is
+                entries = reader.open_segment(manifest).read_range(start, end)
+            else:
+                entries = reader.read_objects(data_key, index_key, start, end, ledger_id=args.ledger_id)
         elif args.follow:
             assert topic is not None
             _refuse_corrupt(reader, topic, start, end)
@@ -323,6 +329,18 @@ def follow_entries(
                 yield entry
     finally:
         client.close()
+
+
+def stored_manifest(
+    metadata: MetadataStore, prefix: str, data_key: str, index_key: str | None = None
+) -> SegmentManifest | None:
+    """The Offloaded manifest naming the objects ``data_key`` (and ``index_key``, if given), if there is one: an
+    encrypted segment's objects are read through it (it holds the wrapped data key), plain ones need none."""
+    topic = _topic_of_key(prefix, data_key)
+    for manifest in metadata.offloaded_segments(topic):
+        if manifest.dataKey == data_key and index_key in (None, manifest.indexKey):
+            return manifest
+    return None
 
 
 def _topic_of_key(prefix: str, key: str) -> TopicName:

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
 from streamoffload.cli_common import (
     add_store_args,
@@ -23,6 +24,7 @@ from streamoffload.cli_common import (
     topic_arg,
 )
 from streamoffload.codecs.topics import TopicName
+from streamoffload.commands.read import stored_manifest
 from streamoffload.printable import PrintableWriter
 from streamoffload.read.verify import (
     STALE_MINUTES,
@@ -148,7 +150,19 @@ def run(args: argparse.Namespace) -> int:
         if args.data_key:
             data_key = _under(prefix, args.data_key)
             index_key = _under(prefix, args.index_key) if args.index_key else keys.index_key_for(data_key)
-            loose.append(verify_segment(store, data_key, index_key, crc=args.crc, ledger_id=args.ledger_id))
+            # The manifest naming these objects, if any: an encrypted segment is read through it (its wrapped key).
+            manifest = stored_manifest(MetadataStore(scoped), prefix, data_key, index_key)
+            loose.append(
+                verify_segment(
+                    store,
+                    data_key,
+                    index_key,
+                    crc=args.crc,
+                    ledger_id=args.ledger_id,
+                    manifest=manifest if args.ledger_id is None else None,
+                    keyring=keyring,
+                )
+            )
         if names:
             _refuse_unknown_topics(scoped, names)
         elif not args.data_key:
