@@ -10,34 +10,13 @@
 # The REST catalog tests (tests/fixtures/iceberg_rest.py) start their own from the same jars.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/_maven_fetch.sh"
 POM="$ROOT/scripts/iceberg_rest/pom.xml"
 VERSION="$(sed -n 's|.*<iceberg.version>\(.*\)</iceberg.version>.*|\1|p' "$POM")"
 LIB="${STREAMOFFLOAD_ICEBERG_REST_LIB:-$ROOT/.cache/iceberg_rest/$VERSION/lib}"
 
 fetch() {
-    if [ -f "$LIB/iceberg-open-api-$VERSION-test-fixtures.jar" ]; then
-        return 0
-    fi
-    if ! command -v mvn >/dev/null 2>&1; then
-        echo "streamoffload: Maven ('mvn') is needed to fetch Iceberg's REST server $VERSION; Debian: apt-get install -y maven" >&2
-        return 1
-    fi
-    echo "== fetching Apache Iceberg's REST catalog server $VERSION from Maven Central into $LIB"
-    # Into a fresh directory first, renamed when complete: a broken download never looks like a fetched release.
-    local partial="$LIB.partial.$$"
-    rm -rf "$partial"
-    mkdir -p "$(dirname "$LIB")" "$ROOT/var/logs"
-    local log="$ROOT/var/logs/iceberg-rest-fetch.log"  # Maven's output, shown only on failure
-    if ! mvn -B -ntp -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DincludeScope=runtime \
-        -DoutputDirectory="$partial" >"$log" 2>&1; then
-        rm -rf "$partial"
-        tail -n 40 "$log" >&2
-        echo "streamoffload: resolving Iceberg's REST server $VERSION from Maven Central failed (log: $log)" >&2
-        return 1
-    fi
-    rm -rf "$LIB"
-    mv "$partial" "$LIB"
-    echo "== Iceberg REST server $VERSION: $(find "$LIB" -name '*.jar' | wc -l) jars, $(du -sh "$LIB" | cut -f1)"
+    maven_fetch "the Iceberg REST server $VERSION" "$POM" "$LIB" "iceberg-open-api-$VERSION-test-fixtures.jar" iceberg-rest-fetch.log
 }
 
 case "${1:-}" in

@@ -7,36 +7,13 @@
 # The tests (marker `pulsar`) and the benches (`--broker pulsar`) start their own from the same jars.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/_maven_fetch.sh"
 POM="$ROOT/scripts/pulsar/pom.xml"
 VERSION="$(sed -n 's|.*<pulsar.version>\(.*\)</pulsar.version>.*|\1|p' "$POM")"
 LIB="${STREAMOFFLOAD_PULSAR_LIB:-$ROOT/.cache/pulsar/$VERSION/lib}"
 
 fetch() {
-    if [ -f "$LIB/pulsar-broker-$VERSION.jar" ]; then
-        return 0
-    fi
-    if ! command -v mvn >/dev/null 2>&1; then
-        echo "streamoffload: Maven ('mvn') is needed to fetch Apache Pulsar $VERSION; Debian: apt-get install -y maven" >&2
-        return 1
-    fi
-    echo "== fetching Apache Pulsar $VERSION from Maven Central into $LIB"
-    # Into a fresh directory first, renamed when complete: a broken download never looks like a fetched release.
-    local partial="$LIB.partial.$$"
-    rm -rf "$partial"
-    mkdir -p "$(dirname "$LIB")"
-    # Maven's output goes to a log, shown only on failure.
-    mkdir -p "$ROOT/var/logs"
-    local log="$ROOT/var/logs/pulsar-fetch.log"
-    if ! mvn -B -ntp -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DincludeScope=runtime \
-        -DoutputDirectory="$partial" -Dpulsar.version="$VERSION" >"$log" 2>&1; then
-        rm -rf "$partial"
-        tail -n 40 "$log" >&2
-        echo "streamoffload: resolving Apache Pulsar $VERSION from Maven Central failed (log: $log)" >&2
-        return 1
-    fi
-    rm -rf "$LIB"
-    mv "$partial" "$LIB"
-    echo "== Apache Pulsar $VERSION: $(find "$LIB" -name '*.jar' | wc -l) jars, $(du -sh "$LIB" | cut -f1)"
+    maven_fetch "Apache Pulsar $VERSION" "$POM" "$LIB" "pulsar-broker-$VERSION.jar" pulsar-fetch.log -Dpulsar.version="$VERSION"
 }
 
 case "${1:-}" in
