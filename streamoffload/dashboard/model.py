@@ -369,6 +369,36 @@ def build_dashboard() -> dict[str, Any]:
         options={"colorMode": "background"},
     )
 
+    lay.row("Iceberg tables")
+    lay.panel(
+        "Table lag",
+        "Offloaded segments (left axis) and their entries (right axis) each table did not hold after the job's "
+        "last sync of it (topics whose policy has offloadTable on); the job syncs a table at most once per "
+        "[table] commit_interval.",
+        [
+            Target(f"max by (table) ({m.TABLE_LAG_SEGMENTS.name}{_S})", "{{table}} segments"),
+            Target(f"max by (table) ({m.TABLE_LAG_ENTRIES.name}{_S})", "{{table}} entries"),
+        ],
+        overrides=[_unit_override("B", "short", right_axis=True)],
+    )
+    lay.panel(
+        "Table rows appended / s",
+        "Messages the job appended to each table per second.",
+        [Target(f"sum by (table) (rate({m.TABLE_ROWS_APPENDED.total}{_S}[{_RI}]))", "{{table}}")],
+        unit="rowsps",
+    )
+    lay.panel(
+        "Table commits and failures",
+        "Iceberg commits per table, failed syncs (retried at the next interval; nothing is appended twice), and "
+        "seconds since each table's last commit (right axis).",
+        [
+            Target(f"sum by (table) (increase({m.TABLE_COMMITS.total}{_S}[{_RI}]))", "{{table}} commits"),
+            Target(f"sum by (table) (increase({m.TABLE_SYNC_FAILURES.total}{_S}[{_RI}]))", "{{table}} failures"),
+            Target(f"time() - max by (table) ({m.TABLE_LAST_COMMIT.name}{_S})", "{{table}} since last commit"),
+        ],
+        overrides=[_unit_override("C", "s", right_axis=True)],
+    )
+
     return {
         "uid": DASHBOARD_UID,
         "title": DASHBOARD_TITLE,

@@ -90,6 +90,9 @@ def install_metrics(
     health = job.health
     if health is not None:
         metrics.job_health = lambda: health.current
+    tables = getattr(job, "table_figures", None)  # the offload job's (JobRuns.table_figures); not every job has tables
+    if callable(tables):
+        metrics.table_figures = tables
     job.listeners.append(metrics.on_batch)
     metrics.on_stop(lambda: _remove(job.listeners, metrics.on_batch))
     if spark is not None:

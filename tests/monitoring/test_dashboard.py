@@ -30,10 +30,13 @@ from streamoffload.metrics import definitions
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.streaming.job.report import BatchReport
+from streamoffload.streaming.job.tables import TableFigures
 from streamoffload.streaming.sink.sink import SinkStats
 from tests.fixtures.tools import debian_prometheus_tool
 
 TOKEN = "glsa_test_token"
+TABLE = TableFigures("persistent://public/default/t", "public.default.t", 1, 0, 5, 1, 0, 0, 1_000.0)
+"""A table the job keeps (``streaming.job.tables``), every figure known."""
 USER, PASSWORD = "admin", "s3cret"
 
 
@@ -156,6 +159,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
         "now_ms": 0,
     }
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
+    metrics.table_figures = lambda: [TABLE]
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
     used = {name for expr in expressions(build_dashboard()) for name in re.findall(r"streamoffload_\w+", expr)}
     assert used - exported == set()
@@ -172,6 +176,7 @@ def test_the_definitions_are_exactly_the_families_the_job_exports() -> None:
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
     metrics.refresh_backlog()
     metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record
+    metrics.table_figures = lambda: [TABLE]
     exported = {family.name: family for family in metrics.registry.collect()}
     assert set(exported) == set(definitions.METRICS)
     for name, defn in definitions.METRICS.items():
