@@ -470,7 +470,14 @@ def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) ->
     return cls(**kwargs)
 
 
-def _table_settings(section: Mapping[str, Any], source: str) -> TableSettings:
+def _from_file(path: str | None, base_dir: Path) -> str | None:
+    """A path in the file (a SQLite catalog, a warehouse directory), relative to the file; a URI as it is."""
+    if path is None or "://" in path or os.path.isabs(path):
+        return path
+    return str(base_dir / path)
+
+
+def _table_settings(section: Mapping[str, object], source: str) -> TableSettings:
     """``[table]``: the generic checks, then ``segments_per_commit`` and ``commit_interval`` within their bounds."""
     table: TableSettings = _settings(TableSettings, section, source, "table")
     if not 1 <= table.segments_per_commit <= MAX_TABLE_SEGMENTS_PER_COMMIT:
@@ -590,10 +597,8 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             store = replace(store, root=str(base_dir / store.root))
         if not is_url(spark.checkpoint) and not os.path.isabs(spark.checkpoint):
             spark = replace(spark, checkpoint=str(base_dir / spark.checkpoint))
-        for key in ("catalog", "warehouse"):  # a SQLite file or a directory, not a URI
-            path = getattr(table, key)
-            if path is not None and "://" not in path and not os.path.isabs(path):
-                table = replace(table, **{key: str(base_dir / path)})
+        catalog, warehouse = _from_file(table.catalog, base_dir), _from_file(table.warehouse, base_dir)
+        table = replace(table, catalog=catalog, warehouse=warehouse)
 
     broker_policy, namespace_policies, topic_policies = parse_policy_sections(doc, source)
     config = Config(

@@ -137,7 +137,16 @@ def table_statuses(config: Config, meta: MetadataStore) -> list[TableStatus]:
     """The position and lag of each Iceberg table of the store's topics (``table.status``), in the catalog of
     ``config``'s ``[table]`` section (by default the embedded SQLite catalog under the store): none when that
     catalog does not exist yet, cannot be named (a store on S3 without ``[table] catalog``), or pyiceberg is not
-    installed. Nothing is created: a store without tables stays without."""
+    installed. Nothing is created: a store without tables stays without, and pyiceberg is not even imported."""
+    from pathlib import Path
+
+    from streamoffload.storage.keys import TABLES_DIR
+
+    location = config.store.location
+    if config.table.catalog is None and (
+        location.scheme != "file" or not (Path(location.path) / TABLES_DIR / "catalog.db").exists()
+    ):
+        return []  # the embedded catalog (``table.catalog``'s default) is not there: no table
     try:
         from streamoffload.table.catalog import catalog_settings, open_catalog, sqlite_file
         from streamoffload.table.layout import identifier
@@ -145,7 +154,7 @@ def table_statuses(config: Config, meta: MetadataStore) -> list[TableStatus]:
     except ModuleNotFoundError:
         return []
     try:
-        settings = catalog_settings(config.store.location, config.table.catalog, config.table.warehouse)
+        settings = catalog_settings(location, config.table.catalog, config.table.warehouse)
     except StreamOffloadError:
         return []
     db = sqlite_file(settings.uri)

@@ -65,7 +65,15 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
 
     panels = [p for p in all_panels(dash) if p["type"] != "row"]
     rows = [p["title"] for p in all_panels(dash) if p["type"] == "row"]
-    assert rows == ["Lag", "Throughput", "Segments", "Errors and uploads", "Buffer", "Spark micro-batches"]
+    assert rows == [
+        "Lag",
+        "Throughput",
+        "Segments",
+        "Errors and uploads",
+        "Buffer",
+        "Spark micro-batches",
+        "Iceberg tables",
+    ]
     titles = {p["title"] for p in panels}
     for needed in (
         "Offload lag",
@@ -78,6 +86,7 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
         "Input rate",
         "Upload latency",
         "Seals by reason",
+        "Table lag",
     ):
         assert needed in titles
     ids = [p["id"] for p in all_panels(dash)]
