@@ -20,8 +20,8 @@ taken over never commits. A commit racing the take-over (checked an instant befo
 new run's syncs are one more writer under Iceberg's optimistic concurrency.
 
 **Failures** (the catalog unreachable, commits lost to other writers, the store failing, pyiceberg missing) are
-logged in one line, counted (``TableFigures.sync_failures``, the metrics' ``streamoffload_table_sync_failures``),
-and the table is tried again at the next interval; they never stop or slow the offload.
+logged in one line, counted (``TableFigures.commit_failures``: a sync that failed committed nothing), and the table
+is tried again at the next interval; they never stop or slow the offload.
 
 Why on the driver: a table has one commit point (the catalog's pointer swap), which the driver, holding the
 writer lease, is the one process to own; the executors stay the offload's. The cost is the driver process's
@@ -49,6 +49,8 @@ from streamoffload.streaming.job.report import BatchReport
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import Table
 
     from streamoffload.table.sync import SyncHooks, SyncReport
 
@@ -65,16 +67,18 @@ def writer_name(epoch: int) -> str:
 
 @dataclass
 class TableFigures:
-    """One table as this process's follower saw it (the metrics' ``streamoffload_table_*`` families): commits,
-    rows and data files it appended, syncs that failed, how far the table was behind the store after its last
-    sync (``table.status``), and when it last committed (seconds since the epoch)."""
+    """One table as this process's followers saw it (the metrics' ``streamoffload_table_*`` families): commits,
+    rows, data files and their bytes appended, syncs that failed (``commit_failures``: nothing of theirs was
+    committed), how far the table was behind the store after its last sync (``table.status``), and when it last
+    committed (seconds since the epoch)."""
 
     topic: str
     table: str
     commits: int = 0
-    sync_failures: int = 0
+    commit_failures: int = 0
     rows_appended: int = 0
     files_appended: int = 0
+    bytes_appended: int = 0
     segments_behind: int | None = None
     entries_behind: int | None = None
     last_commit_s: float | None = None
@@ -248,7 +252,14 @@ class TableFollower:
             return True
         with self._lock:
             figures = self._figures.setdefault(topic, TableFigures(topic, table_name(topic)))
-        hooks = SyncHooks(written=self.hooks.written if self.hooks else None, before_commit=self._before_commit)
+        sizes: dict[str, int] = {}  # of the data files written, for the bytes of those committed
+
+        def written(table: Table, files: list[DataFile]) -> None:
+            sizes.update((f.file_path, f.file_size_in_bytes) for f in files)
+            if self.hooks is not None and self.hooks.written is not None:
+                self.hooks.written(table, files)
+
+        hooks = SyncHooks(written=written, before_commit=self._before_commit)
         options = SyncOptions(
             segments_per_commit=self.settings.segments_per_commit, writer=writer_name(self.epoch), keyring=self.keyring
         )
@@ -260,28 +271,29 @@ class TableFollower:
         except FencedError as err:
             self._fenced = True
             with self._lock:
-                figures.sync_failures += 1
+                figures.commit_failures += 1
                 figures.last_error = _one_line(err)
             log.error("table %s: not committed: %s", figures.table, err)
             return True
         except Exception as err:
             self._catalog = None  # opened again at the next try (a catalog that went away)
             with self._lock:
-                figures.sync_failures += 1
+                figures.commit_failures += 1
                 figures.last_error = _one_line(err)
             log.warning(
                 "table %s: sync failed (%s); trying again in %.0f s", figures.table, _one_line(err), self.interval_s
             )
             return False
-        self._record(figures, report)
+        self._record(figures, report, sizes)
         self._lag(figures, scoped, catalog)
         return True
 
-    def _record(self, figures: TableFigures, report: SyncReport) -> None:
+    def _record(self, figures: TableFigures, report: SyncReport, sizes: dict[str, int]) -> None:
         with self._lock:
             figures.commits += len(report.commits)
             figures.rows_appended += report.rows
             figures.files_appended += sum(len(c.files) for c in report.commits)
+            figures.bytes_appended += sum(sizes.get(path, 0) for c in report.commits for path in c.files)
             figures.last_error = None
             if report.commits:
                 figures.last_commit_s = time.time()

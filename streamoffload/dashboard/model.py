@@ -383,9 +383,14 @@ def build_dashboard() -> dict[str, Any]:
     )
     lay.panel(
         "Table rows appended / s",
-        "Messages the job appended to each table per second.",
-        [Target(f"sum by (table) (rate({m.TABLE_ROWS_APPENDED.total}{_S}[{_RI}]))", "{{table}}")],
+        "Messages the job appended to each table per second (left axis), and the bytes of their Parquet files "
+        "(right axis).",
+        [
+            Target(f"sum by (table) (rate({m.TABLE_ROWS_APPENDED.total}{_S}[{_RI}]))", "{{table}} rows/s"),
+            Target(f"sum by (table) (rate({m.TABLE_BYTES_APPENDED.total}{_S}[{_RI}]))", "{{table}} bytes/s"),
+        ],
         unit="rowsps",
+        overrides=[_unit_override("B", "Bps", right_axis=True)],
     )
     lay.panel(
         "Table commits and failures",
@@ -393,7 +398,7 @@ def build_dashboard() -> dict[str, Any]:
         "seconds since each table's last commit (right axis).",
         [
             Target(f"sum by (table) (increase({m.TABLE_COMMITS.total}{_S}[{_RI}]))", "{{table}} commits"),
-            Target(f"sum by (table) (increase({m.TABLE_SYNC_FAILURES.total}{_S}[{_RI}]))", "{{table}} failures"),
+            Target(f"sum by (table) (increase({m.TABLE_COMMIT_FAILURES.total}{_S}[{_RI}]))", "{{table}} failures"),
             Target(f"time() - max by (table) ({m.TABLE_LAST_COMMIT.name}{_S})", "{{table}} since last commit"),
         ],
         overrides=[_unit_override("C", "s", right_axis=True)],

@@ -506,25 +506,27 @@ def _topic_families(chosen: list[TopicFigures]) -> Iterator[Metric]:
 def _table_families(tables: list[TableFigures]) -> Iterator[Metric]:
     """The ``streamoffload_table_*`` families: one sample per table (a gauge not known yet has none)."""
     commits = _family(d.TABLE_COMMITS)
-    failures = _family(d.TABLE_SYNC_FAILURES)
+    failures = _family(d.TABLE_COMMIT_FAILURES)
     rows = _family(d.TABLE_ROWS_APPENDED)
     files = _family(d.TABLE_FILES_APPENDED)
+    nbytes = _family(d.TABLE_BYTES_APPENDED)
     lag_segments = _family(d.TABLE_LAG_SEGMENTS)
     lag_entries = _family(d.TABLE_LAG_ENTRIES)
     last_commit = _family(d.TABLE_LAST_COMMIT)
     for t in tables:
         label = [t.table]
         commits.add_metric(label, t.commits)
-        failures.add_metric(label, t.sync_failures)
+        failures.add_metric(label, t.commit_failures)
         rows.add_metric(label, t.rows_appended)
         files.add_metric(label, t.files_appended)
+        nbytes.add_metric(label, t.bytes_appended)
         if t.segments_behind is not None:
             lag_segments.add_metric(label, t.segments_behind)
         if t.entries_behind is not None:
             lag_entries.add_metric(label, t.entries_behind)
         if t.last_commit_s is not None:
             last_commit.add_metric(label, t.last_commit_s)
-    yield from (commits, failures, rows, files, lag_segments, lag_entries, last_commit)
+    yield from (commits, failures, rows, files, nbytes, lag_segments, lag_entries, last_commit)
 
 
 def _namespace_families(namespaces: Mapping[str, NamespaceTotals]) -> Iterator[Metric]:

@@ -318,8 +318,8 @@ _TABLE = ("table",)
 TABLE_COMMITS = _define(
     "table_commits", "counter", "Iceberg commits the job made to the table (each appends sealed segments).", _TABLE
 )
-TABLE_SYNC_FAILURES = _define(
-    "table_sync_failures",
+TABLE_COMMIT_FAILURES = _define(
+    "table_commit_failures",
     "counter",
     "Syncs of the table that failed (catalog unreachable, commits lost to other writers, the store failing, the "
     "writer lease lost): nothing was appended twice; retried at the next [table] commit_interval.",
@@ -330,6 +330,9 @@ TABLE_ROWS_APPENDED = _define(
 )
 TABLE_FILES_APPENDED = _define(
     "table_data_files_appended", "counter", "Parquet data files the job appended to the table.", _TABLE
+)
+TABLE_BYTES_APPENDED = _define(
+    "table_bytes_appended", "counter", "Bytes of the Parquet data files the job appended to the table.", _TABLE
 )
 TABLE_LAG_SEGMENTS = _define(
     "table_lag_segments",

@@ -35,7 +35,17 @@ from streamoffload.streaming.sink.sink import SinkStats
 from tests.fixtures.tools import debian_prometheus_tool
 
 TOKEN = "glsa_test_token"
-TABLE = TableFigures("persistent://public/default/t", "public.default.t", 1, 0, 5, 1, 0, 0, 1_000.0)
+TABLE = TableFigures(
+    "persistent://public/default/t",
+    "public.default.t",
+    commits=1,
+    rows_appended=5,
+    files_appended=1,
+    bytes_appended=900,
+    segments_behind=0,
+    entries_behind=0,
+    last_commit_s=1_000.0,
+)
 """A table the job keeps (``streaming.job.tables``), every figure known."""
 USER, PASSWORD = "admin", "s3cret"
 

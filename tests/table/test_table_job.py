@@ -188,8 +188,9 @@ def test_the_follower_syncs_tables_with_offload_table_on_at_most_once_per_interv
     assert_exact(table, first)
     assert not tier.catalog().table_exists(("public", "default", "audit"))  # offloadTable off: no table
     [figures] = follower.figures()
-    assert (figures.topic, figures.table, figures.commits, figures.sync_failures) == (ON, ON_TABLE, 1, 0)
+    assert (figures.topic, figures.table, figures.commits, figures.commit_failures) == (ON, ON_TABLE, 1, 0)
     assert (figures.rows_appended, figures.files_appended) == (len(first), len(current_files(table)))
+    assert figures.bytes_appended == sum(Path(f.removeprefix("file://")).stat().st_size for f in current_files(table))
     assert (figures.segments_behind, figures.entries_behind, figures.last_error) == (0, 0, None)
     assert figures.last_commit_s is not None and abs(figures.last_commit_s - time.time()) < 60
     first_snapshot = table.current_snapshot()
@@ -225,7 +226,8 @@ def test_the_follower_syncs_tables_with_offload_table_on_at_most_once_per_interv
     assert samples[("streamoffload_table_commits_total", ON_TABLE)] == 2
     assert samples[("streamoffload_table_rows_appended_total", ON_TABLE)] == len(tier.rows)
     assert samples[("streamoffload_table_data_files_appended_total", ON_TABLE)] == figures.files_appended
-    assert samples[("streamoffload_table_sync_failures_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_bytes_appended_total", ON_TABLE)] == figures.bytes_appended
+    assert samples[("streamoffload_table_commit_failures_total", ON_TABLE)] == 0
     assert samples[("streamoffload_table_lag_segments", ON_TABLE)] == 0
     assert samples[("streamoffload_table_lag_entries", ON_TABLE)] == 0
     assert samples[("streamoffload_table_last_commit_timestamp_seconds", ON_TABLE)] == figures.last_commit_s
@@ -247,7 +249,7 @@ def test_a_failing_sync_is_logged_in_one_line_counted_and_retried_next_interval(
     assert "\n" not in message and message.startswith(f"table {ON_TABLE}: sync failed (TableConfigError: catalog ")
     assert message.endswith("cannot create its directory: File exists); trying again in 30 s")
     [figures] = follower.figures()
-    assert (figures.commits, figures.sync_failures) == (0, 1)
+    assert (figures.commits, figures.commit_failures) == (0, 1)
     assert figures.last_error is not None and figures.last_error.startswith("TableConfigError: catalog ")
     blocker.unlink()
     tier.clock.now += 29
@@ -257,7 +259,7 @@ def test_a_failing_sync_is_logged_in_one_line_counted_and_retried_next_interval(
     catalog = open_catalog(catalog_settings(tier.location, settings.catalog, settings.warehouse))
     assert_exact(catalog.load_table(ON_TABLE), rows)
     [figures] = follower.figures()
-    assert (figures.commits, figures.sync_failures, figures.last_error) == (1, 1, None)
+    assert (figures.commits, figures.commit_failures, figures.last_error) == (1, 1, None)
 
 
 def test_a_follower_whose_lease_was_taken_over_never_commits(tier: Tier) -> None:
@@ -272,7 +274,7 @@ def test_a_follower_whose_lease_was_taken_over_never_commits(tier: Tier) -> None
     table = tier.table()  # created (no rows: creating commits nothing), never committed to
     assert table.current_snapshot() is None and table.metadata.snapshots == []
     [figures] = follower.figures()
-    assert (figures.commits, figures.sync_failures) == (0, 1)
+    assert (figures.commits, figures.commit_failures) == (0, 1)
     assert figures.last_error is not None and figures.last_error.startswith(
         "FencedError: this job's writer lease (epoch 1) was taken over by instance job-b"
     )
@@ -362,7 +364,7 @@ def test_the_running_job_keeps_the_table_of_a_topic_with_offload_table_on_exact(
     assert_table_holds(catalog.load_table(table_name(on)), sent)
     assert not catalog.table_exists(tuple(table_name(off).split(".")))
     [figures] = job.table_figures()
-    assert (figures.topic, figures.table, figures.sync_failures, figures.entries_behind) == (
+    assert (figures.topic, figures.table, figures.commit_failures, figures.entries_behind) == (
         on,
         table_name(on),
         0,
@@ -442,7 +444,7 @@ def test_a_run_whose_lease_was_taken_over_never_commits_and_its_successor_conver
     catalog = open_catalog(catalog_settings(first.location))
     assert catalog.load_table(table_name(on)).metadata.snapshots == []
     [figures] = first.table_figures()
-    assert (figures.commits, figures.sync_failures) == (0, 1)
+    assert (figures.commits, figures.commit_failures) == (0, 1)
     assert figures.last_error is not None and figures.last_error.startswith("FencedError: ")
     assert f"was taken over by instance {successor}" in figures.last_error
 
@@ -461,7 +463,7 @@ def test_a_run_whose_lease_was_taken_over_never_commits_and_its_successor_conver
 def test_table_figures_are_typed_for_the_metrics() -> None:
     # The exported families carry the `table` label only (no topic label: a table is a partitioned topic's).
     metrics = JobMetrics(read_cache=False)
-    metrics.table_figures = lambda: [TableFigures(ON, ON_TABLE, commits=3, sync_failures=1, rows_appended=9)]
+    metrics.table_figures = lambda: [TableFigures(ON, ON_TABLE, commits=3, commit_failures=1, rows_appended=9)]
     families = {f.name: f for f in metrics.registry.collect() if f.name.startswith("streamoffload_table_")}
     assert {s.labels["table"] for f in families.values() for s in f.samples} == {ON_TABLE}
     # Gauges not known yet have no sample rather than a made-up 0.
