@@ -421,17 +421,13 @@ def test_a_run_killed_between_parquet_and_commit_converges_when_started_again(
     assert not catalog.table_exists(tuple(table_name(off).split(".")))
 
 
-@pytest.mark.spark
-@pytest.mark.broker
-@pytest.mark.slow
-def test_a_run_whose_lease_was_taken_over_never_commits_and_its_successor_converges(
-    spark: Any, pulsar_broker: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")
-    on, off = unique_topic("tfence-on"), unique_topic("tfence-off")
-    sent = publish(pulsar_broker.service_url, on, 60, batched=True)
-    publish(pulsar_broker.service_url, off, 5, batched=True)
-    path = job_config(tmp_path, pulsar_broker.service_url, on, off)
+def test_a_run_whose_lease_was_taken_over_never_commits_and_its_successor_converges(tier: Tier, tmp_path: Path) -> None:
+    """The job's own wiring (its lease, its follower), on a store the real segmenter and sink wrote; the runs sync as
+    `run --once` does when nothing is new (no Spark, no broker)."""
+    rows = tier.publish((18, 11))
+    path = write_job_config(tmp_path, "pulsar://127.0.0.1:9", topics=ON_PARTS)
+    with path.open("a") as f:
+        f.write(f'\n[topics."{ON}"]\noffloadTable = true\n')
     successor = "tfence-successor"
 
     def take_over(_table: Table, _files: list[DataFile]) -> None:
@@ -440,24 +436,25 @@ def test_a_run_whose_lease_was_taken_over_never_commits_and_its_successor_conver
 
     first = OffloadJob(load_config(path), str(path))
     first.table_hooks = SyncHooks(written=take_over)
-    first.run_once(spark)  # the offload was done; its table sync is refused, not committed
-    catalog = open_catalog(catalog_settings(first.location))
-    assert catalog.load_table(table_name(on)).metadata.snapshots == []
+    first.begin_run()
+    try:
+        first.sync_tables()  # refused: not committed
+    finally:
+        first.end_run()
+    assert tier.table().metadata.snapshots == []
     [figures] = first.table_figures()
     assert (figures.commits, figures.commit_failures) == (0, 1)
-    assert figures.last_error is not None and figures.last_error.startswith("FencedError: ")
+    assert figures.last_error is not None and figures.last_error.startswith("FencedError: this job's writer lease")
     assert f"was taken over by instance {successor}" in figures.last_error
 
-    # The successor (what `run --once` does when nothing is new: no Spark) syncs the table, exactly.
     second = OffloadJob(load_config(path), str(path), instance=successor)
     second.begin_run()
     try:
         second.sync_tables()
     finally:
         second.end_run()
-    assert_table_holds(catalog.load_table(table_name(on)), sent)
-    assert [f.commits for f in second.table_figures()] == [1]
-    assert not catalog.table_exists(tuple(table_name(off).split(".")))
+    assert_exact(tier.table(), rows)
+    assert [(f.commits, f.commit_failures, f.rows_appended) for f in second.table_figures()] == [(1, 0, len(rows))]
 
 
 def test_table_figures_are_typed_for_the_metrics() -> None:
