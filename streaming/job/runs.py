@@ -100,7 +100,7 @@ class JobRuns(JobQueries):
         lease.check()
 
     def table_figures(self) -> list[TableFigures]:
-        """Each table's figures as the current run's follower saw them (none before it syncs)."""
+        """Each table's figures as this process's followers saw them (carried from run to run; none before a sync)."""
         return [] if self.tables is None else self.tables.figures()
 
     def _metadata_changed(self, topics: Iterable[str]) -> None:
