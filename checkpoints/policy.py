@@ -60,6 +60,11 @@ class OffloadPolicy:
     offloadCompressionLevel: int = 1
     """zstd's level for ``offloadCompression = "zstd"`` (1 fastest .. 19 smallest). 1: on JSON events it keeps
     all but half a percent of level 3's ratio at 1.4 times its speed (bench/README.md "compression at rest")."""
+    offloadTable: bool = False
+    """Keep the topic's Apache Iceberg table current from the job (``streaming.job.tables``): after its segments
+    are committed, their messages are appended to the table, exactly once. A partitioned topic's table (one for
+    all its partitions) follows the partitioned topic's policy. False (the default): no table is written by the
+    job (``streamoffload table sync`` still makes one on demand)."""
 
     @property
     def max_segment_bytes(self) -> int:
@@ -163,6 +168,7 @@ _RATE_PROBLEM = (
 
 RULES: tuple[Rule, ...] = (
     Rule("enabled", _on_value(lambda v: isinstance(v, bool)), "must be true or false, got {value!r}"),
+    Rule("offloadTable", _on_value(lambda v: isinstance(v, bool)), "must be true or false, got {value!r}"),
     Rule("method", _on_value(lambda v: v in METHODS), f"must be one of {', '.join(METHODS)}, got {{value!r}}"),
     Rule(
         "offloadEncryptionKeyId",

@@ -290,6 +290,35 @@ class EncryptionSettings:
         return KeyRing.with_file(self.keys_file) or KeyRing.from_env()
 
 
+DEFAULT_TABLE_SEGMENTS_PER_COMMIT = 64
+"""table.segments_per_commit by default: ``table sync``'s (``table.sync.DEFAULT_SEGMENTS_PER_COMMIT``)."""
+MAX_TABLE_SEGMENTS_PER_COMMIT = 1_000_000
+"""table.segments_per_commit at most (as ``table sync --segments-per-commit``)."""
+DEFAULT_TABLE_COMMIT_INTERVAL = "10s"
+MAX_TABLE_COMMIT_INTERVAL_MS = DAY_MS
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """Where the job keeps the Iceberg tables of topics whose policy has ``offloadTable`` on, and how often it
+    commits to each (``streaming.job.tables``). ``catalog`` and ``warehouse`` are what ``streamoffload table``'s
+    ``--catalog`` and ``--warehouse`` take (``table.catalog.catalog_settings``); None: the embedded SQLite catalog
+    and its warehouse under a filesystem store."""
+
+    catalog: str | None = None
+    warehouse: str | None = None
+    segments_per_commit: int = DEFAULT_TABLE_SEGMENTS_PER_COMMIT
+    """Segments appended by one Iceberg commit at most (a crash repeats at most this many)."""
+    commit_interval: str = DEFAULT_TABLE_COMMIT_INTERVAL
+    """A duration ("10s", "1m", "500ms"): a table is synced at most once per interval, so sealed segments are
+    coalesced into one commit (a sync behind by more than ``segments_per_commit`` segments commits as often as
+    it needs to catch up)."""
+
+    @property
+    def commit_interval_s(self) -> float:
+        return parse_duration_ms(self.commit_interval) / 1000
+
+
 @dataclass(frozen=True)
 class Config:
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
@@ -302,6 +331,7 @@ class Config:
     source: str = "<defaults>"
     """Where the configuration came from (a path), for messages."""
     encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
+    table: TableSettings = field(default_factory=TableSettings)
 
     def policy_for(self, topic: TopicName | str) -> OffloadPolicy:
         """Broker defaults, then the namespace's, then the partitioned topic's, then the partition's."""
@@ -510,6 +540,32 @@ def _settings(cls: type, table: Mapping[str, Any], source: str, section: str) ->
     return cls(**kwargs)
 
 
+def _from_file(path: str | None, base_dir: Path) -> str | None:
+    """A path in the file (a SQLite catalog, a warehouse directory), relative to the file; a URI as it is."""
+    if path is None or "://" in path or os.path.isabs(path):
+        return path
+    return str(base_dir / path)
+
+
+def _table_settings(section: Mapping[str, object], source: str) -> TableSettings:
+    """``[table]``: the generic checks, then ``segments_per_commit`` and ``commit_interval`` within their bounds."""
+    table: TableSettings = _settings(TableSettings, section, source, "table")
+    if not 1 <= table.segments_per_commit <= MAX_TABLE_SEGMENTS_PER_COMMIT:
+        raise ConfigError(
+            f"{source}: table.segments_per_commit must be between 1 and {MAX_TABLE_SEGMENTS_PER_COMMIT}, "
+            f"got {table.segments_per_commit!r}"
+        )
+    try:
+        interval_ms = parse_duration_ms(table.commit_interval)
+    except ValueError as err:
+        raise ConfigError(f"{source}: table.commit_interval: {err}") from None
+    if not 0 < interval_ms <= MAX_TABLE_COMMIT_INTERVAL_MS:
+        raise ConfigError(
+            f"{source}: table.commit_interval must be positive and at most a day, got {table.commit_interval!r}"
+        )
+    return table
+
+
 def _option_text(value: Any, where: str, source: str) -> str:
     """A value of a table of options passed on as text (``pulsar.client``, ``spark.conf``): a string, a number or
     a boolean (``true``/``false``, as Java and Pulsar write them). A table or an array is refused: in TOML an
@@ -567,7 +623,7 @@ def parse_policy_sections(
 
 def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None) -> Config:
     """Build and validate a ``Config`` from a parsed TOML document."""
-    known_sections = {"pulsar", "store", "spark", "metrics", "encryption", "offload", "namespaces", "topics"}
+    known_sections = {"pulsar", "store", "spark", "metrics", "encryption", "table", "offload", "namespaces", "topics"}
     for key in doc:
         if key not in known_sections:
             raise ConfigError(f"{source}: unknown section [{key}]{_suggest(key, sorted(known_sections))}")
@@ -576,6 +632,7 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
     spark = _settings(SparkSettings, _section(doc, "spark", source), source, "spark")
     metrics = _settings(MetricsSettings, _section(doc, "metrics", source), source, "metrics")
     encryption = _settings(EncryptionSettings, _section(doc, "encryption", source), source, "encryption")
+    table = _table_settings(_section(doc, "table", source), source)
     if encryption.keys_file and base_dir is not None and not os.path.isabs(encryption.keys_file):
         encryption = replace(encryption, keys_file=str(base_dir / encryption.keys_file))
     if not 0 <= metrics.topic_series <= MAX_TOPIC_SERIES:
@@ -613,10 +670,12 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             store = replace(store, root=str(base_dir / store.root))
         if not is_url(spark.checkpoint) and not os.path.isabs(spark.checkpoint):
             spark = replace(spark, checkpoint=str(base_dir / spark.checkpoint))
+        catalog, warehouse = _from_file(table.catalog, base_dir), _from_file(table.warehouse, base_dir)
+        table = replace(table, catalog=catalog, warehouse=warehouse)
 
     broker_policy, namespace_policies, topic_policies = parse_policy_sections(doc, source)
     config = Config(
-        pulsar, store, spark, metrics, broker_policy, namespace_policies, topic_policies, source, encryption
+        pulsar, store, spark, metrics, broker_policy, namespace_policies, topic_policies, source, encryption, table
     )
     # ... and the effective policy of every configured topic, which merges its namespace's (and, for a
     # partition, its partitioned topic's) section: each may be valid alone and not together.

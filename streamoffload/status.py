@@ -13,13 +13,17 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.positions import Position
 from streamoffload.errors import StreamOffloadError
 from streamoffload.streaming.governance.quarantine import read_records
+
+if TYPE_CHECKING:
+    from streamoffload.config import Config
+    from streamoffload.table.status import TableStatus
 
 
 def is_caught_up(last_offloaded: Sequence[int] | None, latest: Sequence[int] | None, latest_known: bool) -> bool | None:
@@ -127,6 +131,48 @@ def store_status(
         status = out.setdefault(record.topic, TopicStatus(topic=record.topic))
         status.set_aside = asdict(record)
     return list(out.values())
+
+
+def table_statuses(config: Config, meta: MetadataStore) -> list[TableStatus]:
+    """The position and lag of each Iceberg table of the store's topics (``table.status``), in the catalog of
+    ``config``'s ``[table]`` section (by default the embedded SQLite catalog under the store): none when that
+    catalog does not exist yet, cannot be named (a store on S3 without ``[table] catalog``), or pyiceberg is not
+    installed. Nothing is created: a store without tables stays without, and pyiceberg is not even imported."""
+    from pathlib import Path
+
+    from streamoffload.storage.keys import TABLES_DIR
+
+    location = config.store.location
+    if config.table.catalog is None and (
+        location.scheme != "file" or not (Path(location.path) / TABLES_DIR / "catalog.db").exists()
+    ):
+        return []  # the embedded catalog (``table.catalog``'s default) is not there: no table
+    try:
+        from streamoffload.table.catalog import catalog_settings, open_catalog, sqlite_file
+        from streamoffload.table.layout import identifier
+        from streamoffload.table.status import table_status
+    except ModuleNotFoundError:
+        return []
+    try:
+        settings = catalog_settings(location, config.table.catalog, config.table.warehouse)
+    except StreamOffloadError:
+        return []
+    db = sqlite_file(settings.uri)
+    if db is not None and not db.exists():
+        return []
+    import logging
+
+    out = []
+    try:
+        catalog = open_catalog(settings)
+        for topic in sorted({str(t.base) for t in meta.topics()}):
+            if catalog.table_exists(identifier(topic)):
+                out.append(table_status(meta.scoped, catalog, topic))
+    except Exception as err:  # the offload's status is shown all the same
+        logging.getLogger(__name__).warning(
+            "the Iceberg tables of %s are not shown: %s: %s", settings.describe(), type(err).__name__, err
+        )
+    return out
 
 
 def latest_positions(

@@ -40,6 +40,8 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self.query = None
         self._stop = threading.Event()
         self.retention = None
+        self.tables = None
+        self.table_hooks = None
         self.last_topic_stats = {}
         self.retention_interval_s = 60.0
         self.instance = instance or instance_id(config.spark.checkpoint)

@@ -313,4 +313,8 @@ class JobQueries(JobState):
             spark.conf.set(key, previous)
         if not once:
             self.retention_runner().start()
+            tables = self.table_follower()
+            if tables.on_batch not in self.listeners:
+                self.listeners.append(tables.on_batch)
+            tables.start()
         return self.query

@@ -27,6 +27,7 @@ from streamoffload.streaming.governance.policy_versions import (
 from streamoffload.streaming.governance.quarantine import Quarantine
 from streamoffload.streaming.job.queries import JobQueries
 from streamoffload.streaming.job.state import Run
+from streamoffload.streaming.job.tables import TableFigures, TableFollower
 from streamoffload.streaming.segmenter.segmenter_model import (
     CONTROL_POLICY,
 )
@@ -65,6 +66,42 @@ class JobRuns(JobQueries):
             )
             self.metadata_listeners.append(self.retention.view.mark_changed)
         return self.retention
+
+    def table_follower(self) -> TableFollower:
+        """The run's Iceberg tables (``streaming.job.tables``): a follower per run, named after its epoch and
+        fenced by its lease; told what each micro-batch sealed and, at first, every topic-partition the store
+        holds."""
+        run, lease = self.run, self.lease
+        if run is None or lease is None:
+            raise FencedError("the job has no run: call begin_run() first")
+        if self.tables is None or self.tables.epoch != run.epoch:
+            if self.tables is not None:
+                self.tables.stop()
+            follower = TableFollower(
+                self.location,
+                self.config.table,
+                self.policies.policy_for,
+                epoch=run.epoch,
+                check_lease=lambda: self._check_lease(lease),
+                keyring=self.config.encryption.keyring(),
+                hooks=self.table_hooks,
+                carried=self.table_figures(),
+            )
+            follower.mark(run.resume)  # every topic-partition the store holds
+            self.tables = follower
+        return self.tables
+
+    def _check_lease(self, lease: WriterLease) -> None:
+        """``FencedError`` unless ``lease`` is still the run's and held (``TableFollower``'s check before commits)."""
+        if self._fenced is not None:
+            raise self._fenced
+        if lease is not self.lease:
+            raise FencedError(f"the run of epoch {lease.epoch} has ended; a later run writes the store")
+        lease.check()
+
+    def table_figures(self) -> list[TableFigures]:
+        """Each table's figures as this process's followers saw them (carried from run to run; none before a sync)."""
+        return [] if self.tables is None else self.tables.figures()
 
     def _metadata_changed(self, topics: Iterable[str]) -> None:
         topics = list(topics)
@@ -171,6 +208,10 @@ class JobRuns(JobQueries):
     def end_run(self, *, release: bool = True) -> None:
         if self.retention is not None:
             self.retention.stop()
+        if self.tables is not None:
+            self.tables.stop()
+            if self.tables.on_batch in self.listeners:
+                self.listeners.remove(self.tables.on_batch)
         self._run_ended.set()
         if self._renewer is not None:
             self._renewer.join(5)
@@ -194,6 +235,8 @@ class JobRuns(JobQueries):
         effective = run.policy_log.publish(config, int(time.time() * 1000))
         run.published = doc
         self.policy_effective_ms = effective
+        if self.tables is not None:  # offloadTable may be on for more topics now
+            self.tables.recheck()
         write_versions_file(self._versions_file(), run.policy_log.versions())
         # Open segments see a new version when their topic is next processed; without traffic that
         # could be the rollover time. A wake-up request makes the segmenter look again when it applies.

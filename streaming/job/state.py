@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamoffload.checkpoints.lease import FencedError, WriterLease
 from streamoffload.checkpoints.retention import RetentionRunner
@@ -17,7 +17,11 @@ from streamoffload.streaming.governance.policy_versions import PolicyLog
 from streamoffload.streaming.governance.quarantine import Quarantine
 from streamoffload.streaming.job.health import HealthTracker
 from streamoffload.streaming.job.report import BatchListener
+from streamoffload.streaming.job.tables import TableFollower
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
+
+if TYPE_CHECKING:
+    from streamoffload.table.sync import SyncHooks
 
 
 @dataclass
@@ -48,6 +52,10 @@ class JobState:
     """The running Spark ``StreamingQuery``, None before the first ``start``."""
     _stop: threading.Event
     retention: RetentionRunner | None
+    tables: TableFollower | None
+    """The run's Iceberg tables (``JobRuns.table_follower``), made at its first use in a run."""
+    table_hooks: SyncHooks | None
+    """The tests' crash points and other writers in the tables' syncs (None: none)."""
     last_topic_stats: dict[str, dict[str, Any]]
     """The segmenter's latest figures per topic-partition (see BatchReport.topics)."""
     retention_interval_s: float
@@ -84,6 +92,10 @@ class JobState:
 
     def retention_runner(self) -> RetentionRunner:
         """The run's retention, made once (``JobRuns.retention_runner``)."""
+        raise NotImplementedError
+
+    def table_follower(self) -> TableFollower:
+        """The run's Iceberg tables (``JobRuns.table_follower``)."""
         raise NotImplementedError
 
     def _metadata_changed(self, topics: Iterable[str]) -> None:

@@ -125,6 +125,12 @@ class JobSupervision(JobRuns):
         lands unbounded in one batch: it waits for the next run."""
         self._await(self.start(spark, once=True))
         self.retention_runner().run_pass()
+        self.sync_tables()
+
+    def sync_tables(self) -> None:
+        """``run --once``'s end: sync the table of every topic whose policy has ``offloadTable`` on, now (a failure
+        is logged and counted: the offload is done either way)."""
+        self.table_follower().sync_all(self.last_topic_stats)
 
     def _await(self, query: StreamingQuery) -> None:
         while query.isActive:

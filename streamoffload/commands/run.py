@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         # minute. Retention still runs, as at the end of any run.
         try:
             job.retention_runner().run_pass()
+            job.sync_tables()
         finally:
             job.end_run()
         print(

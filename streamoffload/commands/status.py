@@ -16,7 +16,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.cli_common import add_store_args, config_from_args
 from streamoffload.errors import ConfigError
 from streamoffload.printable import printable
-from streamoffload.status import TopicStatus, latest_positions, store_status
+from streamoffload.status import TopicStatus, latest_positions, store_status, table_statuses
 from streamoffload.streaming.job.health import read_health
 
 EPILOG = """\
@@ -212,17 +212,25 @@ def run(args: argparse.Namespace) -> int:
     held = config.pulsar.retain_subscription
     # The running job's own record: while its broker is unreachable it says so here (it keeps retrying).
     health = read_health(meta.scoped)
+    tables = table_statuses(config, meta)  # the Iceberg tables of its topics, where there are any
     if args.json:
         doc: dict[str, Any] = {"store": location.describe(), "topics": [r.to_json() for r in rows]}
         if held:
             doc["retain_subscription"] = held
         if health is not None:
             doc["job_health"] = asdict(health)
+        if tables:
+            doc["tables"] = [t.as_dict() for t in tables]
         print(json.dumps(doc, indent=2))
     else:
         if health is not None and health.line():
             print(printable(health.line()))  # the job's record in the store
         print(render_table(rows))
+        if tables:
+            from streamoffload.commands.table import render_status
+
+            print("\nIceberg tables:")
+            print("\n".join(printable(render_status(t), keep_newlines=True) for t in tables))
         if held:
             print(
                 f"The broker keeps every entry after each topic-partition's last offloaded position: the durable "

@@ -438,6 +438,47 @@ def curated_rows() -> list[RowSpec]:
                 ),
             ),
         ),
+        RowSpec(
+            "Iceberg tables",
+            (
+                _p(
+                    "Table lag",
+                    "Offloaded segments (left axis) and their entries (right axis) each table did not hold after the "
+                    "job's last sync of it (topics whose policy has offloadTable on); the job syncs a table at most "
+                    "once per [table] commit_interval.",
+                    Target(f"max by (table) ({m.TABLE_LAG_SEGMENTS.name}{_S})", "{{table}} segments"),
+                    Target(f"max by (table) ({m.TABLE_LAG_ENTRIES.name}{_S})", "{{table}} entries", "short", True),
+                ),
+                _p(
+                    "Table rows appended / s",
+                    "Messages the job appended to each table per second (left axis), and the bytes of their Parquet "
+                    "files (right axis).",
+                    Target(f"sum by (table) (rate({m.TABLE_ROWS_APPENDED.total}{_S}[{_RI}]))", "{{table}} rows/s"),
+                    Target(
+                        f"sum by (table) (rate({m.TABLE_BYTES_APPENDED.total}{_S}[{_RI}]))",
+                        "{{table}} bytes/s",
+                        "Bps",
+                        True,
+                    ),
+                    unit="rowsps",
+                ),
+                _p(
+                    "Table commits and failures",
+                    "Iceberg commits per table, failed syncs (retried at the next interval; nothing is appended "
+                    "twice), and seconds since each table's last commit (right axis).",
+                    Target(f"sum by (table) (increase({m.TABLE_COMMITS.total}{_S}[{_RI}]))", "{{table}} commits"),
+                    Target(
+                        f"sum by (table) (increase({m.TABLE_COMMIT_FAILURES.total}{_S}[{_RI}]))", "{{table}} failures"
+                    ),
+                    Target(
+                        f"time() - max by (table) ({m.TABLE_LAST_COMMIT.name}{_S})",
+                        "{{table}} since last commit",
+                        "s",
+                        True,
+                    ),
+                ),
+            ),
+        ),
     ]
     return rows
 

@@ -41,6 +41,7 @@ from streamoffload.metrics.sources import backlog_from_source_progress, shared_r
 
 if TYPE_CHECKING:
     from streamoffload.streaming.job.report import BatchReport
+    from streamoffload.streaming.job.tables import TableFigures
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ class JobMetrics(Collector):
         and restarts."""
         self.policy_effective_ms: Callable[[], int] | None = None
         """When the job's newest offload policy version takes effect, in ms (``install_metrics`` sets it)."""
+        self.table_figures: Callable[[], list[TableFigures]] | None = None
+        """The job's Iceberg tables now (``install_metrics`` sets it: ``JobRuns.table_figures``)."""
         self._failing: dict[str, tuple[int, int]] = {}
         """Topic-partitions failing in a row (streaming.governance.quarantine): failures and until when set aside."""
 
@@ -352,6 +355,7 @@ class JobMetrics(Collector):
         yield restarts
         policy_ms = self.policy_effective_ms() if self.policy_effective_ms is not None else 0
         yield _gauge(d.POLICY_EFFECTIVE_TIME, policy_ms / 1000)
+        yield from _table_families(self.table_figures() if self.table_figures is not None else [])
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -501,6 +505,32 @@ def _topic_families(chosen: list[TopicFigures]) -> Iterator[Metric]:
             buffer.add_metric(topic, f.buffer)
     yield from (entries, nbytes, sealed, segments, stored, lag, last_publish, backlog, backlog_bytes)
     yield from (open_age, open_entries, open_bytes, buffer, in_a_row, set_aside)
+
+
+def _table_families(tables: list[TableFigures]) -> Iterator[Metric]:
+    """The ``streamoffload_table_*`` families: one sample per table (a gauge not known yet has none)."""
+    commits = _family(d.TABLE_COMMITS)
+    failures = _family(d.TABLE_COMMIT_FAILURES)
+    rows = _family(d.TABLE_ROWS_APPENDED)
+    files = _family(d.TABLE_FILES_APPENDED)
+    nbytes = _family(d.TABLE_BYTES_APPENDED)
+    lag_segments = _family(d.TABLE_LAG_SEGMENTS)
+    lag_entries = _family(d.TABLE_LAG_ENTRIES)
+    last_commit = _family(d.TABLE_LAST_COMMIT)
+    for t in tables:
+        label = [t.table]
+        commits.add_metric(label, t.commits)
+        failures.add_metric(label, t.commit_failures)
+        rows.add_metric(label, t.rows_appended)
+        files.add_metric(label, t.files_appended)
+        nbytes.add_metric(label, t.bytes_appended)
+        if t.segments_behind is not None:
+            lag_segments.add_metric(label, t.segments_behind)
+        if t.entries_behind is not None:
+            lag_entries.add_metric(label, t.entries_behind)
+        if t.last_commit_s is not None:
+            last_commit.add_metric(label, t.last_commit_s)
+    yield from (commits, failures, rows, files, nbytes, lag_segments, lag_entries, last_commit)
 
 
 def _namespace_families(namespaces: Mapping[str, NamespaceTotals]) -> Iterator[Metric]:

@@ -315,6 +315,47 @@ NAMESPACE_TOPICS_FAILING = _define(
     _NS,
 )
 
+# -- per Iceberg table (topics whose policy has offloadTable on: streaming.job.tables) ----------------------
+# Counted by this process's table follower since it started (like the sink's counters): the table itself, in its
+# snapshots, is the record of what it holds.
+
+_TABLE = ("table",)
+
+TABLE_COMMITS = _define(
+    "table_commits", "counter", "Iceberg commits the job made to the table (each appends sealed segments).", _TABLE
+)
+TABLE_COMMIT_FAILURES = _define(
+    "table_commit_failures",
+    "counter",
+    "Syncs of the table that failed (catalog unreachable, commits lost to other writers, the store failing, the "
+    "writer lease lost): nothing was appended twice; retried at the next [table] commit_interval.",
+    _TABLE,
+)
+TABLE_ROWS_APPENDED = _define(
+    "table_rows_appended", "counter", "Messages (rows) the job appended to the table.", _TABLE
+)
+TABLE_FILES_APPENDED = _define(
+    "table_data_files_appended", "counter", "Parquet data files the job appended to the table.", _TABLE
+)
+TABLE_BYTES_APPENDED = _define(
+    "table_bytes_appended", "counter", "Bytes of the Parquet data files the job appended to the table.", _TABLE
+)
+TABLE_LAG_SEGMENTS = _define(
+    "table_lag_segments",
+    "gauge",
+    "Offloaded segments the table did not hold yet after its last sync (0: caught up with the store).",
+    _TABLE,
+)
+TABLE_LAG_ENTRIES = _define(
+    "table_lag_entries",
+    "gauge",
+    "Entries of the offloaded segments the table did not hold after its last sync.",
+    _TABLE,
+)
+TABLE_LAST_COMMIT = _define(
+    "table_last_commit_timestamp_seconds", "gauge", "When the job last committed to the table.", _TABLE
+)
+
 # -- the per-topic cut ---------------------------------------------------------------------------------
 
 TOPIC_SERIES_LIMIT = _define(

@@ -92,6 +92,9 @@ def install_metrics(
         metrics.job_health = lambda: health.current
     if hasattr(job, "policy_effective_ms"):  # an OffloadJob: when its newest policy version takes effect
         metrics.policy_effective_ms = lambda: int(getattr(job, "policy_effective_ms", 0))
+    tables = getattr(job, "table_figures", None)  # the offload job's (JobRuns.table_figures); not every job has tables
+    if callable(tables):
+        metrics.table_figures = tables
     job.listeners.append(metrics.on_batch)
     metrics.on_stop(lambda: _remove(job.listeners, metrics.on_batch))
     if spark is not None:

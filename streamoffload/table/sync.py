@@ -123,9 +123,11 @@ class SyncOptions:
 @dataclass
 class SyncHooks:
     """Points where tests inject a crash or another writer: ``written`` runs after an attempt's data files are
-    written and before its commit."""
+    written and before its commit; ``before_commit`` runs right before each commit, after ``written``: the job
+    checks there that it still holds its writer lease, and raises (nothing is committed) if not."""
 
     written: Callable[[Table, list[DataFile]], None] | None = None
+    before_commit: Callable[[], None] | None = None
 
 
 @dataclass
@@ -306,6 +308,8 @@ def sync_topic(
             segments[part.topic] = [str(mf.manifest_uuid(s)) for s in part.segments]
         if hooks is not None and hooks.written is not None:
             hooks.written(table, files)
+        if hooks is not None and hooks.before_commit is not None:
+            hooks.before_commit()
         try:
             snapshot_id = _commit(table, files, summary_properties(positions, segments, store_name(scoped)))
         except CommitFailedException as err:

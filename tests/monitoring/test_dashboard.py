@@ -34,10 +34,23 @@ from streamoffload.metrics import definitions
 from streamoffload.metrics.collector import JobMetrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.streaming.job.report import BatchReport
+from streamoffload.streaming.job.tables import TableFigures
 from streamoffload.streaming.sink.sink import SinkStats
 from tests.fixtures.tools import debian_prometheus_tool
 
 TOKEN = "glsa_test_token"
+TABLE = TableFigures(
+    "persistent://public/default/t",
+    "public.default.t",
+    commits=1,
+    rows_appended=5,
+    files_appended=1,
+    bytes_appended=900,
+    segments_behind=0,
+    entries_behind=0,
+    last_commit_s=1_000.0,
+)
+"""A table the job keeps (``streaming.job.tables``), every figure known."""
 USER, PASSWORD = "admin", "s3cret"
 
 
@@ -75,6 +88,7 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
         "Health",
         "Buffer",
         "Spark micro-batches",
+        "Iceberg tables",
         DERIVED_ROW,
     ]
     titles = {p["title"] for p in panels}
@@ -95,6 +109,7 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
         "Set aside and failing",
         "Read cache",
         "Bytes behind the latest position",
+        "Table lag",
     ):
         assert needed in titles
     ids = [p["id"] for p in all_panels(dash)]
@@ -178,6 +193,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
     metrics.refresh_backlog()
     metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record
+    metrics.table_figures = lambda: [TABLE]
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
     dash = build_dashboard()
     used = {
@@ -199,6 +215,7 @@ def test_the_definitions_are_exactly_the_families_the_job_exports() -> None:
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
     metrics.refresh_backlog()
     metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record
+    metrics.table_figures = lambda: [TABLE]
     exported = {family.name: family for family in metrics.registry.collect()}
     assert set(exported) == set(definitions.METRICS)
     for name, defn in definitions.METRICS.items():

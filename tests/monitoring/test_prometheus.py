@@ -189,6 +189,7 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
             # 8 s: the last segments seal by time, no traffic needed; long enough after the size seals for
             # several 1 s scrapes to see the lag above 0 (the first micro-batch alone can take 3 s).
             "maxOffloadSegmentRolloverTimeMinutes": 0.13,
+            "offloadTable": True,  # the job keeps the topics' Iceberg tables: their panels have data too
         },
     )
     job = OffloadJob(config)
