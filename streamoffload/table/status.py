@@ -157,11 +157,13 @@ def table_status(
 
 
 def referenced_files(table: Table) -> set[str]:
-    """Every data file a snapshot of ``table`` (any, not only the current) references."""
+    """Every data file a snapshot of ``table`` (any, not only the current) holds. A manifest's entry for a file its
+    snapshot deleted (a compaction's, a retention's) does not count: the parent snapshot holds that file while it
+    is there, and once it is expired no snapshot does."""
     out: set[str] = set()
     for snapshot in table.metadata.snapshots:
         for manifest in snapshot.manifests(table.io):
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
                 out.add(entry.data_file.file_path)
     return out
 
