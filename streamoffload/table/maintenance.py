@@ -35,7 +35,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -191,8 +190,9 @@ class MaintenanceReport:
     orphans: OrphanReport | None = None
     position: TablePosition = field(default_factory=TablePosition)
 
-    def as_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
+    def as_dict(self) -> dict[str, object]:
+        """The report as JSON values."""
+        doc: dict[str, object] = {
             "topic": self.topic,
             "table": self.table,
             "exists": self.exists,

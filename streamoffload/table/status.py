@@ -1,11 +1,12 @@
 """Where a topic's table stands against the store: its position and lag (``table_status``), and the data files no
-snapshot references (``orphan_files``).
+snapshot holds (``orphan_files``).
 
 **Orphans** are the data files of attempts that never committed: a sync killed between writing Parquet and its
 commit, or one that lost its commit to another writer. They are listed here (``streamoffload table show
 --orphans``) and never read by any engine (a reader follows the snapshots). A file younger than the grace period
-may belong to a sync still running, so only older ones are listed as removable; removing them is
-``cleanup``'s to do in a later change.
+may belong to a sync still running, so only older ones are listed as removable; ``table maintain`` removes them
+(``table.maintenance.remove_orphan_files``), with the files compaction and retention replaced once the snapshots
+holding them are expired.
 """
 
 from __future__ import annotations
