@@ -144,7 +144,8 @@ Maintain each table, in this order (--only picks steps):
   expire     snapshots older than --expire-older-than-minutes go, except the newest --keep-snapshots (readers can
              no longer time-travel to them).
   orphans    data files no remaining snapshot names (failed attempts; files compaction and retention replaced,
-             once expiry dropped the snapshots naming them), older than --orphan-grace-minutes, are deleted.
+             once expiry dropped the snapshots naming them), and manifests none names, older than
+             --orphan-grace-minutes, are deleted.
 
 Each snapshot carries the table's position unchanged, so a sync goes on where it was. Running beside a sync is
 safe: whichever commits second re-reads the table and plans again; no row is dropped or kept twice."""
@@ -388,6 +389,9 @@ def _maintain_line(report: MaintenanceReport) -> str:
     if report.expiry is not None:
         steps.append(f"expiry: {len(report.expiry.expired)} snapshot(s) expired, {len(report.expiry.kept)} kept")
     if report.orphans is not None:
-        steps.append(f"orphans: {len(report.orphans.removed)} file(s) removed")
+        orphans = report.orphans
+        steps.append(
+            f"orphans: {len(orphans.removed)} data file(s) and {len(orphans.removed_metadata)} manifest file(s) removed"
+        )
     snapshot = report.position.snapshot_id
     return f"{head}: {'; '.join(steps)} (snapshot {snapshot})"

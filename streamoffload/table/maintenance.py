@@ -12,8 +12,9 @@
    older than ``expire_older_than_s`` go, except the newest ``keep_snapshots`` (and the current one, and every
    one back to the newest that records the table's position: ``table.position``);
 4. **orphan removal** (``remove_orphan_files``): data files no live snapshot names (``status.orphan_files``:
-   failed sync attempts, files compaction and retention replaced once their snapshots expired), older than
-   ``orphan_grace_s``.
+   failed sync attempts, files compaction and retention replaced once their snapshots expired), and manifest lists
+   and manifests none names (expired snapshots', failed commits'), older than ``orphan_grace_s``. Old
+   ``metadata.json`` files are pyiceberg's to drop (``write.metadata.delete-after-commit.enabled``).
 
 **Exactly once.** Retention and compaction commit like the sync (``table.sync``): their snapshot's summary
 carries the base snapshot's positions unchanged (``position.summary_properties``, no segments), so
@@ -57,7 +58,7 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import ScopedStore
 from streamoffload.table import layout
 from streamoffload.table.position import POSITIONS, TablePosition, summary_properties, table_position
-from streamoffload.table.status import DEFAULT_ORPHAN_GRACE_S, orphan_files
+from streamoffload.table.status import DEFAULT_ORPHAN_GRACE_S, orphan_files, orphan_metadata_files
 from streamoffload.table.sync import (
     DEFAULT_MAX_CONFLICTS,
     STORE_PROPERTY,
@@ -175,6 +176,9 @@ class ExpiryReport:
 @dataclass(frozen=True)
 class OrphanReport:
     removed: list[str] = field(default_factory=list)
+    """Data files."""
+    removed_metadata: list[str] = field(default_factory=list)
+    """Manifest lists and manifests of expired snapshots and failed commits."""
 
 
 @dataclass
@@ -543,14 +547,15 @@ def expire_snapshots(
 def remove_orphan_files(
     table: Table, *, grace_s: float = DEFAULT_ORPHAN_GRACE_S, now: float | None = None
 ) -> OrphanReport:
-    """Delete the data files no live snapshot names, older than ``grace_s`` (``status.orphan_files``: it lists the
-    files before it reads the snapshots, so a file committed meanwhile is either young or named)."""
+    """Delete the data files, manifest lists and manifests no live snapshot names, older than ``grace_s``
+    (``status.orphan_files``, ``status.orphan_metadata_files``: they list the files before they read the snapshots,
+    so a file committed meanwhile is either young or named)."""
     table.refresh()
-    removed = []
-    for url in orphan_files(table, grace_s=grace_s, now=now):
+    data = orphan_files(table, grace_s=grace_s, now=now)
+    metadata = orphan_metadata_files(table, grace_s=grace_s, now=now)
+    for url in data + metadata:
         table.io.delete(url)
-        removed.append(url)
-    return OrphanReport(removed)
+    return OrphanReport(data, metadata)
 
 
 # -- all of it ------------------------------------------------------------------------------------------------------

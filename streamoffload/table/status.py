@@ -12,6 +12,7 @@ holding them are expired.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -187,16 +188,41 @@ def _filesystem(table: Table, location: str) -> pafs.FileSystem:
 def orphan_files(table: Table, *, grace_s: float = DEFAULT_ORPHAN_GRACE_S, now: float | None = None) -> list[str]:
     """The Parquet files under the table's ``data/`` that no snapshot references, older than ``grace_s``
     (younger ones may be a running sync's), as URLs; sorted."""
-    location = table.location().rstrip("/") + "/data"
+    return _unreferenced(table, "data", ".parquet", lambda: referenced_files(table), grace_s, now)
+
+
+def referenced_metadata_files(table: Table) -> set[str]:
+    """The manifest lists of ``table``'s snapshots and the manifests they list."""
+    out: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        out.add(snapshot.manifest_list)
+        out.update(manifest.manifest_path for manifest in snapshot.manifests(table.io))
+    return out
+
+
+def orphan_metadata_files(
+    table: Table, *, grace_s: float = DEFAULT_ORPHAN_GRACE_S, now: float | None = None
+) -> list[str]:
+    """The manifest lists and manifests (``.avro`` under ``metadata/``) no snapshot names, older than ``grace_s``
+    (a running commit writes its own before it commits), as URLs; sorted."""
+    return _unreferenced(table, "metadata", ".avro", lambda: referenced_metadata_files(table), grace_s, now)
+
+
+def _unreferenced(
+    table: Table, folder: str, suffix: str, referenced: Callable[[], set[str]], grace_s: float, now: float | None
+) -> list[str]:
+    """The files ending in ``suffix`` under the table's ``folder`` that are not ``referenced``, older than
+    ``grace_s``. The files are listed before the references are read: a file committed meanwhile is young."""
+    location = table.location().rstrip("/") + "/" + folder
     scheme = urlsplit(location).scheme or "file"
     infos = _filesystem(table, location).get_file_info(
         pafs.FileSelector(_fs_path(location), recursive=True, allow_not_found=True)
     )
-    referenced = {_fs_path(f) for f in referenced_files(table)}
+    held = {_fs_path(f) for f in referenced()}
     cutoff = (time.time() if now is None else now) - grace_s
     out = []
     for info in infos:
-        if info.type != pafs.FileType.File or not info.path.endswith(".parquet") or info.path in referenced:
+        if info.type != pafs.FileType.File or not info.path.endswith(suffix) or info.path in held:
             continue
         if info.mtime is not None and info.mtime.timestamp() > cutoff:
             continue

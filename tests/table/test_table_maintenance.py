@@ -26,7 +26,7 @@ from streamoffload.table.maintenance import (
     remove_orphan_files,
 )
 from streamoffload.table.position import POSITIONS, segments_of, table_position
-from streamoffload.table.status import orphan_files, referenced_files
+from streamoffload.table.status import orphan_files, referenced_files, referenced_metadata_files
 from streamoffload.table.sync import SyncHooks, SyncOptions, sync_topic
 from tests.table.offload import Row
 from tests.table.test_table_sync import PARTS, TOPIC, Tier, assert_exact, current_files, publish
@@ -149,12 +149,33 @@ def test_a_sync_that_loses_its_commit_to_a_compaction_appends_once(tier: Tier) -
     assert snapshot is not None and snapshot.parent_snapshot_id == compacted[0]
 
 
+def test_a_compaction_killed_before_its_commit_writes_the_same_files_again(tier: Tier) -> None:
+    small_syncs(tier, 4)
+    written: list[str] = []
+
+    class Crash(Exception):
+        pass
+
+    def crash(_table: Table, files: list[DataFile]) -> None:
+        written.extend(f.file_path for f in files)
+        raise Crash
+
+    with pytest.raises(Crash):
+        compact_table(tier.table(), MaintenanceOptions(min_files=2), SyncHooks(written=crash))
+    assert len(tier.table().metadata.snapshots) == 4 and orphan_files(tier.table(), grace_s=0) == sorted(written)
+    report = compact_table(tier.table(), MaintenanceOptions(min_files=2))
+    assert report.rewrite.added_files == sorted(written)  # the same names: a crash loop leaves no more orphans
+    assert orphan_files(tier.table(), grace_s=0) == []
+    assert_exact(tier.table(), tier.rows)
+
+
 def test_expiry_keeps_the_newest_snapshots_and_then_orphans_go(tier: Tier) -> None:
     small_syncs(tier, 6)
     table = tier.table()
     compact_table(table, MaintenanceOptions(min_files=2))
     table = tier.table()
-    ids = [s.snapshot_id for s in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0)]
+    before_expiry = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0)
+    ids = [s.snapshot_id for s in before_expiry]
     assert len(ids) == 7
     # Younger than the age: all kept.
     young = expire_snapshots(table, MaintenanceOptions(keep_snapshots=1, expire_older_than_s=3600))
@@ -173,6 +194,10 @@ def test_expiry_keeps_the_newest_snapshots_and_then_orphans_go(tier: Tier) -> No
     assert replaced and not set(replaced) & referenced_files(table)
     removed = remove_orphan_files(table, grace_s=0)
     assert removed.removed == replaced and not any(Path(f[7:]).exists() for f in replaced)
+    # The expired snapshots' manifest lists went too; what the live one names stays.
+    expired_lists = {s.manifest_list for s in before_expiry if s.snapshot_id != ids[-1]}
+    assert expired_lists and expired_lists <= set(removed.removed_metadata)
+    assert all(Path(f[7:]).exists() for f in referenced_metadata_files(tier.table()))
     assert_exact(tier.table(), tier.rows)
     assert table_position(tier.table()).snapshot_id == ids[-1]
 
@@ -296,11 +321,15 @@ def test_the_maintain_command(tier: Tier, capsys: pytest.CaptureFixture[str]) ->
         (f"partition={p}/{DAY_DIRS[0]}", 4, 1) for p in (0, 1)
     ]
     assert len(doc["orphans"]["removed"]) == 8 and doc["expiry"]["kept"] == [doc["snapshot_id"]]
+    assert len(doc["orphans"]["removed_metadata"]) >= 4  # the 4 syncs' manifest lists at least
     assert main([*args, "--only", "compact"]) == 0
     assert capsys.readouterr().out == (
         f"{TOPIC} -> public.default.orders: compaction: nothing to do (snapshot {doc['snapshot_id']})\n"
     )
     assert_exact(tier.table(), tier.rows)
+    assert main([*args, "--min-files", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("streamoffload table: error: ") and "--min-files 0" in err and err.count("\n") == 1
     with pytest.raises(SystemExit):
         main(["table", "maintain", "--help"])
     out = capsys.readouterr().out
