@@ -509,13 +509,15 @@ def expire_snapshots(
     table: Table, options: MaintenanceOptions | None = None, *, now: float | None = None
 ) -> ExpiryReport:
     """Expire the snapshots older than ``expire_older_than_s`` beyond the newest ``keep_snapshots``, through
-    pyiceberg's ``ExpireSnapshots``; never the current one, nor one back to the newest recording the position."""
+    pyiceberg's ``ExpireSnapshots``; never the current one (nor a branch head or tag), nor one back to the newest
+    recording the position."""
     options = options or MaintenanceOptions()
     conflicts = 0
     while True:
         table.refresh()
         snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
         protected = {s.snapshot_id for s in snapshots[-options.keep_snapshots :]}
+        protected |= {ref.snapshot_id for ref in table.metadata.refs.values()}  # branch heads and tags
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
             protected.add(snapshot.snapshot_id)
             if snapshot.summary is not None and snapshot.summary[POSITIONS]:

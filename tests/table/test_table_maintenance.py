@@ -261,6 +261,31 @@ def test_retention_drops_exactly_the_deleted_segments_rows(tier: Tier) -> None:
     assert_exact(tier.table(), sorted(expected + new, key=lambda r: r.position))
 
 
+def test_retention_racing_a_sync_when_every_segment_of_a_partition_is_gone(tier: Tier) -> None:
+    """Partition 0 loses all its segments; a sync commits new ones (still of ledger 3) between retention's write and
+    its commit: retention plans again and drops only the deleted segments' rows."""
+    for _ in range(3):
+        publish(tier, (4, 2))
+        sync_topic(tier.scoped, tier.catalog, TOPIC)
+    deleted = delete_ledger(tier, PARTS[0], 3)
+    assert len(deleted) == 3 and MetadataStore(tier.scoped).offloaded_segments(PARTS[0]) == []
+    gone = [r for r in tier.rows if in_segments(r, deleted)]
+    new: list[Row] = []
+
+    def sync_in_between(_table: Table, _files: list[DataFile]) -> None:
+        if not new:
+            new.extend(publish(tier, (3, 1)))
+            sync_topic(tier.scoped, tier.other_catalog(), TOPIC)
+
+    report = drop_deleted_segments(tier.scoped, tier.table(), hooks=SyncHooks(written=sync_in_between))
+    assert report.rewrite.conflicts == 1 and report.removed_rows == {PARTS[0]: len(gone)}
+    assert any(r.topic == PARTS[0] and r.ledger_id == 3 for r in new)  # ledger 3 marked, these segments kept
+    table = tier.table()
+    assert_exact(table, [r for r in tier.rows if r not in gone])
+    store_ends = {t: mf.end_position(MetadataStore(tier.scoped).offloaded_segments(t)[-1]) for t in PARTS}
+    assert table_position(table).positions == store_ends
+
+
 def test_orphans_go_only_when_no_snapshot_names_them_and_they_are_old(tier: Tier) -> None:
     small_syncs(tier, 2)
     publish(tier, (3, 3))
