@@ -79,6 +79,7 @@ DEFAULT_KEEP_SNAPSHOTS = 100
 DEFAULT_EXPIRE_OLDER_THAN_S = 3600.0
 """Snapshots younger than this are kept: a reader planning on one has this long."""
 
+RETRIES = "commit.retry.num-retries"
 _NAMES = uuid.UUID("0f3c7a52-9d4e-4a61-8c2b-5e7d1f90a3c4")
 """The namespace of maintenance data file uuids (``uuid5``): never one of the sync's names."""
 _SORT = [
@@ -250,6 +251,12 @@ def _commit_rewrite(
     """Plan on the current snapshot, write, commit one overwrite snapshot carrying the base's positions; plan
     again after a commit lost to another writer (module notes)."""
     conflicts = 0
+    table.refresh()
+    if table.properties.get(RETRIES) != "0":
+        # A retry on a new base would commit this base's positions over a sync's newer ones (module notes).
+        log.info("table %s: turning pyiceberg's commit retries off before the %s", _name(table), what)
+        with table.transaction() as tx:
+            tx.set_properties({RETRIES: "0"})
     while True:
         table.refresh()
         position = table_position(table)
