@@ -1,4 +1,4 @@
-"""``streamoffload table sync|rebuild|show``: the offloaded topics as Apache Iceberg tables (``table/``)."""
+"""``streamoffload table sync|rebuild|show|maintain``: the offloaded topics as Apache Iceberg tables (``table/``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
     from streamoffload.storage.location import ScopedStore
+    from streamoffload.table.maintenance import MaintenanceReport
     from streamoffload.table.status import TableStatus
     from streamoffload.table.sync import SyncReport
 
@@ -30,7 +31,8 @@ The store stays the truth: `sync` appends what the store has committed past each
 Iceberg snapshot records, per topic-partition, the last position it holds and the segments it appended; a
 sync killed at any point, replayed, or racing another one converges to one copy of every message).
 `rebuild` drops a table and derives it from the store again. `show` prints each table's position and how
-far it is behind the store.
+far it is behind the store. `maintain` drops the rows of segments the store deleted (retention, delete-ledger),
+compacts small data files, expires old snapshots and removes data files no snapshot names.
 
 The catalog, named "streamoffload", is pyiceberg's SQL catalog (over SQLAlchemy: SQLite, or PostgreSQL for
 production) or its REST catalog (--catalog rest+https://host/path, with --catalog-property key=value for its
@@ -45,6 +47,8 @@ examples:
   streamoffload table show --store var/demo/store
   streamoffload table show --store var/demo/store --orphans            # data files of failed attempts
   streamoffload table rebuild --store var/demo/store persistent://public/default/demo-orders
+  streamoffload table maintain --store var/demo/store demo-orders      # retention, compaction, expiry, orphans
+  streamoffload table maintain --store var/demo/store --only compact --target-file-mb 64 --min-files 8
   streamoffload table sync --store s3://bucket/pulsar --s3-endpoint http://127.0.0.1:9000 \\
       --catalog sqlite:////var/offload/catalog.db --warehouse s3://bucket/iceberg
   streamoffload table sync --store var/demo/store \
@@ -67,7 +71,7 @@ class TableCommandError(CommandError):
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "table",
-        help="publish the offloaded topics as Apache Iceberg tables (sync, rebuild, show)",
+        help="publish the offloaded topics as Apache Iceberg tables (sync, rebuild, show, maintain)",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -77,11 +81,16 @@ def register(subparsers: Any) -> None:
         ("sync", "append what the store has committed past each table", "topics to sync (default: every topic)"),
         ("rebuild", "drop a topic's table and derive it from the store again", "the topic whose table to rebuild"),
         ("show", "each table's position and lag behind the store", "topics to show (default: every topic)"),
+        (
+            "maintain",
+            "drop deleted segments' rows, compact small files, expire old snapshots, remove orphan files",
+            "topics whose tables to maintain (default: every topic)",
+        ),
     ):
         action = actions.add_parser(
             name,
             help=help_text,
-            description=f"{help_text[0].upper()}{help_text[1:]}.",
+            description=MAINTAIN_DESCRIPTION if name == "maintain" else f"{help_text[0].upper()}{help_text[1:]}.",
             epilog=EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -134,8 +143,72 @@ def register(subparsers: Any) -> None:
                 metavar="MIN",
                 help="with --orphans, leave out files younger than this: a running sync's (default 60)",
             )
+        if name == "maintain":
+            _maintain_args(group)
         action.add_argument("--json", action="store_true", help="one JSON document instead of text")
         action.set_defaults(func=run)
+
+
+MAINTAIN_DESCRIPTION = """\
+Maintain each table, in this order (--only picks steps):
+
+  retention  rows of segments the store no longer has (its retention or delete-ledger deleted them) leave the
+             table: a data file wholly gone is dropped, one partly gone rewritten (copy-on-write), in one snapshot.
+             Rows of segments the store still has always stay.
+  compact    per table partition, once more than --min-files data files are smaller than --target-file-mb, they
+             are rewritten into files of up to that size, sorted by position, in one snapshot.
+  expire     snapshots older than --expire-older-than-minutes go, except the newest --keep-snapshots (readers can
+             no longer time-travel to them).
+  orphans    data files no remaining snapshot names (failed attempts; files compaction and retention replaced,
+             once expiry dropped the snapshots naming them), and manifests none names, older than
+             --orphan-grace-minutes, are deleted.
+
+Each snapshot carries the table's position unchanged, so a sync goes on where it was. Running beside a sync is
+safe: whichever commits second re-reads the table and plans again; no row is dropped or kept twice."""
+
+
+MAINTAIN_STEPS = ("retention", "compact", "expire", "orphans")
+"""``table.maintenance.STEPS``, here so that building the parser imports no pyiceberg (nor its defaults below)."""
+
+
+def _maintain_args(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--only",
+        action="append",
+        choices=MAINTAIN_STEPS,
+        metavar="STEP",
+        help=f"run only this step (repeatable; one of {', '.join(MAINTAIN_STEPS)}; default: all, in that order)",
+    )
+    group.add_argument(
+        "--target-file-mb",
+        type=float,
+        metavar="MB",
+        help="compaction writes files of up to this size; smaller ones are compacted (default 128)",
+    )
+    group.add_argument(
+        "--min-files",
+        type=int,
+        metavar="N",
+        help="compact a partition once it has more than N small files (default 5)",
+    )
+    group.add_argument(
+        "--keep-snapshots",
+        type=int,
+        metavar="K",
+        help="expiry always keeps the newest K snapshots (default 100)",
+    )
+    group.add_argument(
+        "--expire-older-than-minutes",
+        type=float,
+        metavar="MIN",
+        help="expire snapshots older than this (default 60)",
+    )
+    group.add_argument(
+        "--orphan-grace-minutes",
+        type=float,
+        metavar="MIN",
+        help="leave orphan files younger than this: a running sync's (default 60)",
+    )
 
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
@@ -146,7 +219,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         raise TableCommandError(
             f"`streamoffload table` needs pyiceberg ({err.name} is not installed): pip install 'streamoffload[table]'"
         ) from None
-    if args.table_action != "show":
+    if args.table_action in ("sync", "rebuild"):
         int_arg(args.segments_per_commit, "--segments-per-commit", 1, 1_000_000, "segments per commit")
     config, _ = config_from_args(args)
     location = config.store.location
@@ -163,6 +236,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     topics = _topics(scoped, args.table_topics)
     if args.table_action == "show":
         return _show(args, scoped, catalog, topics, out)
+    if args.table_action == "maintain":
+        return _maintain(args, scoped, catalog, topics, out)
     return _sync(args, scoped, catalog, topics, out)
 
 
@@ -277,3 +352,67 @@ def render_status(status: TableStatus) -> str:
         lines.append(f"  {len(status.orphans)} orphan data file(s) (no snapshot references them){colon}")
         lines += [f"    {path}" for path in status.orphans]
     return "\n".join(lines)
+
+
+def _maintain(args: argparse.Namespace, scoped: ScopedStore, catalog: Catalog, topics: list[str], out: TextIO) -> int:
+    from streamoffload.table.maintenance import MaintenanceOptions, maintain_table
+
+    defaults = MaintenanceOptions()
+    target_mb = float_arg(args.target_file_mb, "--target-file-mb", 0.001, 1024 * 1024, "megabytes")
+    expire = float_arg(
+        args.expire_older_than_minutes, "--expire-older-than-minutes", 0, MAX_RETENTION_MINUTES, "minutes"
+    )
+    grace = float_arg(args.orphan_grace_minutes, "--orphan-grace-minutes", 0, MAX_RETENTION_MINUTES, "minutes")
+    min_files = int_arg(args.min_files, "--min-files", 1, 1_000_000, "files")
+    keep = int_arg(args.keep_snapshots, "--keep-snapshots", 1, 1_000_000, "snapshots")
+    options = MaintenanceOptions(
+        steps=tuple(s for s in MAINTAIN_STEPS if not args.only or s in args.only),
+        target_file_bytes=defaults.target_file_bytes if target_mb is None else max(round(target_mb * 2**20), 1),
+        min_files=defaults.min_files if min_files is None else min_files,
+        keep_snapshots=defaults.keep_snapshots if keep is None else keep,
+        expire_older_than_s=defaults.expire_older_than_s if expire is None else expire * 60.0,
+        orphan_grace_s=defaults.orphan_grace_s if grace is None else grace * 60.0,
+    )
+    reports = [maintain_table(scoped, catalog, t, options) for t in topics]
+    if args.json:
+        print(json.dumps({"tables": [r.as_dict() for r in reports]}, indent=2), file=out)
+        return 0
+    for report in reports:
+        print(_maintain_line(report), file=out)
+    return 0
+
+
+def _maintain_line(report: MaintenanceReport) -> str:
+    """One line per table: what each step that ran did."""
+    head = f"{report.topic} -> {report.table}"
+    if not report.exists:
+        return f"{head}: no table yet (run `streamoffload table sync`)"
+    steps = []
+    if report.retention is not None:
+        r = report.retention
+        if r.rewrite.snapshot_id is None:
+            steps.append("retention: nothing deleted")
+        else:
+            steps.append(
+                f"retention: removed {r.rewrite.removed_rows} row(s) of deleted segments "
+                f"({len(r.rewrite.removed_files)} file(s) dropped or rewritten)"
+            )
+        steps += [f"retention left {topic} alone: {why}" for topic, why in sorted(r.skipped.items())]
+    if report.compaction is not None:
+        c = report.compaction
+        if c.rewrite.snapshot_id is None:
+            steps.append("compaction: nothing to do")
+        else:
+            steps.append(
+                f"compaction: {len(c.rewrite.removed_files)} file(s) into {len(c.rewrite.added_files)} in "
+                f"{len(c.partitions)} partition(s)"
+            )
+    if report.expiry is not None:
+        steps.append(f"expiry: {len(report.expiry.expired)} snapshot(s) expired, {len(report.expiry.kept)} kept")
+    if report.orphans is not None:
+        orphans = report.orphans
+        steps.append(
+            f"orphans: {len(orphans.removed)} data file(s) and {len(orphans.removed_metadata)} manifest file(s) removed"
+        )
+    snapshot = report.position.snapshot_id
+    return f"{head}: {'; '.join(steps)} (snapshot {snapshot})"

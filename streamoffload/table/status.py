@@ -1,16 +1,18 @@
 """Where a topic's table stands against the store: its position and lag (``table_status``), and the data files no
-snapshot references (``orphan_files``).
+snapshot holds (``orphan_files``).
 
 **Orphans** are the data files of attempts that never committed: a sync killed between writing Parquet and its
 commit, or one that lost its commit to another writer. They are listed here (``streamoffload table show
 --orphans``) and never read by any engine (a reader follows the snapshots). A file younger than the grace period
-may belong to a sync still running, so only older ones are listed as removable; removing them is
-``cleanup``'s to do in a later change.
+may belong to a sync still running, so only older ones are listed as removable; ``table maintain`` removes them
+(``table.maintenance.remove_orphan_files``), with the files compaction and retention replaced once the snapshots
+holding them are expired.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -157,11 +159,13 @@ def table_status(
 
 
 def referenced_files(table: Table) -> set[str]:
-    """Every data file a snapshot of ``table`` (any, not only the current) references."""
+    """Every data file a snapshot of ``table`` (any, not only the current) holds. A manifest's entry for a file its
+    snapshot deleted (a compaction's, a retention's) does not count: the parent snapshot holds that file while it
+    is there, and once it is expired no snapshot does."""
     out: set[str] = set()
     for snapshot in table.metadata.snapshots:
         for manifest in snapshot.manifests(table.io):
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
                 out.add(entry.data_file.file_path)
     return out
 
@@ -184,16 +188,41 @@ def _filesystem(table: Table, location: str) -> pafs.FileSystem:
 def orphan_files(table: Table, *, grace_s: float = DEFAULT_ORPHAN_GRACE_S, now: float | None = None) -> list[str]:
     """The Parquet files under the table's ``data/`` that no snapshot references, older than ``grace_s``
     (younger ones may be a running sync's), as URLs; sorted."""
-    location = table.location().rstrip("/") + "/data"
+    return _unreferenced(table, "data", ".parquet", lambda: referenced_files(table), grace_s, now)
+
+
+def referenced_metadata_files(table: Table) -> set[str]:
+    """The manifest lists of ``table``'s snapshots and the manifests they list."""
+    out: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        out.add(snapshot.manifest_list)
+        out.update(manifest.manifest_path for manifest in snapshot.manifests(table.io))
+    return out
+
+
+def orphan_metadata_files(
+    table: Table, *, grace_s: float = DEFAULT_ORPHAN_GRACE_S, now: float | None = None
+) -> list[str]:
+    """The manifest lists and manifests (``.avro`` under ``metadata/``) no snapshot names, older than ``grace_s``
+    (a running commit writes its own before it commits), as URLs; sorted."""
+    return _unreferenced(table, "metadata", ".avro", lambda: referenced_metadata_files(table), grace_s, now)
+
+
+def _unreferenced(
+    table: Table, folder: str, suffix: str, referenced: Callable[[], set[str]], grace_s: float, now: float | None
+) -> list[str]:
+    """The files ending in ``suffix`` under the table's ``folder`` that are not ``referenced``, older than
+    ``grace_s``. The files are listed before the references are read: a file committed meanwhile is young."""
+    location = table.location().rstrip("/") + "/" + folder
     scheme = urlsplit(location).scheme or "file"
     infos = _filesystem(table, location).get_file_info(
         pafs.FileSelector(_fs_path(location), recursive=True, allow_not_found=True)
     )
-    referenced = {_fs_path(f) for f in referenced_files(table)}
+    held = {_fs_path(f) for f in referenced()}
     cutoff = (time.time() if now is None else now) - grace_s
     out = []
     for info in infos:
-        if info.type != pafs.FileType.File or not info.path.endswith(".parquet") or info.path in referenced:
+        if info.type != pafs.FileType.File or not info.path.endswith(suffix) or info.path in held:
             continue
         if info.mtime is not None and info.mtime.timestamp() > cutoff:
             continue

@@ -92,6 +92,22 @@ SMOKES = [
     ),
     pytest.param(
         Smoke(
+            "table_compaction.py",
+            ("--syncs", "8", "--entries-per-sync", "3", "--min-files", "2", "--maintain-every", "4", "--dir", "{work}"),
+            (
+                rf"before compaction: \d+ data files per partition \(max\), \d+ in 1 partition\(s\); sync p50 "
+                rf"{NUMBER} ms, p99 {NUMBER} ms",
+                rf"maintained every 4 syncs: at most \d+ data files per partition at any sync, {NUMBER} s of "
+                "maintenance in all",
+                rf"after compaction: 1 data files per partition \(max\), 1 in 1 partition\(s\); compaction {NUMBER} s "
+                r"for \d+ file\(s\)",
+                r"rows: 24 in the table, 24 offloaded \(exact\)",
+            ),
+        ),
+        id="table_compaction",
+    ),
+    pytest.param(
+        Smoke(
             "fuzz.py",
             ("--seed", "52", "--count", "2", "--kinds", "payload-lz4,lease", "--work-dir", "{work}"),
             (
