@@ -54,9 +54,9 @@ from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import CorruptManifest, MetadataStore
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
-from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import ScopedStore
 from streamoffload.table import layout
+from streamoffload.table.errors import TableError
 from streamoffload.table.position import POSITIONS, TablePosition, summary_properties, table_position
 from streamoffload.table.status import DEFAULT_ORPHAN_GRACE_S, orphan_files, orphan_metadata_files
 from streamoffload.table.sync import (
@@ -95,7 +95,7 @@ _PARTITION = 11
 STEPS = ("retention", "compact", "expire", "orphans")
 
 
-class TableMaintenanceError(StreamOffloadError):
+class TableMaintenanceError(TableError):
     """A maintenance step that cannot run on a table as it is."""
 
 
