@@ -7,10 +7,7 @@ This module holds only :func:`register`."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def register(spark: Any) -> None:
@@ -24,7 +21,11 @@ def register(spark: Any) -> None:
     implements ``pushFilters``."""
     from streamoffload.streaming.source.control_source import ControlDataSource
     from streamoffload.streaming.source.offloaded_source import OffloadedDataSource
-    from streamoffload.streaming.source.pulsar_source import OwnNamePulsarDataSource, PulsarDataSource
+    from streamoffload.streaming.source.pulsar_source import (
+        OwnNamePulsarDataSource,
+        PulsarDataSource,
+        register_unless_taken,
+    )
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(OwnNamePulsarDataSource)
@@ -33,24 +34,4 @@ def register(spark: Any) -> None:
     spark.dataSource.register(OffloadedDataSource)
 
 
-def register_unless_taken(spark: Any, source: Any) -> bool:
-    """Register a Python data source unless a built-in or JVM source has its name (Spark refuses it with
-    ``DATA_SOURCE_ALREADY_EXISTS``); returns whether it was registered."""
-    from pyspark.errors import AnalysisException
-
-    try:
-        spark.dataSource.register(source)
-    except AnalysisException as err:
-        if "DATA_SOURCE_ALREADY_EXISTS" not in str(err):
-            raise
-        log.warning(
-            "data source %r is a JVM source on the classpath (pulsar-spark's jar?): format(%r) reads with it; "
-            "streamoffload's live source is format('streamoffload-pulsar')",
-            source.name(),
-            source.name(),
-        )
-        return False
-    return True
-
-
-__all__ = ["register", "register_unless_taken"]
+__all__ = ["register"]

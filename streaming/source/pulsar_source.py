@@ -31,8 +31,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -66,6 +68,9 @@ from streamoffload.streaming.source.input_partitions import Range, group_ranges,
 from streamoffload.streaming.source.offset_planner import SourcePlanner, position_of, split_offsets
 from streamoffload.streaming.source.source_options import OUTPUT_ENTRIES, SourceOptions, output_of, positions_only
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "pulsar"
@@ -84,6 +89,7 @@ def row_schema(options: Mapping[str, str]) -> str:
     if positions_only(options):
         return POSITIONS_SCHEMA
     return SCHEMA if output_of(options) == OUTPUT_ENTRIES else MESSAGE_SCHEMA
+
 
 # ---------------------------------------------------------------------------------------------
 # Spark
@@ -405,7 +411,7 @@ def _read_range_rows(
 
 def _message_rows(
     options: SourceOptions, rng: Range, schema: StructType | None, entries: Iterator[ReadEntry]
-) -> Iterator[Any]:
+) -> Iterator[pa.RecordBatch]:
     """``output=messages``: the range's messages in pulsar-spark's columns, split and inflated by
     ``read.dataset_read.message_batches`` (what ``pulsar-offloaded`` reads with); ``arrowBatchEntries`` and
     ``arrowBatchBytes`` bound a record batch's messages and bytes."""
@@ -418,7 +424,12 @@ def _message_rows(
         for entry in entries:
             where = f"{topic}: entry {entry.ledger_id}:{entry.entry_id}"
             # The raw reader checked the CRC-32C on receipt, the read path on reading the store.
-            yield entry.ledger_id, entry.entry_id, decode_entry(entry.payload, verify_checksum=False, where=where), where
+            yield (
+                entry.ledger_id,
+                entry.entry_id,
+                decode_entry(entry.payload, verify_checksum=False, where=where),
+                where,
+            )
 
     for batch in message_batches(
         topic,
@@ -433,7 +444,7 @@ def _message_rows(
 
 def _entry_rows(
     options: SourceOptions, rng: Range, schema: StructType | None, entries: Iterator[ReadEntry], waited: ReadWaits
-) -> Iterator[Any]:
+) -> Iterator[pa.RecordBatch]:
     """``output=entries`` (an entry's bytes) and the offload job's ``positionsOnly`` rows (its CRC-32C, and the
     bytes in the task's spool file for the sink)."""
     pa_schema = arrow_schema(schema, options.positions_only)
@@ -571,6 +582,24 @@ class OwnNamePulsarDataSource(PulsarDataSource):
         return OWN_SOURCE_NAME
 
 
+def register_unless_taken(spark: SparkSession, source: type[DataSource]) -> bool:
+    """Register a Python data source unless a built-in or JVM source has its name (Spark refuses it with
+    ``DATA_SOURCE_ALREADY_EXISTS``); returns whether it was registered."""
+    try:
+        spark.dataSource.register(source)
+    except AnalysisException as err:
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(err):
+            raise
+        log.warning(
+            "data source name %r is taken by a built-in or JVM source (pulsar-spark's jar on the classpath?): "
+            "format(%r) reads with that one; streamoffload's live source is format('streamoffload-pulsar')",
+            source.name(),
+            source.name(),
+        )
+        return False
+    return True
+
+
 __all__ = [
     "MESSAGE_SCHEMA",
     "OWN_SOURCE_NAME",
@@ -582,4 +611,5 @@ __all__ = [
     "PulsarRangePartition",
     "PulsarStreamReader",
     "read_partition",
+    "register_unless_taken",
 ]

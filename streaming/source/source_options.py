@@ -510,7 +510,8 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "",
         "Admission control through Spark's ``ReadLimit``: at most this many entries, or about this many bytes, "
         "per micro-batch.",
-        "Entries are counted exactly (with ``output=messages`` too: a limit counts entries, not rows); bytes are estimated from sampled entry sizes (the driver never sees the "
+        "Entries are counted exactly (with ``output=messages`` too: a limit counts entries, not rows); bytes are "
+        "estimated from sampled entry sizes (the driver never sees the "
         "entries). The limit is split max-min fairly across the topic-partitions with data, leftovers rotating. A "
         "single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls. "
         "``Trigger.AvailableNow`` stops at the positions that were latest when the query started. Without either "

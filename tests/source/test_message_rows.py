@@ -32,10 +32,14 @@ from streamoffload.pulsar import raw_reader as rr
 from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, ReaderSettings
 from streamoffload.read.dataset_read import MESSAGE_SCHEMA
 from streamoffload.storage.location import parse_store_url
-from streamoffload.streaming import register_unless_taken
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
-from streamoffload.streaming.source.pulsar_source import SCHEMA, OwnNamePulsarDataSource, PulsarStreamReader
+from streamoffload.streaming.source.pulsar_source import (
+    SCHEMA,
+    OwnNamePulsarDataSource,
+    PulsarStreamReader,
+    register_unless_taken,
+)
 from streamoffload.streaming.source.source_options import SourceOptions, parse_starting_offsets
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.entries import Published, forget_sent, memory_sink, publish_to
@@ -397,7 +401,7 @@ def test_message_id_offsets_parse_as_pulsar_spark_reads_them() -> None:
     assert parse_starting_offsets('{"topic-1":[8,11,16,101,24,1,32,1]}') == {
         "persistent://public/default/topic-1": (11, 100)
     }
-    with pytest.raises(ConfigError, match="endingOffsets: 'x': MessageId.earliest is not an end"):
+    with pytest.raises(ConfigError, match=r"endingOffsets: 'x': MessageId\.earliest is not an end"):
         parse_starting_offsets(
             '{"x":[8,-1,-1,-1,-1,-1,-1,-1,-1,-1,1,16,-1,-1,-1,-1,-1,-1,-1,-1,-1,1]}', "endingOffsets"
         )
