@@ -568,7 +568,10 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         ("arrowBatchEntries", "arrowBatchBytes"),
         "2000, 32 MiB",
-        "The rows (messages or entries), and their bytes, of one Arrow batch a task hands Spark.",
+        "The rows, and their bytes, of one Arrow batch a task hands Spark.",
+        "``arrowBatchEntries`` bounds the rows of ``output=entries`` and ``positionsOnly``; message rows come up to "
+        "16,384 to a batch, as ``pulsar-offloaded``'s (splitting batches costs per entry and batch index, and "
+        "needs many entries per Arrow batch to be fast). ``arrowBatchBytes`` bounds both.",
     ),
     OptionDoc(
         ("idlePollSeconds",),

@@ -315,7 +315,8 @@ def test_the_message_ids_are_pulsars_serialized_ids(spark: Any, world: World) ->
 
 def test_a_streaming_query_reads_every_message_once_in_order(spark: Any, world: World) -> None:
     topics = list(world.topics.values())
-    batches = stream_read(spark, world.first.service_url, topics, world.tmp / "cp-stream")
+    # Small Arrow batches too: a range's messages come in several, each of whole entries.
+    batches = stream_read(spark, world.first.service_url, topics, world.tmp / "cp-stream", arrowBatchBytes="200")
     assert len(batches) > 2  # maxEntriesPerTrigger cut it into several micro-batches
     assert by_topic([r for b in batches for r in b]) == world.old
 
