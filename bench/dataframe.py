@@ -177,6 +177,7 @@ def read_through_query(spark: Any, service_url: str, store_url: str, topic: str)
     started = time.perf_counter()
     row = (
         spark.read.format("pulsar")
+        .option("output", "entries")
         .option("serviceUrl", service_url)
         .option("topics", topic)
         .option("offloaded.store", store_url)

@@ -134,6 +134,7 @@ def drain_spark(
     started = time.monotonic()
     stream = (
         spark.readStream.format("pulsar")
+        .option("output", "entries")
         .option("serviceUrl", service_url)
         .option("topics", ",".join(topics))
         .option("stallTimeoutMs", str(stall_ms))

@@ -558,12 +558,31 @@ def _message_rows(
     batch_bytes: int,
     max_uncompressed: int = MAX_UNCOMPRESSED,
 ) -> Iterator[pa.RecordBatch]:
+    entries = _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}")
+    decoded = ((entry.ledger_id, entry.entry_id, d, where) for entry, d, where in entries)
+    yield from message_batches(
+        topic, decoded, batch_rows=batch_rows, batch_bytes=batch_bytes, max_uncompressed=max_uncompressed
+    )
+
+
+def message_batches(
+    topic: str,
+    entries: Iterator[tuple[int, int, DecodedEntry, str]],
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    max_uncompressed: int = MAX_UNCOMPRESSED,
+) -> Iterator[pa.RecordBatch]:
+    """pulsar-spark's message rows (``MESSAGE_ARROW_SCHEMA``) of one topic-partition's decoded entries, in order:
+    each ``(ledger id, entry id, decoded entry, where)``, ``where`` naming the entry in errors. Batches are split
+    and compressed payloads inflated (to at most ``max_uncompressed`` bytes); a record batch is handed out once
+    it holds ``batch_rows`` messages or ``batch_bytes`` payload bytes. Both the ``pulsar-offloaded`` source and
+    the live ``pulsar`` source build their message rows here."""
     partition = TopicName.parse(topic).partition
     batch = _MessageBatch(topic, partition, max_uncompressed)
-    entries = _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}")
     while True:
         try:
-            entry, decoded, where = next(entries)
+            ledger_id, entry_id, decoded, where = next(entries)
             if decoded.encrypted:
                 raise EncryptedEntryError(
                     f"{where} is end-to-end encrypted: its messages cannot be read here "
@@ -576,7 +595,7 @@ def _message_rows(
             # and its error comes first, as it would have if it had been split on arrival.
             batch.check()
             raise
-        batch.add(entry.ledger_id, entry.entry_id, decoded, where)
+        batch.add(ledger_id, entry_id, decoded, where)
         if batch.messages >= batch_rows or batch.payload_bytes >= batch_bytes:
             yield batch.to_arrow()
             batch = _MessageBatch(topic, partition, max_uncompressed)

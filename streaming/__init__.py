@@ -11,17 +11,25 @@ from typing import Any
 
 
 def register(spark: Any) -> None:
-    """Register streamoffload's Python data sources with a SparkSession: the live ``pulsar`` source, the
-    offload job's control source and the ``pulsar-offloaded`` batch source. Also turns on Python data
+    """Register streamoffload's Python data sources with a SparkSession: the live source as ``pulsar``
+    (pulsar-spark's name) and ``streamoffload-pulsar`` (ours, which no JVM source has), the offload job's
+    control source and the ``pulsar-offloaded`` batch source. Where a JVM source named ``pulsar`` is on the
+    classpath (pulsar-spark's jar), Spark refuses a Python source of that name (SPARK-46522): ``pulsar`` is
+    then pulsar-spark's, with one warning, and ours is ``streamoffload-pulsar``. Also turns on Python data
     source filter pushdown (``spark.sql.python.filterPushdown.enabled``; PySpark >= 4.1), which the batch
     source uses to prune by publish time, topic and position: with it off, Spark refuses a source that
     implements ``pushFilters``."""
     from streamoffload.streaming.source.control_source import ControlDataSource
     from streamoffload.streaming.source.offloaded_source import OffloadedDataSource
-    from streamoffload.streaming.source.pulsar_source import PulsarDataSource
+    from streamoffload.streaming.source.pulsar_source import (
+        OwnNamePulsarDataSource,
+        PulsarDataSource,
+        register_unless_taken,
+    )
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(PulsarDataSource)
+    spark.dataSource.register(OwnNamePulsarDataSource)
+    register_unless_taken(spark, PulsarDataSource)
     spark.dataSource.register(ControlDataSource)
     spark.dataSource.register(OffloadedDataSource)
 

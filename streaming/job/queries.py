@@ -217,7 +217,8 @@ class JobQueries(JobState):
         self.rate_limit_tasks = max(1, int(spark.sparkContext.defaultParallelism))
         max_partitions = self.rate_limit_tasks
         entries = (
-            spark.readStream.format("pulsar")
+            # Our own name: where pulsar-spark's jar is on the classpath, "pulsar" is its source (SPARK-50426).
+            spark.readStream.format("streamoffload-pulsar")
             .options(**self.source_options(seal_at_end=seal_at_end))
             .option("maxPartitions", str(max_partitions))
             # A quiet topic-partition's latest position every ~2 s, not every trigger (a lookup costs the broker

@@ -1,10 +1,18 @@
-"""The Pulsar source for Spark Structured Streaming: ``spark.readStream.format("pulsar")``.
+"""The Pulsar source for Spark Structured Streaming: ``spark.readStream.format("pulsar")`` (also registered as
+``streamoffload-pulsar``, a name no JVM source has: :data:`OWN_SOURCE_NAME`).
 
-One row per Pulsar **entry** (:data:`SCHEMA`; with ``positionsOnly``, ``POSITIONS_SCHEMA``: no bytes, a
-CRC-32C): ``entry`` holds the entry in Pulsar's headers-and-payload format, byte for byte as the broker sends it
-with ``reader=raw`` (``streamoffload/pulsar/raw_reader.py``), rebuilt from its messages with ``reader=client``
-(``streamoffload/pulsar/client_reader.py``); ``codecs.entry.entry_messages(entry)`` splits it into its messages.
-``partition`` is the partition index (-1 for a topic that is not a partition).
+Rows, by the ``output`` option:
+
+- ``messages`` (the default): one row per **message**, in streamnative/pulsar-spark's columns and the tier's
+  (:data:`MESSAGE_SCHEMA`, the same as the ``pulsar-offloaded`` source's, built by the same code:
+  ``read.dataset_read.message_batches``): batches split, compressed payloads inflated, ``__messageId`` the
+  Java client's serialized ``MessageIdData``.
+- ``entries``: one row per Pulsar **entry** (:data:`SCHEMA`): ``entry`` holds the entry in Pulsar's
+  headers-and-payload format, byte for byte as the broker sends it with ``reader=raw``
+  (``streamoffload/pulsar/raw_reader.py``), rebuilt from its messages with ``reader=client``
+  (``streamoffload/pulsar/client_reader.py``); ``codecs.entry.entry_messages(entry)`` splits it into its
+  messages. ``partition`` is the partition index (-1 for a topic that is not a partition).
+- with ``positionsOnly`` (the offload job): ``POSITIONS_SCHEMA``, an entry's position, size and CRC-32C.
 
 The options, their defaults and what each does: ``docs/source-options.md`` (written from
 ``source_options.OPTIONS`` by ``scripts/gen_source_options.py``).
@@ -23,8 +31,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -36,13 +46,15 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from streamoffload.checkpoints.keyring import KeyRing
-from streamoffload.codecs.entry import crc32c
+from streamoffload.codecs.compression import max_uncompressed
+from streamoffload.codecs.entry import DecodedEntry, crc32c, decode_entry
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.topics import TopicName
 from streamoffload.errors import ConfigError
 from streamoffload.pulsar import client_reader
 from streamoffload.pulsar import raw_reader as rr
 from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, Probe, ReadEntry, ReaderSettings, ReadStats
+from streamoffload.read.dataset_read import DEFAULT_BATCH_ROWS, MESSAGE_ARROW_SCHEMA, MESSAGE_SCHEMA, message_batches
 from streamoffload.read.through import BrokerFront, TierView, read_through_range, stored_entries
 from streamoffload.read.topic_reader import TopicReader
 from streamoffload.streaming.governance.quarantine import TopicFailedError, is_topic_specific
@@ -54,15 +66,30 @@ from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.backlog import PartitionBacklog
 from streamoffload.streaming.source.input_partitions import Range, group_ranges, split_ranges
 from streamoffload.streaming.source.offset_planner import SourcePlanner, position_of, split_offsets
-from streamoffload.streaming.source.source_options import SourceOptions, positions_only
+from streamoffload.streaming.source.source_options import OUTPUT_ENTRIES, SourceOptions, output_of, positions_only
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "pulsar"
+"""pulsar-spark's short name, so its queries carry over; where pulsar-spark's jar is on the classpath, Spark
+refuses to register a Python source under a JVM source's name (SPARK-46522), and use :data:`OWN_SOURCE_NAME`."""
+OWN_SOURCE_NAME = "streamoffload-pulsar"
 SCHEMA = (
     "topic string, partition int, ledger_id long, entry_id long, publish_time timestamp, "
     "num_messages int, entry binary, size int"
 )
+"""The rows of ``output=entries``."""
+
+
+def row_schema(options: Mapping[str, str]) -> str:
+    """The source's columns for these options (``output``, ``positionsOnly``)."""
+    if positions_only(options):
+        return POSITIONS_SCHEMA
+    return SCHEMA if output_of(options) == OUTPUT_ENTRIES else MESSAGE_SCHEMA
+
 
 # ---------------------------------------------------------------------------------------------
 # Spark
@@ -102,6 +129,8 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "option endingOffsets applies to batch reads (spark.read.format('pulsar')); a streaming query "
                 "reads on as data arrives"
             )
+        if self.options.seal_at_end and not self.options.positions_only and self.options.output != OUTPUT_ENTRIES:
+            raise ConfigError("option sealAtEnd: its seal markers are entry rows; give output=entries too")
         self.schema = schema
         self._planner: SourcePlanner | None = None
 
@@ -342,11 +371,88 @@ def _read_range_rows(
 ) -> Iterator[Any]:
     """The rows of one range as Arrow record batches, built column by column: Spark's worker then
     skips its per-row conversion of tuples (measured here: 0.7 µs per row this way, 3.3 µs as tuples)."""
+    stats = ReadStats()
+    started = time.monotonic()
+    waited = ReadWaits()
+    entries = throttled_reads(  # the offload job's read limits (rateLimits), else as read
+        limiter_for(options.rate_limits),
+        rng.topic,
+        read_range(
+            client,
+            rng.topic,
+            rng.start,
+            rng.end,
+            settings=options.reader_settings(),
+            end_is_known=rng.end_known,
+            stats=stats,
+        ),
+        lambda e: len(e.payload),
+        waited.add,
+    )
+    if options.positions_only or options.output == OUTPUT_ENTRIES:
+        yield from _entry_rows(options, rng, schema, entries, waited)
+    else:
+        yield from _message_rows(options, rng, schema, entries)
+    log.info(
+        "pulsar source: %s reader: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
+        "%d stalls, %d reader re-opens, %d errors",
+        options.reader,
+        rng,
+        time.monotonic() - started,
+        stats.entries,
+        stats.messages,
+        stats.bytes,
+        stats.duplicates,
+        stats.stalls,
+        stats.reopens,
+        stats.errors,
+    )
+
+
+def _message_rows(
+    options: SourceOptions, rng: Range, schema: StructType | None, entries: Iterator[ReadEntry]
+) -> Iterator[pa.RecordBatch]:
+    """``output=messages``: the range's messages in pulsar-spark's columns, split and inflated by
+    ``read.dataset_read.message_batches`` (what ``pulsar-offloaded`` reads with), in record batches of up to
+    ``DEFAULT_BATCH_ROWS`` messages (as ``pulsar-offloaded``'s) or ``arrowBatchBytes``. Not ``arrowBatchEntries``'
+    2000: batches are split a batch index at a time across the entries of a record batch, so few entries per
+    record batch is slow (measured here, 100,000 messages in batches of 1000: 7 k messages/s at 2000 rows,
+    52 k at 16384)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    pa_schema = MESSAGE_ARROW_SCHEMA if schema is None else to_arrow_schema(schema, timezone="UTC")
+    topic = rng.topic
+
+    def decoded() -> Iterator[tuple[int, int, DecodedEntry, str]]:
+        for entry in entries:
+            where = f"{topic}: entry {entry.ledger_id}:{entry.entry_id}"
+            # The raw reader checked the CRC-32C on receipt, the read path on reading the store.
+            yield (
+                entry.ledger_id,
+                entry.entry_id,
+                decode_entry(entry.payload, verify_checksum=False, where=where),
+                where,
+            )
+
+    for batch in message_batches(
+        topic,
+        decoded(),
+        batch_rows=DEFAULT_BATCH_ROWS,
+        batch_bytes=options.arrow_batch_bytes,
+        max_uncompressed=max_uncompressed(options.max_message_size),
+    ):
+        # A schema given with .schema(...) that differs from ours is cast to, as Spark would for rows.
+        yield batch if batch.schema.equals(pa_schema) else batch.cast(pa_schema)
+
+
+def _entry_rows(
+    options: SourceOptions, rng: Range, schema: StructType | None, entries: Iterator[ReadEntry], waited: ReadWaits
+) -> Iterator[pa.RecordBatch]:
+    """``output=entries`` (an entry's bytes) and the offload job's ``positionsOnly`` rows (its CRC-32C, and the
+    bytes in the task's spool file for the sink)."""
     pa_schema = arrow_schema(schema, options.positions_only)
     positions_only = options.positions_only
     partition_index = TopicName.parse(rng.topic).partition
-    stats = ReadStats()
-    started = time.monotonic()
     spool = (
         SpoolWriter(options.spool_dir, rng.topic, rng.start, rng.end, options.spool_max_bytes)
         if positions_only and options.spool_dir
@@ -360,7 +466,6 @@ def _read_range_rows(
     sizes: list[int] = []
     crcs: list[int] = []
     waits: list[int] = []
-    waited = ReadWaits()
     pending_bytes = 0
 
     def batch() -> Any:
@@ -382,21 +487,7 @@ def _read_range_rows(
         )
 
     try:
-        for entry in throttled_reads(  # the offload job's read limits (rateLimits), else as read
-            limiter_for(options.rate_limits),
-            rng.topic,
-            read_range(
-                client,
-                rng.topic,
-                rng.start,
-                rng.end,
-                settings=options.reader_settings(),
-                end_is_known=rng.end_known,
-                stats=stats,
-            ),
-            lambda e: len(e.payload),
-            waited.add,
-        ):
+        for entry in entries:
             ledger_ids.append(entry.ledger_id)
             entry_ids.append(entry.entry_id)
             publish.append(entry.publish_time)
@@ -422,20 +513,6 @@ def _read_range_rows(
     finally:
         if spool is not None:
             spool.abandon()  # a read that failed leaves no temporary file behind (no-op once finished)
-    log.info(
-        "pulsar source: %s reader: read %s in %.2f s: %d entries, %d messages, %d bytes; %d duplicates dropped, "
-        "%d stalls, %d reader re-opens, %d errors",
-        options.reader,
-        rng,
-        time.monotonic() - started,
-        stats.entries,
-        stats.messages,
-        stats.bytes,
-        stats.duplicates,
-        stats.stalls,
-        stats.reopens,
-        stats.errors,
-    )
 
 
 class PulsarBatchReader(DataSourceReader):
@@ -490,7 +567,7 @@ class PulsarDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return POSITIONS_SCHEMA if positions_only(self.options) else SCHEMA
+        return row_schema(self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return PulsarStreamReader(self.options, schema)
@@ -499,11 +576,43 @@ class PulsarDataSource(DataSource):
         return PulsarBatchReader(self.options, schema)
 
 
+class OwnNamePulsarDataSource(PulsarDataSource):
+    """The same source as ``streamoffload-pulsar``: a name no JVM source has, so it registers and resolves
+    beside pulsar-spark's jar (which takes ``pulsar``: SPARK-46522, SPARK-50426)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return OWN_SOURCE_NAME
+
+
+def register_unless_taken(spark: SparkSession, source: type[DataSource]) -> bool:
+    """Register a Python data source unless a built-in or JVM source has its name (Spark refuses it with
+    ``DATA_SOURCE_ALREADY_EXISTS``); returns whether it was registered."""
+    try:
+        spark.dataSource.register(source)
+    except AnalysisException as err:
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(err):
+            raise
+        log.warning(
+            "data source name %r is taken by a built-in or JVM source (pulsar-spark's jar on the classpath?): "
+            "format(%r) reads with that one; streamoffload's live source is format('streamoffload-pulsar')",
+            source.name(),
+            source.name(),
+        )
+        return False
+    return True
+
+
 __all__ = [
+    "MESSAGE_SCHEMA",
+    "OWN_SOURCE_NAME",
     "SCHEMA",
+    "SOURCE_NAME",
+    "OwnNamePulsarDataSource",
     "PulsarBatchReader",
     "PulsarDataSource",
     "PulsarRangePartition",
     "PulsarStreamReader",
     "read_partition",
+    "register_unless_taken",
 ]

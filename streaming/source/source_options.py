@@ -10,7 +10,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
+from streamoffload.codecs.compression import MAX_MESSAGE_SIZE
 from streamoffload.codecs.positions import Position
+from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
+from streamoffload.codecs.topics import TopicName
 from streamoffload.config import parse_pattern
 from streamoffload.errors import ConfigError
 from streamoffload.pulsar.client_options import (
@@ -31,6 +36,9 @@ from streamoffload.streaming.source.option_values import (
 )
 
 READERS = ("raw", "client")
+OUTPUT_MESSAGES = "messages"
+OUTPUT_ENTRIES = "entries"
+OUTPUTS = (OUTPUT_MESSAGES, OUTPUT_ENTRIES)
 DEFAULT_MAX_PARTITIONS = 64
 """Input partitions per micro-batch at most, unless ``maxPartitions`` says otherwise: a Spark task costs more than
 a small range (``input_ranges``), and 64 keep a cluster of dozens of cores busy. The offload job sets it from
@@ -79,6 +87,11 @@ class SourceOptions:
     seal_at_end: bool = False
     """With ``Trigger.AvailableNow``: one last micro-batch of seal markers once everything was read."""
     reader: str = "raw"
+    output: str = OUTPUT_MESSAGES
+    """``output``: one row per message in pulsar-spark's columns, or (``entries``) one per entry with its bytes;
+    ``positions_only`` rows instead of either."""
+    max_message_size: int = MAX_MESSAGE_SIZE
+    """``maxMessageSize``: the broker's; a compressed payload inflates to at most this plus the batch framing."""
     positions_only: bool = False
     """Rows carry each entry's position, size and CRC-32C but not its bytes (the offload job's control plane)."""
     spool_dir: str | None = None
@@ -171,6 +184,8 @@ class SourceOptions:
             key_prefix=opts.get("keyprefix"),
             seal_at_end=parse_bool(get("sealAtEnd") or "false", "sealAtEnd"),
             reader=reader,
+            output=output_of(options),
+            max_message_size=_max_message_size(get("maxMessageSize")),
             positions_only=positions_only(options),
             spool_dir=get("spoolDir"),
             spool_max_bytes=_opt(get("spoolMaxBytes"), lambda t: parse_size(t, "spoolMaxBytes")) or 2 << 30,
@@ -217,6 +232,15 @@ def _offloaded_store(get: Callable[[str], str | None]) -> StoreLocation | None:
         return parse_store_url(url, endpoint=endpoint, region=region)
     except ConfigError as err:
         raise ConfigError(f"option offloaded.store: {err}") from None
+
+
+def _max_message_size(text: str | None) -> int:
+    if text is None:
+        return MAX_MESSAGE_SIZE
+    size = parse_size(text, "maxMessageSize")
+    if size <= 0:
+        raise ConfigError(f"option maxMessageSize must be positive, got {text!r}")
+    return size
 
 
 def _opt(text: str | None, parse: Callable[[str], Any]) -> Any:
@@ -280,12 +304,53 @@ def parse_starting_offsets(text: str, option: str = "startingOffsets") -> StartS
             and value[1] >= -1
         ):
             spec[name] = (value[0], value[1])
+        elif (
+            isinstance(value, list)
+            and len(value) > 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and -128 <= v <= 255 for v in value)
+        ):
+            spec[name] = _message_id_position(value, key, name, option)
         else:
             raise ConfigError(
-                f"option {option}: {key!r}: expected [ledgerId, entryId] (integers >= -1), "
-                f"'earliest' or 'latest', got {value!r}"
+                f"option {option}: {key!r}: expected [ledgerId, entryId] (integers >= -1), the bytes of a "
+                f"serialized MessageId (pulsar-spark's offsets), 'earliest' or 'latest', got {value!r}"
             )
     return spec
+
+
+_LONG_MAX = (1 << 63) - 1
+
+
+def _java_long(value: int) -> int:
+    """A ``uint64`` field as the Java client's ``long`` (``MessageId.earliest`` writes -1 as 2**64 - 1)."""
+    return value - (1 << 64) if value > _LONG_MAX else value
+
+
+def _message_id_position(value: list[int], key: str, topic: str, option: str) -> Position | str:
+    """pulsar-spark's offset, the bytes of a serialized ``MessageId`` (``JsonUtils.topicOffsets``: Java's signed
+    bytes), as a position. pulsar-spark reads a given start's entry whole, from its first message (it keeps the
+    ledger, entry and partition of the id, not the batch index), and an end's entry whole, to its last message:
+    a start is the position before its entry, an end its entry. ``MessageId.earliest`` and ``MessageId.latest``
+    are the words."""
+    try:
+        mid = MessageIdData.FromString(bytes(v & 0xFF for v in value))
+    except DecodeError as err:
+        raise ConfigError(f"option {option}: {key!r}: not a serialized MessageId: {err}") from None
+    ledger, entry = _java_long(mid.ledgerId), _java_long(mid.entryId)
+    if (ledger, entry) == (-1, -1):
+        if option == "endingOffsets":
+            raise ConfigError(f"option {option}: {key!r}: MessageId.earliest is not an end")
+        return "earliest"
+    if (ledger, entry) == (_LONG_MAX, _LONG_MAX):
+        return "latest"
+    if ledger < 0 or entry < 0:
+        raise ConfigError(f"option {option}: {key!r}: MessageId {ledger}:{entry} is not a position")
+    partition = TopicName.parse(topic).partition
+    if mid.HasField("partition") and mid.partition >= 0 and partition >= 0 and mid.partition != partition:
+        raise ConfigError(
+            f"option {option}: {key!r}: the MessageId is of partition {mid.partition}, not of partition {partition}"
+        )
+    return (ledger, entry) if option == "endingOffsets" else (ledger, entry - 1)
 
 
 __all__ = ["READERS", "SourceOptions", "StartSpec", "parse_pattern", "parse_starting_offsets"]
@@ -295,6 +360,20 @@ def positions_only(options: Mapping[str, str]) -> bool:
     """The ``positionsOnly`` option (any letter case): rows without the entries' bytes."""
     value = next((str(v) for k, v in options.items() if k.lower() == "positionsonly"), "")
     return parse_bool(value.strip() or "false", "positionsOnly")
+
+
+def output_of(options: Mapping[str, str]) -> str:
+    """The ``output`` option (any letter case): ``messages`` (the default) or ``entries``; refused with
+    ``positionsOnly``, whose rows are neither."""
+    given = next((str(v).strip() for k, v in options.items() if k.lower() == "output"), "")
+    if not given:
+        return OUTPUT_MESSAGES
+    if positions_only(options):
+        raise ConfigError(f"option output={given!r} does not go with positionsOnly=true (its rows are positions)")
+    output = given.lower()
+    if output not in OUTPUTS:
+        raise ConfigError(f"option output: expected messages or entries, got {given!r}")
+    return output
 
 
 @dataclass(frozen=True)
@@ -360,7 +439,11 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "``[ledgerId, entryId]`` -- the last position already processed, so reading starts after it (``[L, -1]`` "
         'starts at ledger L\'s first entry) -- or to ``"earliest"`` / ``"latest"``. The key ``"*"`` '
         '(``"earliest"`` or ``"latest"``) sets the start of the topic-partitions the JSON does not name; without it '
-        "they start at the earliest position. Only used when a query starts without a checkpoint.",
+        "they start at the earliest position. Only used when a query starts without a checkpoint.\n\n"
+        "pulsar-spark's offsets are taken too: a topic-partition mapped to the bytes of a serialized ``MessageId`` "
+        "(``JsonUtils.topicOffsets``, e.g. ``[8,11,16,101,24,1,32,1]``; Java's signed bytes, or 0-255), such as a "
+        "row's ``__messageId``. As in pulsar-spark the read starts at that message's entry, all of it (a batch "
+        "index is not used); ``MessageId.earliest`` and ``MessageId.latest`` are ``earliest`` and ``latest``.",
     ),
     OptionDoc(
         ("startingTime",),
@@ -377,8 +460,29 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "latest",
         'Batch reads only (as in pulsar-spark): where ``spark.read.format("pulsar")`` stops, inclusive.',
         "``latest`` (what the broker holds when the read is planned) or JSON mapping topic-partitions to "
-        '``[ledgerId, entryId]`` or ``"latest"``, with ``"*"`` for those not named. A streaming query refuses it: '
-        "it reads on as data arrives.",
+        '``[ledgerId, entryId]`` or ``"latest"``, with ``"*"`` for those not named, or (pulsar-spark\'s) to a '
+        "serialized ``MessageId``'s bytes: the read ends with that message's entry, all of it, as in pulsar-spark. "
+        "A streaming query refuses it: it reads on as data arrives.",
+    ),
+    OptionDoc(
+        ("output",),
+        OUTPUT_MESSAGES,
+        "``messages``: a row per message in pulsar-spark's columns; ``entries``: a row per entry, with its bytes.",
+        "``messages``: ``value`` (binary; null for a null value), ``__key`` (binary), ``__topic``, ``__messageId`` "
+        "(the Java client's serialized ``MessageIdData``: ledger, entry, partition, batch index and size), "
+        "``__publishTime``, ``__eventTime`` (null when unset), ``__messageProperties`` (map), as pulsar-spark "
+        "gives them, then ``__ledgerId``, ``__entryId``, ``__batchIndex`` (-1 if not batched), ``__sequenceId``, "
+        "``__producerName``: the ``pulsar-offloaded`` source's columns. Batches are split and compressed payloads "
+        "inflated (LZ4, ZLIB, ZSTD, SNAPPY); an end-to-end encrypted entry fails the read, naming it. "
+        "``entries``: ``topic, partition, ledger_id, entry_id, publish_time, num_messages, entry, size``, "
+        "``entry`` holding the entry in Pulsar's headers-and-payload format (``codecs.entry.entry_messages`` "
+        "splits it). Not with ``positionsOnly``, whose rows are positions.",
+    ),
+    OptionDoc(
+        ("maxMessageSize",),
+        "5 MiB",
+        "The broker's ``maxMessageSize``: with ``output=messages`` a compressed payload inflates to at most this "
+        "plus 1 MiB of batch framing; one that declares more fails, naming its entry.",
     ),
     OptionDoc(
         ("offloaded.store", "offloaded.s3.endpoint", "offloaded.s3.region", "offloaded.keysFile"),
@@ -406,7 +510,8 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "",
         "Admission control through Spark's ``ReadLimit``: at most this many entries, or about this many bytes, "
         "per micro-batch.",
-        "Entries are counted exactly; bytes are estimated from sampled entry sizes (the driver never sees the "
+        "Entries are counted exactly (with ``output=messages`` too: a limit counts entries, not rows); bytes are "
+        "estimated from sampled entry sizes (the driver never sees the "
         "entries). The limit is split max-min fairly across the topic-partitions with data, leftovers rotating. A "
         "single entry larger than ``maxBytesPerTrigger`` is still admitted, alone, so nothing stalls. "
         "``Trigger.AvailableNow`` stops at the positions that were latest when the query started. Without either "
@@ -464,6 +569,9 @@ OPTIONS: tuple[OptionDoc, ...] = (
         ("arrowBatchEntries", "arrowBatchBytes"),
         "2000, 32 MiB",
         "The rows, and their bytes, of one Arrow batch a task hands Spark.",
+        "``arrowBatchEntries`` bounds the rows of ``output=entries`` and ``positionsOnly``; message rows come up to "
+        "16,384 to a batch, as ``pulsar-offloaded``'s (splitting batches costs per entry and batch index, and "
+        "needs many entries per Arrow batch to be fast). ``arrowBatchBytes`` bounds both.",
     ),
     OptionDoc(
         ("idlePollSeconds",),

@@ -97,7 +97,13 @@ def offloaded(spark: Any, pulsar_broker: Any, tmp_path_factory: pytest.TempPathF
 
 
 def broker_entries(spark: Any, service_url: str, topic: str) -> list[tuple[int, int, bytes]]:
-    frame = spark.read.format("pulsar").option("serviceUrl", service_url).option("topics", topic).load()
+    frame = (
+        spark.read.format("pulsar")
+        .option("output", "entries")
+        .option("serviceUrl", service_url)
+        .option("topics", topic)
+        .load()
+    )
     return [(r.ledger_id, r.entry_id, bytes(r.entry)) for r in frame.orderBy("ledger_id", "entry_id").collect()]
 
 

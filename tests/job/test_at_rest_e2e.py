@@ -54,7 +54,13 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def broker_entries(spark: Any, service_url: str, topic: str) -> list[tuple[int, int, bytes]]:
-    frame = spark.read.format("pulsar").option("serviceUrl", service_url).option("topics", topic).load()
+    frame = (
+        spark.read.format("pulsar")
+        .option("output", "entries")
+        .option("serviceUrl", service_url)
+        .option("topics", topic)
+        .load()
+    )
     return [(r.ledger_id, r.entry_id, bytes(r.entry)) for r in frame.orderBy("ledger_id", "entry_id").collect()]
 
 
@@ -151,6 +157,7 @@ def test_plain_compressed_and_encrypted_segments_with_a_rotation_read_back_exact
     # The read-through source: from earliest, every entry the store holds comes from the store.
     through = (
         spark.read.format("pulsar")
+        .option("output", "entries")
         .option("serviceUrl", pulsar_broker.service_url)
         .option("topics", topic)
         .option("offloaded.store", store_url)

@@ -86,6 +86,7 @@ def test_retain_subscription_holds_real_retention_and_reads_cross_the_trimmed_se
     store_url = f"file://{tmp_path / 'store'}"
     frame = (
         spark.read.format("pulsar")
+        .option("output", "entries")
         .option("serviceUrl", url)
         .option("topics", topic)
         .option("offloaded.store", store_url)

@@ -27,6 +27,7 @@ def test_a_batch_read_returns_exactly_the_entries_between_the_offsets(spark: Any
     def read(**options: str) -> list[Any]:
         frame = (
             spark.read.format("pulsar")
+            .option("output", "entries")
             .option("service.url", pulsar_broker.service_url)
             .option("topic", topic)
             .options(**options)
@@ -51,6 +52,7 @@ def test_a_batch_read_returns_exactly_the_entries_between_the_offsets(spark: Any
     # entries, in position order across the input partitions.
     frame = (
         spark.read.format("pulsar")
+        .option("output", "entries")
         .option("service.url", pulsar_broker.service_url)
         .option("topic", topic)
         .option("minPartitions", "3")
@@ -62,6 +64,7 @@ def test_a_batch_read_returns_exactly_the_entries_between_the_offsets(spark: Any
         (row.ledger_id, row.entry_id, row.entry)
         for row in sorted(
             spark.read.format("pulsar")
+            .option("output", "entries")
             .option("service.url", pulsar_broker.service_url)
             .option("topic", topic)
             .option("minPartitions", "4")
@@ -88,6 +91,7 @@ def test_max_partitions_packs_many_topics_into_few_tasks_with_every_entry_once(s
         produce(pulsar_broker.service_url, topic, count=5 + i, payload_size=32, batching=False)
     frame = (
         spark.read.format("pulsar")
+        .option("output", "entries")
         .option("service.url", pulsar_broker.service_url)
         .option("topics", ",".join(topics))
         .option("maxPartitions", "3")

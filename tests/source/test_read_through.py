@@ -40,6 +40,7 @@ Entry = tuple[int, int, bytes]
 def entries(spark: Any, service_url: str, topic: str, **options: str) -> list[Entry]:
     frame = (
         spark.read.format("pulsar")
+        .option("output", "entries")
         .option("serviceUrl", service_url)
         .option("topics", topic)
         .option("stallTimeoutMs", "100")
@@ -110,6 +111,7 @@ def stream(spark: Any, t: dict[str, Any], checkpoint: Path, fail_at: set[str], *
     for _attempt in range(len(fail_at) + 1):
         query = (
             spark.readStream.format("pulsar")
+            .option("output", "entries")
             .option("serviceUrl", t["broker"].service_url)
             .option("topics", t["topic"])
             .option("offloaded.store", t["store"])
@@ -264,6 +266,7 @@ def test_a_running_stream_goes_on_when_the_broker_trims_under_it(spark: Any, tmp
 
     query = (
         spark.readStream.format("pulsar")
+        .option("output", "entries")
         .option("serviceUrl", first.service_url)
         .option("topics", topic)
         .option("offloaded.store", f"file://{tmp_path / 'store'}")

@@ -30,7 +30,13 @@ PROPS = {"src": "stream"}
 
 
 def source_options(service_url: str, **extra: str) -> dict[str, str]:
-    return {"serviceUrl": service_url, "stallTimeoutMs": "100", "retryTimeoutSeconds": "30", **extra}
+    return {
+        "serviceUrl": service_url,
+        "stallTimeoutMs": "100",
+        "retryTimeoutSeconds": "30",
+        "output": "entries",
+        **extra,
+    }
 
 
 def run_available_now(
