@@ -317,7 +317,7 @@ def fetched(reports: list[BatchReport]) -> str:
 
 def peak_state_bytes(reports: list[BatchReport]) -> int:
     """The largest remainder (``buffered_bytes``) a topic-partition kept in state after any micro-batch."""
-    return max((int(t.get("buffered_bytes", 0)) for r in reports for t in r.stats.topics.values()), default=0)
+    return max((t.buffered_bytes for r in reports for t in r.stats.topics.values()), default=0)
 
 
 def steady_seconds(queries: list[QueryTimes]) -> float:
@@ -682,7 +682,7 @@ def memory(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> 
             config.store.location.min_part_size,
         )
         for stats in report.stats.topics.values():
-            buffered_peak = max(buffered_peak, int(stats.get("buffered_bytes") or 0))
+            buffered_peak = max(buffered_peak, stats.buffered_bytes)
 
     job.listeners.append(on_batch)
     reports: list[BatchReport] = []

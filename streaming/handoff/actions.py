@@ -18,8 +18,8 @@ import json
 import math
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, NamedTuple
 
 from streamoffload.codecs.blocks import FormatVersion
 from streamoffload.codecs.positions import Position
@@ -97,22 +97,52 @@ class SealAction:
     requests: tuple[str, ...] = ()
     """The manual requests this seal completes."""
 
-    def summary(self) -> dict[str, object]:
-        """What the sink reports of the seal to the driver (``SinkStats.sealed``, JSON)."""
-        return {
-            "reason": self.reason,
-            "parts": self.part_count,
-            "data_length": self.data_length,
-            "entries": self.entries,
-            "entry_bytes": self.entry_bytes,
-            "ordinal": self.ordinal,
-            "end": list(self.end),
-            "format": int(self.format),
-            "epoch": self.epoch,
-            "requests": list(self.requests),
-            "topic": self.topic,
-            "segment": self.segment,
-        }
+    def summary(self) -> SealReport:
+        """What the sink reports of the seal to the driver (``SinkStats.sealed``)."""
+        return SealReport(
+            topic=self.topic,
+            segment=self.segment,
+            reason=self.reason,
+            parts=self.part_count,
+            data_length=self.data_length,
+            entries=self.entries,
+            entry_bytes=self.entry_bytes,
+            ordinal=self.ordinal,
+            end=self.end,
+            format=int(self.format),
+            epoch=self.epoch,
+            requests=self.requests,
+        )
+
+
+@dataclass(frozen=True)
+class SealReport:
+    """A committed seal as the sink reports it to the driver (``SinkStats.sealed``): metrics, logs, the retention
+    subscription, the table follower. JSON between an executor and the driver (``to_json``/``from_json``)."""
+
+    topic: str
+    segment: str
+    reason: str
+    parts: int
+    data_length: int
+    entries: int
+    entry_bytes: int
+    ordinal: int
+    end: Position
+    format: int
+    epoch: int
+    requests: tuple[str, ...] = ()
+    publish_time_last: int = 0
+    """The last entry's publish time in ms; 0: not known here (the sink does not report it), so the metrics read
+    it from the manifest."""
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "end": list(self.end), "requests": list(self.requests)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SealReport:
+        end = doc["end"]
+        return cls(**{**doc, "end": (int(end[0]), int(end[1])), "requests": tuple(doc.get("requests", ()))})
 
 
 @dataclass(frozen=True)
@@ -146,21 +176,16 @@ class StatsAction:
     read_throttled_s: float
     """Seconds the source's read limits held this batch's entries back."""
 
-    def figures(self) -> dict[str, object]:
-        """The figures as the sink reports them to the driver (``SinkStats.topics``, JSON)."""
-        return {
-            "buffered_bytes": self.buffered_bytes,
-            "open_segment": self.open_segment,
-            "open_segment_entries": self.open_segment_entries,
-            "open_segment_bytes": self.open_segment_bytes,
-            "open_segment_assigned_ms": self.open_segment_assigned_ms,
-            "last_position": None if self.last_position is None else list(self.last_position),
-            "now_ms": self.now_ms,
-            "batch_entries": self.batch_entries,
-            "batch_bytes": self.batch_bytes,
-            "wake_ms": self.wake_ms,
-            "read_throttled_s": self.read_throttled_s,
-        }
+    def to_json(self) -> dict[str, object]:
+        """The figures as JSON (the sink's report to the driver, ``SinkStats.topics``)."""
+        doc = asdict(self)
+        doc["last_position"] = None if self.last_position is None else list(self.last_position)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StatsAction:
+        last = doc.get("last_position")
+        return cls(**{**doc, "last_position": None if last is None else (int(last[0]), int(last[1]))})
 
 
 Action = OpenAction | PartAction | SealAction | RequestsAction | StatsAction
@@ -231,8 +256,8 @@ def _packed(action: Action) -> _Packed:
                 info=_dumps(doc),
             )
         case SealAction():
-            doc = action.summary()
-            del doc["topic"], doc["segment"]
+            doc = action.summary().to_json()
+            del doc["topic"], doc["segment"], doc["publish_time_last"]  # the sink learns that from no action
             return _Packed(
                 action.topic,
                 action.segment,
@@ -247,7 +272,9 @@ def _packed(action: Action) -> _Packed:
         case RequestsAction():
             return _Packed(action.topic, "", action.kind, info=_dumps({"requests": list(action.requests)}))
         case StatsAction():
-            return _Packed(action.topic, "", action.kind, info=_dumps(action.figures()))
+            figures = action.to_json()
+            del figures["topic"]
+            return _Packed(action.topic, "", action.kind, info=_dumps(figures))
 
 
 def pack_actions(actions: Sequence[Action]) -> bytes:

@@ -77,7 +77,7 @@ def _apply_arrow(
         freeze_long_lived()
         sink = sink_for(location, fetcher, keys_file)
         stats: SinkStats = sink.apply(_arrow_actions(batches))
-        yield pa.RecordBatch.from_pydict({"stats": [json.dumps(asdict(stats))]})
+        yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()]})
 
     return apply
 
@@ -256,12 +256,12 @@ class JobQueries(JobState):
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
         total = SinkStats()
         for row in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect():
-            total.merge(SinkStats(**json.loads(row.stats)))  # each task's, as _apply_arrow wrote it
+            total.merge(SinkStats.from_json(row.stats))  # each task's, as _apply_arrow wrote it
         report = BatchReport(batch_id, time.monotonic() - started, total)
         self.last_topic_stats.update(total.topics)
-        self._metadata_changed({*total.topics, *(seal["topic"] for seal in total.sealed)})
+        self._metadata_changed({*total.topics, *(seal.topic for seal in total.sealed)})
         if self.quarantine is not None and total.sealed:
-            for topic in self.quarantine.clear({seal["topic"] for seal in total.sealed}):
+            for topic in self.quarantine.clear({seal.topic for seal in total.sealed}):
                 log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
         if self.run is not None:  # the source's admission control reads each topic-partition's buffer here
             write_buffer_file(
@@ -269,15 +269,15 @@ class JobQueries(JobState):
                 self.last_topic_stats,
                 self.location.part_size,
             )
-        self._hold_broker_retention({seal["topic"]: seal["end"] for seal in total.sealed if "end" in seal})
+        self._hold_broker_retention({seal.topic: seal.end for seal in total.sealed})
         for seal in total.sealed:
             log.info(
                 "sealed segment %s of %s: %d entries, %d bytes (%s)",
-                seal["segment"],
-                seal["topic"],
-                seal["entries"],
-                seal["data_length"],
-                seal["reason"],
+                seal.segment,
+                seal.topic,
+                seal.entries,
+                seal.data_length,
+                seal.reason,
             )
         for listener in self.listeners:
             try:

@@ -115,7 +115,7 @@ class JobRuns(JobQueries):
 
     def open_segment_topics(self) -> list[str]:
         """Topic-partitions whose segmenter last reported an open segment (this run)."""
-        return sorted(tp for tp, stats in self.last_topic_stats.items() if stats.get("open_segment"))
+        return sorted(tp for tp, stats in self.last_topic_stats.items() if stats.open_segment)
 
     def begin_run(self) -> Run:
         """Take the writer lease (a new epoch), publish the policy, recover every topic-partition the

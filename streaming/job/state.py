@@ -15,6 +15,7 @@ from streamoffload.checkpoints.retention import RetentionRunner
 from streamoffload.config import Config, PolicySource
 from streamoffload.streaming.governance.policy_versions import PolicyLog
 from streamoffload.streaming.governance.quarantine import Quarantine
+from streamoffload.streaming.handoff.actions import StatsAction
 from streamoffload.streaming.job.health import HealthTracker
 from streamoffload.streaming.job.report import BatchListener
 from streamoffload.streaming.job.tables import TableFollower
@@ -56,7 +57,7 @@ class JobState:
     """The run's Iceberg tables (``JobRuns.table_follower``), made at its first use in a run."""
     table_hooks: SyncHooks | None
     """The tests' crash points and other writers in the tables' syncs (None: none)."""
-    last_topic_stats: dict[str, dict[str, Any]]
+    last_topic_stats: dict[str, StatsAction]
     """The segmenter's latest figures per topic-partition (see BatchReport.topics)."""
     retention_interval_s: float
     instance: str

@@ -154,7 +154,7 @@ class TableFollower:
 
     def on_batch(self, report: BatchReport) -> None:
         """A batch listener: the topics whose segments the micro-batch sealed."""
-        self.mark(str(seal["topic"]) for seal in report.stats.sealed)
+        self.mark(seal.topic for seal in report.stats.sealed)
 
     def recheck(self) -> None:
         """The policy changed: look at every topic seen again (``offloadTable`` may be on now)."""

@@ -15,12 +15,13 @@ request").
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, assert_never
 
 from streamoffload.checkpoints import manifest as mf
@@ -41,6 +42,7 @@ from streamoffload.streaming.handoff.actions import (
     PartAction,
     RequestsAction,
     SealAction,
+    SealReport,
     StatsAction,
 )
 from streamoffload.streaming.handoff.entry import EntryFetcher
@@ -61,6 +63,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SinkStats:
+    """What one sink task did in a micro-batch; the driver sums its tasks' (``merge``). JSON from an executor to
+    the driver (``to_json``/``from_json``): the typed reports inside are rebuilt, not left as dicts."""
+
     parts: int = 0
     part_bytes: int = 0
     fetch_seconds: float = 0.0
@@ -69,15 +74,29 @@ class SinkStats:
     """Entries the sink took from the spool; the rest it read from the broker (``broker_entries``)."""
     broker_entries: int = 0
     broker_reads: int = 0
-    sealed: list[dict[str, Any]] = field(default_factory=list)
+    sealed: list[SealReport] = field(default_factory=list)
     opened: int = 0
     upload_seconds: list[float] = field(default_factory=list)
     errors: int = 0
-    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per topic-partition figures from the segmenter (buffer, open segment, last position)."""
+    topics: dict[str, StatsAction] = field(default_factory=dict)
+    """Per topic-partition figures from the segmenter (buffer, open segment, last position): its last
+    ``StatsAction`` of the batch."""
     throttled: dict[str, dict[str, float]] = field(default_factory=dict)
     """Seconds the sink waited for the rate limits, by topic-partition and kind (``read``: its re-reads from the
     broker; ``upload``: its parts)."""
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["sealed"] = [seal.to_json() for seal in self.sealed]
+        doc["topics"] = {topic: figures.to_json() for topic, figures in self.topics.items()}
+        return json.dumps(doc)
+
+    @classmethod
+    def from_json(cls, text: str) -> SinkStats:
+        doc = json.loads(text)
+        doc["sealed"] = [SealReport.from_json(seal) for seal in doc.get("sealed", ())]
+        doc["topics"] = {topic: StatsAction.from_json(figures) for topic, figures in doc.get("topics", {}).items()}
+        return cls(**doc)
 
     def merge(self, other: SinkStats) -> None:
         """Add ``other``'s figures (another topic-partition's, from another thread) to these."""
@@ -223,7 +242,7 @@ class SegmentSink:
         )
         stats.throttled = throttled_since(self.limiter, throttled_before)
         for topic, info in stats.topics.items():  # the source's read waits, as the segmenter reported them
-            waited = float(info.get("read_throttled_s") or 0.0)
+            waited = info.read_throttled_s
             if waited > 0:
                 kinds = stats.throttled.setdefault(topic, {})
                 kinds["read"] = kinds.get("read", 0.0) + waited
@@ -275,7 +294,7 @@ class SegmentSink:
     ) -> None:
         match action:
             case StatsAction():
-                stats.topics[action.topic] = action.figures()
+                stats.topics[action.topic] = action
             case OpenAction():
                 self.commits.open(mf.decode_manifest(action.manifest))
                 crash_point("after-open")

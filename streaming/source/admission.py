@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.streaming.handoff.actions import StatsAction
 from streamoffload.streaming.runtime.side_files import WatchedJsonFile, write_json_file
 
 log = logging.getLogger(__name__)
@@ -60,27 +61,27 @@ def buffer_file_path(versions_file: str, epoch: int) -> str:
     return os.path.join(directory, f"{BUFFER_FILE_PREFIX}{epoch:08d}.json")
 
 
-def write_buffer_file(path: str, topic_stats: Mapping[str, Mapping[str, Any]], min_part_size: int) -> None:
+def write_buffer_file(path: str, topic_stats: Mapping[str, StatsAction], min_part_size: int) -> None:
     """Write (atomically) each topic-partition's ``buffered_bytes`` from the segmenter's stats (the job's
     ``last_topic_stats``) and the store's minimum part size, for the source's admission control; remove
     earlier runs' files beside it. A failure is logged, never raised: the next micro-batch writes again."""
     doc = {
         "updated": time.time(),
         "min_part_size": int(min_part_size),
-        "buffered_bytes": {tp: int(stats.get("buffered_bytes") or 0) for tp, stats in sorted(topic_stats.items())},
+        "buffered_bytes": {tp: stats.buffered_bytes for tp, stats in sorted(topic_stats.items())},
         # The mean entry size of each topic-partition's last micro-batch with entries: the planner sizes
         # micro-batches by it (a single sampled entry can be far from the mean: a producer's first batch
         # is often small, and the byte limit would then admit several times too many entries).
         "entry_bytes": {
-            tp: stats["batch_bytes"] / stats["batch_entries"]
+            tp: stats.batch_bytes / stats.batch_entries
             for tp, stats in sorted(topic_stats.items())
-            if stats.get("batch_entries")
+            if stats.batch_entries
         },
         # The earliest processing-time timer of any topic-partition (a rollover deadline or a policy wake-up):
         # the source plans a micro-batch when it is due (``offset_planner.SourcePlanner``), since the job runs
         # no micro-batch without new data, and a timer fires only in a micro-batch.
         "next_wake_ms": min(
-            (int(stats["wake_ms"]) for stats in topic_stats.values() if stats.get("wake_ms") is not None),
+            (stats.wake_ms for stats in topic_stats.values() if stats.wake_ms is not None),
             default=None,
         ),
     }

@@ -165,25 +165,24 @@ class JobMetrics(Collector):
             self._last_batch_time = now
             for topic, stats in sink.topics.items():
                 state = self._topic(topic)
-                state.stats = dict(stats)
-                segment, assigned = stats.get("open_segment"), stats.get("open_segment_assigned_ms")
+                state.stats = stats
+                segment, assigned = stats.open_segment, stats.open_segment_assigned_ms
                 if segment and segment not in state.offloaded:
                     previous = state.open.get(segment)
                     state.open[segment] = OpenSegment(previous.status if previous else "Assigned", int(assigned or 0))
             for seal in sink.sealed:
-                state = self._topic(seal["topic"])
-                end = seal.get("end")
+                state = self._topic(seal.topic)
                 state.count_offloaded(
-                    seal["segment"],
-                    entries=int(seal.get("entries", 0)),
-                    entry_bytes=int(seal.get("entry_bytes", 0)),
-                    data_bytes=int(seal.get("data_length", 0)),
-                    reason=str(seal.get("reason", "")),
-                    end=(int(end[0]), int(end[1])) if end else None,
-                    publish_last_ms=int(seal.get("publish_time_last", 0) or 0),
+                    seal.segment,
+                    entries=seal.entries,
+                    entry_bytes=seal.entry_bytes,
+                    data_bytes=seal.data_length,
+                    reason=seal.reason,
+                    end=seal.end,
+                    publish_last_ms=seal.publish_time_last,
                 )
-                if not end or not seal.get("publish_time_last"):
-                    self._dirty.add(seal["topic"])  # the manifest has the end position and publish time
+                if not seal.publish_time_last:
+                    self._dirty.add(seal.topic)  # the manifest has the last publish time
         if sink.sealed:
             self._wake.set()
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from streamoffload.checkpoints.metadata_view import SegmentFold, TopicMeta
 from streamoffload.codecs.positions import Position
 from streamoffload.metrics.definitions import SEGMENT_SIZE_BUCKETS
+from streamoffload.streaming.handoff.actions import StatsAction
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class TopicState:
     last_end: Position | None = None
     last_publish_ms: int = 0
     # From the segmenter (last batch that carried this topic-partition) and the backlog provider.
-    stats: dict[str, Any] | None = None
+    stats: StatsAction | None = None
     backlog: Backlog | None = None
 
     store_totals: Totals | None = None
@@ -186,7 +186,7 @@ class TopicState:
         candidates: list[Position] = []
         if self.backlog is not None and self.backlog.latest is not None:
             candidates.append(tuple(self.backlog.latest))  # type: ignore[arg-type]
-        last_read = (self.stats or {}).get("last_position")
+        last_read = self.stats.last_position if self.stats is not None else None
         if last_read and int(last_read[0]) >= 0:
             candidates.append((int(last_read[0]), int(last_read[1])))
         return max(candidates) if candidates else None
@@ -213,7 +213,7 @@ class TopicState:
         lag = max(0.0, (now_ms - self.last_publish_ms) / 1000) if self.last_publish_ms else None
         if self.backlog is not None and self.backlog.entries is not None:
             # The source counts from its read position; entries read but not yet sealed sit in the open segment.
-            return lag, self.backlog.entries + int((self.stats or {}).get("open_segment_entries") or 0)
+            return lag, self.backlog.entries + (self.stats.open_segment_entries if self.stats is not None else 0)
         if latest is not None and self.last_end is not None and latest[0] == self.last_end[0]:
             return lag, latest[1] - self.last_end[1]
         return lag, None  # entries of the ledgers in between are not known without asking the broker per ledger

@@ -106,9 +106,9 @@ def topic_figures(
         figures.backlog_bytes = state.backlog.bytes
     figures.open_age = max(0.0, (now_ms - oldest) / 1000) if oldest else 0.0
     if state.stats is not None:
-        figures.open_entries = int(state.stats.get("open_segment_entries") or 0)
-        figures.open_bytes = int(state.stats.get("open_segment_bytes") or 0)
-        figures.buffer = int(state.stats.get("buffered_bytes") or 0)
+        figures.open_entries = state.stats.open_segment_entries
+        figures.open_bytes = state.stats.open_segment_bytes
+        figures.buffer = state.stats.buffered_bytes
     return figures
 
 

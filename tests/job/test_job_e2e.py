@@ -308,7 +308,8 @@ def wait_for_policy(job: OffloadJob, text: str) -> None:
 
 
 def _open_entries(job: OffloadJob, topic: str) -> int:
-    return int(getattr(job, "last_topic_stats", {}).get(topic, {}).get("open_segment_entries", -1))
+    stats = job.last_topic_stats.get(topic)
+    return -1 if stats is None else stats.open_segment_entries
 
 
 CRASH_POINTS = ("after-open:2", "after-part:3", "after-complete", "after-index")

@@ -36,6 +36,7 @@ from streamoffload.metrics.model import Backlog
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.job.tables import TableFigures
 from streamoffload.streaming.sink.sink import SinkStats
+from tests.fixtures.reports import figures, seal_report
 from tests.fixtures.tools import debian_prometheus_tool
 
 TOKEN = "glsa_test_token"
@@ -166,30 +167,11 @@ def test_export_has_the_panels_variables_and_datasource_variable() -> None:
 def test_every_metric_the_dashboard_queries_is_one_the_job_exports() -> None:
     topic = "persistent://public/default/t-partition-0"
     metrics = JobMetrics(backlog=lambda _known: {topic: Backlog((1, 5), entries=5, bytes=50)})
-    seal = {
-        "topic": topic,
-        "segment": "s",
-        "reason": "time",
-        "parts": 1,
-        "data_length": 10,
-        "entries": 1,
-        "entry_bytes": 5,
-        "ordinal": 0,
-        "format": 2,
-        # Not in today's seal info, but accepted when present (else a store refresh fills them in).
-        "end": [1, 0],
-        "publish_time_last": 1_000,
-    }
-    stats = {
-        "buffered_bytes": 0,
-        "open_segment": None,
-        "open_segment_entries": 0,
-        "open_segment_bytes": 0,
-        "open_segment_assigned_ms": None,
-        "last_position": [1, 0],
-        "skipped_entries": 0,
-        "now_ms": 0,
-    }
+    # publish_time_last: not in the sink's seal reports, but used when present (else a store refresh fills it in).
+    seal = seal_report(
+        topic, "s", reason="time", data_length=10, entries=1, entry_bytes=5, end=(1, 0), publish_time_last=1_000
+    )
+    stats = figures(topic, last_position=(1, 0))
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
     metrics.refresh_backlog()
     metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record
@@ -209,9 +191,10 @@ def test_the_definitions_are_exactly_the_families_the_job_exports() -> None:
     with the type, help and labels the collector gives it, and nothing the collector does not export."""
     topic = "persistent://public/default/t-partition-0"
     metrics = JobMetrics(read_cache=False, backlog=lambda _known: {topic: Backlog((1, 5), entries=5, bytes=50)})
-    stats = {"open_segment": "s", "open_segment_assigned_ms": 1, "last_position": [1, 0], "buffered_bytes": 0}
-    seal = {"topic": topic, "segment": "t", "reason": "time", "entries": 1, "entry_bytes": 5, "data_length": 10}
-    seal |= {"end": [1, 0], "publish_time_last": 1_000}
+    stats = figures(topic, open_segment="s", open_segment_assigned_ms=1, last_position=(1, 0))
+    seal = seal_report(
+        topic, "t", reason="time", entries=1, entry_bytes=5, data_length=10, end=(1, 0), publish_time_last=1_000
+    )
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=[seal], topics={topic: stats})))
     metrics.refresh_backlog()
     metrics._failing = {topic: (3, 0)}  # as a refresh finds a quarantine record

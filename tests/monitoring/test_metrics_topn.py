@@ -23,10 +23,12 @@ from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.handoff.actions import SealReport, StatsAction
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from streamoffload.streaming.sink.sink import SinkStats
 from tests.fixtures.entries import memory_sink
+from tests.fixtures.reports import figures, seal_report
 from tests.monitoring.test_metrics_unit import FakeClock, FakeJob, entries, run_batch
 
 NOW_S = 2_000_000.0
@@ -111,32 +113,33 @@ def synthetic_topics(count: int, seed: int = 24, namespaces: Sequence[str] = NAM
 
 def feed(metrics: JobMetrics, topics: Iterable[Synthetic], now_ms: int = NOW_MS) -> None:
     """What the job's batch reports and the source's backlog say of ``topics``."""
-    sealed: list[dict[str, Any]] = []
-    stats: dict[str, dict[str, Any]] = {}
+    sealed: list[SealReport] = []
+    stats: dict[str, StatsAction] = {}
     backlogs: dict[str, Backlog] = {}
     for t in topics:
         for k, (reason, n, entry_bytes, data_length) in enumerate(t.seals):
             sealed.append(
-                {
-                    "topic": t.topic,
-                    "segment": f"{t.topic}#{k}",
-                    "reason": reason,
-                    "entries": n,
-                    "entry_bytes": entry_bytes,
-                    "data_length": data_length,
-                    "end": [LEDGER, 10 * k + 9],
-                    "publish_time_last": now_ms - int(t.publish_age_s * 1000) - (len(t.seals) - 1 - k),
-                }
+                seal_report(
+                    t.topic,
+                    f"{t.topic}#{k}",
+                    reason=reason,
+                    entries=n,
+                    entry_bytes=entry_bytes,
+                    data_length=data_length,
+                    end=(LEDGER, 10 * k + 9),
+                    publish_time_last=now_ms - int(t.publish_age_s * 1000) - (len(t.seals) - 1 - k),
+                )
             )
         read_up_to = (LEDGER, t.end[1] + t.open_entries)
-        stats[t.topic] = {
-            "buffered_bytes": 100 * t.open_entries,
-            "open_segment": f"{t.topic}#open" if t.open_entries else None,
-            "open_segment_entries": t.open_entries,
-            "open_segment_bytes": 100 * t.open_entries,
-            "open_segment_assigned_ms": now_ms - int(t.open_age_s * 1000) if t.open_entries else None,
-            "last_position": list(read_up_to),
-        }
+        stats[t.topic] = figures(
+            t.topic,
+            buffered_bytes=100 * t.open_entries,
+            open_segment=f"{t.topic}#open" if t.open_entries else None,
+            open_segment_entries=t.open_entries,
+            open_segment_bytes=100 * t.open_entries,
+            open_segment_assigned_ms=now_ms - int(t.open_age_s * 1000) if t.open_entries else None,
+            last_position=read_up_to,
+        )
         backlogs[t.topic] = Backlog(latest=(LEDGER, read_up_to[1] + t.unread), entries=t.unread, bytes=t.unread_bytes)
     metrics.on_batch(BatchReport(0, 0.1, SinkStats(sealed=sealed, topics=stats)))
     previous = metrics.backlog_provider
@@ -362,7 +365,9 @@ def test_a_topic_leaving_the_top_n_leaves_the_namespace_counters_as_they_were() 
     assert first.value("streamoffload_namespace_entries_offloaded_total", namespace="t/y") == 40
 
     # New entries on b: its lag is now an hour, so b takes a's place. Nothing was sealed, so no counter moves.
-    metrics.on_batch(BatchReport(1, 0.1, SinkStats(topics={b.topic: {"last_position": [LEDGER, b.end[1] + 4]}})))
+    metrics.on_batch(
+        BatchReport(1, 0.1, SinkStats(topics={b.topic: figures(b.topic, last_position=(LEDGER, b.end[1] + 4))}))
+    )
     second = scrape(metrics)
     assert second.topics() == {b.topic}
     assert second.value("streamoffload_entries_offloaded_total", topic=a.topic) is None  # a's series are gone
@@ -377,8 +382,16 @@ def test_a_topic_leaving_the_top_n_leaves_the_namespace_counters_as_they_were() 
     assert second.value("streamoffload_namespace_max_offload_lag_seconds", namespace="t/x") == 3600
 
     # a seals a segment while it has no per-topic series: the namespace counter counts it.
-    seal = {"topic": a.topic, "segment": "a#1", "reason": "time", "entries": 7, "entry_bytes": 70, "data_length": 9}
-    seal |= {"end": [LEDGER, 14], "publish_time_last": NOW_MS - 1000}
+    seal = seal_report(
+        a.topic,
+        "a#1",
+        reason="time",
+        entries=7,
+        entry_bytes=70,
+        data_length=9,
+        end=(LEDGER, 14),
+        publish_time_last=NOW_MS - 1000,
+    )
     metrics.on_batch(BatchReport(2, 0.1, SinkStats(sealed=[seal])))
     third = scrape(metrics)
     assert third.topics() == {b.topic}

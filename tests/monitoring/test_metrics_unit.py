@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,13 @@ from streamoffload.metrics.install import install_metrics
 from streamoffload.metrics.model import Backlog, CacheCounters
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.handoff.actions import SealReport, StatsAction
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink, SinkStats
 from tests.fixtures.entries import Published, memory_sink, publish_to
+from tests.fixtures.reports import figures, seal_report
 
 TOPIC = "persistent://public/default/orders-partition-0"
 OTHER = "persistent://public/default/orders-partition-1"
@@ -37,31 +40,21 @@ def value(metrics: JobMetrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
 
-def seal(topic: str, segment: str, entries: int, entry_bytes: int, data_length: int, reason: str) -> dict[str, Any]:
-    return {
-        "topic": topic,
-        "segment": segment,
-        "reason": reason,
-        "parts": 1,
-        "data_length": data_length,
-        "entries": entries,
-        "entry_bytes": entry_bytes,
-        "ordinal": 0,
-        "format": 2,
-    }
+def seal(topic: str, segment: str, entries: int, entry_bytes: int, data_length: int, reason: str) -> SealReport:
+    return seal_report(topic, segment, reason=reason, data_length=data_length, entries=entries, entry_bytes=entry_bytes)
 
 
-def stats(buffered: int, open_segment: str | None, entries: int, assigned_ms: int | None, last: Sequence[int]) -> dict:
-    return {
-        "buffered_bytes": buffered,
-        "open_segment": open_segment,
-        "open_segment_entries": entries,
-        "open_segment_bytes": entries * 100,
-        "open_segment_assigned_ms": assigned_ms,
-        "last_position": list(last),
-        "skipped_entries": 0,
-        "now_ms": 0,
-    }
+def stats(
+    buffered: int, open_segment: str | None, entries: int, assigned_ms: int | None, last: Sequence[int]
+) -> StatsAction:
+    return figures(
+        buffered_bytes=buffered,
+        open_segment=open_segment,
+        open_segment_entries=entries,
+        open_segment_bytes=entries * 100,
+        open_segment_assigned_ms=assigned_ms,
+        last_position=tuple(last),
+    )
 
 
 class FakeClock:
@@ -465,7 +458,7 @@ def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind
             0,
             0.1,
             SinkStats(
-                sealed=[{**seal(TOPIC, "a", 10, 1000, 1300, "size"), "end": [4, 9], "publish_time_last": 1_990_000}],
+                sealed=[replace(seal(TOPIC, "a", 10, 1000, 1300, "size"), end=(4, 9), publish_time_last=1_990_000)],
                 topics={TOPIC: stats(0, "b", 5, 1_999_000, (4, 14))},
             ),
         )
@@ -494,7 +487,7 @@ def test_progress_of_the_pulsar_source_gives_latest_positions_and_entries_behind
             1,
             0.1,
             SinkStats(
-                sealed=[{**seal(TOPIC, "b", 11, 1100, 1400, "end"), "end": [4, 20], "publish_time_last": 1_999_500}],
+                sealed=[replace(seal(TOPIC, "b", 11, 1100, 1400, "end"), end=(4, 20), publish_time_last=1_999_500)],
                 topics={TOPIC: stats(0, None, 0, None, (4, 20))},
             ),
         )

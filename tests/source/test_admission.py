@@ -33,6 +33,7 @@ from streamoffload.streaming.source.offset_planner import SEALED_KEY, WAKE_FALLB
 from streamoffload.streaming.source.pulsar_source import PulsarStreamReader
 from streamoffload.streaming.source.source_options import SourceOptions
 from streamoffload.units import MIB
+from tests.fixtures.reports import figures
 
 LEDGER = 7
 A = "persistent://public/default/adm-partition-0"
@@ -159,7 +160,7 @@ def test_a_topic_at_its_buffer_bound_gets_nothing_while_others_do(tmp_path: Path
     bound = 1 * MIB
     doc = {"offload": {"managedLedgerOffloadMaxBlockSizeInBytes": 256 * 1024, "offloadBufferMaxBytes": bound}}
     buffers = str(tmp_path / "buffers.json")
-    write_buffer_file(buffers, {A: {"buffered_bytes": bound}, B: {"buffered_bytes": 0}, C: {}}, 1)
+    write_buffer_file(buffers, {A: figures(A, buffered_bytes=bound), B: figures(B, buffered_bytes=0), C: figures(C)}, 1)
     planner = ModelPlanner(
         options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, doc)),
         {A: (1000, 4096), B: (1000, 4096), C: (1000, 4096)},
@@ -172,10 +173,10 @@ def test_a_topic_at_its_buffer_bound_gets_nothing_while_others_do(tmp_path: Path
     assert counts[B] == counts[C] == bound // 4096
 
     # Once A's buffer drained below the bound, A is read again, at most its room (but one entry).
-    write_buffer_file(buffers, {A: {"buffered_bytes": bound - 3 * 4096}}, 1)
+    write_buffer_file(buffers, {A: figures(A, buffered_bytes=bound - 3 * 4096)}, 1)
     end2 = planner.latest_offset(end, None, 64 * MIB)
     assert admitted(end, end2)[A] == 3
-    write_buffer_file(buffers, {A: {"buffered_bytes": bound - 10}}, 1)
+    write_buffer_file(buffers, {A: figures(A, buffered_bytes=bound - 10)}, 1)
     end3 = planner.latest_offset(end2, None, 64 * MIB)
     assert admitted(end2, end3)[A] == 1  # a room smaller than one entry still admits one
 
@@ -200,7 +201,7 @@ def test_a_small_configured_bound_is_raised_to_what_the_segmenter_can_hold(tmp_p
     the configured bound between batches. Refusing the topic then would stall it until the rollover."""
     doc = {"offload": {"managedLedgerOffloadMaxBlockSizeInBytes": 65536, "offloadBufferMaxBytes": 65536}}
     buffers = str(tmp_path / "buffers.json")
-    write_buffer_file(buffers, {A: {"buffered_bytes": 3 * 65536}}, 5 * MIB)
+    write_buffer_file(buffers, {A: figures(A, buffered_bytes=3 * 65536)}, 5 * MIB)
     planner = ModelPlanner(
         options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, doc)), {A: (10_000, 1024)}
     )
@@ -238,7 +239,7 @@ def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_b
     buffers = str(tmp_path / "buffers.json")
     planner = ModelPlanner(options(bufferFile=buffers, policyVersionsFile=versions_file(tmp_path, policy_doc)), model)
     states = {tp: MemoryState() for tp in topics}
-    stats: dict[str, dict] = {}
+    stats: dict[str, StatsAction] = {}
     offset = planner.initial_offset()
     budget = 3 * 256 * 1024  # a per-trigger bound smaller than the buffers, so both limits take turns
     for trigger in range(2000):
@@ -249,7 +250,7 @@ def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_b
         assert sum(counts.values()) > 0, f"trigger {trigger}: nothing admitted with entries left: {offset}"
         for tp in topics:
             size = model[tp][1]
-            before = int(stats.get(tp, {}).get("buffered_bytes", 0))
+            before = stats[tp].buffered_bytes if tp in stats else 0
             assert before < effective  # between batches a buffer stays below the bound: never stuck
             # The batch's own bytes count against the room: before + batch <= bound + one entry.
             assert before + counts[tp] * size <= effective + size + 64 * counts[tp]
@@ -257,9 +258,9 @@ def test_closed_loop_with_the_real_segmenter_never_stalls_and_stays_within_the_b
                 Entry.of(LEDGER, e, b"x" * size, 1) for e in range(offset[tp][1] + 1, offset[tp][1] + 1 + counts[tp])
             ]
             actions = run_segmenter(tp, policy, states[tp], entries, now_ms=1000, min_part_size=min_part)
-            figures = actions[-1]
-            assert isinstance(figures, StatsAction)
-            stats[tp] = figures.figures()
+            last = actions[-1]
+            assert isinstance(last, StatsAction)
+            stats[tp] = last
         write_buffer_file(buffers, stats, min_part)
         planner.commit(end)
         offset = end
@@ -272,8 +273,8 @@ def test_buffer_file_per_run_replaces_earlier_runs(tmp_path: Path) -> None:
     versions = str(tmp_path / "policy-versions.json")
     first, second = buffer_file_path(versions, 1), buffer_file_path(versions, 2)
     assert first != second and os.path.dirname(first) == str(tmp_path)
-    write_buffer_file(first, {A: {"buffered_bytes": 10}}, 1)
-    write_buffer_file(second, {A: {"buffered_bytes": 20, "open_segment": "x"}}, 5 * MIB)
+    write_buffer_file(first, {A: figures(A, buffered_bytes=10)}, 1)
+    write_buffer_file(second, {A: figures(A, buffered_bytes=20, open_segment="x")}, 5 * MIB)
     assert not os.path.exists(first)
     assert BufferFile(second).current() == (5 * MIB, {A: 20})
     assert BufferFile(str(tmp_path / "missing.json")).current() == (1, {})
@@ -293,7 +294,7 @@ def test_a_fractional_mean_entry_size_leaves_no_entry_for_a_micro_batch_of_its_o
     planner = ModelPlanner(options(bufferFile=buffers), {A: (300, 131_072), B: (301, 131_072), C: (299, 131_072)})
     start = planner.initial_offset()
     first = planner.latest_offset(start, None, 64 * MIB)
-    stats = {tp: {"buffered_bytes": 0, "batch_entries": 3, "batch_bytes": 3 * 131_072 + 2} for tp in (A, B, C)}
+    stats = {tp: figures(tp, buffered_bytes=0, batch_entries=3, batch_bytes=3 * 131_072 + 2) for tp in (A, B, C)}
     write_buffer_file(buffers, stats, 1)
     os.utime(buffers, (1, 1))
     offsets = [start, first]
@@ -316,7 +317,7 @@ def test_micro_batches_are_sized_by_the_measured_entry_size_not_one_sample(tmp_p
     assert admitted(start, after_first)[A] == 10 * 1024  # 10 MiB of what the sample says
 
     # The segmenter saw those entries weigh 100 KiB on average.
-    write_buffer_file(buffers, {A: {"buffered_bytes": 0, "batch_entries": 10, "batch_bytes": 10 * 100 * 1024}}, 1)
+    write_buffer_file(buffers, {A: figures(A, buffered_bytes=0, batch_entries=10, batch_bytes=10 * 100 * 1024)}, 1)
     os.utime(buffers, (1, 1))  # a new stamp even within the file system's time resolution
     end = planner.latest_offset(after_first, None, 10 * MIB)
     assert admitted(after_first, end)[A] == 102  # 10 MiB of 100 KiB entries
@@ -349,7 +350,7 @@ def test_a_micro_batch_is_planned_when_a_timer_is_due_and_not_otherwise(
     assert list(woken)[-1] == WAKE_KEY  # canonical JSON text: topic-partitions first
 
     # The job reported a timer 3 s ahead: nothing is planned (the offset stays), until it is due, once.
-    write_buffer_file(path, {A: {"wake_ms": 1_000_003_000}, B: {"wake_ms": None}}, 1)
+    write_buffer_file(path, {A: figures(A, wake_ms=1_000_003_000), B: figures(B, wake_ms=None)}, 1)
     clock["wall"] += 1
     clock["mono"] += 1
     assert planner.latest_offset(woken, None, None) == woken
@@ -360,7 +361,7 @@ def test_a_micro_batch_is_planned_when_a_timer_is_due_and_not_otherwise(
     assert planner.latest_offset(due, None, None) == due  # that timer was woken for: not again
 
     # No timer pending: nothing, until the fallback interval has passed since the last micro-batch.
-    write_buffer_file(path, {A: {"wake_ms": None}}, 1)
+    write_buffer_file(path, {A: figures(A, wake_ms=None)}, 1)
     clock["wall"] += WAKE_FALLBACK_S - 1
     clock["mono"] += WAKE_FALLBACK_S - 1
     assert planner.latest_offset(due, None, None) == due

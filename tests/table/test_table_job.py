@@ -38,6 +38,7 @@ from streamoffload.table.position import segments_of
 from streamoffload.table.status import orphan_files, referenced_files
 from streamoffload.table.sync import SyncHooks
 from tests.fixtures.broker import unique_topic
+from tests.fixtures.reports import seal_report
 from tests.job.conftest import write_job_config
 from tests.table.offload import Row, TopicOffload
 from tests.table.test_table_e2e import Sent, as_sent, publish
@@ -175,7 +176,7 @@ def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tier:
 
 def sealed(*topics: str) -> BatchReport:
     """A micro-batch's report that sealed a segment of each of ``topics`` (what the follower reads of it)."""
-    return BatchReport(0, 0.1, SinkStats(sealed=[{"topic": t, "segment": "s"} for t in topics]))
+    return BatchReport(0, 0.1, SinkStats(sealed=[seal_report(t, "s") for t in topics]))
 
 
 def test_the_follower_syncs_tables_with_offload_table_on_at_most_once_per_interval(tier: Tier) -> None:
@@ -343,12 +344,12 @@ def test_the_running_job_keeps_the_table_of_a_topic_with_offload_table_on_exact(
     on, off = unique_topic("tjob-on"), unique_topic("tjob-off")
     sent = publish(pulsar_broker.service_url, on, 90, batched=True)
     other = publish(pulsar_broker.service_url, off, 40, batched=False)
-    ends = {topic: list(max(s[1:3] for s in msgs)) for topic, msgs in ((on, sent), (off, other))}
+    ends = {topic: tuple(max(s[1:3] for s in msgs)) for topic, msgs in ((on, sent), (off, other))}
     job = running_job(job_config(tmp_path, pulsar_broker.service_url, on, off))
 
     def read_to_the_end() -> bool:
         stats = dict(job.last_topic_stats)
-        return all(stats.get(t, {}).get("last_position") == end for t, end in ends.items())
+        return all(t in stats and stats[t].last_position == end for t, end in ends.items())
 
     poll(read_to_the_end, "the job read both topics to their last entry")
     from streamoffload.checkpoints.control_requests import submit_requests
