@@ -163,10 +163,20 @@ class RateLimiter:
         bucket = self._bucket((kind, topic), own)
         if bucket is not None:
             waited += bucket.acquire(n)
-        if self.budgets is not None:
-            if total > 0:
-                waited += self.budgets.bucket(kind).acquire(n, total, total * BURST_SECONDS)
-        else:
+        budgets = self.budgets
+        if budgets is not None and total > 0:
+            try:
+                waited += budgets.bucket(kind).acquire(n, total, total * BURST_SECONDS)
+            except OSError as err:  # the budget's file unusable: this process takes its share, never more
+                self.budgets = None
+                log.warning(
+                    "rate limits: the shared budget in %s failed (%s); total / %d tasks from now on",
+                    budgets.directory,
+                    err,
+                    self.tasks,
+                )
+                budgets = None
+        if budgets is None:
             bucket = self._bucket((kind, None), total / self.tasks if total > 0 else -1)
             if bucket is not None:
                 waited += bucket.acquire(n)

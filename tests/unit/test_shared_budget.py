@@ -4,6 +4,7 @@ fake clock: no sleeps. Buckets on one store stand for the processes; the file st
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from multiprocessing.queues import Queue
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from streamoffload.streaming.governance.shared_budget import (
     SharedBucket,
     SharedBudgets,
 )
+from streamoffload.streaming.governance.token_bucket import BucketState
 
 from .test_token_bucket import FakeClock
 
@@ -133,3 +135,19 @@ def test_the_spec_carries_the_budget_to_the_tasks(tmp_path: Path) -> None:
     limiter = RateLimiter.of(spec)
     assert limiter.budgets is not None and limiter.budgets.directory == tmp_path / "rate-budget"
     assert RateLimiter.of(RateLimitSpec(location, tasks=2)).budgets is None  # a cluster: total / tasks
+
+
+class BrokenStore:
+    def update(self, change: Callable[[BucketState | None], tuple[BucketState, float]]) -> float:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_budget_that_fails_leaves_the_process_its_share(tmp_path: Path) -> None:
+    clock = FakeClock()
+    total = OffloadPolicy(offloadTotalReadRateBytesPerSecond=4000)
+    budgets = SharedBudgets(tmp_path, clock=clock, sleep=clock.sleep, store=lambda _path: BrokenStore())
+    lim = RateLimiter(4, lambda _topic, _at: total, budgets=budgets, clock=clock, sleep=clock.sleep)
+    for _ in range(5):
+        lim.acquire("read", T[0], 500)
+    assert lim.budgets is None
+    assert clock.now == pytest.approx(0.2 + 4 * 0.5)  # 1,000 B/s (total / 4 tasks), burst 200 bytes
