@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,6 +36,7 @@ from bench.logs import log_beside
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.config import parse_config
 from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.errors import StreamOffloadError
 from streamoffload.produce import produce
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore
@@ -107,6 +109,17 @@ class StoreGrowth:
         return ((upto[-1] if upto else 0) - (at[-1] if at else 0)) / (t1 - t0)
 
 
+def run_job(job: OffloadJob, spark: Any, once: bool) -> None:
+    """The job until the bench stops it (a ``run --once`` stopped early says so: not this bench's failure)."""
+    try:
+        if once:
+            job.run_once(spark)
+        else:
+            job.run_forever(spark)
+    except StreamOffloadError as err:
+        print(f"the job: {err}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kind", choices=("upload", "read"), default="upload", help="which total limit")
@@ -163,7 +176,7 @@ def main() -> int:
         job = OffloadJob(config)
         end = lead + int(rate * args.seconds)
         with StoreGrowth(config.store.location.open().store) as growth:
-            thread = threading.Thread(target=job.run_once if args.once else job.run_forever, args=(spark,), daemon=True)
+            thread = threading.Thread(target=run_job, args=(job, spark, args.once), daemon=True)
             thread.start()
             try:
                 deadline = time.monotonic() + args.seconds + 240
