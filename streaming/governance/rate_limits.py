@@ -6,13 +6,14 @@ bytes written to the store. The limits are offload policy: a task resolves a top
 versions in the store (``policy_versions.PolicyLog``, listed every ``refresh_s``) at the time it passes bytes,
 so an edit applies to what is read and uploaded after its effective time, the same on every executor.
 
-Enforced per process, with one :class:`~streamoffload.streaming.governance.token_bucket.TokenBucket` per
-(kind, topic-partition) with a limit, and one per kind for the job's total whose rate is ``total / tasks``:
-``tasks`` is Spark's parallelism (``local[n]``'s cores, executors x cores), the most tasks that run at once, and
-a task runs in one Python worker process at a time, so the job's total holds whatever executors the tasks land
-on. (It is a ceiling, not a share-out: when fewer tasks move bytes than run at most, the job passes less than
-its total.) A topic-partition's bytes go through one task at a time (its range in the source, its actions in
-the sink), so its own bucket holds its own limit.
+A topic-partition's limit is a :class:`~streamoffload.streaming.governance.token_bucket.TokenBucket` per
+process and (kind, topic-partition): its bytes go through one task at a time (its range in the source, its
+actions in the sink), so its own bucket holds its own limit. The job's totals, where every task runs on one
+machine (a ``local`` master: ``RateLimitSpec.budget_dir`` set), are one budget per kind that every process books
+through (``shared_budget``), at the full total whichever tasks are busy. Elsewhere (a cluster) each process has a
+bucket per kind at ``total / tasks``: ``tasks`` is Spark's parallelism (executors x cores), the most tasks that
+run at once, and a task runs in one Python worker process at a time, so the total is never exceeded whatever
+executors the tasks land on; but it is a ceiling, not a share-out: fewer busy tasks pass less than the total.
 
 Time spent waiting is counted per topic-partition and kind (:meth:`RateLimiter.throttled`): the sink reports its
 share in its stats, and the source's tasks theirs through their rows (:class:`ReadWaits`), which the job exports as
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.storage.location import StoreLocation
 from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S, PolicyLog
+from streamoffload.streaming.governance.shared_budget import SharedBudgets
 from streamoffload.streaming.governance.token_bucket import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,6 @@ entries, and a bucket's burst is never far from one chunk."""
 
 Policies = Callable[[str, int], OffloadPolicy]
 
-TRACE_ENV = "STREAMOFFLOAD_RATE_TRACE"
-"""Benches only (``bench/rate_limit.py``): with this set to a directory, every process appends a line
-``<unix time> <kind> <bytes>`` to ``DIR/<pid>.log`` each time bytes pass its limits (after any wait). Unset, nothing
-is written."""
-
 
 @dataclass(frozen=True)
 class RateLimitSpec:
@@ -64,30 +60,48 @@ class RateLimitSpec:
     location: StoreLocation
     tasks: int = 1
     refresh_s: float = DEFAULT_REFRESH_S
+    budget_dir: str | None = None
+    """Where the job's shared budgets are (``shared_budget``), when every task runs on this machine; ``None``:
+    each process takes ``total / tasks``."""
 
     def to_option(self) -> str:
-        return json.dumps({"location": asdict(self.location), "tasks": self.tasks, "refresh_s": self.refresh_s})
+        return json.dumps(
+            {
+                "location": asdict(self.location),
+                "tasks": self.tasks,
+                "refresh_s": self.refresh_s,
+                "budget_dir": self.budget_dir,
+            }
+        )
 
     @classmethod
     def from_option(cls, text: str) -> RateLimitSpec:
         doc = json.loads(text)
-        return cls(StoreLocation(**doc["location"]), int(doc.get("tasks", 1)), float(doc.get("refresh_s", 10.0)))
+        return cls(
+            StoreLocation(**doc["location"]),
+            int(doc.get("tasks", 1)),
+            float(doc.get("refresh_s", 10.0)),
+            doc.get("budget_dir"),
+        )
 
 
 class RateLimiter:
     """A process's buckets and waiting time. ``policies(topic, at_ms)`` resolves a topic-partition's policy (the
-    store's versions by default)."""
+    store's versions by default). ``budgets``: the job's totals shared with the machine's other processes (then
+    ``tasks`` does not divide them)."""
 
     def __init__(
         self,
         tasks: int = 1,
         policies: Policies | None = None,
         *,
+        budgets: SharedBudgets | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.tasks = max(1, int(tasks))
+        self.budgets = budgets
         self._policies = policies
         self._clock = clock
         self._sleep = sleep
@@ -101,7 +115,8 @@ class RateLimiter:
     @classmethod
     def of(cls, spec: RateLimitSpec) -> RateLimiter:
         policy_log = PolicyLog(spec.location, spec.refresh_s)
-        return cls(spec.tasks, policy_log.policy_at)
+        budgets = SharedBudgets(spec.budget_dir) if spec.budget_dir is not None else None
+        return cls(spec.tasks, policy_log.policy_at, budgets=budgets)
 
     def limits(self, kind: str, topic: str) -> tuple[int, int]:
         """``(topic-partition's, job total)`` bytes per second of ``kind`` now; -1: none."""
@@ -145,17 +160,29 @@ class RateLimiter:
         if own <= 0 and total <= 0:
             return 0.0
         waited = 0.0
-        for key, rate in (((kind, topic), own), ((kind, None), total / self.tasks if total > 0 else -1)):
-            bucket = self._bucket(key, rate)
+        bucket = self._bucket((kind, topic), own)
+        if bucket is not None:
+            waited += bucket.acquire(n)
+        budgets = self.budgets
+        if budgets is not None and total > 0:
+            try:
+                waited += budgets.bucket(kind).acquire(n, total, total * BURST_SECONDS)
+            except OSError as err:  # the budget's file unusable: this process takes its share, never more
+                self.budgets = None
+                log.warning(
+                    "rate limits: the shared budget in %s failed (%s); total / %d tasks from now on",
+                    budgets.directory,
+                    err,
+                    self.tasks,
+                )
+                budgets = None
+        if budgets is None:
+            bucket = self._bucket((kind, None), total / self.tasks if total > 0 else -1)
             if bucket is not None:
                 waited += bucket.acquire(n)
         if waited > 0:
             with self._lock:
                 self._throttled[(topic, kind)] = self._throttled.get((topic, kind), 0.0) + waited
-        trace = os.environ.get(TRACE_ENV)
-        if trace:
-            with open(os.path.join(trace, f"{os.getpid()}.log"), "a", encoding="ascii") as out:
-                out.write(f"{time.time():.6f} {kind} {n}\n")
         return waited
 
     def throttled(self) -> dict[str, dict[str, float]]:

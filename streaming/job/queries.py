@@ -137,13 +137,16 @@ class JobQueries(JobState):
         return options
 
     def rate_limit_spec(self) -> RateLimitSpec | None:
-        """Where the tasks find the rate limits (the run's policy versions) and how many tasks share the job's
-        totals: Spark's parallelism, the most tasks that run at once (``build`` learns it)."""
+        """Where the tasks find the rate limits (the run's policy versions) and how they share the job's totals:
+        one budget beside the checkpoint where every task runs on this machine (``local`` masters), else each
+        process ``total / tasks`` (Spark's parallelism, the most tasks that run at once: ``build`` learns it)."""
         if self.run is None:
             return None
         versions = self.run.policy_log  # None only in tests that build a Run by hand
         refresh = versions.refresh_s if versions is not None else DEFAULT_REFRESH_S
-        return RateLimitSpec(self.location, self.rate_limit_tasks, refresh)
+        local = self.config.spark.master.startswith("local")
+        budget_dir = str(Path(self._versions_file()).with_name("rate-budget")) if local else None
+        return RateLimitSpec(self.location, self.rate_limit_tasks, refresh, budget_dir)
 
     def _hold_broker_retention(self, committed: dict[str, Any]) -> None:
         """``pulsar.retain_subscription``: acknowledge each topic-partition's durable subscription up to its last
