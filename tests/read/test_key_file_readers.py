@@ -145,6 +145,7 @@ def test_the_dataframe_readers_decrypt_with_the_key_file(
 
     through_reader = (
         spark.read.format("pulsar")
+        .option("output", "entries")  # the entry rows, compared with the history's entries
         .option("serviceUrl", pulsar_broker.service_url)
         .option("topics", topic)
         .option("stallTimeoutMs", "100")
