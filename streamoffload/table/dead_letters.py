@@ -7,7 +7,8 @@ schema (``table.schema``), with the error (one line, naming the field), its posi
 message, the dead letters say which did not decode and why.
 
 **Exactly once.** Iceberg commits one table at a time, so a sync commits the dead letters of a step first, with
-the same ``streamoffload.positions`` summary as the topic table's commit that follows (``table.position``). A
+the same ``streamoffload.positions`` summary as the topic table's commit that follows (``table.position``; its own
+where it is ahead: its positions never go back). A
 crash between the two leaves the dead-letter table ahead; the repeated step writes only dead letters past its
 position (``past``), so none is written twice and none is lost. Unpartitioned: a few rows, in few files.
 """

@@ -306,9 +306,9 @@ def _evolve(table: Table, schema: value_schemas.ValueSchema, topic: str) -> None
         update.union_by_name(wanted)
 
 
-def _decoded(data: pa.Table, table: Table, typed: _Typed) -> tuple[pa.Table, pa.Table]:
-    """``data`` with its ``value_decoded`` column, and the dead letters of the rows whose value does not decode."""
-    arrow = schema_to_pyarrow(table.schema()).field(value_schemas.VALUE_DECODED)
+def _decoded(data: pa.Table, arrow: pa.Field, typed: _Typed) -> tuple[pa.Table, pa.Table]:
+    """``data`` with its ``value_decoded`` column (``arrow``), and the dead letters of the rows whose value does not
+    decode."""
     values: list[dict[str, object] | None] = []
     errors: list[tuple[int, str]] = []
     for i, raw in enumerate(data.column("value").to_pylist()):
@@ -336,6 +336,10 @@ def _write(
     files: list[DataFile] = []
     rows = 0
     table_uuid = table.metadata.table_uuid
+    arrow_schema = schema_to_pyarrow(table.schema())
+    decoded = (
+        arrow_schema.field(value_schemas.VALUE_DECODED) if value_schemas.VALUE_DECODED in arrow_schema.names else None
+    )
     for part in pending:
         partition = TopicName.parse(part.topic).partition
         bounds = PositionBounds(start=_position_after(part.after))
@@ -348,14 +352,17 @@ def _write(
                 if data.num_rows == 0:
                     continue
                 write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
-                if typed is not None:
-                    data, dead = _decoded(data, table, typed)
+                if typed is not None and decoded is not None:
+                    data, dead = _decoded(data, decoded, typed)
                     dead = dead_letters.past(dead, typed.position.of(part.topic))
                     if dead.num_rows:
                         dead_uuid = uuid.uuid5(_NAMES, f"{write_uuid}/{typed.position.snapshot_id}")
                         meta = typed.dead.metadata
                         typed.files += _dataframe_to_data_files(meta, dead, typed.dead.io, write_uuid=dead_uuid)
                         typed.rows += dead.num_rows
+                elif decoded is not None:  # the topic had a schema, no longer: null (pyiceberg's own nulls have
+                    # null children, which Parquet refuses under a required field)
+                    data = data.append_column(decoded, pa.array([None] * data.num_rows, type=decoded.type))
                 files += _dataframe_to_data_files(table.metadata, data, table.io, write_uuid=write_uuid)
                 rows += data.num_rows
     return files, rows
@@ -404,7 +411,9 @@ def sync_topic(
         properties = summary_properties(positions, segments, store_name(scoped))
         try:
             if typed is not None and typed.files:
-                _commit(typed.dead, typed.files, properties)
+                ahead = {**typed.position.positions, **positions}  # where the dead letters are ahead, theirs
+                ahead.update((t, p) for t, p in typed.position.positions.items() if p > positions.get(t, p))
+                _commit(typed.dead, typed.files, summary_properties(ahead, segments, store_name(scoped)))
                 if hooks is not None and hooks.dead_letters_committed is not None:
                     hooks.dead_letters_committed()
             snapshot_id = _commit(table, files, properties)

@@ -331,6 +331,19 @@ def test_an_added_optional_field_evolves_the_table(tier: Tier) -> None:
     assert str(level.field_type) == "long" and not level.required
 
 
+def test_a_schema_taken_off_the_policy_leaves_new_rows_undecoded(tier: Tier) -> None:
+    first = tier.events.publish(6)
+    tier.sync(EVENTS, EVENTS_SCHEMA)
+    second = tier.events.publish(4)
+    assert tier.sync(EVENTS, "").rows == len(second)
+    rows = first + second
+    table = tier.table("events")
+    assert raw_rows(table) == rows
+    expected = [(r.position[1:], event_decoded(n, None) if n < len(first) else None) for n, r in enumerate(rows)]
+    for reader, got in decoded_by_position(table).items():
+        assert got == expected, reader
+
+
 @pytest.mark.parametrize(
     ("change", "error"),
     [
@@ -396,8 +409,9 @@ def test_a_replayed_sync_and_a_crash_between_the_two_commits_duplicate_nothing(t
     assert raw_rows(table) == first and len(dead.metadata.snapshots) == 2  # the dead letters are ahead
     report = tier.sync(EVENTS, EVENTS_SCHEMA)
     assert report.dead_letters == 0 and report.rows == len(second)  # written before the crash
+    metadata = tier.table("events").metadata_location
     replay = tier.sync(EVENTS, EVENTS_SCHEMA)
-    assert replay.commits == []
+    assert replay.commits == [] and tier.table("events").metadata_location == metadata  # no schema commit either
     rows = first + second
     table, dead = tier.table("events"), tier.table("events__dead_letters")
     assert raw_rows(table) == rows and len(table.metadata.snapshots) == 2 and len(dead.metadata.snapshots) == 2
