@@ -331,6 +331,21 @@ def test_an_added_optional_field_evolves_the_table(tier: Tier) -> None:
     assert str(level.field_type) == "long" and not level.required
 
 
+def test_a_partitioned_topics_dead_letters_carry_their_partition(tier: Tier) -> None:
+    topic = "persistent://public/default/parted"
+    parts = [TopicOffload(tier.scoped, f"{topic}-partition-{i}", value_of=event_value) for i in range(2)]
+    rows = [r for p, n in zip(parts, (12, 9), strict=True) for r in p.publish(n)]
+    tier.sync(topic, EVENTS_SCHEMA)
+    dead = dead_letters(tier.table("parted__dead_letters"))
+    expected = sorted(d for p in parts for d in expected_dead(p.rows, event_error))
+    assert dead == expected and {d[3] for d in dead} == {0, 1}
+    got = sorted(raw_rows(tier.table("parted")), key=lambda r: (r.partition, r.position))
+    assert got == sorted(rows, key=lambda r: (r.partition, r.position))
+    positions = table_position(tier.table("parted")).positions
+    assert set(positions) == {f"{topic}-partition-0", f"{topic}-partition-1"}
+    assert table_position(tier.table("parted__dead_letters")).positions == positions
+
+
 def test_a_schema_taken_off_the_policy_leaves_new_rows_undecoded(tier: Tier) -> None:
     first = tier.events.publish(6)
     tier.sync(EVENTS, EVENTS_SCHEMA)
