@@ -20,6 +20,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import StructType
 
 from streamoffload.checkpoints.policy import validated_policy
+from streamoffload.cli import main
 from streamoffload.config import parse_config
 from streamoffload.errors import ConfigError
 from streamoffload.storage.location import ScopedStore, parse_store_url
@@ -442,6 +443,24 @@ def test_a_schema_file_is_read_with_at(tier: Tier, tmp_path: Path) -> None:
     tier.sync(EVENTS, f"@{path}")
     got = decoded_by_position(tier.table("events"))["pyiceberg_docs"]
     assert got == [(r.position[1:], event_decoded(n, None)) for n, r in enumerate(rows)]
+
+
+def test_table_sync_takes_each_topics_schema_from_the_configuration(
+    tier: Tier, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tier.events.publish(6)
+    tier.readings.publish(3)
+    (tmp_path / "events.json").write_text(json.dumps(EVENTS_SCHEMA))
+    conf = tmp_path / "offload.toml"
+    conf.write_text(f'[topics."{EVENTS}"]\noffloadTableSchema = "@{tmp_path / "events.json"}"\n')
+    store = str(tmp_path / "store")
+    assert main(["table", "sync", "--conf", str(conf), "--store", store, "--json"]) == 0
+    by_table = {t["table"]: t for t in json.loads(capsys.readouterr().out)["tables"]}
+    assert sorted(by_table) == ["public.default.events", "public.default.readings"]
+    got = decoded_by_position(tier.table("events"))["pyiceberg_docs"]
+    assert got == [(r.position[1:], event_decoded(n, None)) for n, r in enumerate(rows)]
+    assert dead_letters(tier.table("events__dead_letters")) == expected_dead(rows, event_error)
+    assert "value_decoded" not in tier.table("readings").schema().column_names  # no schema in its policy
 
 
 def test_the_policy_key_follows_the_levels_and_its_errors_name_it() -> None:
