@@ -7,6 +7,7 @@ and time far inside a Java long (Pulsar keeps them in ints and longs), so no ari
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -65,6 +66,11 @@ class OffloadPolicy:
     are committed, their messages are appended to the table, exactly once. A partitioned topic's table (one for
     all its partitions) follows the partitioned topic's policy. False (the default): no table is written by the
     job (``streamoffload table sync`` still makes one on demand)."""
+    offloadTableSchema: str = ""
+    """The topic's value schema for its table (``streamoffload.table.schema``): a JSON Schema (values are JSON) or
+    an Avro record (values are Avro binary, as Pulsar's AVRO schema writes them), inline (text starting with
+    ``{``) or ``@PATH`` to a file holding it. Values are decoded into the table's ``value_decoded`` column;
+    those that do not decode also go to its dead-letter table. Empty (the default): raw values only."""
 
     @property
     def max_segment_bytes(self) -> int:
@@ -137,6 +143,18 @@ MAX_COMPRESSION_LEVEL = 19
 """zstd's smallest-output level."""
 
 
+def _table_schema(value: object) -> bool:
+    """Empty, ``@PATH``, or a JSON object (what it maps to is checked by the sync, ``table.schema``)."""
+    if not isinstance(value, str):
+        return False
+    if value == "" or (value.startswith("@") and value[1:].strip()):
+        return True
+    try:
+        return isinstance(json.loads(value), dict)
+    except ValueError:
+        return False
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -169,6 +187,11 @@ _RATE_PROBLEM = (
 RULES: tuple[Rule, ...] = (
     Rule("enabled", _on_value(lambda v: isinstance(v, bool)), "must be true or false, got {value!r}"),
     Rule("offloadTable", _on_value(lambda v: isinstance(v, bool)), "must be true or false, got {value!r}"),
+    Rule(
+        "offloadTableSchema",
+        _on_value(_table_schema),
+        "must be empty, a JSON Schema or Avro record as JSON text, or @PATH to a file holding one, got {value!r:.80}",
+    ),
     Rule("method", _on_value(lambda v: v in METHODS), f"must be one of {', '.join(METHODS)}, got {{value!r}}"),
     Rule(
         "offloadEncryptionKeyId",

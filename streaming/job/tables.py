@@ -261,7 +261,10 @@ class TableFollower:
 
         hooks = SyncHooks(written=written, before_commit=self._before_commit)
         options = SyncOptions(
-            segments_per_commit=self.settings.segments_per_commit, writer=writer_name(self.epoch), keyring=self.keyring
+            segments_per_commit=self.settings.segments_per_commit,
+            writer=writer_name(self.epoch),
+            keyring=self.keyring,
+            value_schema=self.policy_for(topic).offloadTableSchema,
         )
         try:
             scoped, catalog = self._open()

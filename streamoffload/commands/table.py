@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
+from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES, OffloadPolicy
 from streamoffload.cli_common import CommandError, add_store_args, config_from_args, float_arg, int_arg
 from streamoffload.codecs.positions import Position
 
@@ -238,7 +240,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         return _show(args, scoped, catalog, topics, out)
     if args.table_action == "maintain":
         return _maintain(args, scoped, catalog, topics, out)
-    return _sync(args, scoped, catalog, topics, out)
+    return _sync(args, scoped, catalog, topics, out, config.policy_for)
 
 
 def _topics(scoped: ScopedStore, named: list[str]) -> list[str]:
@@ -254,7 +256,14 @@ def _topics(scoped: ScopedStore, named: list[str]) -> list[str]:
     return found
 
 
-def _sync(args: argparse.Namespace, scoped: ScopedStore, catalog: Catalog, topics: list[str], out: TextIO) -> int:
+def _sync(
+    args: argparse.Namespace,
+    scoped: ScopedStore,
+    catalog: Catalog,
+    topics: list[str],
+    out: TextIO,
+    policy_for: Callable[[str], OffloadPolicy],
+) -> int:
     from streamoffload.checkpoints.keyring import KeyRing
     from streamoffload.table.sync import DEFAULT_SEGMENTS_PER_COMMIT, SyncOptions, rebuild_topic, sync_topic
 
@@ -265,7 +274,8 @@ def _sync(args: argparse.Namespace, scoped: ScopedStore, catalog: Catalog, topic
     step = rebuild_topic if args.table_action == "rebuild" else sync_topic
     reports = []
     for topic in topics:
-        report = step(scoped, catalog, topic, options)
+        schema = policy_for(topic).offloadTableSchema  # the topic's value schema: typed columns, dead letters
+        report = step(scoped, catalog, topic, dataclasses.replace(options, value_schema=schema))
         reports.append(report)
         if not args.json:
             print(_sync_line(report, args.table_action), file=out)

@@ -28,6 +28,11 @@ new ones, so a crash loop leaves no more orphans than one attempt; once a commit
 another snapshot and never write a name a snapshot references. Two writers on the same snapshot with the same
 writer name write identical bytes under identical names (on a filesystem warehouse a reader of the winner's
 snapshot may then see a file being rewritten): the job will pass its writer epoch, so two jobs never do.
+
+**A value schema** (``SyncOptions.value_schema``, the policy's ``offloadTableSchema``: ``table.schema``) adds the
+struct column ``value_decoded``, evolved before the first commit of a sync; the records that do not decode go to
+the dead-letter table too, committed just before the topic table's commit with the same positions
+(``table.dead_letters``). A schema that cannot be evolved stops the sync of that topic (``TableSchemaError``).
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.types import NestedField, StructType
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.keyring import KeyRing
@@ -59,7 +66,8 @@ from streamoffload.read.dataset_plan import (
 )
 from streamoffload.read.dataset_read import read_task
 from streamoffload.storage.location import ScopedStore
-from streamoffload.table import layout
+from streamoffload.table import dead_letters, layout
+from streamoffload.table import schema as value_schemas
 from streamoffload.table.errors import TableError
 from streamoffload.table.position import TablePosition, summary_properties, table_position
 
@@ -99,6 +107,8 @@ class Commit:
     segments: dict[str, list[str]]
     rows: int
     files: list[str]
+    dead_letters: int = 0
+    """Rows appended to the dead-letter table just before (their snapshot records the same positions)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,9 @@ class SyncOptions:
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     writer: str = ""
     keyring: KeyRing | None = None
+    value_schema: str = ""
+    """The topic's ``offloadTableSchema`` (``table.schema``): values decoded into ``value_decoded``, those that do
+    not decode also in the dead-letter table; empty: raw values only."""
 
     def __post_init__(self) -> None:
         if self.segments_per_commit < 1 or self.max_conflicts < 0 or self.max_partition_bytes < 1:
@@ -124,10 +137,13 @@ class SyncOptions:
 class SyncHooks:
     """Points where tests inject a crash or another writer: ``written`` runs after an attempt's data files are
     written and before its commit; ``before_commit`` runs right before each commit, after ``written``: the job
-    checks there that it still holds its writer lease, and raises (nothing is committed) if not."""
+    checks there that it still holds its writer lease, and raises (nothing is committed) if not;
+    ``dead_letters_committed`` (a test's crash point) between the dead-letter table's commit and the topic's."""
 
     written: Callable[[Table, list[DataFile]], None] | None = None
     before_commit: Callable[[], None] | None = None
+    dead_letters_committed: Callable[[], None] | None = None
+    """Runs between the dead-letter table's commit and the topic table's (a topic with a value schema)."""
 
 
 @dataclass
@@ -149,6 +165,10 @@ class SyncReport:
     def segments(self) -> int:
         return sum(len(ids) for c in self.commits for ids in c.segments.values())
 
+    @property
+    def dead_letters(self) -> int:
+        return sum(c.dead_letters for c in self.commits)
+
 
 def table_name(topic: str | TopicName) -> str:
     return ".".join(layout.identifier(topic))
@@ -160,12 +180,19 @@ def store_name(scoped: ScopedStore) -> str:
 
 
 def open_table(
-    catalog: Catalog, scoped: ScopedStore, topic: TopicName, *, create: bool, partitioned: bool = False
+    catalog: Catalog,
+    scoped: ScopedStore,
+    topic: TopicName,
+    *,
+    create: bool,
+    partitioned: bool = False,
+    dead: bool = False,
 ) -> tuple[Table | None, bool]:
     """The table of ``topic`` (a partitioned topic's, for a partition), checked to be this topic's and this store's;
     created if missing and ``create`` (partitioned by ``partition`` too if ``partitioned``: the store holds the
-    topic's partitions). Returns it (None if missing and not created) and whether it was created."""
-    ident = layout.identifier(topic)
+    topic's partitions). Returns it (None if missing and not created) and whether it was created. ``dead``: the
+    topic's dead-letter table instead (``table.dead_letters``, unpartitioned)."""
+    ident = dead_letters.identifier(layout.identifier(topic)) if dead else layout.identifier(topic)
     created = False
     try:
         table = catalog.load_table(ident)
@@ -175,9 +202,11 @@ def open_table(
         catalog.create_namespace_if_not_exists(ident[:2])
         properties = {**TABLE_PROPERTIES, TOPIC_PROPERTY: str(topic), STORE_PROPERTY: store_name(scoped)}
         try:
-            table = catalog.create_table(
-                ident, layout.SCHEMA, partition_spec=layout.partition_spec(partitioned), properties=properties
-            )
+            if dead:
+                table = catalog.create_table(ident, dead_letters.SCHEMA, properties=properties)
+            else:
+                spec = layout.partition_spec(partitioned)
+                table = catalog.create_table(ident, layout.SCHEMA, partition_spec=spec, properties=properties)
             created = True
         except TableAlreadyExistsError:  # another writer created it first
             table = catalog.load_table(ident)
@@ -248,17 +277,69 @@ def _listed(
     return out
 
 
+@dataclass
+class _Typed:
+    """A topic with a value schema: its schema, its dead-letter table and where that is, the dead letters written."""
+
+    schema: value_schemas.ValueSchema
+    dead: Table
+    position: TablePosition
+    files: list[DataFile] = field(default_factory=list)
+    rows: int = 0
+
+
+def _evolve(table: Table, schema: value_schemas.ValueSchema, topic: str) -> None:
+    """Give ``table`` the ``value_decoded`` struct of ``schema``: added, or evolved by name (``check_evolution``
+    first: a change that cannot be evolved is a ``TableSchemaError``). No commit when it has it already."""
+    try:
+        old = table.schema().find_field(value_schemas.VALUE_DECODED)
+    except ValueError:
+        old = None
+    if old is not None:
+        if not isinstance(old.field_type, StructType):
+            raise value_schemas.TableSchemaError(
+                f"{topic}: table {table_name(topic)} has a column {value_schemas.VALUE_DECODED} that is not a struct"
+            )
+        value_schemas.check_evolution(old.field_type, schema.struct, topic)
+    wanted = Schema(NestedField(1, value_schemas.VALUE_DECODED, schema.struct, required=False))
+    with table.update_schema() as update:
+        update.union_by_name(wanted)
+
+
+def _decoded(data: pa.Table, arrow: pa.Field, typed: _Typed) -> tuple[pa.Table, pa.Table]:
+    """``data`` with its ``value_decoded`` column (``arrow``), and the dead letters of the rows whose value does not
+    decode."""
+    values: list[dict[str, object] | None] = []
+    errors: list[tuple[int, str]] = []
+    for i, raw in enumerate(data.column("value").to_pylist()):
+        try:
+            if raw is None:
+                raise value_schemas.ValueDecodeError("no value (null)")
+            values.append(typed.schema.decode(raw))
+        except value_schemas.ValueDecodeError as err:
+            errors.append((i, str(err)))
+            values.append(None)
+    column = pa.array(values, type=arrow.type)
+    return data.append_column(arrow, column), dead_letters.dead_letter_rows(data, errors)
+
+
 def _write(
     scoped: ScopedStore,
     table: Table,
     pending: list[_Pending],
     base: int | None,
     options: SyncOptions,
+    typed: _Typed | None = None,
 ) -> tuple[list[DataFile], int]:
-    """Write the pending segments' messages as data files of ``table``; returns them and their rows."""
+    """Write the pending segments' messages as data files of ``table``; returns them and their rows. With a value
+    schema, also the dead letters past the dead-letter table's position, as its data files (``typed.files``)."""
     files: list[DataFile] = []
     rows = 0
     table_uuid = table.metadata.table_uuid
+    arrow_schema = schema_to_pyarrow(table.schema())
+    decoded = (
+        arrow_schema.field(value_schemas.VALUE_DECODED) if value_schemas.VALUE_DECODED in arrow_schema.names else None
+    )
     for part in pending:
         partition = TopicName.parse(part.topic).partition
         bounds = PositionBounds(start=_position_after(part.after))
@@ -271,6 +352,17 @@ def _write(
                 if data.num_rows == 0:
                     continue
                 write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
+                if typed is not None and decoded is not None:
+                    data, dead = _decoded(data, decoded, typed)
+                    dead = dead_letters.past(dead, typed.position.of(part.topic))
+                    if dead.num_rows:
+                        dead_uuid = uuid.uuid5(_NAMES, f"{write_uuid}/{typed.position.snapshot_id}")
+                        meta = typed.dead.metadata
+                        typed.files += _dataframe_to_data_files(meta, dead, typed.dead.io, write_uuid=dead_uuid)
+                        typed.rows += dead.num_rows
+                elif decoded is not None:  # the topic had a schema, no longer: null (pyiceberg's own nulls have
+                    # null children, which Parquet refuses under a required field)
+                    data = data.append_column(decoded, pa.array([None] * data.num_rows, type=decoded.type))
                 files += _dataframe_to_data_files(table.metadata, data, table.io, write_uuid=write_uuid)
                 rows += data.num_rows
     return files, rows
@@ -290,8 +382,13 @@ def sync_topic(
     metadata = MetadataStore(scoped)
     topics = resolve_topics(metadata, [str(base_topic)])
     partitioned = any(TopicName.parse(t).is_partition for t in topics)
+    schema = value_schemas.parse_value_schema(options.value_schema, str(base_topic)) if options.value_schema else None
     table, created = open_table(catalog, scoped, base_topic, create=True, partitioned=partitioned)
     assert table is not None
+    dead: Table | None = None
+    if schema is not None:
+        _evolve(table, schema, str(base_topic))
+        dead, _ = open_table(catalog, scoped, base_topic, create=True, dead=True)
     report = SyncReport(str(base_topic), table_name(base_topic), created=created)
     position = table_position(table)
     listed = _listed(metadata, topics, position)
@@ -300,7 +397,8 @@ def sync_topic(
         if not pending:
             report.position = position
             return report
-        files, rows = _write(scoped, table, pending, position.snapshot_id, options)
+        typed = None if schema is None or dead is None else _Typed(schema, dead, table_position(dead))
+        files, rows = _write(scoped, table, pending, position.snapshot_id, options, typed)
         positions = dict(position.positions)
         segments: dict[str, list[str]] = {}
         for part in pending:
@@ -310,8 +408,15 @@ def sync_topic(
             hooks.written(table, files)
         if hooks is not None and hooks.before_commit is not None:
             hooks.before_commit()
+        properties = summary_properties(positions, segments, store_name(scoped))
         try:
-            snapshot_id = _commit(table, files, summary_properties(positions, segments, store_name(scoped)))
+            if typed is not None and typed.files:
+                ahead = {**typed.position.positions, **positions}  # where the dead letters are ahead, theirs
+                ahead.update((t, p) for t, p in typed.position.positions.items() if p > positions.get(t, p))
+                _commit(typed.dead, typed.files, summary_properties(ahead, segments, store_name(scoped)))
+                if hooks is not None and hooks.dead_letters_committed is not None:
+                    hooks.dead_letters_committed()
+            snapshot_id = _commit(table, files, properties)
         except CommitFailedException as err:
             report.conflicts += 1
             log.info("table %s: another writer committed first (%s); re-reading it", report.table, err)
@@ -321,9 +426,12 @@ def sync_topic(
                     "was appended twice, run the sync again"
                 ) from None
             table.refresh()
+            if dead is not None:
+                dead.refresh()
             position = table_position(table)
             continue
-        report.commits.append(Commit(snapshot_id, segments, rows, [f.file_path for f in files]))
+        dead_rows = 0 if typed is None else typed.rows
+        report.commits.append(Commit(snapshot_id, segments, rows, [f.file_path for f in files], dead_rows))
         position = table_position(table)
 
 
@@ -347,7 +455,8 @@ def rebuild_topic(
     options: SyncOptions | None = None,
     hooks: SyncHooks | None = None,
 ) -> SyncReport:
-    """Drop ``topic``'s table (its data files, manifests and metadata with it) and derive it again from the store.
+    """Drop ``topic``'s table (its data files, manifests and metadata with it; its dead-letter table too) and derive
+    it again from the store.
     Only a table the sync made for this topic is dropped (of any store). A crash part way leaves a table that a
     sync completes."""
     base_topic = layout.table_topic(topic)
@@ -366,4 +475,10 @@ def rebuild_topic(
                 + ": it is left as it is"
             )
         catalog.purge_table(ident)
+    try:  # its dead letters are derived from the store too
+        dead = catalog.load_table(dead_letters.identifier(ident))
+    except NoSuchTableError:
+        dead = None
+    if dead is not None and dead.properties.get(TOPIC_PROPERTY) == str(base_topic):
+        catalog.purge_table(dead_letters.identifier(ident))
     return sync_topic(scoped, catalog, base_topic, options, hooks)

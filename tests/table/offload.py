@@ -6,6 +6,7 @@ call commits whole segments), so a test can sync, offload more and sync again.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -67,6 +68,8 @@ class TopicOffload:
     segment_bytes: int = 6 * 1024
     first_ledger: int = 3
     entries_per_ledger: int = 40
+    value_of: Callable[[int], bytes] | None = None
+    """Message n's value (None: the topic, n and n % 37 bytes)."""
     rows: list[Row] = field(default_factory=list)
     _state: MemoryState = field(default_factory=MemoryState)
     _sink: SegmentSink | None = None
@@ -102,7 +105,9 @@ class TopicOffload:
                 n = self._seq + b
                 key = None if n % 5 == 2 else f"key-{n % 4}"
                 props = {"n": str(n), "topic": self.topic[-3:]} if n % 3 else {}
-                value = f"{self.topic}|{n}|".encode() + bytes([n % 256]) * (n % 37)
+                value = (
+                    self.value_of(n) if self.value_of else f"{self.topic}|{n}|".encode() + bytes([n % 256]) * (n % 37)
+                )
                 messages.append(Message(value, key=key, properties=props, event_time=0 if n % 4 == 1 else publish - 7))
             data = build_entry(
                 messages, producer_name="table-test", sequence_id=self._seq, publish_time=publish, batched=batch > 0
