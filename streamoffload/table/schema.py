@@ -57,7 +57,7 @@ class TableSchemaError(TableError):
     """A topic's value schema that cannot be read, mapped to Iceberg, or evolved into its table's."""
 
 
-class ValueDecodeError(ValueError):
+class ValueDecodeError(TableError, ValueError):
     """A value that does not fit the topic's schema (the text names the field): a dead letter."""
 
 

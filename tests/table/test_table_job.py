@@ -322,7 +322,7 @@ def assert_table_holds(table: Table, sent: list[Sent]) -> None:
         assert got == want, reader
 
 
-def poll(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+def poll(condition: Callable[[], bool], what: str, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
