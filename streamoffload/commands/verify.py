@@ -26,6 +26,7 @@ from streamoffload.cli_common import (
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.read import stored_manifest
 from streamoffload.printable import PrintableWriter
+from streamoffload.progress import Progress
 from streamoffload.read.verify import (
     STALE_MINUTES,
     Problem,
@@ -169,10 +170,13 @@ def run(args: argparse.Namespace) -> int:
             names = keys.list_topic_dirs(scoped)
             if not names:
                 raise VerifyError(f"no offloaded topics in {scoped.describe()}")
-        for name in names:
-            topics.append(
-                verify_topic(scoped, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000, keyring=keyring)
-            )
+        checked = 0
+        with Progress("verify", total=len(names), unit="topic-partitions") as progress:
+            for name in names:
+                report = verify_topic(scoped, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000, keyring=keyring)
+                topics.append(report)
+                checked += sum(s.data_length for s in report.segments)
+                progress.advance(1, note=f"{checked / 1e6:.1f} MB of data objects checked")
     finally:
         store.close()
 
