@@ -43,7 +43,6 @@ class Progress:
                 TaskProgressColumn,
                 TextColumn,
                 TimeElapsedColumn,
-                TimeRemainingColumn,
             )
             from rich.progress import Progress as RichProgress
 
@@ -55,8 +54,7 @@ class Progress:
                 TaskProgressColumn(),
                 TextColumn("{task.fields[note]}", markup=False),
                 TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
+                _eta_column()(),
                 console=Console(file=self.stream, force_terminal=True),
                 transient=False,
                 redirect_stdout=False,  # a command's output stays on its standard output (a pipe, a file)
@@ -76,6 +74,13 @@ class Progress:
             self._bar.update(self._task(task), advance=amount)
             if note is not None:
                 self._bar.update(self._task(task), note=note)
+
+    def extend(self, amount: float, task: TaskID | None = None) -> None:
+        """Add ``amount`` to a task's total (one found as the work goes: the segments of the next topic-partition)."""
+        if self._bar is not None:
+            chosen = self._task(task)
+            total = self._bar.tasks[chosen].total or 0
+            self._bar.update(chosen, total=total + amount)
 
     def line(self, text: str) -> None:
         """Print ``text`` on standard output (above the bar when one is drawn there)."""
@@ -107,3 +112,17 @@ def _same_terminal() -> bool:
         return sys.stdout.isatty() and os.path.samestat(os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno()))
     except (AttributeError, OSError, ValueError):
         return False
+
+
+def _eta_column() -> type:
+    """rich's ``TimeRemainingColumn`` labelled ``ETA``, blank where a task has no total (nothing to estimate)."""
+    from rich.progress import Task, TimeRemainingColumn
+    from rich.text import Text
+
+    class EtaColumn(TimeRemainingColumn):
+        def render(self, task: Task) -> Text:
+            if task.total is None:
+                return Text("")
+            return Text.assemble("ETA ", super().render(task))
+
+    return EtaColumn

@@ -170,13 +170,19 @@ def run(args: argparse.Namespace) -> int:
             names = keys.list_topic_dirs(scoped)
             if not names:
                 raise VerifyError(f"no offloaded topics in {scoped.describe()}")
-        checked = 0
         with Progress("verify", total=len(names), unit="topic-partitions") as progress:
+            segment_bar = SegmentProgress(progress)
             for name in names:
-                report = verify_topic(scoped, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000, keyring=keyring)
+                report = verify_topic(
+                    scoped,
+                    name,
+                    crc=args.crc,
+                    stale_ms=args.stale_minutes * 60_000,
+                    keyring=keyring,
+                    progress=segment_bar if progress.shown else None,
+                )
                 topics.append(report)
-                checked += sum(s.data_length for s in report.segments)
-                progress.advance(1, note=f"{checked / 1e6:.1f} MB of data objects checked")
+                progress.advance(1)
     finally:
         store.close()
 
@@ -222,6 +228,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(topics, loose, problems, totals, crc=args.crc)
     return 1 if problems else 0
+
+
+class SegmentProgress:
+    """``read.verify.VerifyProgress`` as a second bar: segments checked of those listed so far (each topic-partition's
+    are listed as its check starts), with their data bytes."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = progress.add_task("  segments", 0, "segments")
+        self.listed_bytes = 0
+        self.checked_bytes = 0
+
+    def listed(self, segments: int, data_bytes: int) -> None:
+        self.listed_bytes += data_bytes
+        self.progress.extend(segments, self.task)
+        self.progress.advance(0, self.task, note=self._note())
+
+    def checked(self, segment: SegmentReport, data_bytes: int) -> None:
+        self.checked_bytes += data_bytes
+        self.progress.advance(1, self.task, note=self._note())
+
+    def _note(self) -> str:
+        return f"{self.checked_bytes / 1e6:.1f} of {self.listed_bytes / 1e6:.1f} MB listed"
 
 
 def segments_of(topics: list[TopicReport], loose: list[SegmentReport]) -> list[SegmentReport]:

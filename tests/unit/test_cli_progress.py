@@ -73,6 +73,8 @@ def test_progress_on_a_terminal_and_not_in_a_pipe(store: Path, argv: list[str], 
     command = [argv[0], "--store", str(store), *argv[1:]]
     code, out, err = run_with_stderr(command, on_pty=True)
     assert re.search(rf"{bar} .*1/1 topic-partitions", err), err
+    if bar == "verify":  # and the segments of the store's one live segment, with its data bytes (1 MB)
+        assert re.search(r"segments .*1/1 +segments .*1\.0 of 1\.0 MB listed", err), err
     piped_code, piped_out, piped_err = run_with_stderr(command, on_pty=False)
     assert (piped_code, piped_out) == (code, out)  # stdout is the same either way
     assert "topic-partitions" not in piped_err and "ETA" not in piped_err
@@ -110,6 +112,7 @@ def test_run_once_progress_counts_entries_and_bytes_of_the_backlog(monkeypatch: 
     assert re.search(r"all topic-partitions .* 350/\? +entries .* 3\.5 MB, [\d.]+ MB/s", final[0]), final
     assert re.search(rf"{p0} .* 300/300 entries +100% +3\.0 MB, ", final[1]), final
     assert re.search(rf"{p1} .* 50/\? +entries .* 0\.5 MB, ", final[2]), final
+    assert "ETA 0:00:00" in final[1] and "ETA" not in final[2]  # an estimate only where the backlog is known
 
 
 def test_progress_is_off_in_a_pipe(tmp_path: Path) -> None:
