@@ -1,5 +1,6 @@
 """Progress is drawn on a terminal (a pty) and nowhere else: `cleanup` and `verify` in a subprocess whose standard
-error is a pty or a pipe, and `run --once`'s listener fed the micro-batch reports the job gives it."""
+error is a pty or a pipe, `run --once`'s listener fed the micro-batch reports the job gives it, and the backlog
+`run --once` finds against the embedded broker (no Spark: `run --once` itself is measured by hand, in the report)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from streamoffload.commands.run import OnceProgress
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.commands.run import OnceProgress, backlog_at_start
+from streamoffload.config import load_config
+from streamoffload.embedded_broker import EmbeddedBroker
+from streamoffload.produce import produce
 from streamoffload.progress import Progress
+from streamoffload.status import latest_positions
+from streamoffload.storage import keys
+from streamoffload.storage.filesystem import FilesystemStore
+from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.sink.sink import SinkStats
+from tests.fixtures.broker import unique_topic
+from tests.job.conftest import write_job_config
 from tests.unit.test_cli_json import leaky_store
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -121,3 +134,51 @@ def test_progress_is_off_in_a_pipe(tmp_path: Path) -> None:
         progress.advance(1)
         progress.line("a line")
     assert (tmp_path / "log").read_text() == ""
+
+
+def committed_segment(meta: MetadataStore, topic: str, end: tuple[int, int]) -> None:
+    """A committed segment of ``topic`` holding its entries ``end[0]:0..end[1]``: the store's position for the job."""
+    seg_id = mf.segment_uuid(topic, 0, (end[0], 0))
+    opened = mf.new_manifest(
+        topic=topic,
+        segment_id=seg_id,
+        ordinal=0,
+        format_version=2,
+        start=(end[0], 0),
+        assigned_ms=1,
+        data_key=keys.data_key("", topic, seg_id),
+        index_key=keys.index_key("", topic, seg_id),
+    )
+    done = mf.sealed_manifest(
+        opened,
+        end=end,
+        offloaded_ms=2_000,
+        spans=[mf.LedgerSpan(end[0], 0, end[1], end[1] + 1, 100 * (end[1] + 1))],
+        data_length=100 * (end[1] + 1),
+        index_length=8,
+        block_count=1,
+        part_count=1,
+        seal_reason="size",
+        publish_time_last=1_000,
+    )
+    meta.store.put(done.dataKey, b"d")
+    meta.store.put(done.indexKey, b"i")
+    meta.commit(done)
+
+
+def test_run_once_finds_the_backlog_of_each_topic_partition(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """What the job's store holds against the broker's latest positions: entries behind where the store's last
+    position is in the latest ledger; unknown (no total, no ETA) for a topic-partition the store has nothing of."""
+    stored, fresh = unique_topic("progress-stored"), unique_topic("progress-fresh")
+    produce(pulsar_broker.service_url, [stored, fresh], count=30, payload_size=64, batching=False)
+    latest = latest_positions(pulsar_broker.service_url, [stored, fresh])
+    ledger, last = latest[stored] or (-1, -1)
+    assert last == 29
+    config_path = write_job_config(tmp_path, pulsar_broker.service_url, topics=[stored, fresh])
+    committed_segment(MetadataStore(ScopedStore(FilesystemStore(tmp_path / "store", fsync=False))), stored, (ledger, 9))
+    job = OffloadJob(load_config(config_path), str(config_path))
+    job.begin_run()
+    try:
+        assert backlog_at_start(job) == {stored: 20, fresh: None}
+    finally:
+        job.end_run()
