@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from streamoffload import __version__, commands
-from streamoffload.cli_common import LOG_LEVELS, LogSettings, configure_logging, finalizers_skipped, log_settings
+from streamoffload.cli_common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_STATUSES,
+    EXIT_USAGE,
+    LOG_LEVELS,
+    LogSettings,
+    configure_logging,
+    finalizers_skipped,
+    log_settings,
+)
 from streamoffload.errors import StreamOffloadError
 from streamoffload.printable import printable
 from streamoffload.redaction import redact
@@ -30,7 +41,11 @@ EPILOG = """\
 examples:
   streamoffload demo                                   # the whole pipeline on the embedded default
   streamoffload run --conf conf/streamoffload.toml     # the continuously running job
-  streamoffload status --store var/demo/store"""
+  streamoffload status --store var/demo/store
+  streamoffload completion bash > ~/.local/share/bash-completion/completions/streamoffload
+
+exit statuses (every command):
+""" + "\n".join(f"  {code:<4} {text.replace('`', '')}" for code, text in EXIT_STATUSES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         module.register(subparsers)
+    parser.set_defaults(top_parser=parser)  # for `completion`, which describes the whole command line
     return parser
 
 
@@ -115,10 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(LogSettings(args.log_level, args.quiet, args.log_file))
     except StreamOffloadError as err:
         print(f"streamoffload {command}: error: {shown(str(err))}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at interpreter exit, so that a closed pipe is seen below
@@ -136,17 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             _log_details(f"{args.command} failed: {err}")
             hint = _log_hint()
         print(f"streamoffload {args.command}: error: {shown(message)}{hint}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"streamoffload {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as err:
         if not is_spark_error(err):
             raise
         # A failed Spark query or call: pages of Java and Python frames, of which one line says what happened.
         _log_details(f"{args.command} failed", err)
         print(f"streamoffload {args.command}: error: {shown(root_cause(err))}{_log_hint()}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 def shown(message: str) -> str:
@@ -230,10 +246,6 @@ def _log_details(message: str, err: BaseException | None = None) -> None:
 def _log_hint() -> str:
     settings = log_settings()
     return f" (details in {settings.log_file})" if settings.log_file else ""
-
-
-EXIT_BROKEN_PIPE = 128 + 13
-"""Exit status when standard output's reader has gone: what a shell reports for a process killed by SIGPIPE."""
 
 
 def _stdout_is_broken() -> bool:

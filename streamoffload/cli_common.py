@@ -82,8 +82,39 @@ def config_from_args(args: argparse.Namespace, *, need_file_or_store: bool = Tru
     return config, path
 
 
+# --- exit statuses: one meaning each, for every command (README "Exit statuses", `streamoffload --help`) ------
+
+EXIT_OK = 0
+"""Done: the command did what it was asked, and a check found nothing wrong."""
+EXIT_FAILED = 1
+"""An error (one line on stderr naming what was wrong and where), or a check that found problems (``verify``, the
+demo's read-back, a failed ``offload-now`` request in ``offload-status --wait``)."""
+EXIT_USAGE = 2
+"""Bad usage: an unknown option, a missing argument, no command (argparse's own status)."""
+EXIT_TIMEOUT = 3
+"""``offload-status --wait --timeout``: gave up waiting with requests still pending."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (SIGINT): 128 + 2, as a shell reports it."""
+EXIT_BROKEN_PIPE = 128 + 13
+"""Standard output's reader went away (``... | head``): what a shell reports for a process killed by SIGPIPE."""
+
+EXIT_STATUSES = (
+    (EXIT_OK, "ok: done, and any check found nothing wrong"),
+    (
+        EXIT_FAILED,
+        "failed: an error (one line on stderr), or a check found problems (`verify`, `demo`, "
+        "a failed request in `offload-status --wait`)",
+    ),
+    (EXIT_USAGE, "bad usage: unknown option, missing argument, no command"),
+    (EXIT_TIMEOUT, "`offload-status --wait --timeout`: requests still pending"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+    (EXIT_BROKEN_PIPE, "standard output closed by its reader (`| head`)"),
+)
+"""Every exit status and its meaning, as README's table and ``--help`` list them."""
+
+
 class CommandError(StreamOffloadError):
-    """The root of the commands' errors: what a command was asked cannot be done as given (one line, exit 2 or 1)."""
+    """The root of the commands' errors: what a command was asked cannot be done as given (one line, exit 1)."""
 
 
 class ArgumentError(CommandError):

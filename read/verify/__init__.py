@@ -5,7 +5,16 @@ topic-partition's history and every Offloaded segment of it. Both collect ``Prob
 than raising; the command prints them and sets the exit status.
 """
 
-from streamoffload.read.verify.history import STALE_MINUTES, TopicReport, verify_topic
+from streamoffload.read.verify.history import STALE_MINUTES, TopicReport, VerifyProgress, verify_topic
 from streamoffload.read.verify.segment import Problem, SegmentReport, VerifyError, verify_segment
 
-__all__ = ["STALE_MINUTES", "Problem", "SegmentReport", "TopicReport", "VerifyError", "verify_segment", "verify_topic"]
+__all__ = [
+    "STALE_MINUTES",
+    "Problem",
+    "SegmentReport",
+    "TopicReport",
+    "VerifyError",
+    "VerifyProgress",
+    "verify_segment",
+    "verify_topic",
+]

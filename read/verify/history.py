@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.deleted_segments import DeletedRecord
@@ -67,6 +68,16 @@ def _pos(p: tuple[int, int]) -> str:
     return f"{p[0]}:{p[1]}"
 
 
+class VerifyProgress(Protocol):
+    """Told how far a check is (the ``verify`` command's progress bar)."""
+
+    def listed(self, segments: int, data_bytes: int) -> None:
+        """A topic-partition's Offloaded segments were listed: this many, of this many data bytes."""
+
+    def checked(self, segment: SegmentReport, data_bytes: int) -> None:
+        """One of them was checked; ``data_bytes``: its manifest's data length (what ``listed`` counted)."""
+
+
 def verify_topic(
     scoped: ScopedStore,
     topic: TopicName,
@@ -75,6 +86,7 @@ def verify_topic(
     stale_ms: float = STALE_MINUTES * 60_000,
     now_ms: int | None = None,
     keyring: KeyRing | None = None,
+    progress: VerifyProgress | None = None,
 ) -> TopicReport:
     """Verify every Offloaded segment of ``topic`` and the topic's history as a whole.
 
@@ -91,7 +103,9 @@ def verify_topic(
     deleted = check.read_deletions()
     failed_ids = check.failure_notes()
     marks = check.deleted_ledgers()
-    check.check_offloaded(offloaded, commits, crc=crc, keyring=keyring)
+    if progress is not None:
+        progress.listed(len(offloaded), sum(m.dataLength for m, _ in offloaded))
+    check.check_offloaded(offloaded, commits, crc=crc, keyring=keyring, progress=progress)
     live = {m.ordinal: (m, key) for m, key in reversed(offloaded)}
     by_ordinal = _places(commits, deleted, live)
     check.check_missing(commits, live, set(deleted))
@@ -222,7 +236,13 @@ class _TopicCheck:
         }
 
     def check_offloaded(
-        self, offloaded: list[_Placed], commits: dict[int, _Known], *, crc: bool, keyring: KeyRing | None
+        self,
+        offloaded: list[_Placed],
+        commits: dict[int, _Known],
+        *,
+        crc: bool,
+        keyring: KeyRing | None,
+        progress: VerifyProgress | None = None,
     ) -> None:
         """Each Offloaded segment: its objects, its place among its neighbours, its commit."""
         previous: _Placed | None = None
@@ -266,6 +286,8 @@ class _TopicCheck:
                     keyring=keyring,
                 )
             )
+            if progress is not None:
+                progress.checked(self.report.segments[-1], manifest.dataLength)
 
     def check_missing(self, commits: dict[int, _Known], live: dict[int, _Placed], deleted_ids: set[str]) -> None:
         """Each committed place holds an Offloaded segment or a deleted one (``MissingSegment``)."""

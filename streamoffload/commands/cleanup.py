@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from streamoffload.checkpoints.cleanup_guard import CleanupGuard
@@ -12,7 +17,18 @@ from streamoffload.checkpoints.metadata_view import MetadataView
 from streamoffload.checkpoints.policy import MAX_RETENTION_MINUTES
 from streamoffload.cli_common import CommandError, add_store_args, config_from_args, float_arg, topic_arg
 from streamoffload.printable import printable
+from streamoffload.progress import Progress
 from streamoffload.storage import keys
+from streamoffload.storage.base import (
+    MultipartWrite,
+    ObjectExistsError,
+    ObjectInfo,
+    ObjectNotFoundError,
+    ObjectStore,
+    PartData,
+    PendingUpload,
+)
+from streamoffload.storage.location import ScopedStore
 
 LIVE_GRACE = f"{LIVE_WRITER_GRACE_MS / 60_000:g}"
 WINDOW = f"{COMMIT_WINDOW_MS / 60_000:g}"
@@ -37,6 +53,7 @@ def register(subparsers: Any) -> None:
         f"{LIVE_GRACE} minutes (0 included) cleanup holds the writer lease while it runs, so no job writes "
         "meanwhile (a job that starts waits for it, and `run --take-over` stops the cleanup).",
         epilog="examples:\n"
+        "  streamoffload cleanup --store var/demo/store --dry-run\n"
         "  streamoffload cleanup --store var/demo/store\n"
         "  streamoffload cleanup --conf conf/streamoffload.toml --grace-minutes 120\n"
         "  streamoffload cleanup --store file:///data/store --topic persistent://public/default/t-partition-0",
@@ -50,11 +67,43 @@ def register(subparsers: Any) -> None:
         help=f"leave younger work alone (default 60; at least {LIVE_GRACE} beside a running job)",
     )
     parser.add_argument("--topic", help="only this topic-partition")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would be removed (the plan the real run follows) and remove nothing; the filesystem "
+        "store's sweep of temporary files is not part of it",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of lines (README)")
     parser.set_defaults(func=run)
 
 
 class CleanupError(CommandError):
     """A cleanup target that is not in the store."""
+
+
+REMOVAL_KINDS = (
+    ("superseded_attempts", "superseded attempt"),
+    ("aborted_uploads", "aborted upload"),
+    ("orphan_objects", "orphan object"),
+    ("finished_deletions", "finished deletion"),
+    ("folded_deleted_records", "deleted-segment record (counts kept in the summary)"),
+    ("removed_commits", "commit of deleted segment"),
+    ("removed_failure_notes", "failure note of a gone attempt"),
+)
+"""The kinds of removal, as ``--json`` names them (keys of a topic's ``removed``) and as a line says them."""
+
+
+@dataclass
+class TopicCleanup:
+    """What cleanup removed (or, in a dry run, would remove) of one topic-partition, by kind (``REMOVAL_KINDS``):
+    object keys, segment ids, commit ordinals, as the store names them."""
+
+    topic: str
+    removed: dict[str, list[str | int]] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(len(items) for items in self.removed.values())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
     topic = topic_arg(args.topic, config) if args.topic else None
     scoped = config.store.location.open(create=False)  # a mistyped path is an error, not a new empty store
     store = scoped.store
+    if args.dry_run:
+        # The same code as the real run, over a view of the store that keeps every write and deletion in memory:
+        # the plan printed is the one a real run follows, and the store is left as it is.
+        scoped = ScopedStore(DryRunStore(store), scoped.prefix)
     meta = MetadataStore(scoped)
     if topic is not None:
         if next(iter(store.list(keys.topic_dir(meta.prefix, topic))), None) is None:
@@ -72,36 +125,159 @@ def run(args: argparse.Namespace) -> int:
         topics = [str(t) for t in meta.topics()]
     grace_ms = round(args.grace_minutes * 60_000)
     with CleanupGuard.take(scoped, grace_ms) as guard:
-        return _clean(meta, guard, topics, grace_ms)
+        results, swept = _clean(meta, guard, topics, grace_ms, dry_run=args.dry_run, as_json=args.json)
+    total = sum(r.total for r in results) + swept
+    if args.json:
+        doc = {
+            "store": store.url,
+            "prefix": meta.prefix,
+            "dry_run": args.dry_run,
+            "grace_minutes": args.grace_minutes,
+            "topics": [{"topic": r.topic, "removed": r.removed, "total": r.total} for r in results],
+            "stale_temporaries": swept,
+            "total": total,
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        print(
+            f"cleanup{' --dry-run' if args.dry_run else ''}: {total} item(s) {verb} from {len(topics)} "
+            f"topic-partition(s){'; nothing was removed' if args.dry_run else ''}"
+        )
+    return 0
 
 
-def _clean(meta: MetadataStore, guard: CleanupGuard, topics: list[str], grace_ms: int) -> int:
+def _clean(
+    meta: MetadataStore, guard: CleanupGuard, topics: list[str], grace_ms: int, *, dry_run: bool, as_json: bool
+) -> tuple[list[TopicCleanup], int]:
+    """Clean each topic-partition (printing a line per removal unless ``as_json``), then sweep a filesystem
+    store's temporaries (not in a dry run); the topics' results and the number of temporaries swept."""
     store = meta.store
     view = MetadataView(meta)
-    total = 0
-    for name in topics:
-        report = meta.cleanup(name, grace_ms=grace_ms, guard=guard)
-        compaction = view.compact(name, grace_ms=grace_ms)
-        total += report.total + compaction.total
-        for label, items in (
-            ("superseded attempt", report.superseded_manifests),
-            ("aborted upload", report.aborted_uploads),
-            ("orphan object", report.orphan_objects),
-            ("finished deletion", report.finished_deletions),
-            ("deleted-segment record (counts kept in the summary)", compaction.folded_records),
-            ("commit of deleted segment", compaction.removed_commits),
-            ("failure note of a gone attempt", compaction.removed_failures),
-        ):
-            for item in items:
-                print(f"{name}: removed {label} {printable(str(item))}")  # a key as the store listed it
+    results: list[TopicCleanup] = []
+    verb = "would remove" if dry_run else "removed"
+    with Progress("cleanup", total=len(topics), unit="topic-partitions") as progress:
+        for name in topics:
+            report = meta.cleanup(name, grace_ms=grace_ms, guard=guard)
+            compaction = view.compact(name, grace_ms=grace_ms)
+            found: dict[str, Sequence[object]] = {
+                "superseded_attempts": report.superseded_manifests,
+                "aborted_uploads": report.aborted_uploads,
+                "orphan_objects": report.orphan_objects,
+                "finished_deletions": report.finished_deletions,
+                "folded_deleted_records": compaction.folded_records,
+                "removed_commits": compaction.removed_commits,
+                "removed_failure_notes": compaction.removed_failures,
+            }
+            result = TopicCleanup(name, {kind: [_item(i) for i in found[kind]] for kind, _ in REMOVAL_KINDS})
+            results.append(result)
+            if not as_json:
+                for kind, label in REMOVAL_KINDS:
+                    for item in result.removed[kind]:
+                        progress.line(f"{name}: {verb} {label} {printable(str(item))}")  # a key as the store listed it
+            progress.advance(1)
     sweep = getattr(store, "remove_stale_temporaries", None)
-    if sweep is not None:
+    swept = 0
+    if sweep is not None and not dry_run:
         guard.check()
         # The sweep walks the whole filesystem store, other prefixes (and their writers, whose leases the guard
         # never read) included: below a store's root it keeps to the grace a live writer needs.
         swept = int(sweep(older_than=(max(grace_ms, LIVE_WRITER_GRACE_MS) if meta.prefix else grace_ms) / 1000))
-        if swept:
+        if swept and not as_json:
             print(f"{store.url}: removed {swept} stale temporary file(s) and unfinished upload director(ies)")
-        total += swept
-    print(f"cleanup: {total} item(s) removed from {len(topics)} topic-partition(s)")
-    return 0
+    return results, swept
+
+
+def _item(item: object) -> str | int:
+    """A removed item as ``--json`` shows it: a commit's ordinal as a number, a key or segment id as a string."""
+    return item if isinstance(item, int) else str(item)
+
+
+class DryRunStore(ObjectStore):
+    """A store as a cleanup would leave it, the real one untouched: reads go to ``inner``, writes and deletions
+    are kept here and shown to later reads (a deleted key is gone, a written one is there), an abort of a
+    multipart upload hides it from later listings. Only what cleanup does is supported: it starts no upload."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.min_part_size = inner.min_part_size
+        self.part_size = inner.part_size
+        self.written: dict[str, tuple[bytes, ObjectInfo]] = {}
+        self.deleted: set[str] = set()
+        self.aborted: set[tuple[str, str]] = set()
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def put(
+        self,
+        key: str,
+        data: bytes | memoryview,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        if_absent: bool = False,
+    ) -> ObjectInfo:
+        if if_absent and self.exists(key):
+            raise ObjectExistsError(f"{self.url}: {key} exists")
+        info = ObjectInfo(key, len(data), dict(metadata or {}), time.time())
+        self.written[key] = (bytes(data), info)
+        self.deleted.discard(key)
+        return info
+
+    def get(self, key: str) -> bytes:
+        if key in self.written:
+            return self.written[key][0]
+        if key in self.deleted:
+            raise ObjectNotFoundError(f"{self.url}: {key} not found")
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if key in self.written or key in self.deleted:
+            return self.get(key)[start : start + length]
+        return self.inner.get_range(key, start, length)
+
+    def head(self, key: str) -> ObjectInfo:
+        if key in self.written:
+            return self.written[key][1]
+        if key in self.deleted:
+            raise ObjectNotFoundError(f"{self.url}: {key} not found")
+        return self.inner.head(key)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        listed = {i.key: i for i in self.inner.list(prefix) if i.key not in self.deleted}
+        listed.update({k: info for k, (_, info) in self.written.items() if k.startswith(prefix)})
+        for key in sorted(listed):
+            yield listed[key]
+
+    def delete(self, key: str) -> None:
+        self.written.pop(key, None)
+        self.deleted.add(key)
+
+    def start_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> MultipartWrite:
+        raise NotImplementedError("a dry run of cleanup starts no upload")
+
+    def resume_multipart(self, key: str, upload_id: str) -> MultipartWrite:
+        return _DryRunUpload(self, key, upload_id)
+
+    def pending_multiparts(self, prefix: str) -> Iterator[PendingUpload]:
+        for upload in self.inner.pending_multiparts(prefix):
+            if (upload.key, upload.upload_id) not in self.aborted:
+                yield upload
+
+
+class _DryRunUpload(MultipartWrite):
+    def __init__(self, store: DryRunStore, key: str, upload_id: str) -> None:
+        self.store = store
+        self.key = key
+        self.upload_id = upload_id
+
+    def write_part(self, part_number: int, data: PartData) -> None:
+        raise NotImplementedError("a dry run of cleanup writes no part")
+
+    def complete(self, part_numbers: Sequence[int]) -> ObjectInfo:
+        raise NotImplementedError("a dry run of cleanup completes no upload")
+
+    def abort(self) -> None:
+        self.store.aborted.add((self.key, self.upload_id))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 from typing import Any
 
 from streamoffload.checkpoints import manifest as mf
@@ -34,6 +35,11 @@ def register(subparsers: Any) -> None:
         help="also mark the newest offloaded ledger (only once the broker has closed it) and ledgers the store "
         "does not hold",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document: the ledgers marked and the segments deleted (README)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -50,16 +56,34 @@ def run(args: argparse.Namespace) -> int:
     meta = MetadataStore(config.store.location.open(create=False))
     try:
         _check_targets(meta, topic, args.ledgers, force=args.force)
-        for ledger in args.ledgers:
-            fresh = meta.mark_ledger_deleted(topic, ledger, "delete-ledger command")
-            print(f"ledger {ledger}: {'marked deleted' if fresh else 'already marked deleted'}")
-        for manifest in meta.apply_deletions(topic, lag):
-            print(
-                f"deleted segment {mf.manifest_uuid(manifest)} "
-                f"({manifest.startLedgerId}:{manifest.startEntryId}..{manifest.endLedgerId}:{manifest.endEntryId})"
-            )
+        marked = [(ledger, meta.mark_ledger_deleted(topic, ledger, "delete-ledger command")) for ledger in args.ledgers]
+        deleted = meta.apply_deletions(topic, lag)
     finally:
         meta.store.close()
+    if args.json:
+        doc = {
+            "topic": str(topic),
+            "deletion_lag_ms": lag,
+            "ledgers": [{"ledger": ledger, "newly_marked": fresh} for ledger, fresh in marked],
+            "deleted_segments": [
+                {
+                    "segment": str(mf.manifest_uuid(m)),
+                    "start": [m.startLedgerId, m.startEntryId],
+                    "end": [m.endLedgerId, m.endEntryId],
+                    "data_key": m.dataKey,
+                }
+                for m in deleted
+            ],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    for ledger, fresh in marked:
+        print(f"ledger {ledger}: {'marked deleted' if fresh else 'already marked deleted'}")
+    for manifest in deleted:
+        print(
+            f"deleted segment {mf.manifest_uuid(manifest)} "
+            f"({manifest.startLedgerId}:{manifest.startEntryId}..{manifest.endLedgerId}:{manifest.endEntryId})"
+        )
     return 0
 
 
@@ -71,9 +95,12 @@ def _check_targets(meta: MetadataStore, topic: TopicName, ledgers: list[int], *,
     held = [info.ledgerId for info in meta.ledgers(topic)]
     if not held:
         stored = [str(t) for t in meta.topics()]
-        close = difflib.get_close_matches(str(topic), stored, n=3, cutoff=0.6)
-        partitions = [t for t in stored if TopicName.parse(t).base == topic and t != str(topic)]
+        others = [t for t in stored if t != str(topic)]
+        close = difflib.get_close_matches(str(topic), others, n=3, cutoff=0.6)
+        partitions = [t for t in others if TopicName.parse(t).base == topic]
         hint = f"; did you mean {' or '.join(close or partitions[:3])}?" if close or partitions else ""
+        if str(topic) in stored:
+            hint = " (all its segments are deleted)" + hint
         raise DeleteLedgerError(f"topic {topic} has no offloaded segments in {meta.store.url}{hint}")
     if force:
         return

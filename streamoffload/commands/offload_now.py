@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,11 @@ def register(subparsers: Any) -> None:
     )
     add_store_args(parser)
     parser.add_argument("topic", metavar="TOPIC", help="topic or topic-partition")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON document: {"requests": [{"topic", "request_id"}], "follow": COMMAND} (README)',
+    )
     parser.set_defaults(func=run)
 
 
@@ -73,8 +79,13 @@ def run(args: argparse.Namespace) -> int:
     scoped = config.store.location.open(create=False)  # a mistyped path is an error, not a new empty store
     topics = partitions_of(MetadataStore(scoped), args.topic, config.pulsar.topics)
     ids = submit_requests(scoped, topics)
+    follow = " ".join(p for p in ("streamoffload offload-status", store_args_text(args), shlex.quote(args.topic)) if p)
+    follow += " --wait"
+    if args.json:
+        requests = [{"topic": t, "request_id": str(r)} for t, r in zip(topics, ids, strict=True)]
+        print(json.dumps({"requests": requests, "follow": follow}, indent=2))
+        return 0
     for topic, request_id in zip(topics, ids, strict=True):
         print(f"requested offload of {topic} (request {request_id})")
-    follow = " ".join(p for p in ("streamoffload offload-status", store_args_text(args), shlex.quote(args.topic)) if p)
-    print(f"follow with: {follow} --wait")
+    print(f"follow with: {follow}")
     return 0

@@ -21,14 +21,13 @@ from typing import Any, TextIO
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.control_requests import DONE, FAILED, PENDING, RUNNING, RequestState, list_requests
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.cli_common import CommandError, add_store_args, config_from_args
+from streamoffload.cli_common import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, CommandError, add_store_args, config_from_args
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.offload_now import partitions_of
 from streamoffload.errors import ConfigError
 from streamoffload.printable import printable
 from streamoffload.storage.location import ScopedStore
 
-EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
 NONE = "none"
 
 PULSAR_STATUS = {NONE: "NOT_RUN", PENDING: "RUNNING", RUNNING: "RUNNING", DONE: "SUCCESS", FAILED: "ERROR"}
@@ -70,7 +69,7 @@ def register(subparsers: Any) -> None:
         "'Offload has not been run', 'Offload in progress' (pending or running), 'Offload was a success "
         "(segment UUID)' or 'Error in offload: WHY'. Finished requests are remembered for a day.\n\n"
         "exit status with --wait: 0 when every request finished and the latest of each partition "
-        "succeeded, 1 when one failed, 2 on --timeout; 1 with an error when TOPIC has no requests at all.",
+        "succeeded, 1 when one failed, 3 on --timeout; 1 with an error when TOPIC has no requests at all.",
         epilog="example:\n  streamoffload offload-now --store file:///data/offload orders\n"
         "  streamoffload offload-status --store file:///data/offload orders --wait --timeout 300",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,7 +84,7 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="with --wait, give up after SECONDS (exit status 2); default: wait for as long as it takes",
+        help="with --wait, give up after SECONDS (exit status 3); default: wait for as long as it takes",
     )
     parser.add_argument(
         "--json",

@@ -6,11 +6,19 @@ import argparse
 import signal
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamoffload.cli_common import add_job_args, config_from_args
 from streamoffload.config import Config
+from streamoffload.printable import printable
+from streamoffload.progress import Progress, progress_shown
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+    from streamoffload.streaming.job.offload_job import OffloadJob
+    from streamoffload.streaming.job.report import BatchReport
 
 T = TypeVar("T")
 
@@ -148,7 +156,11 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         if args.once:
-            job.run_once(spark)
+            backlog = backlog_at_start(job) if progress_shown() else {}
+            with Progress("all topic-partitions", total=_sum_known(backlog.values()), unit="entries") as progress:
+                if progress.shown:
+                    job.listeners.append(OnceProgress(progress, backlog))
+                job.run_once(spark)
             print(f"offloaded everything available into {config.store.location.describe()}", file=sys.stderr)
             return 0
 
@@ -164,3 +176,75 @@ def run(args: argparse.Namespace) -> int:
         if metrics is not None:
             metrics.stop()
         spark.stop()
+
+
+def backlog_at_start(job: OffloadJob) -> dict[str, int | None]:
+    """The entries each topic-partition holds beyond what the store has, by the broker's latest positions: exact
+    where the store's last position is in the latest ledger, ``None`` where ledgers in between (or a topic-partition
+    the store has nothing of) make the count unknown without asking the broker ledger by ledger. Progress only:
+    any failure answers ``{}`` (the bars then count without totals)."""
+    from streamoffload.streaming.source.backlog import entries_between
+    from streamoffload.streaming.source.offset_planner import SourcePlanner
+    from streamoffload.streaming.source.source_options import SourceOptions
+
+    run = job.run
+    if run is None:
+        return {}
+    try:
+        planner = SourcePlanner(SourceOptions.parse(job.source_options()))
+        try:
+            partitions = planner.topic_partitions(force=True)
+            latest = planner.latest_positions(partitions)
+        finally:
+            planner.close()
+    except Exception:
+        return {}
+    backlog: dict[str, int | None] = {}
+    for tp in partitions:
+        committed = run.resume.get(tp, (None, 0))[0]
+        last = latest.get(tp)
+        if last is None:
+            backlog[tp] = 0  # an empty topic-partition
+        elif committed is None:
+            backlog[tp] = None
+        else:
+            entries, exact = entries_between((int(committed[0]), int(committed[1])), last)
+            backlog[tp] = entries if exact else None
+    return backlog
+
+
+def _sum_known(counts: Iterable[int | None]) -> int | None:
+    """The sum of ``counts``, or ``None`` if there are none or one is unknown."""
+    values = list(counts)
+    known = [v for v in values if v is not None]
+    return sum(known) if values and len(known) == len(values) else None
+
+
+class OnceProgress:
+    """A ``BatchListener`` drawing ``run --once``'s progress: per topic-partition and in all, the entries its
+    micro-batches took into segments (of the backlog found at the start, where known) and their bytes, with the
+    rate; rich's columns add the ETA from the entries' rate."""
+
+    def __init__(self, progress: Progress, backlog: dict[str, int | None]) -> None:
+        self.progress = progress
+        self.backlog = backlog
+        self.tasks: dict[str, TaskID | None] = {}
+        self.bytes: dict[str, int] = {}
+        self.started = time.monotonic()
+
+    def __call__(self, report: BatchReport) -> None:
+        elapsed = max(time.monotonic() - self.started, 1e-3)
+        total_entries = 0
+        for topic, figures in sorted(report.stats.topics.items()):
+            entries = int(figures.get("batch_entries") or 0)
+            nbytes = int(figures.get("batch_bytes") or 0)
+            if topic not in self.tasks:
+                self.tasks[topic] = self.progress.add_task(f"  {printable(topic)}", self.backlog.get(topic), "entries")
+            self.bytes[topic] = self.bytes.get(topic, 0) + nbytes
+            self.progress.advance(entries, self.tasks[topic], note=_bytes_note(self.bytes[topic], elapsed))
+            total_entries += entries
+        self.progress.advance(total_entries, note=_bytes_note(sum(self.bytes.values()), elapsed))
+
+
+def _bytes_note(nbytes: int, elapsed_s: float) -> str:
+    return f"{nbytes / 1e6:.1f} MB, {nbytes / 1e6 / elapsed_s:.1f} MB/s"

@@ -26,6 +26,7 @@ from streamoffload.cli_common import (
 from streamoffload.codecs.topics import TopicName
 from streamoffload.commands.read import stored_manifest
 from streamoffload.printable import PrintableWriter
+from streamoffload.progress import Progress
 from streamoffload.read.verify import (
     STALE_MINUTES,
     Problem,
@@ -169,10 +170,19 @@ def run(args: argparse.Namespace) -> int:
             names = keys.list_topic_dirs(scoped)
             if not names:
                 raise VerifyError(f"no offloaded topics in {scoped.describe()}")
-        for name in names:
-            topics.append(
-                verify_topic(scoped, name, crc=args.crc, stale_ms=args.stale_minutes * 60_000, keyring=keyring)
-            )
+        with Progress("verify", total=len(names), unit="topic-partitions") as progress:
+            segment_bar = SegmentProgress(progress)
+            for name in names:
+                report = verify_topic(
+                    scoped,
+                    name,
+                    crc=args.crc,
+                    stale_ms=args.stale_minutes * 60_000,
+                    keyring=keyring,
+                    progress=segment_bar if progress.shown else None,
+                )
+                topics.append(report)
+                progress.advance(1)
     finally:
         store.close()
 
@@ -218,6 +228,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(topics, loose, problems, totals, crc=args.crc)
     return 1 if problems else 0
+
+
+class SegmentProgress:
+    """``read.verify.VerifyProgress`` as a second bar: segments checked of those listed so far (each topic-partition's
+    are listed as its check starts), with their data bytes."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = progress.add_task("  segments", 0, "segments")
+        self.listed_bytes = 0
+        self.checked_bytes = 0
+
+    def listed(self, segments: int, data_bytes: int) -> None:
+        self.listed_bytes += data_bytes
+        self.progress.extend(segments, self.task)
+        self.progress.advance(0, self.task, note=self._note())
+
+    def checked(self, segment: SegmentReport, data_bytes: int) -> None:
+        self.checked_bytes += data_bytes
+        self.progress.advance(1, self.task, note=self._note())
+
+    def _note(self) -> str:
+        return f"{self.checked_bytes / 1e6:.1f} of {self.listed_bytes / 1e6:.1f} MB listed"
 
 
 def segments_of(topics: list[TopicReport], loose: list[SegmentReport]) -> list[SegmentReport]:

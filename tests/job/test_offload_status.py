@@ -168,7 +168,7 @@ def test_json_speaks_pulsars_offload_process_status(
 
 def test_wait_times_out_with_exit_2(root: Path, store: ObjectStore, capsys: pytest.CaptureFixture[str]) -> None:
     submit_requests(ScopedStore(store), [P0])
-    assert status(root, P0, "--wait", "--timeout", "0.05", "--json") == 2
+    assert status(root, P0, "--wait", "--timeout", "0.05", "--json") == 3  # EXIT_TIMEOUT
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert doc["timed_out"] is True and doc["partitions"][0]["state"] == PENDING
