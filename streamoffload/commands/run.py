@@ -236,8 +236,7 @@ class OnceProgress:
         elapsed = max(time.monotonic() - self.started, 1e-3)
         total_entries = 0
         for topic, figures in sorted(report.stats.topics.items()):
-            entries = int(figures.get("batch_entries") or 0)
-            nbytes = int(figures.get("batch_bytes") or 0)
+            entries, nbytes = figures.batch_entries, figures.batch_bytes
             if topic not in self.tasks:
                 self.tasks[topic] = self.progress.add_task(f"  {printable(topic)}", self.backlog.get(topic), "entries")
             self.bytes[topic] = self.bytes.get(topic, 0) + nbytes

@@ -27,6 +27,7 @@ from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.sink.sink import SinkStats
+from tests.fixtures import reports
 from tests.fixtures.broker import unique_topic
 from tests.job.conftest import write_job_config
 from tests.unit.test_cli_json import leaky_store
@@ -101,8 +102,8 @@ def test_quiet_draws_no_progress_on_a_terminal(store: Path) -> None:
 
 
 def report(batch_id: int, figures: dict[str, tuple[int, int]]) -> BatchReport:
-    topics = {t: {"batch_entries": e, "batch_bytes": b} for t, (e, b) in figures.items()}
-    return BatchReport(batch_id, 1.0, SinkStats(topics=topics))  # type: ignore[arg-type]
+    topics = {t: reports.figures(t, batch_entries=e, batch_bytes=b) for t, (e, b) in figures.items()}
+    return BatchReport(batch_id, 1.0, SinkStats(topics=topics))
 
 
 def test_run_once_progress_counts_entries_and_bytes_of_the_backlog(monkeypatch: pytest.MonkeyPatch) -> None:
