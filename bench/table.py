@@ -112,7 +112,7 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
         f"  pyarrow alone (zstd) {arrow_rows:>10,} rows in {arrow_s:7.2f} s {arrow_rows / arrow_s:>12,.0f} rows/s  "
         f"(CPU {arrow_cpu:.2f} s; {len(datas)} files, {arrow_bytes:,} B)"
     )
-    verdict = ratio >= 0.5 and rows == arrow_rows == report.rows
+    verdict = bool(ratio >= 0.5 and rows == arrow_rows == report.rows)
     print(f"  table ÷ pyarrow: {ratio:.2f} (target >= 0.5) {'met' if ratio >= 0.5 else 'MISSED'}")
     return verdict
 
@@ -183,7 +183,7 @@ def part_c(args: argparse.Namespace, work: Path) -> bool:
     exact = rows == topic.entry
     print(f"  rows: {rows:,} in the table, {topic.entry:,} offloaded ({'exact' if exact else 'DIFFER'})")
     scoped.store.close()
-    return exact and most <= bound and figures.maintenance_failures == 0
+    return bool(exact and most <= bound and figures.maintenance_failures == 0)
 
 
 # --- the job on pulsar-lite: (b), (d), (e) -------------------------------------------------------------------
