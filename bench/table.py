@@ -2,10 +2,11 @@
 
 Parts (``--parts a,b,c,d,e``, all by default; each prints its figures with their denominators):
 
-- **(a) rows into the table ÷ pyarrow alone.** ``--segments`` segments of ``--entries-per-segment`` entries (one
-  message each, ``--value-bytes`` bytes) written by the real segmenter and sink to a filesystem store, then one
-  ``table.sync.sync_topic`` (SQLite catalog): rows per second. The reference: the same rows (each data file the
-  sync wrote, read back) written again by ``pyarrow.parquet.write_table`` alone, zstd, one file each. Target >= 0.5.
+- **(a) rows into the table ÷ pyarrow alone.** ``--segments`` segments of ``--entries-per-segment`` entries (of
+  ``--messages-per-entry`` messages, batched as a producer batches, ``--value-bytes`` bytes each) written by the
+  real segmenter and sink to a filesystem store, then one ``table.sync.sync_topic`` (SQLite catalog): rows per
+  second. The reference: the same rows (each data file the sync wrote, read back) written again by
+  ``pyarrow.parquet.write_table`` alone, zstd, one file each. Target >= 0.5 (wall; the CPU ratio beside it).
 - **(b) the table's lag behind the store.** The continuous job (``run_forever``, a ``local[2]`` session) on
   pulsar-lite with ``offloadTable`` on, ``--rollover-s`` rollover, while ``produce`` publishes ``--rate`` msg/s for
   ``--minutes``; per segment, its snapshot's commit time (``timestamp-ms``: the snapshot whose summary names the
@@ -81,11 +82,11 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
     location = parse_store_url(str(work / "a-store"))
     scoped = location.open()
     catalog = open_catalog(catalog_settings(location))
-    topic = Topic(scoped, args.value_bytes)
+    topic = Topic(scoped, args.value_bytes, args.messages_per_entry)
     span_ms = round(args.rollover_s * 1000)
     for i in range(args.segments):
         topic.publish(args.entries_per_segment, DAY_START_MS + i * span_ms, span_ms)
-    rows = topic.entry
+    rows = topic.messages
     cpu, start = time.process_time(), time.perf_counter()
     report = sync_topic(scoped, catalog, TOPIC)
     sync_s, sync_cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -103,7 +104,10 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
     arrow_bytes = sum(p.stat().st_size for p in out.iterdir())
     scoped.store.close()
     ratio = (rows / sync_s) / (arrow_rows / arrow_s)
-    print(f"(a) {args.segments} segments of {args.entries_per_segment} entries ({args.value_bytes} B values), {load()}")
+    print(
+        f"(a) {args.segments} segments of {args.entries_per_segment} entries of {args.messages_per_entry} "
+        f"message(s) ({args.value_bytes} B values), {load()}"
+    )
     print(
         f"  table (sync_topic)   {rows:>10,} rows in {sync_s:7.2f} s {rows / sync_s:>12,.0f} rows/s  "
         f"(CPU {sync_cpu:.2f} s; {len(report.commits)} commits, {len(paths)} data files, {table_bytes:,} B)"
@@ -113,7 +117,10 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
         f"(CPU {arrow_cpu:.2f} s; {len(datas)} files, {arrow_bytes:,} B)"
     )
     verdict = bool(ratio >= 0.5 and rows == arrow_rows == report.rows)
-    print(f"  table ÷ pyarrow: {ratio:.2f} (target >= 0.5) {'met' if ratio >= 0.5 else 'MISSED'}")
+    print(
+        f"  table ÷ pyarrow: {ratio:.2f} (target >= 0.5) {'met' if ratio >= 0.5 else 'MISSED'}; by CPU "
+        f"{arrow_cpu / sync_cpu:.2f}"
+    )
     return verdict
 
 
@@ -461,8 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default=",".join(PARTS), help="which parts, comma-separated (default a,b,c,d,e)")
     parser.add_argument("--value-bytes", type=int, default=200, help="(a, c) bytes of each message's value (200)")
-    parser.add_argument("--segments", type=int, default=200, help="(a) segments synced in one sync_topic (200)")
+    parser.add_argument("--segments", type=int, default=20, help="(a) segments synced in one sync_topic (20)")
     parser.add_argument("--entries-per-segment", type=int, default=500, help="(a) entries per segment (500)")
+    parser.add_argument(
+        "--messages-per-entry", type=int, default=10, help="(a) messages per entry, batched when > 1 (default 10)"
+    )
     parser.add_argument("--entries-per-sync", type=int, default=10, help="(c) entries per 5 s segment (10)")
     parser.add_argument("--rollover-s", type=float, default=5.0, help="(b, c, e) the rollover, seconds (default 5)")
     parser.add_argument("--syncs", type=int, default=720, help="(c) syncs of one segment each (720: an hour)")
