@@ -234,8 +234,8 @@ class TableFollower:
             return wait
 
     def _maintenance_due(self, topic: str) -> bool:
-        if self.maintain_every_s <= 0 or self._fenced or self._missing_library is not None:
-            return False
+        if self.maintain_every_s <= 0 or self._fenced or self._missing_library is not None or self._stopping.is_set():
+            return False  # stopping: the next run maintains (a maintenance would hold up the stop)
         last = self._last_maintained.get(topic, self._started)
         return self.clock() - last >= self.maintain_every_s
 
