@@ -49,11 +49,14 @@ DAY_START_MS = 1_700_006_400_000
 
 
 class Topic:
-    """One topic-partition whose open segment is sealed after every ``publish``: a segment per call."""
+    """One topic-partition whose open segment is sealed after every ``publish``: a segment per call, of entries
+    holding ``messages_per_entry`` messages each (more than 1: batched, as a producer batches)."""
 
-    def __init__(self, scoped: ScopedStore, value_bytes: int) -> None:
+    def __init__(self, scoped: ScopedStore, value_bytes: int, messages_per_entry: int = 1) -> None:
         self.scoped = scoped
         self.value_bytes = value_bytes
+        self.messages_per_entry = messages_per_entry
+        self.messages = 0
         self.state = MemoryState()
         self.sink: SegmentSink = memory_sink(scoped)
         self.policy = OffloadPolicy(maxOffloadSegmentRolloverTimeMinutes=1e6)
@@ -65,10 +68,13 @@ class Topic:
         for i in range(entries):
             n = self.entry
             publish = start_ms + i * span_ms // entries
-            value = f"{n}|".encode() + bytes([n % 256]) * self.value_bytes
-            data = build_entry(
-                [Message(value, key=f"key-{n % 16}")], producer_name="bench", sequence_id=n, publish_time=publish
-            )
+            messages, first = [], self.messages  # with one message an entry, first == n
+            for _ in range(self.messages_per_entry):
+                m = self.messages
+                value = f"{m}|".encode() + bytes([m % 256]) * self.value_bytes
+                messages.append(Message(value, key=f"key-{m % 16}"))
+                self.messages += 1
+            data = build_entry(messages, producer_name="bench", sequence_id=first, publish_time=publish)
             pending.append(Published(3, n, data, publish))
             self.entry += 1
         actions = run_segmenter(

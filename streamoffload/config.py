@@ -296,6 +296,15 @@ MAX_TABLE_SEGMENTS_PER_COMMIT = 1_000_000
 """table.segments_per_commit at most (as ``table sync --segments-per-commit``)."""
 DEFAULT_TABLE_COMMIT_INTERVAL = "10s"
 MAX_TABLE_COMMIT_INTERVAL_MS = DAY_MS
+DEFAULT_TABLE_MAINTAIN_EVERY = "10m"
+"""table.maintain_every by default: how often the job maintains each table it syncs."""
+DEFAULT_TABLE_COMPACT_MIN_FILES = 5
+"""table.compact_min_files by default (``table.maintenance.DEFAULT_MIN_FILES``)."""
+DEFAULT_TABLE_COMPACT_TARGET_FILE_SIZE = "128MiB"
+"""table.compact_target_file_size by default (``table.maintenance.DEFAULT_TARGET_FILE_BYTES``)."""
+DEFAULT_TABLE_KEEP_SNAPSHOTS = 100
+"""table.keep_snapshots by default (``table.maintenance.DEFAULT_KEEP_SNAPSHOTS``)."""
+MAX_TABLE_MAINTAIN_EVERY_MS = 7 * DAY_MS
 
 
 @dataclass(frozen=True)
@@ -314,9 +323,28 @@ class TableSettings:
     coalesced into one commit (a sync behind by more than ``segments_per_commit`` segments commits as often as
     it needs to catch up)."""
 
+    maintain_every: str = DEFAULT_TABLE_MAINTAIN_EVERY
+    """A duration, or "0" (never): after a sync, a table not maintained for this long is maintained
+    (``table.maintenance.maintain_table``: retention, compaction, snapshot expiry, orphan removal)."""
+    compact_min_files: int = DEFAULT_TABLE_COMPACT_MIN_FILES
+    """A table partition's small files are compacted once more than this many exist."""
+    compact_target_file_size: str = DEFAULT_TABLE_COMPACT_TARGET_FILE_SIZE
+    """A size ("128MiB"): compaction packs small files up to this per new file."""
+    keep_snapshots: int = DEFAULT_TABLE_KEEP_SNAPSHOTS
+    """Snapshot expiry always keeps this many of the newest (those older than an hour go)."""
+
     @property
     def commit_interval_s(self) -> float:
         return parse_duration_ms(self.commit_interval) / 1000
+
+    @property
+    def maintain_every_s(self) -> float:
+        """0: never."""
+        return 0.0 if self.maintain_every.strip() == "0" else parse_duration_ms(self.maintain_every) / 1000
+
+    @property
+    def compact_target_file_bytes(self) -> int:
+        return int(parse_size(self.compact_target_file_size))
 
 
 @dataclass(frozen=True)
@@ -548,7 +576,7 @@ def _from_file(path: str | None, base_dir: Path) -> str | None:
 
 
 def _table_settings(section: Mapping[str, object], source: str) -> TableSettings:
-    """``[table]``: the generic checks, then ``segments_per_commit`` and ``commit_interval`` within their bounds."""
+    """``[table]``: the generic checks, then each key within its bounds (``maintain_every`` also takes "0": never)."""
     table: TableSettings = _settings(TableSettings, section, source, "table")
     if not 1 <= table.segments_per_commit <= MAX_TABLE_SEGMENTS_PER_COMMIT:
         raise ConfigError(
@@ -563,6 +591,24 @@ def _table_settings(section: Mapping[str, object], source: str) -> TableSettings
         raise ConfigError(
             f"{source}: table.commit_interval must be positive and at most a day, got {table.commit_interval!r}"
         )
+    try:
+        maintain_s = table.maintain_every_s
+    except ValueError as err:
+        raise ConfigError(f'{source}: table.maintain_every: {err} (or "0": never)') from None
+    if maintain_s * 1000 > MAX_TABLE_MAINTAIN_EVERY_MS:
+        raise ConfigError(f"{source}: table.maintain_every must be at most 7 days, got {table.maintain_every!r}")
+    if table.compact_min_files < 1:
+        raise ConfigError(f"{source}: table.compact_min_files must be at least 1, got {table.compact_min_files!r}")
+    try:
+        target = parse_size(table.compact_target_file_size)
+    except ValueError as err:
+        raise ConfigError(f"{source}: table.compact_target_file_size: {err}") from None
+    if target < 1:
+        raise ConfigError(
+            f"{source}: table.compact_target_file_size must be at least 1 byte, got {table.compact_target_file_size!r}"
+        )
+    if table.keep_snapshots < 1:
+        raise ConfigError(f"{source}: table.keep_snapshots must be at least 1, got {table.keep_snapshots!r}")
     return table
 
 

@@ -19,6 +19,14 @@ its writer lease (the renewer's verdict, then ``WriterLease.check``: a later epo
 taken over never commits. A commit racing the take-over (checked an instant before it) is still exactly once: the
 new run's syncs are one more writer under Iceberg's optimistic concurrency.
 
+**Maintenance**: after a sync, a table not maintained for ``[table] maintain_every`` (since the run's start, or
+its last maintenance) is maintained in the same thread (``table.maintenance.maintain_table``: retention,
+compaction with ``compact_min_files`` / ``compact_target_file_size``, snapshot expiry keeping ``keep_snapshots``,
+orphan removal), so never at the same time as a sync of this follower; a sync of the table elsewhere is one more
+writer (maintenance plans again after a commit lost to it). Every data file it writes carries the run's writer
+name; a fenced run maintains nothing. Failures are logged and counted as a sync's
+(``TableFigures.maintenance_failures``) and tried again at the next interval.
+
 **Failures** (the catalog unreachable, commits lost to other writers, the store failing, pyiceberg missing) are
 logged in one line, counted (``TableFigures.commit_failures``: a sync that failed committed nothing), and the table
 is tried again at the next interval; they never stop or slow the offload.
@@ -83,6 +91,11 @@ class TableFigures:
     entries_behind: int | None = None
     last_commit_s: float | None = None
     last_error: str | None = None
+    maintenances: int = 0
+    maintenance_failures: int = 0
+    files_compacted: int = 0
+    """Data files compaction replaced."""
+    snapshots_expired: int = 0
 
 
 def _one_line(err: BaseException) -> str:
@@ -118,6 +131,7 @@ class TableFollower:
         self.hooks = hooks
         self.clock = clock
         self.interval_s = settings.commit_interval_s
+        self.maintain_every_s = settings.maintain_every_s
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._pending: set[str] = set()
@@ -125,6 +139,9 @@ class TableFollower:
         self._known: set[str] = set()
         """Every topic seen, whatever its policy: looked at again after a policy edit."""
         self._last_sync: dict[str, float] = {}
+        self._started = clock()
+        self._last_maintained: dict[str, float] = {}
+        """By topic; a table never maintained by this run counts from the run's start."""
         self._figures: dict[str, TableFigures] = {f.topic: replace(f) for f in carried}
         """By topic; ``carried`` from the previous run's follower, so the counters go on from there."""
         self._wake = threading.Event()
@@ -212,7 +229,15 @@ class TableFollower:
                     with self._lock:
                         self._pending.add(topic)  # tried again at the next interval
                     wait = self.interval_s if wait is None else min(wait, self.interval_s)
+                elif self._maintenance_due(topic):
+                    self._maintain(topic)
             return wait
+
+    def _maintenance_due(self, topic: str) -> bool:
+        if self.maintain_every_s <= 0 or self._fenced or self._missing_library is not None or self._stopping.is_set():
+            return False  # stopping: the next run maintains (a maintenance would hold up the stop)
+        last = self._last_maintained.get(topic, self._started)
+        return self.clock() - last >= self.maintain_every_s
 
     def sync_all(self, topics: Iterable[str] = ()) -> None:
         """``run --once``'s end: sync the tables of ``topics`` and of every topic marked, now."""
@@ -290,6 +315,61 @@ class TableFollower:
         self._record(figures, report, sizes)
         self._lag(figures, scoped, catalog)
         return True
+
+    def _maintain(self, topic: str) -> None:
+        """Maintain ``topic``'s table (module notes); a failure is logged in one line, counted, and tried again
+        after the next interval."""
+        from streamoffload.table.maintenance import MaintenanceOptions, maintain_table
+        from streamoffload.table.sync import SyncHooks, table_name
+
+        self._last_maintained[topic] = self.clock()
+        with self._lock:
+            figures = self._figures.setdefault(topic, TableFigures(topic, table_name(topic)))
+        options = MaintenanceOptions(
+            target_file_bytes=self.settings.compact_target_file_bytes,
+            min_files=self.settings.compact_min_files,
+            keep_snapshots=self.settings.keep_snapshots,
+            writer=writer_name(self.epoch),
+        )
+        # The lease is checked before the steps and again before each rewrite's commit (``written``).
+        hooks = SyncHooks(written=lambda _table, _files: self.check_lease())
+        start = time.perf_counter()
+        try:
+            self.check_lease()
+            scoped, catalog = self._open()
+            report = maintain_table(scoped, catalog, topic, options, hooks)
+        except FencedError as err:
+            self._fenced = True
+            with self._lock:
+                figures.maintenance_failures += 1
+                figures.last_error = _one_line(err)
+            log.error("table %s: not maintained: %s", figures.table, err)
+            return
+        except Exception as err:
+            self._catalog = None
+            with self._lock:
+                figures.maintenance_failures += 1
+                figures.last_error = _one_line(err)
+            log.warning(
+                "table %s: maintenance failed (%s); trying again in %.0f s",
+                figures.table,
+                _one_line(err),
+                self.maintain_every_s,
+            )
+            return
+        compacted = len(report.compaction.rewrite.removed_files) if report.compaction is not None else 0
+        expired = len(report.expiry.expired) if report.expiry is not None else 0
+        with self._lock:
+            figures.maintenances += 1
+            figures.files_compacted += compacted
+            figures.snapshots_expired += expired
+        log.info(
+            "table %s: maintained in %.2f s: %d data file(s) compacted, %d snapshot(s) expired",
+            figures.table,
+            time.perf_counter() - start,
+            compacted,
+            expired,
+        )
 
     def _record(self, figures: TableFigures, report: SyncReport, sizes: dict[str, int]) -> None:
         with self._lock:

@@ -108,6 +108,28 @@ SMOKES = [
     ),
     pytest.param(
         Smoke(
+            "table.py",
+            (
+                *("--parts", "a,c", "--segments", "5", "--entries-per-segment", "10", "--messages-per-entry", "2"),
+                *("--syncs", "12"),
+                *("--entries-per-sync", "3", "--maintain-every", "20s", "--min-files", "2", "--work-dir", "{work}"),
+            ),
+            (
+                rf"  table \(sync_topic\) +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; 1 commits, "
+                rf"5 data files, {NUMBER} B\)",
+                rf"  pyarrow alone \(zstd\) +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; 5 files, "
+                rf"{NUMBER} B\)",
+                rf"  table ÷ pyarrow: {NUMBER} \(target >= 0.5\) (met|MISSED); by CPU {NUMBER}",
+                r"  data files per partition: at most 4 after any sync \(bound 7: .*\), \d+ now, .*",
+                r"  2 maintenances, \d+ files compacted, 0 failed; syncs 12 .*",
+                r"  rows: 36 in the table, 36 offloaded \(exact\)",
+            ),
+            verdict=True,
+        ),
+        id="table_ac",
+    ),
+    pytest.param(
+        Smoke(
             "fuzz.py",
             ("--seed", "52", "--count", "2", "--kinds", "payload-lz4,lease", "--work-dir", "{work}"),
             (
@@ -225,6 +247,28 @@ SMOKES = [
 # The benches that start Spark (a JVM and its Python workers: 15-20 s on a calm machine, minutes on a loaded one)
 # or a job process that must converge, or Apache Pulsar: their smoke sizes are as small as their arguments go.
 SLOW_SMOKES = [
+    pytest.param(
+        Smoke(
+            "table.py",
+            (
+                *("--parts", "b,d,e", "--minutes", "0.25", "--rate", "200", "--backlog-mb", "4", "--segment-mb", "1"),
+                *("--runs", "1", "--work-dir", "{work}"),
+            ),
+            (
+                rf"  table behind the store \(snapshot commit - segment commit\) over \d+ segments in \d+ snapshots: "
+                rf"p50 {NUMBER} s, p99 {NUMBER} s, max {NUMBER} s \(target p99 <= 30 s\) (met|MISSED)",
+                r"  rows: 3,000 in the table, 3,000 published \(exact\)",
+                rf"  round 1 sync off: {NUMBER} MB in \d+ segments in {NUMBER} s = {NUMBER} MB/s steady .*",
+                rf"  round 1 sync on : {NUMBER} MB in \d+ segments in {NUMBER} s = {NUMBER} MB/s steady .*the table "
+                r"caught up .*",
+                rf"  steady rate, sync on ÷ off: {NUMBER} ÷ {NUMBER} MB/s = {NUMBER} .*",
+                rf"  DuckDB ÷ Spark time: {NUMBER} \(Spark takes {NUMBER}x\); results equal",
+            ),
+            verdict=True,
+        ),
+        id="table_bde",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
     pytest.param(
         Smoke(
             "ceiling.py",

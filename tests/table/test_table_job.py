@@ -467,3 +467,138 @@ def test_table_figures_are_typed_for_the_metrics() -> None:
     # Gauges not known yet have no sample rather than a made-up 0.
     assert families["streamoffload_table_lag_segments"].samples == []
     assert families["streamoffload_table_last_commit_timestamp_seconds"].samples == []
+
+
+# -- the job's table maintenance -----------------------------------------------------------------------------------
+
+
+def test_the_table_sections_maintenance_keys() -> None:
+    defaults = TableSettings()
+    assert (defaults.maintain_every, defaults.compact_min_files, defaults.keep_snapshots) == ("10m", 5, 100)
+    assert (defaults.maintain_every_s, defaults.compact_target_file_bytes) == (600.0, 128 * 1024 * 1024)
+    table = parse_config(
+        tomllib.loads(
+            '[table]\nmaintain_every = "1h30m"\ncompact_min_files = 3\ncompact_target_file_size = "64MiB"\n'
+            "keep_snapshots = 7\n"
+        ),
+        "c",
+    ).table
+    assert (table.maintain_every_s, table.compact_min_files, table.compact_target_file_bytes) == (5400.0, 3, 64 << 20)
+    assert table.keep_snapshots == 7
+    assert parse_config({"table": {"maintain_every": "0"}}, "c").table.maintain_every_s == 0.0
+    for text, error in (
+        ('maintain_every = "often"', r"table\.maintain_every: expected a duration like 90s.* \(or \"0\": never\)$"),
+        ('maintain_every = "8d"', r"table\.maintain_every must be at most 7 days, got '8d'$"),
+        ("compact_min_files = 0", r"table\.compact_min_files must be at least 1, got 0$"),
+        ('compact_target_file_size = "big"', r"table\.compact_target_file_size: expected a size like "),
+        ('compact_target_file_size = "0"', r"table\.compact_target_file_size must be at least 1 byte, got '0'$"),
+        ("keep_snapshots = 0", r"table\.keep_snapshots must be at least 1, got 0$"),
+        ("maintain_every = 600", r"table\.maintain_every must be str, got int 600"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^c: {error}"):
+            parse_config(tomllib.loads(f"[table]\n{text}\n"), "c")
+
+
+def files_per_partition(table: Table) -> dict[str, int]:
+    """Data files of the current snapshot, by table partition path."""
+    counts: dict[str, int] = {}
+    for task in table.scan().plan_files():
+        path = table.spec().partition_to_path(task.file.partition, table.schema())
+        counts[path] = counts.get(path, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def test_the_follower_maintains_each_table_it_syncs_at_the_interval_after_a_sync(
+    tier: Tier, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = TableSettings(commit_interval="10s", maintain_every="60s", compact_min_files=2)
+    follower = tier.follower(settings)
+    # Six syncs 10 s apart, each of a new segment of each partition: one more data file per partition each.
+    for i in range(6):
+        tier.publish((2, 1))
+        follower.on_batch(sealed(*ON_PARTS))
+        assert follower.sync_due() is None
+        if i < 5:
+            tier.clock.now += 10
+    table = tier.table()
+    before = files_per_partition(table)
+    synced = set(current_files(table))
+    assert set(before.values()) == {6}  # not maintained yet: 50 s since the run's start
+    [figures] = follower.figures()
+    assert (figures.maintenances, figures.files_compacted) == (0, 0)
+
+    # The sync 60 s after the start is followed by a maintenance: each partition's 6 small files become 1.
+    tier.clock.now += 10
+    tier.publish((1, 1))
+    follower.on_batch(sealed(*ON_PARTS))
+    with caplog.at_level(logging.INFO, logger="streamoffload.streaming.job.tables"):
+        assert follower.sync_due() is None
+    table = tier.table()
+    assert files_per_partition(table) == {path: 1 for path in before}
+    assert_exact(table, tier.rows)
+    [figures] = follower.figures()
+    assert (figures.commits, figures.maintenances, figures.maintenance_failures) == (7, 1, 0)
+    assert figures.files_compacted == 7 * len(before)
+    assert figures.snapshots_expired == 0  # all younger than the hour expiry keeps
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None and snapshot.summary.operation.value == "overwrite"
+    assert not set(current_files(table)) & synced  # the small files were replaced
+    [line] = [r.getMessage() for r in caplog.records if "maintained" in r.getMessage()]
+    assert line.startswith(f"table {ON_TABLE}: maintained in ") and line.endswith(
+        f"s: {7 * len(before)} data file(s) compacted, 0 snapshot(s) expired"
+    )
+
+    # The next sync, 10 s later, is not followed by one: the next is due 60 s after this one.
+    for _ in range(5):
+        tier.clock.now += 10
+        tier.publish((1, 0))
+        follower.on_batch(sealed(ON_PARTS[0]))
+        follower.sync_due()
+    assert follower.figures()[0].maintenances == 1
+    tier.clock.now += 10
+    tier.publish((1, 0))
+    follower.on_batch(sealed(ON_PARTS[0]))
+    follower.sync_due()
+    assert follower.figures()[0].maintenances == 2
+    table = tier.table()
+    assert max(files_per_partition(table).values()) == 1
+    assert_exact(table, tier.rows)
+
+
+def test_maintenance_every_0_never_runs_and_a_failing_one_is_counted(
+    tier: Tier, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    never = tier.follower(TableSettings(commit_interval="1s", maintain_every="0", compact_min_files=1))
+    for _ in range(3):
+        tier.publish((1, 1))
+        never.on_batch(sealed(*ON_PARTS))
+        never.sync_due()
+        tier.clock.now += 3600
+    assert never.figures()[0].maintenances == 0
+    assert set(files_per_partition(tier.table()).values()) == {3}
+
+    # A lease lost before a maintenance: nothing maintained, counted, and the follower stays out.
+    scoped = tier.location.open()
+    ours = WriterLease(scoped, "job-a")
+    ours.acquire()
+    calls = {"n": 0}
+
+    def check() -> None:
+        calls["n"] += 1
+        if calls["n"] > 1:  # the sync's check passes; the maintenance's does not
+            WriterLease(scoped, "job-b").acquire(force=True)
+            ours.check()
+
+    fenced = tier.follower(TableSettings(commit_interval="1s", maintain_every="1s", compact_min_files=1), check)
+    tier.clock.now += 10
+    tier.publish((1, 0))
+    fenced.on_batch(sealed(ON_PARTS[0]))
+    with caplog.at_level(logging.ERROR, logger="streamoffload.streaming.job.tables"):
+        fenced.sync_due()
+    [figures] = fenced.figures()
+    assert (figures.commits, figures.maintenances, figures.maintenance_failures) == (1, 0, 1)
+    assert figures.last_error is not None and figures.last_error.startswith("FencedError: this job's writer lease")
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"table {ON_TABLE}"]
+    table = tier.table()
+    assert max(files_per_partition(table).values()) == 4  # not compacted
+    assert_exact(table, tier.rows)
