@@ -246,7 +246,10 @@ class WriterLease:
 
     def current(self) -> LeaseRecord | None:
         """The lease in force (highest epoch), or None; ``FormatError`` naming a record that is not one."""
-        for epoch in reversed(self._epochs()):
+        return self._current_of(self._epochs())
+
+    def _current_of(self, epochs: list[int]) -> LeaseRecord | None:
+        for epoch in reversed(epochs):
             try:
                 return LeaseRecord.decode(self.store.get(self._key(epoch)), where=self._key(epoch))
             except ObjectNotFoundError:
@@ -265,8 +268,12 @@ class WriterLease:
     def acquire(self, *, force: bool = False, now_ms: int | None = None) -> LeaseRecord:
         """Take the lease: a new epoch. Refused while another instance's lease is live (unless ``force``)."""
         now = _now_ms() if now_ms is None else now_ms
+        # One listing for both the lease in force and the next epoch: listing again after the check could see a
+        # lease another instance took meanwhile and step past it, unchecked (two winners). With one listing, an
+        # instance that took the lease since picked the same next epoch, and the create-only put refuses one.
+        epochs = self._epochs()
         try:
-            current = self.current()
+            current = self._current_of(epochs)
         except FormatError as err:
             if not force:
                 raise FormatError(
@@ -280,7 +287,6 @@ class WriterLease:
                 f"the store prefix {self.store.url}/{self.prefix} is being written by {_describe(current, now)}. "
                 "Stop that instance, wait for its lease to expire, or offload into another prefix."
             )
-        epochs = self._epochs()
         epoch = max(current.epoch if current else 0, epochs[-1] if epochs else 0) + 1
         me = self.process
         record = LeaseRecord(

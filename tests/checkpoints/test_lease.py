@@ -58,6 +58,32 @@ def test_a_second_writers_epoch_fences_the_first(store: ObjectStore) -> None:
     assert second.current().renewed_ms == NOW + TTL_MS + 5  # type: ignore[union-attr]
 
 
+def test_a_lease_taken_between_the_check_and_the_put_leaves_one_winner(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two instances starting at once (seen in CI on moto: both won): ``b`` finds no lease, then ``a`` takes epoch
+    1 before ``b`` writes. ``b`` must collide on epoch 1, not list again and step past ``a`` to epoch 2."""
+    a, b = lease(store, "host-a"), lease(store, "host-b")
+    listed = WriterLease._epochs
+    checked: list[list[int]] = []
+
+    def a_takes_it_meanwhile(self: WriterLease) -> list[int]:
+        epochs = listed(self)
+        if self is b and not checked:  # b's listing: nothing held yet; then a takes it
+            checked.append(epochs)
+            a.acquire(now_ms=NOW)
+        return epochs
+
+    monkeypatch.setattr(WriterLease, "_epochs", a_takes_it_meanwhile)
+    with pytest.raises(LeaseHeldError, match=r"at the same moment: instance host-a"):
+        b.acquire(now_ms=NOW)
+    monkeypatch.undo()
+    assert checked == [[]]
+    current = b.current()
+    assert current is not None and (current.holder, current.epoch) == ("host-a", 1)
+    a.check()  # a holds it, unfenced
+
+
 def test_the_same_instance_takes_its_own_lease_over_at_once(store: ObjectStore) -> None:
     holder = instance_id("/checkpoints/job", host="host-a")
     assert holder == instance_id("/checkpoints/job", host="host-a") != instance_id("/other", host="host-a")
