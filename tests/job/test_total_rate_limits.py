@@ -7,7 +7,6 @@ Each limit in ``run --once`` and in a continuous run, over a window of ``WINDOW_
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import partition_names, unique_topic
 from tests.job.conftest import write_job_config
+from tests.job.test_job_e2e import poll
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -32,16 +32,6 @@ WINDOW_S = 5.0
 LEAD = 2 * MIB
 SEGMENT = 256 * KIB
 """The window starts once the store holds this much: past the query's start and the sink's first parts."""
-
-
-def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def limited_config(tmp_path: Path, service_url: str, topics: list[str], kind: str) -> Path:

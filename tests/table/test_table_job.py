@@ -40,6 +40,7 @@ from streamoffload.table.sync import SyncHooks
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.reports import seal_report
 from tests.job.conftest import write_job_config
+from tests.job.test_job_e2e import poll
 from tests.table.offload import Row, TopicOffload
 from tests.table.test_table_e2e import Sent, as_sent, publish
 from tests.table.test_table_sync import assert_exact, current_files
@@ -322,14 +323,6 @@ def assert_table_holds(table: Table, sent: list[Sent]) -> None:
         assert got == want, reader
 
 
-def poll(condition: Callable[[], bool], what: str, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(0.2)
-
-
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.slow
@@ -351,7 +344,7 @@ def test_the_running_job_keeps_the_table_of_a_topic_with_offload_table_on_exact(
         stats = dict(job.last_topic_stats)
         return all(t in stats and stats[t].last_position == end for t, end in ends.items())
 
-    poll(read_to_the_end, "the job read both topics to their last entry")
+    poll(read_to_the_end, 180, "the job read both topics to their last entry")
     from streamoffload.checkpoints.control_requests import submit_requests
 
     submit_requests(job.location.open(), [on, off])  # offload-now: seal the open segments
@@ -361,7 +354,7 @@ def test_the_running_job_keeps_the_table_of_a_topic_with_offload_table_on_exact(
         figures = job.table_figures()
         return bool(figures) and figures[0].rows_appended == len(sent) and figures[0].segments_behind == 0
 
-    poll(table_complete, f"the table of {on} holds its {len(sent)} messages")
+    poll(table_complete, 180, f"the table of {on} holds its {len(sent)} messages")
     assert_table_holds(catalog.load_table(table_name(on)), sent)
     assert not catalog.table_exists(tuple(table_name(off).split(".")))
     [figures] = job.table_figures()
