@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures.s3rver",
     "tests.fixtures.postgres",
     "tests.fixtures.iceberg_rest",
+    "tests.fixtures.job",
 ]

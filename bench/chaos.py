@@ -44,7 +44,7 @@ missing, duplicated, corrupt or out of order, when convergence timed out, when `
 or cleanup left orphans or removed an Offloaded segment; 2 on bad arguments. The job's distinct error lines
 and runs that ended on their own are listed under the table; the job logs are kept when the result is not OK.
 
-``run_chaos`` is the same as a function (the suite runs it with 10 faults: tests/job/test_chaos.py).
+``run_chaos`` is the same as a function (the suite runs it with 10 faults: tests/bench/test_chaos.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ backlog is one micro-batch, so the sink's stage is one long upload at the limit.
 source reads the backlog (at the limit), then its sink reads it again from the broker (at the limit) as it
 uploads, and its growth is counted in the committed segments' entry bytes (what the read limit counts; a data
 object also holds its blocks' framing). The window starts once the store holds 5 s of the target (past the
-query's start). ``tests/job/test_total_rate_limits.py`` is the suite's shorter version.
+query's start). ``tests/streaming/job/test_total_rate_limits.py`` is the suite's shorter version.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ Figures per step, each beside what it is compared with (the issue's targets, or 
 
 A closing table over the steps is printed for bench/README.md. Logs (the job's, Spark's, the broker's, the
 event log) stay in each step's work directory (``--keep``, or kept when a step fails). Traffic goes to 127.0.0.1
-only. ``run_step`` is the same as a function (tests/job/test_scale.py runs ~300 topic-partitions in the suite).
+only. ``run_step`` is the same as a function (tests/bench/test_scale.py runs ~300 topic-partitions in the suite).
 """
 
 from __future__ import annotations

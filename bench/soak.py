@@ -49,7 +49,7 @@ what flat means); lag p50/p99; the exactly-once counts; then one verdict line pe
 - the job ran throughout (did not exit) and converged after the traffic stopped.
 
 The exit status is 1 when a criterion fails, 2 on bad arguments. ``run_soak`` is the same as a function
-(tests/job/test_soak.py runs 2 minutes of it in the suite).
+(tests/bench/test_soak.py runs 2 minutes of it in the suite).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (``streaming/source/source_options.py``'s ``OPTIONS``), so the doc says what the code reads.
 
 ``--check`` writes nothing and exits 1 when the file is not what this script writes
-(``tests/source/test_options_reference.py`` checks the same).
+(``tests/streaming/source/test_options_reference.py`` checks the same).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ waits for a full bucket, then leaves the debt), and threads never wake up to fin
 The bound: over any window of ``w`` seconds, the bytes whose waits end inside it are at most
 ``rate * w + max(capacity, largest request)``. (Before each booking the tokens are at most ``capacity``, they
 grow by at most ``rate * w`` and a booking leaves them at ``need - n`` with ``need = min(n, capacity)``, so at
-least ``capacity - largest request`` when that is negative, else at least 0.) ``tests/unit/test_token_bucket.py``
-checks it over random request sequences with a fake clock.
+least ``capacity - largest request`` when that is negative, else at least 0.)
+``tests/streaming/governance/test_token_bucket.py`` checks it over random request sequences with a fake clock.
 
 The arithmetic is :class:`BucketState`'s, apart from where the state lives: :class:`TokenBucket` holds it in the
 process, ``shared_budget.SharedBucket`` in a file that every process of a machine books through.

@@ -92,7 +92,7 @@ def crash_point(name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The window between the source's read and the sink's fetch (tests/job/test_fetch_faults.py).
+# The window between the source's read and the sink's fetch (tests/streaming/job/test_fetch_faults.py).
 
 FETCH_FAULT = "STREAMOFFLOAD_FETCH_FAULT"
 """``kind=topic-substring,...``: the sink's fetches of each matching topic-partition see the broker's second

@@ -46,8 +46,8 @@ basic (``{"userId": .., "password": ..}`` or ``userId:..,password:..``) and TLS
 
 TLS failures that configuration causes are not retried (``streamoffload/pulsar/broker_connection.py``). What is
 tested against what:
-``tests/source/test_raw_tls.py`` (TLS, through a TLS-terminating proxy in front of pulsar-lite) and
-the module docstring of ``tests/source/test_raw_reader.py``.
+``tests/pulsar/test_raw_tls.py`` (TLS, through a TLS-terminating proxy in front of pulsar-lite) and
+the module docstring of ``tests/pulsar/test_raw_reader.py``.
 """
 
 from __future__ import annotations

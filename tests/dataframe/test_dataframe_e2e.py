@@ -20,7 +20,7 @@ from streamoffload.config import load_config
 from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.offload_job import OffloadJob
 from tests.fixtures.broker import partition_names, unique_topic
-from tests.job.test_job_e2e import SMALL_SEGMENTS, fs_store, write_config
+from tests.fixtures.job import SMALL_SEGMENTS, fs_store, write_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 

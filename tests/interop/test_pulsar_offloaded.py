@@ -37,9 +37,9 @@ from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST
 from streamoffload.pulsar_standalone import PulsarStandalone
 from streamoffload.storage.location import parse_store_url
 from tests.fixtures.pulsar_offloader import offload_topic, offloaders_dir, offloading_broker
+from tests.fixtures.readback import ReadMessage
 from tests.fixtures.s3 import S3_CREDENTIALS, S3_REGION
-from tests.job.readback import ReadMessage
-from tests.pulsar.broker_truth import held_messages
+from tests.pulsar.standalone.broker_truth import held_messages
 
 pytestmark = [pytest.mark.pulsar, pytest.mark.s3]
 

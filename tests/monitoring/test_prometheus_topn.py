@@ -18,8 +18,8 @@ from streamoffload.dashboard.model import (
     substitute_variables,
 )
 from streamoffload.metrics.collector import JobMetrics
-from tests.monitoring.test_dashboard import TABLE
-from tests.monitoring.test_metrics_topn import feed, synthetic_topics, worst_first
+from tests.dashboard.test_dashboard import TABLE
+from tests.metrics.test_metrics_topn import feed, synthetic_topics, worst_first
 from tests.monitoring.test_prometheus import Prometheus, poll, prometheus_binary
 
 NAMESPACES = ("tenant-a/ns-0", "tenant-a/ns-1", "tenant-b/ns-0")

@@ -30,7 +30,7 @@ from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from tests.fixtures.entries import Published
-from tests.job.readback import read_entries, read_messages
+from tests.fixtures.readback import read_entries, read_messages
 from tests.read import TOPIC, History, flip_byte, offload, pulsar_entries
 
 OTHER = "persistent://public/default/other-partition-0"

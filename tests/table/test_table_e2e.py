@@ -16,7 +16,7 @@ from streamoffload.config import load_config
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.table.catalog import catalog_settings, open_catalog
 from tests.fixtures.broker import partition_names, unique_topic
-from tests.job.conftest import write_job_config
+from tests.fixtures.job import write_job_config
 from tests.table.offload import row_tuple
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.slow]

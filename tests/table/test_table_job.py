@@ -38,9 +38,8 @@ from streamoffload.table.position import segments_of
 from streamoffload.table.status import orphan_files, referenced_files
 from streamoffload.table.sync import SyncHooks
 from tests.fixtures.broker import unique_topic
+from tests.fixtures.job import poll, write_job_config
 from tests.fixtures.reports import seal_report
-from tests.job.conftest import write_job_config
-from tests.job.test_job_e2e import poll
 from tests.table.offload import Row, TopicOffload
 from tests.table.test_table_e2e import Sent, as_sent, publish
 from tests.table.test_table_sync import assert_exact, current_files
