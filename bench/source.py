@@ -16,7 +16,7 @@ broker:
 - ``plain``: a ``pulsar-client`` Reader loop reading every message and its payload -- the minimum a
   correct client does on pulsar-lite: skip what it already saw and re-open the reader at the last
   message when it stalls (SPEC 6), nothing else;
-- ``pulsar_io``: ``pulsar.client_reader.read_range``, the source's reading without Spark: regrouping
+- ``client``: ``pulsar.client_reader.read_range``, the source's reading without Spark: regrouping
   batches, rebuilding every entry's bytes with ``codecs.entry.build_entry``, the exactness checks;
 - ``raw``: ``pulsar.raw_reader.read_range_raw``, the raw-entry reader: the stored entries byte
   for byte over the binary protocol (CRC-32C checked, message count from the metadata; no
@@ -89,7 +89,7 @@ def drain_plain(client: Any, topic: str, end: Position, stall_ms: int, queue: in
             reader.close()
 
 
-def drain_io(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
+def drain_client(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
     stats = ReadStats()
     settings = ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
     for _entry in client_reader.read_range(
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds; best time of each (default 2)")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark run")
     parser.add_argument(
-        "--readers", default="plain,pulsar_io,raw", help="comma list of plain,pulsar_io,raw (plain always runs)"
+        "--readers", default="plain,client,raw", help="comma list of plain,client,raw (plain always runs)"
     )
     parser.add_argument(
         "--min-partitions",
@@ -264,12 +264,12 @@ def main(argv: list[str] | None = None) -> int:
                     ends = {t: client_reader.latest_position(client, t) for t in topics}
                     print(f"{mode}: published in {summary.seconds:.1f} s ({summary.rate:,.0f} msg/s)")
                     readers = {r.strip() for r in args.readers.split(",") if r.strip()}
-                    best = {name: float("inf") for name in ("plain", "pulsar_io", "raw")}
+                    best = {name: float("inf") for name in ("plain", "client", "raw")}
                     walls: dict[str, float] = {}
                     all_phases: dict[str, str] = {}
                     entries = payload = 0
                     ranged: list[tuple[str, Any, Any]] = [
-                        d for d in (("pulsar_io", drain_io, client), ("raw", drain_raw, raw_client)) if d[0] in readers
+                        d for d in (("client", drain_client, client), ("raw", drain_raw, raw_client)) if d[0] in readers
                     ]
                     # Alternating rounds, best time of each: the broker's caches and the other jobs on
                     # this machine treat every reader alike.
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                                 walls[spark_name(mp)], all_phases[spark_name(mp)] = wall_s, phases_s
                     base_rates = (entries / best["plain"], payload / 1e6 / best["plain"])
                     print(line("plain", entries, payload, best["plain"], None))
-                    for name in ("pulsar_io", "raw"):
+                    for name in ("client", "raw"):
                         if name in readers:
                             print(line(name, entries, payload, best[name], base_rates))
                     for mp in min_partitions if spark is not None else []:

@@ -170,11 +170,11 @@ SMOKES = [
     pytest.param(
         Smoke(
             "source.py",
-            ("--messages", "200", "--no-spark", "--repeat", "1", "--readers", "plain,pulsar_io,raw"),
+            ("--messages", "200", "--no-spark", "--repeat", "1", "--readers", "plain,client,raw"),
             (
                 rf"unbatched: published in {NUMBER} s \({NUMBER} msg/s\)",
                 rf"  plain +200 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s",
-                rf"  pulsar_io +200 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s +ratio {NUMBER}",
+                rf"  client +200 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s +ratio {NUMBER}",
                 rf"  raw +200 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s +ratio {NUMBER}",
                 rf"batched: published in {NUMBER} s \({NUMBER} msg/s\)",
                 rf"  raw +2 entries in +{NUMBER} s: +{NUMBER} entries/s +{NUMBER} MB/s +ratio {NUMBER}",
