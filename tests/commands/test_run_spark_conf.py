@@ -95,3 +95,15 @@ def test_secret_named_settings_are_masked_in_the_log_line():
     assert shown_settings(conf) == (
         "spark.hadoop.fs.s3a.access.key=***, spark.hadoop.fs.s3a.secret.key=***, spark.ui.enabled=true"
     )
+
+
+def test_run_help_points_at_the_readmes_cluster_section(capsys):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert 'README.md "Running on a cluster"' in help_text and "--spark-conf KEY=VALUE" in help_text
+    assert "spark-submit --master yarn" not in help_text  # the recipes live in the README, tested there
+    assert "\n## Running on a cluster\n" in readme
+    section = readme.split("\n## Running on a cluster\n", 1)[1].split("\n## ", 1)[0]
+    assert section.count("<!-- cluster:standalone -->") == section.count("<!-- /cluster:standalone -->") == 1
