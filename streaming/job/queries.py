@@ -139,8 +139,8 @@ class JobQueries(JobState):
 
     def rate_limit_spec(self) -> RateLimitSpec | None:
         """Where the tasks find the rate limits (the run's policy versions) and how they share the job's totals:
-        one budget beside the checkpoint where every task runs on this machine (``local`` masters), else each
-        process ``total / tasks`` (Spark's parallelism, the most tasks that run at once: ``build`` learns it)."""
+        one budget beside the checkpoint where every task runs on this machine (``local``, ``local-cluster``), else
+        each process ``total / tasks`` (Spark's parallelism, the most tasks that run at once: ``build`` learns it)."""
         if self.run is None:
             return None
         versions = self.run.policy_log  # None only in tests that build a Run by hand
@@ -196,8 +196,9 @@ class JobQueries(JobState):
 
     def _spool_dir(self) -> str | None:
         """Where the source tasks keep the bytes they read for the sink (``streaming.handoff.spool``): beside the
-        checkpoint, one per run. Only where every task runs on this machine (``local`` masters): elsewhere a
-        sink on another executor would not find the files, and they would not be removed."""
+        checkpoint, one per run. Only where every task runs on this machine (``local``, ``local-cluster``, by the
+        master the session runs on): elsewhere a sink on another executor would not find the files, and they would
+        not be removed."""
         if self.run is None or not self.config.spark.spool or not self._master().on_this_machine:
             return None
         return str(Path(self._versions_file()).with_name(f"spool-{self.run.epoch:08d}"))
