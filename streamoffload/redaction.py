@@ -83,6 +83,12 @@ def register_secret(*values: str | None) -> None:
             _registered = _registered | new
 
 
+def secret_name(name: str) -> bool:
+    """Whether the value of a setting called ``name`` is a secret (``spark.hadoop.fs.s3a.secret.key``,
+    ``authParams``, ...): the names whose ``name=value`` ``redact`` masks."""
+    return re.fullmatch(rf"(?i){_SECRET_KEY}", name.strip()) is not None
+
+
 def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     """``text`` with every secret it carries masked (module docstring); ``secrets``: more values to mask, of
     any length. Idempotent, and the identity on text without secrets."""
@@ -137,4 +143,12 @@ class PrivateFileHandler(logging.FileHandler):
         return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=private_opener)
 
 
-__all__ = ["MASK", "PrivateFileHandler", "RedactingFilter", "private_opener", "redact", "register_secret"]
+__all__ = [
+    "MASK",
+    "PrivateFileHandler",
+    "RedactingFilter",
+    "private_opener",
+    "redact",
+    "register_secret",
+    "secret_name",
+]

@@ -57,6 +57,7 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self.quarantine = None
         self._fetcher_spec = None
         self.rate_limit_tasks = 1
+        self.spark_master = None
         self.failed_topics = {}
         self._policy_failure = None
         self.policy_effective_ms = 0

@@ -22,6 +22,7 @@ from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.governance.rate_limits import RateLimitSpec
 from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, unpack_actions
 from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
+from streamoffload.streaming.job.masters import Master, parse_master
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.job.state import JobState
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
@@ -138,13 +139,13 @@ class JobQueries(JobState):
 
     def rate_limit_spec(self) -> RateLimitSpec | None:
         """Where the tasks find the rate limits (the run's policy versions) and how they share the job's totals:
-        one budget beside the checkpoint where every task runs on this machine (``local`` masters), else each
-        process ``total / tasks`` (Spark's parallelism, the most tasks that run at once: ``build`` learns it)."""
+        one budget beside the checkpoint where every task runs on this machine (``local``, ``local-cluster``), else
+        each process ``total / tasks`` (Spark's parallelism, the most tasks that run at once: ``build`` learns it)."""
         if self.run is None:
             return None
         versions = self.run.policy_log  # None only in tests that build a Run by hand
         refresh = versions.refresh_s if versions is not None else DEFAULT_REFRESH_S
-        local = self.config.spark.master.startswith("local")
+        local = self._master().on_this_machine
         budget_dir = str(Path(self._versions_file()).with_name("rate-budget")) if local else None
         return RateLimitSpec(self.location, self.rate_limit_tasks, refresh, budget_dir)
 
@@ -195,12 +196,16 @@ class JobQueries(JobState):
 
     def _spool_dir(self) -> str | None:
         """Where the source tasks keep the bytes they read for the sink (``streaming.handoff.spool``): beside the
-        checkpoint, one per run. Only where every task runs on this machine (``local`` masters): elsewhere a
-        sink on another executor would not find the files, and they would not be removed."""
-        spark = self.config.spark
-        if self.run is None or not spark.spool or not spark.master.startswith("local"):
+        checkpoint, one per run. Only where every task runs on this machine (``local``, ``local-cluster``, by the
+        master the session runs on): elsewhere a sink on another executor would not find the files, and they would
+        not be removed."""
+        if self.run is None or not self.config.spark.spool or not self._master().on_this_machine:
             return None
         return str(Path(self._versions_file()).with_name(f"spool-{self.run.epoch:08d}"))
+
+    def _master(self) -> Master:
+        """The master the session runs on (under spark-submit, spark-submit's, not ``[spark] master``)."""
+        return parse_master(self.spark_master or self.config.spark.master)
 
     def _pause_file(self) -> str:
         return str(Path(self._versions_file()).with_name("quarantine.json"))
@@ -218,6 +223,7 @@ class JobQueries(JobState):
         # (input_ranges.group_ranges). Not two per core: at 500 msg/s over 4 topic-partitions the second wave of
         # small tasks was ~0.05 s of each ~0.8 s micro-batch, and a 1 GB backlog drained no faster with it.
         self.rate_limit_tasks = max(1, int(spark.sparkContext.defaultParallelism))
+        self.spark_master = str(spark.sparkContext.master)
         max_partitions = self.rate_limit_tasks
         entries = (
             # Our own name: where pulsar-spark's jar is on the classpath, "pulsar" is its source (SPARK-50426).

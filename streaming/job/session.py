@@ -12,21 +12,26 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from streamoffload.redaction import private_opener, redact
+from streamoffload.redaction import MASK, private_opener, redact, register_secret, secret_name
 from streamoffload.streaming import register
+from streamoffload.streaming.job.masters import Master, MasterKind, parse_master
 from streamoffload.streaming.runtime.fork_client import SOCKET_ENV
 from streamoffload.streaming.runtime.fork_server import ForkServer, start_fork_server
 from streamoffload.streaming.runtime.worker_python import pyspark_from_directory, worker_python
 from streamoffload.streaming.source.option_values import parse_size
+
+log = logging.getLogger(__name__)
 
 SPARK_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
@@ -284,56 +289,160 @@ def driver_java_options(user: str, memory: str = "2g") -> str:
     return " ".join([*ours, user]).strip()
 
 
-def build_session(
-    master: str = "local[2]",
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What :func:`build_session` does for one master (:func:`session_plan`; a pure function, tested per master)."""
+
+    master: Master
+    conf: dict[str, str]
+    """The settings handed to the session builder: the job's, under what the user set (they win)."""
+    submitted: bool
+    """Under spark-submit: the JVM is up with the user's master and resources."""
+    shuffle_from_parallelism: bool
+    """Neither the user nor the master string says how many cores the tasks get: ``spark.sql.shuffle.partitions``
+    is set to Spark's ``defaultParallelism`` once the context is up (the executors' cores registered by then)."""
+
+    @property
+    def worker_tricks(self) -> bool:
+        """The launcher without Spark's zips (``runtime/worker_python.py``), the driver's fork server
+        (``runtime/fork_server.py``) and the pre-importing worker daemon (``runtime/worker_daemon.py``): where every
+        Python worker runs on this machine with this interpreter, and this process starts the JVM."""
+        return self.master.on_this_machine and not self.submitted
+
+
+def executor_cores(conf: Mapping[str, str]) -> int | None:
+    """The cores the executors give the job's tasks by the configuration: ``spark.executor.instances`` x
+    ``spark.executor.cores``, else ``spark.cores.max`` (standalone's cap on the application's cores); None when
+    neither says (dynamic allocation, or a standalone application taking what the workers have)."""
+    try:
+        instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+        if instances and cores and not _true(conf.get("spark.dynamicAllocation.enabled", "false")):
+            return max(1, int(instances) * int(cores))
+        if conf.get("spark.cores.max"):
+            return max(1, int(conf["spark.cores.max"]))
+    except ValueError:
+        return None  # Spark refuses the value itself, naming it
+    return None
+
+
+def _true(text: str) -> bool:
+    return text.strip().lower() == "true"
+
+
+def session_plan(
+    master: str,
+    *,
     app_name: str = "streamoffload",
     work_dir: str | None = None,
-    extra_conf: dict[str, str] | None = None,
-) -> Any:
-    """A SparkSession with the RocksDB state store (transformWithState needs it), few shuffle
-    partitions (one key per topic-partition; the default 200 would mostly run empty tasks), and
-    streamoffload's Python data sources registered (``streaming.register``)."""
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    workers = os.environ.get("PYSPARK_PYTHON") or sys.executable
-    local = master.startswith("local") and "PYSPARK_GATEWAY_PORT" not in os.environ
-    if local and workers == sys.executable and pyspark_from_directory():
-        # This interpreter's pyspark, from site-packages: no recompiling it from the zip in every process.
-        workers = worker_python(python=workers)
-        _start_fork_server()
-    os.environ["PYSPARK_PYTHON"] = workers
-    from pyspark.sql import SparkSession
+    user: Mapping[str, str] | None = None,
+    submitted: Mapping[str, str] | None = None,
+) -> SessionPlan:
+    """The settings of a session on ``master`` (``[spark] master``; under spark-submit, ``submitted``, the JVM's
+    configuration, says the master instead). ``user``: ``[spark.conf]`` with ``--spark-conf`` over it. Every
+    setting of the job gives way to one the user made (``user`` or spark-submit's ``--conf``); README "Running on a
+    cluster" has the table.
 
-    conf: dict[str, str] = {
+    On every master: the RocksDB state store (transformWithState needs it), Arrow for pandas conversions, no console
+    progress bar. ``spark.sql.shuffle.partitions`` (the segmenter's tasks and state stores: one key per
+    topic-partition, so Spark's 200 mostly run empty tasks) is the cores the tasks get: ``local[n]``'s n,
+    ``local-cluster[N,C,M]``'s N x C, a cluster's :func:`executor_cores`, else ``defaultParallelism`` once up. Each
+    run's checkpoint is fresh (``queries.STATE_STORE_CONF``), so a restart with more executors uses them.
+
+    Only on ``local`` masters: no Spark UI (one JVM on one machine, watched through the job's own metrics; the UI
+    keeps every job's and stage's history in the driver's heap), the JVM's options and environment measured on it
+    (:data:`LOCAL_JVM_OPTIONS`, :data:`SMALL_BUFFERS`, :data:`JVM_ENVIRONMENT`, for a heap that holds the tasks'
+    work too). Only where every worker is on this machine (``local``, ``local-cluster``): the worker tricks
+    (:attr:`SessionPlan.worker_tricks`) and ``spark.local.dir`` under ``work_dir``. Under spark-submit the JVM is
+    already up: no ``spark.master``, ``spark.driver.memory`` or JVM options (spark-submit's own options say them).
+    """
+    given = {**(submitted or {}), **(user or {})}
+    effective = (submitted or {}).get("spark.master") or (user or {}).get("spark.master") or master
+    parsed = parse_master(effective)
+    local = parsed.kind is MasterKind.LOCAL
+    ours: dict[str, str] = {
         "spark.app.name": app_name,
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
-        "spark.sql.shuffle.partitions": "2",
-        "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
-        "spark.driver.memory": "2g",
-        **SMALL_BUFFERS,
     }
-    # Under spark-submit the JVM is already up with the master and resources the user chose.
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        conf["spark.master"] = master
-    if work_dir:
-        conf["spark.sql.warehouse.dir"] = os.path.join(work_dir, "warehouse")
-        conf["spark.local.dir"] = os.path.join(work_dir, "local")
-    conf.update(extra_conf or {})
+    cores = parsed.cores if parsed.cores is not None else executor_cores(given)
+    if cores is not None:
+        ours[SHUFFLE_PARTITIONS] = str(cores)
     if local:
+        ours["spark.ui.enabled"] = "false"
+        ours.update(SMALL_BUFFERS)
+    if submitted is None:
+        ours["spark.master"] = master
+        ours["spark.driver.memory"] = "2g"
+    if work_dir:
+        ours["spark.sql.warehouse.dir"] = os.path.join(work_dir, "warehouse")
+        if parsed.on_this_machine:
+            ours["spark.local.dir"] = os.path.join(work_dir, "local")
+    # What the user set stays: under spark-submit it is in the JVM already (its --name, --conf), else it goes in.
+    conf = {key: value for key, value in ours.items() if key not in given}
+    conf.update(user or {})
+    plan = SessionPlan(parsed, conf, submitted is not None, cores is None and SHUFFLE_PARTITIONS not in given)
+    if local and submitted is None:
         conf["spark.driver.extraJavaOptions"] = driver_java_options(
             conf.get("spark.driver.extraJavaOptions", ""), conf["spark.driver.memory"]
         )
+    if plan.worker_tricks:
         # Workers forked with pandas, pyarrow and the job's modules already imported
-        # (streaming/runtime/worker_daemon.py).
-        # Local masters only: the daemon starts before a task's --py-files are on the path, so on a cluster that
-        # ships streamoffload that way the daemon could not import itself.
+        # (streaming/runtime/worker_daemon.py). Not on a cluster: the daemon starts before a task's --py-files are
+        # on the path, so a cluster that ships streamoffload that way could not import it.
         conf.setdefault("spark.python.daemon.module", "streamoffload.streaming.runtime.worker_daemon")
+    return plan
+
+
+def shown_settings(conf: Mapping[str, str]) -> str:
+    """``conf`` as one line for a log, sorted, the value of every secret-named setting masked whole."""
+    return ", ".join(
+        f"{key}={MASK}" if secret_name(key) else redact(f"{key}={value}") for key, value in sorted(conf.items())
+    )
+
+
+def submitted_conf() -> dict[str, str] | None:
+    """Under spark-submit (the JVM started this process), the configuration it was given (``--master``, ``--conf``,
+    ``spark-defaults.conf``); None otherwise."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf(loadDefaults=True).getAll())
+
+
+def build_session(
+    master: str = "local[2]",
+    app_name: str = "streamoffload",
+    work_dir: str | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> Any:
+    """A SparkSession with the settings of :func:`session_plan` for ``master`` and streamoffload's Python data
+    sources registered (``streaming.register``). ``extra_conf``: the user's settings (they win)."""
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    plan = session_plan(master, app_name=app_name, work_dir=work_dir, user=extra_conf, submitted=submitted_conf())
+    workers = os.environ.get("PYSPARK_PYTHON") or sys.executable
+    if plan.worker_tricks and workers == sys.executable and pyspark_from_directory():
+        # This interpreter's pyspark, from site-packages: no recompiling it from the zip in every process.
+        workers = worker_python(python=workers)
+        _start_fork_server()
+    os.environ["PYSPARK_PYTHON"] = workers
+    if plan.master.single_jvm and not plan.submitted:
         for name, value in JVM_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
+    from pyspark.sql import SparkSession
+
+    conf = plan.conf
+    # Spark's own log prints its configuration at INFO, and errors may quote a value: secret-named ones masked.
+    register_secret(*(value for key, value in conf.items() if secret_name(key)))
+    log.info("Spark on %s: %s", plan.master.url, shown_settings(conf))
     settings = _logging
     _launch_gateway(conf, settings)
     builder = SparkSession.builder
@@ -341,5 +450,7 @@ def build_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.level)
+    if plan.shuffle_from_parallelism:
+        session.conf.set(SHUFFLE_PARTITIONS, str(max(1, int(session.sparkContext.defaultParallelism))))
     register(session)
     return session

@@ -75,6 +75,9 @@ class JobState:
     _run_ended: threading.Event
     quarantine: Quarantine | None
     rate_limit_tasks: int
+    spark_master: str | None
+    """The master the query runs on (``spark.sparkContext.master``), set when it is built; before, ``[spark] master``
+    is."""
     _fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None
     """How the sink fetches entries (``JobQueries.fetcher_spec``), for the run of which epoch."""
     """Tasks that share the job's total rate limits: Spark's parallelism, set when the query is built."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import time
@@ -13,6 +14,7 @@ from streamoffload.cli_common import add_job_args, config_from_args
 from streamoffload.config import Config
 from streamoffload.printable import printable
 from streamoffload.progress import Progress, progress_shown
+from streamoffload.redaction import redact, secret_name
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -28,11 +30,11 @@ examples:
   streamoffload run --service-url pulsar://127.0.0.1:6650 --topics orders,payments \\
       --store file:///var/lib/streamoffload/store --checkpoint /var/lib/streamoffload/checkpoint
   streamoffload run --conf prod.toml --once     # drain, seal every open segment, exit
+  streamoffload run --conf prod.toml --spark-conf spark.sql.shuffle.partitions=8
 
-On a cluster, submit the same job with spark-submit (the package installed on every node; the
-master and resources then come from spark-submit, not from [spark] master):
-  spark-submit --master yarn $(python -c 'import streamoffload.__main__ as m; print(m.__file__)') \\
-      run --conf prod.toml
+On a cluster (standalone, YARN, Kubernetes), submit the same job with spark-submit: README.md "Running on a
+cluster" says how the virtualenv and the configuration reach the executors, and what the job sets on each
+kind of master.
 """
 
 
@@ -62,7 +64,36 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help="serve Prometheus metrics here (default: [metrics] address, 127.0.0.1:9464; '' disables)",
     )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        type=spark_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable), over the file's [spark.conf] and the job's defaults",
+    )
     parser.set_defaults(func=run)
+
+
+def spark_setting(text: str) -> tuple[str, str]:
+    """One ``--spark-conf KEY=VALUE``; argparse refuses anything else in one line naming the option."""
+    key, sep, value = text.partition("=")
+    # A malformed argument's text is shown unless a word of it names a secret (its value may be in there).
+    shown = (
+        "its text not shown: it names a secret"
+        if any(map(secret_name, re.split(r"[^\w.-]+", text)))
+        else repr(redact(text))
+    )
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {shown}")
+    if not key.strip():
+        raise argparse.ArgumentTypeError(f"empty key in {shown}")
+    return key.strip(), value
+
+
+def spark_conf(config: Config, cli: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The user's Spark settings: ``--spark-conf`` over ``[spark.conf]`` (the job's defaults give way to both)."""
+    return {**config.spark.conf, **dict(cli)}
 
 
 def check_store_capabilities(config: Config) -> None:
@@ -139,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
-    spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
+    spark = build_session(master=config.spark.master, extra_conf=spark_conf(config, args.spark_conf))
     metrics = None
     try:
         address = config.metrics.address if args.metrics_address is None else args.metrics_address

@@ -20,7 +20,12 @@ def alert_rules_yaml(rules: dict[str, Any] | None = None) -> str:
     JSON string is a valid YAML double-quoted scalar), so no YAML library is needed."""
     doc = rules if rules is not None else alert_rules()
     header = "# Prometheus alerting rules for streamoffload (generated: streamoffload dashboard export --alerts)\n"
-    return header + "\n".join(_yaml_lines(doc, 0)) + "\n"
+    return header + yaml_text(doc)
+
+
+def yaml_text(doc: dict[str, object]) -> str:
+    """``doc`` as YAML in the rule file's style (block style, every string double-quoted)."""
+    return "\n".join(_yaml_lines(doc, 0)) + "\n"
 
 
 def _yaml_scalar(value: Any) -> str:
