@@ -41,7 +41,6 @@ from streamoffload.redaction import redact
 _VERSION = struct.Struct(">q")
 RECORD_TYPES = ("AVRO", "JSON")
 """The schema types whose definition is a record (an Avro record schema, as JSON text): the ones a table decodes."""
-DEFAULT_TIMEOUT_S = 10.0
 
 
 class SchemaRegistryError(PulsarIOError):
@@ -169,24 +168,24 @@ def get_schema(conn: BrokerConnection, topic: str, version: int | None = None) -
 
 class BrokerSchemaRegistry:
     """Topics' schemas from the broker at ``service_url``: :meth:`latest` asks every time, :meth:`version` once per
-    topic and version (a version never changes). One connection, opened at the first question, reopened after a
-    failure; ``close`` closes it. ``client_options`` are the source's ``pulsar.client.*`` options without the
-    prefix (authentication, TLS)."""
+    topic and version (a version never changes). One connection, opened at the first question and kept (a kept
+    one that fails is replaced once: the broker closes idle connections); ``close`` closes it. ``client_options``
+    are the source's ``pulsar.client.*`` options without the prefix (authentication, TLS)."""
 
     def __init__(
         self,
         service_url: str,
         client_options: Mapping[str, str] | None = None,
         *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        timeout_s: float | None = None,
     ) -> None:
         self.service_url = service_url
         self.broker = redact(service_url)
-        self._config = dataclasses.replace(
-            ConnectionConfig.parse(service_url, client_options),
-            connect_timeout_s=timeout_s,
-            operation_timeout_s=timeout_s,
-        )
+        self.timeout_s = timeout_s
+        """Both the connect and the answer timeout; None: the client options' (connectionTimeoutMs,
+        operationTimeoutSeconds: 10 s and 30 s by default, as Pulsar's clients)."""
+        self._timeout_s = 0.0
+        self._options = dict(client_options or {})
         self._conn: BrokerConnection | None = None
         self._versions: dict[tuple[str, int], BrokerSchema] = {}
 
@@ -204,29 +203,37 @@ class BrokerSchemaRegistry:
         return self._versions[key]
 
     def _ask(self, topic: str, version: int | None) -> BrokerSchema:
-        asked = f"cannot ask {self.broker} for " + (
-            "the latest schema" if version is None else f"schema version {version}"
-        )
-        asked += f" of {topic}"
-        conn = self._connection(asked)
+        asked = "the latest schema" if version is None else f"schema version {version}"
+        asked = f"cannot ask {self.broker} for {asked} of {topic}"
+        kept = self._conn is not None
         try:
-            return get_schema(conn, topic, version)
+            return get_schema(self._connection(asked), topic, version)
         except NoAnswerError:
             self.close()
             raise GetSchemaUnsupported(
-                f"{asked}: no answer to GetSchema within {self._config.operation_timeout_s:g} s (pulsar-lite has no "
+                f"{asked}: no answer to GetSchema within {self._timeout_s:g} s (pulsar-lite has no "
                 "schema registry: give offloadTableSchema inline or as @FILE instead)"
             ) from None
         except SchemaRegistryError:
             raise
         except (PulsarIOError, OSError, DecodeError) as err:  # an ERROR answer, a reset, a broken frame
             self.close()
-            raise RegistryUnreachable(redact(f"{asked}: {str(err) or type(err).__name__}")) from None
+            if not kept:
+                raise RegistryUnreachable(redact(f"{asked}: {str(err) or type(err).__name__}")) from None
+        # A kept connection the broker closed meanwhile (idle, or the broker restarted): once more on a new one.
+        return self._ask(topic, version)
 
     def _connection(self, asked: str) -> BrokerConnection:
         if self._conn is None:
+            # Parsed here, not at construction: a job whose topics never ask holds a registry it cannot use harmlessly.
+            config = ConnectionConfig.parse(self.service_url, self._options)
+            if self.timeout_s is not None:
+                config = dataclasses.replace(
+                    config, connect_timeout_s=self.timeout_s, operation_timeout_s=self.timeout_s
+                )
+            self._timeout_s = config.operation_timeout_s
             try:
-                self._conn = BrokerConnection(self._config, self._config.service)
+                self._conn = BrokerConnection(config, config.service)
             except (PulsarIOError, OSError, DecodeError) as err:  # refused, unresolvable, TLS, no CONNECTED
                 raise RegistryUnreachable(redact(f"{asked}: {str(err) or type(err).__name__}")) from None
         return self._conn
