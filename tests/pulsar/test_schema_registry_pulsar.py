@@ -62,7 +62,7 @@ def publish(broker: PulsarStandalone, topic: str, schema: Any, records: list[Any
     client = pulsar.Client(broker.service_url, operation_timeout_seconds=60)
     try:
         producer = client.create_producer(
-            topic, schema=schema, batching_max_messages=7, batching_max_publish_delay_ms=5
+            topic, schema=schema, batching_enabled=True, batching_max_messages=7, batching_max_publish_delay_ms=5
         )
         for record in records:
             producer.send_async(record, None)
