@@ -39,6 +39,20 @@ class OrderV2(Record):
     note = String(required_default=True)
 
 
+class Reading(Record):
+    id = Long(required=True)
+
+
+class ReadingAsText(Record):
+    """``Reading`` with its field's type changed: a version that cannot be evolved (the namespace allows it)."""
+
+    _avro_namespace = None
+    id = String(required=True)
+
+
+ReadingAsText.__name__ = "Reading"  # the same record name, as a producer that changed the field's type would have
+
+
 class Event(Record):
     id = Integer(required=True)
     score = Float()
@@ -132,9 +146,14 @@ def test_tables_take_their_schema_from_the_registry_and_evolve_with_it(
 ) -> None:
     namespace = new_namespace(apache_pulsar, "typed")
     orders, events = f"persistent://{namespace}/orders", f"persistent://{namespace}/events"
+    readings = f"persistent://{namespace}/readings"
+    apache_pulsar.admin("PUT", f"/admin/v2/namespaces/{namespace}/schemaCompatibilityStrategy", "ALWAYS_COMPATIBLE")
     publish(apache_pulsar, orders, AvroSchema(OrderV1), [order_v1(n) for n in range(40)])
     publish(apache_pulsar, events, JsonSchema(Event), [event(n) for n in range(25)])
-    path = write_job_config(tmp_path, apache_pulsar.service_url, topics=[orders, events], max_message_size=4096)
+    publish(apache_pulsar, readings, AvroSchema(Reading), [Reading(id=n) for n in range(5)])
+    publish(apache_pulsar, readings, AvroSchema(ReadingAsText), [ReadingAsText(id=f"r{n}") for n in range(3)])
+    topics = [orders, events, readings]
+    path = write_job_config(tmp_path, apache_pulsar.service_url, topics=topics, max_message_size=4096)
     with path.open("a") as fh:
         fh.write(f'\n[namespaces."{namespace}"]\noffloadTable = true\noffloadTableSchema = "broker"\n')
     config = load_config(path)
@@ -158,6 +177,21 @@ def test_tables_take_their_schema_from_the_registry_and_evolve_with_it(
     for topic in (orders, events):  # every value decoded: no dead letters
         dead = catalog.load_table((*namespace.split("/"), topic.rsplit("/", 1)[1] + "__dead_letters"))
         assert dead.scan().to_arrow().num_rows == 0
+    # A topic whose latest version changed a field's type: the table is the latest's, and the first version's values,
+    # which do not evolve into it, are dead letters naming their version and the field.
+    held = _positions(apache_pulsar, readings)
+    assert _decoded_rows(catalog.load_table((*namespace.split("/"), "readings"))) == list(
+        zip(held, [None] * 5 + [{"id": f"r{n}"} for n in range(3)], strict=True)
+    )
+    dead_rows = catalog.load_table((*namespace.split("/"), "readings__dead_letters")).scan().to_arrow().to_pylist()
+    assert sorted((d["ledger_id"], d["entry_id"], d["batch_index"], d["error"]) for d in dead_rows) == [
+        (
+            *position,
+            f"schema version 0 does not decode into version 1: {readings}: offloadTableSchema changes the type of "
+            "'id' from long to string",
+        )
+        for position in held[:5]
+    ]
 
     # A second version adds an optional field: the table gains the column, the first version's rows read it null,
     # and they still decode with their own version (Avro binary of version 0 does not decode with version 1's).
