@@ -210,6 +210,8 @@ class BrokerSchemaRegistry:
             return get_schema(self._connection(asked), topic, version)
         except NoAnswerError:
             self.close()
+            if kept:  # a kept connection may be half-open: a new one tells
+                return self._ask(topic, version)
             raise GetSchemaUnsupported(
                 f"{asked}: no answer to GetSchema within {self._timeout_s:g} s (pulsar-lite has no "
                 "schema registry: give offloadTableSchema inline or as @FILE instead)"
@@ -220,7 +222,7 @@ class BrokerSchemaRegistry:
             self.close()
             if not kept:
                 raise RegistryUnreachable(redact(f"{asked}: {str(err) or type(err).__name__}")) from None
-        # A kept connection the broker closed meanwhile (idle, or the broker restarted): once more on a new one.
+        # A kept connection the broker closed meanwhile (idle, or the broker restarted): once more, on a new one.
         return self._ask(topic, version)
 
     def _connection(self, asked: str) -> BrokerConnection:
