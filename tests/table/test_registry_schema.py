@@ -183,10 +183,10 @@ def test_pulsar_lite_has_no_registry_one_line_names_the_topic_and_the_broker(
     TopicOffload(parse_store_url(str(root)).open(), TOPIC).publish(3)
     conf = tmp_path / "c.toml"
     conf.write_text(
-        f'[pulsar]\nservice_url = "{pulsar_broker.service_url}"\n\n[pulsar.client]\noperationTimeoutSeconds = "1"\n\n'
+        '[pulsar.client]\noperationTimeoutSeconds = "1"\n\n'
         f'[store]\nroot = "{root}"\n\n[topics."{TOPIC}"]\noffloadTableSchema = "broker"\n'
     )
-    assert main(["table", "sync", "--conf", str(conf), TOPIC]) == 1
+    assert main(["table", "sync", "--conf", str(conf), "--service-url", pulsar_broker.service_url, TOPIC]) == 1
     err = capsys.readouterr().err
     assert err == (
         f'streamoffload table: error: offloadTableSchema = "broker": cannot ask {pulsar_broker.service_url} for the '
