@@ -4,6 +4,10 @@ bytes, every kind of answer parsed, and a broker that is not there. (Against Apa
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
+
 import pytest
 
 from streamoffload.codecs.proto.pulsar_api_pb2 import BaseCommand, CommandGetSchemaResponse, KeyValue, Schema
@@ -159,3 +163,51 @@ def test_a_broker_that_is_not_there_is_one_line_naming_it_and_the_topic() -> Non
     message = str(caught.value)
     assert message.startswith(f"cannot ask pulsar://127.0.0.1:{port} for the latest schema of {TOPIC}: "), message
     assert "\n" not in message and "refused" in message.lower()
+
+
+class ClosingBroker:
+    """A scripted broker on a loopback socket: answers CONNECT and GetSchema (version ``n`` on its ``n``-th
+    connection), then closes each connection after one answer, as a broker closes an idle one."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.connections = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                self.connections += 1
+                for _ in range(2):  # CONNECT, then one GetSchema
+                    header = conn.recv(8, socket.MSG_WAITALL)
+                    total, size = struct.unpack(">II", header)
+                    cmd = BaseCommand.FromString(conn.recv(total - 4, socket.MSG_WAITALL)[:size])
+                    if cmd.type == T.CONNECT:
+                        conn.sendall(frame(BaseCommand(type=T.CONNECTED, connected={"server_version": "scripted"})))
+                    else:
+                        answer = response(
+                            schema=Schema(name="n", schema_data=AVRO, type=Schema.AVRO),
+                            schema_version=version_bytes(self.connections),
+                        )
+                        answer.request_id = cmd.getSchema.request_id
+                        conn.sendall(frame(BaseCommand(type=T.GET_SCHEMA_RESPONSE, getSchemaResponse=answer)))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_kept_connection_the_broker_closed_is_replaced() -> None:
+    broker = ClosingBroker()
+    try:
+        with BrokerSchemaRegistry(f"pulsar://127.0.0.1:{broker.port}", timeout_s=5) as registry:
+            assert registry.latest(TOPIC).version == 1
+            assert registry.latest(TOPIC).version == 2  # the first connection was closed: asked again on a second
+        assert broker.connections == 2
+    finally:
+        broker.close()
