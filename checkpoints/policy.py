@@ -69,8 +69,10 @@ class OffloadPolicy:
     offloadTableSchema: str = ""
     """The topic's value schema for its table (``streamoffload.table.schema``): a JSON Schema (values are JSON) or
     an Avro record (values are Avro binary, as Pulsar's AVRO schema writes them), inline (text starting with
-    ``{``) or ``@PATH`` to a file holding it. Values are decoded into the table's ``value_decoded`` column;
-    those that do not decode also go to its dead-letter table. Empty (the default): raw values only."""
+    ``{``) or ``@PATH`` to a file holding it; or ``broker``: the topic's AVRO or JSON schema in the broker's schema
+    registry, asked at each sync, each message decoded with its own schema version (``table.registry_schema``).
+    Values are decoded into the table's ``value_decoded`` column; those that do not decode also go to its
+    dead-letter table. Empty (the default): raw values only."""
 
     @property
     def max_segment_bytes(self) -> int:
@@ -144,10 +146,10 @@ MAX_COMPRESSION_LEVEL = 19
 
 
 def _table_schema(value: object) -> bool:
-    """Empty, ``@PATH``, or a JSON object (what it maps to is checked by the sync, ``table.schema``)."""
+    """Empty, ``broker``, ``@PATH``, or a JSON object (what it maps to is checked by the sync, ``table.schema``)."""
     if not isinstance(value, str):
         return False
-    if value == "" or (value.startswith("@") and value[1:].strip()):
+    if value in ("", "broker") or (value.startswith("@") and value[1:].strip()):
         return True
     try:
         return isinstance(json.loads(value), dict)
@@ -190,7 +192,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "offloadTableSchema",
         _on_value(_table_schema),
-        "must be empty, a JSON Schema or Avro record as JSON text, or @PATH to a file holding one, got {value!r:.80}",
+        'must be empty, a JSON Schema or Avro record as JSON text, @PATH to a file holding one, or "broker" (the '
+        "broker's schema registry), got {value!r:.80}",
     ),
     Rule("method", _on_value(lambda v: v in METHODS), f"must be one of {', '.join(METHODS)}, got {{value!r}}"),
     Rule(

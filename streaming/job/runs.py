@@ -17,6 +17,7 @@ from streamoffload.checkpoints.control_requests import submit_requests
 from streamoffload.checkpoints.lease import FencedError, WriterLease
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.retention import RetentionRunner
+from streamoffload.pulsar.schema_registry import BrokerSchemaRegistry
 from streamoffload.storage.base import StorageError
 from streamoffload.storage.location import is_url
 from streamoffload.streaming.governance.policy_versions import (
@@ -86,6 +87,7 @@ class JobRuns(JobQueries):
                 keyring=self.config.encryption.keyring(),
                 hooks=self.table_hooks,
                 carried=self.table_figures(),
+                schema_registry=BrokerSchemaRegistry(self.config.pulsar.service_url, self.config.pulsar.client),
             )
             follower.mark(run.resume)  # every topic-partition the store holds
             self.tables = follower

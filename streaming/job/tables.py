@@ -50,6 +50,7 @@ from streamoffload.checkpoints.lease import FencedError
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import TableSettings
+from streamoffload.pulsar.schema_registry import BrokerSchemaRegistry
 from streamoffload.read.segment.errors import TopicNotOffloadedError
 from streamoffload.redaction import redact
 from streamoffload.storage.location import ScopedStore, StoreLocation
@@ -121,8 +122,11 @@ class TableFollower:
         hooks: SyncHooks | None = None,
         carried: Iterable[TableFigures] = (),
         clock: Callable[[], float] = time.monotonic,
+        schema_registry: BrokerSchemaRegistry | None = None,
     ) -> None:
         self.location = location
+        self.schema_registry = schema_registry
+        """The broker's, for topics whose ``offloadTableSchema`` is ``broker`` (``table.registry_schema``)."""
         self.settings = settings
         self.policy_for = policy_for
         self.epoch = epoch
@@ -290,6 +294,7 @@ class TableFollower:
             writer=writer_name(self.epoch),
             keyring=self.keyring,
             value_schema=self.policy_for(topic).offloadTableSchema,
+            schema_registry=self.schema_registry,
         )
         try:
             scoped, catalog = self._open()
@@ -426,6 +431,8 @@ class TableFollower:
 
     def _close(self) -> None:
         with self._sync_lock:
+            if self.schema_registry is not None:
+                self.schema_registry.close()
             if self._scoped is not None:
                 self._scoped.store.close()
                 self._scoped = None

@@ -17,6 +17,7 @@ from streamoffload.codecs.positions import Position
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
+    from streamoffload.config import PulsarSettings
     from streamoffload.storage.location import ScopedStore
     from streamoffload.table.maintenance import MaintenanceReport
     from streamoffload.table.status import TableStatus
@@ -35,6 +36,11 @@ sync killed at any point, replayed, or racing another one converges to one copy 
 `rebuild` drops a table and derives it from the store again. `show` prints each table's position and how
 far it is behind the store. `maintain` drops the rows of segments the store deleted (retention, delete-ledger),
 compacts small data files, expires old snapshots and removes data files no snapshot names.
+
+Typed values: a topic whose policy has offloadTableSchema (a JSON Schema or Avro record, inline or @FILE; or
+"broker": its AVRO or JSON schema in the broker's schema registry, asked at each sync, each message decoded with
+its own schema version) gets its value decoded into the struct column value_decoded; a value that does not decode
+also goes to tenant.namespace.topic__dead_letters with the error.
 
 The catalog, named "streamoffload", is pyiceberg's SQL catalog (over SQLAlchemy: SQLite, or PostgreSQL for
 production) or its REST catalog (--catalog rest+https://host/path, with --catalog-property key=value for its
@@ -133,6 +139,12 @@ def register(subparsers: Any) -> None:
             )
             group.add_argument(
                 "--keys-file", metavar="FILE", help="key-encryption keys of a store encrypted at rest (JSON)"
+            )
+            group.add_argument(
+                "--service-url",
+                metavar="URL",
+                help='the broker whose schema registry topics with offloadTableSchema = "broker" take their schema '
+                "from (default: --conf's [pulsar] service_url, with its client options)",
             )
         if name == "show":
             group.add_argument(
@@ -240,7 +252,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         return _show(args, scoped, catalog, topics, out)
     if args.table_action == "maintain":
         return _maintain(args, scoped, catalog, topics, out)
-    return _sync(args, scoped, catalog, topics, out, config.policy_for)
+    return _sync(args, scoped, catalog, topics, out, config.policy_for, config.pulsar)
 
 
 def _topics(scoped: ScopedStore, named: list[str]) -> list[str]:
@@ -263,22 +275,27 @@ def _sync(
     topics: list[str],
     out: TextIO,
     policy_for: Callable[[str], OffloadPolicy],
+    pulsar: PulsarSettings,
 ) -> int:
     from streamoffload.checkpoints.keyring import KeyRing
+    from streamoffload.pulsar.schema_registry import BrokerSchemaRegistry
     from streamoffload.table.sync import DEFAULT_SEGMENTS_PER_COMMIT, SyncOptions, rebuild_topic, sync_topic
 
+    registry = BrokerSchemaRegistry(pulsar.service_url, pulsar.client)  # asked only for "broker" topics
     options = SyncOptions(
         segments_per_commit=args.segments_per_commit or DEFAULT_SEGMENTS_PER_COMMIT,
         keyring=KeyRing.with_file(args.keys_file),
+        schema_registry=registry,
     )
     step = rebuild_topic if args.table_action == "rebuild" else sync_topic
     reports = []
-    for topic in topics:
-        schema = policy_for(topic).offloadTableSchema  # the topic's value schema: typed columns, dead letters
-        report = step(scoped, catalog, topic, dataclasses.replace(options, value_schema=schema))
-        reports.append(report)
-        if not args.json:
-            print(_sync_line(report, args.table_action), file=out)
+    with registry:
+        for topic in topics:
+            schema = policy_for(topic).offloadTableSchema  # the topic's value schema: typed columns, dead letters
+            report = step(scoped, catalog, topic, dataclasses.replace(options, value_schema=schema))
+            reports.append(report)
+            if not args.json:
+                print(_sync_line(report, args.table_action), file=out)
     if args.json:
         print(json.dumps({"tables": [_sync_doc(r) for r in reports]}, indent=2), file=out)
     return 0

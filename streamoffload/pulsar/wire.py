@@ -53,6 +53,8 @@ def request_id_of(cmd: BaseCommand) -> int | None:
         return cmd.getLastMessageIdResponse.request_id
     if kind == T.GET_TOPICS_OF_NAMESPACE_RESPONSE:
         return cmd.getTopicsOfNamespaceResponse.request_id
+    if kind == T.GET_SCHEMA_RESPONSE:
+        return cmd.getSchemaResponse.request_id
     return None
 
 

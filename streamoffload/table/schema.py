@@ -1,7 +1,8 @@
 """A topic's value schema (policy key ``offloadTableSchema``) as Iceberg types, and its values decoded to them.
 
 The key holds a JSON document inline (text starting with ``{``) or ``@PATH``, a file holding one (a relative path
-is from the job's working directory). The document is one of:
+is from the job's working directory), or ``broker`` (``BROKER``): the topic's schema in the broker's schema registry
+(``table.registry_schema``). The document is one of:
 
 - a **JSON Schema** (``"type": "object"`` with ``properties``): values are JSON. ``string``, ``integer`` (long),
   ``number`` (double), ``boolean``, ``array`` (with ``items``), ``object`` (with ``properties``: a struct); a
@@ -9,7 +10,10 @@ is from the job's working directory). The document is one of:
   does not name are ignored;
 - an **Avro record** (``"type": "record"``): values are Avro binary without a header, as Pulsar's ``AVRO`` schema
   writes them. Primitives, unions of ``null`` and one other type (optional), nested records, arrays, maps, enums
-  (as strings) and fixed (as binary); logical types are read as their underlying type.
+  (as strings) and fixed (as binary); logical types are read as their underlying type;
+- with ``json_values`` (``document_schema``: Pulsar's ``JSON`` schema type, whose definition is an Avro record), an
+  Avro record whose values are JSON: its fields' types checked as a JSON Schema's are (``int`` and ``float`` in
+  their ranges, maps as objects); ``bytes`` and ``fixed`` fields are refused, as JSON has no one encoding of them.
 
 The decoded value is the table's struct column ``value_decoded`` (``VALUE_DECODED``), beside the raw ``value``:
 one column, so no field of a topic's schema can clash with pulsar-spark's columns. ``decode`` raises
@@ -48,6 +52,8 @@ from pyiceberg.types import (
 from streamoffload.table.errors import TableError
 
 KEY = "offloadTableSchema"
+BROKER = "broker"
+"""The key's value that takes the topic's schema from the broker's schema registry (``table.registry_schema``)."""
 VALUE_DECODED = "value_decoded"
 FIRST_FIELD_ID = 1000
 """Field ids of a schema built here: placeholders, the catalog assigns the table's own at creation or evolution."""
@@ -71,6 +77,9 @@ class ValueSchema:
     kind: str
     struct: StructType
     decode: Decoder
+    decoder_for: Callable[[bytes | None], Decoder] | None = None
+    """The decoder of a message of a given ``schema_version`` (its metadata's) into ``struct``, for a schema that
+    has versions (the registry's); None: every value decodes with ``decode``."""
 
 
 class _Ids:
@@ -98,17 +107,24 @@ def parse_value_schema(text: str, where: str) -> ValueSchema:
         raise TableSchemaError(f"{prefix} is not JSON: {err}") from None
     if not isinstance(doc, dict):
         raise TableSchemaError(f"{prefix} must be a JSON Schema object or an Avro record, got {type(doc).__name__}")
+    if doc.get("type") not in ("record", "object"):
+        raise TableSchemaError(f"{prefix} {_KINDS}, got type {doc.get('type')!r}")
     try:
-        if doc.get("type") == "record":
-            return _avro(doc)
-        if doc.get("type") == "object":
-            return _json_schema(doc)
+        return document_schema(doc)
     except TableSchemaError as err:
         raise TableSchemaError(f"{prefix}: {err}") from None
-    raise TableSchemaError(
-        f'{prefix} must be a JSON Schema ("type": "object") or an Avro record ("type": "record"), '
-        f"got type {doc.get('type')!r}"
-    )
+
+
+_KINDS = 'must be a JSON Schema ("type": "object") or an Avro record ("type": "record")'
+
+
+def document_schema(doc: dict[str, object], *, json_values: bool = False) -> ValueSchema:
+    """The schema of a JSON Schema object or an Avro record; ``json_values``: an Avro record's values are JSON."""
+    if doc.get("type") == "record":
+        return _avro_json(doc) if json_values else _avro(doc)
+    if doc.get("type") == "object":
+        return _json_schema(doc)
+    raise TableSchemaError(f"{_KINDS}, got type {doc.get('type')!r}")
 
 
 # -- JSON Schema ---------------------------------------------------------------------------------------------------
@@ -166,7 +182,11 @@ def _json_struct(node: dict[str, object], path: str, ids: _Ids) -> StructType:
 
 
 def _json_schema(doc: dict[str, object]) -> ValueSchema:
-    struct = _json_struct(doc, "", _Ids())
+    return _json_values(_json_struct(doc, "", _Ids()))
+
+
+def _json_values(struct: StructType) -> ValueSchema:
+    """JSON values checked against ``struct``."""
 
     def decode(value: bytes) -> dict[str, object]:
         try:
@@ -208,6 +228,10 @@ def _check_struct(struct: StructType, value: dict[str, object], path: str) -> di
     return out
 
 
+_FLOAT_MAX = 3.4028234663852886e38
+"""The largest finite 32-bit float (Avro's ``float``)."""
+
+
 def _finite(value: object) -> bool:
     """A JSON number a double holds: an integer within its range, or a finite float (not NaN, not Infinity)."""
     return (type(value) is int and abs(value) < 2**1023) or (type(value) is float and math.isfinite(value))
@@ -219,6 +243,12 @@ def _check(kind: IcebergType, value: object, path: str) -> object:
         return value
     if isinstance(kind, LongType) and type(value) is int and -(2**63) <= value < 2**63:
         return value
+    if isinstance(kind, IntegerType) and type(value) is int and -(2**31) <= value < 2**31:
+        return value
+    if isinstance(kind, FloatType) and _finite(value):
+        assert isinstance(value, int | float)
+        if abs(value) <= _FLOAT_MAX:
+            return float(value)
     if isinstance(kind, DoubleType) and _finite(value):
         assert isinstance(value, int | float)
         return float(value)
@@ -236,8 +266,17 @@ def _check(kind: IcebergType, value: object, path: str) -> object:
         return out
     if isinstance(kind, StructType) and isinstance(value, dict):
         return _check_struct(kind, value, path)
+    if isinstance(kind, MapType) and isinstance(value, dict):
+        pairs: list[tuple[str, object]] = []
+        for k, item in value.items():
+            if item is None and kind.value_required:
+                raise ValueDecodeError(f"field '{path}{{{k}}}': required, null")
+            pairs.append((k, None if item is None else _check(kind.value_type, item, f"{path}{{{k}}}")))
+        return pairs
     expected: dict[type, str] = {
         LongType: "integer",
+        IntegerType: "integer",
+        FloatType: "number",
         DoubleType: "number",
         BooleanType: "boolean",
         StringType: "string",
@@ -365,6 +404,28 @@ def _avro(doc: dict[str, object]) -> ValueSchema:
         return decoded
 
     return ValueSchema("avro", kind, decode)
+
+
+def _avro_json(doc: dict[str, object]) -> ValueSchema:
+    kind, _ = _avro_type(doc, "", _Ids(), {})
+    assert isinstance(kind, StructType)
+    _refuse_binary(kind, "")
+    return _json_values(kind)
+
+
+def _refuse_binary(kind: IcebergType, path: str) -> None:
+    if isinstance(kind, BinaryType):
+        raise TableSchemaError(
+            f"field {path!r}: bytes in a JSON schema have no one encoding (Java's clients write base64, Python's "
+            "the text itself): not decoded"
+        )
+    if isinstance(kind, StructType):
+        for f in kind.fields:
+            _refuse_binary(f.field_type, f"{path}.{f.name}" if path else f.name)
+    elif isinstance(kind, ListType):
+        _refuse_binary(kind.element_type, f"{path}[]")
+    elif isinstance(kind, MapType):
+        _refuse_binary(kind.value_type, f"{path}{{}}")
 
 
 def _arrow_maps(kind: IcebergType, value: object) -> object:

@@ -29,14 +29,16 @@ another snapshot and never write a name a snapshot references. Two writers on th
 writer name write identical bytes under identical names (on a filesystem warehouse a reader of the winner's
 snapshot may then see a file being rewritten): the job will pass its writer epoch, so two jobs never do.
 
-**A value schema** (``SyncOptions.value_schema``, the policy's ``offloadTableSchema``: ``table.schema``) adds the
-struct column ``value_decoded``, evolved before the first commit of a sync; the records that do not decode go to
-the dead-letter table too, committed just before the topic table's commit with the same positions
-(``table.dead_letters``). A schema that cannot be evolved stops the sync of that topic (``TableSchemaError``).
+**A value schema** (``SyncOptions.value_schema``, the policy's ``offloadTableSchema``: ``table.schema``; from the
+broker's registry: ``table.registry_schema``) adds the struct column ``value_decoded``, evolved before the first
+commit of a sync; the records that do not decode go to the dead-letter table too, committed just before the topic
+table's commit with the same positions (``table.dead_letters``). A schema that cannot be evolved stops the sync of
+that topic (``TableSchemaError``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -66,7 +68,7 @@ from streamoffload.read.dataset_plan import (
 )
 from streamoffload.read.dataset_read import read_task
 from streamoffload.storage.location import ScopedStore
-from streamoffload.table import dead_letters, layout
+from streamoffload.table import dead_letters, layout, registry_schema
 from streamoffload.table import schema as value_schemas
 from streamoffload.table.errors import TableError
 from streamoffload.table.position import TablePosition, summary_properties, table_position
@@ -127,6 +129,8 @@ class SyncOptions:
     value_schema: str = ""
     """The topic's ``offloadTableSchema`` (``table.schema``): values decoded into ``value_decoded``, those that do
     not decode also in the dead-letter table; empty: raw values only."""
+    schema_registry: registry_schema.SchemaRegistry | None = None
+    """Where ``offloadTableSchema = "broker"`` takes the topic's schema from (``table.registry_schema``)."""
 
     def __post_init__(self) -> None:
         if self.segments_per_commit < 1 or self.max_conflicts < 0 or self.max_partition_bytes < 1:
@@ -306,16 +310,18 @@ def _evolve(table: Table, schema: value_schemas.ValueSchema, topic: str) -> None
         update.union_by_name(wanted)
 
 
-def _decoded(data: pa.Table, arrow: pa.Field, typed: _Typed) -> tuple[pa.Table, pa.Table]:
-    """``data`` with its ``value_decoded`` column (``arrow``), and the dead letters of the rows whose value does not
-    decode."""
+def _decoded(
+    data: pa.Table, arrow: pa.Field, typed: _Typed, decoders: list[value_schemas.Decoder]
+) -> tuple[pa.Table, pa.Table]:
+    """``data`` with its ``value_decoded`` column (``arrow``), each value decoded by its row's decoder, and the dead
+    letters of the rows whose value does not decode."""
     values: list[dict[str, object] | None] = []
     errors: list[tuple[int, str]] = []
     for i, raw in enumerate(data.column("value").to_pylist()):
         try:
             if raw is None:
                 raise value_schemas.ValueDecodeError("no value (null)")
-            values.append(typed.schema.decode(raw))
+            values.append(decoders[i](raw))
         except value_schemas.ValueDecodeError as err:
             errors.append((i, str(err)))
             values.append(None)
@@ -353,7 +359,10 @@ def _write(
                     continue
                 write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
                 if typed is not None and decoded is not None:
-                    data, dead = _decoded(data, decoded, typed)
+                    versions = functools.partial(registry_schema.entry_schema_versions, scoped, task, options.keyring)
+                    data, dead = _decoded(
+                        data, decoded, typed, registry_schema.row_decoders(typed.schema, data, versions)
+                    )
                     dead = dead_letters.past(dead, typed.position.of(part.topic))
                     if dead.num_rows:
                         dead_uuid = uuid.uuid5(_NAMES, f"{write_uuid}/{typed.position.snapshot_id}")
@@ -382,7 +391,7 @@ def sync_topic(
     metadata = MetadataStore(scoped)
     topics = resolve_topics(metadata, [str(base_topic)])
     partitioned = any(TopicName.parse(t).is_partition for t in topics)
-    schema = value_schemas.parse_value_schema(options.value_schema, str(base_topic)) if options.value_schema else None
+    schema = registry_schema.lookup_value_schema(options.value_schema, str(base_topic), options.schema_registry)
     table, created = open_table(catalog, scoped, base_topic, create=True, partitioned=partitioned)
     assert table is not None
     dead: Table | None = None

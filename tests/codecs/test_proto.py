@@ -116,6 +116,21 @@ EXPECTED: dict[type[ProtoMessage], dict[str, tuple[int, str, int]]] = {
         "null_partition_key": (10, OPT, VARINT),
     },
     PA.BrokerEntryMetadata: {"broker_timestamp": (1, OPT, VARINT), "index": (2, OPT, VARINT)},
+    # The schema registry's lookup (GetSchema).
+    PA.Schema: {
+        "name": (1, REQ, LEN),
+        "schema_data": (3, REQ, LEN),
+        "type": (4, REQ, VARINT),
+        "properties": (5, REP, LEN),
+    },
+    PA.CommandGetSchema: {"request_id": (1, REQ, VARINT), "topic": (2, REQ, LEN), "schema_version": (3, OPT, LEN)},
+    PA.CommandGetSchemaResponse: {
+        "request_id": (1, REQ, VARINT),
+        "error_code": (2, OPT, VARINT),
+        "error_message": (3, OPT, LEN),
+        "schema": (4, OPT, LEN),
+        "schema_version": (5, OPT, LEN),
+    },
 }
 
 

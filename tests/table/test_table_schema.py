@@ -480,8 +480,8 @@ def test_the_policy_key_follows_the_levels_and_its_errors_name_it() -> None:
     with pytest.raises(ConfigError) as caught:
         validated_policy({"offloadTableSchema": "{not json"}, "c.toml", "offload")
     assert str(caught.value) == (
-        "c.toml: offload.offloadTableSchema must be empty, a JSON Schema or Avro record as JSON text, or @PATH to a "
-        "file holding one, got '{not json'"
+        "c.toml: offload.offloadTableSchema must be empty, a JSON Schema or Avro record as JSON text, @PATH to a "
+        "file holding one, or \"broker\" (the broker's schema registry), got '{not json'"
     )
 
 
