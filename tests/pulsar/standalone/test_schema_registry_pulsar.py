@@ -18,8 +18,8 @@ from streamoffload.pulsar.schema_registry import BrokerSchemaRegistry, NoSchemaE
 from streamoffload.pulsar_standalone import PulsarStandalone
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.table.catalog import catalog_settings, open_catalog
-from tests.job.conftest import write_job_config
-from tests.pulsar.broker_truth import held_messages, new_namespace, rest_path
+from tests.fixtures.job import write_job_config
+from tests.pulsar.standalone.broker_truth import held_messages, new_namespace, rest_path
 
 
 class OrderV1(Record):
