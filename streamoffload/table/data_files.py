@@ -160,15 +160,16 @@ class DataFileWriter:
             stats_columns=self._stats_plan,
             parquet_column_mapping=self._column_ids,
         )
-        return DataFile.from_args(
+        data_file = DataFile.from_args(
             content=DataFileContent.DATA,
             file_path=path,
             file_format=FileFormat.PARQUET,
             partition=key.partition if key is not None else Record(),
             file_size_in_bytes=size,
             sort_order_id=None,
-            spec_id=self.spec_id,
             equality_ids=None,
             key_metadata=None,
             **statistics.to_serialized_dict(),
         )
+        data_file.spec_id = self.spec_id  # not a field of the file's struct: the manifest records it
+        return data_file
