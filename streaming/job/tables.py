@@ -21,7 +21,7 @@ new run's syncs are one more writer under Iceberg's optimistic concurrency.
 
 **Maintenance**: after a sync, a table not maintained for ``[table] maintain_every`` (since the run's start, or
 its last maintenance) is maintained in the same thread (``table.maintenance.maintain_table``: retention,
-compaction with ``compact_min_files`` / ``compact_target_file_size``, snapshot expiry keeping ``keep_snapshots``,
+compaction with ``compact_min_files`` / ``compact_target_file_size``, snapshot expiry keeping ``keep_snapshots`` and those younger than ``snapshot_max_age``,
 orphan removal), so never at the same time as a sync of this follower; a sync of the table elsewhere is one more
 writer (maintenance plans again after a commit lost to it). Every data file it writes carries the run's writer
 name; a fenced run maintains nothing. Failures are logged and counted as a sync's
@@ -329,6 +329,7 @@ class TableFollower:
             target_file_bytes=self.settings.compact_target_file_bytes,
             min_files=self.settings.compact_min_files,
             keep_snapshots=self.settings.keep_snapshots,
+            expire_older_than_s=self.settings.snapshot_max_age_s,
             writer=writer_name(self.epoch),
         )
         # The lease is checked before the steps and again before each rewrite's commit (``written``).

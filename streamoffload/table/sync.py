@@ -81,13 +81,20 @@ DEFAULT_MAX_CONFLICTS = 20
 
 TOPIC_PROPERTY = "streamoffload.topic"
 STORE_PROPERTY = "streamoffload.store"
+METADATA_VERSIONS_KEPT = 10
+"""Previous ``metadata.json`` files a table keeps (Iceberg's ``write.metadata.previous-versions-max``); older ones
+are deleted after each commit, or a table committing every 10 s piles up 8,640 a day."""
 # Table properties the sync needs: no commit retried by pyiceberg on a new base (see the module notes), Parquet
-# with zstd, format version 2.
+# with zstd, format version 2, old metadata files deleted after a commit.
 TABLE_PROPERTIES = {
     "commit.retry.num-retries": "0",
     "write.parquet.compression-codec": "zstd",
     "format-version": "2",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": str(METADATA_VERSIONS_KEPT),
 }
+_METADATA_PROPERTIES = ("write.metadata.delete-after-commit.enabled", "write.metadata.previous-versions-max")
+"""Set on a table made before the sync set them, unless it has its own."""
 _NAMES = uuid.UUID("6b1d4e0a-4f5c-4b8e-9a49-0e1ceb3f7a01")
 """The namespace of data file uuids (``uuid5``)."""
 
@@ -216,7 +223,8 @@ def open_table(
 
 
 def check_table(table: Table, scoped: ScopedStore, topic: TopicName) -> None:
-    """Refuse a table that is not ``topic``'s from this store; turn pyiceberg's commit retries off if they are on."""
+    """Refuse a table that is not ``topic``'s from this store; turn pyiceberg's commit retries off if they are on,
+    and old metadata files' deletion on unless the table says otherwise."""
     name = ".".join(table.name())
     props = table.properties
     if props.get(TOPIC_PROPERTY) != str(topic):
@@ -230,10 +238,13 @@ def check_table(table: Table, scoped: ScopedStore, topic: TopicName) -> None:
             f"table {name} was derived from the store {props.get(STORE_PROPERTY)}, not {store_name(scoped)}: "
             "give the other store, another --catalog, or `streamoffload table rebuild` it from this store"
         )
+    wanted = {k: TABLE_PROPERTIES[k] for k in _METADATA_PROPERTIES if k not in props}
     if props.get("commit.retry.num-retries") != "0":
         log.info("table %s: turning pyiceberg's commit retries off (they would append twice)", name)
+        wanted["commit.retry.num-retries"] = "0"
+    if wanted:
         with table.transaction() as tx:
-            tx.set_properties({"commit.retry.num-retries": "0"})
+            tx.set_properties(wanted)
 
 
 @dataclass(frozen=True)
