@@ -94,8 +94,14 @@ class TableFigures:
     maintenances: int = 0
     maintenance_failures: int = 0
     files_compacted: int = 0
-    """Data files compaction replaced."""
+    """Data files compaction replaced (in the table and its dead-letter table, as the counts below)."""
     snapshots_expired: int = 0
+    orphans_removed: int = 0
+    """Files orphan removal deleted: data files of failed attempts and replaced ones, unnamed manifests."""
+    rows_retained_away: int = 0
+    """Rows retention removed: of segments the store no longer has."""
+    dead_letters_appended: int = 0
+    """Rows appended to the dead-letter table (values that did not decode)."""
 
 
 def _one_line(err: BaseException) -> str:
@@ -358,24 +364,29 @@ class TableFollower:
                 self.maintain_every_s,
             )
             return
-        compacted = len(report.compaction.rewrite.removed_files) if report.compaction is not None else 0
-        expired = len(report.expiry.expired) if report.expiry is not None else 0
+        compacted, expired = report.files_compacted, report.snapshots_expired
         with self._lock:
             figures.maintenances += 1
             figures.files_compacted += compacted
             figures.snapshots_expired += expired
+            figures.orphans_removed += report.orphans_removed
+            figures.rows_retained_away += report.rows_retained_away
         log.info(
-            "table %s: maintained in %.2f s: %d data file(s) compacted, %d snapshot(s) expired",
+            "table %s: maintained in %.2f s: %d data file(s) compacted, %d snapshot(s) expired, %d orphan file(s) "
+            "removed, %d row(s) of deleted segments removed",
             figures.table,
             time.perf_counter() - start,
             compacted,
             expired,
+            report.orphans_removed,
+            report.rows_retained_away,
         )
 
     def _record(self, figures: TableFigures, report: SyncReport, sizes: dict[str, int]) -> None:
         with self._lock:
             figures.commits += len(report.commits)
             figures.rows_appended += report.rows
+            figures.dead_letters_appended += report.dead_letters
             figures.files_appended += sum(len(c.files) for c in report.commits)
             figures.bytes_appended += sum(sizes.get(path, 0) for c in report.commits for path in c.files)
             figures.last_error = None

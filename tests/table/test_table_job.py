@@ -550,8 +550,20 @@ def test_the_follower_maintains_each_table_it_syncs_at_the_interval_after_a_sync
     assert not set(current_files(table)) & synced  # the small files were replaced
     [line] = [r.getMessage() for r in caplog.records if "maintained" in r.getMessage()]
     assert line.startswith(f"table {ON_TABLE}: maintained in ") and line.endswith(
-        f"s: {7 * len(before)} data file(s) compacted, 0 snapshot(s) expired"
+        f"s: {7 * len(before)} data file(s) compacted, 0 snapshot(s) expired, 0 orphan file(s) removed, 0 row(s) "
+        "of deleted segments removed"
     )
+    # The maintenance counters are metrics.
+    metrics = JobMetrics(read_cache=False)
+    metrics.table_figures = follower.figures
+    samples = {(s.name, s.labels.get("table")): s.value for f in metrics.registry.collect() for s in f.samples}
+    assert samples[("streamoffload_table_maintenances_total", ON_TABLE)] == 1
+    assert samples[("streamoffload_table_maintenance_failures_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_files_compacted_total", ON_TABLE)] == 7 * len(before)
+    assert samples[("streamoffload_table_snapshots_expired_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_orphan_files_removed_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_retention_rows_removed_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_dead_letters_appended_total", ON_TABLE)] == 0
 
     # The next sync, 10 s later, is not followed by one: the next is due 60 s after this one.
     for _ in range(5):
@@ -591,6 +603,10 @@ def test_the_follower_expires_snapshots_older_than_snapshot_max_age(tier: Tier) 
         [figures] = follower.figures()
         assert (figures.maintenances, figures.maintenance_failures, figures.files_compacted) == (1, 0, 0)
         assert figures.snapshots_expired == expired
+        metrics = JobMetrics(read_cache=False)
+        metrics.table_figures = follower.figures
+        samples = {(s.name, s.labels.get("table")): s.value for f in metrics.registry.collect() for s in f.samples}
+        assert samples[("streamoffload_table_snapshots_expired_total", ON_TABLE)] == expired
         assert len(tier.table().metadata.snapshots) == (2 if expired else before + 4)
         assert_exact(tier.table(), tier.rows)
 

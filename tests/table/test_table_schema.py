@@ -21,11 +21,13 @@ from pyiceberg.types import StructType
 
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.checkpoints.policy import validated_policy
+from streamoffload.checkpoints.policy import OffloadPolicy, validated_policy
 from streamoffload.cli import main
-from streamoffload.config import parse_config
+from streamoffload.config import TableSettings, parse_config
 from streamoffload.errors import ConfigError
+from streamoffload.metrics.collector import JobMetrics
 from streamoffload.storage.location import ScopedStore, parse_store_url
+from streamoffload.streaming.job.tables import TableFollower
 from streamoffload.table.catalog import catalog_settings, open_catalog
 from streamoffload.table.maintenance import MaintenanceOptions, maintain_table
 from streamoffload.table.position import table_position
@@ -329,6 +331,24 @@ def test_dead_letters_leave_with_their_segments_and_are_compacted(tier: Tier) ->
     tier.sync(EVENTS, EVENTS_SCHEMA)
     new_dead = [d for d in expected_dead(rows + more, event_error) if (d[0], d[1]) not in gone]
     assert dead_letters(tier.table("events__dead_letters")) == new_dead
+
+
+def test_the_jobs_follower_counts_the_dead_letters_it_appends(tier: Tier, tmp_path: Path) -> None:
+    rows = tier.events.publish(30)
+    policy = OffloadPolicy(offloadTable=True, offloadTableSchema=json.dumps(EVENTS_SCHEMA))
+    follower = TableFollower(
+        parse_store_url(str(tmp_path / "store")), TableSettings(), lambda _t: policy, epoch=1, check_lease=lambda: None
+    )
+    follower.mark([EVENTS])
+    follower.sync_due()
+    [figures] = follower.figures()
+    dead = expected_dead(rows, event_error)
+    assert (figures.rows_appended, figures.dead_letters_appended) == (len(rows), len(dead)) and dead
+    metrics = JobMetrics(read_cache=False)
+    metrics.table_figures = follower.figures
+    samples = {s.name: s.value for f in metrics.registry.collect() for s in f.samples}
+    assert samples["streamoffload_table_dead_letters_appended_total"] == len(dead)
+    follower.stop()
 
 
 def test_an_avro_topic_has_typed_columns_and_its_bad_records_dead_letters(tier: Tier) -> None:
