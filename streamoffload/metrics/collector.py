@@ -516,7 +516,7 @@ def _table_families(tables: list[TableFigures]) -> Iterator[Metric]:
     lag_segments = _family(d.TABLE_LAG_SEGMENTS)
     lag_entries = _family(d.TABLE_LAG_ENTRIES)
     last_commit = _family(d.TABLE_LAST_COMMIT)
-    counts: list[tuple[Metric, Callable[[TableFigures], int]]] = [
+    counts: list[tuple[CounterMetricFamily, Callable[[TableFigures], int]]] = [
         (_family(d.TABLE_DEAD_LETTERS), lambda t: t.dead_letters_appended),
         (_family(d.TABLE_MAINTENANCES), lambda t: t.maintenances),
         (_family(d.TABLE_MAINTENANCE_FAILURES), lambda t: t.maintenance_failures),
