@@ -14,7 +14,11 @@
 4. **orphan removal** (``remove_orphan_files``): data files no live snapshot names (``status.orphan_files``:
    failed sync attempts, files compaction and retention replaced once their snapshots expired), and manifest lists
    and manifests none names (expired snapshots', failed commits'), older than ``orphan_grace_s``. Old
-   ``metadata.json`` files are pyiceberg's to drop (``write.metadata.delete-after-commit.enabled``).
+   ``metadata.json`` files are pyiceberg's to drop after each commit (``write.metadata.delete-after-commit.enabled``,
+   set by ``table.sync``).
+
+A topic's dead-letter table (``table.dead_letters``) gets the same steps after its table: its position columns
+are the same (found by name: their field ids differ), and its rows of deleted segments leave with theirs.
 
 **Exactly once.** Retention and compaction commit like the sync (``table.sync``): their snapshot's summary
 carries the base snapshot's positions unchanged (``position.summary_properties``, no segments), so
