@@ -21,11 +21,12 @@ new run's syncs are one more writer under Iceberg's optimistic concurrency.
 
 **Maintenance**: after a sync, a table not maintained for ``[table] maintain_every`` (since the run's start, or
 its last maintenance) is maintained in the same thread (``table.maintenance.maintain_table``: retention,
-compaction with ``compact_min_files`` / ``compact_target_file_size``, snapshot expiry keeping ``keep_snapshots`` and those younger than ``snapshot_max_age``,
-orphan removal), so never at the same time as a sync of this follower; a sync of the table elsewhere is one more
-writer (maintenance plans again after a commit lost to it). Every data file it writes carries the run's writer
-name; a fenced run maintains nothing. Failures are logged and counted as a sync's
-(``TableFigures.maintenance_failures``) and tried again at the next interval.
+compaction with ``compact_min_files`` / ``compact_target_file_size``, snapshot expiry keeping ``keep_snapshots``
+and those younger than ``snapshot_max_age``, orphan removal; the dead-letter table too), so never at the same time
+as a sync of this follower; a sync of the table elsewhere is one more writer (maintenance plans again after a
+commit lost to it). Every data file it writes carries the run's writer name; a fenced run maintains nothing.
+Failures are logged and counted as a sync's (``TableFigures.maintenance_failures``) and tried again at the next
+interval; what each did is counted too (``TableFigures``: the ``streamoffload_table_*`` maintenance families).
 
 **Failures** (the catalog unreachable, commits lost to other writers, the store failing, pyiceberg missing) are
 logged in one line, counted (``TableFigures.commit_failures``: a sync that failed committed nothing), and the table

@@ -218,13 +218,13 @@ def open_table(
             created = True
         except TableAlreadyExistsError:  # another writer created it first
             table = catalog.load_table(ident)
-    check_table(table, scoped, topic)
+    check_table(table, scoped, topic, writing=create)
     return table, created
 
 
-def check_table(table: Table, scoped: ScopedStore, topic: TopicName) -> None:
+def check_table(table: Table, scoped: ScopedStore, topic: TopicName, *, writing: bool = False) -> None:
     """Refuse a table that is not ``topic``'s from this store; turn pyiceberg's commit retries off if they are on,
-    and old metadata files' deletion on unless the table says otherwise."""
+    and, for a sync (``writing``), old metadata files' deletion on unless the table says otherwise."""
     name = ".".join(table.name())
     props = table.properties
     if props.get(TOPIC_PROPERTY) != str(topic):
@@ -238,7 +238,7 @@ def check_table(table: Table, scoped: ScopedStore, topic: TopicName) -> None:
             f"table {name} was derived from the store {props.get(STORE_PROPERTY)}, not {store_name(scoped)}: "
             "give the other store, another --catalog, or `streamoffload table rebuild` it from this store"
         )
-    wanted = {k: TABLE_PROPERTIES[k] for k in _METADATA_PROPERTIES if k not in props}
+    wanted = {k: TABLE_PROPERTIES[k] for k in _METADATA_PROPERTIES if writing and k not in props}
     if props.get("commit.retry.num-retries") != "0":
         log.info("table %s: turning pyiceberg's commit retries off (they would append twice)", name)
         wanted["commit.retry.num-retries"] = "0"
