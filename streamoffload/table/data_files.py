@@ -8,7 +8,8 @@ both the same), split by partition only where a batch spans more than one (day o
 ``partition``), and written with ``pyarrow.parquet.ParquetWriter`` under the table's write properties (zstd, row
 group and page sizes). The ``DataFile`` of each comes from pyarrow's own footer metadata through pyiceberg's
 statistics helpers (``data_file_statistics_from_parquet_metadata``: the column sizes, counts and bounds Iceberg
-keeps), so no file is read back. A partition spec with another transform is written by pyiceberg's writer.
+keeps), so no file is read back. A partition spec with another transform, or rows with a null partition source,
+are written by pyiceberg's writer.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class DataFileWriter:
         ``00000-<n>-<write_uuid>.parquet`` in the partition's directory (as pyiceberg names them)."""
         if rows.num_rows == 0:
             return []
-        if not self._direct:
+        if not self._direct or any(rows.column(source).null_count for source in self._sources):
+            # another transform, or a null partition value: pyiceberg's writer partitions it
             return list(_dataframe_to_data_files(self.table.metadata, rows, self.table.io, write_uuid=write_uuid))
         out = []
         for i, (values, part) in enumerate(self._partitions(rows)):

@@ -11,7 +11,9 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.table import Table
+from pyiceberg.transforms import BucketTransform
 
 from streamoffload.table import layout
 from streamoffload.table.data_files import DataFileWriter
@@ -99,3 +101,17 @@ def test_one_partition_is_one_file_and_a_missing_optional_column_is_null(tmp_pat
     assert stats(f)[0] == (20_000,)
     assert f.null_value_counts[6] == 3
     assert writer.write(writer.rows(columns([], -1), 0), uuid.UUID(int=3)) == []
+
+
+def test_a_spec_with_another_transform_is_written_by_pyicebergs_writer(tmp_path: Path) -> None:
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("n")
+    spec = PartitionSpec(PartitionField(source_id=9, field_id=1000, transform=BucketTransform(2), name="b"))
+    table = catalog.create_table(("n", "t"), layout.SCHEMA, partition_spec=spec, properties=TABLE_PROPERTIES)
+    writer = DataFileWriter(table)
+    files = writer.write(writer.rows(columns([DAY0 + i for i in range(6)], -1), 6), uuid.UUID(int=4))
+    assert sum(f.record_count for f in files) == 6 and len(files) == len({f.partition[0] for f in files})
+    with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        for f in files:
+            append.append_data_file(f)
+    assert sorted(table.scan().to_arrow().column("entry_id").to_pylist()) == list(range(10, 16))
