@@ -305,6 +305,12 @@ DEFAULT_TABLE_COMPACT_TARGET_FILE_SIZE = "128MiB"
 DEFAULT_TABLE_KEEP_SNAPSHOTS = 100
 """table.keep_snapshots by default (``table.maintenance.DEFAULT_KEEP_SNAPSHOTS``)."""
 MAX_TABLE_MAINTAIN_EVERY_MS = 7 * DAY_MS
+DEFAULT_TABLE_SNAPSHOT_MAX_AGE = "10m"
+"""table.snapshot_max_age by default (Iceberg's ``history.expire.max-snapshot-age-ms``): one ``maintain_every``, so
+each maintenance expires the snapshots of the interval before (``table maintain``'s own default is an hour). Every
+snapshot a sync keeps is listed in each later ``metadata.json``, so a table committing every 10 s rewrote 360 of
+them per commit within the hour (``bench/table_compaction.py``)."""
+MAX_TABLE_SNAPSHOT_MAX_AGE_MS = 30 * DAY_MS
 
 
 @dataclass(frozen=True)
@@ -331,7 +337,11 @@ class TableSettings:
     compact_target_file_size: str = DEFAULT_TABLE_COMPACT_TARGET_FILE_SIZE
     """A size ("128MiB"): compaction packs small files up to this per new file."""
     keep_snapshots: int = DEFAULT_TABLE_KEEP_SNAPSHOTS
-    """Snapshot expiry always keeps this many of the newest (those older than an hour go)."""
+    """Snapshot expiry always keeps this many of the newest (beyond them, those older than ``snapshot_max_age``
+    go)."""
+    snapshot_max_age: str = DEFAULT_TABLE_SNAPSHOT_MAX_AGE
+    """A duration, or "0": snapshot expiry removes the snapshots older than this beyond the newest
+    ``keep_snapshots`` (a reader planning on one has this long)."""
 
     @property
     def commit_interval_s(self) -> float:
@@ -345,6 +355,10 @@ class TableSettings:
     @property
     def compact_target_file_bytes(self) -> int:
         return int(parse_size(self.compact_target_file_size))
+
+    @property
+    def snapshot_max_age_s(self) -> float:
+        return 0.0 if self.snapshot_max_age.strip() == "0" else parse_duration_ms(self.snapshot_max_age) / 1000
 
 
 @dataclass(frozen=True)
@@ -609,6 +623,12 @@ def _table_settings(section: Mapping[str, object], source: str) -> TableSettings
         )
     if table.keep_snapshots < 1:
         raise ConfigError(f"{source}: table.keep_snapshots must be at least 1, got {table.keep_snapshots!r}")
+    try:
+        max_age_s = table.snapshot_max_age_s
+    except ValueError as err:
+        raise ConfigError(f'{source}: table.snapshot_max_age: {err} (or "0")') from None
+    if max_age_s * 1000 > MAX_TABLE_SNAPSHOT_MAX_AGE_MS:
+        raise ConfigError(f"{source}: table.snapshot_max_age must be at most 30 days, got {table.snapshot_max_age!r}")
     return table
 
 

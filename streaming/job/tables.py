@@ -21,11 +21,12 @@ new run's syncs are one more writer under Iceberg's optimistic concurrency.
 
 **Maintenance**: after a sync, a table not maintained for ``[table] maintain_every`` (since the run's start, or
 its last maintenance) is maintained in the same thread (``table.maintenance.maintain_table``: retention,
-compaction with ``compact_min_files`` / ``compact_target_file_size``, snapshot expiry keeping ``keep_snapshots``,
-orphan removal), so never at the same time as a sync of this follower; a sync of the table elsewhere is one more
-writer (maintenance plans again after a commit lost to it). Every data file it writes carries the run's writer
-name; a fenced run maintains nothing. Failures are logged and counted as a sync's
-(``TableFigures.maintenance_failures``) and tried again at the next interval.
+compaction with ``compact_min_files`` / ``compact_target_file_size``, snapshot expiry keeping ``keep_snapshots``
+and those younger than ``snapshot_max_age``, orphan removal; the dead-letter table too), so never at the same time
+as a sync of this follower; a sync of the table elsewhere is one more writer (maintenance plans again after a
+commit lost to it). Every data file it writes carries the run's writer name; a fenced run maintains nothing.
+Failures are logged and counted as a sync's (``TableFigures.maintenance_failures``) and tried again at the next
+interval; what each did is counted too (``TableFigures``: the ``streamoffload_table_*`` maintenance families).
 
 **Failures** (the catalog unreachable, commits lost to other writers, the store failing, pyiceberg missing) are
 logged in one line, counted (``TableFigures.commit_failures``: a sync that failed committed nothing), and the table
@@ -95,8 +96,14 @@ class TableFigures:
     maintenances: int = 0
     maintenance_failures: int = 0
     files_compacted: int = 0
-    """Data files compaction replaced."""
+    """Data files compaction replaced (in the table and its dead-letter table, as the counts below)."""
     snapshots_expired: int = 0
+    orphans_removed: int = 0
+    """Files orphan removal deleted: data files of failed attempts and replaced ones, unnamed manifests."""
+    rows_retained_away: int = 0
+    """Rows retention removed: of segments the store no longer has."""
+    dead_letters_appended: int = 0
+    """Rows appended to the dead-letter table (values that did not decode)."""
 
 
 def _one_line(err: BaseException) -> str:
@@ -334,6 +341,7 @@ class TableFollower:
             target_file_bytes=self.settings.compact_target_file_bytes,
             min_files=self.settings.compact_min_files,
             keep_snapshots=self.settings.keep_snapshots,
+            expire_older_than_s=self.settings.snapshot_max_age_s,
             writer=writer_name(self.epoch),
         )
         # The lease is checked before the steps and again before each rewrite's commit (``written``).
@@ -362,24 +370,29 @@ class TableFollower:
                 self.maintain_every_s,
             )
             return
-        compacted = len(report.compaction.rewrite.removed_files) if report.compaction is not None else 0
-        expired = len(report.expiry.expired) if report.expiry is not None else 0
+        compacted, expired = report.files_compacted, report.snapshots_expired
         with self._lock:
             figures.maintenances += 1
             figures.files_compacted += compacted
             figures.snapshots_expired += expired
+            figures.orphans_removed += report.orphans_removed
+            figures.rows_retained_away += report.rows_retained_away
         log.info(
-            "table %s: maintained in %.2f s: %d data file(s) compacted, %d snapshot(s) expired",
+            "table %s: maintained in %.2f s: %d data file(s) compacted, %d snapshot(s) expired, %d orphan file(s) "
+            "removed, %d row(s) of deleted segments removed",
             figures.table,
             time.perf_counter() - start,
             compacted,
             expired,
+            report.orphans_removed,
+            report.rows_retained_away,
         )
 
     def _record(self, figures: TableFigures, report: SyncReport, sizes: dict[str, int]) -> None:
         with self._lock:
             figures.commits += len(report.commits)
             figures.rows_appended += report.rows
+            figures.dead_letters_appended += report.dead_letters
             figures.files_appended += sum(len(c.files) for c in report.commits)
             figures.bytes_appended += sum(sizes.get(path, 0) for c in report.commits for path in c.files)
             figures.last_error = None

@@ -370,6 +370,10 @@ def render_status(status: TableStatus) -> str:
             f"{status.table} ({status.topic}): snapshot {status.snapshot_id} at {when}, {status.rows} rows in "
             f"{status.data_files} data file(s), {behind}"
         )
+        if status.dead_letters is not None:
+            head += (
+                f"; {status.dead_letters} dead letter(s) (values that did not decode) in {status.table}__dead_letters"
+            )
     lines = [head]
     for p in status.partitions:
         lag = f"{p.segments_behind} segment(s), {p.entries_behind} entries behind" if p.segments_behind else "caught up"

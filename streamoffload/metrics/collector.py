@@ -516,6 +516,15 @@ def _table_families(tables: list[TableFigures]) -> Iterator[Metric]:
     lag_segments = _family(d.TABLE_LAG_SEGMENTS)
     lag_entries = _family(d.TABLE_LAG_ENTRIES)
     last_commit = _family(d.TABLE_LAST_COMMIT)
+    counts: list[tuple[CounterMetricFamily, Callable[[TableFigures], int]]] = [
+        (_family(d.TABLE_DEAD_LETTERS), lambda t: t.dead_letters_appended),
+        (_family(d.TABLE_MAINTENANCES), lambda t: t.maintenances),
+        (_family(d.TABLE_MAINTENANCE_FAILURES), lambda t: t.maintenance_failures),
+        (_family(d.TABLE_FILES_COMPACTED), lambda t: t.files_compacted),
+        (_family(d.TABLE_SNAPSHOTS_EXPIRED), lambda t: t.snapshots_expired),
+        (_family(d.TABLE_ORPHANS_REMOVED), lambda t: t.orphans_removed),
+        (_family(d.TABLE_ROWS_RETAINED_AWAY), lambda t: t.rows_retained_away),
+    ]
     for t in tables:
         label = [t.table]
         commits.add_metric(label, t.commits)
@@ -529,7 +538,10 @@ def _table_families(tables: list[TableFigures]) -> Iterator[Metric]:
             lag_entries.add_metric(label, t.entries_behind)
         if t.last_commit_s is not None:
             last_commit.add_metric(label, t.last_commit_s)
+        for family, count in counts:
+            family.add_metric(label, count(t))
     yield from (commits, failures, rows, files, nbytes, lag_segments, lag_entries, last_commit)
+    yield from (family for family, _ in counts)
 
 
 def _namespace_families(namespaces: Mapping[str, NamespaceTotals]) -> Iterator[Metric]:

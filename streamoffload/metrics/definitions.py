@@ -355,6 +355,48 @@ TABLE_LAG_ENTRIES = _define(
 TABLE_LAST_COMMIT = _define(
     "table_last_commit_timestamp_seconds", "gauge", "When the job last committed to the table.", _TABLE
 )
+TABLE_DEAD_LETTERS = _define(
+    "table_dead_letters_appended",
+    "counter",
+    "Rows the job appended to the table's dead-letter table: values that did not decode with the topic's "
+    "offloadTableSchema (their rows are in the table too, value_decoded null).",
+    _TABLE,
+)
+TABLE_MAINTENANCES = _define(
+    "table_maintenances", "counter", "Maintenances of the table by the job ([table] maintain_every).", _TABLE
+)
+TABLE_MAINTENANCE_FAILURES = _define(
+    "table_maintenance_failures",
+    "counter",
+    "Maintenances of the table that failed (nothing was dropped or kept twice); retried a maintain_every later.",
+    _TABLE,
+)
+TABLE_FILES_COMPACTED = _define(
+    "table_files_compacted",
+    "counter",
+    "Small data files the job's compaction replaced by larger ones (the table's and its dead-letter table's).",
+    _TABLE,
+)
+TABLE_SNAPSHOTS_EXPIRED = _define(
+    "table_snapshots_expired",
+    "counter",
+    "Snapshots the job's maintenance expired ([table] keep_snapshots, snapshot_max_age).",
+    _TABLE,
+)
+TABLE_ORPHANS_REMOVED = _define(
+    "table_orphan_files_removed",
+    "counter",
+    "Files no snapshot names that the job's maintenance deleted: failed attempts' and replaced data files, "
+    "unnamed manifests.",
+    _TABLE,
+)
+TABLE_ROWS_RETAINED_AWAY = _define(
+    "table_retention_rows_removed",
+    "counter",
+    "Rows the job's maintenance removed because the store no longer has their segments (offload retention, "
+    "delete-ledger).",
+    _TABLE,
+)
 
 # -- the per-topic cut ---------------------------------------------------------------------------------
 

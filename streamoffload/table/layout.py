@@ -7,12 +7,13 @@ and local name (``public.default.orders``), as Pulsar SQL named tables.
 Columns are pulsar-spark's (``__key``, ``value``, ``__topic``, ``__messageId``, ``__publishTime``,
 ``__eventTime``, ``__messageProperties``) and the position of each message in the topic (``ledger_id``,
 ``entry_id``, ``batch_index``: -1 when not batched, ``partition``: -1 for a topic that is not partitioned). The
-rows come from ``read.dataset_read`` (the ``pulsar-offloaded`` reader's Arrow batches), renamed and cast here:
+rows come from ``read.dataset_read`` (the ``pulsar-offloaded`` reader's Arrow batches), renamed here:
 there is one message decoder in the project.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -49,9 +50,8 @@ SCHEMA = Schema(
     NestedField(10, "batch_index", IntegerType(), required=True),
     NestedField(11, "partition", IntegerType(), required=True),
 )
-ARROW_SCHEMA = SCHEMA.as_arrow()
-"""The rows as Arrow, with the table's field ids and nullability (what ``rows_of`` returns)."""
 
+_COLUMNS = [f.name for f in SCHEMA.fields]
 # The dataset reader's column for each table column that is not named the same.
 _RENAMED = {"ledger_id": "__ledgerId", "entry_id": "__entryId", "batch_index": "__batchIndex"}
 
@@ -77,18 +77,13 @@ def identifier(topic: str | TopicName) -> Identifier:
     return (base.tenant, base.namespace, base.local_name)
 
 
-def rows_of(batch: pa.RecordBatch, partition: int) -> pa.Table:
-    """A record batch of ``read.dataset_read.MESSAGE_ARROW_SCHEMA`` as the table's rows."""
-    columns = []
-    for field in ARROW_SCHEMA:
-        if field.name == "partition":
-            column: pa.Array = pa.array([partition] * batch.num_rows, pa.int32())
+def rows_of(batch: pa.RecordBatch, partition: int) -> dict[str, pa.Array]:
+    """A record batch of ``read.dataset_read.MESSAGE_ARROW_SCHEMA`` as the table's columns by name, in the reader's
+    types (``table.data_files`` writes them as they are: no copy)."""
+    columns: dict[str, pa.Array] = {}
+    for name in _COLUMNS:
+        if name == "partition":
+            columns[name] = pa.array(np.full(batch.num_rows, partition, dtype=np.int32))
         else:
-            column = batch.column(_RENAMED.get(field.name, field.name))
-        columns.append(column)
-    table = pa.Table.from_arrays(columns, names=ARROW_SCHEMA.names)
-    return table.cast(ARROW_SCHEMA)
-
-
-def empty_rows() -> pa.Table:
-    return ARROW_SCHEMA.empty_table()
+            columns[name] = batch.column(_RENAMED.get(name, name))
+    return columns

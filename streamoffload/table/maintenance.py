@@ -14,7 +14,11 @@
 4. **orphan removal** (``remove_orphan_files``): data files no live snapshot names (``status.orphan_files``:
    failed sync attempts, files compaction and retention replaced once their snapshots expired), and manifest lists
    and manifests none names (expired snapshots', failed commits'), older than ``orphan_grace_s``. Old
-   ``metadata.json`` files are pyiceberg's to drop (``write.metadata.delete-after-commit.enabled``).
+   ``metadata.json`` files are pyiceberg's to drop after each commit (``write.metadata.delete-after-commit.enabled``,
+   set by ``table.sync``).
+
+A topic's dead-letter table (``table.dead_letters``) gets the same steps after its table: its position columns
+are the same (found by name: their field ids differ), and its rows of deleted segments leave with theirs.
 
 **Exactly once.** Retention and compaction commit like the sync (``table.sync``): their snapshot's summary
 carries the base snapshot's positions unchanged (``position.summary_properties``, no segments), so
@@ -88,9 +92,21 @@ _SORT = [
     ("entry_id", "ascending"),
     ("batch_index", "ascending"),
 ]
-_LEDGER_ID = 8
-_ENTRY_ID = 9
-_PARTITION = 11
+
+
+@dataclass(frozen=True)
+class _PositionIds:
+    """The field ids of a table's position columns (a topic table's and its dead-letter table's differ)."""
+
+    ledger: int
+    entry: int
+    partition: int
+
+    @staticmethod
+    def of(table: Table) -> _PositionIds:
+        schema = table.schema()
+        return _PositionIds(*(schema.find_field(n).field_id for n in ("ledger_id", "entry_id", "partition")))
+
 
 STEPS = ("retention", "compact", "expire", "orphans")
 
@@ -194,6 +210,31 @@ class MaintenanceReport:
     expiry: ExpiryReport | None = None
     orphans: OrphanReport | None = None
     position: TablePosition = field(default_factory=TablePosition)
+    dead_letters: MaintenanceReport | None = None
+    """The same steps on the topic's dead-letter table (None: it has none)."""
+
+    @property
+    def files_compacted(self) -> int:
+        """Data files compaction replaced, here and in the dead-letter table."""
+        own = len(self.compaction.rewrite.removed_files) if self.compaction is not None else 0
+        return own + (self.dead_letters.files_compacted if self.dead_letters is not None else 0)
+
+    @property
+    def snapshots_expired(self) -> int:
+        own = len(self.expiry.expired) if self.expiry is not None else 0
+        return own + (self.dead_letters.snapshots_expired if self.dead_letters is not None else 0)
+
+    @property
+    def orphans_removed(self) -> int:
+        """Files orphan removal deleted (data files, manifest lists and manifests)."""
+        own = len(self.orphans.removed) + len(self.orphans.removed_metadata) if self.orphans is not None else 0
+        return own + (self.dead_letters.orphans_removed if self.dead_letters is not None else 0)
+
+    @property
+    def rows_retained_away(self) -> int:
+        """Rows retention removed (of segments the store no longer has), here and in the dead-letter table."""
+        own = self.retention.rewrite.removed_rows if self.retention is not None else 0
+        return own + (self.dead_letters.rows_retained_away if self.dead_letters is not None else 0)
 
     def as_dict(self) -> dict[str, object]:
         """The report as JSON values."""
@@ -211,6 +252,8 @@ class MaintenanceReport:
             ("orphans", self.orphans),
         ):
             doc[name] = None if step is None else asdict(step)
+        if self.dead_letters is not None:
+            doc["dead_letters"] = self.dead_letters.as_dict()
         return doc
 
 
@@ -321,11 +364,11 @@ def _bound(data_file: DataFile, field_id: int, upper: bool, kind: PrimitiveType 
     return None if raw is None else int(from_bytes(kind or LongType(), raw))
 
 
-def _first_position(task: FileScanTask) -> tuple[int, int, str]:
+def _first_position(task: FileScanTask, ids: _PositionIds) -> tuple[int, int, str]:
     """A file's order in its partition: its lowest ledger and entry (from its column statistics), then its name."""
     return (
-        _bound(task.file, _LEDGER_ID, False) or 0,
-        _bound(task.file, _ENTRY_ID, False) or 0,
+        _bound(task.file, ids.ledger, False) or 0,
+        _bound(task.file, ids.entry, False) or 0,
         task.file.file_path,
     )
 
@@ -343,6 +386,7 @@ def compact_table(
 
     def plan(table: Table, position: TablePosition) -> _Plan | None:
         assert position.snapshot_id is not None
+        ids = _PositionIds.of(table)
         partitions.clear()
         removed: list[DataFile] = []
         written: list[DataFile] = []
@@ -351,7 +395,7 @@ def compact_table(
         for key, tasks in sorted(_by_partition(table.scan().plan_files()).items(), key=lambda kv: repr(kv[0])):
             small = sorted(
                 (t for t in tasks if t.file.file_size_in_bytes < options.target_file_bytes and not t.delete_files),
-                key=_first_position,
+                key=lambda t: _first_position(t, ids),
             )
             if len(small) <= options.min_files:
                 continue
@@ -420,10 +464,10 @@ def _none(rows: int) -> pa.Array:
     return pa.array(np.zeros(rows, dtype=bool))
 
 
-def _wholly_held(data_file: DataFile, held: _Intervals) -> bool:
+def _wholly_held(data_file: DataFile, held: _Intervals, ids: _PositionIds) -> bool:
     """Whether a file's column statistics alone show the store holds every row (one ledger, entries in a span)."""
-    low, high = _bound(data_file, _LEDGER_ID, False), _bound(data_file, _LEDGER_ID, True)
-    first, last = _bound(data_file, _ENTRY_ID, False), _bound(data_file, _ENTRY_ID, True)
+    low, high = _bound(data_file, ids.ledger, False), _bound(data_file, ids.ledger, True)
+    first, last = _bound(data_file, ids.entry, False), _bound(data_file, ids.entry, True)
     if low is None or low != high or first is None or last is None:
         return False
     return any(a <= first and last <= b for a, b in held.get(low, []))
@@ -464,6 +508,7 @@ def drop_deleted_segments(
 
     def plan(table: Table, position: TablePosition) -> _Plan | None:
         assert position.snapshot_id is not None
+        ids = _PositionIds.of(table)
         removed_rows.clear()
         skipped.clear()
         holdings = _store_holdings(scoped, position, skipped)
@@ -474,9 +519,9 @@ def drop_deleted_segments(
         for task in sorted(table.scan().plan_files(), key=lambda t: t.file.file_path):
             if task.delete_files:
                 continue  # not a file the sync or maintenance wrote: left alone
-            part = _bound(task.file, _PARTITION, False, IntegerType())
-            one_part = part is not None and part == _bound(task.file, _PARTITION, True, IntegerType())
-            if one_part and part in holdings and _wholly_held(task.file, holdings[part][1]):
+            part = _bound(task.file, ids.partition, False, IntegerType())
+            one_part = part is not None and part == _bound(task.file, ids.partition, True, IntegerType())
+            if one_part and part in holdings and _wholly_held(task.file, holdings[part][1], ids):
                 continue  # its statistics alone show the store holds every row
             keys = _read(table, [task], ["partition", "ledger_id", "entry_id"])
             parts = set(pc.unique(keys.column("partition")).to_pylist())
@@ -579,7 +624,9 @@ def maintain_table(
     *,
     now: float | None = None,
 ) -> MaintenanceReport:
-    """Run ``options.steps`` on ``topic``'s table (module notes); a topic with no table yet is left alone."""
+    """Run ``options.steps`` on ``topic``'s table (module notes), then on its dead-letter table if it has one
+    (``report.dead_letters``: its rows of segments the store no longer has go too, its files are compacted); a
+    topic with no table yet is left alone."""
     options = options or MaintenanceOptions()
     base = layout.table_topic(topic)
     report = MaintenanceReport(str(base), table_name(base))
@@ -587,6 +634,22 @@ def maintain_table(
     if table is None:
         report.exists = False
         return report
+    _maintain(scoped, table, report, options, hooks, now)
+    dead, _ = open_table(catalog, scoped, base, create=False, dead=True)
+    if dead is not None:
+        report.dead_letters = MaintenanceReport(str(base), ".".join(dead.name()))
+        _maintain(scoped, dead, report.dead_letters, options, hooks, now)
+    return report
+
+
+def _maintain(
+    scoped: ScopedStore,
+    table: Table,
+    report: MaintenanceReport,
+    options: MaintenanceOptions,
+    hooks: SyncHooks | None,
+    now: float | None,
+) -> None:
     if "retention" in options.steps:
         report.retention = drop_deleted_segments(scoped, table, options, hooks)
     if "compact" in options.steps:
@@ -597,4 +660,3 @@ def maintain_table(
         report.orphans = remove_orphan_files(table, grace_s=options.orphan_grace_s, now=now)
     table.refresh()
     report.position = table_position(table)
-    return report

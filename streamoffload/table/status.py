@@ -70,6 +70,8 @@ class TableStatus:
     data_files: int = 0
     partitions: list[PartitionLag] = field(default_factory=list)
     orphans: list[str] | None = None
+    dead_letters: int | None = None
+    """Rows of its dead-letter table (``table.dead_letters``: values that did not decode); None: it has none."""
 
     @property
     def segments_behind(self) -> int:
@@ -95,6 +97,8 @@ class TableStatus:
         }
         if self.orphans is not None:
             doc["orphans"] = self.orphans
+        if self.dead_letters is not None:
+            doc["dead_letters"] = self.dead_letters
         return doc
 
 
@@ -144,6 +148,7 @@ def table_status(
     position = table_position(table)
     current = table.current_snapshot()
     summary = current.summary if current is not None else None
+    dead, _ = open_table(catalog, scoped, base, create=False, dead=True)
     return TableStatus(
         str(base),
         table_name(base),
@@ -155,7 +160,15 @@ def table_status(
         data_files=int(summary["total-data-files"] or 0) if summary is not None else 0,
         partitions=[_partition_lag(metadata, t, position.of(t)) for t in topics],
         orphans=orphan_files(table, grace_s=grace_s) if orphans else None,
+        dead_letters=None if dead is None else _rows(dead),
     )
+
+
+def _rows(table: Table) -> int:
+    """The rows of ``table``'s current snapshot (its summary's ``total-records``)."""
+    current = table.current_snapshot()
+    summary = current.summary if current is not None else None
+    return int(summary["total-records"] or 0) if summary is not None else 0
 
 
 def referenced_files(table: Table) -> set[str]:

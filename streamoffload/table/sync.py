@@ -3,11 +3,11 @@
 A sync is a loop of commits. Each reads the table's position (``table.position``: the current snapshot's summary
 says the last position held per topic-partition), takes the ``Offloaded`` segments past it (at most
 ``segments_per_commit``), reads their messages with the dataset reader (``read.dataset_read``: the rows
-``pulsar-offloaded`` gives, CRC-checked), writes them as Parquet data files (pyiceberg's writer: zstd, field
-ids, column statistics, one file per partition of the table), then commits them in one Iceberg snapshot
-whose summary carries the new positions and the segments it appended. The store is the truth and the table a
-view of it: the positions come from the table alone, so any process may sync, and the job later can call
-``sync_topic`` after its own commits.
+``pulsar-offloaded`` gives, CRC-checked), writes them as Parquet data files (pyarrow directly,
+``table.data_files``: zstd, field ids, column statistics from pyarrow's footers; a file per read task and table
+partition), then commits them in one Iceberg snapshot whose summary carries the new positions and the segments
+it appended. The store is the truth and the table a view of it: the positions come from the table alone, so any
+process may sync, and the job later can call ``sync_topic`` after its own commits.
 
 **Exactly once.**
 
@@ -42,12 +42,12 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -70,6 +70,7 @@ from streamoffload.read.dataset_read import read_task
 from streamoffload.storage.location import ScopedStore
 from streamoffload.table import dead_letters, layout, registry_schema
 from streamoffload.table import schema as value_schemas
+from streamoffload.table.data_files import DataFileWriter
 from streamoffload.table.errors import TableError
 from streamoffload.table.position import TablePosition, summary_properties, table_position
 
@@ -82,13 +83,20 @@ DEFAULT_MAX_CONFLICTS = 20
 
 TOPIC_PROPERTY = "streamoffload.topic"
 STORE_PROPERTY = "streamoffload.store"
+METADATA_VERSIONS_KEPT = 10
+"""Previous ``metadata.json`` files a table keeps (Iceberg's ``write.metadata.previous-versions-max``); older ones
+are deleted after each commit, or a table committing every 10 s piles up 8,640 a day."""
 # Table properties the sync needs: no commit retried by pyiceberg on a new base (see the module notes), Parquet
-# with zstd, format version 2.
+# with zstd, format version 2, old metadata files deleted after a commit.
 TABLE_PROPERTIES = {
     "commit.retry.num-retries": "0",
     "write.parquet.compression-codec": "zstd",
     "format-version": "2",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": str(METADATA_VERSIONS_KEPT),
 }
+_METADATA_PROPERTIES = ("write.metadata.delete-after-commit.enabled", "write.metadata.previous-versions-max")
+"""Set on a table made before the sync set them, unless it has its own."""
 _NAMES = uuid.UUID("6b1d4e0a-4f5c-4b8e-9a49-0e1ceb3f7a01")
 """The namespace of data file uuids (``uuid5``)."""
 
@@ -214,12 +222,13 @@ def open_table(
             created = True
         except TableAlreadyExistsError:  # another writer created it first
             table = catalog.load_table(ident)
-    check_table(table, scoped, topic)
+    check_table(table, scoped, topic, writing=create)
     return table, created
 
 
-def check_table(table: Table, scoped: ScopedStore, topic: TopicName) -> None:
-    """Refuse a table that is not ``topic``'s from this store; turn pyiceberg's commit retries off if they are on."""
+def check_table(table: Table, scoped: ScopedStore, topic: TopicName, *, writing: bool = False) -> None:
+    """Refuse a table that is not ``topic``'s from this store; turn pyiceberg's commit retries off if they are on,
+    and, for a sync (``writing``), old metadata files' deletion on unless the table says otherwise."""
     name = ".".join(table.name())
     props = table.properties
     if props.get(TOPIC_PROPERTY) != str(topic):
@@ -233,10 +242,13 @@ def check_table(table: Table, scoped: ScopedStore, topic: TopicName) -> None:
             f"table {name} was derived from the store {props.get(STORE_PROPERTY)}, not {store_name(scoped)}: "
             "give the other store, another --catalog, or `streamoffload table rebuild` it from this store"
         )
+    wanted = {k: TABLE_PROPERTIES[k] for k in _METADATA_PROPERTIES if writing and k not in props}
     if props.get("commit.retry.num-retries") != "0":
         log.info("table %s: turning pyiceberg's commit retries off (they would append twice)", name)
+        wanted["commit.retry.num-retries"] = "0"
+    if wanted:
         with table.transaction() as tx:
-            tx.set_properties({"commit.retry.num-retries": "0"})
+            tx.set_properties(wanted)
 
 
 @dataclass(frozen=True)
@@ -311,22 +323,28 @@ def _evolve(table: Table, schema: value_schemas.ValueSchema, topic: str) -> None
 
 
 def _decoded(
-    data: pa.Table, arrow: pa.Field, typed: _Typed, decoders: list[value_schemas.Decoder]
-) -> tuple[pa.Table, pa.Table]:
-    """``data`` with its ``value_decoded`` column (``arrow``), each value decoded by its row's decoder, and the dead
-    letters of the rows whose value does not decode."""
-    values: list[dict[str, object] | None] = []
+    values: pa.ChunkedArray, arrow: pa.Field, decoders: list[value_schemas.Decoder]
+) -> tuple[pa.Array, list[tuple[int, str]]]:
+    """The ``value_decoded`` column (``arrow``) of the raw ``values``, each decoded by its row's decoder, and the
+    rows whose value does not decode, with why."""
+    decoded: list[dict[str, object] | None] = []
     errors: list[tuple[int, str]] = []
-    for i, raw in enumerate(data.column("value").to_pylist()):
+    for i, raw in enumerate(values.to_pylist()):
         try:
             if raw is None:
                 raise value_schemas.ValueDecodeError("no value (null)")
-            values.append(decoders[i](raw))
+            decoded.append(decoders[i](raw))
         except value_schemas.ValueDecodeError as err:
             errors.append((i, str(err)))
-            values.append(None)
-    column = pa.array(values, type=arrow.type)
-    return data.append_column(arrow, column), dead_letters.dead_letter_rows(data, errors)
+            decoded.append(None)
+    return pa.array(decoded, type=arrow.type), errors
+
+
+def _task_columns(batches: list[pa.RecordBatch], partition: int) -> tuple[dict[str, pa.ChunkedArray], int]:
+    """The table's columns of a read task's record batches (``layout.rows_of``), chunked as read, and their rows."""
+    parts = [layout.rows_of(b, partition) for b in batches]
+    names = parts[0].keys() if parts else ()
+    return {n: pa.chunked_array([p[n] for p in parts]) for n in names}, sum(b.num_rows for b in batches)
 
 
 def _write(
@@ -337,44 +355,72 @@ def _write(
     options: SyncOptions,
     typed: _Typed | None = None,
 ) -> tuple[list[DataFile], int]:
-    """Write the pending segments' messages as data files of ``table``; returns them and their rows. With a value
-    schema, also the dead letters past the dead-letter table's position, as its data files (``typed.files``)."""
+    """Write the pending segments' messages as data files of ``table`` (``table.data_files``: pyarrow directly,
+    in the table's schema), each read task's rows in a thread while the next task is read (pyarrow's encoding
+    lets go of the GIL, the reader mostly does not); returns them and their rows. With a value schema, also the
+    dead letters past the dead-letter table's position, as its data files (``typed.files``)."""
     files: list[DataFile] = []
     rows = 0
     table_uuid = table.metadata.table_uuid
-    arrow_schema = schema_to_pyarrow(table.schema())
-    decoded = (
-        arrow_schema.field(value_schemas.VALUE_DECODED) if value_schemas.VALUE_DECODED in arrow_schema.names else None
-    )
-    for part in pending:
-        partition = TopicName.parse(part.topic).partition
-        bounds = PositionBounds(start=_position_after(part.after))
-        for segment in part.segments:
-            segment_id = mf.manifest_uuid(segment)
-            tasks = segment_tasks(scoped.store, part.topic, segment, bounds, options.max_partition_bytes)
-            for i, task in enumerate(tasks):
-                batches = [layout.rows_of(b, partition) for b in read_task(scoped, task, keyring=options.keyring)]
-                data = pa.concat_tables(batches) if batches else layout.empty_rows()
-                if data.num_rows == 0:
-                    continue
-                write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
-                if typed is not None and decoded is not None:
-                    versions = functools.partial(registry_schema.entry_schema_versions, scoped, task, options.keyring)
-                    data, dead = _decoded(
-                        data, decoded, typed, registry_schema.row_decoders(typed.schema, data, versions)
-                    )
-                    dead = dead_letters.past(dead, typed.position.of(part.topic))
-                    if dead.num_rows:
-                        dead_uuid = uuid.uuid5(_NAMES, f"{write_uuid}/{typed.position.snapshot_id}")
-                        meta = typed.dead.metadata
-                        typed.files += _dataframe_to_data_files(meta, dead, typed.dead.io, write_uuid=dead_uuid)
-                        typed.rows += dead.num_rows
-                elif decoded is not None:  # the topic had a schema, no longer: null (pyiceberg's own nulls have
-                    # null children, which Parquet refuses under a required field)
-                    data = data.append_column(decoded, pa.array([None] * data.num_rows, type=decoded.type))
-                files += _dataframe_to_data_files(table.metadata, data, table.io, write_uuid=write_uuid)
-                rows += data.num_rows
+    writer = DataFileWriter(table)
+    dead_writer = DataFileWriter(typed.dead) if typed is not None else None
+    names = writer.arrow_schema.names
+    decoded = writer.arrow_schema.field(value_schemas.VALUE_DECODED) if value_schemas.VALUE_DECODED in names else None
+    writing: Future[list[DataFile]] | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="table-write") as pool:
+        for part in pending:
+            partition = TopicName.parse(part.topic).partition
+            bounds = PositionBounds(start=_position_after(part.after))
+            for segment in part.segments:
+                segment_id = mf.manifest_uuid(segment)
+                tasks = segment_tasks(scoped.store, part.topic, segment, bounds, options.max_partition_bytes)
+                for i, task in enumerate(tasks):
+                    columns, num_rows = _task_columns(list(read_task(scoped, task, keyring=options.keyring)), partition)
+                    if num_rows == 0:
+                        continue
+                    write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
+                    if decoded is not None:
+                        versions = functools.partial(
+                            registry_schema.entry_schema_versions, scoped, task, options.keyring
+                        )
+                        columns[value_schemas.VALUE_DECODED] = _value_decoded(
+                            columns, num_rows, decoded, typed, dead_writer, part.topic, write_uuid, versions
+                        )
+                    if writing is not None:  # one file in the writer's thread at a time: the memory of two tasks
+                        files += writing.result()
+                    writing = pool.submit(writer.write, writer.rows(columns, num_rows), write_uuid)
+                    rows += num_rows
+        if writing is not None:
+            files += writing.result()
     return files, rows
+
+
+def _value_decoded(
+    columns: dict[str, pa.ChunkedArray],
+    num_rows: int,
+    arrow: pa.Field,
+    typed: _Typed | None,
+    dead_writer: DataFileWriter | None,
+    topic: str,
+    write_uuid: uuid.UUID,
+    versions: Callable[[], dict[tuple[int, int], bytes]],
+) -> pa.ChunkedArray:
+    """A read task's ``value_decoded`` column (``arrow``); with a schema, its dead letters past the dead-letter
+    table's position written as that table's files (``typed.files``); without one (the topic had a schema, no
+    longer), nulls (``pa.nulls`` of a struct has null children, which Parquet refuses under a required field)."""
+    if typed is None or dead_writer is None:
+        return pa.chunked_array([pa.array([None] * num_rows, type=arrow.type)])
+    ids = pa.table({"ledger_id": columns["ledger_id"], "entry_id": columns["entry_id"]})
+    column, errors = _decoded(columns["value"], arrow, registry_schema.row_decoders(typed.schema, ids, versions))
+    if errors:
+        dead = dead_letters.past(dead_letters.dead_letter_rows(pa.table(columns), errors), typed.position.of(topic))
+        if dead.num_rows:
+            dead_uuid = uuid.uuid5(_NAMES, f"{write_uuid}/{typed.position.snapshot_id}")
+            typed.files += dead_writer.write(
+                dead_writer.rows(dict(zip(dead.column_names, dead.columns, strict=True)), dead.num_rows), dead_uuid
+            )
+            typed.rows += dead.num_rows
+    return pa.chunked_array([column])
 
 
 def sync_topic(

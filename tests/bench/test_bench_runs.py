@@ -111,15 +111,18 @@ SMOKES = [
             "table.py",
             (
                 *("--parts", "a,c", "--segments", "5", "--entries-per-segment", "10", "--messages-per-entry", "2"),
-                *("--syncs", "12"),
+                *("--rounds", "1", "--syncs", "12"),
                 *("--entries-per-sync", "3", "--maintain-every", "20s", "--min-files", "2", "--work-dir", "{work}"),
             ),
             (
                 rf"  table \(sync_topic\) +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; 1 commits, "
-                rf"5 data files, {NUMBER} B\)",
+                rf"5 data files, {NUMBER} B; rounds {NUMBER} s/CPU {NUMBER} s\)",
+                rf"  previous sync +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; pyiceberg's writer, 5 "
+                rf"data files; rounds {NUMBER} s/CPU {NUMBER} s\)",
                 rf"  pyarrow alone \(zstd\) +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; 5 files, "
                 rf"{NUMBER} B\)",
-                rf"  table ÷ pyarrow: {NUMBER} \(target >= 0.5\) (met|MISSED); by CPU {NUMBER}",
+                rf"  table ÷ pyarrow: {NUMBER} \(target >= 0.5\) (met|MISSED); by CPU {NUMBER}; the previous sync "
+                rf"{NUMBER}, by CPU {NUMBER}; sync ÷ previous {NUMBER}x by wall, {NUMBER}x by CPU",
                 r"  data files per partition: at most 4 after any sync \(bound 7: .*\), \d+ now, .*",
                 r"  2 maintenances, \d+ files compacted, 0 failed; syncs 12 .*",
                 r"  rows: 36 in the table, 36 offloaded \(exact\)",

@@ -478,6 +478,9 @@ def test_the_table_sections_maintenance_keys() -> None:
     assert (table.maintain_every_s, table.compact_min_files, table.compact_target_file_bytes) == (5400.0, 3, 64 << 20)
     assert table.keep_snapshots == 7
     assert parse_config({"table": {"maintain_every": "0"}}, "c").table.maintain_every_s == 0.0
+    assert (defaults.snapshot_max_age, defaults.snapshot_max_age_s) == ("10m", 600.0)
+    assert parse_config({"table": {"snapshotMaxAge": "2h"}}, "c").table.snapshot_max_age_s == 7200.0
+    assert parse_config({"table": {"snapshot_max_age": "0"}}, "c").table.snapshot_max_age_s == 0.0
     for text, error in (
         ('maintain_every = "often"', r"table\.maintain_every: expected a duration like 90s.* \(or \"0\": never\)$"),
         ('maintain_every = "8d"', r"table\.maintain_every must be at most 7 days, got '8d'$"),
@@ -486,6 +489,8 @@ def test_the_table_sections_maintenance_keys() -> None:
         ('compact_target_file_size = "0"', r"table\.compact_target_file_size must be at least 1 byte, got '0'$"),
         ("keep_snapshots = 0", r"table\.keep_snapshots must be at least 1, got 0$"),
         ("maintain_every = 600", r"table\.maintain_every must be str, got int 600"),
+        ('snapshot_max_age = "soon"', r"table\.snapshot_max_age: expected a duration like 90s.* \(or \"0\"\)$"),
+        ('snapshot_max_age = "31d"', r"table\.snapshot_max_age must be at most 30 days, got '31d'$"),
     ):
         with pytest.raises(ConfigError, match=rf"^c: {error}"):
             parse_config(tomllib.loads(f"[table]\n{text}\n"), "c")
@@ -531,14 +536,26 @@ def test_the_follower_maintains_each_table_it_syncs_at_the_interval_after_a_sync
     [figures] = follower.figures()
     assert (figures.commits, figures.maintenances, figures.maintenance_failures) == (7, 1, 0)
     assert figures.files_compacted == 7 * len(before)
-    assert figures.snapshots_expired == 0  # all younger than the hour expiry keeps
+    assert figures.snapshots_expired == 0  # all younger than the 10 min expiry keeps (snapshot_max_age)
     snapshot = table.current_snapshot()
     assert snapshot is not None and snapshot.summary is not None and snapshot.summary.operation.value == "overwrite"
     assert not set(current_files(table)) & synced  # the small files were replaced
     [line] = [r.getMessage() for r in caplog.records if "maintained" in r.getMessage()]
     assert line.startswith(f"table {ON_TABLE}: maintained in ") and line.endswith(
-        f"s: {7 * len(before)} data file(s) compacted, 0 snapshot(s) expired"
+        f"s: {7 * len(before)} data file(s) compacted, 0 snapshot(s) expired, 0 orphan file(s) removed, 0 row(s) "
+        "of deleted segments removed"
     )
+    # The maintenance counters are metrics.
+    metrics = JobMetrics(read_cache=False)
+    metrics.table_figures = follower.figures
+    samples = {(s.name, s.labels.get("table")): s.value for f in metrics.registry.collect() for s in f.samples}
+    assert samples[("streamoffload_table_maintenances_total", ON_TABLE)] == 1
+    assert samples[("streamoffload_table_maintenance_failures_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_files_compacted_total", ON_TABLE)] == 7 * len(before)
+    assert samples[("streamoffload_table_snapshots_expired_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_orphan_files_removed_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_retention_rows_removed_total", ON_TABLE)] == 0
+    assert samples[("streamoffload_table_dead_letters_appended_total", ON_TABLE)] == 0
 
     # The next sync, 10 s later, is not followed by one: the next is due 60 s after this one.
     for _ in range(5):
@@ -555,6 +572,35 @@ def test_the_follower_maintains_each_table_it_syncs_at_the_interval_after_a_sync
     table = tier.table()
     assert max(files_per_partition(table).values()) == 1
     assert_exact(table, tier.rows)
+
+
+def test_the_follower_expires_snapshots_older_than_snapshot_max_age(tier: Tier) -> None:
+    """Beyond the newest ``keep_snapshots``, snapshots older than ``snapshot_max_age`` go at a maintenance: "0"
+    expires every one not kept; the default (10 min) none of a run this young."""
+    for max_age, expired in (("0", 2), ("10m", 0)):
+        settings = TableSettings(
+            commit_interval="10s",
+            maintain_every="30s",
+            compact_min_files=1000,
+            keep_snapshots=2,
+            snapshot_max_age=max_age,
+        )
+        follower = tier.follower(settings)
+        before = len(tier.table().metadata.snapshots) if expired == 0 else 0
+        for _ in range(4):  # 4 syncs 10 s apart; the 4th, 30 s after the start, is followed by a maintenance
+            tier.publish((1, 1))
+            follower.on_batch(sealed(*ON_PARTS))
+            follower.sync_due()
+            tier.clock.now += 10
+        [figures] = follower.figures()
+        assert (figures.maintenances, figures.maintenance_failures, figures.files_compacted) == (1, 0, 0)
+        assert figures.snapshots_expired == expired
+        metrics = JobMetrics(read_cache=False)
+        metrics.table_figures = follower.figures
+        samples = {(s.name, s.labels.get("table")): s.value for f in metrics.registry.collect() for s in f.samples}
+        assert samples[("streamoffload_table_snapshots_expired_total", ON_TABLE)] == expired
+        assert len(tier.table().metadata.snapshots) == (2 if expired else before + 4)
+        assert_exact(tier.table(), tier.rows)
 
 
 def test_maintenance_every_0_never_runs_and_a_failing_one_is_counted(

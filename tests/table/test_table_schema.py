@@ -19,14 +19,20 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.types import StructType
 
-from streamoffload.checkpoints.policy import validated_policy
+from streamoffload.checkpoints import manifest as mf
+from streamoffload.checkpoints.metadata_store import MetadataStore
+from streamoffload.checkpoints.policy import OffloadPolicy, validated_policy
 from streamoffload.cli import main
-from streamoffload.config import parse_config
+from streamoffload.config import TableSettings, parse_config
 from streamoffload.errors import ConfigError
+from streamoffload.metrics.collector import JobMetrics
 from streamoffload.storage.location import ScopedStore, parse_store_url
+from streamoffload.streaming.job.tables import TableFollower
 from streamoffload.table.catalog import catalog_settings, open_catalog
+from streamoffload.table.maintenance import MaintenanceOptions, maintain_table
 from streamoffload.table.position import table_position
 from streamoffload.table.schema import TableSchemaError, parse_value_schema
+from streamoffload.table.status import table_status
 from streamoffload.table.sync import SyncHooks, SyncOptions, sync_topic
 from tests.table.offload import EPOCH, Row, TopicOffload, row_tuple
 
@@ -285,6 +291,64 @@ def test_a_json_schema_topic_has_typed_columns_and_its_bad_records_dead_letters(
         "where": (fields["where"][0], False),
     }
     assert fields["tags"][0].startswith("list<string>") and fields["where"][0].startswith("struct<")
+
+
+def test_dead_letters_leave_with_their_segments_and_are_compacted(tier: Tier) -> None:
+    """``maintain_table`` runs its steps on the dead-letter table too: when the store deletes a ledger's
+    segments (``delete-ledger``), their dead letters leave with their rows; its small files are compacted."""
+    rows: list[Row] = []
+    for _ in range(6):  # 6 segments of 9 entries: ledger 3 (40 entries), then ledger 4
+        rows += tier.events.publish(9)
+        tier.sync(EVENTS, EVENTS_SCHEMA)
+    dead_table = tier.table("events__dead_letters")
+    assert len(list(dead_table.scan().plan_files())) == 6
+    meta = MetadataStore(tier.scoped)
+    assert meta.mark_ledger_deleted(EVENTS, 3, "test")
+    deleted = meta.apply_deletions(EVENTS, 0)
+    gone = {
+        (r.ledger_id, r.entry_id)
+        for r in rows
+        if any(mf.start_position(s) <= (r.ledger_id, r.entry_id) <= mf.end_position(s) for s in deleted)
+    }
+    assert gone and len(deleted) == 4  # the segments ending at (3,8) .. (3,35); (3,36)..(4,4) is kept
+    report = maintain_table(tier.scoped, tier.catalog, EVENTS, MaintenanceOptions(min_files=1))
+    kept = [r for r in rows if (r.ledger_id, r.entry_id) not in gone]
+    assert raw_rows(tier.table("events")) == kept
+    expected = expected_dead(rows, event_error)
+    dead_table = tier.table("events__dead_letters")
+    assert dead_letters(dead_table) == [d for d in expected if (d[0], d[1]) not in gone]
+    assert report.dead_letters is not None and report.dead_letters.retention is not None
+    assert report.dead_letters.rows_retained_away == len(expected) - len(dead_letters(dead_table)) > 0
+    assert report.rows_retained_away == len(rows) - len(kept) + report.dead_letters.rows_retained_away
+    assert len(list(dead_table.scan().plan_files())) == 1
+    assert report.dead_letters.files_compacted >= 2
+    assert table_position(dead_table).positions == table_position(tier.table("events")).positions
+    assert report.as_dict()["dead_letters"]["table"] == "public.default.events__dead_letters"
+    # The status counts them.
+    assert table_status(tier.scoped, tier.catalog, EVENTS).dead_letters == len(dead_letters(dead_table))
+    # A sync after it appends only what is new, dead letters too.
+    more = tier.events.publish(9)
+    tier.sync(EVENTS, EVENTS_SCHEMA)
+    new_dead = [d for d in expected_dead(rows + more, event_error) if (d[0], d[1]) not in gone]
+    assert dead_letters(tier.table("events__dead_letters")) == new_dead
+
+
+def test_the_jobs_follower_counts_the_dead_letters_it_appends(tier: Tier, tmp_path: Path) -> None:
+    rows = tier.events.publish(30)
+    policy = OffloadPolicy(offloadTable=True, offloadTableSchema=json.dumps(EVENTS_SCHEMA))
+    follower = TableFollower(
+        parse_store_url(str(tmp_path / "store")), TableSettings(), lambda _t: policy, epoch=1, check_lease=lambda: None
+    )
+    follower.mark([EVENTS])
+    follower.sync_due()
+    [figures] = follower.figures()
+    dead = expected_dead(rows, event_error)
+    assert (figures.rows_appended, figures.dead_letters_appended) == (len(rows), len(dead)) and dead
+    metrics = JobMetrics(read_cache=False)
+    metrics.table_figures = follower.figures
+    samples = {s.name: s.value for f in metrics.registry.collect() for s in f.samples}
+    assert samples["streamoffload_table_dead_letters_appended_total"] == len(dead)
+    follower.stop()
 
 
 def test_an_avro_topic_has_typed_columns_and_its_bad_records_dead_letters(tier: Tier) -> None:

@@ -23,7 +23,14 @@ from streamoffload.storage.location import ScopedStore, StoreLocation, parse_sto
 from streamoffload.table.catalog import CatalogSettings, catalog_settings, open_catalog
 from streamoffload.table.position import POSITIONS, STORE, TablePositionError, segments_of, table_position
 from streamoffload.table.status import orphan_files, referenced_files, table_status
-from streamoffload.table.sync import SyncHooks, SyncOptions, TableSyncError, rebuild_topic, sync_topic
+from streamoffload.table.sync import (
+    METADATA_VERSIONS_KEPT,
+    SyncHooks,
+    SyncOptions,
+    TableSyncError,
+    rebuild_topic,
+    sync_topic,
+)
 from tests.table.offload import Row, TopicOffload, row_tuple
 
 TOPIC = "persistent://public/default/orders"
@@ -269,6 +276,27 @@ def test_pyiceberg_commit_retries_are_turned_off(tier: Tier) -> None:
     publish(tier, (5, 5))
     sync_topic(tier.scoped, tier.catalog, TOPIC)
     assert tier.table().properties["commit.retry.num-retries"] == "0"
+
+
+def test_old_metadata_files_are_deleted_after_each_commit(tier: Tier) -> None:
+    """A table keeps its current ``metadata.json`` and the previous ``METADATA_VERSIONS_KEPT``: one committed every
+    10 s would otherwise pile up 8,640 a day. A table made without the setting gets it at its next sync."""
+    for _ in range(METADATA_VERSIONS_KEPT + 4):
+        publish(tier, (1, 1))
+        sync_topic(tier.scoped, tier.catalog, TOPIC)
+    table = tier.table()
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    files = sorted((Path(table.location().removeprefix("file://")) / "metadata").glob("*.metadata.json"))
+    assert len(files) == METADATA_VERSIONS_KEPT + 1
+    assert len(table.metadata.metadata_log) == METADATA_VERSIONS_KEPT
+    with table.transaction() as tx:
+        tx.remove_properties("write.metadata.delete-after-commit.enabled", "write.metadata.previous-versions-max")
+    publish(tier, (1, 1))
+    sync_topic(tier.scoped, tier.catalog, TOPIC)
+    properties = tier.table().properties
+    assert properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert properties["write.metadata.previous-versions-max"] == str(METADATA_VERSIONS_KEPT)
+    assert_exact(tier.table(), tier.rows)
 
 
 def test_rebuild_derives_the_table_again(tier: Tier) -> None:
