@@ -75,6 +75,13 @@ class Progress:
             if note is not None:
                 self._bar.update(self._task(task), note=note)
 
+    def show(self, completed: float, task: TaskID | None = None, *, note: str | None = None) -> None:
+        """Set ``task``'s count to ``completed`` (a figure read again from where the work reports it)."""
+        if self._bar is not None:
+            self._bar.update(self._task(task), completed=completed)
+            if note is not None:
+                self._bar.update(self._task(task), note=note)
+
     def extend(self, amount: float, task: TaskID | None = None) -> None:
         """Add ``amount`` to a task's total (one found as the work goes: the segments of the next topic-partition)."""
         if self._bar is not None:

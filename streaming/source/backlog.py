@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from streamoffload.codecs.positions import Position
+from streamoffload.pulsar.exactly_once import Probe
+from streamoffload.read.starting_time import ProbeAfter, ledger_last
 from streamoffload.streaming.runtime.side_files import write_json_file
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,41 @@ def entries_between(consumed: Position, latest: Position | None) -> tuple[int, b
     return latest[1] + 1, False  # the latest ledger's entries; earlier ledgers' remainders unknown
 
 
+@dataclass(frozen=True)
+class BacklogCount:
+    """What a topic-partition holds after a position: ``entries`` exactly, and about ``bytes`` (the entries times
+    the mean size of the entries probed on the way)."""
+
+    entries: int
+    bytes: int
+
+
+def count_backlog(probe: ProbeAfter, consumed: Position, latest: Position | None) -> BacklogCount:
+    """The entries after ``consumed`` up to ``latest`` on the broker, across ledgers: each ledger's last entry
+    found by probing (``read.starting_time.ledger_last``: about 2 log2(entries) probes per ledger after the first
+    one; none within the latest ledger). ``probe(after)``: the broker's first entry after a position."""
+    if latest is None or latest <= consumed:
+        return BacklogCount(0, 0)
+    sizes: list[int] = []
+
+    def sampled(after: Position) -> Probe | None:
+        got = probe(after)
+        if got is not None and len(sizes) < 64:
+            sizes.append(got.approx_bytes)
+        return got
+
+    entries = 0
+    first = sampled(consumed)
+    while first is not None and first.position <= latest:
+        last_id, following = ledger_last(sampled, first, latest)
+        entries += last_id - first.position[1] + 1
+        if first.position[0] >= latest[0]:
+            break
+        first = following if following is not None else sampled((first.position[0], last_id))
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    return BacklogCount(entries, int(entries * mean))
+
+
 def read_backlog_file(path: str) -> dict[str, Any]:
     """The backlog document a source with ``backlogFile`` writes: ``{"updated": unix seconds,
     "partitions": {topic-partition: {latest, consumed, entries, exact, bytes}}}``."""
@@ -64,4 +101,11 @@ def write_backlog_file(path: str, backlog: Mapping[str, PartitionBacklog]) -> No
         log.warning("pulsar source: cannot write backlogFile %s: %s", path, err)
 
 
-__all__ = ["PartitionBacklog", "entries_between", "read_backlog_file", "write_backlog_file"]
+__all__ = [
+    "BacklogCount",
+    "PartitionBacklog",
+    "count_backlog",
+    "entries_between",
+    "read_backlog_file",
+    "write_backlog_file",
+]
