@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from streamoffload.codecs.positions import Position
-from streamoffload.pulsar.exactly_once import Probe
 from streamoffload.read.starting_time import ProbeAfter, ledger_last
 from streamoffload.streaming.runtime.side_files import write_json_file
 
@@ -57,28 +56,39 @@ class BacklogCount:
     bytes: int
 
 
+SIZE_SAMPLES = 8
+"""Entries probed, spread over a backlog, for the mean entry size its bytes are estimated by."""
+
+
 def count_backlog(probe: ProbeAfter, consumed: Position, latest: Position | None) -> BacklogCount:
     """The entries after ``consumed`` up to ``latest`` on the broker, across ledgers: each ledger's last entry
-    found by probing (``read.starting_time.ledger_last``: about 2 log2(entries) probes per ledger after the first
-    one; none within the latest ledger). ``probe(after)``: the broker's first entry after a position."""
+    found by probing (``read.starting_time.ledger_last``: about 2 log2(entries) probes per ledger but the latest),
+    then ``SIZE_SAMPLES`` entries spread over them probed for their size. ``probe(after)``: the broker's first
+    entry after a position."""
     if latest is None or latest <= consumed:
         return BacklogCount(0, 0)
-    sizes: list[int] = []
-
-    def sampled(after: Position) -> Probe | None:
-        got = probe(after)
-        if got is not None and len(sizes) < 64:
-            sizes.append(got.approx_bytes)
-        return got
-
-    entries = 0
-    first = sampled(consumed)
+    ranges: list[tuple[int, int, int]] = []  # (ledger, first entry id, last entry id) of the backlog
+    first = probe(consumed)
     while first is not None and first.position <= latest:
-        last_id, following = ledger_last(sampled, first, latest)
-        entries += last_id - first.position[1] + 1
+        last_id, following = ledger_last(probe, first, latest)
+        ranges.append((first.position[0], first.position[1], last_id))
         if first.position[0] >= latest[0]:
             break
-        first = following if following is not None else sampled((first.position[0], last_id))
+        first = following if following is not None else probe((first.position[0], last_id))
+    entries = sum(last - first_id + 1 for _, first_id, last in ranges)
+    sizes = []
+    samples = min(SIZE_SAMPLES, entries)
+    for k in range(samples):
+        at = k * entries // samples  # the entry's ordinal in the backlog
+        before = consumed  # the position just before the range's first entry
+        for ledger, first_id, last in ranges:
+            if at <= last - first_id:
+                got = probe(before if at == 0 else (ledger, first_id + at - 1))
+                if got is not None:
+                    sizes.append(got.approx_bytes)
+                break
+            at -= last - first_id + 1
+            before = (ledger, last)
     mean = sum(sizes) / len(sizes) if sizes else 0.0
     return BacklogCount(entries, int(entries * mean))
 

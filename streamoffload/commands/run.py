@@ -175,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
                     job.progress_dir = job.progress_files_dir()
                     remove_progress_dirs(job.progress_dir)
                     try:
-                        with OnceProgress(progress, backlog, job.progress_dir) as once:
+                        spool = job.source_options().get("spoolDir")
+                        with OnceProgress(progress, backlog, job.progress_dir, spool) as once:
                             job.listeners.append(once)
                             job.run_once(spark)
                     finally:
@@ -264,11 +265,16 @@ class OnceProgress:
     other machines), it counts what each micro-batch's report says instead, batch by batch."""
 
     def __init__(
-        self, progress: Progress, backlog: dict[str, BacklogCount | None], progress_dir: str | None = None
+        self,
+        progress: Progress,
+        backlog: dict[str, BacklogCount | None],
+        progress_dir: str | None = None,
+        spool_dir: str | None = None,
     ) -> None:
         self.progress = progress
         self.backlog = backlog
         self.progress_dir = progress_dir
+        self.spool_dir = spool_dir
         self.tasks: dict[str, TaskID | None] = {}
         self.spans: dict[str, list[WrittenSpan]] = {}
         """The spans of the micro-batches that ended (their files removed)."""
@@ -322,19 +328,43 @@ class OnceProgress:
                     spans.setdefault(topic, []).extend(more)
             out = dict(self.reported)
         out.update((topic, written(topic_spans)) for topic, topic_spans in spans.items())
+        for topic in self.backlog:
+            out.setdefault(topic, (0, 0))
         return out
 
+    def spooled(self, topic: str) -> int:
+        """About the entry bytes of ``topic`` the source tasks have read and the sink not yet written: what its
+        spool files hold (``streaming.handoff.spool``; the sink removes them as it writes), their records'
+        headers taken off by the backlog's mean entry size. 0 without a spool."""
+        if self.spool_dir is None:
+            return 0
+        from streamoffload.streaming.handoff.spool import RECORD_HEADER_BYTES, topic_dir
+
+        size = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(topic_dir(self.spool_dir, topic)):
+                with contextlib.suppress(OSError):
+                    size += entry.stat().st_size
+        known = self.backlog.get(topic)
+        mean = known.bytes / known.entries if known is not None and known.entries else 0.0
+        return int(size * mean / (mean + RECORD_HEADER_BYTES)) if mean else size
+
     def refresh(self, *, final: bool = False) -> None:
-        """Draw the figures written so far; ``final``: the bytes exactly (the last frame: everything is written)."""
+        """Draw the figures written so far; ``final``: the bytes exactly (the last frame: everything is written).
+        Before the end the bytes read ahead of the sink (spooled) are said too: a micro-batch's source stage
+        reads all its entries before its sink writes any."""
         elapsed = max(time.monotonic() - self.started, 1e-3)
         figures = self.written()
+        read_in_all = 0
         for topic, (entries, nbytes) in sorted(figures.items()):
-            self.progress.show(
-                entries, self._task_of(topic), note=_bytes_note(nbytes, self.backlog.get(topic), elapsed, exact=final)
-            )
+            read = nbytes + (0 if final else self.spooled(topic))
+            read_in_all += read
+            note = _bytes_note(nbytes, self.backlog.get(topic), elapsed, exact=final, read=read)
+            self.progress.show(entries, self._task_of(topic), note=note)
         entries = sum(e for e, _ in figures.values())
         nbytes = sum(b for _, b in figures.values())
-        self.progress.show(entries, note=_bytes_note(nbytes, _sum_known(self.backlog.values()), elapsed, exact=final))
+        note = _bytes_note(nbytes, _sum_known(self.backlog.values()), elapsed, exact=final, read=read_in_all)
+        self.progress.show(entries, note=note)
 
     def _task_of(self, topic: str) -> TaskID | None:
         if topic not in self.tasks:
@@ -359,10 +389,14 @@ def remove_progress_dirs(current: str | None) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _bytes_note(nbytes: int, backlog: BacklogCount | None, elapsed_s: float, *, exact: bool = False) -> str:
-    """The bytes written (of about the backlog's, where known) and the rate since the start; ``exact``: in bytes."""
+def _bytes_note(
+    nbytes: int, backlog: BacklogCount | None, elapsed_s: float, *, exact: bool = False, read: int = 0
+) -> str:
+    """The bytes written (of about the backlog's, where known) and the rate since the start, and those ``read``
+    (written, and read ahead of the sink) where more; ``exact``: the bytes written, in bytes."""
     rate = f"{nbytes / 1e6 / elapsed_s:.1f} MB/s"
     if exact:
         return f"{nbytes:,} bytes, {rate}"
     of = f" of ~{backlog.bytes / 1e6:.1f}" if backlog is not None and backlog.bytes else ""
-    return f"{nbytes / 1e6:.1f}{of} MB, {rate}"
+    ahead = f" (read {read / 1e6:.1f})" if read > nbytes else ""
+    return f"{nbytes / 1e6:.1f}{of} MB{ahead}, {rate}"

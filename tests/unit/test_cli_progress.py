@@ -183,14 +183,43 @@ def test_run_once_finds_the_backlog_of_each_topic_partition(pulsar_broker: Embed
     committed_segment(MetadataStore(ScopedStore(FilesystemStore(tmp_path / "store", fsync=False))), stored, (ledger, 9))
     job = OffloadJob(load_config(config_path), str(config_path))
     client = rr.RawClient(pulsar_broker.service_url, {})
-    # Within one ledger one probe sizes the backlog: the entry after where it starts (the whole entry: metadata,
-    # properties and 64 bytes of payload).
-    sizes = [rr.probe_after_raw(client, tp, after) for tp, after in ((stored, (ledger, 9)), (fresh, BEFORE_EARLIEST))]
-    stored_bytes, fresh_bytes = (probe.approx_bytes if probe else 0 for probe in sizes)
-    assert stored_bytes > 64 and fresh_bytes > 64
+    # An entry's size (metadata, properties and 64 bytes of payload) grows with its 'seq' property's digits: the
+    # first entry is the smallest, the last the largest.
+    sizes = [rr.probe_after_raw(client, stored, after) for after in (BEFORE_EARLIEST, (ledger, 28))]
+    smallest, largest = (probe.approx_bytes if probe else 0 for probe in sizes)
+    assert 64 < smallest < largest
     job.begin_run()
     try:
         backlog = backlog_at_start(job)
-        assert backlog == {stored: BacklogCount(20, 20 * stored_bytes), fresh: BacklogCount(30, 30 * fresh_bytes)}
+        assert sorted(backlog) == sorted([stored, fresh])
+        assert (backlog[stored].entries, backlog[fresh].entries) == (20, 30)  # type: ignore[union-attr]
+        assert backlog[stored].bytes == 20 * largest  # type: ignore[union-attr]  # entries 10..29: 2-digit seqs
+        assert 30 * smallest < backlog[fresh].bytes < 30 * largest  # type: ignore[union-attr]
     finally:
         job.end_run()
+
+
+def test_run_once_progress_says_what_was_read_ahead_of_the_sink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a micro-batch's source stage reads (into the spool) and its sink has written nothing yet, the note says
+    the bytes read: the spool files' size, their records' headers taken off by the backlog's mean entry size."""
+    from streamoffload.streaming.handoff.spool import RECORD_HEADER_BYTES, topic_dir
+
+    monkeypatch.setenv("COLUMNS", "200")
+    p0 = "persistent://public/default/t-partition-0"
+    spool = tmp_path / "spool"
+    topic_dir(spool, p0).mkdir(parents=True)
+    (topic_dir(spool, p0) / ".-1_-1_0_99.spool.1.tmp").write_bytes(b"x" * (100 * (980 + RECORD_HEADER_BYTES)))
+    master, slave = pty.openpty()
+    terminal = os.fdopen(slave, "w", encoding="utf-8", closefd=True)
+    try:
+        with Progress("all topic-partitions", total=200, unit="entries", stream=terminal) as progress:
+            once = OnceProgress(progress, {p0: BacklogCount(200, 196_000)}, str(tmp_path / "progress"), str(spool))
+            assert once.spooled(p0) == 98_000  # 100 entries of 980 bytes
+            once.refresh()
+        terminal.close()
+        text = read_all(master)
+    finally:
+        os.close(master)
+    assert re.search(r"all topic-partitions .* 0/200 +entries .* 0\.0 of ~0\.2 MB \(read 0\.1\), ", text), text
