@@ -169,6 +169,21 @@ def _chosen(doc: PulsarJson, names: list[str]) -> str | None:
     return chosen[0] if chosen else None
 
 
+_S3_STORE_KEYS = ("bucket", "region", "serviceEndpoint")
+
+
+def _applies(name: str, key: str, driver: str | None) -> bool:
+    """Whether Pulsar's field ``name`` (our ``key``) is read by the offloader of ``driver`` (unknown: any): the s3
+    fields and the bucket's by an S3 one only, ``fileSystemURI`` by the filesystem one only. Pulsar prints its s3
+    defaults (block and read buffer sizes) whatever the driver, and a topic's applied policy the namespace's
+    bucket beside the topic's filesystem driver."""
+    if driver is None or driver not in DRIVERS:
+        return True
+    if driver == "filesystem":
+        return not name.startswith("s3") and key not in _S3_STORE_KEYS
+    return key != "root"
+
+
 def _counts(threshold: object) -> bool:
     """Whether a Pulsar offload threshold triggers offloading (0 or more; -1 and unset do not)."""
     return isinstance(threshold, int) and threshold >= 0
@@ -178,9 +193,14 @@ def translate_offload_policies(doc: PulsarJson, *, store_allowed: bool = True) -
     """``doc`` (Pulsar's ``OffloadPoliciesImpl`` as JSON) in our keys. ``store_allowed``: False for a namespace's
     or a topic's section, where a store field cannot apply (one store per job)."""
     out = ImportedPolicy()
+    driver = doc.get("managedLedgerOffloadDriver")
+    driver = driver.lower() if isinstance(driver, str) else None
     for fields_of, table in ((_STORE_FIELDS, out.store), (_POLICY_FIELDS, out.policy)):
         for key in dict.fromkeys(fields_of.values()):
             names = [name for name, ours in fields_of.items() if ours == key]
+            unused = [name for name in names if doc.get(name) is not None and not _applies(name, key, driver)]
+            out.skipped.extend((name, f"not used by the {driver} driver (Pulsar prints it anyway)") for name in unused)
+            names = [name for name in names if name not in unused]
             chosen = _chosen(doc, names)
             if chosen is None:
                 continue
