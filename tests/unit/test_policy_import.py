@@ -29,6 +29,7 @@ APPLIED = JSON / "topic-applied-filesystem.json"
 PULSAR_NAMESPACE = JSON / "pulsar-4.0.7-namespace-aws-s3.json"
 PULSAR_TOPIC = JSON / "pulsar-4.0.7-topic-filesystem.json"
 PULSAR_APPLIED = JSON / "pulsar-4.0.7-topic-applied.json"
+BROKER_SIDE = "the broker's own offloader (its NAR directory, threads, read-ahead); the job sizes its own work"
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -255,3 +256,60 @@ def test_a_real_brokers_topic_policy_configures_a_filesystem_store(path: Path) -
     policy = config.policy_for("persistent://public/offload/big")
     assert (policy.enabled, policy.managedLedgerOffloadDeletionLagMs) == (False, 600000)
     assert policy.block_size == (33554432 if sizes else 64 << 20)
+
+
+BROKER_CONF = """\
+# Pulsar's docs, "Use AWS S3 offloader with Pulsar" (tiered-storage-aws): the offloader in broker.conf
+managedLedgerOffloadDriver=aws-s3
+offloadersDirectory=offloaders
+s3ManagedLedgerOffloadBucket=pulsar-topic-offload
+s3ManagedLedgerOffloadRegion=eu-west-3
+s3ManagedLedgerOffloadServiceEndpoint=
+s3ManagedLedgerOffloadMaxBlockSizeInBytes=67108864
+s3ManagedLedgerOffloadReadBufferSizeInBytes=1048576
+s3ManagedLedgerOffloadRole=
+managedLedgerOffloadMaxThreads=2
+managedLedgerOffloadDeletionLagMs=14400000
+managedLedgerOffloadAutoTriggerSizeThresholdBytes=-1
+"""
+
+
+def test_a_broker_conf_offload_block_from_pulsars_docs_configures_the_job_unchanged(tmp_path: Path) -> None:
+    """The block as an operator has it (Java properties, empty values unset, broker.conf's own names for the
+    deletion lag and the threshold), through `policy import` as it is."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text(BROKER_CONF)
+    result = cli(str(conf))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "[store]\n"
+        'managedLedgerOffloadDriver = "aws-s3"\n'
+        'bucket = "pulsar-topic-offload"\n'
+        'region = "eu-west-3"\n'
+        "\n"
+        "[offload]\n"
+        "managedLedgerOffloadDeletionLagMs = 14400000\n"
+        "managedLedgerOffloadMaxBlockSizeInBytes = 67108864\n"
+        "managedLedgerOffloadReadBufferSizeInBytes = 1048576\n"
+        "enabled = false\n"
+    )
+    assert result.stderr.splitlines()[:2] == [
+        "streamoffload policy import: not imported: managedLedgerOffloadMaxThreads: " + BROKER_SIDE,
+        "streamoffload policy import: not imported: offloadersDirectory: " + BROKER_SIDE,
+    ]
+    config = parse_config(tomllib.loads(result.stdout), "imported")
+    assert (config.store.location.scheme, config.store.bucket, config.store.region) == (
+        "s3",
+        "pulsar-topic-offload",
+        "eu-west-3",
+    )
+    policy = config.policy_for("persistent://public/default/t")
+    assert (policy.enabled, policy.managedLedgerOffloadDeletionLagMs, policy.block_size) == (False, 14400000, 64 << 20)
+    assert policy.managedLedgerOffloadReadBufferSizeInBytes == 1048576
+
+
+def test_a_broker_conf_line_that_is_not_a_property_is_named(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("managedLedgerOffloadDriver=aws-s3\n=oops\n")
+    with pytest.raises(ConfigError, match=rf"^{conf}:2: not a broker.conf line \(key=value\): '=oops'$"):
+        read_offload_policies(str(conf))
