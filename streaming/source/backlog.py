@@ -60,11 +60,13 @@ SIZE_SAMPLES = 8
 """Entries probed, spread over a backlog, for the mean entry size its bytes are estimated by."""
 
 
-def count_backlog(probe: ProbeAfter, consumed: Position, latest: Position | None) -> BacklogCount:
+def count_backlog(
+    probe: ProbeAfter, consumed: Position, latest: Position | None, samples: int = SIZE_SAMPLES
+) -> BacklogCount | None:
     """The entries after ``consumed`` up to ``latest`` on the broker, across ledgers: each ledger's last entry
     found by probing (``read.starting_time.ledger_last``: about 2 log2(entries) probes per ledger but the latest),
-    then ``SIZE_SAMPLES`` entries spread over them probed for their size. ``probe(after)``: the broker's first
-    entry after a position."""
+    then ``samples`` entries spread over them probed for their size. ``probe(after)``: the broker's first entry
+    after a position. None (unknown) when a probe found nothing before the latest ledger."""
     if latest is None or latest <= consumed:
         return BacklogCount(0, 0)
     ranges: list[tuple[int, int, int]] = []  # (ledger, first entry id, last entry id) of the backlog
@@ -75,9 +77,11 @@ def count_backlog(probe: ProbeAfter, consumed: Position, latest: Position | None
         if first.position[0] >= latest[0]:
             break
         first = following if following is not None else probe((first.position[0], last_id))
+    if not ranges or ranges[-1][0] != latest[0]:
+        return None
     entries = sum(last - first_id + 1 for _, first_id, last in ranges)
     sizes = []
-    samples = min(SIZE_SAMPLES, entries)
+    samples = min(samples, entries)
     for k in range(samples):
         at = k * entries // samples  # the entry's ordinal in the backlog
         before = consumed  # the position just before the range's first entry

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from streamoffload.cli_common import add_job_args, config_from_args
 from streamoffload.config import Config
 from streamoffload.printable import printable
-from streamoffload.progress import Progress, progress_shown
+from streamoffload.progress import Progress
 from streamoffload.streaming.runtime.progress_files import WrittenSpan, read_spans, written
 from streamoffload.streaming.source.backlog import BacklogCount
 
@@ -165,10 +165,7 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         if args.once:
-            backlog = backlog_at_start(job) if progress_shown() else {}
-            known = _sum_known(backlog.values())
-            total = None if known is None else known.entries
-            with Progress("all topic-partitions", total=total, unit="entries") as progress:
+            with Progress("all topic-partitions", total=None, unit="entries") as progress:
                 if not progress.shown:
                     job.run_once(spark)
                 else:
@@ -176,9 +173,17 @@ def run(args: argparse.Namespace) -> int:
                     remove_progress_dirs(job.progress_dir)
                     try:
                         spool = job.source_options().get("spoolDir")
-                        with OnceProgress(progress, backlog, job.progress_dir, spool) as once:
+                        with OnceProgress(progress, {}, job.progress_dir, spool) as once:
+                            # Counted while the query starts: probing ledgers' ends must not hold the job up.
+                            counting = threading.Thread(
+                                target=lambda: once.set_backlog(backlog_at_start(job)),
+                                name="run-once-backlog",
+                                daemon=True,
+                            )
+                            counting.start()
                             job.listeners.append(once)
                             job.run_once(spark)
+                            counting.join(timeout=5.0)
                     finally:
                         remove_progress_dirs(job.progress_dir)
             print(f"offloaded everything available into {config.store.location.describe()}", file=sys.stderr)
@@ -198,12 +203,16 @@ def run(args: argparse.Namespace) -> int:
         spark.stop()
 
 
-def backlog_at_start(job: OffloadJob) -> dict[str, BacklogCount | None]:
+BACKLOG_COUNT_S = 60.0
+"""How long ``run --once`` counts the backlog at most: the topic-partitions left then have no total."""
+
+
+def backlog_at_start(job: OffloadJob, *, deadline_s: float = BACKLOG_COUNT_S) -> dict[str, BacklogCount | None]:
     """What each topic-partition holds beyond what the store has, by the broker's latest positions: its entries
-    exactly (across ledgers: ``count_backlog`` probes each ledger's end) and about their bytes; from the broker's
-    first entry for a topic-partition the store has nothing of (``starting_offsets = "earliest"``), ``None``
-    (unknown) under any other starting offset. Progress only: any failure answers ``{}`` (the bars then count
-    without totals)."""
+    exactly (across ledgers: ``count_backlog`` probes each ledger's end) and about their bytes (8 entries sampled
+    each, 1 beyond 16 topic-partitions); from the broker's first entry for a topic-partition the store has nothing
+    of (``starting_offsets = "earliest"``), ``None`` (unknown) under any other starting offset, when a probe fails
+    and past ``deadline_s``. Progress only: any failure answers ``{}`` (the bars then count without totals)."""
     from streamoffload.pulsar import client_reader
     from streamoffload.pulsar import raw_reader as rr
     from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, Probe
@@ -222,9 +231,13 @@ def backlog_at_start(job: OffloadJob) -> dict[str, BacklogCount | None]:
             partitions = planner.topic_partitions(force=True)
             latest = planner.latest_positions(partitions)
             settings = planner.options.reader_settings()
+            samples = 8 if len(partitions) <= 16 else 1
+            deadline = time.monotonic() + deadline_s
             for tp in partitions:
                 committed = run.resume.get(tp, (None, 0))[0]
-                if committed is None and not from_earliest and latest.get(tp) is not None:
+                if time.monotonic() > deadline or (
+                    committed is None and not from_earliest and latest.get(tp) is not None
+                ):
                     backlog[tp] = None
                     continue
                 after = BEFORE_EARLIEST if committed is None else (int(committed[0]), int(committed[1]))
@@ -234,7 +247,7 @@ def backlog_at_start(job: OffloadJob) -> dict[str, BacklogCount | None]:
                         return rr.probe_after_raw(planner.raw_client, tp, at, settings=settings)
                     return client_reader.probe_after(planner.client, tp, at, settings=settings)
 
-                backlog[tp] = count_backlog(probe, after, latest.get(tp))
+                backlog[tp] = count_backlog(probe, after, latest.get(tp), samples)
         finally:
             planner.close()
     except Exception:
@@ -261,7 +274,7 @@ class OnceProgress:
     (of the backlog found at the start, where known) and their bytes, with the rate; rich's columns add the ETA from
     the entries' rate. Within a micro-batch it reads the sink tasks' progress files (``progress_dir``,
     ``streaming.runtime.progress_files``) every ``POLL_S`` in a thread; at each micro-batch's end (it is the job's
-    ``BatchListener``) it keeps the batch's spans and removes its files. Where no task wrote a file (executors on
+    ``BatchListener``) it keeps the batch's spans and removes its files. Without ``progress_dir`` (executors on
     other machines), it counts what each micro-batch's report says instead, batch by batch."""
 
     def __init__(
@@ -305,18 +318,27 @@ class OnceProgress:
 
     def __call__(self, report: BatchReport) -> None:
         with self._lock:
-            files_seen = False
             if self.progress_dir is not None:
                 for topic, spans in read_spans(self.progress_dir).items():
                     self.spans.setdefault(topic, []).extend(spans)
-                    files_seen = True
                 for name in _names_in(self.progress_dir):
                     with contextlib.suppress(OSError):
                         os.unlink(os.path.join(self.progress_dir, name))
-            if not files_seen and not self.spans:  # no files: the batch's report, as the segmenter took it in
+            if self.progress_dir is None:  # executors elsewhere: the batch's report, as the segmenter took it in
                 for topic, figures in report.stats.topics.items():
                     entries, nbytes = self.reported.get(topic, (0, 0))
                     self.reported[topic] = (entries + figures.batch_entries, nbytes + figures.batch_bytes)
+        self.refresh()
+
+    def set_backlog(self, backlog: dict[str, BacklogCount | None]) -> None:
+        """The backlog counted at the start (it arrives while the job runs): each topic-partition's total and the
+        sum, where known."""
+        with self._lock:
+            self.backlog = dict(backlog)
+        for topic, known in sorted(backlog.items()):
+            self.progress.set_total(None if known is None else known.entries, self._task_of(topic))
+        total = _sum_known(backlog.values())
+        self.progress.set_total(None if total is None else total.entries)
         self.refresh()
 
     def written(self) -> dict[str, tuple[int, int]]:

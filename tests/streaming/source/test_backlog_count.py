@@ -26,12 +26,16 @@ def test_the_backlog_is_counted_across_ledgers(pulsar_broker: EmbeddedBroker, ro
     assert first is not None and first.position[0] < latest[0]
     size = first.approx_bytes  # every entry: a 16-byte payload and its metadata, whose 'seq' grows to 5 digits
     whole = count_backlog(probe, BEFORE_EARLIEST, latest)
-    assert whole.entries == count
+    assert whole is not None and whole.entries == count
     assert count * size <= whole.bytes <= count * (size + 8)  # the probed entries' mean size times the count
     probes.clear()
     middle = (first.position[0], 29_999)
-    assert count_backlog(probe, middle, latest).entries == count - 30_000
+    from_middle = count_backlog(probe, middle, latest)
+    assert from_middle is not None and from_middle.entries == count - 30_000
     assert len(probes) < 80  # about 2 log2(50,000) probes for the first ledger's end
-    assert count_backlog(probe, (latest[0], latest[1] - 7), latest).entries == 7  # within the latest ledger
+    in_latest = count_backlog(probe, (latest[0], latest[1] - 7), latest)
+    assert in_latest is not None and in_latest.entries == 7  # within the latest ledger
     assert count_backlog(probe, latest, latest) == BacklogCount(0, 0)
     assert count_backlog(probe, BEFORE_EARLIEST, None) == BacklogCount(0, 0)
+    # A broker that answers no probe: unknown, not an empty backlog.
+    assert count_backlog(lambda after: None, BEFORE_EARLIEST, latest) is None
