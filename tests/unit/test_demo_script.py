@@ -51,13 +51,19 @@ def readme_sample(first_line: str) -> list[str]:
     return found[0]
 
 
+SIZE = re.compile(r"\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)")
+"""A size as the status table prints it: its unit varies with the figure."""
+
+
 def sample_pattern(line: str) -> re.Pattern[str]:
-    """A README sample line as a pattern: its words exact, any figure (a run of digits) and a store URL free, and
-    any run of spaces one or more (a table's columns widen with its figures)."""
+    """A README sample line as a pattern: its words exact, any figure (a run of digits, a size in any unit) and a
+    store URL free, and any run of spaces one or more (a table's columns widen with its figures)."""
     out = []
-    for piece in re.split(r"(file://\S+|\d+| +)", line):
+    for piece in re.split(rf"(file://\S+|{SIZE.pattern}|\d+| +)", line):
         if piece.startswith("file://"):
             out.append(r"file://\S+")
+        elif SIZE.fullmatch(piece):
+            out.append(SIZE.pattern)
         elif piece.isdigit():
             out.append(r"\d+")
         elif piece and not piece.strip():
@@ -83,7 +89,7 @@ def test_readme_samples_are_read_as_patterns() -> None:
     demo = readme_sample("== running the offload job")
     assert any(line.startswith("TOPIC-PARTITION ") for line in demo)
     status = next(line for line in demo if line.startswith("persistent://public/default/demo-audit "))
-    assert sample_pattern(status).match(status.replace("3000", "500").replace("898.5", "150.0"))
+    assert sample_pattern(status).match(status.replace("3000", "500").replace("898.5 KiB", "1.2 MiB"))
     assert not sample_pattern(status).match(status.replace("caught up", "11s?"))
     verify = readme_sample("$ .venv/bin/streamoffload verify --store var/demo/store --crc")
     assert verify[-1].startswith("verified ") and verify[-1].endswith(": OK")
