@@ -65,7 +65,7 @@ def stored_position_at(
     return None
 
 
-def _ledger_last(probe: ProbeAfter, first: Probe, latest: Position) -> tuple[int, Probe | None]:
+def ledger_last(probe: ProbeAfter, first: Probe, latest: Position) -> tuple[int, Probe | None]:
     """The last entry id of the ledger ``first`` opens, and the broker's first entry after it (if seen)."""
     ledger_id = first.position[0]
     if ledger_id == latest[0]:
@@ -98,7 +98,7 @@ def broker_position_at(probe: ProbeAfter, latest: Position | None, at_ms: int) -
     while first is not None:
         if first.publish_time is not None and first.publish_time >= at_ms:
             return first.position
-        last_id, following = _ledger_last(probe, first, latest)
+        last_id, following = ledger_last(probe, first, latest)
         last = probe((first.position[0], last_id - 1))
         if last is not None and last.publish_time is not None and last.publish_time >= at_ms:
             lo, hi = first.position[1] + 1, last_id  # the answer is in (first, last]
@@ -116,4 +116,4 @@ def broker_position_at(probe: ProbeAfter, latest: Position | None, at_ms: int) -
     return None
 
 
-__all__ = ["broker_position_at", "stored_position_at"]
+__all__ = ["broker_position_at", "ledger_last", "stored_position_at"]

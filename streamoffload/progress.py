@@ -45,16 +45,26 @@ class Progress:
                 TimeElapsedColumn,
             )
             from rich.progress import Progress as RichProgress
+            from rich.table import Column
+
+            # One line per task however narrow the terminal: the names give way (cut short with …), never the figures.
+            def fixed() -> Column:
+                return Column(no_wrap=True)
 
             self._bar = RichProgress(
-                TextColumn("{task.description}", markup=False),  # names as the store gave them
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[unit]}", markup=False),
-                TaskProgressColumn(),
-                TextColumn("{task.fields[note]}", markup=False),
-                TimeElapsedColumn(),
-                _eta_column()(),
+                TextColumn(  # names as the store gave them
+                    "{task.description}",
+                    markup=False,
+                    table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1, min_width=12),
+                ),
+                BarColumn(bar_width=16, table_column=fixed()),
+                MofNCompleteColumn(table_column=fixed()),
+                TextColumn("{task.fields[unit]}", markup=False, table_column=fixed()),
+                TaskProgressColumn(table_column=fixed()),
+                TextColumn("{task.fields[note]}", markup=False, table_column=fixed()),
+                TimeElapsedColumn(table_column=fixed()),
+                _eta_column()(table_column=fixed()),
+                expand=True,
                 console=Console(file=self.stream, force_terminal=True),
                 transient=False,
                 redirect_stdout=False,  # a command's output stays on its standard output (a pipe, a file)
@@ -74,6 +84,18 @@ class Progress:
             self._bar.update(self._task(task), advance=amount)
             if note is not None:
                 self._bar.update(self._task(task), note=note)
+
+    def show(self, completed: float, task: TaskID | None = None, *, note: str | None = None) -> None:
+        """Set ``task``'s count to ``completed`` (a figure read again from where the work reports it)."""
+        if self._bar is not None:
+            self._bar.update(self._task(task), completed=completed)
+            if note is not None:
+                self._bar.update(self._task(task), note=note)
+
+    def set_total(self, total: float | None, task: TaskID | None = None) -> None:
+        """Set ``task``'s total (one learnt while the work goes on)."""
+        if self._bar is not None:
+            self._bar.update(self._task(task), total=total)
 
     def extend(self, amount: float, task: TaskID | None = None) -> None:
         """Add ``amount`` to a task's total (one found as the work goes: the segments of the next topic-partition)."""

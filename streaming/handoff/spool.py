@@ -39,6 +39,8 @@ from streamoffload.streaming.handoff.entry import EntryFetcher
 log = logging.getLogger(__name__)
 
 _RECORD = struct.Struct(">qqI")
+RECORD_HEADER_BYTES = _RECORD.size
+"""A spooled entry's bytes beyond its own (``run --once``'s progress takes them off a spool file's size)."""
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 SUFFIX = ".spool"

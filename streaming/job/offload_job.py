@@ -62,3 +62,4 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self._policy_failure = None
         self.policy_effective_ms = 0
         self.health = HealthTracker(None, config.pulsar.service_url)
+        self.progress_dir = None

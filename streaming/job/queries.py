@@ -25,6 +25,7 @@ from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
 from streamoffload.streaming.job.masters import Master, parse_master
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.job.state import JobState
+from streamoffload.streaming.runtime.progress_files import TaskProgress, task_file
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
@@ -66,18 +67,29 @@ def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
 
 
 def _apply_arrow(
-    location: StoreLocation, fetcher: BrokerFetcherSpec, keys_file: str | None = None
+    location: StoreLocation,
+    fetcher: BrokerFetcherSpec,
+    keys_file: str | None = None,
+    progress: tuple[str, int] | None = None,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The sink as a ``mapInArrow`` function: the actions (part layouts, not entry bytes) reach the
     executor's Python worker as Arrow batches; it fetches each part's entries from the broker (``fetcher``),
-    writes the store, and returns one row of ``SinkStats``."""
+    writes the store, and returns one row of ``SinkStats``. ``progress``: (directory, batch id) of the progress
+    files the tasks write as they go (``streaming.runtime.progress_files``)."""
 
     def apply(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         freeze_long_lived()
         sink = sink_for(location, fetcher, keys_file)
-        stats: SinkStats = sink.apply(_arrow_actions(batches))
+        told = None
+        if progress is not None:
+            from pyspark import TaskContext
+
+            task = TaskContext.get()
+            if task is not None:
+                told = TaskProgress(task_file(*progress, task.partitionId(), task.attemptNumber()))
+        stats: SinkStats = sink.apply(_arrow_actions(batches), told)
         yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()]})
 
     return apply
@@ -207,6 +219,13 @@ class JobQueries(JobState):
         """The master the session runs on (under spark-submit, spark-submit's, not ``[spark] master``)."""
         return parse_master(self.spark_master or self.config.spark.master)
 
+    def progress_files_dir(self) -> str | None:
+        """Where this run's sink tasks may write their progress files: beside the checkpoint, one directory per
+        run (a later run never reads an earlier one's). Only where every task runs on this machine, as the spool."""
+        if self.run is None or not self._master().on_this_machine:
+            return None
+        return str(Path(self._versions_file()).with_name(f"progress-{self.run.epoch:08d}"))
+
     def _pause_file(self) -> str:
         return str(Path(self._versions_file()).with_name("quarantine.json"))
 
@@ -261,7 +280,8 @@ class JobQueries(JobState):
 
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        apply = _apply_arrow(self.location, self.fetcher_spec(), self.config.encryption.keys_file or None)
+        progress = (self.progress_dir, batch_id) if self.progress_dir else None
+        apply = _apply_arrow(self.location, self.fetcher_spec(), self.config.encryption.keys_file or None, progress)
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
         total = SinkStats()
         for row in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect():

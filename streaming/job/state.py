@@ -89,6 +89,9 @@ class JobState:
     """When the newest offload policy version this job published takes effect (its metrics show it)."""
     health: HealthTracker
     """What ``run_forever`` does about an unreachable broker (status and metrics show it)."""
+    progress_dir: str | None
+    """Where the sink's tasks write what they have written so far (``streaming.runtime.progress_files``; None:
+    nowhere): ``run --once``'s bars on a terminal set it (``JobQueries.progress_files_dir``)."""
 
     def begin_run(self) -> Run:
         """Start a run (``JobRuns.begin_run``)."""

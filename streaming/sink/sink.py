@@ -54,6 +54,7 @@ from streamoffload.streaming.handoff.part_layout import (
     part_refs,
 )
 from streamoffload.streaming.runtime.faults import crash_point
+from streamoffload.streaming.runtime.progress_files import TaskProgress
 from streamoffload.streaming.sink.at_rest import BlockEncoding, encode_part, policy_compression_level, policy_key_id
 from streamoffload.streaming.sink.commit import ReplayMismatchError, SegmentCommits, object_metadata
 from streamoffload.streaming.sink.entry_fetch import PartReader, ReleasingFetcher, fetch_counts
@@ -208,7 +209,7 @@ class SegmentSink:
     def metadata(self) -> MetadataStore:
         return self.commits.metadata
 
-    def apply(self, actions: Iterable[Action]) -> SinkStats:
+    def apply(self, actions: Iterable[Action], progress: TaskProgress | None = None) -> SinkStats:
         """Apply a task's actions, each topic-partition's in order; topic-partitions are independent (their own
         segments, uploads and commits), so up to ``threads`` of them go at once. They are small (layouts,
         indexes, manifests: no entry bytes), so they are read ahead to find the runs of consecutive parts each
@@ -226,10 +227,12 @@ class SegmentSink:
         throttled_before = self.limiter.throttled() if self.limiter is not None else {}
         groups = list(by_topic.values())
         if self.threads == 1 or len(groups) <= 1:
-            results = [self._apply_topic(actions, group, parts) for group in groups]
+            results = [self._apply_topic(actions, group, parts, progress) for group in groups]
         else:
             with ThreadPoolExecutor(min(self.threads, len(groups)), thread_name_prefix="sink") as pool:
-                results = list(pool.map(lambda group: self._apply_topic(actions, group, parts), groups))
+                results = list(pool.map(lambda group: self._apply_topic(actions, group, parts, progress), groups))
+        if progress is not None:
+            progress.flush()
         stats = SinkStats()
         failures: list[tuple[str, Exception]] = []
         for topic_stats, failure in results:
@@ -255,9 +258,14 @@ class SegmentSink:
         return stats
 
     def _apply_topic(
-        self, actions: list[Action], indexes: list[int], parts: dict[int, PlannedPart]
+        self,
+        actions: list[Action],
+        indexes: list[int],
+        parts: dict[int, PlannedPart],
+        progress: TaskProgress | None = None,
     ) -> tuple[SinkStats, tuple[str, Exception] | None]:
-        """One topic-partition's actions, in order, with its own reader: its stats, and its failure if any."""
+        """One topic-partition's actions, in order, with its own reader: its stats, and its failure if any; each
+        part written (not one a replay skips) told to ``progress``."""
         stats = SinkStats()
         reader = PartReader(self.fetcher) if self.fetcher is not None else None
         whole = _whole_segments(actions, indexes, self.whole_segment_bytes)
@@ -269,12 +277,16 @@ class SegmentSink:
                 action = actions[i]
                 try:
                     segment = whole.get(i)
+                    parts_before = stats.parts
                     if segment is None:
                         self._apply_one(action, stats, reader, parts.get(i))
                     else:
                         action = actions[segment.seal]  # what a failure is recorded against
                         done.update(segment.parts, [segment.seal])
                         self._apply_whole(actions, segment, stats, reader, parts)
+                    if progress is not None and stats.parts > parts_before:
+                        for j in segment.parts if segment is not None else (i,):
+                            _tell_progress(progress, action.topic, parts[j])
                 except Exception as err:
                     stats.errors += 1
                     self._record_failure(action, err)
@@ -495,6 +507,11 @@ def _whole_segments(actions: list[Action], indexes: list[int], limit: int) -> di
                 found[at] = WholeSegment(at, tuple(parts), i)
             opened = None
     return found
+
+
+def _tell_progress(progress: TaskProgress, topic: str, part: PlannedPart) -> None:
+    entries = [entry for block in part.blocks for entry in block.entries]
+    progress.wrote(topic, part.blocks[0].after, part.last, len(entries), sum(size for _, size, _ in entries))
 
 
 def _part_action(action: Action) -> PartAction:

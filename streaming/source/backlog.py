@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from streamoffload.codecs.positions import Position
+from streamoffload.read.starting_time import ProbeAfter, ledger_last
 from streamoffload.streaming.runtime.side_files import write_json_file
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,56 @@ def entries_between(consumed: Position, latest: Position | None) -> tuple[int, b
     return latest[1] + 1, False  # the latest ledger's entries; earlier ledgers' remainders unknown
 
 
+@dataclass(frozen=True)
+class BacklogCount:
+    """What a topic-partition holds after a position: ``entries`` exactly, and about ``bytes`` (the entries times
+    the mean size of the entries probed on the way)."""
+
+    entries: int
+    bytes: int
+
+
+SIZE_SAMPLES = 8
+"""Entries probed, spread over a backlog, for the mean entry size its bytes are estimated by."""
+
+
+def count_backlog(
+    probe: ProbeAfter, consumed: Position, latest: Position | None, samples: int = SIZE_SAMPLES
+) -> BacklogCount | None:
+    """The entries after ``consumed`` up to ``latest`` on the broker, across ledgers: each ledger's last entry
+    found by probing (``read.starting_time.ledger_last``: about 2 log2(entries) probes per ledger but the latest),
+    then ``samples`` entries spread over them probed for their size. ``probe(after)``: the broker's first entry
+    after a position. None (unknown) when a probe found nothing before the latest ledger."""
+    if latest is None or latest <= consumed:
+        return BacklogCount(0, 0)
+    ranges: list[tuple[int, int, int]] = []  # (ledger, first entry id, last entry id) of the backlog
+    first = probe(consumed)
+    while first is not None and first.position <= latest:
+        last_id, following = ledger_last(probe, first, latest)
+        ranges.append((first.position[0], first.position[1], last_id))
+        if first.position[0] >= latest[0]:
+            break
+        first = following if following is not None else probe((first.position[0], last_id))
+    if not ranges or ranges[-1][0] != latest[0]:
+        return None
+    entries = sum(last - first_id + 1 for _, first_id, last in ranges)
+    sizes = []
+    samples = min(samples, entries)
+    for k in range(samples):
+        at = k * entries // samples  # the entry's ordinal in the backlog
+        before = consumed  # the position just before the range's first entry
+        for ledger, first_id, last in ranges:
+            if at <= last - first_id:
+                got = probe(before if at == 0 else (ledger, first_id + at - 1))
+                if got is not None:
+                    sizes.append(got.approx_bytes)
+                break
+            at -= last - first_id + 1
+            before = (ledger, last)
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    return BacklogCount(entries, int(entries * mean))
+
+
 def read_backlog_file(path: str) -> dict[str, Any]:
     """The backlog document a source with ``backlogFile`` writes: ``{"updated": unix seconds,
     "partitions": {topic-partition: {latest, consumed, entries, exact, bytes}}}``."""
@@ -64,4 +115,11 @@ def write_backlog_file(path: str, backlog: Mapping[str, PartitionBacklog]) -> No
         log.warning("pulsar source: cannot write backlogFile %s: %s", path, err)
 
 
-__all__ = ["PartitionBacklog", "entries_between", "read_backlog_file", "write_backlog_file"]
+__all__ = [
+    "BacklogCount",
+    "PartitionBacklog",
+    "count_backlog",
+    "entries_between",
+    "read_backlog_file",
+    "write_backlog_file",
+]

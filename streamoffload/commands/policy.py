@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -50,7 +51,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--conf", metavar="FILE", help="TOML configuration file (required to show a policy)")
     parser.add_argument("topic", metavar="TOPIC | import", help="topic or topic-partition; or import FILE")
-    parser.add_argument("file", metavar="FILE", nargs="?", help="import: get-offload-policies JSON ('-': stdin)")
+    parser.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="?",
+        help="import: get-offload-policies JSON, or a broker.conf offload block ('-': stdin)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object: key -> {value, level}")
     target = parser.add_argument_group("import into (default: [store] and [offload])").add_mutually_exclusive_group()
     target.add_argument("--namespace", metavar="TENANT/NS", help='a [namespaces."TENANT/NS"] section')
@@ -169,6 +175,21 @@ def _chosen(doc: PulsarJson, names: list[str]) -> str | None:
     return chosen[0] if chosen else None
 
 
+_S3_STORE_KEYS = ("bucket", "region", "serviceEndpoint")
+
+
+def _applies(name: str, key: str, driver: str | None) -> bool:
+    """Whether Pulsar's field ``name`` (our ``key``) is read by the offloader of ``driver`` (unknown: any): the s3
+    fields and the bucket's by an S3 one only, ``fileSystemURI`` by the filesystem one only. Pulsar prints its s3
+    defaults (block and read buffer sizes) whatever the driver, and a topic's applied policy the namespace's
+    bucket beside the topic's filesystem driver."""
+    if driver is None or driver not in DRIVERS:
+        return True
+    if driver == "filesystem":
+        return not name.startswith("s3") and key not in _S3_STORE_KEYS
+    return key != "root"
+
+
 def _counts(threshold: object) -> bool:
     """Whether a Pulsar offload threshold triggers offloading (0 or more; -1 and unset do not)."""
     return isinstance(threshold, int) and threshold >= 0
@@ -178,9 +199,14 @@ def translate_offload_policies(doc: PulsarJson, *, store_allowed: bool = True) -
     """``doc`` (Pulsar's ``OffloadPoliciesImpl`` as JSON) in our keys. ``store_allowed``: False for a namespace's
     or a topic's section, where a store field cannot apply (one store per job)."""
     out = ImportedPolicy()
+    driver = doc.get("managedLedgerOffloadDriver")
+    driver = driver.lower() if isinstance(driver, str) else None
     for fields_of, table in ((_STORE_FIELDS, out.store), (_POLICY_FIELDS, out.policy)):
         for key in dict.fromkeys(fields_of.values()):
             names = [name for name, ours in fields_of.items() if ours == key]
+            unused = [name for name in names if doc.get(name) is not None and not _applies(name, key, driver)]
+            out.skipped.extend((name, f"not used by the {driver} driver (Pulsar prints it anyway)") for name in unused)
+            names = [name for name in names if name not in unused]
             chosen = _chosen(doc, names)
             if chosen is None:
                 continue
@@ -270,8 +296,40 @@ def _refuse_constant(text: str) -> float:
     raise ValueError(f"{text} is not a number JSON allows")
 
 
+BROKER_CONF_FIELDS = {
+    # broker.conf's key -> OffloadPolicies' field, where they differ (the others are spelled alike).
+    "managedLedgerOffloadDeletionLagMs": "managedLedgerOffloadDeletionLagInMillis",
+    "managedLedgerOffloadAutoTriggerSizeThresholdBytes": "managedLedgerOffloadThresholdInBytes",
+}
+
+
+def broker_conf_policies(text: str, where: str) -> dict[str, object]:
+    """A ``broker.conf`` (or ``standalone.conf``) offload block, Java properties as Pulsar reads them (``key=value``,
+    ``#``/``!`` comments), as the fields of Pulsar's OffloadPolicies: broker.conf's names that differ renamed
+    (``BROKER_CONF_FIELDS``), integers and booleans typed, and an empty value unset (as Pulsar reads it)."""
+    doc: dict[str, object] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        match = re.match(r"([^=:\s]+)\s*(?:[=:]\s*|\s+|$)(.*)", line)
+        if match is None:
+            raise PolicyImportError(f"{where}:{number}: not a broker.conf line (key=value): {line!r:.60}")
+        key, value = match.group(1), match.group(2).strip()
+        if not value:
+            continue
+        typed: object = value
+        if re.fullmatch(r"-?\d+", value):
+            typed = int(value)
+        elif value.lower() in ("true", "false"):
+            typed = value.lower() == "true"
+        doc[BROKER_CONF_FIELDS.get(key, key)] = typed
+    return doc
+
+
 def read_offload_policies(path: str) -> dict[str, object]:
-    """The JSON object of ``path`` (``-``: stdin)."""
+    """The get-offload-policies JSON object of ``path`` (``-``: stdin), or its ``broker.conf`` offload block
+    (:func:`broker_conf_policies`) where it is not JSON (it does not start with ``{``)."""
     where = "stdin" if path == "-" else path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -279,6 +337,8 @@ def read_offload_policies(path: str) -> dict[str, object]:
         raise PolicyImportError(f"{where}: cannot read it: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
         raise PolicyImportError(f"{where}: not UTF-8 text (byte {err.start})") from None
+    if re.match(r"\s*[A-Za-z_#!]", text) and not re.match(r"\s*(null|true|false|NaN|Infinity)\b", text):
+        return broker_conf_policies(text, where)
     try:
         doc = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as err:

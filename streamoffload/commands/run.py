@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import re
+import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamoffload.cli_common import add_job_args, config_from_args
@@ -15,6 +21,8 @@ from streamoffload.config import Config
 from streamoffload.printable import printable
 from streamoffload.progress import Progress, progress_shown
 from streamoffload.redaction import redact, secret_name
+from streamoffload.streaming.runtime.progress_files import WrittenSpan, read_spans, written
+from streamoffload.streaming.source.backlog import BacklogCount
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -23,6 +31,7 @@ if TYPE_CHECKING:
     from streamoffload.streaming.job.report import BatchReport
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 EPILOG = """\
 examples:
@@ -187,11 +196,27 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         if args.once:
-            backlog = backlog_at_start(job) if progress_shown() else {}
-            with Progress("all topic-partitions", total=_sum_known(backlog.values()), unit="entries") as progress:
-                if progress.shown:
-                    job.listeners.append(OnceProgress(progress, backlog))
-                job.run_once(spark)
+            with Progress("all topic-partitions", total=None, unit="entries") as progress:
+                if not progress.shown:
+                    job.run_once(spark)
+                else:
+                    job.progress_dir = job.progress_files_dir()
+                    remove_progress_dirs(job.progress_dir)
+                    try:
+                        spool = job.source_options().get("spoolDir")
+                        with OnceProgress(progress, {}, job.progress_dir, spool) as once:
+                            # Counted while the query starts: probing ledgers' ends must not hold the job up.
+                            counting = threading.Thread(
+                                target=lambda: once.set_backlog(backlog_at_start(job)),
+                                name="run-once-backlog",
+                                daemon=True,
+                            )
+                            counting.start()
+                            job.listeners.append(once)
+                            job.run_once(spark)
+                            counting.join(timeout=5.0)
+                    finally:
+                        remove_progress_dirs(job.progress_dir)
             print(f"offloaded everything available into {config.store.location.describe()}", file=sys.stderr)
             return 0
 
@@ -209,72 +234,222 @@ def run(args: argparse.Namespace) -> int:
         spark.stop()
 
 
-def backlog_at_start(job: OffloadJob) -> dict[str, int | None]:
-    """The entries each topic-partition holds beyond what the store has, by the broker's latest positions: exact
-    where the store's last position is in the latest ledger, ``None`` where ledgers in between (or a topic-partition
-    the store has nothing of) make the count unknown without asking the broker ledger by ledger. Progress only:
-    any failure answers ``{}`` (the bars then count without totals)."""
-    from streamoffload.streaming.source.backlog import entries_between
+BACKLOG_COUNT_S = 60.0
+"""How long ``run --once`` counts the backlog at most: the topic-partitions left then have no total."""
+
+
+def backlog_at_start(job: OffloadJob, *, deadline_s: float = BACKLOG_COUNT_S) -> dict[str, BacklogCount | None]:
+    """What each topic-partition holds beyond what the store has, by the broker's latest positions: its entries
+    exactly (across ledgers: ``count_backlog`` probes each ledger's end) and about their bytes (8 entries sampled
+    each, 1 beyond 16 topic-partitions); from the broker's first entry for a topic-partition the store has nothing
+    of (``starting_offsets = "earliest"``), ``None`` (unknown) under any other starting offset, when a probe fails
+    and past ``deadline_s``. Progress only: any failure answers ``{}`` (the bars then count without totals)."""
+    from streamoffload.pulsar import client_reader
+    from streamoffload.pulsar import raw_reader as rr
+    from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, Probe
+    from streamoffload.streaming.source.backlog import count_backlog
     from streamoffload.streaming.source.offset_planner import SourcePlanner
     from streamoffload.streaming.source.source_options import SourceOptions
 
     run = job.run
     if run is None:
         return {}
+    from_earliest = job.config.pulsar.starting_offsets.strip().lower() == "earliest"
+    backlog: dict[str, BacklogCount | None] = {}
     try:
         planner = SourcePlanner(SourceOptions.parse(job.source_options()))
         try:
             partitions = planner.topic_partitions(force=True)
             latest = planner.latest_positions(partitions)
+            settings = planner.options.reader_settings()
+            samples = 8 if len(partitions) <= 16 else 1
+            deadline = time.monotonic() + deadline_s
+            for tp in partitions:
+                committed = run.resume.get(tp, (None, 0))[0]
+                if time.monotonic() > deadline or (
+                    committed is None and not from_earliest and latest.get(tp) is not None
+                ):
+                    backlog[tp] = None
+                    continue
+                after = BEFORE_EARLIEST if committed is None else (int(committed[0]), int(committed[1]))
+
+                def probe(at: tuple[int, int], tp: str = tp) -> Probe | None:
+                    if planner.options.reader == "raw":
+                        return rr.probe_after_raw(planner.raw_client, tp, at, settings=settings)
+                    return client_reader.probe_after(planner.client, tp, at, settings=settings)
+
+                backlog[tp] = count_backlog(probe, after, latest.get(tp), samples)
         finally:
             planner.close()
     except Exception:
+        log.warning("cannot count the backlog for the progress bars", exc_info=True)
         return {}
-    backlog: dict[str, int | None] = {}
-    for tp in partitions:
-        committed = run.resume.get(tp, (None, 0))[0]
-        last = latest.get(tp)
-        if last is None:
-            backlog[tp] = 0  # an empty topic-partition
-        elif committed is None:
-            backlog[tp] = None
-        else:
-            entries, exact = entries_between((int(committed[0]), int(committed[1])), last)
-            backlog[tp] = entries if exact else None
     return backlog
 
 
-def _sum_known(counts: Iterable[int | None]) -> int | None:
+def _sum_known(counts: Iterable[BacklogCount | None]) -> BacklogCount | None:
     """The sum of ``counts``, or ``None`` if there are none or one is unknown."""
     values = list(counts)
     known = [v for v in values if v is not None]
-    return sum(known) if values and len(known) == len(values) else None
+    if not values or len(known) != len(values):
+        return None
+    return BacklogCount(sum(v.entries for v in known), sum(v.bytes for v in known))
+
+
+POLL_S = 0.25
+"""How often ``run --once``'s bars read the sink's progress files again."""
 
 
 class OnceProgress:
-    """A ``BatchListener`` drawing ``run --once``'s progress: per topic-partition and in all, the entries its
-    micro-batches took into segments (of the backlog found at the start, where known) and their bytes, with the
-    rate; rich's columns add the ETA from the entries' rate."""
+    """``run --once``'s progress: per topic-partition and in all, the entries the sink has written into the store
+    (of the backlog found at the start, where known) and their bytes, with the rate; rich's columns add the ETA from
+    the entries' rate. Within a micro-batch it reads the sink tasks' progress files (``progress_dir``,
+    ``streaming.runtime.progress_files``) every ``POLL_S`` in a thread; at each micro-batch's end (it is the job's
+    ``BatchListener``) it keeps the batch's spans and removes its files. Without ``progress_dir`` (executors on
+    other machines), it counts what each micro-batch's report says instead, batch by batch."""
 
-    def __init__(self, progress: Progress, backlog: dict[str, int | None]) -> None:
+    def __init__(
+        self,
+        progress: Progress,
+        backlog: dict[str, BacklogCount | None],
+        progress_dir: str | None = None,
+        spool_dir: str | None = None,
+    ) -> None:
         self.progress = progress
         self.backlog = backlog
+        self.progress_dir = progress_dir
+        self.spool_dir = spool_dir
         self.tasks: dict[str, TaskID | None] = {}
-        self.bytes: dict[str, int] = {}
+        self.spans: dict[str, list[WrittenSpan]] = {}
+        """The spans of the micro-batches that ended (their files removed)."""
+        self.reported: dict[str, tuple[int, int]] = {}
+        """Without progress files: the reports' entries and bytes so far."""
         self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._poller: threading.Thread | None = None
+        for topic in sorted(backlog):
+            self._task_of(topic)
+
+    def __enter__(self) -> OnceProgress:
+        if self.progress_dir is not None:
+            self._poller = threading.Thread(target=self._poll, name="run-once-progress", daemon=True)
+            self._poller.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._poller is not None:
+            self._poller.join()
+        self.refresh(final=True)
+
+    def _poll(self) -> None:
+        while not self._done.wait(POLL_S):
+            self.refresh()
 
     def __call__(self, report: BatchReport) -> None:
+        with self._lock:
+            if self.progress_dir is not None:
+                for topic, spans in read_spans(self.progress_dir).items():
+                    self.spans.setdefault(topic, []).extend(spans)
+                for name in _names_in(self.progress_dir):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.progress_dir, name))
+            if self.progress_dir is None:  # executors elsewhere: the batch's report, as the segmenter took it in
+                for topic, figures in report.stats.topics.items():
+                    entries, nbytes = self.reported.get(topic, (0, 0))
+                    self.reported[topic] = (entries + figures.batch_entries, nbytes + figures.batch_bytes)
+        self.refresh()
+
+    def set_backlog(self, backlog: dict[str, BacklogCount | None]) -> None:
+        """The backlog counted at the start (it arrives while the job runs): each topic-partition's total and the
+        sum, where known."""
+        with self._lock:
+            self.backlog = dict(backlog)
+        for topic, known in sorted(backlog.items()):
+            self.progress.set_total(None if known is None else known.entries, self._task_of(topic))
+        total = _sum_known(backlog.values())
+        self.progress.set_total(None if total is None else total.entries)
+        self.refresh()
+
+    def written(self) -> dict[str, tuple[int, int]]:
+        """(entries, bytes) written so far by topic-partition: the ended micro-batches' and the running one's."""
+        with self._lock:
+            spans = {topic: list(spans) for topic, spans in self.spans.items()}
+            if self.progress_dir is not None:
+                for topic, more in read_spans(self.progress_dir).items():
+                    spans.setdefault(topic, []).extend(more)
+            out = dict(self.reported)
+        out.update((topic, written(topic_spans)) for topic, topic_spans in spans.items())
+        for topic in self.backlog:
+            out.setdefault(topic, (0, 0))
+        return out
+
+    def spooled(self, topic: str) -> int:
+        """About the entry bytes of ``topic`` the source tasks have read and the sink not yet written: what its
+        spool files hold (``streaming.handoff.spool``; the sink removes them as it writes), their records'
+        headers taken off by the backlog's mean entry size. 0 without a spool."""
+        if self.spool_dir is None:
+            return 0
+        from streamoffload.streaming.handoff.spool import RECORD_HEADER_BYTES, topic_dir
+
+        size = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(topic_dir(self.spool_dir, topic)):
+                with contextlib.suppress(OSError):
+                    size += entry.stat().st_size
+        known = self.backlog.get(topic)
+        mean = known.bytes / known.entries if known is not None and known.entries else 0.0
+        return int(size * mean / (mean + RECORD_HEADER_BYTES)) if mean else size
+
+    def refresh(self, *, final: bool = False) -> None:
+        """Draw the figures written so far; ``final``: the bytes exactly (the last frame: everything is written).
+        Before the end the bytes read ahead of the sink (spooled) are said too: a micro-batch's source stage
+        reads all its entries before its sink writes any."""
         elapsed = max(time.monotonic() - self.started, 1e-3)
-        total_entries = 0
-        for topic, figures in sorted(report.stats.topics.items()):
-            entries, nbytes = figures.batch_entries, figures.batch_bytes
-            if topic not in self.tasks:
-                self.tasks[topic] = self.progress.add_task(f"  {printable(topic)}", self.backlog.get(topic), "entries")
-            self.bytes[topic] = self.bytes.get(topic, 0) + nbytes
-            self.progress.advance(entries, self.tasks[topic], note=_bytes_note(self.bytes[topic], elapsed))
-            total_entries += entries
-        self.progress.advance(total_entries, note=_bytes_note(sum(self.bytes.values()), elapsed))
+        figures = self.written()
+        read_in_all = 0
+        for topic, (entries, nbytes) in sorted(figures.items()):
+            read = nbytes + (0 if final else self.spooled(topic))
+            read_in_all += read
+            note = _bytes_note(nbytes, self.backlog.get(topic), elapsed, exact=final, read=read)
+            self.progress.show(entries, self._task_of(topic), note=note)
+        entries = sum(e for e, _ in figures.values())
+        nbytes = sum(b for _, b in figures.values())
+        note = _bytes_note(nbytes, _sum_known(self.backlog.values()), elapsed, exact=final, read=read_in_all)
+        self.progress.show(entries, note=note)
+
+    def _task_of(self, topic: str) -> TaskID | None:
+        if topic not in self.tasks:
+            known = self.backlog.get(topic)
+            total = None if known is None else known.entries
+            self.tasks[topic] = self.progress.add_task(f"  {printable(topic)}", total, "entries")
+        return self.tasks[topic]
 
 
-def _bytes_note(nbytes: int, elapsed_s: float) -> str:
-    return f"{nbytes / 1e6:.1f} MB, {nbytes / 1e6 / elapsed_s:.1f} MB/s"
+def _names_in(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def remove_progress_dirs(current: str | None) -> None:
+    """Remove every run's progress files beside this run's (``current``): what a run that died left, and its own."""
+    if current is None:
+        return
+    for stale in Path(current).parent.glob("progress-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _bytes_note(
+    nbytes: int, backlog: BacklogCount | None, elapsed_s: float, *, exact: bool = False, read: int = 0
+) -> str:
+    """The bytes written (of about the backlog's, where known) and the rate since the start, and those ``read``
+    (written, and read ahead of the sink) where more; ``exact``: the bytes written, in bytes."""
+    rate = f"{nbytes / 1e6 / elapsed_s:.1f} MB/s"
+    if exact:
+        return f"{nbytes:,} bytes, {rate}"
+    of = f" of ~{backlog.bytes / 1e6:.1f}" if backlog is not None and backlog.bytes else ""
+    ahead = f" (read {read / 1e6:.1f})" if read > nbytes else ""
+    return f"{nbytes / 1e6:.1f}{of} MB{ahead}, {rate}"

@@ -20,6 +20,8 @@ from streamoffload.config import load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.progress import Progress
+from streamoffload.pulsar import raw_reader as rr
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST
 from streamoffload.status import latest_positions
 from streamoffload.storage import keys
 from streamoffload.storage.filesystem import FilesystemStore
@@ -27,6 +29,7 @@ from streamoffload.storage.location import ScopedStore
 from streamoffload.streaming.job.offload_job import OffloadJob
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.sink.sink import SinkStats
+from streamoffload.streaming.source.backlog import BacklogCount
 from tests.commands.test_cli_json import leaky_store
 from tests.fixtures import reports
 from tests.fixtures.broker import unique_topic
@@ -111,21 +114,21 @@ def test_run_once_progress_counts_entries_and_bytes_of_the_backlog(monkeypatch: 
     master, slave = pty.openpty()
     terminal = os.fdopen(slave, "w", encoding="utf-8", closefd=True)
     p0, p1 = "persistent://public/default/t-partition-0", "persistent://public/default/t-partition-1"
-    backlog: dict[str, int | None] = {p0: 300, p1: None}
+    backlog: dict[str, BacklogCount | None] = {p0: BacklogCount(300, 3_000_000), p1: None}
     try:
         with Progress("all topic-partitions", total=None, unit="entries", stream=terminal) as progress:
             assert progress.shown
-            listener = OnceProgress(progress, backlog)
-            listener(report(0, {p0: (100, 1_000_000), p1: (50, 500_000)}))
-            listener(report(1, {p0: (200, 2_000_000)}))
+            with OnceProgress(progress, backlog) as listener:  # no progress files: the reports, batch by batch
+                listener(report(0, {p0: (100, 1_000_000), p1: (50, 500_000)}))
+                listener(report(1, {p0: (200, 2_000_000)}))
         terminal.close()
         text = read_all(master)
     finally:
         os.close(master)
     final = text.splitlines()[-3:]  # the last frame: the total, then each topic-partition
-    assert re.search(r"all topic-partitions .* 350/\? +entries .* 3\.5 MB, [\d.]+ MB/s", final[0]), final
-    assert re.search(rf"{p0} .* 300/300 entries +100% +3\.0 MB, ", final[1]), final
-    assert re.search(rf"{p1} .* 50/\? +entries .* 0\.5 MB, ", final[2]), final
+    assert re.search(r"all topic-partitions .* 350/\? +entries .* 3,500,000 bytes, [\d.]+ MB/s", final[0]), final
+    assert re.search(rf"{p0} .* 300/300 entries +100% +3,000,000 bytes, ", final[1]), final
+    assert re.search(rf"{p1} .* 50/\? +entries .* 500,000 bytes, ", final[2]), final
     assert "ETA 0:00:00" in final[1] and "ETA" not in final[2]  # an estimate only where the backlog is known
 
 
@@ -168,8 +171,9 @@ def committed_segment(meta: MetadataStore, topic: str, end: tuple[int, int]) -> 
 
 
 def test_run_once_finds_the_backlog_of_each_topic_partition(pulsar_broker: EmbeddedBroker, tmp_path: Path) -> None:
-    """What the job's store holds against the broker's latest positions: entries behind where the store's last
-    position is in the latest ledger; unknown (no total, no ETA) for a topic-partition the store has nothing of."""
+    """What the job's store holds against the broker's latest positions: the entries after the store's last
+    position, and all of a topic-partition the store has nothing of (``starting_offsets = "earliest"``), each with
+    its bytes (here every entry's size is the same, the probed one)."""
     stored, fresh = unique_topic("progress-stored"), unique_topic("progress-fresh")
     produce(pulsar_broker.service_url, [stored, fresh], count=30, payload_size=64, batching=False)
     latest = latest_positions(pulsar_broker.service_url, [stored, fresh])
@@ -178,8 +182,45 @@ def test_run_once_finds_the_backlog_of_each_topic_partition(pulsar_broker: Embed
     config_path = write_job_config(tmp_path, pulsar_broker.service_url, topics=[stored, fresh])
     committed_segment(MetadataStore(ScopedStore(FilesystemStore(tmp_path / "store", fsync=False))), stored, (ledger, 9))
     job = OffloadJob(load_config(config_path), str(config_path))
+    client = rr.RawClient(pulsar_broker.service_url, {})
+    # An entry's size (metadata, properties and 64 bytes of payload) grows with its 'seq' property's digits: the
+    # first entry is the smallest, the last the largest.
+    sizes = [rr.probe_after_raw(client, stored, after) for after in (BEFORE_EARLIEST, (ledger, 28))]
+    smallest, largest = (probe.approx_bytes if probe else 0 for probe in sizes)
+    assert 64 < smallest < largest
     job.begin_run()
     try:
-        assert backlog_at_start(job) == {stored: 20, fresh: None}
+        backlog = backlog_at_start(job)
+        assert sorted(backlog) == sorted([stored, fresh])
+        assert (backlog[stored].entries, backlog[fresh].entries) == (20, 30)  # type: ignore[union-attr]
+        assert backlog[stored].bytes == 20 * largest  # type: ignore[union-attr]  # entries 10..29: 2-digit seqs
+        assert 30 * smallest < backlog[fresh].bytes < 30 * largest  # type: ignore[union-attr]
     finally:
         job.end_run()
+
+
+def test_run_once_progress_says_what_was_read_ahead_of_the_sink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a micro-batch's source stage reads (into the spool) and its sink has written nothing yet, the note says
+    the bytes read: the spool files' size, their records' headers taken off by the backlog's mean entry size."""
+    from streamoffload.streaming.handoff.spool import RECORD_HEADER_BYTES, topic_dir
+
+    monkeypatch.setenv("COLUMNS", "200")
+    p0 = "persistent://public/default/t-partition-0"
+    spool = tmp_path / "spool"
+    topic_dir(spool, p0).mkdir(parents=True)
+    (topic_dir(spool, p0) / ".-1_-1_0_99.spool.1.tmp").write_bytes(b"x" * (100 * (980 + RECORD_HEADER_BYTES)))
+    master, slave = pty.openpty()
+    terminal = os.fdopen(slave, "w", encoding="utf-8", closefd=True)
+    try:
+        with Progress("all topic-partitions", total=None, unit="entries", stream=terminal) as progress:
+            once = OnceProgress(progress, {}, str(tmp_path / "progress"), str(spool))
+            once.set_backlog({p0: BacklogCount(200, 196_000)})  # counted while the job starts: totals come late
+            assert once.spooled(p0) == 98_000  # 100 entries of 980 bytes
+            once.refresh()
+        terminal.close()
+        text = read_all(master)
+    finally:
+        os.close(master)
+    assert re.search(r"all topic-partitions .* 0/200 +entries .* 0\.0 of ~0\.2 MB \(read 0\.1\), ", text), text
