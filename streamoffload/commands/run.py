@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from streamoffload.cli_common import add_job_args, config_from_args
 from streamoffload.config import Config
 from streamoffload.printable import printable
-from streamoffload.progress import Progress, progress_shown
+from streamoffload.progress import Progress
 from streamoffload.redaction import redact, secret_name
 from streamoffload.streaming.runtime.progress_files import WrittenSpan, read_spans, written
 from streamoffload.streaming.source.backlog import BacklogCount

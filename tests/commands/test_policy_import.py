@@ -25,7 +25,8 @@ from streamoffload.errors import ConfigError
 JSON = Path(__file__).resolve().parent / "pulsar_json"
 NAMESPACE = JSON / "namespace-aws-s3.json"
 APPLIED = JSON / "topic-applied-filesystem.json"
-# Captured from Apache Pulsar 4.0.7 standalone (pulsar_json/README.md; tests/pulsar/standalone/test_policy_import_pulsar.py).
+# Captured from Apache Pulsar 4.0.7 standalone (pulsar_json/README.md;
+# tests/pulsar/standalone/test_policy_import_pulsar.py).
 PULSAR_NAMESPACE = JSON / "pulsar-4.0.7-namespace-aws-s3.json"
 PULSAR_TOPIC = JSON / "pulsar-4.0.7-topic-filesystem.json"
 PULSAR_APPLIED = JSON / "pulsar-4.0.7-topic-applied.json"

@@ -20,9 +20,9 @@ from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
+from tests.commands.test_cli_progress import read_all
 from tests.fixtures.broker import unique_topic
 from tests.fixtures.job import write_job_config
-from tests.commands.test_cli_progress import read_all
 
 TOTAL = re.compile(r"all topic-partitions .*? (\d+)/(\d+) +entries")
 FINAL = re.compile(r"(\d+)/(\d+) +entries .* ([\d,]+) bytes, [\d.]+ MB/s")
