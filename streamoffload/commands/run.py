@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from streamoffload.streaming.job.offload_job import OffloadJob
     from streamoffload.streaming.job.report import BatchReport
+    from streamoffload.streaming.job.supervision import BrokerLatest
 
 T = TypeVar("T")
 
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     except LeaseHeldError as err:
         # The way out the lease itself cannot name: this command's option (README "Operating").
         raise LeaseHeldError(f"{err} If it is gone, `run --take-over` takes the lease now.") from err
-    if args.once and job.nothing_new():
+    latest = job.broker_latest() if args.once else None  # asked once: the fast path and the progress read it
+    if args.once and job.nothing_new(latest):
         # No Spark session for nothing: a scheduled `run --once` over quiet topics takes seconds, not half a
         # minute. Retention still runs, as at the end of any run.
         try:
@@ -156,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         if args.once:
-            backlog = backlog_at_start(job) if progress_shown() else {}
+            backlog = backlog_at_start(job, latest) if progress_shown() else {}
             with Progress("all topic-partitions", total=_sum_known(backlog.values()), unit="entries") as progress:
                 if progress.shown:
                     job.listeners.append(OnceProgress(progress, backlog))
@@ -178,31 +180,21 @@ def run(args: argparse.Namespace) -> int:
         spark.stop()
 
 
-def backlog_at_start(job: OffloadJob) -> dict[str, int | None]:
-    """The entries each topic-partition holds beyond what the store has, by the broker's latest positions: exact
-    where the store's last position is in the latest ledger, ``None`` where ledgers in between (or a topic-partition
-    the store has nothing of) make the count unknown without asking the broker ledger by ledger. Progress only:
-    any failure answers ``{}`` (the bars then count without totals)."""
+def backlog_at_start(job: OffloadJob, latest: BrokerLatest | None) -> dict[str, int | None]:
+    """The entries each topic-partition holds beyond what the store has, by the broker's latest positions
+    (``latest``, from ``OffloadJob.broker_latest``): exact where the store's last position is in the latest ledger,
+    ``None`` where ledgers in between (or a topic-partition the store has nothing of) make the count unknown without
+    asking the broker ledger by ledger. Progress only: no run or no positions answer ``{}`` (the bars then count
+    without totals)."""
     from streamoffload.streaming.source.backlog import entries_between
-    from streamoffload.streaming.source.offset_planner import SourcePlanner
-    from streamoffload.streaming.source.source_options import SourceOptions
 
     run = job.run
-    if run is None:
-        return {}
-    try:
-        planner = SourcePlanner(SourceOptions.parse(job.source_options()))
-        try:
-            partitions = planner.topic_partitions(force=True)
-            latest = planner.latest_positions(partitions)
-        finally:
-            planner.close()
-    except Exception:
+    if run is None or latest is None:
         return {}
     backlog: dict[str, int | None] = {}
-    for tp in partitions:
+    for tp in latest.partitions:
         committed = run.resume.get(tp, (None, 0))[0]
-        last = latest.get(tp)
+        last = latest.latest.get(tp)
         if last is None:
             backlog[tp] = 0  # an empty topic-partition
         elif committed is None:
