@@ -77,6 +77,10 @@ def child(argv: list[str]) -> int:
     timed(session, "_start_fork_server", "fork server")
     timed(session, "_launch_gateway", "JVM launch")
     timed(session, "build_session", "SparkSession")
+    from pyspark.sql import SparkSession
+
+    timed(SparkSession.Builder, "getOrCreate", "SparkSession.builder.getOrCreate")
+    timed(session, "register", "the data sources registered")
     timed(queries.JobQueries, "start", "query start", first_only=True)
     timed(queries.JobQueries, "_foreach_batch", "first micro-batch's foreachBatch", first_only=True)
     progress: list[dict[str, Any]] = []
