@@ -10,6 +10,8 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from streamoffload.checkpoints.lease import CleanupRunningError, FencedError, LeaseHeldError
@@ -22,7 +24,18 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from streamoffload.codecs.positions import Position
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BrokerLatest:
+    """The topic-partitions a run reads and each one's latest position on the broker (None: it has no entry), as
+    asked once at ``run --once``'s start (``JobSupervision.broker_latest``)."""
+
+    partitions: tuple[str, ...]
+    latest: Mapping[str, Position | None]
 
 
 def _wait(query: StreamingQuery, seconds: int) -> None:
@@ -86,21 +99,14 @@ class JobSupervision(JobRuns):
                 log.warning("%s: offload failed (%s); trying again", topic, reason)
         return held
 
-    def nothing_new(self) -> bool:
-        """For ``run --once``, after ``begin_run``: whether every topic-partition is offloaded up to the broker's
-        latest position and no offload-now request waits, so that the query would start Spark only to find
-        nothing (recovery has abandoned every unfinished attempt, and ``run --once`` leaves no open segment).
-        Any doubt (the broker or the store cannot be asked) answers False: the query then finds out."""
-        from streamoffload.checkpoints.control_requests import pending_requests
+    def broker_latest(self) -> BrokerLatest | None:
+        """For ``run --once``, after ``begin_run``: the topic-partitions to offload and each one's latest position on
+        the broker, asked once (``nothing_new`` and the progress's backlog both read it). None when the broker cannot
+        be asked: the query then finds out."""
         from streamoffload.streaming.source.offset_planner import SourcePlanner
         from streamoffload.streaming.source.source_options import SourceOptions
 
-        run = self.run
-        if run is None:
-            return False
         try:
-            if pending_requests(self.location.open()):
-                return False
             planner = SourcePlanner(SourceOptions.parse(self.source_options()))
             try:
                 partitions = planner.topic_partitions(force=True)
@@ -108,10 +114,29 @@ class JobSupervision(JobRuns):
             finally:
                 planner.close()
         except Exception as err:
+            log.info("could not ask the broker for the latest positions (%s): running the query", err)
+            return None
+        return BrokerLatest(tuple(partitions), latest)
+
+    def nothing_new(self, latest: BrokerLatest | None) -> bool:
+        """For ``run --once``, after ``begin_run``: whether every topic-partition is offloaded up to the broker's
+        latest position (``latest``, from ``broker_latest``) and no offload-now request waits, so that the query
+        would start Spark only to find nothing (recovery has abandoned every unfinished attempt, and ``run --once``
+        leaves no open segment). Any doubt (the broker or the store could not be asked) answers False: the query
+        then finds out."""
+        from streamoffload.checkpoints.control_requests import pending_requests
+
+        run = self.run
+        if run is None or latest is None:
+            return False
+        try:
+            if pending_requests(self.location.open()):
+                return False
+        except Exception as err:
             log.info("could not tell whether anything is new (%s): running the query", err)
             return False
-        for tp in partitions:
-            last = latest.get(tp)
+        for tp in latest.partitions:
+            last = latest.latest.get(tp)
             if last is None:
                 continue  # an empty topic-partition
             committed = run.resume.get(tp, (None, 0))[0]

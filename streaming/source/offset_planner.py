@@ -8,6 +8,7 @@ Offsets are JSON objects ``{topic-partition: [ledgerId, entryId]}``: the last po
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -223,6 +224,10 @@ class SourcePlanner:
         return self._fit[name]
 
     def _expand(self, topic: str) -> list[str]:
+        with contextlib.suppress(TopicNameError):
+            name = TopicName.parse(topic)
+            if name.is_partition:  # its own answer (client_reader.topic_partitions): no pulsar-client started for it
+                return [str(name)]
         return [str(TopicName.parse(p)) for p in client_reader.topic_partitions(self.client, topic)]
 
     def _list_namespace(self, namespace: str) -> list[str]:

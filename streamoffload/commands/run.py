@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from streamoffload.streaming.job.offload_job import OffloadJob
     from streamoffload.streaming.job.report import BatchReport
+    from streamoffload.streaming.job.supervision import BrokerLatest
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     except LeaseHeldError as err:
         # The way out the lease itself cannot name: this command's option (README "Operating").
         raise LeaseHeldError(f"{err} If it is gone, `run --take-over` takes the lease now.") from err
-    if args.once and job.nothing_new():
+    latest = job.broker_latest() if args.once else None  # asked once: the fast path and the progress read it
+    if args.once and job.nothing_new(latest):
         # No Spark session for nothing: a scheduled `run --once` over quiet topics takes seconds, not half a
         # minute. Retention still runs, as at the end of any run.
         try:
@@ -207,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                         with OnceProgress(progress, {}, job.progress_dir, spool) as once:
                             # Counted while the query starts: probing ledgers' ends must not hold the job up.
                             counting = threading.Thread(
-                                target=lambda: once.set_backlog(backlog_at_start(job)),
+                                target=lambda: once.set_backlog(backlog_at_start(job, latest)),
                                 name="run-once-backlog",
                                 daemon=True,
                             )
@@ -238,8 +240,11 @@ BACKLOG_COUNT_S = 60.0
 """How long ``run --once`` counts the backlog at most: the topic-partitions left then have no total."""
 
 
-def backlog_at_start(job: OffloadJob, *, deadline_s: float = BACKLOG_COUNT_S) -> dict[str, BacklogCount | None]:
-    """What each topic-partition holds beyond what the store has, by the broker's latest positions: its entries
+def backlog_at_start(
+    job: OffloadJob, latest: BrokerLatest | None, *, deadline_s: float = BACKLOG_COUNT_S
+) -> dict[str, BacklogCount | None]:
+    """What each topic-partition holds beyond what the store has, by the broker's latest positions (``latest``,
+    from ``JobSupervision.broker_latest``; ``None``: no answer, so no totals): its entries
     exactly (across ledgers: ``count_backlog`` probes each ledger's end) and about their bytes (8 entries sampled
     each, 1 beyond 16 topic-partitions); from the broker's first entry for a topic-partition the store has nothing
     of (``starting_offsets = "earliest"``), ``None`` (unknown) under any other starting offset, when a probe fails
@@ -252,22 +257,21 @@ def backlog_at_start(job: OffloadJob, *, deadline_s: float = BACKLOG_COUNT_S) ->
     from streamoffload.streaming.source.source_options import SourceOptions
 
     run = job.run
-    if run is None:
+    if run is None or latest is None:
         return {}
     from_earliest = job.config.pulsar.starting_offsets.strip().lower() == "earliest"
     backlog: dict[str, BacklogCount | None] = {}
     try:
         planner = SourcePlanner(SourceOptions.parse(job.source_options()))
         try:
-            partitions = planner.topic_partitions(force=True)
-            latest = planner.latest_positions(partitions)
+            partitions = latest.partitions
             settings = planner.options.reader_settings()
             samples = 8 if len(partitions) <= 16 else 1
             deadline = time.monotonic() + deadline_s
             for tp in partitions:
                 committed = run.resume.get(tp, (None, 0))[0]
                 if time.monotonic() > deadline or (
-                    committed is None and not from_earliest and latest.get(tp) is not None
+                    committed is None and not from_earliest and latest.latest.get(tp) is not None
                 ):
                     backlog[tp] = None
                     continue
@@ -278,7 +282,7 @@ def backlog_at_start(job: OffloadJob, *, deadline_s: float = BACKLOG_COUNT_S) ->
                         return rr.probe_after_raw(planner.raw_client, tp, at, settings=settings)
                     return client_reader.probe_after(planner.client, tp, at, settings=settings)
 
-                backlog[tp] = count_backlog(probe, after, latest.get(tp), samples)
+                backlog[tp] = count_backlog(probe, after, latest.latest.get(tp), samples)
         finally:
             planner.close()
     except Exception:

@@ -245,6 +245,21 @@ SMOKES = [
         id="subscribe_cost",
         marks=pytest.mark.broker,
     ),
+    pytest.param(
+        Smoke(
+            "broker_cost.py",
+            ("--backlog-mb", "2", "--rounds", "1", "--asks", "3"),
+            (
+                rf"broker_cost: 2 MB in 4 topic-partitions, 1 round\(s\); load {NUMBER}",
+                rf" +plain: broker +{NUMBER} CPU s/GB \(({NUMBER}|-) x plain's {NUMBER}\), +{NUMBER} MB/s",
+                rf" +source tasks: broker +{NUMBER} CPU s/GB \(({NUMBER}|-) x plain's {NUMBER}\), +{NUMBER} MB/s",
+                rf" +latest x 3: broker {NUMBER} CPU ms per lookup of 4 topic-partitions \(held consumers\), "
+                rf"{NUMBER} ms wall each",
+            ),
+        ),
+        id="broker_cost",
+        marks=pytest.mark.broker,
+    ),
 ]
 
 # The benches that start Spark (a JVM and its Python workers: 15-20 s on a calm machine, minutes on a loaded one)
@@ -326,6 +341,20 @@ SLOW_SMOKES = [
             ),
         ),
         id="empty_run",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
+    pytest.param(
+        Smoke(
+            "start_time.py",
+            ("--backlog-mb", "2", "--runs", "1"),
+            (
+                rf"run 1 \(2 MB\): {NUMBER} s wall, broker CPU {NUMBER} s",
+                rf" +{NUMBER} s +first micro-batch's foreachBatch: start",
+                rf" +first read at {NUMBER} s; 2 MB: {NUMBER} MB/s from launch, {NUMBER} MB/s from the first read",
+                rf"nothing new: {NUMBER} s wall, broker CPU {NUMBER} s",
+            ),
+        ),
+        id="start_time",
         marks=(*SPARK, pytest.mark.slow),
     ),
     pytest.param(

@@ -190,11 +190,12 @@ def test_run_once_finds_the_backlog_of_each_topic_partition(pulsar_broker: Embed
     assert 64 < smallest < largest
     job.begin_run()
     try:
-        backlog = backlog_at_start(job)
+        backlog = backlog_at_start(job, job.broker_latest())
         assert sorted(backlog) == sorted([stored, fresh])
         assert (backlog[stored].entries, backlog[fresh].entries) == (20, 30)  # type: ignore[union-attr]
         assert backlog[stored].bytes == 20 * largest  # type: ignore[union-attr]  # entries 10..29: 2-digit seqs
         assert 30 * smallest < backlog[fresh].bytes < 30 * largest  # type: ignore[union-attr]
+        assert backlog_at_start(job, None) == {}  # the broker could not be asked: bars without totals
     finally:
         job.end_run()
 

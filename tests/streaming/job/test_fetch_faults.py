@@ -148,13 +148,13 @@ def test_the_retain_subscription_is_acknowledged_up_to_the_last_commit(
     job = OffloadJob(config, str(config_path))
     job.begin_run()
     try:
-        assert job.nothing_new()  # `run --once` would skip Spark
+        assert job.nothing_new(job.broker_latest())  # `run --once` would skip Spark
     finally:
         job.end_run()
     produce(pulsar_broker.service_url, topic, count=1, payload_size=7, batching=False)  # after the offloaded ones
     job.begin_run()
     try:
-        assert not job.nothing_new()  # one new entry: a run must read it
+        assert not job.nothing_new(job.broker_latest())  # one new entry: a run must read it
     finally:
         job.end_run()
     client = pulsar.Client(pulsar_broker.service_url)
