@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Check the import layers declared in pyproject.toml ([tool.importlinter]) with import-linter, then report
-# the uses of typing.Any per layer and hold each to its ceiling (scripts/any_count.py, scripts/any_ceiling.txt).
+# the uses of typing.Any per layer and hold each to its ceiling (scripts/any_count.py, scripts/any_ceiling.txt),
+# and fail on any import cycle, those under TYPE_CHECKING included (scripts/import_cycles.py).
 # The code folders are installed as subpackages of `streamoffload` through package-dir, which
 # import-linter's module finder cannot follow, so the check runs on a copy laid out as installed.
 set -euo pipefail
@@ -29,4 +30,5 @@ else
     [ -n "$(sed -n '/Contracts:/,$p' <<<"$out")" ] || echo "$out"
 fi
 "$PY" "$ROOT/scripts/any_count.py" || status=1
+"$PY" "$ROOT/scripts/import_cycles.py" || status=1
 exit "$status"

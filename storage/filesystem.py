@@ -273,7 +273,7 @@ class FilesystemStore(ObjectStore):
     def open_ranged_reader(self, key: str, *, hold_open: bool = True) -> RangedReader:
         """Ranged reads of one object through a single held descriptor (``FileRangedReader``); with
         ``hold_open=False``, through ``get_range`` (each read opens the file as it is then)."""
-        return FileRangedReader(self, key) if hold_open else ReopeningFileReader(self, key)
+        return FileRangedReader(self, key, self.root) if hold_open else ReopeningFileReader(self, key)
 
     def head(self, key: str) -> ObjectInfo:
         path = self._path(key)

@@ -6,13 +6,11 @@ import os
 import stat
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from streamoffload.storage.base import ObjectNotFoundError, RangedReader
+from streamoffload.storage.base import ObjectNotFoundError, ObjectStore, RangedReader
 from streamoffload.storage.keys import check_key
-
-if TYPE_CHECKING:
-    from streamoffload.storage.filesystem import FilesystemStore
 
 
 def pread_exact(fd: int, start: int, length: int, size: int | None = None) -> bytes:
@@ -63,9 +61,10 @@ class FileRangedReader(RangedReader):
     remote = False
     readahead = False
 
-    def __init__(self, store: FilesystemStore, key: str) -> None:
+    def __init__(self, store: ObjectStore, key: str, root: Path) -> None:
+        """``root``: the store's root folder (given, not read from ``FilesystemStore``, which imports this)."""
         super().__init__(store, key)
-        self._path = store.root.joinpath(*check_key(key).split("/"))
+        self._path = root.joinpath(*check_key(key).split("/"))
         self._file: Any = None
         self._size = 0
         self._lock = threading.Lock()
