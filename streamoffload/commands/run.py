@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamoffload.cli_common import add_job_args, config_from_args
@@ -140,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     spark = build_session(master=config.spark.master, extra_conf=dict(config.spark.conf))
+    # Under spark-submit the master is spark-submit's, not [spark] master's: what the job decides by the master
+    # (the spool and the shared rate budget exist only where every task runs on this machine) follows the session.
+    master = spark.sparkContext.master
+    if master != config.spark.master:
+        job.config = config = replace(config, spark=replace(config.spark, master=master))
     metrics = None
     try:
         address = config.metrics.address if args.metrics_address is None else args.metrics_address
