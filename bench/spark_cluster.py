@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +35,70 @@ START_TIMEOUT_S = 120.0
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 _WORKER_REGISTERED = re.compile(r"Registering worker (\S+) with (\d+) cores")
 _WORKER_ID = re.compile(r"Successfully registered with master spark://\S+")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PACKAGE_DIRS = ("streamoffload", "codecs", "storage", "checkpoints", "read", "streaming")
+MASTER_PLACEHOLDER = "spark://master-host:7077"
+
+
+@dataclass(frozen=True)
+class StandaloneRecipe:
+    """README's two blocks: packing the environment, and submitting the job."""
+
+    pack: str
+    submit: str
+
+
+def standalone_recipe(readme: Path = README) -> StandaloneRecipe:
+    text = readme.read_text(encoding="utf-8")
+    found = re.search(r"<!-- cluster:standalone -->(.*?)<!-- /cluster:standalone -->", text, re.S)
+    assert found, f"{readme}: no <!-- cluster:standalone --> section"
+    blocks = re.findall(r"```bash\n(.*?)```", found.group(1), re.S)
+    assert len(blocks) == 2, f"{readme}: the standalone section has {len(blocks)} bash blocks, expected 2"
+    pack, submit = blocks
+    assert "pip install streamoffload " in pack and MASTER_PLACEHOLDER in submit, (pack, submit)
+    return StandaloneRecipe(pack, submit)
+
+
+def submit_command(recipe: StandaloneRecipe, master_url: str, *, once: bool = False) -> str:
+    """README's submit block for ``master_url`` (``run --once`` in place of ``run`` when ``once``)."""
+    command = recipe.submit.replace(MASTER_PLACEHOLDER, master_url)
+    if once:
+        assert command.count(" run --conf ") == 1, command
+        command = command.replace(" run --conf ", " run --once --conf ")
+    return command
+
+
+def _env_key(recipe: StandaloneRecipe) -> str:
+    digest = hashlib.sha256(recipe.pack.encode())
+    digest.update((ROOT / "pyproject.toml").read_bytes())
+    for folder in PACKAGE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(ROOT)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def packed_environment(recipe: StandaloneRecipe) -> Path:
+    """A directory holding ``env/`` and ``env.tar.gz`` made by README's packing block, kept under
+    ``var/cluster-env/<key>/`` (``key``: a digest of the block, ``pyproject.toml`` and the package's sources).
+    Built in place (a venv's scripts name the path it was made at); ``complete`` is written last."""
+    target = ROOT / "var" / "cluster-env" / _env_key(recipe)
+    if (target / "complete").is_file():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    script = recipe.pack.replace("pip install streamoffload ", f"pip install {ROOT} ")
+    clean = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH") and "PYSPARK" not in k}
+    log = target / "pack.log"
+    with open(log, "wb") as out:
+        proc = subprocess.run(["bash", "-euc", script], cwd=target, env=clean, stdout=out, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, f"README's packing block failed ({log}): {log.read_text(errors='replace')[-3000:]}"
+    (target / "complete").write_text(script)
+    return target
 
 
 class ClusterError(RuntimeError):

@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from bench.spark_cluster import StandaloneCluster, poll
+from bench.spark_cluster import StandaloneCluster, StandaloneRecipe, poll, submit_command
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.produce import expected_key, expected_payload, expected_properties, produce
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from tests.fixtures.broker import unique_topic
-from tests.fixtures.spark_cluster import StandaloneRecipe, submit_command
 from tests.job.readback import read_messages
 from tests.job.test_job_e2e import fs_store, write_config
 
