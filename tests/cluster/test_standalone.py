@@ -7,6 +7,7 @@ reads every entry from the broker again."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -108,9 +109,9 @@ def test_the_submitted_job_is_exact_across_a_worker_kill_and_a_driver_kill(
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver: spark-submit's JVM and the job's Python
         driver.wait()
-    assert "Lost executor 0" in first_log.read_text(errors="replace") or "executor 0 lost" in first_log.read_text(
-        errors="replace"
-    ), "the driver never saw worker 0's executor go"
+    # The driver saw the executor go with its worker (Spark numbers executors as they register: not the worker's
+    # index) and went on with the other; the lost executor's state store partitions were loaded there.
+    assert re.search(r"Lost executor \d+ on 127\.0\.0\.1: worker lost", first_log.read_text(errors="replace"))
 
     second_log = tmp_path / "driver-2.log"
     again = submit(submit_command(cluster_recipe, spark_cluster.master_url, once=True), submit_dir, second_log)
