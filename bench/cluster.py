@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 (submit_dir / name).symlink_to(env_dir / name)
             with StandaloneCluster(work / "spark-cluster", workers=2) as cluster:
                 command = submit_command(standalone_recipe(), cluster.master_url, once=True)
+                workers_before = sum(tree_cpu(w.pid) for w in cluster.worker_processes)
                 on_cluster = run_job(
                     "standalone cluster, 2 workers (re-read)",
                     ["bash", "-euc", command],
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                     broker.pid,
                     topics,
                 )
-                worker_cpu = sum(tree_cpu(w.pid) for w in cluster.worker_processes if w.running())
+                # The executors (exited: counted in their worker's reaped children) and the workers themselves.
+                worker_cpu = sum(tree_cpu(w.pid) for w in cluster.worker_processes) - workers_before
             on_cluster.own_cpu += worker_cpu
             for drain in drains:  # the drains count the same entry bytes the jobs stored
                 drain.entry_bytes = local.entry_bytes
