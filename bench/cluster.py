@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -165,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=8 << 20)
     parser.add_argument("--plain-rounds", type=int, default=5, help="plain drains, the best counts (default 5)")
     parser.add_argument("--env", help="a directory holding env/ and env.tar.gz (default: var/cluster-env/, packed)")
+    parser.add_argument(
+        "--submit-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting added to README's spark-submit command (comparing settings; repeatable)",
+    )
     add_work_arguments(parser)
     args = parser.parse_args(argv)
     work = new_work_dir(args.work_dir, "bench-cluster-")
@@ -204,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                 (submit_dir / name).symlink_to(env_dir / name)
             with StandaloneCluster(work / "spark-cluster", workers=2) as cluster:
                 command = submit_command(standalone_recipe(), cluster.master_url, once=True)
+                for setting in args.submit_conf:
+                    command = command.replace("spark-submit ", f"spark-submit --conf {shlex.quote(setting)} ", 1)
                 workers_before = sum(tree_cpu(w.pid) for w in cluster.worker_processes)
                 on_cluster = run_job(
                     "standalone cluster, 2 workers (re-read)",
