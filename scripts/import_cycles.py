@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from any_count import PACKAGE, ROOT, module_files  # noqa: E402
+from any_count import PACKAGE, ROOT, module_files
 
 
 def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:

@@ -332,6 +332,24 @@ SLOW_SMOKES = [
     ),
     pytest.param(
         Smoke(
+            "cluster.py",
+            # The packed environment of tests/cluster/ (var/cluster-env/, packed by README's commands when missing).
+            ("--backlog-mb", "2", "--partitions", "1", "--plain-rounds", "1", "--work-dir", "{work}"),
+            (
+                r"cluster bench: load .*",
+                r"published 1,953 messages of 1024 B to 1 topic-partitions",
+                rf"  plain pulsar-client drain 1 +{NUMBER} MB/s .* broker CPU +{NUMBER} s/GB",
+                rf"  raw drain +{NUMBER} MB/s .* broker CPU +{NUMBER} s/GB",
+                rf"  local\[2\] \(spool\) +{NUMBER} MB/s steady .* ÷ reference {NUMBER} +broker CPU +{NUMBER} s/GB .*",
+                rf"  standalone cluster, 2 workers \(re-read\) +{NUMBER} MB/s steady .* ÷ reference {NUMBER} .*",
+                rf"  cluster ÷ local\[2\]: steady {NUMBER}, broker CPU per GB {NUMBER}",
+            ),
+        ),
+        id="cluster",
+        marks=(*SPARK, pytest.mark.slow),
+    ),
+    pytest.param(
+        Smoke(
             "empty_run.py",
             ("--messages", "20", "--partitions", "1"),
             (

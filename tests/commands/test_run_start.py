@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from streamoffload import progress as progress_module
 from streamoffload.cli import main
 from streamoffload.commands import run as run_command
 from streamoffload.embedded_broker import EmbeddedBroker
@@ -16,7 +17,7 @@ from streamoffload.status import latest_positions
 from streamoffload.streaming.job import session as session_module
 from streamoffload.streaming.source.offset_planner import SourcePlanner
 from tests.fixtures.broker import unique_topic
-from tests.job.conftest import write_job_config
+from tests.fixtures.job import write_job_config
 
 
 class KeptSession:
@@ -56,15 +57,19 @@ def test_run_once_asks_the_broker_for_the_latest_positions_once(
         return backlogs[-1]
 
     monkeypatch.setattr(SourcePlanner, "latest_positions", counted)  # the query's planner runs in a Python worker
-    monkeypatch.setattr(run_command, "progress_shown", lambda: True)  # as on a terminal: the backlog is wanted
+    # As on a terminal: the backlog is wanted.
+    monkeypatch.setattr(progress_module, "progress_shown", lambda _stream=None: True)
     monkeypatch.setattr(run_command, "backlog_at_start", kept_backlog)
     monkeypatch.setattr(session_module, "build_session", lambda **_kw: KeptSession(spark))
 
     argv = ["run", "--once", "--conf", str(config_path), "--metrics-address", ""]
     assert main(argv) == 0
     assert asked == [{topic: last}]  # one lookup on the driver: the fast path's check and the progress share it
-    assert backlogs == [{topic: None}]  # the store had nothing of it: a count without a total
+    # The store had nothing of it: counted from the broker, all 30 entries, and their bytes estimated from samples
+    # (64-byte payloads with their metadata: more than the payloads, far less than 200 bytes an entry).
+    (count,) = (backlog[topic] for backlog in backlogs)
+    assert count is not None and count.entries == 30 and 30 * 64 < count.bytes < 30 * 200, count
 
     assert main(argv) == 0  # nothing new now: no Spark, and again one lookup
     assert asked == [{topic: last}, {topic: last}]
-    assert backlogs == [{topic: None}]
+    assert len(backlogs) == 1  # and no count
