@@ -56,6 +56,7 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self._run_ended = threading.Event()
         self.quarantine = None
         self._fetcher_spec = None
+        self._pipeline = None
         self.rate_limit_tasks = 1
         self.failed_topics = {}
         self._policy_failure = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
@@ -20,13 +21,14 @@ from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.governance.rate_limits import RateLimitSpec
-from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, unpack_actions
+from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, StatsAction, unpack_actions
 from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
 from streamoffload.streaming.job.report import BatchReport
 from streamoffload.streaming.job.state import JobState
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
+from streamoffload.streaming.sink.pipeline import SinkPipeline, segmenter_figures
 from streamoffload.streaming.sink.sink import SinkStats, sink_for
 from streamoffload.streaming.source.admission import buffer_file_path, write_buffer_file
 
@@ -62,6 +64,13 @@ def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
     for batch in batches:
         for packed in batch.column("actions"):
             yield from unpack_actions(packed.as_py())
+
+
+def _stop_quietly(query: Any) -> None:
+    try:
+        query.stop()
+    except Exception:
+        log.debug("stopping the query after a sink failure failed", exc_info=True)
 
 
 def _apply_arrow(
@@ -253,25 +262,78 @@ class JobQueries(JobState):
             )
         )
 
+    def overlapping(self) -> bool:
+        """Whether the sink writes a micro-batch on a driver thread while Spark reads the next one
+        (``spark.overlap_writes``, on ``local`` masters: there the driver is on the machine of the spool, so it
+        takes the bytes from there as the sink's tasks did; ``streaming.sink.pipeline``)."""
+        spark = self.config.spark
+        return spark.overlap_writes and spark.master.startswith("local")
+
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
+        if self.overlapping():
+            self._hand_over(batch_df, batch_id, started)
+            return
         apply = _apply_arrow(self.location, self.fetcher_spec(), self.config.encryption.keys_file or None)
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
         total = SinkStats()
         for row in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect():
             total.merge(SinkStats.from_json(row.stats))  # each task's, as _apply_arrow wrote it
-        report = BatchReport(batch_id, time.monotonic() - started, total)
-        self.last_topic_stats.update(total.topics)
-        self._metadata_changed({*total.topics, *(seal.topic for seal in total.sealed)})
-        if self.quarantine is not None and total.sealed:
-            for topic in self.quarantine.clear({seal.topic for seal in total.sealed}):
-                log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
-        if self.run is not None:  # the source's admission control reads each topic-partition's buffer here
+        self._segmenter_figures(total.topics)
+        self._batch_written(batch_id, time.monotonic() - started, total)
+
+    def _hand_over(self, batch_df: Any, batch_id: int, started: float) -> None:
+        """Overlap: the segmenter's actions (layouts, no entry bytes) come to the driver, the segmenter's figures
+        go to the source's admission control at once, and the sink pipeline writes the actions in the
+        background after the micro-batch before (raising its failure here, which fails the query)."""
+        actions = list(_arrow_actions(batch_df.toArrow().to_batches()))
+        self._segmenter_figures(segmenter_figures(actions))
+        self._sink_pipeline().submit(batch_id, actions, started)
+
+    def _sink_pipeline(self) -> SinkPipeline:
+        """The run's sink pipeline, made at its first micro-batch (``finish_writes`` closes it)."""
+        if self._pipeline is None:
+            location, fetcher = self.location, self.fetcher_spec()
+            keys_file = self.config.encryption.keys_file or None
+
+            def apply(actions: list[Action]) -> SinkStats:
+                return sink_for(location, fetcher, keys_file).apply(actions)
+
+            self._pipeline = SinkPipeline(apply, self._batch_written, self._sink_failed)
+        return self._pipeline
+
+    def _sink_failed(self, err: BaseException) -> None:
+        """A micro-batch's writes failed on the pipeline's thread: stop the query (a continuous run may see no
+        next micro-batch to fail); the supervision takes the failure from ``finish_writes``."""
+        query = self.query
+        if query is not None:
+            threading.Thread(target=_stop_quietly, args=(query,), name="streamoffload-sink-stop", daemon=True).start()
+
+    def finish_writes(self) -> BaseException | None:
+        """The run's end (overlap): wait for the micro-batch still being written, take no more; its failure, or
+        any earlier one, is returned. None without overlap."""
+        pipeline, self._pipeline = self._pipeline, None
+        return pipeline.close() if pipeline is not None else None
+
+    def _segmenter_figures(self, figures: dict[str, StatsAction]) -> None:
+        """The segmenter's latest figures per topic-partition; the source's admission control reads each one's
+        buffer from the buffer file before it plans the next micro-batch."""
+        self.last_topic_stats.update(figures)
+        if self.run is not None:
             write_buffer_file(
                 buffer_file_path(self._versions_file(), self.run.epoch),
                 self.last_topic_stats,
                 self.location.part_size,
             )
+
+    def _batch_written(self, batch_id: int, seconds: float, total: SinkStats) -> None:
+        """A micro-batch is written (in ``foreachBatch``, or on the sink pipeline's thread): what follows from its
+        seals, and its report to the listeners."""
+        report = BatchReport(batch_id, seconds, total)
+        self._metadata_changed({*total.topics, *(seal.topic for seal in total.sealed)})
+        if self.quarantine is not None and total.sealed:
+            for topic in self.quarantine.clear({seal.topic for seal in total.sealed}):
+                log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
         self._hold_broker_retention({seal.topic: seal.end for seal in total.sealed})
         for seal in total.sealed:
             log.info(

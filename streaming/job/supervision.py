@@ -124,6 +124,9 @@ class JobSupervision(JobRuns):
         micro-batch seals every open segment (the source's seal markers), so nothing that arrives meanwhile
         lands unbounded in one batch: it waits for the next run."""
         self._await(self.start(spark, once=True))
+        failure = self.finish_writes()  # the last micro-batch's writes (overlap), then what reads them
+        if failure is not None:
+            raise failure
         self.retention_runner().run_pass()
         self.sync_tables()
 
@@ -199,7 +202,7 @@ class JobSupervision(JobRuns):
                         break
                     # Fenced by our own renewals failing (the store was away): nobody else holds the lease
                     # unless the next run's ``begin_run`` says so (LeaseHeldError), so this is a failure to retry.
-                    error = self._fenced or query.exception()
+                    error = self._fenced or query.exception() or self.finish_writes()
                     if error is None:
                         break
                 held = self._set_aside(str(error))
