@@ -1,5 +1,5 @@
 """The offload job: Pulsar source + control requests -> segmenter (transformWithState) ->
-sink (foreachBatch, uploads on executors), with retention on the driver.
+sink (foreachBatch; its writes on a driver thread while the next micro-batch reads), with retention on the driver.
 
 ``OffloadJob.run_forever`` is the continuously running service; ``OffloadJob.run_once`` drains what is
 available, seals every open segment and returns (batch-style runs, tests, checks).

@@ -1,6 +1,6 @@
 """The offload job's query: the Pulsar source and the control requests, into the segmenter
-(``transformWithState``), into the sink (``foreachBatch``, uploads on executors); the source's
-options, and what each micro-batch reports.
+(``transformWithState``), into the sink (``foreachBatch``: on a driver thread behind the next micro-batch's read,
+``streaming.sink.pipeline``, or in Spark tasks); the source's options, and what each micro-batch reports.
 
 Part of :class:`~streamoffload.streaming.job.offload_job.OffloadJob` (``JobQueries``); its runs are
 ``streaming/job/runs.py``, their supervision ``streaming/job/supervision.py``."""
