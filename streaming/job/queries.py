@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S
@@ -31,6 +32,10 @@ from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
 from streamoffload.streaming.sink.pipeline import SinkPipeline, segmenter_figures
 from streamoffload.streaming.sink.sink import SinkStats, sink_for
 from streamoffload.streaming.source.admission import buffer_file_path, write_buffer_file
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,11 @@ is fresh, so they never meet a checkpoint written without them)."""
 
 SINK_STATS_SCHEMA = "stats STRING"
 
+OVERLAP_BATCH_BYTES = 128 << 20
+"""``maxBytesPerTrigger`` with overlap where the configuration leaves the default (1 GiB): the writes of a
+micro-batch overlap the next one's read only, so the first read and the last write are alone, and with 1 GiB a
+600 MB backlog was one micro-batch and a bit (on ÷ off 1.09); at 128 MiB, 1.46 (bench/README.md "offload")."""
+
 
 def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
     """The actions of the segmenter's Arrow record batches (``PACKED_ACTIONS_SCHEMA``: each row a
@@ -66,7 +76,7 @@ def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
             yield from unpack_actions(packed.as_py())
 
 
-def _stop_quietly(query: Any) -> None:
+def _stop_quietly(query: StreamingQuery) -> None:
     try:
         query.stop()
     except Exception:
@@ -140,7 +150,10 @@ class JobQueries(JobState):
         if pulsar.max_entries_per_trigger:
             options["maxEntriesPerTrigger"] = str(pulsar.max_entries_per_trigger)
         if pulsar.max_bytes_per_trigger:
-            options["maxBytesPerTrigger"] = str(pulsar.max_bytes_per_trigger)
+            limit = pulsar.max_bytes_per_trigger
+            if limit == DEFAULT_MAX_BYTES_PER_TRIGGER and self.overlapping():
+                limit = OVERLAP_BATCH_BYTES
+            options["maxBytesPerTrigger"] = str(limit)
         for key, value in pulsar.client.items():
             options[f"pulsar.client.{key}"] = value
         return options
@@ -282,7 +295,7 @@ class JobQueries(JobState):
         self._segmenter_figures(total.topics)
         self._batch_written(batch_id, time.monotonic() - started, total)
 
-    def _hand_over(self, batch_df: Any, batch_id: int, started: float) -> None:
+    def _hand_over(self, batch_df: DataFrame, batch_id: int, started: float) -> None:
         """Overlap: the segmenter's actions (layouts, no entry bytes) come to the driver, the segmenter's figures
         go to the source's admission control at once, and the sink pipeline writes the actions in the
         background after the micro-batch before (raising its failure here, which fails the query)."""
