@@ -86,6 +86,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -134,9 +135,11 @@ def job_config(
     rollover_seconds: float | None = None,
     encryption_keys: Path | None = None,
     compression: str | None = None,
+    overlap: bool | None = None,
 ) -> Config:
     """The job's configuration; without ``rollover_seconds`` the default rollover (10 minutes) applies,
-    so a backlog's segments are sealed by size, and the last one by ``run_once``."""
+    so a backlog's segments are sealed by size, and the last one by ``run_once``. ``overlap``: the job's
+    ``spark.overlap_writes`` (None: its default)."""
     offload: dict[str, Any] = {}
     if not args.defaults:
         offload["maxSizePerOffloadSegmentMbytes"] = args.segment_mb
@@ -157,6 +160,8 @@ def job_config(
         "metrics": {"address": ""},
         "offload": offload,
     }
+    if overlap is not None:
+        doc["spark"]["overlap_writes"] = overlap
     if encryption_keys is not None:  # every segment encrypted at rest under the key "bench"
         doc["encryption"] = {"keys_file": str(encryption_keys)}
         offload["offloadEncryptionKeyId"] = "bench"
@@ -214,6 +219,9 @@ class JobRun:
     """Per query that ``run_once`` started (one: it drains, then seals in its last micro-batch)."""
     peak_state: int = 0
     """The most bytes any topic-partition's segmenter kept in the state store after a micro-batch."""
+    steady_s: float = 0.0
+    """Seconds from the start of the first micro-batch (its reading) to the last micro-batch's writes done (its
+    report): the steady rate's time, start-up taken off, writes behind the source included."""
 
 
 @dataclass
@@ -256,7 +264,13 @@ class QueryTimes:
 def drain_job(spark: Any, config: Config) -> JobRun:
     job = OffloadJob(config)
     reports: list[BatchReport] = []
-    job.listeners.append(reports.append)
+    written_at: list[float] = []
+
+    def on_batch(report: BatchReport) -> None:
+        reports.append(report)
+        written_at.append(time.time())
+
+    job.listeners.append(on_batch)
     starts: list[tuple[float, Any]] = []
     start_query = job.start
 
@@ -275,6 +289,11 @@ def drain_job(spark: Any, config: Config) -> JobRun:
     for i, (at, query) in enumerate(starts):
         until = starts[i + 1][0] if i + 1 < len(starts) else ended
         queries.append(QueryTimes.of(until - at, list(query.recentProgress)))
+    first_progress = next((p for _at, q in starts for p in q.recentProgress), None)
+    steady_s = 0.0
+    if first_progress is not None and written_at:
+        first_batch_at = datetime.fromisoformat(first_progress["timestamp"]).timestamp()
+        steady_s = max(written_at) - first_batch_at
     meta = MetadataStore(config.store.location.open())
     entries = entry_bytes = segments = 0
     reasons: dict[str, int] = {}
@@ -300,6 +319,7 @@ def drain_job(spark: Any, config: Config) -> JobRun:
         queries,
         fetched(reports),
         peak_state_bytes(reports),
+        steady_s,
     )
 
 
@@ -367,40 +387,127 @@ def publish_backlog(args: argparse.Namespace, broker: Broker, part: str, name: s
 
 
 @dataclass
+class JobDrain:
+    """One ``run_once`` of a round, with overlap on or off (``spark.overlap_writes``)."""
+
+    overlap: bool
+    run: JobRun
+    cpu: dict[str, float]
+    old_gen_after: int
+    """Bytes in the JVM's old generation right after the run."""
+
+    @property
+    def mb(self) -> float:
+        return self.run.entry_bytes / 1e6
+
+    @property
+    def steady_mbs(self) -> float:
+        """From the first micro-batch's start to the last one written (``JobRun.steady_s``)."""
+        return self.mb / self.run.steady_s if self.run.steady_s > 0 else self.mb / steady_seconds(self.run.queries)
+
+    @property
+    def tree_cpu_per_gb(self) -> float:
+        """CPU s per GB of the job's whole process tree: the JVM, its Python workers and the driver process."""
+        return sum(self.cpu.get(k, 0.0) for k in ("jvm", "python workers", "driver")) / (self.mb / 1000)
+
+    @property
+    def spark_cpu_per_gb(self) -> float:
+        return (self.cpu.get("jvm", 0.0) + self.cpu.get("python workers", 0.0)) / (self.mb / 1000)
+
+    def broker_ratio(self, plain_cpu: dict[str, float]) -> float:
+        """Broker CPU per byte in the job ÷ in the plain drain."""
+        return self.cpu.get("broker", 0.0) / max(plain_cpu.get("broker", 0.0), 1e-9)
+
+
+@dataclass
 class ThroughputRound:
-    """One round of the throughput phase: the three drains of the same backlog, side by side."""
+    """One round of the throughput phase: the drains of the same backlog, side by side."""
 
     source_rows: int
     source_wall: float
     source_batches: int
     source_cpu: dict[str, float]
-    job: JobRun
-    job_cpu: dict[str, float]
+    jobs: list[JobDrain]
     plain_wall: float
     plain_cpu: dict[str, float]
-    old_gen_after: int
-    """Bytes in the JVM's old generation right after the job's run."""
 
     @property
     def mb(self) -> float:
-        return self.job.entry_bytes / 1e6
-
-    @property
-    def steady_mbs(self) -> float:
-        return self.mb / steady_seconds(self.job.queries)
+        return self.jobs[0].mb
 
     @property
     def plain_mbs(self) -> float:
         return self.mb / self.plain_wall
 
-    @property
-    def spark_cpu_per_gb(self) -> float:
-        return (self.job_cpu.get("jvm", 0.0) + self.job_cpu.get("python workers", 0.0)) / (self.mb / 1000)
+    def job(self, overlap: bool) -> JobDrain:
+        return next(j for j in self.jobs if j.overlap == overlap)
+
+
+@dataclass
+class ReferenceDrains:
+    """The broker's best reader, on the fresh broker before any job read the backlog: plain ``pulsar-client``
+    drains (best of ``PLAIN_DRAINS``) and a raw-reader drain, each timed."""
+
+    plain: list[tuple[float, dict[str, float]]]
+    raw: tuple[float, dict[str, float]]
 
     @property
-    def broker_ratio(self) -> float:
-        """Broker CPU per byte in the job ÷ in the plain drain."""
-        return self.job_cpu.get("broker", 0.0) / max(self.plain_cpu.get("broker", 0.0), 1e-9)
+    def best_s(self) -> float:
+        return min([s for s, _ in self.plain] + [self.raw[0]])
+
+    @property
+    def best_plain(self) -> tuple[float, dict[str, float]]:
+        return min(self.plain, key=lambda d: d[0])
+
+
+PLAIN_DRAINS = 5
+
+
+def drain_raw_client(service_url: str, topics: list[str]) -> float:
+    """Seconds the raw reader (``bench/source.py``'s ``drain_raw``) takes to drain ``topics``."""
+    import importlib.util
+
+    from streamoffload.pulsar import client_reader
+    from streamoffload.pulsar import raw_reader as rr
+
+    spec = importlib.util.spec_from_file_location("bench_source", Path(__file__).with_name("source.py"))
+    assert spec is not None and spec.loader is not None
+    bench_source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_source)
+    client = client_reader.make_client(service_url)
+    raw = rr.RawClient(service_url)
+    try:
+        ends = {t: client_reader.latest_position(client, t) for t in topics}
+        started = time.monotonic()
+        for topic in topics:
+            bench_source.drain_raw(raw, topic, ends[topic], 200, 2000)
+        return time.monotonic() - started
+    finally:
+        client.close()
+        with contextlib.suppress(Exception):
+            raw.close()
+
+
+def reference_drains(broker: Broker, topics: list[str], payload_mb: float, count: int) -> ReferenceDrains:
+    """The broker's best reader on the fresh broker (before the job touches the backlog), every drain printed:
+    ``count`` plain drains and a raw one."""
+    plain: list[tuple[float, dict[str, float]]] = []
+    for i in range(count):
+        with CpuMeter(broker.pid) as meter:
+            seconds = drain_plain_client(broker.service_url, topics)
+        plain.append((seconds, meter.used))
+        print(
+            f"  reference: plain pulsar-client drain {i + 1}: {seconds:.2f} s "
+            f"({payload_mb / seconds:.1f} MB/s of payload)"
+        )
+    with CpuMeter(broker.pid) as meter:
+        seconds = drain_raw_client(broker.service_url, topics)
+    print(f"  reference: raw-reader drain: {seconds:.2f} s ({payload_mb / seconds:.1f} MB/s of payload)")
+    drains = ReferenceDrains(plain, (seconds, meter.used))
+    every = [s for s, _ in plain] + [seconds]
+    if max(every) > 2 * min(every):
+        print(f"  reference: the drains differ by more than 2x ({min(every):.2f} to {max(every):.2f} s)")
+    return drains
 
 
 def old_generation_bytes(spark: Any) -> int:
@@ -412,90 +519,88 @@ def old_generation_bytes(spark: Any) -> int:
     return 0
 
 
+def overlap_modes(choice: str) -> list[bool]:
+    return {"both": [False, True], "on": [True], "off": [False]}[choice]
+
+
 def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> None:
-    """Rounds of: the job's source alone, ``run_once``, and a plain ``pulsar-client`` drain of the same
-    backlog, alternating, so each ratio is taken under the same load; medians over the rounds."""
-    topics = list(publish_backlog(args, broker, "throughput", "bench-offload-backlog").partitions)
+    """The broker's best reader on the fresh broker first; then rounds of: the job's source alone, ``run_once``
+    with overlap off and on (``--overlap``; the order alternates by round), and a plain ``pulsar-client`` drain
+    of the same backlog, so each ratio is taken under the same load; medians over the rounds."""
+    summary = publish_backlog(args, broker, "throughput", "bench-offload-backlog")
+    topics = list(summary.partitions)
+    reference = reference_drains(broker, topics, summary.bytes / 1e6, args.plain_drains)
+    modes = overlap_modes(args.overlap)
     rounds: list[ThroughputRound] = []
     for round_no in range(args.repeat):
-        config = job_config(args, work, f"backlog-{round_no}", broker.service_url, topics)
+        name = f"backlog-{round_no}"
         with CpuMeter(broker.pid) as source_meter:
+            config = job_config(args, work, name, broker.service_url, topics)
             rows, source_wall, batches = drain_source(spark, OffloadJob(config), work / f"checkpoint-source-{round_no}")
-        with CpuMeter(broker.pid) as job_meter, ProcessCensus() as census, JvmThreadCensus() as threads:
-            run = drain_job(spark, config)
-        old_gen = old_generation_bytes(spark)
+        jobs: list[JobDrain] = []
+        for overlap in modes if round_no % 2 == 0 else modes[::-1]:
+            config = job_config(
+                args, work, f"{name}-{'on' if overlap else 'off'}", broker.service_url, topics, overlap=overlap
+            )
+            with CpuMeter(broker.pid) as job_meter, ProcessCensus() as census, JvmThreadCensus() as threads:
+                run = drain_job(spark, config)
+            jobs.append(JobDrain(overlap, run, job_meter.used, old_generation_bytes(spark)))
+            if rows != run.entries:
+                raise RuntimeError(f"the source read {rows} entries but the job's segments hold {run.entries}")
+            j = jobs[-1]
+            print(
+                f"  round {round_no + 1}, overlap {'on' if overlap else 'off'}: run --once {j.mb / run.wall:.1f} MB/s, "
+                f"steady {j.steady_mbs:.1f} MB/s ({run.steady_s:.1f} s); job tree CPU {j.tree_cpu_per_gb:.1f} s/GB "
+                f"(Spark side {j.spark_cpu_per_gb:.1f}); {CpuMeter.describe(j.cpu, run.wall)}; JVM old gen after "
+                f"{j.old_gen_after / 2**20:.0f} MiB"
+            )
+            print(
+                f"    {run.fetched}; "
+                + " + ".join(q.render(n) for n, q in zip(("drain and seal", "other"), run.queries, strict=False))
+            )
+            print(f"    the job's Python processes (sampled, a floor): {census.render()}")
+            print(f"    the JVM's CPU s by thread: {threads.render()}")
+            # The store of a run is measured; drop it so several rounds of a big backlog do not pile up.
+            shutil.rmtree(config.store.root, ignore_errors=True)
         with CpuMeter(broker.pid) as plain_meter:
             plain_wall = drain_plain_client(broker.service_url, topics)
-        if rows != run.entries:
-            raise RuntimeError(f"the source read {rows} entries but the job's segments hold {run.entries}")
         rounds.append(
-            ThroughputRound(
-                rows,
-                source_wall,
-                batches,
-                source_meter.used,
-                run,
-                job_meter.used,
-                plain_wall,
-                plain_meter.used,
-                old_gen,
-            )
+            ThroughputRound(rows, source_wall, batches, source_meter.used, jobs, plain_wall, plain_meter.used)
         )
         r = rounds[-1]
         print(
-            f"  round {round_no + 1}: source {r.mb / source_wall:.1f} MB/s, run --once {r.mb / run.wall:.1f} MB/s "
-            f"(steady {r.steady_mbs:.1f}), plain pulsar-client drain {r.plain_mbs:.1f} MB/s; steady ÷ plain "
-            f"{r.steady_mbs / r.plain_mbs:.2f}; Spark CPU {r.spark_cpu_per_gb:.1f} s/GB; broker CPU job ÷ plain "
-            f"{r.broker_ratio:.2f}; JVM old gen after {old_gen / 2**20:.0f} MiB"
+            f"  round {round_no + 1}: source alone {r.mb / source_wall:.1f} MB/s, plain drain after the jobs "
+            f"{r.plain_mbs:.1f} MB/s"
         )
-        print(f"    the job's Python processes (started by Spark, by kind; sampled, a floor): {census.render()}")
-        print(f"    the JVM's CPU s by thread: {threads.render()}")
-        # The store of a round is measured; drop it so several rounds of a big backlog do not pile up.
-        shutil.rmtree(config.store.root, ignore_errors=True)
 
     def median(values: list[float]) -> float:
         return statistics.median(values)
 
-    best = min(rounds, key=lambda r: r.job.wall)
-    mb = best.mb
-    source_mbs = median([r.mb / r.source_wall for r in rounds])
-    job_mbs = median([r.mb / r.job.wall for r in rounds])
-    print(f"  medians of {len(rounds)} round(s):")
-    print(f"  source  {best.source_rows:>9,} entries, {mb:8.1f} MB: {source_mbs:7.1f} MB/s")
+    mb = rounds[0].mb
+    best_mbs = mb / reference.best_s
+    plain_s, plain_cpu = reference.best_plain
+    print(f"  medians of {len(rounds)} round(s), {mb:.1f} MB of entries ({rounds[0].source_rows:,} entries):")
     print(
-        f"  job     {best.job.entries:>9,} entries, {mb:8.1f} MB: {job_mbs:7.1f} MB/s   ratio "
-        f"{job_mbs / source_mbs:.2f}   ({best.job.segments} segments sealed by "
-        + ", ".join(f"{k} {v}" for k, v in sorted(best.job.reasons.items()))
-        + f"; {best.job.batches} micro-batches)"
+        f"  the broker's best reader (fresh broker): {best_mbs:.1f} MB/s (plain best of {args.plain_drains} "
+        f"{mb / plain_s:.1f}, raw {mb / reference.raw[0]:.1f}); source alone "
+        f"{median([r.mb / r.source_wall for r in rounds]):.1f} MB/s"
     )
-    print(f"  source {CpuMeter.describe(best.source_cpu, best.source_wall)}   (fastest round of the job)")
-    print(f"  job    {CpuMeter.describe(best.job_cpu, best.job.wall)}")
-    print(f"  plain  {CpuMeter.describe(best.plain_cpu, best.plain_wall)}")
-    print(
-        f"  job: foreachBatch (segmenter + sink per micro-batch) {best.job.batch_seconds:.1f} s, of which the sink's "
-        f"fetches and uploads {best.job.upload_seconds:.1f} s (summed over tasks)"
-    )
-    names = ("drain and seal", "other")
-    print("  job: run_once = " + " + ".join(q.render(n) for n, q in zip(names, best.job.queries, strict=False)))
-    print(f"  job: {best.job.fetched}")
-    limits(best.source_cpu, best.job_cpu, best.job, best.source_wall)
-    steady = median([r.steady_mbs for r in rounds])
-    plain = median([r.plain_mbs for r in rounds])
-    print(
-        f"  run --once steady (its micro-batches, start-up taken off) {steady:.1f} MB/s vs a plain pulsar-client "
-        f"drain {plain:.1f} MB/s: ratio {median([r.steady_mbs / r.plain_mbs for r in rounds]):.2f} "
-        f"(median of the rounds' ratios; target >= 0.5)"
-    )
-    print(
-        f"  Spark-side CPU (JVM + Python workers): {median([r.spark_cpu_per_gb for r in rounds]):.1f} s per GB "
-        f"(target <= 8); broker CPU per byte, job ÷ plain drain: {median([r.broker_ratio for r in rounds]):.2f}; "
-        f"JVM old generation after the run: {median([r.old_gen_after for r in rounds]) / 2**20:.0f} MiB "
-        f"(target <= 300)"
-    )
-    print(
-        f"  peak state bytes per topic-partition: {best.job.peak_state:,} "
-        f"(bound: less than one minimum part, {config.store.location.min_part_size:,})"
-    )
+    for overlap in modes:
+        drains = [r.job(overlap) for r in rounds]
+        steady = median([j.steady_mbs for j in drains])
+        print(
+            f"  overlap {'on ' if overlap else 'off'}: steady {steady:.1f} MB/s, "
+            f"÷ best reader {steady / best_mbs:.2f}; "
+            f"run --once {median([j.mb / j.run.wall for j in drains]):.1f} MB/s; job tree CPU "
+            f"{median([j.tree_cpu_per_gb for j in drains]):.1f} s/GB (Spark side "
+            f"{median([j.spark_cpu_per_gb for j in drains]):.1f}); "
+            f"broker CPU per byte ÷ the fresh plain drain's {median([j.broker_ratio(plain_cpu) for j in drains]):.2f}; "
+            f"JVM old gen after {median([j.old_gen_after for j in drains]) / 2**20:.0f} MiB; peak state bytes per "
+            f"topic-partition {max(j.run.peak_state for j in drains):,}"
+        )
+    if len(modes) == 2:
+        ratio = median([r.job(True).steady_mbs / r.job(False).steady_mbs for r in rounds])
+        print(f"  overlap on ÷ off, steady: {ratio:.2f} (median of the rounds' ratios)")
 
 
 def json_payload(rnd: random.Random, seq: int, size: int) -> bytes:
@@ -636,28 +741,6 @@ def stored_data_bytes(config: Config) -> int:
     """Bytes of the data and index objects (and their sidecars) in the job's store: everything but ``_meta``."""
     store = config.store.location.open().store
     return sum(info.size for info in store.list("") if "/_" not in info.key and not info.key.startswith("_"))
-
-
-def limits(source: dict[str, float], job: dict[str, float], run: JobRun, source_wall: float) -> None:
-    """One line on where the job's extra time goes, from what this run measured."""
-    extra = {k: job[k] - source[k] for k in job}
-    planning = sum(q.planning_s for q in run.queries)
-    segmenter = sum(q.segmenter_s for q in run.queries)
-    startup = sum(q.wall - q.batch_s for q in run.queries)
-    # The sink's tasks consume the segmenter's output in the same stage, so its time is inside the
-    # segmenter's; task seconds spread over the 2 task slots of local[2].
-    shares = {
-        "the segmenter + sink stage (transformWithState: entry positions through Arrow to its Python worker, "
-        "blocks back, state commits; then the uploads)": segmenter / 2,
-        "query start-up and planning": startup + planning,
-    }
-    top = max(shares, key=lambda k: shares[k])
-    print(
-        f"  what limits it: the job takes {run.wall - source_wall:.1f} s longer than the source alone and "
-        f"{sum(extra.values()):.1f} CPU s more ({', '.join(f'{k} {v:+.1f}' for k, v in extra.items())}); "
-        f"~{shares[top]:.1f} s of wall time is {top} (segmenter stage {segmenter:.1f} task s, of which uploads "
-        f"{run.upload_seconds:.1f}; start-up and planning {startup + planning:.1f} s)"
-    )
 
 
 # --- memory on the default configuration -----------------------------------------------------------
@@ -1035,6 +1118,18 @@ def main(argv: list[str] | None = None) -> int:
         choices=("zstd",),
         help="only: run_once plain and compressed at rest (with --encrypt also encrypted, and both) over a JSON "
         "backlog and an incompressible one, alternating (--repeat rounds): MB/s ratios and stored ÷ payload bytes",
+    )
+    parser.add_argument(
+        "--overlap",
+        choices=("both", "on", "off"),
+        default="both",
+        help="throughput: run_once with spark.overlap_writes on, off, or both side by side (default both)",
+    )
+    parser.add_argument(
+        "--plain-drains",
+        type=int,
+        default=PLAIN_DRAINS,
+        help=f"throughput: plain pulsar-client drains of the fresh broker for the reference (default {PLAIN_DRAINS})",
     )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")

@@ -260,6 +260,9 @@ class SparkSettings:
     spool: bool = True
     """On ``local`` masters, the source tasks keep the bytes they read in a spool beside the checkpoint for the
     sink (``streaming.handoff.spool``), so the broker sends each entry once; false: the sink reads it again."""
+    overlap_writes: bool = True
+    """On ``local`` masters, the sink writes a micro-batch on a driver thread while Spark reads the next one from
+    the broker (``streaming.sink.pipeline``); false: each micro-batch's writes end before the next one reads."""
     conf: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -1,5 +1,5 @@
 """The offload job: Pulsar source + control requests -> segmenter (transformWithState) ->
-sink (foreachBatch, uploads on executors), with retention on the driver.
+sink (foreachBatch; its writes on a driver thread while the next micro-batch reads), with retention on the driver.
 
 ``OffloadJob.run_forever`` is the continuously running service; ``OffloadJob.run_once`` drains what is
 available, seals every open segment and returns (batch-style runs, tests, checks).
@@ -56,6 +56,7 @@ class OffloadJob(JobSupervision, JobRuns, JobQueries):
         self._run_ended = threading.Event()
         self.quarantine = None
         self._fetcher_spec = None
+        self._pipeline = None
         self.rate_limit_tasks = 1
         self.spark_master = None
         self.failed_topics = {}

@@ -1,6 +1,6 @@
 """The offload job's query: the Pulsar source and the control requests, into the segmenter
-(``transformWithState``), into the sink (``foreachBatch``, uploads on executors); the source's
-options, and what each micro-batch reports.
+(``transformWithState``), into the sink (``foreachBatch``: on a driver thread behind the next micro-batch's read,
+``streaming.sink.pipeline``, or in Spark tasks); the source's options, and what each micro-batch reports.
 
 Part of :class:`~streamoffload.streaming.job.offload_job.OffloadJob` (``JobQueries``); its runs are
 ``streaming/job/runs.py``, their supervision ``streaming/job/supervision.py``."""
@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S
 from streamoffload.streaming.governance.rate_limits import RateLimitSpec
-from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, unpack_actions
+from streamoffload.streaming.handoff.actions import PACKED_ACTIONS_SCHEMA, Action, StatsAction, unpack_actions
 from streamoffload.streaming.handoff.positions import CONTROL, LEDGER_ID
 from streamoffload.streaming.job.masters import Master, parse_master
 from streamoffload.streaming.job.report import BatchReport
@@ -29,8 +31,13 @@ from streamoffload.streaming.runtime.progress_files import TaskProgress, task_fi
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
+from streamoffload.streaming.sink.pipeline import SinkPipeline, segmenter_figures
 from streamoffload.streaming.sink.sink import SinkStats, sink_for
 from streamoffload.streaming.source.admission import buffer_file_path, write_buffer_file
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,11 @@ is fresh, so they never meet a checkpoint written without them)."""
 
 SINK_STATS_SCHEMA = "stats STRING"
 
+OVERLAP_BATCH_BYTES = 128 << 20
+"""``maxBytesPerTrigger`` with overlap where the configuration leaves the default (1 GiB): the writes of a
+micro-batch overlap the next one's read only, so the first read and the last write are alone, and with 1 GiB a
+600 MB backlog was one micro-batch and a bit (on ÷ off 1.09); at 128 MiB, 1.46 (bench/README.md "offload")."""
+
 
 def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
     """The actions of the segmenter's Arrow record batches (``PACKED_ACTIONS_SCHEMA``: each row a
@@ -64,6 +76,13 @@ def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
     for batch in batches:
         for packed in batch.column("actions"):
             yield from unpack_actions(packed.as_py())
+
+
+def _stop_quietly(query: StreamingQuery) -> None:
+    try:
+        query.stop()
+    except Exception:
+        log.debug("stopping the query after a sink failure failed", exc_info=True)
 
 
 def _apply_arrow(
@@ -144,7 +163,10 @@ class JobQueries(JobState):
         if pulsar.max_entries_per_trigger:
             options["maxEntriesPerTrigger"] = str(pulsar.max_entries_per_trigger)
         if pulsar.max_bytes_per_trigger:
-            options["maxBytesPerTrigger"] = str(pulsar.max_bytes_per_trigger)
+            limit = pulsar.max_bytes_per_trigger
+            if limit == DEFAULT_MAX_BYTES_PER_TRIGGER and self.overlapping():
+                limit = OVERLAP_BATCH_BYTES
+            options["maxBytesPerTrigger"] = str(limit)
         for key, value in pulsar.client.items():
             options[f"pulsar.client.{key}"] = value
         return options
@@ -278,26 +300,81 @@ class JobQueries(JobState):
             )
         )
 
+    def overlapping(self) -> bool:
+        """Whether the sink writes a micro-batch on a driver thread while Spark reads the next one
+        (``spark.overlap_writes``, where every task runs on this machine: the driver is on the machine of the spool, so it
+        takes the bytes from there as the sink's tasks did; ``streaming.sink.pipeline``)."""
+        return self.config.spark.overlap_writes and self._master().on_this_machine
+
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
+        if self.overlapping():
+            self._hand_over(batch_df, batch_id, started)
+            return
         progress = (self.progress_dir, batch_id) if self.progress_dir else None
         apply = _apply_arrow(self.location, self.fetcher_spec(), self.config.encryption.keys_file or None, progress)
         # One Spark job per micro-batch: the segmenter's stage feeds the sink's tasks directly.
         total = SinkStats()
         for row in batch_df.mapInArrow(apply, SINK_STATS_SCHEMA).collect():
             total.merge(SinkStats.from_json(row.stats))  # each task's, as _apply_arrow wrote it
-        report = BatchReport(batch_id, time.monotonic() - started, total)
-        self.last_topic_stats.update(total.topics)
-        self._metadata_changed({*total.topics, *(seal.topic for seal in total.sealed)})
-        if self.quarantine is not None and total.sealed:
-            for topic in self.quarantine.clear({seal.topic for seal in total.sealed}):
-                log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
-        if self.run is not None:  # the source's admission control reads each topic-partition's buffer here
+        self._segmenter_figures(total.topics)
+        self._batch_written(batch_id, time.monotonic() - started, total)
+
+    def _hand_over(self, batch_df: DataFrame, batch_id: int, started: float) -> None:
+        """Overlap: the segmenter's actions (layouts, no entry bytes) come to the driver, the segmenter's figures
+        go to the source's admission control at once, and the sink pipeline writes the actions in the
+        background after the micro-batch before (raising its failure here, which fails the query)."""
+        actions = list(_arrow_actions(batch_df.toArrow().to_batches()))
+        self._segmenter_figures(segmenter_figures(actions))
+        self._sink_pipeline().submit(batch_id, actions, started)
+
+    def _sink_pipeline(self) -> SinkPipeline:
+        """The run's sink pipeline, made at its first micro-batch (``finish_writes`` closes it)."""
+        if self._pipeline is None:
+            location, fetcher = self.location, self.fetcher_spec()
+            keys_file = self.config.encryption.keys_file or None
+
+            def apply(batch_id: int, actions: list[Action]) -> SinkStats:
+                # The driver writes the batch as one task would: its progress file is task 0's, attempt 0.
+                progress_dir = self.progress_dir
+                told = TaskProgress(task_file(progress_dir, batch_id, 0, 0)) if progress_dir else None
+                return sink_for(location, fetcher, keys_file).apply(actions, told)
+
+            self._pipeline = SinkPipeline(apply, self._batch_written, self._sink_failed)
+        return self._pipeline
+
+    def _sink_failed(self, err: BaseException) -> None:
+        """A micro-batch's writes failed on the pipeline's thread: stop the query (a continuous run may see no
+        next micro-batch to fail); the supervision takes the failure from ``finish_writes``."""
+        query = self.query
+        if query is not None:
+            threading.Thread(target=_stop_quietly, args=(query,), name="streamoffload-sink-stop", daemon=True).start()
+
+    def finish_writes(self) -> BaseException | None:
+        """The run's end (overlap): wait for the micro-batch still being written, take no more; its failure, or
+        any earlier one, is returned. None without overlap."""
+        pipeline, self._pipeline = self._pipeline, None
+        return pipeline.close() if pipeline is not None else None
+
+    def _segmenter_figures(self, figures: dict[str, StatsAction]) -> None:
+        """The segmenter's latest figures per topic-partition; the source's admission control reads each one's
+        buffer from the buffer file before it plans the next micro-batch."""
+        self.last_topic_stats.update(figures)
+        if self.run is not None:
             write_buffer_file(
                 buffer_file_path(self._versions_file(), self.run.epoch),
                 self.last_topic_stats,
                 self.location.part_size,
             )
+
+    def _batch_written(self, batch_id: int, seconds: float, total: SinkStats) -> None:
+        """A micro-batch is written (in ``foreachBatch``, or on the sink pipeline's thread): what follows from its
+        seals, and its report to the listeners."""
+        report = BatchReport(batch_id, seconds, total)
+        self._metadata_changed({*total.topics, *(seal.topic for seal in total.sealed)})
+        if self.quarantine is not None and total.sealed:
+            for topic in self.quarantine.clear({seal.topic for seal in total.sealed}):
+                log.warning("%s: offloading again (a segment was committed); no longer set aside", topic)
         self._hold_broker_retention({seal.topic: seal.end for seal in total.sealed})
         for seal in total.sealed:
             log.info(

@@ -11,7 +11,8 @@ from streamoffload.streaming.sink.sink import SinkStats
 
 @dataclass
 class BatchReport:
-    """A micro-batch: its id, how long the sink's Spark job took, and its tasks' ``SinkStats`` summed
+    """A micro-batch: its id, seconds from its ``foreachBatch`` to its writes done (with overlap: after the
+    micro-batch before was written, ``streaming.sink.pipeline``), and its writers' ``SinkStats`` summed
     (``SinkStats.merge``)."""
 
     batch_id: int

@@ -208,6 +208,10 @@ class JobRuns(JobQueries):
                 log.debug("stopping the fenced query failed", exc_info=True)
 
     def end_run(self, *, release: bool = True) -> None:
+        # The micro-batch still being written (overlap) ends first: its commits need the lease.
+        failure = self.finish_writes()
+        if failure is not None:
+            log.warning("the run ended with a micro-batch's writes failed: %s", failure)
         if self.retention is not None:
             self.retention.stop()
         if self.tables is not None:

@@ -20,6 +20,7 @@ from streamoffload.streaming.job.health import HealthTracker
 from streamoffload.streaming.job.report import BatchListener
 from streamoffload.streaming.job.tables import TableFollower
 from streamoffload.streaming.sink.entry_fetch import BrokerFetcherSpec
+from streamoffload.streaming.sink.pipeline import SinkPipeline
 
 if TYPE_CHECKING:
     from streamoffload.table.sync import SyncHooks
@@ -78,6 +79,8 @@ class JobState:
     spark_master: str | None
     """The master the query runs on (``spark.sparkContext.master``), set when it is built; before, ``[spark] master``
     is."""
+    _pipeline: SinkPipeline | None
+    """The run's sink pipeline with overlap (``JobQueries._sink_pipeline``), None before its first micro-batch."""
     _fetcher_spec: tuple[int | None, BrokerFetcherSpec] | None
     """How the sink fetches entries (``JobQueries.fetcher_spec``), for the run of which epoch."""
     """Tasks that share the job's total rate limits: Spark's parallelism, set when the query is built."""

@@ -169,6 +169,10 @@ class JobSupervision(JobRuns):
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
+        # The last micro-batch's writes (overlap) first: a failure there stopped the query, and names its topic.
+        failure = self.finish_writes()
+        if failure is not None:
+            raise failure
         if self.query is not None and self.query.exception() is not None:
             raise StreamOffloadError(f"offload query failed: {self.query.exception()}")
 
@@ -224,7 +228,8 @@ class JobSupervision(JobRuns):
                         break
                     # Fenced by our own renewals failing (the store was away): nobody else holds the lease
                     # unless the next run's ``begin_run`` says so (LeaseHeldError), so this is a failure to retry.
-                    error = self._fenced or query.exception()
+                    # A micro-batch's failed writes (overlap) stopped the query: their error names the topic.
+                    error = self._fenced or self.finish_writes() or query.exception()
                     if error is None:
                         break
                 held = self._set_aside(str(error))

@@ -1,5 +1,6 @@
 """The sink: carries out the segmenter's actions (``streaming.handoff.actions``) against the object store, on
-Spark executors: each topic-partition's in order, many topic-partitions at once on threads.
+Spark executors, or on the driver behind the next micro-batch's read (``streaming.sink.pipeline``): each
+topic-partition's in order, many topic-partitions at once on threads.
 
 An ``OpenAction`` opens the segment, a ``PartAction`` fetches the entries its block layouts name
 (``streaming.sink.entry_fetch``: re-read from the broker or the spool and checked, size and CRC-32C, against what

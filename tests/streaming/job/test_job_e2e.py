@@ -369,3 +369,52 @@ def test_sigkill_at_every_crash_point_then_recovery_is_exactly_once(
     data_keys = {k for k in store_keys(store) if "/_" not in k and not k.startswith("_")}
     assert data_keys == referenced_keys(ScopedStore(store), topics)
     assert not list(store.pending_multiparts(""))
+
+
+def _run_checkpoint(tmp_path: Path) -> Path:
+    [run] = sorted((tmp_path / "checkpoint").glob("run-*"))
+    return run
+
+
+@pytest.mark.slow
+def test_sigkill_while_a_micro_batch_is_written_behind_the_next_ones_read_converges_exactly_once(
+    spark: Any, pulsar_broker: Any, tmp_path: Path
+) -> None:
+    """Overlap (``spark.overlap_writes``): a ``run --once`` is SIGKILLed in the middle of micro-batch 0's writes,
+    after Spark moved past that micro-batch and planned the next (its commit log holds 0, its offset log 1); the
+    next run recovers from the store's commits and every entry is stored exactly once, byte for byte. The uploads
+    are rate-limited in the killed run so that its writes trail its reads."""
+    topics = [unique_topic("behind-a"), unique_topic("behind-b")]
+    for topic in topics:
+        produce(pulsar_broker.service_url, topic, count=400, payload_size=150, keys=5, batching=True, batch_size=10)
+    slow = SMALL_SEGMENTS + "offloadUploadRateBytesPerSecond = 2500\n"
+    config_path = write_config(tmp_path, pulsar_broker.service_url, topics, fs_store(tmp_path), slow)
+    text = config_path.read_text().replace("[pulsar]\n", "[pulsar]\nmax_bytes_per_trigger = 40000\n", 1)
+    config_path.write_text(text)
+    crash_dir = tmp_path / "crash"
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamoffload", "run", "--once", "--conf", str(config_path)],
+        env={**os.environ, "STREAMOFFLOAD_CRASH_AT": "after-part:2", "STREAMOFFLOAD_CRASH_DIR": str(crash_dir)},
+        start_new_session=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert (crash_dir / "crashed").exists(), f"no crash: {proc.stderr.decode()[-2000:]}"
+    assert proc.returncode == -9, proc.returncode
+    run = _run_checkpoint(tmp_path)
+    assert (run / "commits" / "0").exists(), "Spark had moved past micro-batch 0 while its writes were in flight"
+    assert (run / "offsets" / "1").exists(), "micro-batch 1 was planned (its source reading) at the kill"
+
+    # The recovery, in this session's Spark, without the rate limit.
+    config_path.write_text(text.replace("offloadUploadRateBytesPerSecond = 2500\n", ""))
+    config = load_config(config_path)
+    OffloadJob(config, str(config_path)).run_once(spark)
+    store = config.store.location.open().store
+    meta = MetadataStore(ScopedStore(store))
+    for topic in topics:
+        check_messages(ScopedStore(store), topic, 400, keys=5, size=150)
+        meta.cleanup(topic, grace_ms=0)
+        assert all(m.status == mf.OFFLOADED for m in meta.manifests(topic))
+    data_keys = {k for k in store_keys(store) if "/_" not in k and not k.startswith("_")}
+    assert data_keys == referenced_keys(ScopedStore(store), topics)
+    assert not list(store.pending_multiparts(""))
