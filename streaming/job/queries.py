@@ -302,8 +302,8 @@ class JobQueries(JobState):
 
     def overlapping(self) -> bool:
         """Whether the sink writes a micro-batch on a driver thread while Spark reads the next one
-        (``spark.overlap_writes``, where every task runs on this machine: the driver is on the machine of the spool, so it
-        takes the bytes from there as the sink's tasks did; ``streaming.sink.pipeline``)."""
+        (``spark.overlap_writes``, where every task runs on this machine: the driver is on the machine of the
+        spool, so it takes the bytes from there as the sink's tasks did; ``streaming.sink.pipeline``)."""
         return self.config.spark.overlap_writes and self._master().on_this_machine
 
     def _foreach_batch(self, batch_df: Any, batch_id: int) -> None:

@@ -44,13 +44,14 @@ def segmenter_figures(actions: list[Action]) -> dict[str, StatsAction]:
 class SinkPipeline:
     """Writes micro-batches' actions on one background thread, each after the one before (module docstring).
 
-    ``apply`` writes one micro-batch's actions (``SegmentSink.apply``); ``done(batch_id, seconds, stats)`` runs
-    on the same thread after it, with the seconds since the batch was handed over; ``failed(error)`` once, on
-    that thread, when a batch fails (the job stops its query there: a continuous run may see no next batch)."""
+    ``apply(batch_id, actions)`` writes one micro-batch's actions (``SegmentSink.apply``); ``done(batch_id,
+    seconds, stats)`` runs on the same thread after it, with the seconds since the batch was handed over;
+    ``failed(error)`` once, on that thread, when a batch fails (the job stops its query there: a continuous run
+    may see no next batch)."""
 
     def __init__(
         self,
-        apply: Callable[[list[Action]], SinkStats],
+        apply: Callable[[int, list[Action]], SinkStats],
         done: Callable[[int, float, SinkStats], None],
         failed: Callable[[BaseException], None] | None = None,
     ) -> None:
@@ -110,7 +111,7 @@ class SinkPipeline:
         if self._failure is not None:  # a batch before failed: write nothing after it
             raise self._failure
         try:
-            stats = self._apply(actions)
+            stats = self._apply(batch_id, actions)
             self._done(batch_id, time.monotonic() - started, stats)
         except BaseException as err:
             self._failure = err

@@ -28,8 +28,9 @@ class Recorder:
         self.done: list[tuple[int, SinkStats]] = []
         self.failures: list[BaseException] = []
 
-    def apply(self, actions: list[Action]) -> SinkStats:
+    def apply(self, batch_id: int, actions: list[Action]) -> SinkStats:
         (batch,) = {int(a.topic.rsplit("-", 1)[1]) for a in actions}
+        assert batch == batch_id
         self.events.append(f"start {batch}")
         self.started.set()
         if batch == self.block:
