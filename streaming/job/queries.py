@@ -17,7 +17,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamoffload.config import DEFAULT_MAX_BYTES_PER_TRIGGER
 from streamoffload.errors import StreamOffloadError
 from streamoffload.storage.location import StoreLocation, is_url
 from streamoffload.streaming.governance.policy_versions import DEFAULT_REFRESH_S
@@ -63,11 +62,6 @@ is fresh, so they never meet a checkpoint written without them)."""
 
 
 SINK_STATS_SCHEMA = "stats STRING"
-
-OVERLAP_BATCH_BYTES = 128 << 20
-"""``maxBytesPerTrigger`` with overlap where the configuration leaves the default (1 GiB): the writes of a
-micro-batch overlap the next one's read only, so the first read and the last write are alone, and with 1 GiB a
-600 MB backlog was one micro-batch and a bit (on ÷ off 1.09); at 128 MiB, 1.46 (bench/README.md "offload")."""
 
 
 def _arrow_actions(batches: Iterable[Any]) -> Iterator[Action]:
@@ -163,10 +157,9 @@ class JobQueries(JobState):
         if pulsar.max_entries_per_trigger:
             options["maxEntriesPerTrigger"] = str(pulsar.max_entries_per_trigger)
         if pulsar.max_bytes_per_trigger:
-            limit = pulsar.max_bytes_per_trigger
-            if limit == DEFAULT_MAX_BYTES_PER_TRIGGER and self.overlapping():
-                limit = OVERLAP_BATCH_BYTES
-            options["maxBytesPerTrigger"] = str(limit)
+            # Overlap or not, the configured bound: smaller micro-batches cost the broker more per byte (each one
+            # subscribes at its start position again), which outweighs the overlap they give (bench/README.md).
+            options["maxBytesPerTrigger"] = str(pulsar.max_bytes_per_trigger)
         for key, value in pulsar.client.items():
             options[f"pulsar.client.{key}"] = value
         return options
