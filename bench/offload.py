@@ -345,16 +345,22 @@ def steady_seconds(queries: list[QueryTimes]) -> float:
     return sum(q.batch_s for q in queries)
 
 
-def drain_plain_client(service_url: str, topics: list[str]) -> float:
-    """Seconds a plain ``pulsar-client`` Reader loop (``bench/source.py``'s) takes to drain ``topics``."""
+def _bench_source() -> Any:
+    """``bench/source.py`` as a module (the benches are scripts, not a package)."""
     import importlib.util
-
-    from streamoffload.pulsar import client_reader
 
     spec = importlib.util.spec_from_file_location("bench_source", Path(__file__).with_name("source.py"))
     assert spec is not None and spec.loader is not None
     bench_source = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_source)
+    return bench_source
+
+
+def drain_plain_client(service_url: str, topics: list[str]) -> float:
+    """Seconds a plain ``pulsar-client`` Reader loop (``bench/source.py``'s) takes to drain ``topics``."""
+    from streamoffload.pulsar import client_reader
+
+    bench_source = _bench_source()
     client = client_reader.make_client(service_url)
     try:
         ends = {t: client_reader.latest_position(client, t) for t in topics}
@@ -465,15 +471,10 @@ PLAIN_DRAINS = 5
 
 def drain_raw_client(service_url: str, topics: list[str]) -> float:
     """Seconds the raw reader (``bench/source.py``'s ``drain_raw``) takes to drain ``topics``."""
-    import importlib.util
-
     from streamoffload.pulsar import client_reader
     from streamoffload.pulsar import raw_reader as rr
 
-    spec = importlib.util.spec_from_file_location("bench_source", Path(__file__).with_name("source.py"))
-    assert spec is not None and spec.loader is not None
-    bench_source = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_source)
+    bench_source = _bench_source()
     client = client_reader.make_client(service_url)
     raw = rr.RawClient(service_url)
     try:
