@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["SplitBatch", "split_batches"]
+from streamoffload.read.wire_arrays import MAX_JOINED, PAD, Irregular, check_utf8, cut, records
+
+__all__ = ["SplitBatch", "split_batches", "split_joined"]
 
 # SingleMessageMetadata's fields as their wire tags (field number << 3 | wire type: 0 varint, 2 length-delimited),
 # and KeyValue's (both strings, both required).
@@ -56,14 +58,6 @@ _KV_KNOWN[[_KV_KEY, _KV_VALUE]] = True
 _INT32_MAX = 0x7FFFFFFF
 _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
 _MIN_RECORD = 4 + 2  # a message's metadata size, and its SingleMessageMetadata's required payload_size (tag, 0)
-_MAX_JOINED = 0x7FFFFFFF - 16  # Arrow's binary arrays have 32-bit offsets
-_PAD = bytes(16)  # after the joined payloads: a varint read near the end stays inside the buffer
-_TEN = np.arange(10, dtype=np.int64)
-_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
-
-
-class _Irregular(Exception):
-    """Something this fast path leaves to the per-entry split."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +89,24 @@ def split_batches(
     irregular (see the module docstring): the caller then splits them one by one."""
     try:
         return _split(payloads, counts, event_times, sequence_ids)
-    except _Irregular:
+    except Irregular:
+        return None
+
+
+def split_joined(
+    joined: bytes,
+    total: int,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    counts: np.ndarray,
+    event_times: np.ndarray,
+    sequence_ids: np.ndarray,
+) -> SplitBatch | None:
+    """:func:`split_batches` of payloads already joined: payload ``i`` is ``joined[starts[i]:ends[i]]`` (ascending,
+    disjoint; what lies between them is not read), ``total`` bytes before a pad of at least 16 (``PAD``)."""
+    try:
+        return _split_joined(joined, total, starts, ends, counts, event_times, sequence_ids)
+    except Irregular:
         return None
 
 
@@ -108,12 +119,27 @@ def _split(
     sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    if not len(payloads) or ends[-1] > _MAX_JOINED or min(counts) < 0:
-        raise _Irregular
-    per_entry = np.asarray(counts, dtype=np.int64)
-    if (per_entry * _MIN_RECORD > sizes).any():
-        raise _Irregular  # more messages than the payload can hold: nothing is allocated for the claim
-    joined = b"".join([*payloads, _PAD])
+    if not len(payloads) or ends[-1] > MAX_JOINED:
+        raise Irregular
+    joined = b"".join([*payloads, PAD])
+    return _split_joined(
+        joined, int(ends[-1]), starts, ends, np.asarray(counts, dtype=np.int64), event_times, sequence_ids
+    )
+
+
+def _split_joined(
+    joined: bytes,
+    total: int,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    per_entry: np.ndarray,
+    event_times: Sequence[int] | np.ndarray,
+    sequence_ids: Sequence[int] | np.ndarray,
+) -> SplitBatch:
+    if not len(per_entry) or total > MAX_JOINED or (per_entry < 0).any():
+        raise Irregular
+    if (per_entry * _MIN_RECORD > ends - starts).any():
+        raise Irregular  # more messages than the payload can hold: nothing is allocated for the claim
     buf = np.frombuffer(joined, dtype=np.uint8)
     # The big-endian u32 starting at every byte: a record's metadata length is words[its first byte].
     words = np.ndarray(shape=(len(joined) - 3,), dtype=">u4", buffer=joined, strides=(1,))
@@ -122,35 +148,34 @@ def _split(
     fields = _Fields(n, per_entry, event_times, sequence_ids)
     value_at = np.empty(n, dtype=np.int64)
     pos = starts.copy()
+    uniform = per_entry.min(initial=0) == per_entry.max(initial=0)  # the usual: no entry ends before another
     for j in range(int(per_entry.max(initial=0))):
-        entries = np.flatnonzero(per_entry > j)
+        entries = slice(None) if uniform else np.flatnonzero(per_entry > j)
         at, end, msg = pos[entries], ends[entries], first[entries] + j
-        if (at + 4 > end).any():
-            raise _Irregular
         meta_at = at + 4
         meta_end = meta_at + words[at]
         if (meta_end > end).any():
-            raise _Irregular
+            raise Irregular  # (its size field too: at + 4 > end puts meta_end past it)
         fields.read(buf, meta_at, meta_end, msg)
         size = fields.payload_size[msg]
         if (size < 0).any():
-            raise _Irregular  # payload_size is required
+            raise Irregular  # payload_size is required
         value_at[msg] = meta_end
-        pos[entries] = meta_end + size
-        if (pos[entries] > end).any():
-            raise _Irregular
+        after = meta_end + size
+        if (after > end).any():
+            raise Irregular
+        pos[entries] = after
     if (pos != ends).any():
-        raise _Irregular
+        raise Irregular
     data = pa.py_buffer(joined)
-    total = int(ends[-1])
 
     null_value = fields.null_value
-    value = _cut(data, total, value_at, value_at + fields.payload_size, null_value)
+    value = cut(data, total, value_at, value_at + fields.payload_size, null_value)
 
     has_key = (fields.key_at >= 0) & ~fields.null_key
     keyed = np.flatnonzero(has_key)
-    raw_keys = _cut(data, total, fields.key_at[keyed], fields.key_end[keyed])
-    _check_utf8(raw_keys)  # a key is a proto2 string: split_messages refuses one that is not UTF-8
+    raw_keys = cut(data, total, fields.key_at[keyed], fields.key_end[keyed])
+    check_utf8(raw_keys)  # a key is a proto2 string: split_messages refuses one that is not UTF-8
     b64 = fields.b64[keyed]
     if b64.any():
         key_list: list[bytes | None] = [None] * n
@@ -178,7 +203,13 @@ class _Fields:
     """Each message's fields, filled in round by round: a field read later overwrites an earlier one (protobuf's
     last value wins), properties accumulate."""
 
-    def __init__(self, n: int, per_entry: np.ndarray, event_times: Sequence[int], sequence_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        n: int,
+        per_entry: np.ndarray,
+        event_times: Sequence[int] | np.ndarray,
+        sequence_ids: Sequence[int] | np.ndarray,
+    ) -> None:
         self.payload_size = np.full(n, -1, dtype=np.int64)
         self.key_at = np.full(n, -1, dtype=np.int64)
         self.key_end = np.full(n, -1, dtype=np.int64)
@@ -194,7 +225,7 @@ class _Fields:
 
     def read(self, buf: np.ndarray, at: np.ndarray, end: np.ndarray, msg: np.ndarray) -> None:
         """Decode the ``SingleMessageMetadata`` in ``buf[at[i]:end[i]]`` of message ``msg[i]``, for every i."""
-        for tags, field_at, field_end, value, who in _records(buf, at, end, msg, _KNOWN):
+        for tags, field_at, field_end, value, who in records(buf, at, end, msg, _KNOWN, _LENGTH_DELIMITED):
             if isinstance(tags, int):  # the usual round: the same field in every message
                 self._set(tags, field_at, field_end, value, who)
                 continue
@@ -209,7 +240,7 @@ class _Fields:
             self.prop_end.append(field_end)
         elif tag == _PAYLOAD_SIZE:
             if (value > _INT32_MAX).any():
-                raise _Irregular
+                raise Irregular
             self.payload_size[who] = value
         elif tag == _SEQUENCE_ID:
             self.sequence_id[who] = value
@@ -220,7 +251,7 @@ class _Fields:
             self.key_end[who] = field_end
         elif tag != _ORDERING_KEY:  # the bools
             if (value > 1).any():
-                raise _Irregular  # a bool that is not 0 or 1
+                raise Irregular  # a bool that is not 0 or 1
             if tag == _NULL_VALUE:
                 self.null_value[who] = value == 1
             elif tag == _KEY_B64:
@@ -229,99 +260,16 @@ class _Fields:
                 self.null_key[who] = value == 1
 
 
-def _records(
-    buf: np.ndarray, at: np.ndarray, end: np.ndarray, who: np.ndarray, known: np.ndarray
-) -> list[tuple[int | np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The fields of the protobuf messages ``buf[at[i]:end[i]]``, round by round (one field of every message
-    still unread per round): (the tag, or each field's tag when they differ; where the field's bytes start;
-    where they end; the varint after the tag (a value, or a length); the message it belongs to). Every tag
-    must be ``known``, one byte, and a varint or length-delimited (``_LENGTH_DELIMITED`` says which); every
-    field must end inside its message."""
-    rounds: list[tuple[int | np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    while True:
-        live = at < end
-        if not live.all():
-            at, end, who = at[live], end[live], who[live]
-        if not len(at):
-            return rounds
-        tags = buf[at]
-        first = int(tags[0])
-        if (tags == first).all():
-            if not known[first]:
-                raise _Irregular
-            value, after = _varints(buf, at + 1)
-            if _LENGTH_DELIMITED[first]:
-                if (value > _MAX_JOINED).any():
-                    raise _Irregular
-                field_end = after + value.astype(np.int64)
-            else:
-                field_end = after
-            rounds.append((first, after, field_end, value, who))
-        else:
-            if not known[tags].all():
-                raise _Irregular
-            value, after = _varints(buf, at + 1)
-            length_delimited = _LENGTH_DELIMITED[tags]
-            if (length_delimited & (value > _MAX_JOINED)).any():
-                raise _Irregular
-            field_end = np.where(length_delimited, after + value.astype(np.int64), after)
-            rounds.append((tags, after, field_end, value, who))
-        if (field_end > end).any():
-            raise _Irregular
-        at = field_end
-
-
-def _varints(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The varints starting at ``at`` (uint64) and where each ends, read a byte at a time for those that go on.
-    More than 10 bytes, or above 64 bits, is irregular."""
-    byte = buf[at]
-    value = (byte & 0x7F).astype(np.uint64)
-    going = np.flatnonzero(byte >= 0x80)
-    if not len(going):
-        return value, at + 1
-    after = at + 1
-    for k in range(1, 10):
-        byte = buf[at[going] + k]
-        value[going] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-        after[going] += 1
-        if k == 9 and (byte > 1).any():
-            raise _Irregular  # above 64 bits
-        going = going[byte >= 0x80]
-        if not len(going):
-            return value, after
-    raise _Irregular  # more than 10 bytes
-
-
-def _cut(data: pa.Buffer, total: int, at: np.ndarray, end: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
-    """``data[at[i]:end[i]]`` for every i (ascending, disjoint ranges) as a binary array, null where ``null``."""
-    n = len(at)
-    offsets = np.empty(2 * n + 2, dtype=np.int32)
-    offsets[0] = 0
-    offsets[1:-1:2] = at
-    offsets[2:-1:2] = end
-    offsets[-1] = total
-    spans = pa.Array.from_buffers(pa.binary(), 2 * n + 1, [None, pa.py_buffer(offsets), data])
-    index = np.arange(1, 2 * n, 2, dtype=np.int64)
-    return spans.take(pa.array(index, mask=null if null is not None and null.any() else None))
-
-
-def _check_utf8(strings: pa.Array) -> pa.Array:
-    try:
-        return strings.cast(pa.string())
-    except pa.ArrowInvalid:
-        raise _Irregular from None
-
-
 def _b64decode(raw: bytes) -> bytes:
     try:
         return base64.b64decode(raw.decode())
     except ValueError:  # not base64 (or not ASCII): the per-entry split raises its error
-        raise _Irregular from None
+        raise Irregular from None
 
 
 def _long(values: np.ndarray) -> np.ndarray:
     if (values > _INT64_MAX).any():
-        raise _Irregular  # the per-entry split fails building the column, with its own error
+        raise Irregular  # the per-entry split fails building the column, with its own error
     return values.astype(np.int64)
 
 
@@ -341,7 +289,7 @@ def _properties(buf: np.ndarray, data: pa.Buffer, total: int, fields: _Fields, n
     key_end = key_at.copy()
     value_at = key_at.copy()
     value_end = key_at.copy()
-    for tags, field_at, field_end, _length, who in _records(buf, at, end, kv, _KV_KNOWN):
+    for tags, field_at, field_end, _length, who in records(buf, at, end, kv, _KV_KNOWN, _KV_KNOWN):
         mask = np.asarray(tags == _KV_KEY)
         if mask.all():
             key_at[who], key_end[who] = field_at, field_end
@@ -352,9 +300,9 @@ def _properties(buf: np.ndarray, data: pa.Buffer, total: int, fields: _Fields, n
             mask = ~mask
             value_at[who[mask]], value_end[who[mask]] = field_at[mask], field_end[mask]
     if (key_at < 0).any() or (value_at < 0).any():
-        raise _Irregular  # both are required
-    keys = _check_utf8(_cut(data, total, key_at, key_end))
-    values = _check_utf8(_cut(data, total, value_at, value_end))
+        raise Irregular  # both are required
+    keys = check_utf8(cut(data, total, key_at, key_end))
+    values = check_utf8(cut(data, total, value_at, value_end))
     per_message = np.bincount(msg, minlength=n)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(per_message, out=offsets[1:])
@@ -363,5 +311,5 @@ def _properties(buf: np.ndarray, data: pa.Buffer, total: int, fields: _Fields, n
         names = keys.to_pylist()
         for lo, hi in zip(offsets[several].tolist(), offsets[several + 1].tolist(), strict=True):
             if len(set(names[lo:hi])) != hi - lo:
-                raise _Irregular  # a repeated key: its last value, in its first place (the per-entry split)
+                raise Irregular  # a repeated key: its last value, in its first place (the per-entry split)
     return pa.MapArray.from_arrays(pa.array(offsets), keys, values, type=pa.map_(pa.string(), pa.string()))

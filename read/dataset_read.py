@@ -18,7 +18,9 @@ holding its start), plus what the read-ahead fetched: blocks of a few MiB suit a
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +43,7 @@ from streamoffload.codecs.index import BlockLocation
 from streamoffload.codecs.positions import Position
 from streamoffload.codecs.proto.pulsar_api_pb2 import MessageIdData
 from streamoffload.codecs.topics import TopicName
-from streamoffload.read.batch_arrays import SplitBatch, split_batches
+from streamoffload.read.batch_arrays import SplitBatch, split_batches, split_joined
 from streamoffload.read.dataset_plan import (
     ANY_TIME,
     DEFAULT_SKEW_MS,
@@ -50,7 +52,8 @@ from streamoffload.read.dataset_plan import (
     block_start,
     position_before,
 )
-from streamoffload.read.segment import DEFAULT_READ_BUFFER_SIZE, SegmentReadHandle
+from streamoffload.read.entry_arrays import BatchedEntries, batched_entries
+from streamoffload.read.segment import DEFAULT_READ_BUFFER_SIZE, OffloadedEntry, SegmentReadHandle
 from streamoffload.read.segment.errors import ReadError
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore, StoreLocation
@@ -265,9 +268,16 @@ def _entries_in_window(
 ) -> Iterator[tuple[Any, Any, str]]:
     """The entries of ``(start, end]`` whose publish time is inside ``times``, decoded, each with the place
     to name in errors; stops at the first entry past the end bound (publish times grow with position)."""
+    return _decoded_in_window(handle.data_key, handle.read_range(start, end), times, skew_ms, where_suffix)
+
+
+def _decoded_in_window(
+    data_key: str, raw: Iterable[OffloadedEntry], times: TimeBounds, skew_ms: int, where_suffix: str
+) -> Iterator[tuple[OffloadedEntry, DecodedEntry, str]]:
+    """``_entries_in_window`` of the entries ``raw`` read from ``data_key``."""
     stop = _stop_time(times, skew_ms)
-    for entry in handle.read_range(start, end):
-        where = f"{handle.data_key}: entry {entry.ledger_id}:{entry.entry_id}{where_suffix}"
+    for entry in raw:
+        where = f"{data_key}: entry {entry.ledger_id}:{entry.entry_id}{where_suffix}"
         decoded = decode_entry(entry.payload, verify_checksum=False, where=where)  # the read checked the CRC
         publish_time = decoded.metadata.publish_time
         if not times.contains(publish_time):
@@ -341,17 +351,6 @@ def message_id(ledger_id: int, entry_id: int, partition: int, batch_index: int, 
     return mid.SerializeToString()
 
 
-@functools.lru_cache(maxsize=64)
-def _batch_id_suffixes(batch_size: int) -> tuple[tuple[bytes, ...], tuple[int, ...]]:
-    """The ``batch_index`` and ``batch_size`` fields (4 and 6) of each message of a batch of ``batch_size``, and
-    their lengths: appended to the entry's ledger, entry and partition fields (1-3) they make ``message_id``
-    (protobuf writes fields in number order, and a message is the concatenation of its fields)."""
-    suffixes = tuple(
-        MessageIdData(batch_index=i, batch_size=batch_size).SerializePartialToString() for i in range(batch_size)
-    )
-    return suffixes, tuple(map(len, suffixes))
-
-
 class _MessageBatch:
     """The rows of a run of entries, turned into one Arrow record batch with no Python object per row or field.
     Batched entries are split all at once (``read.batch_arrays``); when that finds anything irregular, or an
@@ -380,10 +379,15 @@ class _MessageBatch:
     @property
     def ids(self) -> list[bytes]:
         """Each message's ``__messageId`` (for tests and tools)."""
-        sizes = [_batch_size(d) for _, _, d, _ in self.pending]
-        data, lengths = self._id_data(sizes, [size or 1 for size in sizes])
-        ends = np.cumsum(lengths).tolist()
-        return [data[e - n : e] for e, n in zip(ends, lengths.tolist(), strict=True)]
+        sizes = np.array([_batch_size(d) for _, _, d, _ in self.pending], dtype=np.int64)
+        ids = message_ids(
+            np.array([ledger for ledger, _, _, _ in self.pending], dtype=np.int64),
+            np.array([entry for _, entry, _, _ in self.pending], dtype=np.int64),
+            self.partition,
+            sizes,
+            np.maximum(sizes, 1),
+        )
+        return [bytes(i) for i in ids.to_pylist()]
 
     def to_arrow(self) -> pa.RecordBatch:
         split = self._split()
@@ -481,65 +485,135 @@ class _MessageBatch:
         publish_times: list[int],
         producers: list[str],
     ) -> pa.RecordBatch:
-        """The batch from the per-message columns and what is the same for every message of an entry."""
-        n = len(value)
-        rows_entry = pa.array(np.repeat(np.arange(len(counts)), counts))  # each row's entry
-
-        def per_entry(values: list[int]) -> pa.Array:
-            return pa.array(values, pa.int64()).take(rows_entry)
-
-        ledgers = [ledger for ledger, _, _, _ in self.pending]
-        entries = [entry for _, entry, _, _ in self.pending]
-        id_data, id_lengths = self._id_data(batch_sizes, counts)
-        id_offsets = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum(id_lengths, out=id_offsets[1:])
-        ids = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(id_offsets), pa.py_buffer(id_data)])
-        topic = self.topic.encode()
-        topics = pa.Array.from_buffers(
-            pa.string(),
-            n,
-            [
-                None,
-                pa.py_buffer(np.arange(0, (n + 1) * len(topic), len(topic), dtype=np.int32)),
-                pa.py_buffer(topic * n),
-            ],
+        return _rows(
+            self.topic,
+            self.partition,
+            _Columns(value, key, events, properties, batch_index, sequence_id),
+            ledgers=np.array([ledger for ledger, _, _, _ in self.pending], dtype=np.int64),
+            entries=np.array([entry for _, entry, _, _ in self.pending], dtype=np.int64),
+            counts=np.array(counts, dtype=np.int64),
+            batch_sizes=np.array(batch_sizes, dtype=np.int64),
+            publish_times=pa.array(publish_times, pa.int64()),
+            producers=pa.array(producers, pa.string()),
         )
-        arrays = [
-            value,
-            key,
-            topics,
-            ids,
-            _timestamps(per_entry(publish_times)),
-            _timestamps(pc.if_else(pc.equal(events, 0), None, events)),  # pulsar-spark: no event time is null
-            properties,
-            per_entry(ledgers),
-            per_entry(entries),
-            batch_index,
-            sequence_id,
-            pa.array(producers, pa.string()).take(rows_entry),
-        ]
-        return pa.RecordBatch.from_arrays(arrays, schema=MESSAGE_ARROW_SCHEMA)
 
-    def _id_data(self, batch_sizes: list[int], counts: list[int]) -> tuple[bytes, np.ndarray]:
-        """The message ids of the entries (with ``batch_sizes``, 0 for an entry that is not a batch, and
-        ``counts`` messages), back to back, and their lengths."""
-        parts: list[bytes] = []
-        prefix_lengths: list[int] = []
-        suffix_lengths: list[int] = []
-        for (ledger, entry, _, _), batch_size, count in zip(self.pending, batch_sizes, counts, strict=True):
-            prefix = message_id(ledger, entry, self.partition, -1, 0)
-            prefix_lengths.append(len(prefix))
-            if batch_size:
-                suffixes, batch_lengths = _batch_id_suffixes(batch_size)
-                parts.append(prefix)
-                parts.append(prefix.join(suffixes))
-                suffix_lengths.extend(batch_lengths)
-            else:
-                parts.append(prefix * count)
-                suffix_lengths.extend([0] * count)
-        lengths = np.repeat(np.array(prefix_lengths, dtype=np.int64), counts)
-        lengths += np.array(suffix_lengths, dtype=np.int64)
-        return b"".join(parts), lengths
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """The per-message columns of a run of entries, in ``MESSAGE_ARROW_SCHEMA``'s types but for the times."""
+
+    value: pa.Array
+    key: pa.Array
+    events: pa.Array  # int64 ms, 0 when unset
+    properties: pa.Array
+    batch_index: pa.Array
+    sequence_id: pa.Array
+
+
+def _rows(
+    topic: str,
+    partition: int,
+    columns: _Columns,
+    *,
+    ledgers: np.ndarray,
+    entries: np.ndarray,
+    counts: np.ndarray,
+    batch_sizes: np.ndarray,
+    publish_times: pa.Array,
+    producers: pa.Array,
+) -> pa.RecordBatch:
+    """The record batch of a run of entries (``ledgers``, ``entries``, each with ``counts`` messages and its
+    ``batch_sizes``, 0 for an entry that is not a batch), from the per-message columns and what is the same for
+    every message of an entry."""
+    n = len(columns.value)
+    rows_entry = pa.array(np.repeat(np.arange(len(counts)), counts))  # each row's entry
+    ids = message_ids(ledgers, entries, partition, batch_sizes, counts)
+    name = topic.encode()
+    topics = pa.Array.from_buffers(
+        pa.string(),
+        n,
+        [None, pa.py_buffer(np.arange(0, (n + 1) * len(name), len(name), dtype=np.int32)), pa.py_buffer(name * n)],
+    )
+    events = columns.events
+    arrays = [
+        columns.value,
+        columns.key,
+        topics,
+        ids,
+        _timestamps(publish_times.take(rows_entry)),
+        _timestamps(pc.if_else(pc.equal(events, 0), None, events)),  # pulsar-spark: no event time is null
+        columns.properties,
+        pa.array(np.repeat(ledgers, counts)),
+        pa.array(np.repeat(entries, counts)),
+        columns.batch_index,
+        columns.sequence_id,
+        producers.take(rows_entry),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=MESSAGE_ARROW_SCHEMA)
+
+
+def message_ids(
+    ledgers: np.ndarray, entries: np.ndarray, partition: int, batch_sizes: np.ndarray, counts: np.ndarray
+) -> pa.Array:
+    """The ``__messageId`` of every message of entries (``ledgers``, ``entries``, ``counts`` messages each, with
+    ``batch_sizes``, 0 for an entry that is not a batch), as ``message_id`` makes each, as a binary array: each
+    entry's fields (ledger 1, entry 2, partition 3) as varints written by numpy, then each message's batch index
+    and size (4, 6; ``_batch_suffixes``) joined to them by Arrow. Protobuf writes fields in number order, and a
+    message is the concatenation of its fields."""
+    n_entries = len(ledgers)
+    prefix = np.zeros((n_entries, 3 * 11), dtype=np.uint8)
+    prefix_len = np.zeros(n_entries, dtype=np.int64)
+    rows = np.arange(n_entries)
+    fields = [(0x08, ledgers), (0x10, entries)]
+    if partition >= 0:
+        fields.append((0x18, np.full(n_entries, partition, dtype=np.int64)))
+    for tag, values in fields:
+        _put_field(prefix, rows, prefix_len, tag, values)
+    offsets = np.zeros(n_entries + 1, dtype=np.int32)
+    np.cumsum(prefix_len, out=offsets[1:])
+    data = prefix[np.arange(prefix.shape[1]) < prefix_len[:, None]]
+    prefixes = pa.Array.from_buffers(pa.binary(), n_entries, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    rows_entry = pa.array(np.repeat(rows, counts))
+    sizes = np.unique(batch_sizes)
+    table, at = _batch_suffixes(tuple(sizes.tolist()))
+    # Message j of an entry with batch size s is suffix at[s] + j (one empty suffix, at[0], for every message of
+    # an entry that is not a batch).
+    base = np.asarray(at, dtype=np.int64)[np.searchsorted(sizes, batch_sizes)]
+    first = np.cumsum(counts) - counts
+    index = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first, counts)
+    index = np.where(np.repeat(batch_sizes > 0, counts), index, 0) + np.repeat(base, counts)
+    return pc.binary_join_element_wise(prefixes.take(rows_entry), table.take(pa.array(index)), b"")
+
+
+@functools.lru_cache(maxsize=64)
+def _batch_suffixes(sizes: tuple[int, ...]) -> tuple[pa.Array, tuple[int, ...]]:
+    """The ``batch_index`` and ``batch_size`` fields (4 and 6) of each message of a batch of each of ``sizes``
+    (0: not a batch, no fields), back to back as one binary array, and where each size's start."""
+    suffixes: list[bytes] = []
+    at = []
+    for size in sizes:
+        at.append(len(suffixes))
+        if size <= 0:
+            suffixes.append(b"")
+        else:
+            suffixes += (MessageIdData(batch_index=i, batch_size=size).SerializePartialToString() for i in range(size))
+    return pa.array(suffixes, pa.binary()), tuple(at)
+
+
+def _put_field(out: np.ndarray, rows: np.ndarray, at: np.ndarray, tag: int, values: np.ndarray) -> None:
+    """Write the one-byte ``tag`` and the varint of ``values`` (non-negative) at column ``at`` of ``out``'s
+    ``rows``; ``at`` moves past them."""
+    out[rows, at] = tag
+    v = values.astype(np.uint64)
+    size = np.ones(len(v), dtype=np.int64)
+    for k in range(1, 10):
+        size += v >= np.uint64(1 << (7 * k))
+    for k in range(int(size.max(initial=1))):
+        byte = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        byte |= np.where(size > k + 1, 0x80, 0).astype(np.uint8)
+        live = size > k
+        out[rows[live], at[live] + 1 + k] = byte[live]
+    at += 1 + size
 
 
 def _batch_size(decoded: DecodedEntry) -> int:
@@ -558,10 +632,120 @@ def _message_rows(
     batch_bytes: int,
     max_uncompressed: int = MAX_UNCOMPRESSED,
 ) -> Iterator[pa.RecordBatch]:
-    entries = _entries_in_window(handle, start, end, times, skew_ms, f" of {topic}")
-    decoded = ((entry.ledger_id, entry.entry_id, d, where) for entry, d, where in entries)
-    yield from message_batches(
-        topic, decoded, batch_rows=batch_rows, batch_bytes=batch_bytes, max_uncompressed=max_uncompressed
+    """The message rows of ``[start, end]`` inside ``times``, in record batches cut where ``message_batches``
+    cuts them. Runs of batched, uncompressed entries are decoded all at once (``read.entry_arrays``,
+    ``read.batch_arrays``); from the first run in which anything is not, the entries go one by one
+    (``message_batches``), which gives the same rows or raises the error naming the entry."""
+    raw: Iterator[OffloadedEntry] = iter(handle.read_range(start, end))
+    partition = TopicName.parse(topic).partition
+    stop = _stop_time(times, skew_ms)
+    pending: list[OffloadedEntry] = []  # read, not yet in a record batch: the next batch starts with them
+    exhausted = False
+
+    def one_by_one(rest: Iterable[OffloadedEntry]) -> Iterator[pa.RecordBatch]:
+        entries = _decoded_in_window(handle.data_key, rest, times, skew_ms, f" of {topic}")
+        decoded = ((entry.ledger_id, entry.entry_id, d, where) for entry, d, where in entries)
+        return message_batches(
+            topic, decoded, batch_rows=batch_rows, batch_bytes=batch_bytes, max_uncompressed=max_uncompressed
+        )
+
+    while True:
+        try:  # a run: at least a batch's worth of entries (in count or in bytes) beyond those pending
+            count = size = 0
+            while not exhausted and count < batch_rows and size < batch_bytes:
+                entry = next(raw, None)
+                if entry is None:
+                    exhausted = True
+                else:
+                    pending.append(entry)
+                    count += 1
+                    size += len(entry.payload)
+        except Exception as exc:  # the read failed: the entries before it first, as one by one would have
+            yield from one_by_one(itertools.chain(pending, _raising(exc)))  # raises it, unless a time bound
+            return  # ended the read before it
+        if not pending:
+            return
+        run = batched_entries([entry.payload for entry in pending])
+        if run is None:
+            yield from one_by_one(itertools.chain(pending, raw))
+            return
+        inside = np.ones(len(pending), dtype=bool)
+        if times.lo is not None:
+            inside &= run.publish_time >= times.lo
+        if times.hi is not None:
+            inside &= run.publish_time < times.hi
+        if stop is not None:
+            past = np.flatnonzero(~inside & (run.publish_time >= stop))
+            if len(past):  # nothing after it is inside the window: the read ends here
+                inside[past[0] :] = False
+                exhausted, raw = True, iter(())
+        kept = np.flatnonzero(inside)
+        messages = np.cumsum(run.num_messages[kept])
+        payload = np.cumsum(run.payload_end[kept] - run.payload_at[kept])
+        first = 0
+        while first < len(kept):
+            before_messages = messages[first - 1] if first else 0
+            before_payload = payload[first - 1] if first else 0
+            full = np.flatnonzero(
+                (messages[first:] - before_messages >= batch_rows) | (payload[first:] - before_payload >= batch_bytes)
+            )
+            if len(full):
+                last = first + int(full[0])
+            elif exhausted:
+                last = len(kept) - 1
+            else:
+                break
+            batch = _run_batch(topic, partition, run, kept[first : last + 1], pending)
+            if batch is None:
+                yield from one_by_one(itertools.chain((pending[i] for i in kept[first:].tolist()), raw))
+                return
+            yield batch
+            first = last + 1
+        pending = [pending[i] for i in kept[first:].tolist()]
+        if exhausted and not pending:
+            return
+
+
+def _raising(exc: Exception) -> Iterator[OffloadedEntry]:
+    raise exc
+    yield  # a generator: raises when reached
+
+
+def _run_batch(
+    topic: str, partition: int, run: BatchedEntries, chosen: np.ndarray, entries: list[OffloadedEntry]
+) -> pa.RecordBatch | None:
+    """The record batch of the ``chosen`` entries of ``run`` (``entries`` read them), or None when splitting
+    their batches finds anything irregular."""
+    counts = run.num_messages[chosen]
+    split = split_joined(
+        run.joined,
+        run.total,
+        run.payload_at[chosen],
+        run.payload_end[chosen],
+        counts,
+        run.event_time[chosen],
+        run.sequence_id[chosen],
+    )
+    if split is None:
+        return None
+    picked = [entries[i] for i in chosen.tolist()]
+    return _rows(
+        topic,
+        partition,
+        _Columns(
+            split.value,
+            split.key,
+            pa.array(split.event_time),
+            split.properties,
+            pa.array(split.batch_index),
+            pa.array(split.sequence_id),
+        ),
+        ledgers=np.array([entry.ledger_id for entry in picked], dtype=np.int64),
+        entries=np.array([entry.entry_id for entry in picked], dtype=np.int64),
+        counts=counts,
+        batch_sizes=counts,
+        publish_times=pa.array(run.publish_time[chosen]),
+        producers=run.producer.take(pa.array(chosen)),
     )
 
 

@@ -320,19 +320,20 @@ def test_an_entry_at_fault_is_reported_before_a_later_read_error(monkeypatch: py
 
     from streamoffload.codecs.entry import entry_messages
     from streamoffload.codecs.errors import ChecksumError, FormatError
+    from streamoffload.read.segment import OffloadedEntry
 
     meta = SingleMessageMetadata(payload_size=9).SerializeToString()
     bad = batch_entry([(meta, b"abc")])  # the payload runs past the end of the batch
     with pytest.raises(FormatError) as want:
-        entry_messages(bad, where="entry 1:0")
+        entry_messages(bad, where=f"data: entry 1:0 of {TOPIC}")
 
-    def entries(*_: Any) -> Any:
-        yield SimpleNamespace(ledger_id=1, entry_id=0), decode_entry(bad), "entry 1:0"
+    def read_range(*_: Any) -> Any:
+        yield OffloadedEntry(1, 0, memoryview(bad))
         raise ChecksumError("a later entry is corrupt", offset=0, where="data")
 
-    monkeypatch.setattr(ofr, "_entries_in_window", entries)
+    handle = SimpleNamespace(data_key="data", read_range=read_range)
     with pytest.raises(FormatError) as got:
-        list(ofr._message_rows(None, TOPIC, None, None, ofr.ANY_TIME, 0, 100, 1 << 20))  # type: ignore[arg-type]
+        list(ofr._message_rows(handle, TOPIC, None, None, ofr.ANY_TIME, 0, 100, 1 << 20))  # type: ignore[arg-type]
     assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
 
 

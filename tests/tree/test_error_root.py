@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 SIGNALS = {
     # Control flow that never leaves its module: a fast path giving way to the per-entry one.
     "streamoffload.codecs.entry_columns._Irregular",
-    "streamoffload.read.batch_arrays._Irregular",
+    "streamoffload.read.wire_arrays.Irregular",
     "streamoffload.read.dataset_read._Unprobed",
     # One upload attempt out of time: retried like a socket timeout, translated to a StorageError at the end.
     "streamoffload.storage.s3_errors.AttemptTimeout",

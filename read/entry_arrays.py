@@ -1,0 +1,164 @@
+"""Batched entries decoded all at once: the ``MessageMetadata`` of every entry of a run, read with numpy over the
+entries' bytes joined (``read.wire_arrays``), with no Python object per entry.
+
+:func:`batched_entries` reads ``[u16 0x0e01][u32 crc32c][u32 n][n bytes MessageMetadata][payload]`` entries and
+gives what ``read.dataset_read`` takes from each entry's metadata to build its rows: publish time, sequence id,
+event time, the batch's message count, the producer's name, and where the payload lies.
+
+It is a fast path, not a second definition of the format: anything it does not read exactly as
+``codecs.entry.decode_entry`` and the batch split of ``read.dataset_read`` do makes it return None, and the
+caller decodes those entries one by one, which gives the rows or raises the error naming the entry. Irregular
+here: an entry that is not a batch (no ``num_messages_in_batch``), a compressed one, one with broker entry
+metadata or without the checksum magic, an encrypted one (fields 13-15), ``properties`` (each a ``KeyValue``
+with required fields), a field number or wire type ``pulsar_api.proto`` does not give ``MessageMetadata``, a
+required field missing, a producer name that is not UTF-8, a value above what its field holds. The fields the
+batch split does not use (replication, keys and ordering keys of the entry, schema version, transactions,
+chunks, delivery time, markers) are read past, as the split ignores them.
+
+The CRC-32C is not checked here: the segment's read checked it.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from streamoffload.read.wire_arrays import MAX_JOINED, PAD, Irregular, check_utf8, cut, records
+
+__all__ = ["BatchedEntries", "batched_entries"]
+
+_MAGIC_CRC32C = 0x0E01
+_HEAD = 2 + 4 + 4  # magic, CRC-32C, metadata size
+
+# MessageMetadata's fields as their wire tags (field number << 3 | wire type: 0 varint, 2 length-delimited).
+_PRODUCER_NAME = 0x0A  # 1, string, required
+_SEQUENCE_ID = 0x10  # 2, uint64, required
+_PUBLISH_TIME = 0x18  # 3, uint64, required
+_COMPRESSION = 0x40  # 8, enum
+_NUM_MESSAGES = 0x58  # 11, int32: present on a batch only
+_EVENT_TIME = 0x60  # 12, uint64
+# Read past: replicated_from 5, partition_key 6, replicate_to 7 (strings: upb keeps one that is not UTF-8 as
+# bytes, and the split never reads them), schema_version 16, ordering_key 18, uuid 26 (length-delimited);
+# uncompressed_size 9, partition_key_b64_encoded 17, deliver_at_time 19, marker_type 20, txnid 22 and 23,
+# highest_sequence_id 24, null_value 25, chunks 27-29, null_partition_key 30 (varints).
+_SKIPPED_DELIMITED = (0x2A, 0x32, 0x3A, 0x82, 0x92, 0xD2)
+_SKIPPED_VARINTS = (0x48, 0x88, 0x98, 0xA0, 0xB0, 0xB8, 0xC0, 0xC8, 0xD8, 0xE0, 0xE8, 0xF0)
+
+_LENGTH_DELIMITED = np.zeros(256, dtype=bool)
+_LENGTH_DELIMITED[[_PRODUCER_NAME, *_SKIPPED_DELIMITED]] = True
+_KNOWN = _LENGTH_DELIMITED.copy()
+_KNOWN[[_SEQUENCE_ID, _PUBLISH_TIME, _COMPRESSION, _NUM_MESSAGES, _EVENT_TIME, *_SKIPPED_VARINTS]] = True
+
+_INT32_MAX = np.uint64(0x7FFFFFFF)
+_INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchedEntries:
+    """Batched entries, in order: their bytes joined (``joined``: ``total`` of them, then ``wire_arrays.PAD``),
+    where each payload starts and ends in them, and from each ``MessageMetadata``: ``publish_time``, ``sequence_id`` and
+    ``event_time`` (0 when unset) as int64, ``num_messages`` (int64) and ``producer`` (strings)."""
+
+    joined: bytes
+    total: int
+    payload_at: np.ndarray
+    payload_end: np.ndarray
+    publish_time: np.ndarray
+    sequence_id: np.ndarray
+    event_time: np.ndarray
+    num_messages: np.ndarray
+    producer: pa.Array
+
+
+def batched_entries(entries: Sequence[bytes | memoryview]) -> BatchedEntries | None:
+    """The metadata of ``entries`` (each an entry's bytes, as stored), or None if any of them is irregular (see
+    the module docstring): the caller then decodes them one by one."""
+    try:
+        return _decode(entries)
+    except Irregular:
+        return None
+
+
+def _decode(entries: Sequence[bytes | memoryview]) -> BatchedEntries:
+    n = len(entries)
+    sizes = np.fromiter(map(len, entries), dtype=np.int64, count=n)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    if not n or ends[-1] > MAX_JOINED or (sizes < _HEAD).any():
+        raise Irregular
+    joined = b"".join([*entries, PAD])
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    words = np.ndarray(shape=(len(joined) - 3,), dtype=">u4", buffer=joined, strides=(1,))
+    magic = (buf[starts].astype(np.int64) << 8) | buf[starts + 1]
+    if (magic != _MAGIC_CRC32C).any():
+        raise Irregular  # broker entry metadata first, or an entry without a checksum (or not an entry)
+    meta_at = starts + _HEAD
+    meta_end = meta_at + words[starts + 6].astype(np.int64)
+    if (meta_end > ends).any():
+        raise Irregular
+    publish = np.zeros(n, dtype=np.uint64)
+    sequence = np.zeros(n, dtype=np.uint64)
+    event = np.zeros(n, dtype=np.uint64)
+    count = np.full(n, -1, dtype=np.int64)
+    producer_at = np.full(n, -1, dtype=np.int64)
+    producer_end = np.full(n, -1, dtype=np.int64)
+    required = np.zeros((3, n), dtype=bool)  # producer name, sequence id, publish time
+    who = np.arange(n, dtype=np.int64)
+    for tags, field_at, field_end, value, entry in records(
+        buf, meta_at, meta_end, who, _KNOWN, _LENGTH_DELIMITED, wide_tags=True
+    ):
+        groups = (
+            [(tags, field_at, field_end, value, entry)]
+            if isinstance(tags, int)
+            else _by_tag(tags, field_at, field_end, value, entry)
+        )
+        for tag, at, end, val, e in groups:  # in a round each entry has one field: no two writes collide
+            if tag == _PRODUCER_NAME:
+                producer_at[e], producer_end[e] = at, end
+                required[0, e] = True
+            elif tag == _SEQUENCE_ID:
+                sequence[e] = val
+                required[1, e] = True
+            elif tag == _PUBLISH_TIME:
+                publish[e] = val
+                required[2, e] = True
+            elif tag == _EVENT_TIME:
+                event[e] = val
+            elif tag == _NUM_MESSAGES:
+                if (val > _INT32_MAX).any():
+                    raise Irregular  # negative as an int32, or above it: the per-entry path says what it is
+                count[e] = val.astype(np.int64)
+            elif tag == _COMPRESSION and val.any():
+                raise Irregular  # compressed (or an enum value protobuf keeps as unknown)
+    if not required.all() or (count < 0).any():
+        raise Irregular  # a required field missing, or not a batch
+    if (publish > _INT64_MAX).any() or (sequence > _INT64_MAX).any() or (event > _INT64_MAX).any():
+        raise Irregular
+    data = pa.py_buffer(joined)
+    total = int(ends[-1])
+    return BatchedEntries(
+        joined=joined,
+        total=total,
+        payload_at=meta_end,
+        payload_end=ends,
+        publish_time=publish.astype(np.int64),
+        sequence_id=sequence.astype(np.int64),
+        event_time=event.astype(np.int64),
+        num_messages=count,
+        producer=check_utf8(cut(data, total, producer_at, producer_end)),
+    )
+
+
+def _by_tag(
+    tags: np.ndarray, at: np.ndarray, end: np.ndarray, value: np.ndarray, who: np.ndarray
+) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    out = []
+    for tag in np.unique(tags).tolist():
+        mask = tags == tag
+        out.append((tag, at[mask], end[mask], value[mask], who[mask]))
+    return out
