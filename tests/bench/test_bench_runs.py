@@ -120,7 +120,7 @@ SMOKES = [
                 rf"  previous sync +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; pyiceberg's writer, 5 "
                 rf"data files; rounds {NUMBER} s/CPU {NUMBER} s\)",
                 rf"  pyarrow alone \(zstd\) +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; 5 files, "
-                rf"{NUMBER} B\)",
+                rf"{NUMBER} B; rounds {NUMBER} s/CPU {NUMBER} s\)",
                 rf"  table ÷ pyarrow: {NUMBER} \(target >= 0.5\) (met|MISSED); by CPU {NUMBER}; the previous sync "
                 rf"{NUMBER}, by CPU {NUMBER}; sync ÷ previous {NUMBER}x by wall, {NUMBER}x by CPU",
                 r"  data files per partition: at most 4 after any sync \(bound 7: .*\), \d+ now, .*",
