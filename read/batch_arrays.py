@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from streamoffload.read.wire_arrays import MAX_JOINED, PAD, Irregular, check_utf8, cut, records
 
-__all__ = ["SplitBatch", "split_batches", "split_joined"]
+__all__ = ["SplitBatch", "message_keys", "message_properties", "split_batches", "split_joined"]
 
 # SingleMessageMetadata's fields as their wire tags (field number << 3 | wire type: 0 varint, 2 length-delimited),
 # and KeyValue's (both strings, both required).
@@ -172,22 +172,8 @@ def _split_joined(
     null_value = fields.null_value
     value = cut(data, total, value_at, value_at + fields.payload_size, null_value)
 
-    has_key = (fields.key_at >= 0) & ~fields.null_key
-    keyed = np.flatnonzero(has_key)
-    raw_keys = cut(data, total, fields.key_at[keyed], fields.key_end[keyed])
-    check_utf8(raw_keys)  # a key is a proto2 string: split_messages refuses one that is not UTF-8
-    b64 = fields.b64[keyed]
-    if b64.any():
-        key_list: list[bytes | None] = [None] * n
-        for i, raw, encoded in zip(keyed.tolist(), raw_keys.to_pylist(), b64.tolist(), strict=True):
-            key_list[i] = _b64decode(raw) if encoded else raw
-        key = pa.array(key_list, pa.binary())
-    else:
-        index = np.full(n, -1, dtype=np.int64)
-        index[keyed] = np.arange(len(keyed))
-        key = raw_keys.take(pa.array(index, mask=~has_key))
-
-    properties = _properties(buf, data, total, fields, n)
+    key = message_keys(data, total, fields.key_at, fields.key_end, fields.null_key, fields.b64)
+    properties = message_properties(buf, data, total, fields.prop_msg, fields.prop_at, fields.prop_end, n)
     return SplitBatch(
         value=value,
         key=key,
@@ -260,6 +246,27 @@ class _Fields:
                 self.null_key[who] = value == 1
 
 
+def message_keys(
+    data: pa.Buffer, total: int, key_at: np.ndarray, key_end: np.ndarray, null_key: np.ndarray, b64: np.ndarray
+) -> pa.Array:
+    """Each message's key (binary; null without one, or when marked null): its bytes at ``key_at:key_end`` (-1: no
+    key), UTF-8 (a key is a proto2 string: the per-entry split refuses one that is not), base64-decoded where
+    ``b64`` says so."""
+    n = len(key_at)
+    has_key = (key_at >= 0) & ~null_key
+    keyed = np.flatnonzero(has_key)
+    raw_keys = cut(data, total, key_at[keyed], key_end[keyed])
+    check_utf8(raw_keys)
+    if b64[keyed].any():
+        key_list: list[bytes | None] = [None] * n
+        for i, raw, encoded in zip(keyed.tolist(), raw_keys.to_pylist(), b64[keyed].tolist(), strict=True):
+            key_list[i] = _b64decode(raw) if encoded else raw
+        return pa.array(key_list, pa.binary())
+    index = np.full(n, -1, dtype=np.int64)
+    index[keyed] = np.arange(len(keyed))
+    return raw_keys.take(pa.array(index, mask=~has_key))
+
+
 def _b64decode(raw: bytes) -> bytes:
     try:
         return base64.b64decode(raw.decode())
@@ -273,12 +280,21 @@ def _long(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def _properties(buf: np.ndarray, data: pa.Buffer, total: int, fields: _Fields, n: int) -> pa.MapArray:
-    """Each message's properties, in order, as a map: ``KeyValue`` records decoded like the messages."""
-    if fields.prop_msg:
-        msg = np.concatenate(fields.prop_msg)
-        at = np.concatenate(fields.prop_at)
-        end = np.concatenate(fields.prop_end)
+def message_properties(
+    buf: np.ndarray,
+    data: pa.Buffer,
+    total: int,
+    prop_msg: list[np.ndarray],
+    prop_at: list[np.ndarray],
+    prop_end: list[np.ndarray],
+    n: int,
+) -> pa.MapArray:
+    """The properties of ``n`` messages, in order, as a map: the ``KeyValue`` records at ``prop_at:prop_end`` of
+    message ``prop_msg`` (arrays as read, round by round), decoded like the messages."""
+    if prop_msg:
+        msg = np.concatenate(prop_msg)
+        at = np.concatenate(prop_at)
+        end = np.concatenate(prop_end)
         order = np.argsort(at, kind="stable")  # the order of the bytes: message by message, as written
         msg, at, end = msg[order], at[order], end[order]
     else:

@@ -55,6 +55,7 @@ from streamoffload.read.dataset_plan import (
 from streamoffload.read.entry_arrays import BatchedEntries, batched_entries
 from streamoffload.read.segment import DEFAULT_READ_BUFFER_SIZE, OffloadedEntry, SegmentReadHandle
 from streamoffload.read.segment.errors import ReadError
+from streamoffload.read.wire_arrays import cut
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore, StoreLocation
 
@@ -717,35 +718,52 @@ def _run_batch(
     """The record batch of the ``chosen`` entries of ``run`` (``entries`` read them), or None when splitting
     their batches finds anything irregular."""
     counts = run.num_messages[chosen]
-    split = split_joined(
-        run.joined,
-        run.total,
-        run.payload_at[chosen],
-        run.payload_end[chosen],
-        counts,
-        run.event_time[chosen],
-        run.sequence_id[chosen],
-    )
-    if split is None:
-        return None
-    picked = [entries[i] for i in chosen.tolist()]
-    return _rows(
-        topic,
-        partition,
-        _Columns(
+    take = pa.array(chosen)
+    if run.batched:
+        split = split_joined(
+            run.joined,
+            run.total,
+            run.payload_at[chosen],
+            run.payload_end[chosen],
+            counts,
+            run.event_time[chosen],
+            run.sequence_id[chosen],
+        )
+        if split is None:
+            return None
+        columns = _Columns(
             split.value,
             split.key,
             pa.array(split.event_time),
             split.properties,
             pa.array(split.batch_index),
             pa.array(split.sequence_id),
-        ),
+        )
+        batch_sizes = counts
+    else:  # single messages: the entry's payload, key and properties (``split_messages``)
+        assert run.key is not None and run.properties is not None and run.null_value is not None
+        null = run.null_value[chosen]
+        value = cut(pa.py_buffer(run.joined), run.total, run.payload_at[chosen], run.payload_end[chosen], null)
+        columns = _Columns(
+            value,
+            run.key.take(take),
+            pa.array(run.event_time[chosen]),
+            run.properties.take(take),
+            pa.array(np.full(len(chosen), -1, dtype=np.int32)),
+            pa.array(run.sequence_id[chosen]),
+        )
+        batch_sizes = np.zeros(len(chosen), dtype=np.int64)
+    picked = [entries[i] for i in chosen.tolist()]
+    return _rows(
+        topic,
+        partition,
+        columns,
         ledgers=np.array([entry.ledger_id for entry in picked], dtype=np.int64),
         entries=np.array([entry.entry_id for entry in picked], dtype=np.int64),
         counts=counts,
-        batch_sizes=counts,
+        batch_sizes=batch_sizes,
         publish_times=pa.array(run.publish_time[chosen]),
-        producers=run.producer.take(pa.array(chosen)),
+        producers=run.producer.take(take),
     )
 
 

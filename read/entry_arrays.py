@@ -1,19 +1,22 @@
-"""Batched entries decoded all at once: the ``MessageMetadata`` of every entry of a run, read with numpy over the
-entries' bytes joined (``read.wire_arrays``), with no Python object per entry.
+"""Entries decoded all at once: the ``MessageMetadata`` of every entry of a run, read with numpy over the entries'
+bytes joined (``read.wire_arrays``), with no Python object per entry.
 
-:func:`batched_entries` reads ``[u16 0x0e01][u32 crc32c][u32 n][n bytes MessageMetadata][payload]`` entries and
-gives what ``read.dataset_read`` takes from each entry's metadata to build its rows: publish time, sequence id,
-event time, the batch's message count, the producer's name, and where the payload lies.
+:func:`batched_entries` reads ``[u16 0x0e01][u32 crc32c][u32 n][n bytes MessageMetadata][payload]`` entries, all
+batches or all single messages, and gives what ``read.dataset_read`` takes from each entry's metadata to build its
+rows: publish time, sequence id, event time, the batch's message count, the producer's name, where the payload
+lies, and for single messages their key and properties and whether the value is null (as
+``codecs.entry.split_messages`` reads them: a key marked base64 decoded, none when marked null).
 
 It is a fast path, not a second definition of the format: anything it does not read exactly as
 ``codecs.entry.decode_entry`` and the batch split of ``read.dataset_read`` do makes it return None, and the
 caller decodes those entries one by one, which gives the rows or raises the error naming the entry. Irregular
-here: an entry that is not a batch (no ``num_messages_in_batch``), a compressed one, one with broker entry
-metadata or without the checksum magic, an encrypted one (fields 13-15), ``properties`` (each a ``KeyValue``
-with required fields), a field number or wire type ``pulsar_api.proto`` does not give ``MessageMetadata``, a
-required field missing, a producer name that is not UTF-8, a value above what its field holds. The fields the
-batch split does not use (replication, keys and ordering keys of the entry, schema version, transactions,
-chunks, delivery time, markers) are read past, as the split ignores them.
+here: batches beside single messages, a compressed entry, one with broker entry metadata or without the checksum
+magic, an encrypted one (fields 13-15), a field number or wire type ``pulsar_api.proto`` does not give
+``MessageMetadata``, a required field missing, a producer name that is not UTF-8, a value above what its field
+holds; for batches, entry ``properties`` (each a ``KeyValue`` with required fields: the split never reads them);
+for single messages, a key or property that is not UTF-8 or not base64 where marked so, a property without its
+key or value or repeated, a bool above 1. The fields the rows do not use (replication, ordering keys, schema
+version, transactions, chunks, delivery time, markers; for batches also the entry's key fields) are read past.
 
 The CRC-32C is not checked here: the segment's read checked it.
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from streamoffload.read.batch_arrays import message_keys, message_properties
 from streamoffload.read.wire_arrays import MAX_JOINED, PAD, Irregular, check_utf8, cut, records
 
 __all__ = ["BatchedEntries", "batched_entries"]
@@ -39,20 +43,25 @@ _HEAD = 2 + 4 + 4  # magic, CRC-32C, metadata size
 _PRODUCER_NAME = 0x0A  # 1, string, required
 _SEQUENCE_ID = 0x10  # 2, uint64, required
 _PUBLISH_TIME = 0x18  # 3, uint64, required
+_PROPERTIES = 0x22  # 4, repeated KeyValue
+_PARTITION_KEY = 0x32  # 6, string
 _COMPRESSION = 0x40  # 8, enum
 _NUM_MESSAGES = 0x58  # 11, int32: present on a batch only
 _EVENT_TIME = 0x60  # 12, uint64
-# Read past: replicated_from 5, partition_key 6, replicate_to 7 (strings: upb keeps one that is not UTF-8 as
-# bytes, and the split never reads them), schema_version 16, ordering_key 18, uuid 26 (length-delimited);
-# uncompressed_size 9, partition_key_b64_encoded 17, deliver_at_time 19, marker_type 20, txnid 22 and 23,
-# highest_sequence_id 24, null_value 25, chunks 27-29, null_partition_key 30 (varints).
-_SKIPPED_DELIMITED = (0x2A, 0x32, 0x3A, 0x82, 0x92, 0xD2)
-_SKIPPED_VARINTS = (0x48, 0x88, 0x98, 0xA0, 0xB0, 0xB8, 0xC0, 0xC8, 0xD8, 0xE0, 0xE8, 0xF0)
+_KEY_B64 = 0x88  # 17, bool
+_NULL_VALUE = 0xC8  # 25, bool
+_NULL_KEY = 0xF0  # 30, bool
+# Read past: replicated_from 5, replicate_to 7 (strings: upb keeps one that is not UTF-8 as bytes, and the rows
+# never read them), schema_version 16, ordering_key 18, uuid 26 (length-delimited); uncompressed_size 9,
+# deliver_at_time 19, marker_type 20, txnid 22 and 23, highest_sequence_id 24, chunks 27-29 (varints).
+_SKIPPED_DELIMITED = (0x2A, 0x3A, 0x82, 0x92, 0xD2)
+_SKIPPED_VARINTS = (0x48, 0x98, 0xA0, 0xB0, 0xB8, 0xC0, 0xD8, 0xE0, 0xE8)
+_BOOLS = (_KEY_B64, _NULL_VALUE, _NULL_KEY)
 
 _LENGTH_DELIMITED = np.zeros(256, dtype=bool)
-_LENGTH_DELIMITED[[_PRODUCER_NAME, *_SKIPPED_DELIMITED]] = True
+_LENGTH_DELIMITED[[_PRODUCER_NAME, _PROPERTIES, _PARTITION_KEY, *_SKIPPED_DELIMITED]] = True
 _KNOWN = _LENGTH_DELIMITED.copy()
-_KNOWN[[_SEQUENCE_ID, _PUBLISH_TIME, _COMPRESSION, _NUM_MESSAGES, _EVENT_TIME, *_SKIPPED_VARINTS]] = True
+_KNOWN[[_SEQUENCE_ID, _PUBLISH_TIME, _COMPRESSION, _NUM_MESSAGES, _EVENT_TIME, *_BOOLS, *_SKIPPED_VARINTS]] = True
 
 _INT32_MAX = np.uint64(0x7FFFFFFF)
 _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
@@ -60,9 +69,11 @@ _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
 
 @dataclass(frozen=True, slots=True)
 class BatchedEntries:
-    """Batched entries, in order: their bytes joined (``joined``: ``total`` of them, then ``wire_arrays.PAD``),
-    where each payload starts and ends in them, and from each ``MessageMetadata``: ``publish_time``, ``sequence_id`` and
-    ``event_time`` (0 when unset) as int64, ``num_messages`` (int64) and ``producer`` (strings)."""
+    """Entries, in order: their bytes joined (``joined``: ``total`` of them, then ``wire_arrays.PAD``), where each
+    payload starts and ends in them, and from each ``MessageMetadata``: ``publish_time``, ``sequence_id`` and
+    ``event_time`` (0 when unset) as int64, ``num_messages`` (int64: 1 for a single message) and ``producer``
+    (strings); for single messages (``batched`` False) also ``key`` (binary), ``properties`` (a map) and
+    ``null_value`` (bool), else None."""
 
     joined: bytes
     total: int
@@ -73,6 +84,10 @@ class BatchedEntries:
     event_time: np.ndarray
     num_messages: np.ndarray
     producer: pa.Array
+    batched: bool = True
+    key: pa.Array | None = None
+    properties: pa.MapArray | None = None
+    null_value: np.ndarray | None = None
 
 
 def batched_entries(entries: Sequence[bytes | memoryview]) -> BatchedEntries | None:
@@ -108,6 +123,12 @@ def _decode(entries: Sequence[bytes | memoryview]) -> BatchedEntries:
     producer_at = np.full(n, -1, dtype=np.int64)
     producer_end = np.full(n, -1, dtype=np.int64)
     required = np.zeros((3, n), dtype=bool)  # producer name, sequence id, publish time
+    key_at = np.full(n, -1, dtype=np.int64)
+    key_end = np.full(n, -1, dtype=np.int64)
+    bools = {tag: np.zeros(n, dtype=np.uint64) for tag in _BOOLS}
+    prop_msg: list[np.ndarray] = []
+    prop_at: list[np.ndarray] = []
+    prop_end: list[np.ndarray] = []
     who = np.arange(n, dtype=np.int64)
     for tags, field_at, field_end, value, entry in records(
         buf, meta_at, meta_end, who, _KNOWN, _LENGTH_DELIMITED, wide_tags=True
@@ -135,12 +156,33 @@ def _decode(entries: Sequence[bytes | memoryview]) -> BatchedEntries:
                 count[e] = val.astype(np.int64)
             elif tag == _COMPRESSION and val.any():
                 raise Irregular  # compressed (or an enum value protobuf keeps as unknown)
-    if not required.all() or (count < 0).any():
-        raise Irregular  # a required field missing, or not a batch
+            elif tag == _PARTITION_KEY:
+                key_at[e], key_end[e] = at, end
+            elif tag == _PROPERTIES:
+                prop_msg.append(e)
+                prop_at.append(at)
+                prop_end.append(end)
+            elif tag in bools:
+                bools[tag][e] = val
+    if not required.all():
+        raise Irregular  # a required field missing
+    batched = count >= 0
+    if batched.any() and (not batched.all() or prop_msg):
+        raise Irregular  # batches beside single messages, or a batch's entry properties
     if (publish > _INT64_MAX).any() or (sequence > _INT64_MAX).any() or (event > _INT64_MAX).any():
         raise Irregular
     data = pa.py_buffer(joined)
     total = int(ends[-1])
+    key: pa.Array | None = None
+    properties: pa.MapArray | None = None
+    null_value: np.ndarray | None = None
+    if not batched.any():  # single messages: their key, properties and null value are the entry's
+        if any((flags > 1).any() for flags in bools.values()):
+            raise Irregular  # a bool that is not 0 or 1
+        key = message_keys(data, total, key_at, key_end, bools[_NULL_KEY] == 1, bools[_KEY_B64] == 1)
+        properties = message_properties(buf, data, total, prop_msg, prop_at, prop_end, n)
+        null_value = bools[_NULL_VALUE] == 1
+        count = np.ones(n, dtype=np.int64)
     return BatchedEntries(
         joined=joined,
         total=total,
@@ -151,6 +193,10 @@ def _decode(entries: Sequence[bytes | memoryview]) -> BatchedEntries:
         event_time=event.astype(np.int64),
         num_messages=count,
         producer=check_utf8(cut(data, total, producer_at, producer_end)),
+        batched=key is None,
+        key=key,
+        properties=properties,
+        null_value=null_value,
     )
 
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import base64
 import struct
 from types import SimpleNamespace
 from typing import Any
@@ -24,12 +25,14 @@ from hypothesis import strategies as st
 from streamoffload.codecs.compression import compress
 from streamoffload.codecs.entry import (
     CompressionType,
+    KeyValue,
     Message,
     MessageMetadata,
     build_entry,
     crc32c,
     decode_entry,
     encode_entry,
+    split_messages,
 )
 from streamoffload.codecs.errors import ChecksumError, FormatError
 from streamoffload.read import dataset_read as ofr
@@ -50,12 +53,13 @@ def entry_of(metadata: bytes, payload: bytes) -> bytes:
 
 big = st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**31 - 1, 2**31, 2**62, 2**63 - 1, 2**63, 2**64 - 1])
 small = st.sampled_from([0, 1, 2, 5, 127, 128, 300])
-skipped_delimited = st.sampled_from([5, 6, 7, 16, 18, 26])
-skipped_varints = st.sampled_from([9, 17, 19, 20, 22, 23, 24, 25, 27, 28, 29, 30])
+skipped_delimited = st.sampled_from([5, 7, 16, 18, 26])
+skipped_varints = st.sampled_from([9, 19, 20, 22, 23, 24, 27, 28, 29])
+single_bools = st.sampled_from([17, 25, 30])  # read past in a batch
 
 
 @st.composite
-def wire_metadata(draw: st.DrawFn, valid: bool) -> tuple[bytes, bytes]:
+def wire_metadata(draw: st.DrawFn, valid: bool, single: bool = False) -> tuple[bytes, bytes]:
     """A ``MessageMetadata`` as bytes and a payload: the required fields, some of the others, in any order, some
     repeated, with padded varints; unless ``valid``, also what the fast path declines (no batch count, a
     compression, properties, the encryption fields, unknown or wrongly typed fields, a two-byte tag written
@@ -72,10 +76,11 @@ def wire_metadata(draw: st.DrawFn, valid: bool) -> tuple[bytes, bytes]:
         length_delimited(1, producer),
         field(2, 0, varint(sequence, pad=pad)),
         field(3, 0, varint(draw(numbers))),
-        field(11, 0, varint(count)),
     ]
+    if not single:
+        fields.append(field(11, 0, varint(count)))
     if not valid and draw(st.booleans()):
-        fields.pop(draw(st.integers(0, 3)))  # a required field missing, or not a batch
+        fields.pop(draw(st.integers(0, len(fields) - 1)))  # a required field missing, or not a batch
     optional = [
         st.builds(lambda v: field(12, 0, varint(v)), numbers),
         st.builds(lambda n, v: length_delimited(n, v), skipped_delimited, st.binary(max_size=5)),
@@ -97,34 +102,66 @@ def wire_metadata(draw: st.DrawFn, valid: bool) -> tuple[bytes, bytes]:
         st.just(bytes([0x2A]) + varint(50)),  # a length running past the end
         st.just(field(2, 0, bytes([0xFF] * 10) + b"\x01")),  # a varint of 11 bytes
     ]
+    keyed = [  # a single message's key and properties (read past in a batch)
+        st.builds(lambda k: length_delimited(6, k), st.text(max_size=5).map(str.encode)),
+        st.builds(lambda k: length_delimited(6, base64.b64encode(k)) + field(17, 0, varint(1)), st.binary(max_size=5)),
+        st.builds(lambda v: field(30, 0, varint(v)), st.sampled_from([0, 1])),
+        st.builds(lambda v: field(25, 0, varint(v)), st.sampled_from([0, 1])),
+        st.builds(
+            lambda k, v: length_delimited(4, length_delimited(1, k) + length_delimited(2, v)),
+            st.sampled_from([b"a", b"b", "ü".encode()]),
+            st.text(max_size=4).map(str.encode),
+        ),
+    ]
+    odd_keyed = [
+        st.builds(lambda k: length_delimited(6, k), utf8_or_not),
+        st.just(length_delimited(6, b"!!") + field(17, 0, varint(1))),  # marked base64, and not
+        st.builds(lambda n: field(n, 0, varint(2)), st.sampled_from([17, 25, 30])),  # a bool of 2
+        st.builds(lambda v: length_delimited(4, length_delimited(1, b"a") + length_delimited(2, v)), utf8_or_not),
+    ]
+    if not single:  # a batch's own key fields: read past, whatever they hold
+        optional += [
+            st.builds(lambda n, v: field(n, 0, varint(v)), single_bools, big),
+            st.builds(lambda k: length_delimited(6, k), utf8_or_not),
+        ]
+    if single and valid:  # one key at most, property keys distinct
+        chosen = draw(st.lists(st.sampled_from(range(len(keyed))), max_size=4, unique=True))
+        fields += [draw(keyed[i]) for i in chosen]
+        if 0 in chosen and 1 in chosen:
+            fields = [f for f in fields if not f.startswith(b"\x32")] + [draw(keyed[1])]
+    elif not valid:
+        optional += keyed + odd_keyed
     fields += draw(st.lists(st.one_of(optional) if valid else st.one_of(*optional, *odd), max_size=5))
     order = draw(st.permutations(range(len(fields))))
     return b"".join(fields[i] for i in order), payload
 
 
-def decoded_fields(entry: bytes) -> tuple[int, int, int, int, str, bytes] | None:
-    """What the fast path gives for ``entry``, read by the protobuf runtime; None where the fast path must
-    decline: the entry does not decode, or the batch split does not take it (not a batch, compressed,
-    encrypted, a producer that is not a string) or a column cannot hold a value."""
+def decoded_fields(entry: bytes) -> tuple[Any, ...] | None:
+    """What the fast path gives for ``entry``, read by the protobuf runtime (a single message as
+    ``split_messages`` and the per-entry columns read it: its key base64-decoded when marked so, its properties);
+    None where the fast path must decline: the entry does not decode, or the rows cannot be built from it
+    (compressed, encrypted, a producer that is not a string, a batch's entry properties, a single message that
+    ``split_messages`` refuses) or a column cannot hold a value."""
     try:
         decoded = decode_entry(entry, verify_checksum=False)
     except FormatError:
         return None
     md = decoded.metadata
-    if not decoded.is_batch or decoded.encrypted or md.compression != CompressionType.NONE:
-        return None
-    if type(md.producer_name) is not str or md.num_messages_in_batch < 0:
+    if decoded.encrypted or md.compression != CompressionType.NONE or type(md.producer_name) is not str:
         return None
     if max(md.publish_time, md.sequence_id, md.event_time) > _INT64_MAX:
         return None
-    return (
-        md.publish_time,
-        md.sequence_id,
-        md.event_time,
-        md.num_messages_in_batch,
-        md.producer_name,
-        bytes(decoded.payload),
-    )
+    head = (md.publish_time, md.sequence_id, md.event_time)
+    if decoded.is_batch:
+        if md.num_messages_in_batch < 0 or len(md.properties):
+            return None
+        return (*head, md.num_messages_in_batch, md.producer_name, bytes(decoded.payload))
+    try:
+        (msg,) = split_messages(decoded)
+        key = None if msg.key is None else base64.b64decode(msg.key) if msg.key_b64_encoded else msg.key.encode()
+    except (FormatError, ValueError):
+        return None
+    return (*head, 1, md.producer_name, bytes(decoded.payload), key, sorted(msg.properties.items()), msg.null_value)
 
 
 def assert_decodes_the_same(entries: list[bytes], *, fast_expected: bool) -> None:
@@ -135,25 +172,33 @@ def assert_decodes_the_same(entries: list[bytes], *, fast_expected: bool) -> Non
         return
     assert None not in want, "the fast path read what the per-entry path refuses or declines"
     joined = got.joined
-    for i, (publish, sequence, event, count, producer, payload) in enumerate(want):  # type: ignore[misc]
+    for i, fields in enumerate(want):
+        assert fields is not None
+        publish, sequence, event, count, producer, payload, *single = fields
         assert got.publish_time[i] == publish and got.sequence_id[i] == sequence and got.event_time[i] == event
         assert got.num_messages[i] == count and got.producer[i].as_py() == producer
         assert joined[got.payload_at[i] : got.payload_end[i]] == payload
+        assert got.batched is not bool(single)
+        if single:
+            assert got.key is not None and got.properties is not None and got.null_value is not None
+            key, properties, null_value = single
+            assert got.key[i].as_py() == key and sorted(got.properties[i].as_py()) == properties
+            assert got.null_value[i] == null_value
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(wire_metadata(valid=True), min_size=1, max_size=6))
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans().flatmap(lambda single: st.lists(wire_metadata(True, single), min_size=1, max_size=6)))
 def test_regular_metadata_decodes_as_the_protobuf_runtime_reads_it(metas: list[tuple[bytes, bytes]]) -> None:
     assert_decodes_the_same([entry_of(m, p) for m, p in metas], fast_expected=True)
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(wire_metadata(valid=False), min_size=1, max_size=4))
+@given(st.booleans().flatmap(lambda single: st.lists(wire_metadata(False, single), min_size=1, max_size=4)))
 def test_odd_metadata_is_read_the_same_or_declined(metas: list[tuple[bytes, bytes]]) -> None:
     assert_decodes_the_same([entry_of(m, p) for m, p in metas], fast_expected=False)
 
 
-def test_what_is_not_a_plain_batched_entry_is_declined() -> None:
+def test_what_is_not_a_plain_entry_or_a_mix_is_declined() -> None:
     batch = build_entry([Message(b"a"), Message(b"b")], producer_name="p", sequence_id=1, publish_time=5)
     single = build_entry([Message(b"a")], producer_name="p", sequence_id=1, publish_time=5)
     compressed = encode_entry(
@@ -168,8 +213,8 @@ def test_what_is_not_a_plain_batched_entry_is_declined() -> None:
         compress(CompressionType.ZLIB, b"abc"),
     )
     broker = encode_entry(decode_entry(batch).metadata, bytes(decode_entry(batch).payload), broker_entry_metadata=b"")
-    assert batched_entries([batch, batch]) is not None
-    for other in (single, compressed, broker, batch[:9], batch[6:]):
+    assert batched_entries([batch, batch]) is not None and batched_entries([single, single]) is not None
+    for other in (single, compressed, broker, batch[:9], batch[6:]):  # batches and single messages do not mix
         assert batched_entries([batch, other]) is None, other
 
 
@@ -245,12 +290,13 @@ FAIL = memoryview(b"")
 
 @st.composite
 def runs(draw: st.DrawFn) -> list[OffloadedEntry]:
-    """Entries of one ledger as a producer writes them: mostly batches (some of one message), with publish times
-    that grow (now and then a step back, within a skew); at times an entry the fast path declines (one
-    message, compressed, a batch whose records are odd) or a failing read."""
+    """Entries of one ledger as a producer writes them: batches (some of one message), or single messages, with
+    publish times that grow (now and then a step back, within a skew); or a mix, with at times an entry the fast
+    path declines (compressed, a batch whose records are odd) or a failing read."""
     n = draw(st.integers(1, 14))
-    plain = draw(st.booleans())  # half the runs hold only batches: the fast path reads all of them
-    kinds = st.just("batch") if plain else st.sampled_from(["batch"] * 8 + ["single", "compressed", "odd", "fail"])
+    mode = draw(st.sampled_from(["batch", "single", "mixed"]))  # only batches, or only single messages: all fast
+    mixed = st.sampled_from(["batch"] * 8 + ["single", "compressed", "odd", "fail"])
+    kinds = mixed if mode == "mixed" else st.just(mode)
     out = []
     publish = draw(st.integers(0, 50))
     for i in range(n):
@@ -353,3 +399,35 @@ def test_the_read_ends_at_the_first_entry_past_the_time_bound() -> None:
         assert want_error is None and got_error is None
         assert pa.Table.from_batches(got).column("__entryId").to_pylist() == [0, 0, 1, 1]
         assert [b.num_rows for b in got] == [b.num_rows for b in want]
+
+
+def test_single_messages_take_the_fast_path_with_their_keys_properties_and_null_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A producer that does not batch (pulsar-client for Python, by default): every entry one message, its key
+    (plain, base64, marked null), properties and null value in its MessageMetadata; read all at once, the same rows
+    as one by one."""
+
+    def single(i: int, **fields: Any) -> OffloadedEntry:
+        md = MessageMetadata(producer_name="p", sequence_id=i, publish_time=100 + i, **fields)
+        return OffloadedEntry(3, i, memoryview(encode_entry(md, b"v%d" % i if not fields.get("null_value") else b"")))
+
+    entries = [
+        single(0, partition_key="k0", event_time=7),
+        single(1, partition_key=base64.b64encode(b"\x00\xff").decode(), partition_key_b64_encoded=True),
+        single(2, partition_key="gone", null_partition_key=True),
+        single(3, null_value=True),
+        single(4, properties=[KeyValue(key="a", value="1"), KeyValue(key="ü", value="ß")]),
+        single(5),
+    ]
+    want, _ = reference(entries, TimeBounds(), 0, 4, 32 << 20)
+    monkeypatch.setattr(ofr, "decode_entry", lambda *_, **__: pytest.fail("an entry was decoded one by one"))
+    got, error = fast(entries, TimeBounds(), 0, 4, 32 << 20)
+    assert error is None and [b.num_rows for b in got] == [4, 2] == [b.num_rows for b in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.equals(w)
+    rows = pa.Table.from_batches(got)
+    assert rows.column("value").to_pylist() == [b"v0", b"v1", b"v2", None, b"v4", b"v5"]
+    assert rows.column("__key").to_pylist() == [b"k0", b"\x00\xff", None, None, None, None]
+    assert rows.column("__batchIndex").to_pylist() == [-1] * 6
+    assert rows.column("__messageProperties").to_pylist()[4] == [("a", "1"), ("ü", "ß")]
