@@ -772,7 +772,7 @@ def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path)
             mean_part = jobs[0].run.part_bytes / max(jobs[0].run.parts, 1)
             print(
                 f"  round {round_no + 1}, raw aiobotocore multipart: {len(raw_sizes)} objects as the job's data "
-                f"objects ({raw.mb:.1f} MB, {stored:.3f}x its entry bytes), {raw.parts} parts of "
+                f"objects ({raw.mb:.1f} MB, {stored:.3f}x its entry bytes), {raw.parts} parts of at most "
                 f"{part_size / MIB:g} MiB (the job's mean part {mean_part / MIB:.2f} MiB), "
                 f"{concurrency} at once: {raw.wall:.2f} s = {raw.mbs:.1f} MB/s ({raw.part_mbs:.1f} MB/s per part "
                 f"upload); moto CPU {raw.moto_cpu:.1f} s ({raw.moto_cpu / raw.wall:.2f} cores, "
