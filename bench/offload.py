@@ -689,6 +689,11 @@ def moto_cpu_now(args: argparse.Namespace) -> float:
     return tree_cpu(pid) if pid is not None else 0.0
 
 
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
 def s3_on_par(rounds: list[ThroughputRound], modes: list[bool]) -> None:
     """The medians of the S3 on par figures (``--store s3``)."""
     raws = [r.raw for r in rounds if r.raw is not None]
@@ -700,7 +705,7 @@ def s3_on_par(rounds: list[ThroughputRound], modes: list[bool]) -> None:
         f"  S3 on par (moto): raw aiobotocore multipart {raw_mbs:.1f} MB/s ({len(raw.sizes)} objects, "
         f"{raw.mb:.1f} MB, {raw.part_size / MIB:g} MiB parts, {raw.concurrency} at once; "
         f"{statistics.median(u.part_mbs for u in raws):.1f} MB/s per part upload; moto CPU "
-        f"{statistics.median(u.moto_cpu / (u.mb / 1000) for u in raws):.1f} s/GB)"
+        f"{statistics.median(u.moto_cpu / (u.mb / 1000) for u in raws):.1f} s/GB); {load_average()}"
     )
     for overlap in modes:
         drains = [(r.job(overlap), r.raw) for r in rounds if r.raw is not None]
@@ -1385,7 +1390,7 @@ def main(argv: list[str] | None = None) -> int:
         f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], {args.broker}, "
         f"{'S3 (moto_server)' if args.store == 's3' else 'filesystem'} store; {args.payload_size} B messages "
         f"batched by {args.batch_size}, {args.partitions} topic-partitions, "
-        f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
+        f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf) + f"; {load_average()}"
     )
     log_beside(work)
     from streamoffload.streaming.job.session import build_session
