@@ -33,6 +33,19 @@ only), a checkpoint and the broker's data under one temporary work directory (re
    the same backlog, and the peak bytes a topic-partition's segmenter kept in the state store after a
    micro-batch, beside the bound (less than one minimum part).
 
+   **S3 on par** (``--store s3``, issue 48: the job's upload rate >= 0.7 of a raw multipart upload). After
+   each round's jobs, on the same moto_server (a fresh prefix of the bucket), a raw ``aiobotocore``
+   multipart upload (no project code on the upload path) of as many objects as the job's data objects, each
+   as large as one of them, in parts of the job's part size (the whole blocks the segmenter gathers into a
+   part: at least the policy's minimum part on S3, ``S3Store.part_size``) with as many part uploads at once
+   as the job's sink makes (one per topic-partition, at most ``SINK_THREADS``, and as many parts as
+   ``PART_BUDGET`` holds). Timed from the first CreateMultipartUpload to the last CompleteMultipartUpload.
+   It prints the raw MB/s and, per overlap mode, the job's steady MB/s ÷ raw (target >= 0.7: met or
+   MISSED; the job's MB are entry bytes, the raw upload's the data objects' bytes, a few % more: block
+   headers and padding, so the ratio errs against the job), the sink's per-thread rate over its part and
+   seal task seconds (fetching the entries taken off) ÷ the raw upload's per part upload, and moto's CPU
+   seconds per GB on both sides (``bench/procstats.py``'s ``tree_cpu`` of the moto_server).
+
 2. **Lag.** It runs the job continuously (``run_forever`` in a thread; trigger every
    ``--trigger-interval``, ``maxOffloadSegmentRolloverTimeSeconds = --rollover-seconds``), publishes
    at a steady ``--rate`` messages/s for ``--lag-seconds`` seconds, waits until every message is in an
@@ -85,7 +98,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -104,8 +117,9 @@ from bench.harness import (
     s3_store_section,
 )
 from bench.logs import log_beside
-from bench.procstats import CpuMeter, JvmThreadCensus, ProcessCensus, RssSampler, jvm_heap_pools
+from bench.procstats import CpuMeter, JvmThreadCensus, ProcessCensus, RssSampler, child_pids, jvm_heap_pools, tree_cpu
 from bench.readable import offloaded_through, percentile, readable_messages, wait_offloaded
+from bench.s3_endpoint import S3_CREDENTIALS, S3_REGION, raw_s3_client
 from bench.source import drain_to_noop
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
@@ -189,6 +203,7 @@ def _s3_endpoint(args: argparse.Namespace, work: Path) -> Iterator[None]:
         return
     with moto_bucket(work / "moto.log", S3_BUCKET) as url:
         args.s3_endpoint = url
+        args.moto_pid = min(child_pids("moto"), default=None)  # its CPU, for the S3 on par figures
         yield
 
 
@@ -222,6 +237,13 @@ class JobRun:
     steady_s: float = 0.0
     """Seconds from the start of the first micro-batch (its reading) to the last micro-batch's writes done (its
     report): the steady rate's time, start-up taken off, writes behind the source included."""
+    parts: int = 0
+    part_bytes: int = 0
+    """The parts the sink wrote (a segment written whole counts as one) and their bytes, as stored."""
+    fetch_seconds: float = 0.0
+    """Task seconds the sink spent fetching the parts' entries (within ``upload_seconds``)."""
+    data_keys: list[str] = field(default_factory=list)
+    """The sealed segments' data objects."""
 
 
 @dataclass
@@ -297,6 +319,7 @@ def drain_job(spark: Any, config: Config) -> JobRun:
     meta = MetadataStore(config.store.location.open())
     entries = entry_bytes = segments = 0
     reasons: dict[str, int] = {}
+    data_keys: list[str] = []
     for topic in config.pulsar.topics:
         manifests = meta.manifests(topic)
         stuck = [m for m in manifests if m.status != mf.OFFLOADED]
@@ -307,6 +330,7 @@ def drain_job(spark: Any, config: Config) -> JobRun:
             entry_bytes += m.entryBytes
             segments += 1
             reasons[m.sealReason] = reasons.get(m.sealReason, 0) + 1
+            data_keys.append(m.dataKey)
     return JobRun(
         wall,
         entries,
@@ -320,6 +344,10 @@ def drain_job(spark: Any, config: Config) -> JobRun:
         fetched(reports),
         peak_state_bytes(reports),
         steady_s,
+        sum(r.stats.parts for r in reports),
+        sum(r.stats.part_bytes for r in reports),
+        sum(r.stats.fetch_seconds for r in reports),
+        data_keys,
     )
 
 
@@ -401,6 +429,8 @@ class JobDrain:
     cpu: dict[str, float]
     old_gen_after: int
     """Bytes in the JVM's old generation right after the run."""
+    moto_cpu: float = 0.0
+    """CPU seconds of the moto_server during the run (``--store s3``)."""
 
     @property
     def mb(self) -> float:
@@ -424,6 +454,11 @@ class JobDrain:
         """Broker CPU per byte in the job ÷ in the plain drain."""
         return self.cpu.get("broker", 0.0) / max(plain_cpu.get("broker", 0.0), 1e-9)
 
+    @property
+    def sink_thread_mbs(self) -> float:
+        """MB/s of one sink thread: its parts' bytes over its part and seal task seconds, fetching taken off."""
+        return self.run.part_bytes / 1e6 / max(self.run.upload_seconds - self.run.fetch_seconds, 1e-9)
+
 
 @dataclass
 class ThroughputRound:
@@ -436,6 +471,8 @@ class ThroughputRound:
     jobs: list[JobDrain]
     plain_wall: float
     plain_cpu: dict[str, float]
+    raw: RawUpload | None = None
+    """``--store s3``: the raw multipart upload of the jobs' bytes, after them."""
 
     @property
     def mb(self) -> float:
@@ -524,6 +561,166 @@ def overlap_modes(choice: str) -> list[bool]:
     return {"both": [False, True], "on": [True], "off": [False]}[choice]
 
 
+# --- S3 on par: a raw multipart upload of the job's bytes ------------------------------------------------
+
+
+def job_part_size(config: Config) -> int:
+    """The bytes the job's segmenter gathers into a part (but a segment's last): whole blocks (a full block is
+    padded to the block size), as many as make the policy's minimum part on the store (``min_part_bytes`` of
+    the store's ``part_size``, which the job gives the segmenter; S3Store's: 5 MiB), e.g. two 4 MiB blocks."""
+    policy = config.policy_for(config.pulsar.topics[0])
+    min_part = policy.min_part_bytes(config.store.location.part_size)
+    return -(-min_part // policy.block_size) * policy.block_size
+
+
+def sink_concurrency(part_size: int, topic_partitions: int) -> int:
+    """Part uploads the job's sink makes at once: one per topic-partition (each writes its parts in order), on at
+    most ``SINK_THREADS`` threads, as many parts as ``PART_BUDGET`` holds (``streaming.sink.sink``)."""
+    from streamoffload.streaming.sink.sink import PART_BUDGET, SINK_THREADS
+
+    return max(1, min(SINK_THREADS, topic_partitions, PART_BUDGET // part_size))
+
+
+def data_object_sizes(config: Config, data_keys: list[str]) -> list[int]:
+    """The sizes of a job's data objects, from the store (HEAD)."""
+    store = config.store.location.open().store
+    return [store.head(key).size for key in data_keys]
+
+
+@dataclass
+class RawUpload:
+    """A raw ``aiobotocore`` multipart upload of objects sized like the job's data objects."""
+
+    sizes: list[int]
+    part_size: int
+    concurrency: int
+    parts: int
+    wall: float
+    """Seconds from the first CreateMultipartUpload to the last CompleteMultipartUpload."""
+    part_seconds: float
+    """The part uploads' seconds, summed (each from its request to its answer)."""
+    moto_cpu: float
+
+    @property
+    def mb(self) -> float:
+        return sum(self.sizes) / 1e6
+
+    @property
+    def mbs(self) -> float:
+        return self.mb / self.wall
+
+    @property
+    def part_mbs(self) -> float:
+        """MB/s of one part upload stream."""
+        return self.mb / max(self.part_seconds, 1e-9)
+
+
+def raw_multipart_upload(
+    endpoint: str, prefix: str, sizes: list[int], part_size: int, concurrency: int, moto_pid: int | None
+) -> RawUpload:
+    """Upload one object per ``sizes`` under ``prefix`` of the bench's bucket as multipart uploads in parts of
+    ``part_size`` (the last smaller), ``concurrency`` part uploads at once over all objects, with a plain
+    aiobotocore client (its defaults; path-style addressing, a pool as large as the concurrency); then delete
+    them (untimed). moto's CPU is metered over the timed part."""
+    import asyncio
+
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import AioSession
+
+    body = os.urandom(part_size)
+    part_seconds = 0.0
+    parts = 0
+
+    async def upload() -> float:
+        nonlocal part_seconds, parts
+        config = AioConfig(s3={"addressing_style": "path"}, max_pool_connections=max(10, concurrency))
+        async with AioSession().create_client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=S3_REGION,
+            aws_access_key_id=S3_CREDENTIALS["access_key"],
+            aws_secret_access_key=S3_CREDENTIALS["secret_key"],
+            config=config,
+        ) as client:
+            await client.head_bucket(Bucket=S3_BUCKET)  # connected and signed once before the clock starts
+            gate = asyncio.Semaphore(concurrency)
+
+            async def part(key: str, upload_id: str, number: int, length: int) -> dict[str, Any]:
+                nonlocal part_seconds, parts
+                async with gate:
+                    started = time.monotonic()
+                    answer = await client.upload_part(
+                        Bucket=S3_BUCKET,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=body if length == part_size else body[:length],
+                    )
+                    part_seconds += time.monotonic() - started
+                    parts += 1
+                return {"PartNumber": number, "ETag": answer["ETag"]}
+
+            async def one(key: str, size: int) -> None:
+                upload_id = (await client.create_multipart_upload(Bucket=S3_BUCKET, Key=key))["UploadId"]
+                lengths = [min(part_size, size - offset) for offset in range(0, size, part_size)]
+                done = await asyncio.gather(*(part(key, upload_id, i + 1, n) for i, n in enumerate(lengths)))
+                await client.complete_multipart_upload(
+                    Bucket=S3_BUCKET, Key=key, UploadId=upload_id, MultipartUpload={"Parts": list(done)}
+                )
+
+            started = time.monotonic()
+            await asyncio.gather(*(one(f"{prefix}/object-{i}", size) for i, size in enumerate(sizes)))
+            return time.monotonic() - started
+
+    cpu_before = tree_cpu(moto_pid) if moto_pid is not None else 0.0
+    wall = asyncio.run(upload())
+    moto_cpu = tree_cpu(moto_pid) - cpu_before if moto_pid is not None else 0.0
+    s3 = raw_s3_client(endpoint)
+    listed = s3.list_objects_v2(Bucket=S3_BUCKET, Prefix=f"{prefix}/").get("Contents", [])
+    if len(listed) != len(sizes) or sorted(o["Size"] for o in listed) != sorted(sizes):
+        raise RuntimeError(f"the raw upload stored {len(listed)} objects, not the {len(sizes)} asked for")
+    s3.delete_objects(Bucket=S3_BUCKET, Delete={"Objects": [{"Key": o["Key"]} for o in listed]})
+    return RawUpload(sizes, part_size, concurrency, parts, wall, part_seconds, moto_cpu)
+
+
+def moto_cpu_now(args: argparse.Namespace) -> float:
+    """CPU seconds so far of the moto_server (0 without ``--store s3``)."""
+    pid = getattr(args, "moto_pid", None)
+    return tree_cpu(pid) if pid is not None else 0.0
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def s3_on_par(rounds: list[ThroughputRound], modes: list[bool]) -> None:
+    """The medians of the S3 on par figures (``--store s3``)."""
+    raws = [r.raw for r in rounds if r.raw is not None]
+    if not raws:
+        return
+    raw = raws[0]
+    raw_mbs = statistics.median(u.mbs for u in raws)
+    print(
+        f"  S3 on par (moto): raw aiobotocore multipart {raw_mbs:.1f} MB/s ({len(raw.sizes)} objects, "
+        f"{raw.mb:.1f} MB, {raw.part_size / MIB:g} MiB parts, {raw.concurrency} at once; "
+        f"{statistics.median(u.part_mbs for u in raws):.1f} MB/s per part upload; moto CPU "
+        f"{statistics.median(u.moto_cpu / (u.mb / 1000) for u in raws):.1f} s/GB); {load_average()}"
+    )
+    for overlap in modes:
+        drains = [(r.job(overlap), r.raw) for r in rounds if r.raw is not None]
+        steady = statistics.median(j.steady_mbs for j, _ in drains)
+        ratio = statistics.median(j.steady_mbs / u.mbs for j, u in drains)
+        thread = statistics.median(j.sink_thread_mbs / u.part_mbs for j, u in drains)
+        print(
+            f"  overlap {'on ' if overlap else 'off'}: job steady {steady:.1f} MB/s ÷ raw {ratio:.2f} (target >= 0.7) "
+            f"{'met' if ratio >= 0.7 else 'MISSED'}; sink per thread "
+            f"{statistics.median(j.sink_thread_mbs for j, _ in drains):.1f} MB/s (part and seal task s, fetching "
+            f"taken off) ÷ raw per part upload {thread:.2f}; moto CPU "
+            f"{statistics.median(j.moto_cpu / (j.mb / 1000) for j, _ in drains):.1f} s/GB"
+        )
+
+
 def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> None:
     """The broker's best reader on the fresh broker first; then rounds of: the job's source alone, ``run_once``
     with overlap off and on (``--overlap``; the order alternates by round), and a plain ``pulsar-client`` drain
@@ -539,13 +736,20 @@ def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path)
             config = job_config(args, work, name, broker.service_url, topics)
             rows, source_wall, batches = drain_source(spark, OffloadJob(config), work / f"checkpoint-source-{round_no}")
         jobs: list[JobDrain] = []
+        raw_sizes: list[int] | None = None
+        part_size = 0
         for overlap in modes if round_no % 2 == 0 else modes[::-1]:
             config = job_config(
                 args, work, f"{name}-{'on' if overlap else 'off'}", broker.service_url, topics, overlap=overlap
             )
+            moto_before = moto_cpu_now(args)
             with CpuMeter(broker.pid) as job_meter, ProcessCensus() as census, JvmThreadCensus() as threads:
                 run = drain_job(spark, config)
-            jobs.append(JobDrain(overlap, run, job_meter.used, old_generation_bytes(spark)))
+            moto_cpu = moto_cpu_now(args) - moto_before
+            jobs.append(JobDrain(overlap, run, job_meter.used, old_generation_bytes(spark), moto_cpu))
+            if args.store == "s3" and raw_sizes is None:
+                raw_sizes = data_object_sizes(config, run.data_keys)
+                part_size = job_part_size(config)
             if rows != run.entries:
                 raise RuntimeError(f"the source read {rows} entries but the job's segments hold {run.entries}")
             j = jobs[-1]
@@ -563,10 +767,28 @@ def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path)
             print(f"    the JVM's CPU s by thread: {threads.render()}")
             # The store of a run is measured; drop it so several rounds of a big backlog do not pile up.
             shutil.rmtree(config.store.root, ignore_errors=True)
+        raw = None
+        if raw_sizes is not None:
+            concurrency = sink_concurrency(part_size, len(topics))
+            raw = raw_multipart_upload(
+                args.s3_endpoint, f"raw-{round_no}", raw_sizes, part_size, concurrency, args.moto_pid
+            )
+            stored = sum(raw_sizes) / max(jobs[0].run.entry_bytes, 1)
+            mean_part = jobs[0].run.part_bytes / max(jobs[0].run.parts, 1)
+            print(
+                f"  round {round_no + 1}, raw aiobotocore multipart: {len(raw_sizes)} objects as the job's data "
+                f"objects ({raw.mb:.1f} MB, {stored:.3f}x its entry bytes), {raw.parts} parts of at most "
+                f"{part_size / MIB:g} MiB (the job's mean part {mean_part / MIB:.2f} MiB), "
+                f"{concurrency} at once: {raw.wall:.2f} s = {raw.mbs:.1f} MB/s ({raw.part_mbs:.1f} MB/s per part "
+                f"upload); moto CPU {raw.moto_cpu:.1f} s ({raw.moto_cpu / raw.wall:.2f} cores, "
+                f"{raw.moto_cpu / (raw.mb / 1000):.1f} s/GB; in the jobs "
+                + ", ".join(f"{'on' if j.overlap else 'off'} {j.moto_cpu / (j.mb / 1000):.1f}" for j in jobs)
+                + ")"
+            )
         with CpuMeter(broker.pid) as plain_meter:
             plain_wall = drain_plain_client(broker.service_url, topics)
         rounds.append(
-            ThroughputRound(rows, source_wall, batches, source_meter.used, jobs, plain_wall, plain_meter.used)
+            ThroughputRound(rows, source_wall, batches, source_meter.used, jobs, plain_wall, plain_meter.used, raw)
         )
         r = rounds[-1]
         print(
@@ -602,6 +824,7 @@ def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path)
     if len(modes) == 2:
         ratio = median([r.job(True).steady_mbs / r.job(False).steady_mbs for r in rounds])
         print(f"  overlap on ÷ off, steady: {ratio:.2f} (median of the rounds' ratios)")
+    s3_on_par(rounds, modes)
 
 
 def json_payload(rnd: random.Random, seq: int, size: int) -> bytes:
@@ -1106,7 +1329,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=("fs", "s3"),
         default="fs",
         help="the job's store: fs (default) or s3, a local moto_server (throughput only: the lag is read from "
-        "the manifests' file times on the filesystem store)",
+        "the manifests' file times on the filesystem store), with each round's jobs compared to a raw aiobotocore "
+        "multipart upload of the same bytes on the same server (S3 on par, above)",
     )
     parser.add_argument(
         "--encrypt",
@@ -1166,7 +1390,7 @@ def main(argv: list[str] | None = None) -> int:
         f"offload bench: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, local[2], {args.broker}, "
         f"{'S3 (moto_server)' if args.store == 's3' else 'filesystem'} store; {args.payload_size} B messages "
         f"batched by {args.batch_size}, {args.partitions} topic-partitions, "
-        f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf)
+        f"{sizes}; work dir {work}" + "".join(f"; --conf {item}" for item in args.conf) + f"; {load_average()}"
     )
     log_beside(work)
     from streamoffload.streaming.job.session import build_session

@@ -328,6 +328,12 @@ SLOW_SMOKES = [
                 rf"{NUMBER} s/GB .*",
                 rf"  overlap on : steady {NUMBER} MB/s, ÷ best reader {NUMBER}; .*",
                 rf"  overlap on ÷ off, steady: {NUMBER} .*",
+                rf"  round 1, raw aiobotocore multipart: 1 objects as the job's data objects \({NUMBER} MB, .*\), "
+                rf"1 parts of at most 8 MiB .*, 1 at once: {NUMBER} s = {NUMBER} MB/s .*; moto CPU {NUMBER} s .*",
+                rf"  S3 on par \(moto\): raw aiobotocore multipart {NUMBER} MB/s .*",
+                rf"  overlap off: job steady {NUMBER} MB/s ÷ raw {NUMBER} \(target >= 0.7\) (met|MISSED); sink per "
+                rf"thread {NUMBER} MB/s .* ÷ raw per part upload {NUMBER}; moto CPU {NUMBER} s/GB",
+                rf"  overlap on : job steady {NUMBER} MB/s ÷ raw {NUMBER} \(target >= 0.7\) (met|MISSED); .*",
             ),
             needs=("moto",),
         ),
