@@ -1263,19 +1263,6 @@ def warm_up(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) ->
     print(f"warm-up (source and job on a small topic): {time.monotonic() - started:.1f} s")
 
 
-def use_min_part(size: int) -> None:
-    """Give the segmenter ``size`` as its minimum part whatever the store (the job reads it from
-    ``streaming.job.queries.min_part_size`` when it builds the query), e.g. S3's 5 MiB on the filesystem store."""
-    global min_part_size
-    import streamoffload.streaming.job.queries as job_module
-
-    def fixed(_store: Any) -> int:
-        return size
-
-    job_module.min_part_size = fixed
-    min_part_size = fixed
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlog-mb", type=float, default=500, help="backlog of payload, MB (default 500)")
@@ -1304,11 +1291,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", help="parent of the temporary work directory (default: the system's)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     add_broker_argument(parser)
-    parser.add_argument(
-        "--min-part-mb",
-        type=float,
-        help="the segmenter's minimum part, MiB, instead of the store's (1 B on a filesystem): 5 shows S3's remainder",
-    )
     parser.add_argument(
         "--conf",
         action="append",
@@ -1371,8 +1353,6 @@ def main(argv: list[str] | None = None) -> int:
         moto_credentials()  # before Spark starts, so that its Python processes inherit them
     extra_conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.numRecentProgressUpdates": "1000"}
     extra_conf.update(_key_values(args.conf))
-    if args.min_part_mb is not None:
-        use_min_part(int(args.min_part_mb * MIB))
 
     # On SIGTERM, unwind through the finally blocks below: they stop the broker and Spark and remove the work dir.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
