@@ -118,6 +118,8 @@ ENTRY_ARROW_SCHEMA = pa.schema(
 )
 DEFAULT_BATCH_ROWS = 16384  # fewer numpy and JVM steps per row than 4096 (bench/README.md, issue 25)
 DEFAULT_BATCH_BYTES = 32 << 20
+DEFAULT_RUN_BYTES = 4 << 20
+"""``read_tasks``: the entry bytes of small tasks decoded as one run."""
 _UNCOMPRESSED = int(CompressionType.NONE)
 _PROBE_BYTES = 4096  # a block's first entry header and metadata, for its publish time
 
@@ -251,6 +253,125 @@ def read_task(
         handle.close()
         if owned:
             store.close()
+
+
+def read_tasks(
+    location: StoreLocation | ScopedStore,
+    tasks: Sequence[ReadTask],
+    *,
+    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+    keyring: KeyRing | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    max_uncompressed: int = MAX_UNCOMPRESSED,
+    run_bytes: int = DEFAULT_RUN_BYTES,
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The message rows of each of ``tasks`` in turn (each read whole: no time bounds), the same record batches
+    ``read_task`` gives, each with its task's index. Consecutive small tasks of one topic, together under
+    ``run_bytes`` of data, are decoded as one run (``_runs``): a table sync reads many small
+    segments, and a run's fixed numpy steps, paid once per segment, were most of its read. (Not all of them at
+    once: what a caller does with a run's rows, such as writing them, can overlap the next run's decoding.)"""
+    if isinstance(location, StoreLocation):
+        store, owned = location.open(create=False).store, True
+    else:
+        store, owned = location.store, False
+
+    def streamed(i: int, handle: SegmentReadHandle, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
+        rows = _message_rows(
+            handle,
+            task.topic,
+            task.start,
+            task.end,
+            ANY_TIME,
+            DEFAULT_SKEW_MS,
+            batch_rows,
+            batch_bytes,
+            max_uncompressed,
+        )
+        return ((i, batch) for batch in rows)
+
+    try:
+        for streams, run in _runs(tasks, run_bytes, batch_bytes):
+            group: list[tuple[int, str, list[OffloadedEntry]]] = []  # (task, data key, its entries): read, not decoded
+            for i in run:
+                task = tasks[i]
+                handle = SegmentReadHandle.open(store, task.segment, read_buffer_size=read_buffer_size, keyring=keyring)
+                try:
+                    if streams:
+                        yield from streamed(i, handle, task)
+                        continue
+                    try:
+                        group.append((i, handle.data_key, list(handle.read_range(task.start, task.end))))
+                    except Exception:  # read again as read_task reads: its rows before the failure, then its error
+                        yield from _group_rows(task.topic, group, batch_rows, batch_bytes, max_uncompressed)
+                        group = []
+                        yield from streamed(i, handle, task)
+                finally:
+                    handle.close()
+            yield from _group_rows(tasks[run[0]].topic, group, batch_rows, batch_bytes, max_uncompressed)
+    finally:
+        if owned:
+            store.close()
+
+
+def _runs(tasks: Sequence[ReadTask], run_bytes: int, batch_bytes: int) -> list[tuple[bool, list[int]]]:
+    """``read_tasks``' plan: consecutive tasks of one topic (their indices) read as one run of at most
+    ``run_bytes``, or one task streamed (True: one whose size is unknown or at least ``batch_bytes``). (Runs that
+    start small and end small, for the caller's writes to overlap the decoding from the first run to the last,
+    measured slower: each run's fixed steps cost more than the overlap gave.)"""
+    out: list[tuple[bool, list[int]]] = []
+    run: list[int] = []
+    size = 0
+    for i, task in enumerate(tasks):
+        small = 0 < task.data_bytes < batch_bytes
+        if run and (not small or task.topic != tasks[run[0]].topic or size + task.data_bytes > run_bytes):
+            out.append((False, run))
+            run, size = [], 0
+        if not small:
+            out.append((True, [i]))
+            continue
+        run.append(i)
+        size += task.data_bytes
+    if run:
+        out.append((False, run))
+    return out
+
+
+def _group_rows(
+    topic: str,
+    group: Sequence[tuple[int, str, list[OffloadedEntry]]],
+    batch_rows: int,
+    batch_bytes: int,
+    max_uncompressed: int,
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The record batches of the tasks of ``group`` (each: its index, its data key, its entries), each task's cut
+    as ``read_task`` cuts them, decoded as one run; irregular anywhere, each task's entries one by one (the same
+    rows, or the error naming the entry)."""
+    entries = [entry for _, _, read in group for entry in read]
+    run = batched_entries([entry.payload for entry in entries]) if entries else None
+    batches = None
+    owners: list[int] = []  # each batch's task
+    if run is not None:
+        ends: list[int] = []  # into the run: where each task's batches end
+        first = 0
+        for i, _, read in group:
+            cut_at = _batch_ends(run, np.arange(first, first + len(read)), batch_rows, batch_bytes, whole=True)
+            ends += [first + end for end in cut_at]
+            owners += [i] * len(cut_at)
+            first += len(read)
+        batches = _run_batches(topic, TopicName.parse(topic).partition, run, np.arange(len(entries)), ends, entries)
+    if batches is not None:
+        yield from zip(owners, batches, strict=True)
+        return
+    for i, data_key, read in group:
+        decoded = (
+            (entry.ledger_id, entry.entry_id, d, where)
+            for entry, d, where in _decoded_in_window(data_key, read, ANY_TIME, DEFAULT_SKEW_MS, f" of {topic}")
+        )
+        rows = message_batches(
+            topic, decoded, batch_rows=batch_rows, batch_bytes=batch_bytes, max_uncompressed=max_uncompressed
+        )
+        yield from ((i, batch) for batch in rows)
 
 
 def _stop_time(times: TimeBounds, skew_ms: int) -> int | None:
@@ -681,30 +802,61 @@ def _message_rows(
                 inside[past[0] :] = False
                 exhausted, raw = True, iter(())
         kept = np.flatnonzero(inside)
-        messages = np.cumsum(run.num_messages[kept])
-        payload = np.cumsum(run.payload_end[kept] - run.payload_at[kept])
-        first = 0
-        while first < len(kept):
-            before_messages = messages[first - 1] if first else 0
-            before_payload = payload[first - 1] if first else 0
-            full = np.flatnonzero(
-                (messages[first:] - before_messages >= batch_rows) | (payload[first:] - before_payload >= batch_bytes)
-            )
-            if len(full):
-                last = first + int(full[0])
-            elif exhausted:
-                last = len(kept) - 1
-            else:
-                break
-            batch = _run_batch(topic, partition, run, kept[first : last + 1], pending)
-            if batch is None:
-                yield from one_by_one(itertools.chain((pending[i] for i in kept[first:].tolist()), raw))
+        ends = _batch_ends(run, kept, batch_rows, batch_bytes, whole=exhausted)
+        if ends:
+            batches = _run_batches(topic, partition, run, kept[: ends[-1]], ends, pending)
+            if batches is None:
+                yield from one_by_one(itertools.chain((pending[i] for i in kept.tolist()), raw))
                 return
-            yield batch
-            first = last + 1
-        pending = [pending[i] for i in kept[first:].tolist()]
+            yield from batches
+        pending = [pending[i] for i in kept[ends[-1] if ends else 0 :].tolist()]
         if exhausted and not pending:
             return
+
+
+def _batch_ends(run: BatchedEntries, kept: np.ndarray, batch_rows: int, batch_bytes: int, *, whole: bool) -> list[int]:
+    """Where the record batches of the ``kept`` entries of ``run`` end (exclusive, into ``kept``), cut where
+    ``message_batches`` cuts them: once a batch holds ``batch_rows`` messages or ``batch_bytes`` payload bytes;
+    with ``whole``, the rest is a last batch too."""
+    messages = np.cumsum(run.num_messages[kept])
+    payload = np.cumsum(run.payload_end[kept] - run.payload_at[kept])
+    ends: list[int] = []
+    first = 0
+    while first < len(kept):
+        before_messages = messages[first - 1] if first else 0
+        before_payload = payload[first - 1] if first else 0
+        full = np.flatnonzero(
+            (messages[first:] - before_messages >= batch_rows) | (payload[first:] - before_payload >= batch_bytes)
+        )
+        if not len(full):
+            if whole:
+                ends.append(len(kept))
+            break
+        first += int(full[0]) + 1
+        ends.append(first)
+    return ends
+
+
+def _run_batches(
+    topic: str,
+    partition: int,
+    run: BatchedEntries,
+    chosen: np.ndarray,
+    ends: Sequence[int],
+    entries: list[OffloadedEntry],
+) -> list[pa.RecordBatch] | None:
+    """The record batches of the ``chosen`` entries of ``run``, cut after ``ends`` of them: built as one
+    (``_run_batch``: its fixed steps once a run) and sliced; None when anything in them is irregular."""
+    batch = _run_batch(topic, partition, run, chosen, entries)
+    if batch is None:
+        return None
+    rows = np.concatenate(([0], np.cumsum(run.num_messages[chosen])))
+    out = []
+    first = 0
+    for end in ends:
+        out.append(batch.slice(int(rows[first]), int(rows[end] - rows[first])))
+        first = end
+    return out
 
 
 def _raising(exc: Exception) -> Iterator[OffloadedEntry]:

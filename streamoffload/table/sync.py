@@ -38,7 +38,9 @@ that topic (``TableSchemaError``).
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -62,11 +64,12 @@ from streamoffload.codecs.topics import TopicName
 from streamoffload.read.dataset_plan import (
     DEFAULT_MAX_PARTITION_BYTES,
     PositionBounds,
+    ReadTask,
     refuse_corrupt,
     resolve_topics,
     segment_tasks,
 )
-from streamoffload.read.dataset_read import read_task
+from streamoffload.read.dataset_read import read_tasks
 from streamoffload.storage.location import ScopedStore
 from streamoffload.table import dead_letters, layout, registry_schema
 from streamoffload.table import schema as value_schemas
@@ -75,6 +78,10 @@ from streamoffload.table.errors import TableError
 from streamoffload.table.position import TablePosition, summary_properties, table_position
 
 log = logging.getLogger(__name__)
+
+_WRITE_QUEUE_BYTES = 64 << 20
+"""The rows read and not yet written a sync holds: the read of the next segments overlaps the writes (pyarrow's
+encoding lets go of the GIL, the reader mostly does not)."""
 
 DEFAULT_SEGMENTS_PER_COMMIT = 64
 """Segments appended by one Iceberg commit: a commit's summary names them, and a crash repeats at most this many."""
@@ -356,9 +363,9 @@ def _write(
     typed: _Typed | None = None,
 ) -> tuple[list[DataFile], int]:
     """Write the pending segments' messages as data files of ``table`` (``table.data_files``: pyarrow directly,
-    in the table's schema), each read task's rows in a thread while the next task is read (pyarrow's encoding
-    lets go of the GIL, the reader mostly does not); returns them and their rows. With a value schema, also the
-    dead letters past the dead-letter table's position, as its data files (``typed.files``)."""
+    in the table's schema), a file per read task, in a thread while the next tasks are read (``read_tasks``:
+    small ones as one run), up to ``_WRITE_QUEUE_BYTES`` ahead; returns them and their rows. With a value schema,
+    also the dead letters past the dead-letter table's position, as its data files (``typed.files``)."""
     files: list[DataFile] = []
     rows = 0
     table_uuid = table.metadata.table_uuid
@@ -366,32 +373,43 @@ def _write(
     dead_writer = DataFileWriter(typed.dead) if typed is not None else None
     names = writer.arrow_schema.names
     decoded = writer.arrow_schema.field(value_schemas.VALUE_DECODED) if value_schemas.VALUE_DECODED in names else None
-    writing: Future[list[DataFile]] | None = None
-    with ThreadPoolExecutor(1, thread_name_prefix="table-write") as pool:
+    writing: collections.deque[tuple[Future[list[DataFile]], int]] = collections.deque()  # in order, with bytes
+    held = 0  # the bytes of the rows in the writer's queue
+    with ThreadPoolExecutor(2, thread_name_prefix="table-write") as pool:
         for part in pending:
             partition = TopicName.parse(part.topic).partition
             bounds = PositionBounds(start=_position_after(part.after))
+            named: list[tuple[uuid.UUID, int]] = []  # each task's segment and its index there: its files' names
+            tasks: list[ReadTask] = []
             for segment in part.segments:
                 segment_id = mf.manifest_uuid(segment)
-                tasks = segment_tasks(scoped.store, part.topic, segment, bounds, options.max_partition_bytes)
-                for i, task in enumerate(tasks):
-                    columns, num_rows = _task_columns(list(read_task(scoped, task, keyring=options.keyring)), partition)
-                    if num_rows == 0:
-                        continue
-                    write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
-                    if decoded is not None:
-                        versions = functools.partial(
-                            registry_schema.entry_schema_versions, scoped, task, options.keyring
-                        )
-                        columns[value_schemas.VALUE_DECODED] = _value_decoded(
-                            columns, num_rows, decoded, typed, dead_writer, part.topic, write_uuid, versions
-                        )
-                    if writing is not None:  # one file in the writer's thread at a time: the memory of two tasks
-                        files += writing.result()
-                    writing = pool.submit(writer.write, writer.rows(columns, num_rows), write_uuid)
-                    rows += num_rows
-        if writing is not None:
-            files += writing.result()
+                found = segment_tasks(scoped.store, part.topic, segment, bounds, options.max_partition_bytes)
+                named += [(segment_id, i) for i in range(len(found))]
+                tasks += found
+            read = read_tasks(scoped, tasks, keyring=options.keyring)
+            for t, batches in itertools.groupby(read, key=lambda pair: pair[0]):
+                columns, num_rows = _task_columns([batch for _, batch in batches], partition)
+                if num_rows == 0:
+                    continue
+                segment_id, i = named[t]
+                write_uuid = uuid.uuid5(_NAMES, f"{table_uuid}/{segment_id}/{i}/{base}/{options.writer}")
+                if decoded is not None:
+                    versions = functools.partial(
+                        registry_schema.entry_schema_versions, scoped, tasks[t], options.keyring
+                    )
+                    columns[value_schemas.VALUE_DECODED] = _value_decoded(
+                        columns, num_rows, decoded, typed, dead_writer, part.topic, write_uuid, versions
+                    )
+                while writing and held >= _WRITE_QUEUE_BYTES:  # the reader runs ahead of the writer this far
+                    done, size = writing.popleft()
+                    files += done.result()
+                    held -= size
+                data = writer.rows(columns, num_rows)
+                writing.append((pool.submit(writer.write, data, write_uuid), data.nbytes))
+                held += data.nbytes
+                rows += num_rows
+        for done, _ in writing:
+            files += done.result()
     return files, rows
 
 
