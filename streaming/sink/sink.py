@@ -271,6 +271,7 @@ class SegmentSink:
         reader = PartReader(self.fetcher) if self.fetcher is not None else None
         whole = _whole_segments(actions, indexes, self.whole_segment_bytes)
         done: set[int] = set()  # the parts and seals of segments written whole
+        absent: set[str] = set()  # data objects this run found missing (a store request per part saved)
         try:
             for i in indexes:
                 if i in done:
@@ -280,7 +281,7 @@ class SegmentSink:
                     segment = whole.get(i)
                     parts_before = stats.parts
                     if segment is None:
-                        self._apply_one(action, stats, reader, parts.get(i))
+                        self._apply_one(action, stats, reader, parts.get(i), absent)
                     else:
                         action = actions[segment.seal]  # what a failure is recorded against
                         done.update(segment.parts, [segment.seal])
@@ -304,6 +305,7 @@ class SegmentSink:
         stats: SinkStats,
         reader: PartReader | None = None,
         part: PlannedPart | None = None,
+        absent: set[str] | None = None,
     ) -> None:
         match action:
             case StatsAction():
@@ -313,7 +315,7 @@ class SegmentSink:
                 crash_point("after-open")
                 stats.opened += 1
             case PartAction():
-                self._apply_part(action, stats, reader, part)
+                self._apply_part(action, stats, reader, part, absent)
             case SealAction():
                 self._apply_seal(action, stats)
             case RequestsAction():
@@ -322,11 +324,22 @@ class SegmentSink:
                 assert_never(action)
 
     def _apply_part(
-        self, action: PartAction, stats: SinkStats, reader: PartReader | None, part: PlannedPart | None
+        self,
+        action: PartAction,
+        stats: SinkStats,
+        reader: PartReader | None,
+        part: PlannedPart | None,
+        absent: set[str] | None = None,
     ) -> None:
+        """Write a part, unless its data object exists (a replay of a completed segment). ``absent``: data objects
+        this run of the topic-partition's actions already found missing: only the segment's own seal, later in
+        the run, completes it (an old writer that completed it since fails the part: the upload is gone)."""
         data_key = action.data_key
-        if self.commits.object_exists(data_key):
-            return
+        if absent is None or data_key not in absent:
+            if self.commits.object_exists(data_key):
+                return
+            if absent is not None:
+                absent.add(data_key)
         started = time.monotonic()
         throttled = 0.0
         upload = self.commits.upload_for(data_key, action.manifest_key)

@@ -357,6 +357,20 @@ def test_multipart_complete_uses_exactly_the_given_parts(store: ObjectStore) -> 
     assert store.get("mp/exact") == p1 + p3
 
 
+def test_a_part_written_to_a_completed_upload_fails_and_leaves_the_object(store: ObjectStore) -> None:
+    """What lets the sink ask whether a segment's object exists once per run, not before every part: an old writer
+    that completed the upload meanwhile makes the next part fail, never change the object."""
+    write = store.start_multipart("mp/completed")
+    p1 = part_bytes(store, 1)
+    write.write_part(1, p1)
+    later = store.resume_multipart("mp/completed", write.upload_id)  # the same upload, another writer's handle
+    write.complete([1])
+    with pytest.raises(UploadNotFoundError, match="mp/completed"):
+        later.write_part(2, b"after the end")
+    assert store.get("mp/completed") == p1
+    assert not list(store.pending_multiparts("mp/"))
+
+
 def test_multipart_complete_with_a_missing_part_fails_and_keeps_the_upload(store: ObjectStore) -> None:
     write = store.start_multipart("mp/missing")
     write.write_part(1, b"only part")

@@ -342,6 +342,42 @@ def test_a_small_segment_sealed_in_its_batch_is_one_put_with_no_upload_and_no_as
     assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 12))
 
 
+def test_a_run_asks_once_whether_a_segment_object_exists_not_before_every_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts of a segment written in one run: one existence check of its data object (S3: one HEAD, not one per
+    part); a replay of the run after its seal asks once too and writes no part."""
+    store = FilesystemStore(tmp_path / "store")
+    asked: list[str] = []
+    parts: list[str] = []
+    exists = store.exists
+    monkeypatch.setattr(store, "exists", lambda key: asked.append(key) or exists(key))
+    start = store.start_multipart
+
+    def recording_start(key: str, *args: Any, **kwargs: Any) -> Any:
+        upload = start(key, *args, **kwargs)
+        write = upload.write_part
+        upload.write_part = lambda n, data: parts.append(f"{key}#{n}") or write(n, data)  # type: ignore[method-assign]
+        return upload
+
+    monkeypatch.setattr(store, "start_multipart", recording_start)
+    state = MemoryState()
+    actions = offload(store, entries(0, 150), state=state, epoch=0)  # open, and a part for each full block
+    [data_key] = {p.split("#")[0] for p in parts}
+    assert len(parts) >= 3, parts  # a segment of several parts: the case this test is about
+    assert asked.count(data_key) == 1
+    offload(store, entries(150, 10), state=state, epoch=0, controls=(CONTROL_SEAL,))
+    [sealed] = MetadataStore(ScopedStore(store)).offloaded_segments(TOPIC)
+    assert sealed.dataKey == data_key
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 160))
+
+    asked.clear()
+    parts.clear()
+    new_sink(store).apply(list(actions))  # a replay of the first run: the object exists, every part is skipped
+    assert asked.count(data_key) == 1 and not parts
+    assert read_entries(ScopedStore(store), TOPIC) == triples(published(0, 160))
+
+
 def test_what_a_failed_whole_write_left_never_makes_a_later_attempt_skip_its_parts(
     store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
