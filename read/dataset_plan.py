@@ -343,6 +343,31 @@ def segment_tasks(
     return tasks
 
 
+DEFAULT_OPEN_COST_BYTES = 4 * 1024 * 1024
+"""What opening a task is counted as, in bytes, when tasks are packed (Spark's ``spark.sql.files.openCostInBytes``)."""
+
+
+def pack_tasks(
+    tasks: Sequence[ReadTask],
+    max_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
+    open_cost: int = DEFAULT_OPEN_COST_BYTES,
+) -> list[list[ReadTask]]:
+    """``tasks`` in order, packed into groups of at most ``max_bytes`` (each task its data bytes plus
+    ``open_cost``), as Spark packs small files into its partitions: many small segments (a topic sealed every few
+    seconds) are one Spark task each no more. A task of unknown size is a group of its own."""
+    groups: list[list[ReadTask]] = []
+    size = 0
+    for task in tasks:
+        cost = task.data_bytes + open_cost
+        if not groups or not task.data_bytes or not groups[-1][-1].data_bytes or size + cost > max_bytes:
+            groups.append([task])
+            size = cost
+        else:
+            groups[-1].append(task)
+            size += cost
+    return groups
+
+
 def describe(task: ReadTask) -> str:
     return json.dumps(
         {

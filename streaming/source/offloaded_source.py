@@ -32,9 +32,11 @@ Options (names are case-insensitive, as Spark makes them):
 ``keysFile``
     The key file (JSON or TOML of key id = base64 key) of segments encrypted at rest; the environment's keys
     (``STREAMOFFLOAD_KEYS_FILE``, ``STREAMOFFLOAD_KEK_<id>``) are used too (``checkpoints.keyring``).
-``maxPartitionBytes`` (32 MiB), ``publishTimeSkewMs`` (1000), ``readBufferSize`` (1 MiB)
-    A segment larger than ``maxPartitionBytes`` is read by several tasks, each a run of whole blocks;
-    the publish-time slack of pruning (see ``offloaded_read``); the ranged-GET size.
+``maxPartitionBytes`` (32 MiB), ``openCostInBytes`` (4 MiB), ``publishTimeSkewMs`` (1000), ``readBufferSize`` (1 MiB)
+    A segment larger than ``maxPartitionBytes`` is read by several tasks, each a run of whole blocks, and smaller
+    ones are packed into a Spark partition up to it, each counted its size plus ``openCostInBytes`` (Spark's
+    file sources' rule and names); the publish-time slack of pruning (see ``offloaded_read``); the ranged-GET
+    size.
 ``maxMessageSize`` (5 MiB, Pulsar's broker default)
     The broker's ``maxMessageSize``: a compressed payload inflates to at most this plus 1 MiB of batch framing
     (``codecs.compression.max_uncompressed``); one that declares more is refused, naming its entry.
@@ -94,6 +96,7 @@ class OffloadedOptions:
     times: ofp.TimeBounds = field(default_factory=ofp.TimeBounds)
     output: str = ofr.OUTPUT_MESSAGES
     max_partition_bytes: int = ofp.DEFAULT_MAX_PARTITION_BYTES
+    open_cost: int = ofp.DEFAULT_OPEN_COST_BYTES
     skew_ms: int = ofp.DEFAULT_SKEW_MS
     read_buffer_size: int = 1 << 20
     keys_file: str | None = None
@@ -151,6 +154,7 @@ class OffloadedOptions:
         read_buffer = parse_size(get("readBufferSize") or "1m", "readBufferSize")
         if max_bytes <= 0 or read_buffer <= 0:
             raise ConfigError("options maxPartitionBytes and readBufferSize must be positive")
+        open_cost = parse_size(get("openCostInBytes") or str(ofp.DEFAULT_OPEN_COST_BYTES), "openCostInBytes")
         max_message = parse_size(get("maxMessageSize") or str(MAX_MESSAGE_SIZE), "maxMessageSize")
         if max_message <= 0:
             raise ConfigError(f"option maxMessageSize must be positive, got {get('maxMessageSize')!r}")
@@ -163,6 +167,7 @@ class OffloadedOptions:
             times=times,
             output=output,
             max_partition_bytes=max_bytes,
+            open_cost=open_cost,
             skew_ms=int(skew),
             read_buffer_size=read_buffer,
             keys_file=get("keysFile") or (config.encryption.keys_file if config is not None else None) or None,
@@ -277,12 +282,16 @@ class PushedBounds:
 
 
 class OffloadedPartition(InputPartition):
-    def __init__(self, task: ofp.ReadTask | None) -> None:
-        super().__init__(task)
-        self.task = task
+    """A Spark partition: read tasks (``ofp.pack_tasks``), read one after the other; none reads nothing."""
+
+    def __init__(self, tasks: Sequence[ofp.ReadTask]) -> None:
+        super().__init__(tuple(tasks))
+        self.tasks = tuple(tasks)
 
     def __repr__(self) -> str:
-        return "OffloadedPartition(empty)" if self.task is None else f"OffloadedPartition({ofp.describe(self.task)})"
+        if not self.tasks:
+            return "OffloadedPartition(empty)"
+        return f"OffloadedPartition({', '.join(ofp.describe(t) for t in self.tasks)})"
 
 
 class OffloadedReader(DataSourceReader):
@@ -327,7 +336,8 @@ class OffloadedReader(DataSourceReader):
         finally:
             scoped.store.close()
         # Spark wants at least one partition; an empty one reads nothing.
-        return [OffloadedPartition(t) for t in tasks] or [OffloadedPartition(None)]
+        groups = ofp.pack_tasks(tasks, opts.max_partition_bytes, opts.open_cost)
+        return [OffloadedPartition(group) for group in groups] or [OffloadedPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """Arrow record batches built column by column (``read.dataset_read``): Spark's Python worker passes
@@ -335,20 +345,39 @@ class OffloadedReader(DataSourceReader):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         freeze_long_lived()
-        task = partition.task  # type: ignore[attr-defined]
-        if task is None:
-            return
+        tasks: tuple[ofp.ReadTask, ...] = partition.tasks  # type: ignore[attr-defined]
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        for batch in ofr.read_task(
-            self.options.location,
-            task,
-            output=self.options.output,
-            times=self._times(),
-            skew_ms=self.options.skew_ms,
-            read_buffer_size=self.options.read_buffer_size,
-            keyring=KeyRing.with_file(self.options.keys_file),
-            max_uncompressed=max_uncompressed(self.options.max_message_size),
-        ):
+        opts = self.options
+        keyring = KeyRing.with_file(opts.keys_file)
+        times = self._times()
+        most = max_uncompressed(opts.max_message_size)
+        batches: Iterator[Any]
+        if opts.output == ofr.OUTPUT_MESSAGES and times.lo is None and times.hi is None:
+            # Small segments one after the other are decoded as one run (``read_tasks``).
+            rows = ofr.read_tasks(
+                opts.location,
+                tasks,
+                read_buffer_size=opts.read_buffer_size,
+                keyring=keyring,
+                max_uncompressed=most,
+            )
+            batches = (batch for _, batch in rows)
+        else:
+            batches = (
+                batch
+                for task in tasks
+                for batch in ofr.read_task(
+                    opts.location,
+                    task,
+                    output=opts.output,
+                    times=times,
+                    skew_ms=opts.skew_ms,
+                    read_buffer_size=opts.read_buffer_size,
+                    keyring=keyring,
+                    max_uncompressed=most,
+                )
+            )
+        for batch in batches:
             # A schema given with .schema(...) that differs from ours is cast to (as Spark would, in its
             # worker, for rows); a wrong one fails there, naming the column.
             yield batch if batch.schema.equals(schema) else batch.cast(schema)

@@ -94,6 +94,52 @@ def test_every_message_and_column_across_split_segments(store_dir: tuple[Path, d
         assert got == want
 
 
+def test_small_tasks_are_packed_in_order_up_to_max_bytes_each_counted_with_its_open_cost() -> None:
+    def task(n: int, size: int) -> ofp.ReadTask:
+        return ofp.ReadTask(f"t{n}", b"", None, None, data_bytes=size)
+
+    tasks = [task(0, 10), task(1, 20), task(2, 30), task(3, 0), task(4, 5), task(5, 100), task(6, 1)]
+    sizes = [[t.data_bytes for t in group] for group in ofp.pack_tasks(tasks, max_bytes=70, open_cost=5)]
+    # 10+5 + 20+5 + 30+5 = 75 > 70; a task of unknown size (0) alone; one above the bound alone
+    assert sizes == [[10, 20], [30], [0], [5], [100], [1]]
+    assert [[t.topic for t in g] for g in ofp.pack_tasks(tasks, 1 << 20, 0)] == [
+        ["t0", "t1", "t2"],
+        ["t3"],
+        ["t4", "t5", "t6"],
+    ]
+    assert ofp.pack_tasks([], 70, 5) == []
+
+
+def test_spark_partitions_of_packed_small_segments_read_every_row_once(
+    store_dir: tuple[Path, dict[str, list[Sent]]],
+) -> None:
+    pytest.importorskip("pyspark")
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from streamoffload.streaming.source.offloaded_source import OffloadedOptions, OffloadedReader
+
+    root, sent = store_dir
+    store = FilesystemStore(str(root))
+    topics = [AUDIT, P0, P1]
+    want = read_all(store, ofp.plan(ScopedStore(store), topics, {}))
+    assert len(want) == sum(len(sent[t]) for t in topics)
+    schema = from_arrow_schema(ofr.MESSAGE_ARROW_SCHEMA)
+    for options, packed in (
+        ({}, True),
+        ({"openCostInBytes": str(1 << 30)}, False),
+        ({"endingTime": "4102444800000"}, True),
+    ):
+        reader = OffloadedReader(
+            OffloadedOptions.parse({"store": str(root), "topics": f"{BASE},{AUDIT}", **options}), schema
+        )
+        partitions = reader.partitions()
+        tasks = [t for p in partitions for t in p.tasks]  # type: ignore[attr-defined]
+        assert len(tasks) == len(ofp.plan(ScopedStore(store), topics, {}))
+        assert (len(partitions) < len(tasks)) == packed
+        got = [row for p in partitions for batch in reader.read(p) for row in ofr.rows(batch, ofr.MESSAGE_COLUMNS)]
+        assert got == want  # every message once, in order, read by read_tasks or (a time bound) read_task
+
+
 def test_message_id_is_pulsars_serialized_message_id_data() -> None:
     batched = MessageIdData.FromString(ofr.message_id(7, 9, 2, 3, 10))
     assert (batched.ledgerId, batched.entryId, batched.partition, batched.batch_index, batched.batch_size) == (
@@ -243,6 +289,10 @@ def test_option_errors_name_the_option() -> None:
         ({**good, "output": "rows"}, "option output: expected messages or entries"),
         ({**good, "publishTimeSkewMs": "-1"}, "option publishTimeSkewMs"),
         ({**good, "maxMessageSize": "0"}, "option maxMessageSize must be positive, got '0'"),
+        (
+            {**good, "openCostInBytes": "-1"},
+            "option openCostInBytes: expected a byte count like 1048576, 64m or 1GiB, got '-1'",
+        ),
     ]
     for options, message in cases:
         with pytest.raises(ConfigError, match=message):
