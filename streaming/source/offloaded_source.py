@@ -53,7 +53,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 from pyspark.sql.datasource import (
@@ -81,6 +81,9 @@ from streamoffload.read import dataset_read as ofr
 from streamoffload.storage.location import StoreLocation, parse_store_url
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.option_values import parse_size, parse_topic
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 from streamoffload.streaming.source.source_options import StartSpec, parse_pattern, parse_starting_offsets
 
 SOURCE_NAME = "pulsar-offloaded"
@@ -351,7 +354,7 @@ class OffloadedReader(DataSourceReader):
         keyring = KeyRing.with_file(opts.keys_file)
         times = self._times()
         most = max_uncompressed(opts.max_message_size)
-        batches: Iterator[Any]
+        batches: Iterator[pa.RecordBatch]
         if opts.output == ofr.OUTPUT_MESSAGES and times.lo is None and times.hi is None:
             # Small segments one after the other are decoded as one run (``read_tasks``).
             rows = ofr.read_tasks(
