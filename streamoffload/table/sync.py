@@ -375,7 +375,7 @@ def _write(
     decoded = writer.arrow_schema.field(value_schemas.VALUE_DECODED) if value_schemas.VALUE_DECODED in names else None
     writing: collections.deque[tuple[Future[list[DataFile]], int]] = collections.deque()  # in order, with bytes
     held = 0  # the bytes of the rows in the writer's queue
-    with ThreadPoolExecutor(2, thread_name_prefix="table-write") as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="table-write") as pool:
         for part in pending:
             partition = TopicName.parse(part.topic).partition
             bounds = PositionBounds(start=_position_after(part.after))
