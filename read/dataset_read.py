@@ -316,9 +316,7 @@ def read_tasks(
 
 def _runs(tasks: Sequence[ReadTask], run_bytes: int, batch_bytes: int) -> list[tuple[bool, list[int]]]:
     """``read_tasks``' plan: consecutive tasks of one topic (their indices) read as one run of at most
-    ``run_bytes``, or one task streamed (True: one whose size is unknown or at least ``batch_bytes``). (Runs that
-    start small and end small, for the caller's writes to overlap the decoding from the first run to the last,
-    measured slower: each run's fixed steps cost more than the overlap gave.)"""
+    ``run_bytes``, or one task streamed (True: one whose size is unknown or at least ``batch_bytes``)."""
     out: list[tuple[bool, list[int]]] = []
     run: list[int] = []
     size = 0

@@ -81,10 +81,10 @@ from streamoffload.read import dataset_read as ofr
 from streamoffload.storage.location import StoreLocation, parse_store_url
 from streamoffload.streaming.runtime.worker_gc import freeze_long_lived
 from streamoffload.streaming.source.option_values import parse_size, parse_topic
+from streamoffload.streaming.source.source_options import StartSpec, parse_pattern, parse_starting_offsets
 
 if TYPE_CHECKING:
     import pyarrow as pa
-from streamoffload.streaming.source.source_options import StartSpec, parse_pattern, parse_starting_offsets
 
 SOURCE_NAME = "pulsar-offloaded"
 
