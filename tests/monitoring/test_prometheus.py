@@ -218,6 +218,20 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
                 150,
                 f"{total_entries} entries, {total_bytes} bytes offloaded",
             )
+            # Behind on purpose: new traffic on a caught-up topic opens a segment that seals by time 8 s later;
+            # until then the lag is above 0. (The first catch-up may take longer than the rollover on a loaded
+            # machine, sealing everything in one micro-batch: no scrape would see it behind.)
+            poll(lambda: prom.scalar("max(streamoffload_offload_lag_seconds)") == 0, 30, "lag 0 once caught up")
+            produce(service_url, plain, 3, PAYLOAD, batching=False)
+            expected[plain] = published_entries(service_url, plain)
+            total_entries = sum(e for e, _, _ in expected.values())
+            total_bytes = sum(b for _, b, _ in expected.values())
+            poll(lambda: (prom.scalar("max(streamoffload_offload_lag_seconds)") or 0) > 0, 30, "lag above 0")
+            poll(
+                lambda: offloaded() == (total_entries, total_bytes),
+                60,
+                f"{total_entries} entries, {total_bytes} bytes offloaded after new traffic",
+            )
         finally:
             job.stop()
             runner.join(timeout=60)
@@ -253,10 +267,8 @@ def test_prometheus_scrapes_true_values_and_every_dashboard_query_has_data(
         )
         assert prom.scalar('sum(streamoffload_segments{status=~"Assigned|Failed"})') == 0
 
-        # Caught up: lag 0 and nothing behind, for every topic-partition; while the job was behind
-        # (segments sealed by size, the rest still open) the lag was above 0.
+        # Caught up: lag 0 and nothing behind, for every topic-partition (it was above 0 while behind, above).
         poll(lambda: prom.scalar("max(streamoffload_offload_lag_seconds)") == 0, 15, "lag to fall to 0")
-        assert prom.scalar("max_over_time(max(streamoffload_offload_lag_seconds)[10m:1s])") > 0
         for topic, (_entries, _bytes, latest) in expected.items():
             assert metrics.source_latest(topic) == latest, "Spark progress did not carry the source's latest offset"
         assert len(prom.query("streamoffload_offload_lag_seconds")) == len(topics)
