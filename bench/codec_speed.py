@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from streamoffload.codecs.block_writer import BlockWriter
+from streamoffload.codecs.block_writer import Block, BlockWriter
 from streamoffload.codecs.blocks import FormatVersion, iter_blocks
 
 
@@ -61,9 +61,9 @@ def bench_size(entry_size: int, total: int, block_size: int, repeat: int) -> lis
     del pool
     payload_bytes = entry_size * count
 
-    def encode() -> bytes:
+    def encode() -> list[Block]:
         writer = BlockWriter(FormatVersion.V2, block_size)
-        blocks = []
+        blocks: list[Block] = []
         ledger = 1
         for entry_id, payload in enumerate(payloads):
             blocks += writer.add(ledger, entry_id, payload)
