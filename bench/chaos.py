@@ -83,6 +83,7 @@ from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.checksums import BlockChecksums
 from streamoffload.codecs.entry import entry_messages
 from streamoffload.codecs.index import OffloadIndex
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.config import Config, load_config
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import expected_payload
@@ -234,8 +235,8 @@ class ChaosReport:
             f"{self.converge_seconds:.1f} s" if self.converged and self.converge_seconds is not None else "TIMED OUT"
         )
         lines = ["  fault kind           injected  survived"]
-        for kind, c in self.faults.items():
-            lines.append(f"  {kind:<20} {c.injected:>8}  {c.survived:>8}")
+        for kind, fault in self.faults.items():
+            lines.append(f"  {kind:<20} {fault.injected:>8}  {fault.survived:>8}")
         lines.append(f"  {'all':<20} {self.injected:>8}  {self.survived:>8}")
         verify = (
             "not run" if not self.verify_ran else (f"FAILED ({self.verify_error})" if self.verify_error else "clean")
@@ -356,7 +357,7 @@ def _latest_commit(checkpoint: Path) -> float | None:
     return latest
 
 
-def _offloaded(meta: MetadataStore, topics: list[str]) -> dict[str, list[mf.SegmentManifest]]:
+def _offloaded(meta: MetadataStore, topics: list[str]) -> dict[str, list[SegmentManifest]]:
     return {t: meta.offloaded_segments(t) for t in topics}
 
 
@@ -437,13 +438,13 @@ def _store_keys(scoped: ScopedStore) -> set[str]:
     return {info.key for info in scoped.store.list(f"{scoped.prefix}/" if scoped.prefix else "")}
 
 
-def segment_objects(manifest: mf.SegmentManifest) -> list[str]:
+def segment_objects(manifest: SegmentManifest) -> list[str]:
     """Every object a committed segment names: its data, its index, its block checksum records."""
     records = (keys.block_checksums_key(manifest.dataKey, n) for n in range(1, mf.checksum_blocks(manifest) + 1))
     return [manifest.dataKey, manifest.indexKey, *records]
 
 
-def cleanup_damage(store: ObjectStore, offloaded: dict[str, list[mf.SegmentManifest]]) -> list[str]:
+def cleanup_damage(store: ObjectStore, offloaded: dict[str, list[SegmentManifest]]) -> list[str]:
     """Each object a committed segment names that is gone or does not read back, as ``key: why``: the data object
     is there (its content is read back by ``check_store``), the index decodes, each checksum record decodes."""
     damage: list[str] = []
