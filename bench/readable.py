@@ -11,10 +11,10 @@ import time
 from collections.abc import Iterator
 
 from streamoffload.checkpoints import manifest as mf
-from streamoffload.checkpoints.manifest import SegmentManifest
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.codecs.blocks import iter_blocks
 from streamoffload.codecs.entry import EntryMessage, entry_messages
+from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.storage.base import ObjectStore
 
 
