@@ -19,9 +19,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-S3_CREDENTIALS = {"access_key": "testing", "secret_key": "testing"}
+
+class S3Credentials(TypedDict):
+    """``S3Store``'s credential keywords, so that ``S3Store(..., **S3_CREDENTIALS)`` is type-checked."""
+
+    access_key: str
+    secret_key: str
+
+
+S3_CREDENTIALS: S3Credentials = {"access_key": "testing", "secret_key": "testing"}
 S3_REGION = "us-east-1"
 
 
@@ -100,7 +108,7 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
-def raw_s3_client(endpoint_url: str, credentials: dict[str, str] = S3_CREDENTIALS) -> Any:
+def raw_s3_client(endpoint_url: str, credentials: S3Credentials = S3_CREDENTIALS) -> Any:
     """A plain synchronous botocore client on the endpoint, for setup and for looking behind a store."""
     import botocore.session
     from botocore.config import Config
