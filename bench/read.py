@@ -281,9 +281,11 @@ def bench_filesystem(args: argparse.Namespace, root: Path) -> None:
             t_raw, n = timed(lambda: raw_read_crc(paths, buf))
             best["raw+crc"] = min(best["raw+crc"], t_raw)
         for label, readahead in variants.items():
-            t_ours, (n_entries, n_payload, reader) = timed(
-                lambda readahead=readahead: our_read(store, buf, readahead=readahead, cache_bytes=args.cache_mib * MIB)
-            )
+
+            def read_once(readahead: bool | None = readahead) -> tuple[int, int, TopicReader]:
+                return our_read(store, buf, readahead=readahead, cache_bytes=args.cache_mib * MIB)
+
+            t_ours, (n_entries, n_payload, reader) = timed(read_once)
             assert (n_entries, n_payload) == (count, payload), (n_entries, count)
             reader.close()
             best[label] = min(best[label], t_ours)
@@ -446,11 +448,11 @@ def bench_s3(args: argparse.Namespace, work: Path) -> None:
             assert n == data_bytes
             best_get = min(best_get, t_get)
             for label, (readahead, size) in variants.items():
-                t_ours, (n_entries, n_payload, reader) = timed(
-                    lambda readahead=readahead, size=size: our_read(
-                        store, size, readahead=readahead, cache_bytes=args.cache_mib * MIB
-                    )
-                )
+
+                def read_once(readahead: bool | None = readahead, size: int = size) -> tuple[int, int, TopicReader]:
+                    return our_read(store, size, readahead=readahead, cache_bytes=args.cache_mib * MIB)
+
+                t_ours, (n_entries, n_payload, reader) = timed(read_once)
                 assert (n_entries, n_payload) == (count, payload)
                 gets[label] = reader.stats.gets
                 reader.close()
