@@ -41,6 +41,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,20 @@ from streamoffload.codecs.positions import Position
 from streamoffload.produce import produce
 from streamoffload.pulsar import client_reader
 from streamoffload.pulsar import raw_reader as rr
-from streamoffload.pulsar.exactly_once import ReaderSettings, ReadStats
+from streamoffload.pulsar.exactly_once import BEFORE_EARLIEST, ReaderSettings, ReadStats
 from streamoffload.pulsar.wire import batch_size_of
+
+
+def end_positions(client: Any, topics: Iterable[str]) -> dict[str, Position]:
+    """Each topic-partition's last position (``client_reader.latest_position``): where the drains below stop.
+    A topic-partition without entries is an error, as a drain would have no end to reach."""
+    ends: dict[str, Position] = {}
+    for topic in topics:
+        end = client_reader.latest_position(client, topic)
+        if end is None:
+            raise RuntimeError(f"{topic} has no entries: nothing to drain")
+        ends[topic] = end
+    return ends
 
 
 def drain_plain(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
@@ -92,9 +105,7 @@ def drain_plain(client: Any, topic: str, end: Position, stall_ms: int, queue: in
 def drain_client(client: Any, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
     stats = ReadStats()
     settings = ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
-    for _entry in client_reader.read_range(
-        client, topic, client_reader.BEFORE_EARLIEST, end, settings=settings, stats=stats
-    ):
+    for _entry in client_reader.read_range(client, topic, BEFORE_EARLIEST, end, settings=settings, stats=stats):
         pass
     return stats.messages, stats.bytes, stats.entries
 
@@ -102,7 +113,7 @@ def drain_client(client: Any, topic: str, end: Position, stall_ms: int, queue: i
 def drain_raw(client: rr.RawClient, topic: str, end: Position, stall_ms: int, queue: int) -> tuple[int, int, int]:
     stats = ReadStats()
     settings = ReaderSettings(receiver_queue_size=queue, stall_timeout_ms=stall_ms)
-    for _entry in rr.read_range_raw(client, topic, client_reader.BEFORE_EARLIEST, end, settings=settings, stats=stats):
+    for _entry in rr.read_range_raw(client, topic, BEFORE_EARLIEST, end, settings=settings, stats=stats):
         pass
     return stats.messages, stats.bytes, stats.entries
 
@@ -261,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                         batch_size=args.batch_size,
                     )
                     topics = list(summary.partitions)
-                    ends = {t: client_reader.latest_position(client, t) for t in topics}
+                    ends = end_positions(client, topics)
                     print(f"{mode}: published in {summary.seconds:.1f} s ({summary.rate:,.0f} msg/s)")
                     readers = {r.strip() for r in args.readers.split(",") if r.strip()}
                     best = {name: float("inf") for name in ("plain", "client", "raw")}
@@ -277,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                         started = time.monotonic()
                         totals = [0, 0, 0]
                         for t in topics:
-                            for i, v in enumerate(drain_plain(client, t, ends[t], args.stall_ms, args.queue)):  # type: ignore[arg-type]
+                            for i, v in enumerate(drain_plain(client, t, ends[t], args.stall_ms, args.queue)):
                                 totals[i] += v
                         best["plain"] = min(best["plain"], time.monotonic() - started)
                         messages, payload, entries = totals
@@ -287,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                             started = time.monotonic()
                             read_entries = read_messages = 0
                             for t in topics:
-                                m, _b, e = drain(reader_client, t, ends[t], args.stall_ms, args.queue)  # type: ignore[arg-type]
+                                m, _b, e = drain(reader_client, t, ends[t], args.stall_ms, args.queue)
                                 read_messages += m
                                 read_entries += e
                             best[name] = min(best[name], time.monotonic() - started)
