@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import add_work_arguments, fs_store_section, new_work_dir, store_toml
 from bench.procstats import CpuMeter, tree_cpu
-from bench.source import drain_plain, drain_raw
+from bench.source import drain_plain, drain_raw, end_positions
 from bench.spark_cluster import StandaloneCluster, packed_environment, standalone_recipe, submit_command
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.embedded_broker import EmbeddedBroker
@@ -78,7 +78,7 @@ def reference(service_url: str, topics: list[str], rounds: int, broker_pid: int)
     client = client_reader.make_client(service_url)
     drains: list[Drain] = []
     try:
-        ends = {t: client_reader.latest_position(client, t) for t in topics}
+        ends = end_positions(client, topics)
         for i in range(rounds):
             with CpuMeter(broker_pid) as meter:
                 started = time.monotonic()
