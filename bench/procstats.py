@@ -346,7 +346,7 @@ def _subtree(parents: dict[int, list[int]], root: int) -> list[int]:
 def spark_python_pids(parents: dict[int, list[int]]) -> list[int]:
     """Spark's Python processes for this driver: the JVM's descendants, and the fork server's subtree
     (streaming/runtime/fork_server.py: the daemons it forked for Spark, and what they forked)."""
-    out = []
+    out: list[int] = []
     for pid in parents.get(os.getpid(), []):
         if "java" in _cmdline(pid).split(" ")[0]:
             out.extend(p for p in _subtree(parents, pid) if p != pid)
