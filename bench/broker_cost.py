@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.source import drain_plain, drain_raw  # noqa: E402
+from bench.source import drain_plain, drain_raw, end_positions  # noqa: E402
 from streamoffload.embedded_broker import EmbeddedBroker  # noqa: E402
 from streamoffload.produce import produce  # noqa: E402
 from streamoffload.pulsar import client_reader  # noqa: E402
@@ -168,8 +168,8 @@ def measure(args: argparse.Namespace, work: Path) -> int:
         gb = summary.bytes / 1e9
         client = client_reader.make_client(broker.service_url)
         raw = rr.RawClient(broker.service_url)
-        ends = {t: client_reader.latest_position(client, t) for t in topics}
-        ranges = [Range(t, (-1, -1), ends[t], True) for t in topics]  # type: ignore[arg-type]
+        ends = end_positions(client, topics)
+        ranges = [Range(t, (-1, -1), ends[t], True) for t in topics]
         print(
             f"broker_cost: {summary.bytes / 1e6:.0f} MB in {len(topics)} topic-partitions, {args.rounds} round(s); "
             f"load {os.getloadavg()[0]:.1f}"
@@ -181,16 +181,25 @@ def measure(args: argparse.Namespace, work: Path) -> int:
                 f"  the job first (fresh broker): broker {cpu:6.2f} CPU s = {cpu / gb:6.2f} s/GB, {wall:6.2f} s wall "
                 f"(its session started before), {summary.bytes / 1e6 / wall:7.1f} MB/s"
             )
+
+        def plain_drains() -> None:
+            for t in topics:
+                drain_plain(client, t, ends[t], 200, 2000)
+
+        def raw_drains() -> None:
+            for t in topics:
+                drain_raw(raw, t, ends[t], 200, 2000)
+
         ways: dict[str, Callable[[], None]] = {
-            "plain": lambda: [drain_plain(client, t, ends[t], 200, 2000) for t in topics] and None,  # type: ignore[func-returns-value]
-            "raw": lambda: [drain_raw(raw, t, ends[t], 200, 2000) for t in topics] and None,  # type: ignore[func-returns-value]
+            "plain": plain_drains,
+            "raw": raw_drains,
             "source tasks": lambda: source_tasks(broker.service_url, ranges, 2),
             "+ spool": lambda: source_tasks(broker.service_url, ranges, 2, spool_dir),
         }
         figures: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
         for round_no in range(args.rounds):
-            for name, work in ways.items():
-                cpu, wall = measured(pid, work)
+            for name, way in ways.items():
+                cpu, wall = measured(pid, way)
                 figures[name].append((cpu, wall))
                 print(
                     f"  round {round_no + 1} {name:>13}: broker {cpu:6.2f} CPU s = {cpu / gb:6.2f} s/GB, "
@@ -208,8 +217,13 @@ def measure(args: argparse.Namespace, work: Path) -> int:
                 f"{summary.bytes / 1e6 / wall:7.1f} MB/s"
             )
         held = HeldPositions(raw)
+
+        def asks() -> None:
+            for _ in range(args.asks):
+                held.ask(topics)
+
         try:
-            cpu, wall = measured(pid, lambda: [held.ask(topics) for _ in range(args.asks)] and None)  # type: ignore[func-returns-value]
+            cpu, wall = measured(pid, asks)
         finally:
             held.close()
         print(
