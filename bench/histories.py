@@ -15,6 +15,7 @@ from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.entry import Message, build_entry
 from streamoffload.storage.location import ScopedStore
+from streamoffload.streaming.handoff.actions import Action
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.sink import SegmentSink
@@ -72,7 +73,7 @@ def pulsar_entries(
     return History(TOPIC, entries, messages)
 
 
-def _apply(sink: SegmentSink, actions: list) -> None:
+def _apply(sink: SegmentSink, actions: list[Action]) -> None:
     sink.apply(actions)
 
 
