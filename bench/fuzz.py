@@ -203,10 +203,10 @@ class Mutator:
         how = rnd.choice(("flip", "flip", "truncate", "extend", "huge", "huge", "swap"))
         buf = bytearray(data)
         if how == "flip" and buf:
-            at = sorted(rnd.randrange(len(buf) * 8) for _ in range(rnd.randint(1, 8)))
-            for bit in at:
+            bits = sorted(rnd.randrange(len(buf) * 8) for _ in range(rnd.randint(1, 8)))
+            for bit in bits:
                 buf[bit // 8] ^= 1 << (bit % 8)
-            return bytes(buf), f"flip bits {at}"
+            return bytes(buf), f"flip bits {bits}"
         if how == "truncate" or (how == "flip" and not buf):
             n = rnd.randrange(len(buf) + 1)
             return bytes(buf[:n]), f"truncate to {n} bytes"
