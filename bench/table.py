@@ -104,6 +104,7 @@ def previous_sync(scoped: Any, catalog: Any) -> tuple[int, int]:
 
     import pyarrow as pa
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
+    from pyiceberg.manifest import DataFile
 
     from streamoffload.read.dataset_plan import DEFAULT_MAX_PARTITION_BYTES, PositionBounds, segment_tasks
     from streamoffload.read.dataset_read import read_task
@@ -112,7 +113,7 @@ def previous_sync(scoped: Any, catalog: Any) -> tuple[int, int]:
     table = catalog.load_table(PREVIOUS_IDENT)
     arrow = layout.SCHEMA.as_arrow()
     renamed = {"ledger_id": "__ledgerId", "entry_id": "__entryId", "batch_index": "__batchIndex"}
-    files = []
+    files: list[DataFile] = []
     rows = 0
     for n, segment in enumerate(MetadataStore(scoped).offloaded_segments(TOPIC)):
         for i, task in enumerate(
