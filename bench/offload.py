@@ -263,7 +263,7 @@ class QueryTimes:
     @classmethod
     def of(cls, wall: float, progress: list[Any]) -> QueryTimes:
         def ms(p: Any, key: str) -> float:
-            return p["durationMs"].get(key, 0) / 1000
+            return float(p["durationMs"].get(key, 0)) / 1000
 
         segmenter = sum(op.get("allUpdatesTimeMs", 0) for p in progress for op in p["stateOperators"]) / 1000
         return cls(
@@ -953,10 +953,10 @@ def at_rest(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) ->
             mbs = statistics.median(v[0] for v in values)
             ratios = [v[0] / p for v, p in zip(values, plain_mbs, strict=True)]
             versus = "" if side == "plain" else f", ÷ plain {statistics.median(ratios):.2f} (target >= 0.8)"
-            stored = statistics.median(v[1] for v in values)
+            stored_ratio = statistics.median(v[1] for v in values)
             cpu = statistics.median(v[2] for v in values)
             print(
-                f"  {side:16s}: job {mbs:7.1f} MB/s{versus}; stored bytes ÷ payload bytes {stored:.4f}; "
+                f"  {side:16s}: job {mbs:7.1f} MB/s{versus}; stored bytes ÷ payload bytes {stored_ratio:.4f}; "
                 f"Spark CPU {cpu:.1f} s/GB (median of {len(values)} round(s))"
             )
 
@@ -1027,6 +1027,8 @@ def memory(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> 
     bound = buffer_bound(policy, config.store.location.min_part_size)
     driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", "1g")
     mib = 1 << 20
+    per_trigger = pulsar.max_bytes_per_trigger
+    per_trigger_text = "none" if per_trigger is None else f"{per_trigger / mib:g} MiB"  # None: no byte limit
     print(
         f"  offloaded {entries:,} entries (everything published), "
         f"{entry_bytes / 1e6:,.0f} MB in {wall:.1f} s ({entry_bytes / 1e6 / wall:.1f} MB/s), "
@@ -1034,7 +1036,7 @@ def memory(args: argparse.Namespace, spark: Any, broker: Broker, work: Path) -> 
     )
     print(
         f"  configured: spark.driver.memory {driver_memory} (JVM heap max {_heap_max(heap) / mib:,.0f} MiB), "
-        f"max_bytes_per_trigger {pulsar.max_bytes_per_trigger / mib:g} MiB, arrowBatchBytes "
+        f"max_bytes_per_trigger {per_trigger_text}, arrowBatchBytes "
         f"{options.arrow_batch_bytes / mib:g} MiB, block {policy.block_size / mib:g} MiB, segment "
         f"{policy.max_segment_bytes / mib:g} MiB, offload buffer bound {bound / mib:g} MiB per topic-partition "
         f"(offloadBufferMaxBytes {policy.offloadBufferMaxBytes / mib:g} MiB), {len(topics)} topic-partitions"
