@@ -149,10 +149,11 @@ def direct_read(root: Path, topics: list[str], runs: int) -> tuple[int, float, f
     (messages, best wall seconds, best CPU seconds)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from streamoffload.streaming.source.offloaded_source import OffloadedDataSource
+    from streamoffload.streaming.source.offloaded_source import OffloadedDataSource, OffloadedReader
 
     source = OffloadedDataSource({"store": f"file://{root}", "topics": ",".join(topics)})
     reader = source.reader(from_arrow_schema(ofr.MESSAGE_ARROW_SCHEMA))
+    assert isinstance(reader, OffloadedReader)  # its read() yields Arrow record batches (not rows)
     partitions = reader.partitions()
 
     def read_all() -> int:
