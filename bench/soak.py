@@ -465,8 +465,9 @@ def _sample_until(
             break
         tree = job_tree_sample(job.proc.pid)
         count = census.count()
+        t_s = round(time.monotonic() - started, 1)
         row: Row = {
-            "t_s": round(time.monotonic() - started, 1),
+            "t_s": t_s,
             "acked": producer.acked_total(),
             "driver_rss_mib": tree.driver_rss / MIB,
             "jvm_rss_mib": tree.jvm_rss / MIB if tree.jvm_pid else None,
@@ -501,7 +502,7 @@ def _sample_until(
         if time.monotonic() >= next_log:
             next_log += 60
             log(
-                f"  {row['t_s'] / 60:5.1f} min: {row['acked']:,} acked, {count.offloaded_segments:,} segments, "
+                f"  {t_s / 60:5.1f} min: {row['acked']:,} acked, {count.offloaded_segments:,} segments, "
                 f"JVM RSS {row['jvm_rss_mib'] or 0:.0f} MiB, fds {tree.fds}, threads {tree.threads}"
             )
         tick += sample_s
