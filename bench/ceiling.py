@@ -123,7 +123,8 @@ from pyspark.sql.types import StructType
 from bench.logs import log_beside
 from bench.offload import drain_job, job_config, steady_seconds
 from bench.procstats import CpuMeter, child_pids
-from bench.source import drain_plain, drain_raw
+from bench.source import drain_plain, drain_raw, end_positions
+from streamoffload.codecs.positions import Position
 from streamoffload.embedded_broker import EmbeddedBroker
 from streamoffload.produce import produce
 from streamoffload.pulsar import client_reader
@@ -192,13 +193,13 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.run = options.get("run", "0")
         self.also_drain = options.get("alsoDrain", "")
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         return {"entries": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.trigger_rows) if self.trigger_rows > 0 else ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         at = int(start["entries"])
         if isinstance(limit, ReadMaxRows):  # rows of all partitions together, as Spark counts them
             return {"entries": min(self.total, at + max(1, limit.max_rows // self.partitions_n))}
@@ -207,7 +208,7 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         pass  # the data never grows
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return [MemoryPartition(i, int(start["entries"]), int(end["entries"])) for i in range(self.partitions_n)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -227,7 +228,7 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if drain is not None:
             drain.join()  # the task, and so the micro-batch, ends when both are done
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         pass
 
 
@@ -370,7 +371,7 @@ class Figure:
 
 def memcopy(entries: int, entry_bytes: int, batch_rows: int) -> float:
     """Seconds to build the source's record batches from ``bytes`` entries in one Python loop."""
-    schema = arrow_schema(StructType.fromDDL(SCHEMA))
+    schema = arrow_schema(None)  # SCHEMA's
     pool = [os.urandom(entry_bytes) for _ in range(min(entries, 64))]
     started = time.perf_counter()
     done = 0
@@ -752,12 +753,14 @@ def main(argv: list[str] | None = None) -> int:
     stack = contextlib.ExitStack()
     broker_cm = None if args.no_broker else EmbeddedBroker(os.path.join(work, "broker"))
     try:
-        topic = end = client = raw_client = None
+        topic = "persistent://public/default/bench-ceiling"  # published with the broker
+        end: Position | None = None  # these three with the broker only
+        client: Any = None
+        raw_client: rr.RawClient | None = None
         topic_entries = 0
         topic_entry_bytes = shape.entries * shape.entry_bytes  # without a broker: what the store lines write
         if broker_cm is not None:
             broker = stack.enter_context(broker_cm)
-            topic = "persistent://public/default/bench-ceiling"
             summary = produce(broker.service_url, topic, messages, message_bytes, batching=True, batch_size=per_entry)
             print(
                 f"published {messages:,} messages of {message_bytes:,} B batched by {per_entry} in "
@@ -766,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
             client = stack.enter_context(contextlib.closing(client_reader.make_client(broker.service_url)))
             raw_client = rr.RawClient(broker.service_url)
             stack.callback(raw_client.close)
-            end = client_reader.latest_position(client, topic)
+            end = end_positions(client, [topic])[topic]
             n_raw, topic_entry_bytes, topic_entries = drain_raw(raw_client, topic, end, args.stall_ms, 2000)
             assert n_raw == messages, (n_raw, messages)
             print(
@@ -813,10 +816,11 @@ def main(argv: list[str] | None = None) -> int:
                 stores.append(("store s3 (S3Store, moto_server)", lambda: s3, moto[0] if len(moto) == 1 else None))
 
         def raw_twice(nbytes: int) -> None:
+            assert raw_client is not None and end is not None  # a broker line: set with the broker
             with CpuMeter(broker.pid) as meter:
                 started = time.monotonic()
                 for _ in range(2):
-                    n, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
+                    n, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)
                     assert n == messages, (n, messages)
                 seconds = time.monotonic() - started
             fig("raw ×2 (two read_range_raw drains)").add(seconds, nbytes, detail=reader_cpu(meter, nbytes))
@@ -878,14 +882,15 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = memcopy(shape.entries, shape.entry_bytes, rows)
                 fig(f"memcopy {batch_mbs[0]:g} MiB batches").add(seconds, shape.entries * shape.entry_bytes)
             if broker_cm is not None:
+                assert raw_client is not None and end is not None  # set with the broker
                 with CpuMeter(broker.pid) as meter:
                     started = time.monotonic()
-                    n_messages, nbytes, _entries = drain_plain(client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
+                    n_messages, nbytes, _entries = drain_plain(client, topic, end, args.stall_ms, 2000)
                     seconds = time.monotonic() - started
                 fig("plain (pulsar-client drain)").add(seconds, nbytes, detail=reader_cpu(meter, nbytes))
                 with CpuMeter(broker.pid) as meter:
                     started = time.monotonic()
-                    n_raw, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)  # type: ignore[arg-type]
+                    n_raw, _b, _e = drain_raw(raw_client, topic, end, args.stall_ms, 2000)
                     seconds = time.monotonic() - started
                 fig("raw (read_range_raw)").add(seconds, nbytes, detail=reader_cpu(meter, nbytes))
                 assert n_messages == n_raw == messages, (n_messages, n_raw)
@@ -900,7 +905,8 @@ def main(argv: list[str] | None = None) -> int:
                 for batch_mb in batch_mbs:
                     source_line(p, batch_mb)
             if broker_cm is not None and not args.no_overlap:
-                spec = f"{broker.service_url}|{topic}|{end[0]}:{end[1]}|{args.stall_ms}"  # type: ignore[index]
+                assert end is not None  # set with the broker
+                spec = f"{broker.service_url}|{topic}|{end[0]}:{end[1]}|{args.stall_ms}"
                 for how in ("thread", "process"):
                     for batch_mb in batch_mbs:
                         source_line(partitions[0], batch_mb, also_drain=f"{how}|{spec}")
