@@ -1279,7 +1279,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-bytes-per-trigger",
         type=int,
         default=DEFAULT_MAX_BYTES_PER_TRIGGER,
-        help="the source's admission control per micro-batch, both sides; 0: none (default: the job's, 1 GiB)",
+        help="the source's admission control per micro-batch, both sides (default and 0: the job's, 1 GiB)",
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="throughput rounds (source, job, plain drain alternating); medians"

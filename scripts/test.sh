@@ -95,7 +95,7 @@ echo "== ruff check, ruff format --check"
 "$VENV/bin/ruff" format --check .
 echo "== import layers (docs/DESIGN.md)"
 PY="$PY" bash "$ROOT/scripts/check_layers.sh"
-echo "== mypy (pyproject.toml [tool.mypy]: strict for codecs, storage, checkpoints, read)"
+echo "== mypy, the package and bench/ (pyproject.toml [tool.mypy]: strict for codecs, storage, checkpoints, read)"
 PY="$PY" bash "$ROOT/scripts/mypy.sh"
 echo "== pytest"
 # Two pytest-xdist workers by default, each taking whole files (a file's module fixtures start once): the suite's
