@@ -19,13 +19,20 @@ payload's own bytes can inflate to, before any memory is taken; the payload is t
 exactly the declared size (``decompress_into``; ZLIB with ``max_length``), so a payload that would inflate to
 more fails when the buffer is full and one that inflates to less is refused too. Every refusal is one
 :class:`DecompressionError` naming the codec, the declared size and the entry.
+
+ZSTD first goes through ``zstandard`` with a decompression context kept per thread, when the frame's header
+declares exactly the size the metadata does: cramjam makes a new context per call, about 20 µs, most of what a
+small entry costs (0.7 µs with one kept). Only exactly one frame of exactly that size is taken from it; anything
+else goes the cramjam way, which gives the bytes or the refusal as before.
 """
 
 from __future__ import annotations
 
+import threading
 import zlib
 
 import cramjam
+import zstandard
 
 from streamoffload.codecs.block_frames import zstd_content_size
 from streamoffload.codecs.errors import DecompressionError
@@ -150,6 +157,10 @@ def decompress(
         declared = zstd_content_size(memoryview(data)[:18])
         if declared is not None and declared != size:
             raise refuse(f"its frame declares {declared} bytes")
+        if declared == size and size:
+            inflated = _zstd_frame(data, size)
+            if inflated is not None:
+                return inflated
     elif codec == CompressionType.SNAPPY:
         try:
             declared = cramjam.snappy.decompress_raw_len(data)
@@ -173,6 +184,23 @@ def decompress(
     if written != size:
         raise refuse(f"it inflates to {written} bytes")
     return memoryview(out)
+
+
+_contexts = threading.local()
+
+
+def _zstd_frame(data: Buffer, size: int) -> memoryview | None:
+    """``data`` inflated by this thread's ``zstandard`` context when it is exactly one ZSTD frame of exactly
+    ``size`` bytes (its header declares ``size``: no more is allocated); None otherwise, for the cramjam way to
+    give the bytes or the refusal."""
+    context = getattr(_contexts, "zstd", None)
+    if context is None:
+        context = _contexts.zstd = zstandard.ZstdDecompressor()
+    try:
+        out = context.decompress(data, max_output_size=size, read_across_frames=False, allow_extra_data=False)
+    except zstandard.ZstdError:
+        return None
+    return memoryview(out) if len(out) == size else None
 
 
 def _inflate_zlib(data: Buffer, size: int, refuse: _Refusal) -> memoryview:

@@ -5,12 +5,15 @@ without a size prefix, Snappy is raw (not framed), ZSTD is one frame, ZLIB a zli
 
 from __future__ import annotations
 
+import threading
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamoffload.codecs import compression
 from streamoffload.codecs.compression import CODECS, MAX_UNCOMPRESSED, codec_name, compress, decompress
 from streamoffload.codecs.entry import (
     CompressionType,
@@ -99,6 +102,52 @@ def test_a_zstd_frame_declaring_another_size_is_refused_before_it_is_inflated() 
     assert bytes(decompress(ZSTD, unsized, 5)) == b"hello"
     with pytest.raises(DecompressionError, match="uncompressed_size 6 refused: it inflates to 5 bytes"):
         decompress(ZSTD, unsized, 6)
+
+
+def _outcome(frame: bytes, size: int) -> bytes | str:
+    try:
+        return bytes(decompress(ZSTD, frame, size))
+    except DecompressionError as err:
+        return str(err)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.binary(max_size=3000), st.integers(1, 40), st.sampled_from(["", "byte", "frame", "empty frame"]), st.data())
+def test_a_zstd_frame_inflates_as_cramjam_inflates_it_whatever_follows_it(
+    data: bytes, repeat: int, after: str, draw: Any
+) -> None:
+    payload = data * repeat
+    if not payload:
+        return
+    frame = compress(ZSTD, payload)
+    assert compression._zstd_frame(frame, len(payload)) is not None  # the kept context inflates the usual frame
+    tail = {"": b"", "byte": b"\x00", "frame": compress(ZSTD, b"more"), "empty frame": compress(ZSTD, b"")}[after]
+    size = len(payload) + draw.draw(st.sampled_from([0, 0, -1, 1, 4]))
+    with_context = _outcome(frame + tail, size)
+    with pytest.MonkeyPatch.context() as patch:  # cramjam alone, as before the kept context
+        patch.setattr(compression, "_zstd_frame", lambda data, size: None)
+        assert with_context == _outcome(frame + tail, size)
+    if not tail and size == len(payload):
+        assert with_context == payload
+
+
+def test_each_thread_inflates_with_its_own_zstd_context() -> None:
+    payloads = [bytes([i]) * (1000 + i) + b"end" for i in range(8)]
+    frames = [compress(ZSTD, p) for p in payloads]
+    wrong: list[int] = []
+
+    def inflate(k: int) -> None:
+        for _ in range(200):
+            i = (k + _) % len(frames)
+            if bytes(decompress(ZSTD, frames[i], len(payloads[i]))) != payloads[i]:
+                wrong.append(i)
+
+    threads = [threading.Thread(target=inflate, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
 
 
 def _batch(messages: list[bytes]) -> bytes:
