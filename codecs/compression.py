@@ -71,31 +71,41 @@ size and a ``SingleMessageMetadata``, 1,000 messages by default). A producer tha
 than that is refused with this bound named (its entry still reads as stored); the readers take the configured
 broker's (``[pulsar] max_message_size``) through ``max_uncompressed``."""
 
-CODECS = (CompressionType.NONE, CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD, CompressionType.SNAPPY)
+# The codecs as plain ints (an attribute of the protobuf enum is a lookup each time: a few per entry read).
+_NONE, _LZ4, _ZLIB, _ZSTD, _SNAPPY = (
+    CompressionType.NONE,
+    CompressionType.LZ4,
+    CompressionType.ZLIB,
+    CompressionType.ZSTD,
+    CompressionType.SNAPPY,
+)
+CODECS = (_NONE, _LZ4, _ZLIB, _ZSTD, _SNAPPY)
+_NAMES = {codec: CompressionType.Name(codec) for codec in CompressionType.values()}
 
 # The most one byte of a codec's format inflates to: an LZ4 block's match grows 255 bytes per length byte (a
 # whole sequence is at least 4 bytes for at most 273), a raw Snappy copy is at least 3 bytes for at most 64.
 # ZLIB and ZSTD inflate step by step into their bound, so their ratio (1032, 32768) would add nothing.
-_MAX_RATIO: dict[int, int] = {CompressionType.LZ4: 255, CompressionType.SNAPPY: 22}
+_MAX_RATIO: dict[int, int] = {_LZ4: 255, _SNAPPY: 22}
 
 Buffer = bytes | bytearray | memoryview
 
 
 def codec_name(codec: int) -> str:
-    return CompressionType.Name(codec) if codec in CompressionType.values() else f"unknown codec {codec}"
+    name = _NAMES.get(codec)
+    return name if name is not None else f"unknown codec {codec}"
 
 
 def compress(codec: int, data: Buffer) -> bytes:
     """``data`` compressed as a Pulsar producer compresses a payload with ``codec``."""
-    if codec == CompressionType.NONE:
+    if codec == _NONE:
         return bytes(data)
-    if codec == CompressionType.LZ4:
+    if codec == _LZ4:
         return bytes(cramjam.lz4.compress_block(data, store_size=False))
-    if codec == CompressionType.ZLIB:
+    if codec == _ZLIB:
         return zlib.compress(data)
-    if codec == CompressionType.ZSTD:
+    if codec == _ZSTD:
         return bytes(cramjam.zstd.compress(data))
-    if codec == CompressionType.SNAPPY:
+    if codec == _SNAPPY:
         return bytes(cramjam.snappy.compress_raw(data))
     raise ValueError(f"cannot compress with {codec_name(codec)}")
 
@@ -106,21 +116,9 @@ def max_inflated(codec: int, compressed_length: int) -> int | None:
     return None if ratio is None else ratio * compressed_length
 
 
-class _Refusal:
-    """Builds the one error of a payload: its codec, declared size, cap and entry."""
-
-    def __init__(self, name: str, size: int, cap: int, offset: int | None, where: str | None) -> None:
-        self.name, self.size, self.cap, self.offset, self.where = name, size, cap, offset, where
-
-    def __call__(self, reason: str) -> DecompressionError:
-        return DecompressionError(
-            f"{self.name} payload with uncompressed_size {self.size} refused: {reason}",
-            codec=self.name,
-            declared=self.size,
-            cap=self.cap,
-            offset=self.offset,
-            where=self.where,
-        )
+class _Refused(Exception):
+    """A payload refused, for this reason: :func:`decompress` makes it the one error naming the codec, the sizes
+    and the entry (built only then: a payload read costs no error object)."""
 
 
 def decompress(
@@ -139,50 +137,62 @@ def decompress(
     ``data`` can hold, or the bytes do not decompress to exactly that size; no more than the declared size is
     ever allocated, and nothing when the declared size is refused.
     """
-    if codec == CompressionType.NONE:
+    if codec == _NONE:
         return data
-    name = codec_name(codec)
-    size = uncompressed_size
-    refuse = _Refusal(name, size, max_size, offset, where)
+    try:
+        return _inflate(codec, data, uncompressed_size, max_size)
+    except _Refused as refused:
+        name = codec_name(codec)
+        raise DecompressionError(
+            f"{name} payload with uncompressed_size {uncompressed_size} refused: {refused}",
+            codec=name,
+            declared=uncompressed_size,
+            cap=max_size,
+            offset=offset,
+            where=where,
+        ) from None
+
+
+def _inflate(codec: int, data: Buffer, size: int, max_size: int) -> Buffer:
     if codec not in CODECS:
-        raise refuse("the entry is compressed with a codec Pulsar does not define")
+        raise _Refused("the entry is compressed with a codec Pulsar does not define")
     if size < 0 or size > max_size:
-        raise refuse(f"it is above the {max_size}-byte bound on a message's inflated size")
+        raise _Refused(f"it is above the {max_size}-byte bound on a message's inflated size")
     bound = max_inflated(codec, len(data))
     if bound is not None and size > bound:
-        raise refuse(f"{len(data)} bytes of {name} inflate to at most {bound}")
-    if codec == CompressionType.ZLIB:
-        return _inflate_zlib(data, size, refuse)
-    if codec == CompressionType.ZSTD:
+        raise _Refused(f"{len(data)} bytes of {codec_name(codec)} inflate to at most {bound}")
+    if codec == _ZLIB:
+        return _inflate_zlib(data, size)
+    if codec == _ZSTD:
         declared = zstd_content_size(memoryview(data)[:18])
         if declared is not None and declared != size:
-            raise refuse(f"its frame declares {declared} bytes")
+            raise _Refused(f"its frame declares {declared} bytes")
         if declared == size and size:
             inflated = _zstd_frame(data, size)
             if inflated is not None:
                 return inflated
-    elif codec == CompressionType.SNAPPY:
+    elif codec == _SNAPPY:
         try:
             declared = cramjam.snappy.decompress_raw_len(data)
         except Exception as exc:  # cramjam's DecompressionError: no valid length preamble
-            raise refuse(f"it does not decompress: {exc}") from None
+            raise _Refused(f"it does not decompress: {exc}") from None
         if declared != size:
-            raise refuse(f"its preamble declares {declared} bytes")
+            raise _Refused(f"its preamble declares {declared} bytes")
     out = bytearray(size)
     try:
-        if codec == CompressionType.LZ4:
+        if codec == _LZ4:
             written = cramjam.lz4.decompress_block_into(data, out)
-        elif codec == CompressionType.ZSTD:
+        elif codec == _ZSTD:
             written = cramjam.zstd.decompress_into(data, out)
         else:
             written = cramjam.snappy.decompress_raw_into(data, out)
     except Exception as exc:  # cramjam's DecompressionError (or ValueError on bad input)
         text = str(exc)
         if "large enough" in text or "whole buffer" in text or "smaller than required" in text:
-            raise refuse(f"it inflates to more than {size} bytes") from None
-        raise refuse(f"it does not decompress: {text}") from None
+            raise _Refused(f"it inflates to more than {size} bytes") from None
+        raise _Refused(f"it does not decompress: {text}") from None
     if written != size:
-        raise refuse(f"it inflates to {written} bytes")
+        raise _Refused(f"it inflates to {written} bytes")
     return memoryview(out)
 
 
@@ -203,14 +213,14 @@ def _zstd_frame(data: Buffer, size: int) -> memoryview | None:
     return memoryview(out) if len(out) == size else None
 
 
-def _inflate_zlib(data: Buffer, size: int, refuse: _Refusal) -> memoryview:
+def _inflate_zlib(data: Buffer, size: int) -> memoryview:
     inflater = zlib.decompressobj()
     try:
         out = inflater.decompress(data, size + 1)  # one byte more than declared tells "more" from "exactly"
     except zlib.error as exc:
-        raise refuse(f"it does not inflate: {exc}") from None
+        raise _Refused(f"it does not inflate: {exc}") from None
     if len(out) > size:
-        raise refuse(f"it inflates to more than {size} bytes")
+        raise _Refused(f"it inflates to more than {size} bytes")
     if len(out) != size or not inflater.eof:
-        raise refuse(f"it inflates to {len(out)} bytes{'' if inflater.eof else ' and its stream does not end'}")
+        raise _Refused(f"it inflates to {len(out)} bytes{'' if inflater.eof else ' and its stream does not end'}")
     return memoryview(out)
