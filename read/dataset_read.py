@@ -346,7 +346,7 @@ def _group_rows(
     as ``read_task`` cuts them, decoded as one run; irregular anywhere, each task's entries one by one (the same
     rows, or the error naming the entry)."""
     entries = [entry for _, _, read in group for entry in read]
-    run = batched_entries([entry.payload for entry in entries]) if entries else None
+    run = batched_entries([entry.payload for entry in entries], max_uncompressed=max_uncompressed) if entries else None
     batches = None
     owners: list[int] = []  # each batch's task
     if run is not None:
@@ -753,9 +753,9 @@ def _message_rows(
     max_uncompressed: int = MAX_UNCOMPRESSED,
 ) -> Iterator[pa.RecordBatch]:
     """The message rows of ``[start, end]`` inside ``times``, in record batches cut where ``message_batches``
-    cuts them. Runs of batched, uncompressed entries are decoded all at once (``read.entry_arrays``,
-    ``read.batch_arrays``); from the first run in which anything is not, the entries go one by one
-    (``message_batches``), which gives the same rows or raises the error naming the entry."""
+    cuts them. Runs of batched entries, or of single messages, compressed or not, are decoded all at once
+    (``read.entry_arrays``, ``read.batch_arrays``); from the first run in which anything is irregular, the entries
+    go one by one (``message_batches``), which gives the same rows or raises the error naming the entry."""
     raw: Iterator[OffloadedEntry] = iter(handle.read_range(start, end))
     partition = TopicName.parse(topic).partition
     stop = _stop_time(times, skew_ms)
@@ -785,7 +785,7 @@ def _message_rows(
             return  # ended the read before it
         if not pending:
             return
-        run = batched_entries([entry.payload for entry in pending])
+        run = batched_entries([entry.payload for entry in pending], max_uncompressed=max_uncompressed)
         if run is None:
             yield from one_by_one(itertools.chain(pending, raw))
             return
@@ -817,7 +817,7 @@ def _batch_ends(run: BatchedEntries, kept: np.ndarray, batch_rows: int, batch_by
     ``message_batches`` cuts them: once a batch holds ``batch_rows`` messages or ``batch_bytes`` payload bytes;
     with ``whole``, the rest is a last batch too."""
     messages = np.cumsum(run.num_messages[kept])
-    payload = np.cumsum(run.payload_end[kept] - run.payload_at[kept])
+    payload = np.cumsum(run.payload_bytes[kept])
     ends: list[int] = []
     first = 0
     while first < len(kept):

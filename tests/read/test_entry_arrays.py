@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import zlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamoffload.codecs.compression import compress
+from streamoffload.codecs.compression import DecompressionError, compress
 from streamoffload.codecs.entry import (
     CompressionType,
     KeyValue,
@@ -33,6 +34,7 @@ from streamoffload.codecs.entry import (
     decode_entry,
     encode_entry,
     split_messages,
+    uncompressed_payload,
 )
 from streamoffload.codecs.errors import ChecksumError, FormatError
 from streamoffload.read import dataset_read as ofr
@@ -147,21 +149,29 @@ def decoded_fields(entry: bytes) -> tuple[Any, ...] | None:
     except FormatError:
         return None
     md = decoded.metadata
-    if decoded.encrypted or md.compression != CompressionType.NONE or type(md.producer_name) is not str:
+    if decoded.encrypted or type(md.producer_name) is not str:
         return None
     if max(md.publish_time, md.sequence_id, md.event_time) > _INT64_MAX:
         return None
+    payload = bytes(decoded.payload)
+    if md.compression != CompressionType.NONE:
+        if not md.HasField("uncompressed_size"):
+            return None
+        try:
+            payload = bytes(uncompressed_payload(decoded))
+        except DecompressionError:
+            return None
     head = (md.publish_time, md.sequence_id, md.event_time)
     if decoded.is_batch:
         if md.num_messages_in_batch < 0 or len(md.properties):
             return None
-        return (*head, md.num_messages_in_batch, md.producer_name, bytes(decoded.payload))
+        return (*head, md.num_messages_in_batch, md.producer_name, payload)
     try:
         (msg,) = split_messages(decoded)
         key = None if msg.key is None else base64.b64decode(msg.key) if msg.key_b64_encoded else msg.key.encode()
     except (FormatError, ValueError):
         return None
-    return (*head, 1, md.producer_name, bytes(decoded.payload), key, sorted(msg.properties.items()), msg.null_value)
+    return (*head, 1, md.producer_name, payload, key, sorted(msg.properties.items()), msg.null_value)
 
 
 def assert_decodes_the_same(entries: list[bytes], *, fast_expected: bool) -> None:
@@ -198,24 +208,54 @@ def test_odd_metadata_is_read_the_same_or_declined(metas: list[tuple[bytes, byte
     assert_decodes_the_same([entry_of(m, p) for m, p in metas], fast_expected=False)
 
 
+def compressed_entry(data: bytes, codec: int, *, size: int | None = None, payload: bytes | None = None) -> bytes:
+    """``data`` (an entry) with its payload compressed by ``codec`` (or replaced by ``payload``), its
+    ``uncompressed_size`` the payload's (or ``size``; -1: none)."""
+    decoded = decode_entry(data)
+    md = decoded.metadata
+    md.compression = codec
+    plain = bytes(decoded.payload)
+    if size == -1:
+        md.ClearField("uncompressed_size")
+    else:
+        md.uncompressed_size = len(plain) if size is None else size
+    return encode_entry(md, compress(codec, plain) if payload is None else payload)
+
+
 def test_what_is_not_a_plain_entry_or_a_mix_is_declined() -> None:
     batch = build_entry([Message(b"a"), Message(b"b")], producer_name="p", sequence_id=1, publish_time=5)
     single = build_entry([Message(b"a")], producer_name="p", sequence_id=1, publish_time=5)
-    compressed = encode_entry(
-        MessageMetadata(
-            producer_name="p",
-            sequence_id=1,
-            publish_time=5,
-            num_messages_in_batch=1,
-            compression=CompressionType.ZLIB,
-            uncompressed_size=3,
-        ),
-        compress(CompressionType.ZLIB, b"abc"),
-    )
+    zlib_batch = compressed_entry(batch, CompressionType.ZLIB)
     broker = encode_entry(decode_entry(batch).metadata, bytes(decode_entry(batch).payload), broker_entry_metadata=b"")
     assert batched_entries([batch, batch]) is not None and batched_entries([single, single]) is not None
-    for other in (single, compressed, broker, batch[:9], batch[6:]):  # batches and single messages do not mix
+    assert batched_entries([batch, zlib_batch]) is not None  # compressed or not, batches are batches
+    not_inflating = [
+        compressed_entry(batch, CompressionType.ZLIB, payload=b"not zlib"),
+        compressed_entry(batch, CompressionType.LZ4, size=len(decode_entry(batch).payload) + 1),
+        compressed_entry(batch, CompressionType.ZSTD, size=-1),  # no uncompressed_size
+    ]
+    for other in (single, broker, batch[:9], batch[6:], *not_inflating):  # batches and single messages do not mix
         assert batched_entries([batch, other]) is None, other
+
+
+def test_compressed_payloads_are_inflated_and_bounded() -> None:
+    plain = [
+        build_entry([Message(b"v%d" % i * 50, key="k")] * 3, producer_name="p", sequence_id=i, publish_time=i)
+        for i in range(4)
+    ]
+    codecs = [CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD, CompressionType.SNAPPY]
+    entries = [compressed_entry(e, c) for e, c in zip(plain, codecs, strict=True)]
+    run = batched_entries(entries)
+    assert run is not None
+    payloads = [bytes(decode_entry(e).payload) for e in plain]
+    assert [run.joined[a:b] for a, b in zip(run.payload_at, run.payload_end, strict=True)] == payloads
+    assert run.total == sum(map(len, payloads)) and run.joined[run.total :] == bytes(16)  # payloads, then PAD
+    stored = [len(decode_entry(e).payload) for e in entries]
+    assert run.payload_bytes.tolist() == [max(s, len(p)) for s, p in zip(stored, payloads, strict=True)]
+    # no more than the caps: each payload's (the per-entry path's) and the run's
+    assert batched_entries(entries, max_uncompressed=len(payloads[0]) - 1) is None
+    assert batched_entries(entries, max_inflated=sum(map(len, payloads)) - 1) is None
+    assert batched_entries(entries, max_inflated=sum(map(len, payloads))) is not None
 
 
 @settings(max_examples=200, deadline=None)
@@ -294,9 +334,13 @@ def runs(draw: st.DrawFn) -> list[OffloadedEntry]:
     publish times that grow (now and then a step back, within a skew); or a mix, with at times an entry the fast
     path declines (compressed, a batch whose records are odd) or a failing read."""
     n = draw(st.integers(1, 14))
-    mode = draw(st.sampled_from(["batch", "single", "mixed"]))  # only batches, or only single messages: all fast
+    # only batches, or only single messages (each compressed or not): all fast
+    mode = draw(st.sampled_from(["batch", "single", "mixed", "compressed"]))
     mixed = st.sampled_from(["batch"] * 8 + ["single", "compressed", "odd", "fail"])
-    kinds = mixed if mode == "mixed" else st.just(mode)
+    compressed = st.sampled_from(["compressed", "compressed", "incompressible", "bad inflate", "batch"])
+    single = st.sampled_from(["single", "single", "single compressed"])
+    kinds = {"mixed": mixed, "compressed": compressed, "single": single}.get(mode, st.just(mode))
+    codec = st.sampled_from([CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD, CompressionType.SNAPPY])
     out = []
     publish = draw(st.integers(0, 50))
     for i in range(n):
@@ -315,14 +359,24 @@ def runs(draw: st.DrawFn) -> list[OffloadedEntry]:
                 sequence_id=i,
                 publish_time=publish,
             )
-        elif kind == "compressed":
-            inner = decode_entry(
-                build_entry([Message(b"x" * 20), Message(b"y")], producer_name="p", sequence_id=i, publish_time=publish)
+        elif kind == "single compressed":
+            msgs = draw(st.lists(regular_messages, min_size=1, max_size=1))
+            data = compressed_entry(
+                build_entry(msgs, producer_name="p", sequence_id=i, publish_time=publish), draw(codec)
             )
-            md = inner.metadata
-            md.compression = CompressionType.ZLIB
-            md.uncompressed_size = len(inner.payload)
-            data = encode_entry(md, compress(CompressionType.ZLIB, bytes(inner.payload)))
+        elif kind in ("compressed", "incompressible", "bad inflate"):
+            msgs = draw(st.lists(regular_messages, min_size=1, max_size=6))
+            if kind == "compressed":
+                msgs.append(Message(b"x" * draw(st.sampled_from([0, 20, 400]))))
+            plain = build_entry(msgs, producer_name="p", sequence_id=i * 10, publish_time=publish, batched=True)
+            if kind == "bad inflate":  # declared one byte more than it inflates to: the per-entry path raises
+                data = compressed_entry(plain, draw(codec), size=len(decode_entry(plain).payload) + 1)
+            elif kind == "incompressible":  # stored bigger than inflated: a batch's size counts the stored bytes
+                data = compressed_entry(
+                    plain, CompressionType.ZLIB, payload=zlib.compress(bytes(decode_entry(plain).payload), 0)
+                )
+            else:
+                data = compressed_entry(plain, draw(codec))
         else:  # a batch claiming a message more than it holds: the split declines, the per-entry path raises
             md = MessageMetadata(producer_name="p", sequence_id=i, publish_time=publish, num_messages_in_batch=3)
             data = encode_entry(
@@ -380,6 +434,42 @@ def test_a_run_of_plain_batches_takes_the_fast_path(monkeypatch: pytest.MonkeyPa
     got, error = fast(entries, TimeBounds(), 0, 8, 32 << 20)
     assert error is None
     assert [b.num_rows for b in got] == [8] * 5 == [b.num_rows for b in want]
+    assert pa.Table.from_batches(got).equals(pa.Table.from_batches(want))
+
+
+@pytest.mark.parametrize("single", [False, True], ids=["batches", "single messages"])
+def test_compressed_runs_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, single: bool) -> None:
+    """Entries compressed by each of Pulsar's codecs (producers often compress) go through the vectorized read
+    too, inflated there, with the rows and cuts of the entry-by-entry reader."""
+    codecs = [CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD, CompressionType.SNAPPY]
+    messages = 1 if single else 4
+    entries = [
+        OffloadedEntry(
+            3,
+            i,
+            memoryview(
+                compressed_entry(
+                    build_entry(
+                        [Message(b"value %d " % i * 30, key="k", properties={"n": str(i)})] * messages,
+                        producer_name="p",
+                        sequence_id=messages * i,
+                        publish_time=100 + i,
+                    ),
+                    codecs[i % 4],
+                )
+            ),
+        )
+        for i in range(10)
+    ]
+    want, _ = reference(entries, TimeBounds(), 0, 8, 32 << 20)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("an entry was decoded one by one")
+
+    monkeypatch.setattr(ofr, "decode_entry", refuse)
+    got, error = fast(entries, TimeBounds(), 0, 8, 32 << 20)
+    assert error is None
+    assert [b.num_rows for b in got] == ([8, 2] if single else [8] * 5) == [b.num_rows for b in want]
     assert pa.Table.from_batches(got).equals(pa.Table.from_batches(want))
 
 
