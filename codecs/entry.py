@@ -19,14 +19,14 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError, EncodeError
 from google.protobuf.message import Message as _ProtoMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from streamoffload.codecs.compression import MAX_UNCOMPRESSED, decompress
+from streamoffload.codecs.compression import MAX_UNCOMPRESSED, compress, decompress
 from streamoffload.codecs.errors import (
     BadMagicError,
     ChecksumError,
@@ -198,11 +198,13 @@ def build_entry(
     sequence_id: int,
     publish_time: int,
     batched: bool | None = None,
+    compression: int = CompressionType.NONE,
 ) -> bytes:
     """Build one entry from the messages a producer sent, as a Pulsar producer would.
 
     ``batched`` defaults to ``len(messages) > 1``. A message without its own ``sequence_id`` gets
-    ``sequence_id + its index``, as a producer numbers the messages of a batch.
+    ``sequence_id + its index``, as a producer numbers the messages of a batch. With ``compression``, the payload
+    (the whole batch) is compressed with that codec, as a producer configured with it does.
     """
     if not messages:
         raise ValueError("build_entry needs at least one message")
@@ -225,7 +227,7 @@ def build_entry(
             metadata.event_time = msg.event_time
         if msg.ordering_key is not None:
             metadata.ordering_key = msg.ordering_key
-        return encode_entry(metadata, msg.payload)
+        return _encode_compressed(metadata, msg.payload, compression)
 
     parts: list[bytes] = []
     highest = sequence_id
@@ -258,6 +260,13 @@ def build_entry(
         uncompressed_size=len(payload),
         highest_sequence_id=highest,
     )
+    return _encode_compressed(metadata, payload, compression)
+
+
+def _encode_compressed(metadata: MessageMetadata, payload: bytes, compression: int) -> bytes:
+    if compression != CompressionType.NONE:
+        metadata.compression = cast(CompressionType, compression)  # an int at run time, as the stub's enum is
+        payload = compress(compression, payload)
     return encode_entry(metadata, payload)
 
 

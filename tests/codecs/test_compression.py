@@ -17,8 +17,10 @@ from streamoffload.codecs import compression
 from streamoffload.codecs.compression import CODECS, MAX_UNCOMPRESSED, codec_name, compress, decompress
 from streamoffload.codecs.entry import (
     CompressionType,
+    Message,
     MessageMetadata,
     SingleMessageMetadata,
+    build_entry,
     decode_entry,
     encode_entry,
     entry_messages,
@@ -203,3 +205,20 @@ def test_corrupt_compressed_entry_names_the_payload_offset() -> None:
 
 def test_zlib_vector_is_what_zlib_writes() -> None:
     assert zlib.decompress(VECTORS[ZLIB]) == b"hello"
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=codec_name)
+@pytest.mark.parametrize("batched", [True, False], ids=["batch", "single"])
+def test_build_entry_compresses_the_payload_as_a_producer_does(codec: int, batched: bool) -> None:
+    messages = [
+        Message(b"value %d " % i * 20, key=f"k{i}", properties={"i": str(i)}) for i in range(3 if batched else 1)
+    ]
+    plain = build_entry(messages, producer_name="p", sequence_id=7, publish_time=9, batched=batched)
+    entry = build_entry(messages, producer_name="p", sequence_id=7, publish_time=9, batched=batched, compression=codec)
+    md, payload = decode_entry(entry).metadata, bytes(decode_entry(plain).payload)
+    assert (md.compression, md.uncompressed_size) == (codec, len(payload))
+    assert bytes(decompress(codec, decode_entry(entry).payload, md.uncompressed_size)) == payload
+    got, want = entry_messages(entry), entry_messages(plain)
+    assert [(bytes(m.payload), m.key, m.properties, m.sequence_id) for m in got] == [
+        (bytes(m.payload), m.key, m.properties, m.sequence_id) for m in want
+    ]
