@@ -62,6 +62,7 @@ from bench.table_compaction import DAY_START_MS, IDENT, TOPIC, Topic, files_per_
 from streamoffload.checkpoints import manifest as mf
 from streamoffload.checkpoints.metadata_store import MetadataStore
 from streamoffload.checkpoints.policy import OffloadPolicy
+from streamoffload.codecs.entry import CompressionType
 from streamoffload.codecs.topics import TopicName
 from streamoffload.config import Config, TableSettings, parse_config
 from streamoffload.read import dataset_read
@@ -147,7 +148,7 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
     location = parse_store_url(str(work / "a-store"))
     scoped = location.open()
     catalog = open_catalog(catalog_settings(location))
-    topic = Topic(scoped, args.value_bytes, args.messages_per_entry)
+    topic = Topic(scoped, args.value_bytes, args.messages_per_entry, CompressionType.Value(args.compression.upper()))
     span_ms = round(args.rollover_s * 1000)
     for i in range(args.segments):
         topic.publish(args.entries_per_segment, DAY_START_MS + i * span_ms, span_ms)
@@ -194,7 +195,9 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
     before_ratio = (before_rows / before_s) / (arrow_rows / arrow_s)
     print(
         f"(a) {args.segments} segments of {args.entries_per_segment} entries of {args.messages_per_entry} "
-        f"message(s) ({args.value_bytes} B values), best of {args.rounds} alternating rounds, {load()}"
+        f"message(s) ({args.value_bytes} B values"
+        + ("" if args.compression == "none" else f", {args.compression.upper()} payloads")
+        + f"), best of {args.rounds} alternating rounds, {load()}"
     )
     print(
         f"  table (sync_topic)   {rows:>10,} rows in {sync_s:7.2f} s {rows / sync_s:>12,.0f} rows/s  "
@@ -618,6 +621,12 @@ def main(argv: list[str] | None = None) -> int:
         "--messages-per-entry", type=int, default=10, help="(a) messages per entry, batched when > 1 (default 10)"
     )
     parser.add_argument("--rounds", type=int, default=2, help="(a) alternating rounds of each sync, best of (2)")
+    parser.add_argument(
+        "--compression",
+        choices=["none", "lz4", "zlib", "zstd", "snappy"],
+        default="none",
+        help="(a) the producer's compression of each entry's payload (default none)",
+    )
     parser.add_argument("--entries-per-sync", type=int, default=10, help="(c) entries per 5 s segment (10)")
     parser.add_argument("--rollover-s", type=float, default=5.0, help="(b, c, e) the rollover, seconds (default 5)")
     parser.add_argument("--syncs", type=int, default=720, help="(c) syncs of one segment each (720: an hour)")

@@ -50,12 +50,16 @@ DAY_START_MS = 1_700_006_400_000
 
 class Topic:
     """One topic-partition whose open segment is sealed after every ``publish``: a segment per call, of entries
-    holding ``messages_per_entry`` messages each (more than 1: batched, as a producer batches)."""
+    holding ``messages_per_entry`` messages each (more than 1: batched, as a producer batches), their payloads
+    compressed with ``compression`` (a ``CompressionType``; 0: none)."""
 
-    def __init__(self, scoped: ScopedStore, value_bytes: int, messages_per_entry: int = 1) -> None:
+    def __init__(
+        self, scoped: ScopedStore, value_bytes: int, messages_per_entry: int = 1, compression: int = 0
+    ) -> None:
         self.scoped = scoped
         self.value_bytes = value_bytes
         self.messages_per_entry = messages_per_entry
+        self.compression = compression
         self.messages = 0
         self.state = MemoryState()
         self.sink: SegmentSink = memory_sink(scoped)
@@ -74,7 +78,9 @@ class Topic:
                 value = f"{m}|".encode() + bytes([m % 256]) * self.value_bytes
                 messages.append(Message(value, key=f"key-{m % 16}"))
                 self.messages += 1
-            data = build_entry(messages, producer_name="bench", sequence_id=first, publish_time=publish)
+            data = build_entry(
+                messages, producer_name="bench", sequence_id=first, publish_time=publish, compression=self.compression
+            )
             pending.append(Published(3, n, data, publish))
             self.entry += 1
         actions = run_segmenter(
