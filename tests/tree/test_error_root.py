@@ -23,6 +23,8 @@ SIGNALS = {
     "streamoffload.storage.s3_errors.AttemptTimeout",
     # A consumer's delivery re-opened at once by the exactly-once loop, never raised past it.
     "streamoffload.pulsar.exactly_once.Resync",
+    # A payload's refusal, the reason only: decompress raises it as the DecompressionError naming the entry.
+    "streamoffload.codecs.compression._Refused",
 }
 
 
