@@ -1,7 +1,8 @@
 """Entries decoded all at once: the ``MessageMetadata`` of every entry of a run, read with numpy over the entries'
 bytes joined (``read.wire_arrays``), with no Python object per entry.
 
-:func:`batched_entries` reads ``[u16 0x0e01][u32 crc32c][u32 n][n bytes MessageMetadata][payload]`` entries, all
+:func:`batched_entries` reads ``[u16 0x0e01][u32 crc32c][u32 n][n bytes MessageMetadata][payload]`` entries (or
+``[u32 n][MessageMetadata][payload]``, without the checksum section, as ``decode_entry`` takes them), all
 batches or all single messages, and gives what ``read.dataset_read`` takes from each entry's metadata to build its
 rows: publish time, sequence id, event time, the batch's message count, the producer's name, where the payload
 lies, and for single messages their key and properties and whether the value is null (as
@@ -13,15 +14,14 @@ that would inflate to more than ``max_inflated`` bytes in all is left to the per
 record batch at a time.
 
 It is a fast path, not a second definition of the format: anything it does not read exactly as
-``codecs.entry.decode_entry`` and the batch split of ``read.dataset_read`` do makes it return None, and the
-caller decodes those entries one by one, which gives the rows or raises the error naming the entry. Irregular
-here: batches beside single messages, a compressed payload that does not inflate (or without its
-``uncompressed_size``, or an unknown codec), one with broker entry metadata or without the checksum magic, an
-encrypted one (fields 13-15), a field number or wire type ``pulsar_api.proto`` does not give ``MessageMetadata``,
-a required field missing, a producer name that is not UTF-8, a value above what its field
-holds; for batches, entry ``properties`` (each a ``KeyValue`` with required fields: the split never reads them);
-for single messages, a key or property that is not UTF-8 or not base64 where marked so, a property without its
-key or value or repeated, a bool above 1. The fields the rows do not use (replication, ordering keys, schema
+``codecs.entry.decode_entry`` and the batch split of ``read.dataset_read`` do makes it return None, and the caller
+decodes those entries one by one, which gives the rows or raises the error naming the entry. Irregular here: batches
+beside single messages, a compressed payload that does not inflate (or without its ``uncompressed_size``, or an unknown
+codec), one with broker entry metadata, an encrypted one (fields 13-15), a field number or wire type
+``pulsar_api.proto`` does not give ``MessageMetadata``, a required field missing, a producer name that is not UTF-8, a
+value above what its field holds; for batches, entry ``properties`` (each a ``KeyValue`` with required fields: the split
+never reads them); for single messages, a key or property that is not UTF-8 or not base64 where marked so, a property
+without its key or value or repeated, a bool above 1. The fields the rows do not use (replication, ordering keys, schema
 version, transactions, chunks, delivery time, markers; for batches also the entry's key fields) are read past.
 
 The CRC-32C is not checked here: the segment's read checked it.
@@ -44,7 +44,9 @@ from streamoffload.read.wire_arrays import MAX_JOINED, PAD, Irregular, check_utf
 __all__ = ["MAX_INFLATED", "BatchedEntries", "batched_entries"]
 
 _MAGIC_CRC32C = 0x0E01
+_MAGIC_BROKER_ENTRY_METADATA = 0x0E02
 _HEAD = 2 + 4 + 4  # magic, CRC-32C, metadata size
+_PLAIN_HEAD = 4  # metadata size: an entry without the checksum section (pulsar-lite stores them so)
 
 # MessageMetadata's fields as their wire tags (field number << 3 | wire type: 0 varint, 2 length-delimited).
 _PRODUCER_NAME = 0x0A  # 1, string, required
@@ -126,18 +128,23 @@ def _decode(entries: Sequence[bytes | memoryview], max_uncompressed: int, max_in
     sizes = np.fromiter(map(len, entries), dtype=np.int64, count=n)
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    if not n or ends[-1] > MAX_JOINED or (sizes < _HEAD).any():
+    if not n or ends[-1] > MAX_JOINED or (sizes < _PLAIN_HEAD).any():
         raise Irregular
     joined = b"".join([*entries, PAD])
     buf = np.frombuffer(joined, dtype=np.uint8)
     words = np.ndarray(shape=(len(joined) - 3,), dtype=">u4", buffer=joined, strides=(1,))
     magic = (buf[starts].astype(np.int64) << 8) | buf[starts + 1]
-    if (magic != _MAGIC_CRC32C).any():
-        raise Irregular  # broker entry metadata first, or an entry without a checksum (or not an entry)
-    meta_at = starts + _HEAD
-    meta_end = meta_at + words[starts + 6].astype(np.int64)
-    if (meta_end > ends).any():
+    if (magic == _MAGIC_BROKER_ENTRY_METADATA).any():
+        raise Irregular  # broker entry metadata first
+    # As decode_entry reads them: the checksum section when the entry starts with its magic, else none (a client
+    # of a protocol before v6, or a broker that keeps none): the metadata size first.
+    checked = magic == _MAGIC_CRC32C
+    if (checked & (sizes < _HEAD)).any():
         raise Irregular
+    meta_at = starts + np.where(checked, _HEAD, _PLAIN_HEAD)
+    meta_end = meta_at + words[meta_at - 4].astype(np.int64)
+    if (meta_end > ends).any():
+        raise Irregular  # (without the magic: not an entry at all)
     publish = np.zeros(n, dtype=np.uint64)
     sequence = np.zeros(n, dtype=np.uint64)
     event = np.zeros(n, dtype=np.uint64)

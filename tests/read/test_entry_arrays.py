@@ -47,10 +47,11 @@ TOPIC = "persistent://public/default/t-partition-2"
 _INT64_MAX = 2**63 - 1
 
 
-def entry_of(metadata: bytes, payload: bytes) -> bytes:
-    """``[u16 0x0e01][u32 crc32c][u32 n][metadata][payload]`` around wire-level metadata."""
+def entry_of(metadata: bytes, payload: bytes, checked: bool = True) -> bytes:
+    """``[u16 0x0e01][u32 crc32c][u32 n][metadata][payload]`` around wire-level metadata; unless ``checked``, without
+    the checksum section (``[u32 n][metadata][payload]``: pulsar-lite stores its entries so)."""
     body = struct.pack(">I", len(metadata)) + metadata + payload
-    return struct.pack(">HI", 0x0E01, crc32c(body)) + body
+    return struct.pack(">HI", 0x0E01, crc32c(body)) + body if checked else body
 
 
 big = st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**31 - 1, 2**31, 2**62, 2**63 - 1, 2**63, 2**64 - 1])
@@ -197,15 +198,23 @@ def assert_decodes_the_same(entries: list[bytes], *, fast_expected: bool) -> Non
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.booleans().flatmap(lambda single: st.lists(wire_metadata(True, single), min_size=1, max_size=6)))
-def test_regular_metadata_decodes_as_the_protobuf_runtime_reads_it(metas: list[tuple[bytes, bytes]]) -> None:
-    assert_decodes_the_same([entry_of(m, p) for m, p in metas], fast_expected=True)
+@given(
+    st.booleans().flatmap(lambda single: st.lists(wire_metadata(True, single), min_size=1, max_size=6)),
+    st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_regular_metadata_decodes_as_the_protobuf_runtime_reads_it(
+    metas: list[tuple[bytes, bytes]], checked: list[bool]
+) -> None:
+    assert_decodes_the_same([entry_of(m, p, c) for (m, p), c in zip(metas, checked, strict=False)], fast_expected=True)
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.booleans().flatmap(lambda single: st.lists(wire_metadata(False, single), min_size=1, max_size=4)))
-def test_odd_metadata_is_read_the_same_or_declined(metas: list[tuple[bytes, bytes]]) -> None:
-    assert_decodes_the_same([entry_of(m, p) for m, p in metas], fast_expected=False)
+@given(
+    st.booleans().flatmap(lambda single: st.lists(wire_metadata(False, single), min_size=1, max_size=4)),
+    st.lists(st.booleans(), min_size=4, max_size=4),
+)
+def test_odd_metadata_is_read_the_same_or_declined(metas: list[tuple[bytes, bytes]], checked: list[bool]) -> None:
+    assert_decodes_the_same([entry_of(m, p, c) for (m, p), c in zip(metas, checked, strict=False)], fast_expected=False)
 
 
 def compressed_entry(data: bytes, codec: int, *, size: int | None = None, payload: bytes | None = None) -> bytes:
@@ -229,12 +238,13 @@ def test_what_is_not_a_plain_entry_or_a_mix_is_declined() -> None:
     broker = encode_entry(decode_entry(batch).metadata, bytes(decode_entry(batch).payload), broker_entry_metadata=b"")
     assert batched_entries([batch, batch]) is not None and batched_entries([single, single]) is not None
     assert batched_entries([batch, zlib_batch]) is not None  # compressed or not, batches are batches
+    assert batched_entries([batch, batch[6:]]) is not None  # with the checksum section or without (pulsar-lite's)
     not_inflating = [
         compressed_entry(batch, CompressionType.ZLIB, payload=b"not zlib"),
         compressed_entry(batch, CompressionType.LZ4, size=len(decode_entry(batch).payload) + 1),
         compressed_entry(batch, CompressionType.ZSTD, size=-1),  # no uncompressed_size
     ]
-    for other in (single, broker, batch[:9], batch[6:], *not_inflating):  # batches and single messages do not mix
+    for other in (single, broker, batch[:9], batch[7:], *not_inflating):  # batches and single messages do not mix
         assert batched_entries([batch, other]) is None, other
 
 
@@ -331,8 +341,9 @@ FAIL = memoryview(b"")
 @st.composite
 def runs(draw: st.DrawFn) -> list[OffloadedEntry]:
     """Entries of one ledger as a producer writes them: batches (some of one message), or single messages, with
-    publish times that grow (now and then a step back, within a skew); or a mix, with at times an entry the fast
-    path declines (compressed, a batch whose records are odd) or a failing read."""
+    publish times that grow (now and then a step back, within a skew), each compressed or not, with its checksum
+    section or not; or a mix, with at times an entry the fast path declines (a batch whose records are odd, a
+    payload that does not inflate) or a failing read."""
     n = draw(st.integers(1, 14))
     # only batches, or only single messages (each compressed or not): all fast
     mode = draw(st.sampled_from(["batch", "single", "mixed", "compressed"]))
@@ -385,6 +396,8 @@ def runs(draw: st.DrawFn) -> list[OffloadedEntry]:
                     build_entry([Message(b"a"), Message(b"b")], producer_name="p", sequence_id=i, publish_time=publish)
                 ).payload,
             )
+        if draw(st.booleans()):  # without its checksum section, as pulsar-lite stores entries
+            data = data[6:]
         out.append(OffloadedEntry(3, i, memoryview(data)))
     return out
 
