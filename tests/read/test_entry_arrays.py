@@ -438,16 +438,25 @@ def test_a_run_of_plain_batches_takes_the_fast_path(monkeypatch: pytest.MonkeyPa
         )
         for i in range(10)
     ]
-    want, _ = reference(entries, TimeBounds(), 0, 8, 32 << 20)
+    assert read_without_one_by_one(monkeypatch, entries, 8) == [8] * 5
+
+
+def read_without_one_by_one(
+    monkeypatch: pytest.MonkeyPatch, entries: list[OffloadedEntry], batch_rows: int
+) -> list[int]:
+    """The record batches' rows of ``entries`` read by the fast path, none decoded one by one (``decode_entry``
+    refuses), checked equal to the entry-by-entry reader's, batch for batch."""
+    want, _ = reference(entries, TimeBounds(), 0, batch_rows, 32 << 20)
 
     def refuse(*_: Any, **__: Any) -> Any:
         raise AssertionError("an entry was decoded one by one")
 
     monkeypatch.setattr(ofr, "decode_entry", refuse)
-    got, error = fast(entries, TimeBounds(), 0, 8, 32 << 20)
+    got, error = fast(entries, TimeBounds(), 0, batch_rows, 32 << 20)
     assert error is None
-    assert [b.num_rows for b in got] == [8] * 5 == [b.num_rows for b in want]
+    assert [b.num_rows for b in got] == [b.num_rows for b in want]
     assert pa.Table.from_batches(got).equals(pa.Table.from_batches(want))
+    return [b.num_rows for b in got]
 
 
 @pytest.mark.parametrize("single", [False, True], ids=["batches", "single messages"])
@@ -461,29 +470,18 @@ def test_compressed_runs_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, sin
             3,
             i,
             memoryview(
-                compressed_entry(
-                    build_entry(
-                        [Message(b"value %d " % i * 30, key="k", properties={"n": str(i)})] * messages,
-                        producer_name="p",
-                        sequence_id=messages * i,
-                        publish_time=100 + i,
-                    ),
-                    codecs[i % 4],
+                build_entry(
+                    [Message(b"value %d " % i * 30, key="k", properties={"n": str(i)})] * messages,
+                    producer_name="p",
+                    sequence_id=messages * i,
+                    publish_time=100 + i,
+                    compression=codecs[i % 4],
                 )
             ),
         )
         for i in range(10)
     ]
-    want, _ = reference(entries, TimeBounds(), 0, 8, 32 << 20)
-
-    def refuse(*_: Any, **__: Any) -> Any:
-        raise AssertionError("an entry was decoded one by one")
-
-    monkeypatch.setattr(ofr, "decode_entry", refuse)
-    got, error = fast(entries, TimeBounds(), 0, 8, 32 << 20)
-    assert error is None
-    assert [b.num_rows for b in got] == ([8, 2] if single else [8] * 5) == [b.num_rows for b in want]
-    assert pa.Table.from_batches(got).equals(pa.Table.from_batches(want))
+    assert read_without_one_by_one(monkeypatch, entries, 8) == ([8, 2] if single else [8] * 5)
 
 
 def test_the_read_ends_at_the_first_entry_past_the_time_bound() -> None:
