@@ -6,7 +6,8 @@ mostly one day) that was half a sync's time. Here the rows are assembled in the 
 Arrow, with its Iceberg field ids as ``PARQUET:field_id`` and the reader's 32-bit-offset types: Parquet stores
 both the same), split by partition only where a batch spans more than one (day of ``__publishTime``, identity of
 ``partition``), and written with ``pyarrow.parquet.ParquetWriter`` under the table's write properties (zstd, row
-group and page sizes). The ``DataFile`` of each comes from pyarrow's own footer metadata through pyiceberg's
+group and page sizes), with no dictionary for the columns of a message's own bytes (``UNIQUE_COLUMNS``). The
+``DataFile`` of each comes from pyarrow's own footer metadata through pyiceberg's
 statistics helpers (``data_file_statistics_from_parquet_metadata``: the column sizes, counts and bounds Iceberg
 keeps), so no file is read back. A partition spec with another transform, or rows with a null partition source,
 are written by pyiceberg's writer.
@@ -42,6 +43,13 @@ from streamoffload.table.errors import TableError
 
 _US_PER_DAY = 86_400_000_000
 
+UNIQUE_COLUMNS = frozenset({"value", "__messageId"})
+"""Columns written without a dictionary: a message's value and its id are (nearly always) its own, so a dictionary
+of them holds every value once more, plus an index per row. Arrow's Parquet writer keeps a column's dictionary
+until it outgrows its page limit (``write.parquet.dict-size-bytes``, 2 MiB), which a sync's file of small messages
+never does; parquet-mr gives up on a dictionary that does not shrink the column, and pyarrow has no such check.
+Measured on ``bench/table.py`` (a)'s 20 files: 37% smaller (556,111 B against 876,674 B) and 15-25% less time."""
+
 
 class DataFileError(TableError):
     """Rows that cannot be written as the table's data files (a required column missing)."""
@@ -66,6 +74,16 @@ def _small_field(f: pa.Field) -> pa.Field:
     return pa.field(f.name, _small(f.type), nullable=f.nullable, metadata=f.metadata)
 
 
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The Parquet columns of ``schema`` written with a dictionary (pyarrow's ``use_dictionary``): all but those of
+    ``UNIQUE_COLUMNS``. Their paths are pyarrow's, read off the footer of a file of no rows written in memory."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    parquet = pq.read_metadata(pa.BufferReader(sink.getvalue())).schema
+    paths = [parquet.column(i).path for i in range(len(parquet))]
+    return [path for path in paths if path.split(".", 1)[0] not in UNIQUE_COLUMNS]
+
+
 class DataFileWriter:
     """Writes rows as data files of ``table`` as it is now (its current schema, default spec and properties)."""
 
@@ -78,6 +96,7 @@ class DataFileWriter:
         self.arrow_schema = pa.schema([_small_field(f) for f in schema_to_pyarrow(self.schema, include_field_ids=True)])
         """The file schema: the table's columns in order, with their field ids."""
         self._kwargs = _get_parquet_writer_kwargs(meta.properties)
+        self._kwargs["use_dictionary"] = dictionary_columns(self.arrow_schema)
         self._row_group_rows = property_as_int(
             meta.properties, TableProperties.PARQUET_ROW_GROUP_LIMIT, TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
         )

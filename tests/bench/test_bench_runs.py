@@ -121,8 +121,12 @@ SMOKES = [
                 rf"data files; rounds {NUMBER} s/CPU {NUMBER} s\)",
                 rf"  pyarrow alone \(zstd\) +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; 5 files, "
                 rf"{NUMBER} B; rounds {NUMBER} s/CPU {NUMBER} s\)",
+                rf"  pyarrow, the table's settings +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(zstd, no dictionary for "
+                rf"__messageId, value; {NUMBER} B\)",
                 rf"  table ÷ pyarrow: {NUMBER} \(target >= 0.5\) (met|MISSED); by CPU {NUMBER}; the previous sync "
                 rf"{NUMBER}, by CPU {NUMBER}; sync ÷ previous {NUMBER}x by wall, {NUMBER}x by CPU",
+                rf"  table ÷ pyarrow with the table's settings: {NUMBER} \(the target's reference is pyarrow's own "
+                r"settings, above\)",
                 rf"  the sync with reads that cost nothing \(each read task's batches replayed from memory\), best of "
                 rf"1: {NUMBER} s, table ÷ pyarrow {NUMBER}: what the rest of the sync \(writing, committing\) allows "
                 r"any faster reader",

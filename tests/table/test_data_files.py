@@ -92,6 +92,33 @@ def test_the_files_carry_what_pyicebergs_writer_gives_one_per_partition(tmp_path
     assert back.column("__messageProperties").to_pylist() == [[("a", str(i))] for i in range(4)]
 
 
+def test_a_messages_own_bytes_are_written_without_a_dictionary(tmp_path: Path) -> None:
+    """A message's value and id are its own: no dictionary for them (it would hold every value once more); the
+    other columns keep theirs, the map's key and value too."""
+    table = new_table(tmp_path, partitioned=False)
+    writer = DataFileWriter(table)
+    [f] = writer.write(writer.rows(columns([DAY0 + i for i in range(50)], -1), 50), uuid.UUID(int=4))
+    group = pq.ParquetFile(f.file_path.removeprefix("file://")).metadata.row_group(0)
+    dictionary = {group.column(i).path_in_schema: group.column(i).has_dictionary_page for i in range(12)}
+    assert dictionary == {
+        "__key": True,
+        "value": False,
+        "__topic": True,
+        "__messageId": False,
+        "__publishTime": True,
+        "__eventTime": True,
+        "__messageProperties.key_value.key": True,
+        "__messageProperties.key_value.value": True,
+        "ledger_id": True,
+        "entry_id": True,
+        "batch_index": True,
+        "partition": True,
+    }
+    back = pq.read_table(f.file_path.removeprefix("file://"))
+    assert back.column("value").to_pylist() == [b"v" * (i + 1) for i in range(50)]
+    assert back.column("__messageId").to_pylist() == [b"id%03d" % i for i in range(50)]
+
+
 def test_one_partition_is_one_file_and_a_missing_optional_column_is_null(tmp_path: Path) -> None:
     table = new_table(tmp_path, partitioned=False)
     writer = DataFileWriter(table)
