@@ -7,6 +7,10 @@ A micro-batch runs a source task, a segmenter task and a sink task per partition
 micro-batch, whatever it carries. The first task a worker process runs calls :func:`freeze_long_lived`:
 one collection, then ``gc.freeze()`` moves what exists (the imported modules) out of the collector's
 reach, so later collections walk only what tasks create. Task objects still die by reference counting.
+
+The job's driver freezes too, once its SparkSession is built (``streaming.job.session``): it tracks about
+140,000 objects, and each gen-2 collection of them took 40-50 ms, a pause of every driver thread (the overlapped
+writes, the table follower's syncs). Frozen, one takes under 1 ms.
 """
 
 from __future__ import annotations
