@@ -121,8 +121,8 @@ SMOKES = [
                 rf"data files; rounds {NUMBER} s/CPU {NUMBER} s\)",
                 rf"  pyarrow alone \(zstd\) +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(CPU {NUMBER} s; 5 files, "
                 rf"{NUMBER} B; rounds {NUMBER} s/CPU {NUMBER} s\)",
-                rf"  pyarrow, the table's settings +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(zstd, no dictionary for "
-                rf"__messageId, value; {NUMBER} B\)",
+                rf"  pyarrow, the table's settings +100 rows in +{NUMBER} s +{NUMBER} rows/s  \(zstd, no dictionary "
+                rf"for __messageId, value; {NUMBER} B\)",
                 rf"  table ÷ pyarrow: {NUMBER} \(target >= 0.5\) (met|MISSED); by CPU {NUMBER}; the previous sync "
                 rf"{NUMBER}, by CPU {NUMBER}; sync ÷ previous {NUMBER}x by wall, {NUMBER}x by CPU",
                 rf"  table ÷ pyarrow with the table's settings: {NUMBER} \(the target's reference is pyarrow's own "
