@@ -743,7 +743,11 @@ def throughput(args: argparse.Namespace, spark: Any, broker: Broker, work: Path)
                 args, work, f"{name}-{'on' if overlap else 'off'}", broker.service_url, topics, overlap=overlap
             )
             moto_before = moto_cpu_now(args)
-            with CpuMeter(broker.pid) as job_meter, ProcessCensus() as census, JvmThreadCensus() as threads:
+            with (
+                CpuMeter(broker.pid) as job_meter,
+                ProcessCensus() as census,
+                JvmThreadCensus(broker_pid=broker.pid) as threads,
+            ):
                 run = drain_job(spark, config)
             moto_cpu = moto_cpu_now(args) - moto_before
             jobs.append(JobDrain(overlap, run, job_meter.used, old_generation_bytes(spark), moto_cpu))
@@ -1102,7 +1106,11 @@ def lag(args: argparse.Namespace, spark: Any, broker: Broker, work: Path, name: 
         )
         wait_offloaded(meta, _last_positions(warm), args.rollover_seconds * 4 + 120)
         steady_from_ms = int(time.time() * 1000)
-        with CpuMeter(broker.pid) as meter, JvmThreadCensus() as threads, ProcessCensus() as census:
+        with (
+            CpuMeter(broker.pid) as meter,
+            JvmThreadCensus(broker_pid=broker.pid) as threads,
+            ProcessCensus() as census,
+        ):
             started = time.monotonic()
             summary = produce(
                 broker.service_url,

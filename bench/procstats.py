@@ -52,9 +52,11 @@ def cpu_by_group(broker_pid: int | None) -> dict[str, float]:
     table, children = _process_table()
     me = os.getpid()
     groups = {"broker": 0.0, "jvm": 0.0, "python workers": 0.0, "driver": table[me][2] if me in table else 0.0}
-    if broker_pid is not None and broker_pid in table:
-        groups["broker"] = sum(table[p][2] + table[p][3] for p in _subtree(children, broker_pid))
+    broker = set(_subtree(children, broker_pid)) if broker_pid is not None and broker_pid in table else set()
+    groups["broker"] = sum(table[p][2] + table[p][3] for p in broker)
     for pid in children.get(me, []):
+        if pid in broker:
+            continue  # Apache Pulsar standalone is a JVM this process started too: the broker's, not Spark's
         if table[pid][1] == "java":
             # The JVM's children are all Python (daemons, workers, data source planners); those that
             # exited count in its children's times.
@@ -197,8 +199,9 @@ class JvmThreadCensus:
     pool's threads add up), sampled every ``interval`` seconds: which of its parts works while a run lasts
     (task threads, the stream's thread, the JIT compilers, the garbage collector, RocksDB...)."""
 
-    def __init__(self, interval: float = 0.5) -> None:
+    def __init__(self, interval: float = 0.5, broker_pid: int | None = None) -> None:
         self.interval = interval
+        self.broker_pid = broker_pid  # a broker that is a JVM this process started (Apache Pulsar): not Spark's
         self.jvm: int | None = None
         self._start: dict[int, float] = {}
         self.last: dict[int, tuple[str, float]] = {}
@@ -209,7 +212,7 @@ class JvmThreadCensus:
         for name in os.listdir("/proc"):
             if name.isdigit():
                 stat = _proc_stat(int(name))
-                if stat is not None and stat[0] == os.getpid() and stat[1] == "java":
+                if stat is not None and stat[0] == os.getpid() and stat[1] == "java" and int(name) != self.broker_pid:
                     self.jvm = int(name)
         if self.jvm is not None:
             self._start = {tid: cpu for tid, (_n, cpu) in _thread_cpu(self.jvm).items()}
@@ -303,10 +306,10 @@ class RssSampler:
         parents = _children_by_parent()
         me = os.getpid()
         self._peak("driver python", _rss_bytes(me))
-        if self.broker_pid is not None:
-            self._peak("broker", sum(_rss_bytes(p) for p in _subtree(parents, self.broker_pid)))
+        broker = set(_subtree(parents, self.broker_pid)) if self.broker_pid is not None else set()
+        self._peak("broker", sum(_rss_bytes(p) for p in broker))
         for pid in parents.get(me, []):
-            if "java" in _cmdline(pid).split(" ")[0]:
+            if pid not in broker and "java" in _cmdline(pid).split(" ")[0]:
                 self._peak("jvm", _rss_bytes(pid))
         total = 0
         for worker in spark_python_pids(parents):
