@@ -3,16 +3,21 @@
 Run from the repository root:
 
     .venv/bin/python bench/start_time.py                          # 600 MB backlog, then a run with nothing new
+    .venv/bin/python bench/start_time.py --backlog-mb 2000 --broker pulsar   # issue 48's whole run, Apache Pulsar
     .venv/bin/python bench/start_time.py --backlog-mb 5 --runs 1  # smoke size (tests/bench)
 
-It starts pulsar-lite, publishes ``--backlog-mb`` MB of 4 KiB messages batched by 32 over 4 topic-partitions
-and runs ``run --once`` as a user would (a new process, Spark's start-up included), ``--runs`` times on the same
-backlog (each into a store of its own), then once more with nothing new. The process is
+It starts the broker (``--broker``: pulsar-lite, or Apache Pulsar standalone), publishes ``--backlog-mb`` MB of
+4 KiB messages batched by 32 over 4 topic-partitions, takes the broker's best reader on the fresh broker
+(``bench/offload.py``'s reference: 5 plain ``pulsar-client`` drains and a raw one, each printed; the fastest is the
+reference; ``--no-reference`` skips it), and runs ``run --once`` as a user would (a new process, Spark's start-up
+included), ``--runs`` times on the same backlog (each into a store of its own), then once more with nothing new.
+The process is
 ``python bench/start_time.py --child ...``, which runs ``streamoffload.cli.main`` unchanged with the job's steps
 wrapped to note when each starts and ends (seconds since launch, as the parent's clock saw the launch), and the
 first micro-batch's own figures from Spark's query progress. The first ``foreachBatch`` call is where the first
 micro-batch's Spark job, and so the source's first read, starts. It prints, per run, each step and the whole
-run's wall time, the MB/s from launch and from the first read, and the broker's CPU seconds.
+run's wall time, the MB/s from launch and from the first read (each ÷ the reference), and the broker's CPU
+seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
 LAUNCH_ENV = "BENCH_START_LAUNCHED_AT"
 """The parent's ``time.time()`` just before it started the child."""
 PHASES_ENV = "BENCH_START_PHASES"
@@ -122,7 +128,8 @@ def run_once(conf: Path, log: Path, phases: Path, broker_pid: int) -> tuple[floa
     return wall, json.loads(phases.read_text()), cpu_s(broker_pid) - broker_before, proc.returncode
 
 
-def render(label: str, wall: float, doc: dict[str, Any], mb: float, broker_cpu: float) -> None:
+def render(label: str, wall: float, doc: dict[str, Any], mb: float, broker_cpu: float, best: float | None) -> None:
+    """One run's steps and rates; ``best``: the broker's best reader, MB/s (None: not taken)."""
     print(f"{label}: {wall:.2f} s wall, broker CPU {broker_cpu:.2f} s")
     first_read = None
     for name, at in doc["marks"]:
@@ -138,24 +145,33 @@ def render(label: str, wall: float, doc: dict[str, Any], mb: float, broker_cpu: 
             f"  first read at {first_read:.2f} s; {mb:.0f} MB: {mb / wall:.1f} MB/s from launch, "
             f"{mb / (wall - first_read):.1f} MB/s from the first read"
         )
+        if best is not None:
+            print(
+                f"  ÷ the broker's best reader ({best:.1f} MB/s): from launch {mb / wall / best:.2f} (target >= 0.4), "
+                f"from the first read {mb / (wall - first_read) / best:.2f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         return child(argv[1:])
+    sys.path.insert(0, str(ROOT))
+    from bench.harness import add_broker_argument, bench_broker, broker_name  # not in the child: its start is timed
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlog-mb", type=float, default=600, help="backlog, MB of payload (default 600)")
     parser.add_argument("--partitions", type=int, default=4, help="topic-partitions (default 4)")
     parser.add_argument("--runs", type=int, default=2, help="runs over the backlog, each into its own store (2)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the drains of the fresh broker (no ratios)")
+    add_broker_argument(parser)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from streamoffload.embedded_broker import EmbeddedBroker
+    from bench.offload import PLAIN_DRAINS, reference_drains
     from streamoffload.produce import produce
 
     work = Path(tempfile.mkdtemp(prefix="bench-start-time-"))
     try:
-        with EmbeddedBroker(work / "broker") as broker:
+        with bench_broker(args.broker, work / "broker") as broker:
             summary = produce(
                 broker.service_url,
                 f"{NAMESPACE}/start-time",
@@ -167,7 +183,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             mb = summary.bytes / 1e6
             names = ", ".join(f'"{t}"' for t in summary.partitions)
-            print(f"published {mb:.0f} MB to {len(summary.partitions)} topic-partitions; load {os.getloadavg()}")
+            print(
+                f"{broker_name(broker)}: published {mb:.0f} MB to {len(summary.partitions)} topic-partitions; "
+                f"load {os.getloadavg()}"
+            )
+            best = None
+            if not args.no_reference:
+                best = mb / reference_drains(broker, list(summary.partitions), mb, PLAIN_DRAINS).best_s
+                print(f"  the broker's best reader (fresh broker): {best:.1f} MB/s of payload")
             status = 0
             for i in range(args.runs + 1):
                 store = work / f"store-{min(i, args.runs - 1)}"
@@ -180,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 log, phases = work / f"run-{i}.log", work / "phases.json"
                 wall, doc, broker_cpu, code = run_once(conf, log, phases, broker.pid or 0)
                 label = f"run {i + 1} ({mb:.0f} MB)" if i < args.runs else "nothing new"
-                render(label, wall, doc, mb if i < args.runs else 0.0, broker_cpu)
+                render(label, wall, doc, mb if i < args.runs else 0.0, broker_cpu, best)
                 status = status or code
             return status
     finally:

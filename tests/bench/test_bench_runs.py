@@ -385,7 +385,11 @@ SLOW_SMOKES = [
             (
                 rf"run 1 \(2 MB\): {NUMBER} s wall, broker CPU {NUMBER} s",
                 rf" +{NUMBER} s +first micro-batch's foreachBatch: start",
+                rf"  reference: plain pulsar-client drain 5: {NUMBER} s \({NUMBER} MB/s of payload\)",
+                rf"  reference: raw-reader drain: {NUMBER} s \({NUMBER} MB/s of payload\)",
                 rf" +first read at {NUMBER} s; 2 MB: {NUMBER} MB/s from launch, {NUMBER} MB/s from the first read",
+                rf" +÷ the broker's best reader \({NUMBER} MB/s\): from launch {NUMBER} \(target >= 0.4\), from the "
+                rf"first read {NUMBER}",
                 rf"nothing new: {NUMBER} s wall, broker CPU {NUMBER} s",
             ),
         ),
