@@ -48,7 +48,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import ancestors_of
@@ -60,6 +60,7 @@ from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.codecs.topics import TopicName
 from streamoffload.storage.location import ScopedStore
 from streamoffload.table import layout
+from streamoffload.table.data_files import DataFileWriter
 from streamoffload.table.errors import TableError
 from streamoffload.table.position import POSITIONS, TablePosition, summary_properties, table_position
 from streamoffload.table.status import DEFAULT_ORPHAN_GRACE_S, orphan_files, orphan_metadata_files
@@ -274,8 +275,9 @@ def _write(table: Table, rows: pa.Table, step: str, replaces: str, base: int, wr
     """``rows`` (all of one table partition) as new data files, named by the step, the first file they replace,
     the base snapshot and the writer (module notes)."""
     write_uuid = uuid.uuid5(_NAMES, f"{table.metadata.table_uuid}/{step}/{replaces}/{base}/{writer}")
-    data = rows.sort_by(_SORT).cast(table.schema().as_arrow())
-    return list(_dataframe_to_data_files(table.metadata, data, table.io, write_uuid=write_uuid))
+    data = rows.sort_by(_SORT)
+    files = DataFileWriter(table)  # as the sync writes them (no dictionary for a message's own bytes)
+    return files.write(files.rows(dict(zip(data.column_names, data.columns, strict=True)), data.num_rows), write_uuid)
 
 
 def _read(table: Table, tasks: Sequence[FileScanTask], columns: Sequence[str] | None = None) -> pa.Table:

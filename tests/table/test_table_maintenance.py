@@ -75,6 +75,10 @@ def test_compaction_bounds_the_files_and_keeps_every_row_and_the_position(tier: 
     assert report.rewrite.rewritten_rows == len(tier.rows) and report.rewrite.conflicts == 0
     assert_exact(table, tier.rows)
     assert_files_in_position_order(table)
+    for path in current_files(table):  # written as the sync writes: no dictionary for a message's own bytes
+        group = pq.ParquetFile(path[7:]).metadata.row_group(0)
+        pages = {group.column(i).path_in_schema: group.column(i).has_dictionary_page for i in range(group.num_columns)}
+        assert not pages["value"] and not pages["__messageId"] and pages["__topic"], path
     # One overwrite snapshot on the last sync's, carrying its positions and appending no segment.
     snapshot = table.current_snapshot()
     assert snapshot is not None and snapshot.summary is not None
