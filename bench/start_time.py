@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-
 LAUNCH_ENV = "BENCH_START_LAUNCHED_AT"
 """The parent's ``time.time()`` just before it started the child."""
 PHASES_ENV = "BENCH_START_PHASES"

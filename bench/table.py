@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -180,28 +181,12 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
     paths = [task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()]
     table_bytes = sum(os.path.getsize(p) for p in paths)
     datas = [pq.read_table(p) for p in paths]  # the same rows, as the sync wrote them, in memory
-    arrows: list[tuple[float, float]] = []  # the reference at its best too: as many rounds, each to new files
-    for r in range(args.rounds):
-        out = work / f"a-pyarrow-{r}"
-        out.mkdir()
-        cpu, start = time.process_time(), time.perf_counter()
-        for i, data in enumerate(datas):
-            pq.write_table(data, out / f"{i:05d}.parquet", compression="zstd")
-        arrows.append((time.perf_counter() - start, time.process_time() - cpu))
+    arrows, arrow_bytes = pyarrow_rounds(datas, work / "a-pyarrow", args.rounds)  # the reference at its best too
     arrow_s, arrow_cpu = min(arrows)
     arrow_rows = sum(d.num_rows for d in datas)
-    arrow_bytes = sum(p.stat().st_size for p in out.iterdir())
     unique = dictionary_columns(datas[0].schema)  # the table's own settings: no dictionary for a message's bytes
-    sames: list[float] = []
-    for r in range(args.rounds):
-        out = work / f"a-pyarrow-same-{r}"
-        out.mkdir()
-        start = time.perf_counter()
-        for i, data in enumerate(datas):
-            pq.write_table(data, out / f"{i:05d}.parquet", compression="zstd", use_dictionary=unique)
-        sames.append(time.perf_counter() - start)
-    same_s = min(sames)
-    same_bytes = sum(p.stat().st_size for p in out.iterdir())
+    sames, same_bytes = pyarrow_rounds(datas, work / "a-pyarrow-same", args.rounds, use_dictionary=unique)
+    same_s = min(sames)[0]
     scoped.store.close()
     ratio = (rows / sync_s) / (arrow_rows / arrow_s)
     before_ratio = (before_rows / before_s) / (arrow_rows / arrow_s)
@@ -260,6 +245,22 @@ def part_a(args: argparse.Namespace, work: Path) -> bool:
         "what the rest of the sync (writing, committing) allows any faster reader"
     )
     return verdict
+
+
+def pyarrow_rounds(
+    datas: list[pa.Table], out: Path, rounds: int, **options: Any
+) -> tuple[list[tuple[float, float]], int]:
+    """(wall, CPU) of each of ``rounds`` rounds of pyarrow alone writing ``datas`` as zstd Parquet files (with
+    ``options``), each round to new files under ``out``-<round>, and the bytes of the last round's files."""
+    times: list[tuple[float, float]] = []
+    for r in range(rounds):
+        directory = Path(f"{out}-{r}")
+        directory.mkdir()
+        cpu, start = time.process_time(), time.perf_counter()
+        for i, data in enumerate(datas):
+            pq.write_table(data, directory / f"{i:05d}.parquet", compression="zstd", **options)
+        times.append((time.perf_counter() - start, time.process_time() - cpu))
+    return times, sum(p.stat().st_size for p in directory.iterdir())
 
 
 def free_reader_sync(scoped: Any, catalog: Any, rounds: int) -> tuple[float, int]:
