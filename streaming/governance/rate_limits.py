@@ -155,18 +155,24 @@ class RateLimiter:
             return bucket
 
     def acquire(self, kind: str, topic: str, n: int) -> float:
-        """Wait until ``n`` bytes of ``topic`` may pass (its own limit, then the job's share); the seconds waited."""
+        """Wait until ``n`` bytes of ``topic`` may pass (its own limit, then the job's share); the seconds waited.
+        A request larger than a bucket is booked a bucketful at a time, so its caller waits for all of its bytes
+        (a small segment's single PUT, a part at a low rate), not for the first bucketful only, leaving the rest
+        as a debt for whichever request of that topic-partition comes next (or none: the waits would then count
+        less than the bytes passed)."""
         own, total = self.limits(kind, topic)
         if own <= 0 and total <= 0:
             return 0.0
         waited = 0.0
         bucket = self._bucket((kind, topic), own)
         if bucket is not None:
-            waited += bucket.acquire(n)
+            waited += _in_bucketfuls(bucket.acquire, n, bucket.capacity)
         budgets = self.budgets
         if budgets is not None and total > 0:
             try:
-                waited += budgets.bucket(kind).acquire(n, total, total * BURST_SECONDS)
+                shared = budgets.bucket(kind)
+                capacity = total * BURST_SECONDS
+                waited += _in_bucketfuls(lambda m: shared.acquire(m, total, capacity), n, capacity)
             except OSError as err:  # the budget's file unusable: this process takes its share, never more
                 self.budgets = None
                 log.warning(
@@ -179,7 +185,7 @@ class RateLimiter:
         if budgets is None:
             bucket = self._bucket((kind, None), total / self.tasks if total > 0 else -1)
             if bucket is not None:
-                waited += bucket.acquire(n)
+                waited += _in_bucketfuls(bucket.acquire, n, bucket.capacity)
         if waited > 0:
             with self._lock:
                 self._throttled[(topic, kind)] = self._throttled.get((topic, kind), 0.0) + waited
@@ -192,6 +198,18 @@ class RateLimiter:
             for (topic, kind), seconds in self._throttled.items():
                 out.setdefault(topic, {})[kind] = seconds
         return out
+
+
+def _in_bucketfuls(acquire: Callable[[int], float], n: int, capacity: float) -> float:
+    """``acquire`` of ``n`` bytes in bookings of a bucketful (at least ``READ_CHUNK``: a bucket of a tiny rate
+    costs a few bookings, not one per byte); the seconds waited."""
+    step = max(READ_CHUNK, int(capacity))
+    waited = 0.0
+    while n > 0:
+        take = min(n, step)
+        waited += acquire(take)
+        n -= take
+    return waited
 
 
 def throttled_since(limiter: RateLimiter | None, before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -51,6 +51,18 @@ def test_per_topic_limit_holds_and_is_counted() -> None:
     assert lim.throttled() == {T1: {"upload": pytest.approx(4.7)}}
 
 
+def test_a_request_larger_than_the_bucket_waits_for_all_its_bytes() -> None:
+    """A small segment's single PUT of 8 MiB at 1 MiB/s waits 8 s, not the 0.2 s of one bucketful (the rest left
+    as a debt for the next request, which may never come: its waits would count a fortieth of its bytes)."""
+    clock = FakeClock()
+    lim = limiter(clock, {T1: OffloadPolicy(offloadUploadRateBytesPerSecond=1 << 20)})
+    assert lim.acquire("upload", T1, 8 << 20) == pytest.approx(8.0)
+    assert clock.now == pytest.approx(8.0)
+    # The job's total, per process (no shared budget): the same.
+    lim = limiter(clock, {T2: OffloadPolicy(offloadTotalUploadRateBytesPerSecond=1 << 20)})
+    assert lim.acquire("upload", T2, 8 << 20) == pytest.approx(8.0)
+
+
 def test_total_is_shared_by_the_tasks() -> None:
     """Each process gets total / tasks: with 4 tasks at most running at once, the job passes at most the total."""
     clock = FakeClock()
