@@ -52,10 +52,11 @@ from streamoffload.read.dataset_plan import (
     block_start,
     position_before,
 )
-from streamoffload.read.entry_arrays import BatchedEntries, batched_entries
+from streamoffload.read.entry_arrays import BatchedEntries, batched_entries, batched_joined
 from streamoffload.read.segment import DEFAULT_READ_BUFFER_SIZE, OffloadedEntry, SegmentReadHandle
 from streamoffload.read.segment.errors import ReadError
-from streamoffload.read.wire_arrays import cut
+from streamoffload.read.segment.runs import JoinedEntries
+from streamoffload.read.wire_arrays import PAD, cut
 from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.location import ScopedStore, StoreLocation
 
@@ -292,7 +293,8 @@ def read_tasks(
 
     try:
         for streams, run in _runs(tasks, run_bytes, batch_bytes):
-            group: list[tuple[int, str, list[OffloadedEntry]]] = []  # (task, data key, its entries): read, not decoded
+            group: list[tuple[int, str, int]] = []  # (task, data key, how many of ``read`` are its entries)
+            read = JoinedEntries()  # the group's entries: read, not decoded
             for i in run:
                 task = tasks[i]
                 handle = SegmentReadHandle.open(store, task.segment, read_buffer_size=read_buffer_size, keyring=keyring)
@@ -300,15 +302,17 @@ def read_tasks(
                     if streams:
                         yield from streamed(i, handle, task)
                         continue
+                    mark = read.mark()
                     try:
-                        group.append((i, handle.data_key, list(handle.read_range(task.start, task.end))))
+                        group.append((i, handle.data_key, handle.read_into(read, task.start, task.end)))
                     except Exception:  # read again as read_task reads: its rows before the failure, then its error
-                        yield from _group_rows(task.topic, group, batch_rows, batch_bytes, max_uncompressed)
-                        group = []
+                        read.truncate(mark)
+                        yield from _group_rows(task.topic, group, read, batch_rows, batch_bytes, max_uncompressed)
+                        group, read = [], JoinedEntries()
                         yield from streamed(i, handle, task)
                 finally:
                     handle.close()
-            yield from _group_rows(tasks[run[0]].topic, group, batch_rows, batch_bytes, max_uncompressed)
+            yield from _group_rows(tasks[run[0]].topic, group, read, batch_rows, batch_bytes, max_uncompressed)
     finally:
         if owned:
             store.close()
@@ -337,34 +341,48 @@ def _runs(tasks: Sequence[ReadTask], run_bytes: int, batch_bytes: int) -> list[t
 
 def _group_rows(
     topic: str,
-    group: Sequence[tuple[int, str, list[OffloadedEntry]]],
+    group: Sequence[tuple[int, str, int]],
+    read: JoinedEntries,
     batch_rows: int,
     batch_bytes: int,
     max_uncompressed: int,
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """The record batches of the tasks of ``group`` (each: its index, its data key, its entries), each task's cut
-    as ``read_task`` cuts them, decoded as one run; irregular anywhere, each task's entries one by one (the same
-    rows, or the error naming the entry)."""
-    entries = [entry for _, _, read in group for entry in read]
-    run = batched_entries([entry.payload for entry in entries], max_uncompressed=max_uncompressed) if entries else None
+    """The record batches of the tasks of ``group`` (each: its index, its data key, how many of the entries
+    ``read`` holds, in order, are its), each task's cut as ``read_task`` cuts them, decoded as one run; irregular
+    anywhere, each task's entries one by one (the same rows, or the error naming the entry)."""
+    if not group or not len(read):
+        return
+    joined = read.joined(PAD)
+    starts = np.array(read.starts, dtype=np.int64)
+    sizes = np.array(read.lengths, dtype=np.int64)
+    run = batched_joined(joined, starts, sizes, max_uncompressed=max_uncompressed)
     batches = None
     owners: list[int] = []  # each batch's task
     if run is not None:
         ends: list[int] = []  # into the run: where each task's batches end
         first = 0
-        for i, _, read in group:
-            cut_at = _batch_ends(run, np.arange(first, first + len(read)), batch_rows, batch_bytes, whole=True)
+        for i, _, count in group:
+            cut_at = _batch_ends(run, np.arange(first, first + count), batch_rows, batch_bytes, whole=True)
             ends += [first + end for end in cut_at]
             owners += [i] * len(cut_at)
-            first += len(read)
-        batches = _run_batches(topic, TopicName.parse(topic).partition, run, np.arange(len(entries)), ends, entries)
+            first += count
+        ids = EntryIds(np.array(read.ledger_ids(), dtype=np.int64), np.array(read.entry_ids, dtype=np.int64))
+        batches = _run_batches(topic, TopicName.parse(topic).partition, run, np.arange(len(read)), ends, ids)
     if batches is not None:
         yield from zip(owners, batches, strict=True)
         return
-    for i, data_key, read in group:
+    view = memoryview(joined)
+    ledgers = read.ledger_ids()
+    first = 0
+    for i, data_key, count in group:
+        entries = [
+            OffloadedEntry(ledgers[k], read.entry_ids[k], view[starts[k] : starts[k] + sizes[k]])
+            for k in range(first, first + count)
+        ]
+        first += count
         decoded = (
             (entry.ledger_id, entry.entry_id, d, where)
-            for entry, d, where in _decoded_in_window(data_key, read, ANY_TIME, DEFAULT_SKEW_MS, f" of {topic}")
+            for entry, d, where in _decoded_in_window(data_key, entries, ANY_TIME, DEFAULT_SKEW_MS, f" of {topic}")
         )
         rows = message_batches(
             topic, decoded, batch_rows=batch_rows, batch_bytes=batch_bytes, max_uncompressed=max_uncompressed
@@ -802,7 +820,7 @@ def _message_rows(
         kept = np.flatnonzero(inside)
         ends = _batch_ends(run, kept, batch_rows, batch_bytes, whole=exhausted)
         if ends:
-            batches = _run_batches(topic, partition, run, kept[: ends[-1]], ends, pending)
+            batches = _run_batches(topic, partition, run, kept[: ends[-1]], ends, EntryIds.of(pending))
             if batches is None:
                 yield from one_by_one(itertools.chain((pending[i] for i in kept.tolist()), raw))
                 return
@@ -835,17 +853,33 @@ def _batch_ends(run: BatchedEntries, kept: np.ndarray, batch_rows: int, batch_by
     return ends
 
 
+@dataclass(frozen=True)
+class EntryIds:
+    """The ledger and entry ids of a run's entries (int64, in the run's order)."""
+
+    ledger_ids: np.ndarray
+    entry_ids: np.ndarray
+
+    @classmethod
+    def of(cls, entries: Sequence[OffloadedEntry]) -> EntryIds:
+        return cls(
+            np.array([entry.ledger_id for entry in entries], dtype=np.int64),
+            np.array([entry.entry_id for entry in entries], dtype=np.int64),
+        )
+
+
 def _run_batches(
     topic: str,
     partition: int,
     run: BatchedEntries,
     chosen: np.ndarray,
     ends: Sequence[int],
-    entries: list[OffloadedEntry],
+    ids: EntryIds,
 ) -> list[pa.RecordBatch] | None:
-    """The record batches of the ``chosen`` entries of ``run``, cut after ``ends`` of them: built as one
-    (``_run_batch``: its fixed steps once a run) and sliced; None when anything in them is irregular."""
-    batch = _run_batch(topic, partition, run, chosen, entries)
+    """The record batches of the ``chosen`` entries of ``run`` (whose ids are ``ids``), cut after ``ends`` of
+    them: built as one (``_run_batch``: its fixed steps once a run) and sliced; None when anything in them is
+    irregular."""
+    batch = _run_batch(topic, partition, run, chosen, ids)
     if batch is None:
         return None
     rows = np.concatenate(([0], np.cumsum(run.num_messages[chosen])))
@@ -863,9 +897,9 @@ def _raising(exc: Exception) -> Iterator[OffloadedEntry]:
 
 
 def _run_batch(
-    topic: str, partition: int, run: BatchedEntries, chosen: np.ndarray, entries: list[OffloadedEntry]
+    topic: str, partition: int, run: BatchedEntries, chosen: np.ndarray, ids: EntryIds
 ) -> pa.RecordBatch | None:
-    """The record batch of the ``chosen`` entries of ``run`` (``entries`` read them), or None when splitting
+    """The record batch of the ``chosen`` entries of ``run`` (whose ids are ``ids``), or None when splitting
     their batches finds anything irregular."""
     counts = run.num_messages[chosen]
     take = pa.array(chosen)
@@ -903,13 +937,12 @@ def _run_batch(
             pa.array(run.sequence_id[chosen]),
         )
         batch_sizes = np.zeros(len(chosen), dtype=np.int64)
-    picked = [entries[i] for i in chosen.tolist()]
     return _rows(
         topic,
         partition,
         columns,
-        ledgers=np.array([entry.ledger_id for entry in picked], dtype=np.int64),
-        entries=np.array([entry.entry_id for entry in picked], dtype=np.int64),
+        ledgers=ids.ledger_ids[chosen],
+        entries=ids.entry_ids[chosen],
         counts=counts,
         batch_sizes=batch_sizes,
         publish_times=pa.array(run.publish_time[chosen]),

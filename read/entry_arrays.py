@@ -123,14 +123,45 @@ def batched_entries(
         return None
 
 
+def batched_joined(
+    joined: bytes,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    max_uncompressed: int = MAX_UNCOMPRESSED,
+    max_inflated: int = MAX_INFLATED,
+) -> BatchedEntries | None:
+    """:func:`batched_entries` of entries already joined: entry ``i`` is ``joined[starts[i]:starts[i] + sizes[i]]``
+    (ascending, disjoint; what lies between them is not read), the last one ending where ``wire_arrays.PAD``
+    starts (``read.segment.runs.JoinedEntries`` joins them so)."""
+    try:
+        n = len(starts)
+        if not n:
+            raise Irregular
+        ends = starts + sizes
+        if len(joined) != int(ends[-1]) + len(PAD):
+            raise Irregular
+        return _decode_joined(joined, starts, sizes, ends, max_uncompressed, max_inflated)
+    except Irregular:
+        return None
+
+
 def _decode(entries: Sequence[bytes | memoryview], max_uncompressed: int, max_inflated: int) -> BatchedEntries:
     n = len(entries)
     sizes = np.fromiter(map(len, entries), dtype=np.int64, count=n)
     ends = np.cumsum(sizes)
     starts = ends - sizes
+    if not n:
+        raise Irregular
+    return _decode_joined(b"".join([*entries, PAD]), starts, sizes, ends, max_uncompressed, max_inflated)
+
+
+def _decode_joined(
+    joined: bytes, starts: np.ndarray, sizes: np.ndarray, ends: np.ndarray, max_uncompressed: int, max_inflated: int
+) -> BatchedEntries:
+    n = len(starts)
     if not n or ends[-1] > MAX_JOINED or (sizes < _PLAIN_HEAD).any():
         raise Irregular
-    joined = b"".join([*entries, PAD])
     buf = np.frombuffer(joined, dtype=np.uint8)
     words = np.ndarray(shape=(len(joined) - 3,), dtype=">u4", buffer=joined, strides=(1,))
     magic = (buf[starts].astype(np.int64) << 8) | buf[starts + 1]

@@ -51,6 +51,7 @@ from streamoffload.read.segment.errors import (
 from streamoffload.read.segment.offsets import LearnedOffsets
 from streamoffload.read.segment.prefetch import ParallelPrefetcher, Prefetcher
 from streamoffload.read.segment.results import OffloadedEntry, SegmentKeys
+from streamoffload.read.segment.runs import EntryRun, JoinedEntries, entry_run, run_crcs_match
 from streamoffload.read.segment.scan import ChunkScan, SequentialStream
 from streamoffload.read.segment.scan_plan import RangePlanner
 from streamoffload.read.segment.stored_block_reader import StoredBlockReader, stored_layout
@@ -87,7 +88,12 @@ class SegmentReadHandle:
     reads fill it. The data object is read through the store's ranged reader (``ObjectStore.open_ranged_reader``:
     on a filesystem store one open descriptor per handle; ``local_files=False`` asks it to hold none);
     ``close()`` releases it and stops any read-ahead.
+
+    Sequential reads check runs of entries together (``read.segment.runs``) and walk entry by entry where a run
+    stops; ``checked_runs = False`` walks every entry so, the reference the tests hold the runs to.
     """
+
+    checked_runs = True
 
     def __init__(
         self,
@@ -356,17 +362,33 @@ class SegmentReadHandle:
         to stop the read-ahead thread; abandoning it does so too, once it is garbage collected."""
         return self._read(start, end, sequential=True)
 
-    def _read(self, start: Position | None, end: Position | None, *, sequential: bool) -> Iterator[OffloadedEntry]:
+    def read_into(self, into: JoinedEntries, start: Position | None = None, end: Position | None = None) -> int:
+        """:meth:`read_range`'s entries, with the same checks, appended to ``into`` as columns (no object per
+        entry: what a reader that decodes them together wants); how many."""
+        before = len(into)
+        for _ in self._read(start, end, sequential=True, into=into):
+            pass
+        return len(into) - before
+
+    def _read(
+        self, start: Position | None, end: Position | None, *, sequential: bool, into: JoinedEntries | None = None
+    ) -> Iterator[OffloadedEntry]:
         if self._closed:
             raise ReadError(f"read handle of {self.data_key} is closed")
         first = self._first_block(start)
         if first is None:
             return iter(())
         loc = self._blocks[first]
-        return self._stream(first, loc, start, end, sequential)
+        return self._stream(first, loc, start, end, sequential, into)
 
     def _stream(
-        self, first: int, loc: BlockLocation, start: Position | None, end: Position | None, sequential: bool
+        self,
+        first: int,
+        loc: BlockLocation,
+        start: Position | None,
+        end: Position | None,
+        sequential: bool,
+        into: JoinedEntries | None = None,
     ) -> Iterator[OffloadedEntry]:
         if not sequential:
             yield from self._walk(loc, start, end, ChunkScan(self._chunks), emit=True, block_index=first)
@@ -387,7 +409,7 @@ class SegmentReadHandle:
         else:
             stream = SequentialStream(self._chunks, None, limit=planner_end)
         try:
-            yield from self._walk(loc, start, end, stream, emit=True, block_index=first)
+            yield from self._walk(loc, start, end, stream, emit=True, block_index=first, into=into)
         finally:
             if prefetch is not None:
                 prefetch.close()
@@ -432,8 +454,10 @@ class SegmentReadHandle:
         *,
         emit: bool,
         block_index: int | None = None,
+        into: JoinedEntries | None = None,
     ) -> Iterator[OffloadedEntry]:
-        """Decode blocks from ``loc`` on, yielding the entries in ``[start, end]``; checks as it goes."""
+        """Decode blocks from ``loc`` on, yielding the entries in ``[start, end]`` (appending them to ``into``
+        instead, where given); checks as it goes."""
         key = self.data_key
         blocks = self._blocks
         bi = block_index if block_index is not None else self._block_offsets.index(loc.offset)
@@ -483,7 +507,47 @@ class SegmentReadHandle:
             block_end = loc.end
             previous = -1 if expect is None else expect - 1
             last_mark = -spacing
+            fast = emit and not keep and self.checked_runs  # runs of entries checked together, till one fails
             while True:
+                rel = pos - cur_start
+                if fast and rel >= 0:
+                    run = entry_run(cur, rel, min(block_end - cur_start, cur_len), previous, hi)
+                    ids = run.ids
+                    if ids and (expect is None or ids[0] == expect):
+                        n = len(ids)
+                        k_hi = n if ids[-1] <= hi else n - 1  # only a run's last entry can be past ``hi``
+                        k_lo = 0 if ids[0] >= lo else bisect.bisect_left(ids, lo, 0, k_hi)
+                        if not self._run_checked(run, cur, cur_start, sums, verify, ledger, k_lo, k_hi):
+                            fast = False  # the entry-by-entry walk below names what is wrong
+                        else:
+                            expect = None
+                            heads, lengths = run.heads, run.lengths
+                            k = 0
+                            while True:  # the offsets the entry-by-entry walk learns: one per ``spacing``
+                                k = bisect.bisect_left(heads, last_mark - cur_start + spacing, k)
+                                if k >= n:
+                                    break
+                                last_mark = cur_start + heads[k]
+                                marks.learn(ids[k], last_mark, lengths[k], spacing)
+                                k += 1
+                            if k_lo < k_hi:
+                                if first_seen is None:
+                                    first_seen = (ledger, ids[k_lo])
+                                last_ledger, last_entry = ledger, ids[k_hi - 1]
+                                stats.entries += k_hi - k_lo
+                                if into is not None:
+                                    into.add_run(ledger, cur, run, k_lo, k_hi)
+                                else:
+                                    h = ENTRY_HEADER_LENGTH
+                                    yield from [
+                                        OffloadedEntry(ledger, ids[k], cur[heads[k] + h : heads[k] + h + lengths[k]])
+                                        for k in range(k_lo, k_hi)
+                                    ]
+                            if k_hi < n:
+                                return
+                            previous = ids[-1]
+                            pos = cur_start + run.end
+                            continue
                 remaining = block_end - pos
                 if remaining < ENTRY_HEADER_LENGTH:
                     if remaining:
@@ -551,7 +615,10 @@ class SegmentReadHandle:
                                 self._check_recorded(sums, bi, payload, pos + ENTRY_HEADER_LENGTH, entry_id)
                         elif verify:
                             check_entry_checksum(payload, key, pos + ENTRY_HEADER_LENGTH, ledger, entry_id)
-                        yield OffloadedEntry(ledger, entry_id, payload)
+                        if into is not None:
+                            into.add(ledger, entry_id, payload)
+                        else:
+                            yield OffloadedEntry(ledger, entry_id, payload)
                 pos += ENTRY_HEADER_LENGTH + length
             if expect is not None:
                 raise LengthMismatchError(
@@ -579,6 +646,31 @@ class SegmentReadHandle:
         if manifest is not None and (end is None or end >= (manifest.endLedgerId, manifest.endEntryId)):
             last_seen = (last_ledger, last_entry) if last_entry >= 0 else None
             self._check_manifest_positions(manifest, first_seen if from_head else None, last_seen)
+
+    def _run_checked(
+        self,
+        run: EntryRun,
+        buf: memoryview,
+        base: int,
+        sums: BlockChecksums | None,
+        verify: bool,
+        ledger_id: int,
+        lo: int,
+        hi: int,
+    ) -> bool:
+        """Whether the entries ``lo`` to ``hi`` (exclusive) of ``run`` (in ``buf``, which starts at offset ``base``)
+        pass the checks the entry-by-entry walk makes of an entry it yields: its recorded CRC-32C, else (with
+        ``verify``) the entry's own."""
+        if sums is not None:
+            return run_crcs_match(run, buf, sums, lo, hi)
+        if verify:
+            try:
+                for k in range(lo, hi):
+                    at = base + run.heads[k] + ENTRY_HEADER_LENGTH
+                    check_entry_checksum(run.payload(buf, k), self.data_key, at, ledger_id, run.ids[k])
+            except FormatError:
+                return False
+        return True
 
     def _check_header(self, raw: memoryview, loc: BlockLocation) -> None:
         header = BlockHeader.decode(raw, where=self.data_key, base_offset=loc.offset)
