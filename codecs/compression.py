@@ -153,6 +153,22 @@ def decompress(
         ) from None
 
 
+def decompress_into(codec: int, data: Buffer, out: memoryview, *, max_size: int = MAX_UNCOMPRESSED) -> None:
+    """:func:`decompress` of ``data`` into ``out``, whose length is the declared uncompressed size: a reader that
+    inflates many payloads into one buffer allocates and copies each once. The checks and the one error are
+    :func:`decompress`'s; LZ4 (the usual codec) inflates in place, the others are copied in from :func:`decompress`,
+    which also names why a payload is refused."""
+    size = len(out)
+    if codec == _LZ4 and size <= max_size and size <= _MAX_RATIO[_LZ4] * len(data):
+        try:
+            written = cramjam.lz4.decompress_block_into(data, out)
+        except Exception:  # cramjam's DecompressionError
+            written = -1
+        if written == size:
+            return
+    out[:] = decompress(codec, data, size, max_size=max_size)
+
+
 def _inflate(codec: int, data: Buffer, size: int, max_size: int) -> Buffer:
     if codec not in CODECS:
         raise _Refused("the entry is compressed with a codec Pulsar does not define")

@@ -94,7 +94,7 @@ def split_batches(
 
 
 def split_joined(
-    joined: bytes,
+    joined: bytes | bytearray,
     total: int,
     starts: np.ndarray,
     ends: np.ndarray,
@@ -128,7 +128,7 @@ def _split(
 
 
 def _split_joined(
-    joined: bytes,
+    joined: bytes | bytearray,
     total: int,
     starts: np.ndarray,
     ends: np.ndarray,

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from streamoffload.codecs.compression import CODECS, MAX_UNCOMPRESSED, Buffer, DecompressionError, decompress
+from streamoffload.codecs.compression import CODECS, MAX_UNCOMPRESSED, DecompressionError, decompress_into
 from streamoffload.read.batch_arrays import message_keys, message_properties
 from streamoffload.read.wire_arrays import MAX_JOINED, PAD, Irregular, check_utf8, cut, records
 
@@ -92,7 +92,7 @@ class BatchedEntries:
     (strings); for single messages (``batched`` False) also ``key`` (binary), ``properties`` (a map) and
     ``null_value`` (bool), else None."""
 
-    joined: bytes
+    joined: bytes | bytearray
     total: int
     payload_at: np.ndarray
     payload_end: np.ndarray
@@ -251,14 +251,15 @@ def _decode_joined(
         count = np.ones(n, dtype=np.int64)
     producer = check_utf8(cut(data, total, producer_at, producer_end))
     payload_at, payload_end, payload_bytes = meta_end, ends, ends - meta_end
+    payloads: bytes | bytearray = joined
     compressed = codec != 0
     if compressed.any():
-        joined, total, payload_at, payload_end = _inflated(
+        payloads, total, payload_at, payload_end = _inflated(
             joined, meta_end, ends, codec, inflated, max_uncompressed, max_inflated
         )
         payload_bytes = np.where(compressed, np.maximum(payload_bytes, inflated), payload_bytes)
     return BatchedEntries(
-        joined=joined,
+        joined=payloads,
         total=total,
         payload_at=payload_at,
         payload_end=payload_end,
@@ -293,7 +294,7 @@ def _inflated(
     size: np.ndarray,
     max_uncompressed: int,
     max_inflated: int,
-) -> tuple[bytes, int, np.ndarray, np.ndarray]:
+) -> tuple[bytearray, int, np.ndarray, np.ndarray]:
     """The payloads ``joined[at[i]:end[i]]``, each compressed one (``codec[i]`` not 0) inflated to its ``size[i]``,
     joined (then ``PAD``): the new joined bytes, their length, and where each payload starts and ends in them."""
     compressed = codec != 0
@@ -304,14 +305,16 @@ def _inflated(
     if total > min(max_inflated, MAX_JOINED):
         raise Irregular
     view = memoryview(joined)
-    parts: list[Buffer] = []
-    for a, b, c, n in zip(at.tolist(), end.tolist(), codec.tolist(), size.tolist(), strict=True):
+    new_end = np.cumsum(lengths)
+    new_at = new_end - lengths
+    out = bytearray(total + len(PAD))  # each payload inflated in its place: one allocation, no join
+    target = memoryview(out)
+    for a, b, c, o, n in zip(at.tolist(), end.tolist(), codec.tolist(), new_at.tolist(), lengths.tolist(), strict=True):
         if not c:
-            parts.append(view[a:b])
+            target[o : o + n] = view[a:b]
             continue
         try:
-            parts.append(decompress(c, view[a:b], n, max_size=max_uncompressed))
+            decompress_into(c, view[a:b], target[o : o + n], max_size=max_uncompressed)
         except DecompressionError:
             raise Irregular from None  # the per-entry path raises it, naming the entry
-    new_end = np.cumsum(lengths)
-    return b"".join([*parts, PAD]), total, new_end - lengths, new_end
+    return out, total, new_at, new_end

@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamoffload.codecs import compression
-from streamoffload.codecs.compression import CODECS, MAX_UNCOMPRESSED, codec_name, compress, decompress
+from streamoffload.codecs.compression import (
+    CODECS,
+    MAX_UNCOMPRESSED,
+    codec_name,
+    compress,
+    decompress,
+    decompress_into,
+)
 from streamoffload.codecs.entry import (
     CompressionType,
     Message,
@@ -76,6 +83,30 @@ def test_wrong_uncompressed_size_is_refused(codec: int, delta: int) -> None:
     ) as info:
         decompress(codec, compress(codec, data), 500 + delta, offset=7, where="obj")
     assert (info.value.codec, info.value.declared, info.value.offset) == (name, 500 + delta, 7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(COMPRESSED), st.binary(max_size=3000), st.integers(1, 40), st.integers(0, 8))
+def test_decompress_into_fills_its_place_as_decompress_gives_it(codec: int, data: bytes, repeat: int, at: int) -> None:
+    payload = data * repeat
+    block = compress(codec, payload)
+    out = bytearray(b"\xaa" * (at + len(payload) + 3))
+    decompress_into(codec, block, memoryview(out)[at : at + len(payload)])
+    assert bytes(out) == b"\xaa" * at + payload + b"\xaa" * 3  # its place and nothing around it
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=codec_name)
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_decompress_into_refuses_as_decompress_does(codec: int, delta: int) -> None:
+    data = b"0123456789" * 50
+    with pytest.raises(DecompressionError) as want:
+        decompress(codec, compress(codec, data), 500 + delta)
+    with pytest.raises(DecompressionError) as got:
+        decompress_into(codec, compress(codec, data), memoryview(bytearray(500 + delta)))
+    assert str(got.value) == str(want.value)
+    # An LZ4 claim beyond what the block can hold is refused before anything is inflated.
+    with pytest.raises(DecompressionError, match="inflate to at most"):
+        decompress_into(LZ4, compress(LZ4, data), memoryview(bytearray(255 * len(compress(LZ4, data)) + 1)))
 
 
 @pytest.mark.parametrize("codec", COMPRESSED, ids=codec_name)
