@@ -9,13 +9,18 @@ wrong, which the entry-by-entry walk then names exactly as before. Pure: no I/O.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from streamoffload.codecs.blocks import ENTRY_HEADER, ENTRY_HEADER_LENGTH
+import crc32c as _crc32c
+import numpy as np
+
+from streamoffload.codecs.blocks import ENTRY_HEADER_LENGTH
 from streamoffload.codecs.checksums import BlockChecksums
-from streamoffload.codecs.entry import crc32c
 from streamoffload.codecs.positions import MAX_ID
+
+_LENGTH = struct.Struct(">I")  # an entry header's first field: its payload's length
 
 
 @dataclass(frozen=True)
@@ -37,25 +42,35 @@ def entry_run(buf: memoryview, at: int, stop: int, previous: int, hi: int = MAX_
     """The entries of ``buf`` from ``at`` on whose header and payload end by ``stop`` (the block's end or the
     buffer's, whichever is first), each id above the one before (``previous`` first) and at most ``MAX_ID``; it
     stops before the first entry that is not so (padding, whose length word is above any block, among them), and
-    after the first whose id is above ``hi`` (where a read ends)."""
-    ids: list[int] = []
+    after the first whose id is above ``hi`` (where a read ends). The loop follows the lengths alone; the ids are
+    read and checked together after it."""
     heads: list[int] = []
-    lengths: list[int] = []
-    unpack = ENTRY_HEADER.unpack_from
+    append = heads.append
+    length_at = _LENGTH.unpack_from
     last = stop - ENTRY_HEADER_LENGTH
     while at <= last:
-        length, entry_id = unpack(buf, at)
-        after = at + ENTRY_HEADER_LENGTH + length
-        if after > stop or entry_id <= previous or entry_id > MAX_ID:
+        after = at + ENTRY_HEADER_LENGTH + length_at(buf, at)[0]
+        if after > stop:
             break
-        ids.append(entry_id)
-        heads.append(at)
-        lengths.append(length)
-        previous = entry_id
+        append(at)
         at = after
-        if entry_id > hi:
-            break
-    return EntryRun(ids, heads, lengths, at)
+    if not heads:
+        return EntryRun([], [], [], at)
+    where = np.array(heads, dtype=np.int64)
+    words = np.ndarray(shape=(len(buf) - 7,), dtype=">u8", buffer=buf, strides=(1,))  # the u64 at every byte
+    raw = words[where + 4]
+    ids = raw.astype(np.int64)  # (an id above MAX_ID wraps here: it is refused by ``raw`` below)
+    before = np.empty_like(ids)
+    before[0] = previous
+    before[1:] = ids[:-1]
+    bad = np.flatnonzero((raw > np.uint64(MAX_ID)) | (ids <= before))
+    cut = int(bad[0]) if len(bad) else len(heads)
+    past = np.flatnonzero(ids[:cut] > hi)
+    if len(past):
+        cut = int(past[0]) + 1
+    end = heads[cut] if cut < len(heads) else at
+    lengths = (words[where[:cut]] >> np.uint64(32)).astype(np.int64)
+    return EntryRun(ids[:cut].tolist(), heads[:cut], lengths.tolist(), end)
 
 
 def run_crcs_match(run: EntryRun, buf: memoryview, sums: BlockChecksums, lo: int, hi: int) -> bool:
@@ -71,12 +86,9 @@ def run_crcs_match(run: EntryRun, buf: memoryview, sums: BlockChecksums, lo: int
         wanted: Sequence[int | None] = sums.crcs[first : first + len(ids)]
     else:
         wanted = [sums.crc_of(entry_id) for entry_id in ids]
-    heads, lengths = run.heads, run.lengths
-    for k, want in enumerate(wanted, lo):
-        at = heads[k] + ENTRY_HEADER_LENGTH
-        if crc32c(buf[at : at + lengths[k]]) != want:
-            return False
-    return True
+    crc, h = _crc32c.crc32c, ENTRY_HEADER_LENGTH
+    got = [crc(buf[at + h : at + h + n]) for at, n in zip(run.heads[lo:hi], run.lengths[lo:hi], strict=True)]
+    return got == list(wanted)
 
 
 class JoinedEntries:

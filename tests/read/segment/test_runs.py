@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamoffload.checkpoints.metadata_store import MetadataStore
-from streamoffload.codecs.blocks import ENTRY_HEADER
+from streamoffload.codecs.blocks import BLOCK_HEADER_LENGTH, ENTRY_HEADER
 from streamoffload.codecs.errors import FormatError
+from streamoffload.codecs.index import OffloadIndex
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.read.segment import SegmentReadHandle
 from streamoffload.read.segment.runs import JoinedEntries, entry_run
@@ -169,3 +170,44 @@ def test_joined_entries_are_columns_of_the_payloads() -> None:
         [3, 3],
         struct.pack(">IQ", 2, 5) + b"ab" + buf[14:26].tobytes() + b"cde",
     )
+
+
+def entry_heads(data: bytes, block_offset: int, block_length: int) -> list[int]:
+    """Where each entry header of the block at ``block_offset`` starts (its entries, walked by their lengths)."""
+    heads, at, end = [], block_offset + BLOCK_HEADER_LENGTH, block_offset + block_length
+    while at + 12 <= end:
+        length, _ = ENTRY_HEADER.unpack_from(data, at)
+        if at + 12 + length > end:
+            break
+        heads.append(at)
+        at += 12 + length
+    return heads
+
+
+@pytest.mark.parametrize("mask", [0xFF, 0x01, 0x80])
+def test_every_byte_of_an_entry_header_changed_is_refused_as_entry_by_entry(
+    offloaded: tuple[FilesystemStore, History, list[SegmentManifest]], mask: int
+) -> None:
+    """A length or an id changed: the first entry of a block, the second, one in the middle and the last."""
+    store, _, segments = offloaded
+    seg = max(segments, key=lambda s: s.blockCount)
+    path = Path(store.root) / seg.dataKey
+    original = path.read_bytes()
+    index = OffloadIndex.decode(store.get(seg.indexKey), ledger_id=seg.startLedgerId)
+    checked = 0
+    for block in index.blocks()[:3]:
+        heads = entry_heads(original, block.offset, block.length)
+        for head in {heads[0], heads[1], heads[len(heads) // 2], heads[-1]}:
+            for offset in range(head, head + 12):
+                data = bytearray(original)
+                data[offset] ^= mask
+                path.write_bytes(bytes(data))
+                try:
+                    for buf in (300, 1 << 20):
+                        want = outcome(store, seg, buf, None, None, runs=False)
+                        assert outcome(store, seg, buf, None, None, runs=True) == want, (offset, buf)
+                        assert outcome(store, seg, buf, None, None, runs=True, into=True)[1] == want[1]
+                        checked += want[1] is not None
+                finally:
+                    path.write_bytes(original)
+    assert checked > 100  # most such changes are refused (a low bit of a length may be a smaller payload)
