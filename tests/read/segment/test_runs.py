@@ -20,9 +20,11 @@ from streamoffload.codecs.index import OffloadIndex
 from streamoffload.codecs.proto.offload_manifest_pb2 import SegmentManifest
 from streamoffload.read.segment import SegmentReadHandle
 from streamoffload.read.segment.runs import JoinedEntries, entry_run
+from streamoffload.storage.base import ObjectStore
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
 from tests.read import TOPIC, History, offload, pulsar_entries
+from tests.read.segment.test_read_handle import FlakyStore
 from tests.read.test_recorded_checksums import as_written_before_checksums
 
 Outcome = tuple[list[tuple[int, int, bytes]], tuple[str, str, Any, Any] | None]
@@ -45,7 +47,7 @@ def offloaded(
 
 
 def outcome(
-    store: FilesystemStore,
+    store: ObjectStore,
     seg: SegmentManifest,
     buf: int,
     start: tuple[int, int] | None,
@@ -53,9 +55,10 @@ def outcome(
     *,
     runs: bool,
     into: bool = False,
+    readahead: bool = False,
 ) -> Outcome:
     """The entries a read gives (up to its error) and its error: type, text, offset, object."""
-    handle = SegmentReadHandle.open(store, seg, read_buffer_size=buf, readahead=False)
+    handle = SegmentReadHandle.open(store, seg, read_buffer_size=buf, readahead=readahead)
     handle.checked_runs = runs
     got: list[tuple[int, int, bytes]] = []
     read = JoinedEntries()
@@ -85,17 +88,27 @@ def outcome(
     i=st.integers(0, 200),
     n=st.integers(0, 200),
     into=st.booleans(),
+    remote=st.booleans(),
 )
 def test_any_range_of_a_segment_reads_as_entry_by_entry(
-    offloaded: tuple[FilesystemStore, History, list[SegmentManifest]], buf: int, which: int, i: int, n: int, into: bool
+    offloaded: tuple[FilesystemStore, History, list[SegmentManifest]],
+    buf: int,
+    which: int,
+    i: int,
+    n: int,
+    into: bool,
+    remote: bool,
 ) -> None:
-    store, history, segments = offloaded
+    """``remote``: the same files read as a remote store is (back-to-back ranges, read ahead in a thread, entries
+    joined across them) instead of through a held descriptor."""
+    fs_store, history, segments = offloaded
+    store: ObjectStore = FlakyStore(fs_store) if remote else fs_store
     seg = segments[which % len(segments)]
     first, last = (seg.startLedgerId, seg.startEntryId), (seg.endLedgerId, seg.endEntryId)
     inside = [p for p in history.positions() if first <= p <= last]
     start = inside[i % len(inside)] if i % 7 else None
     end = inside[min(i % len(inside) + n, len(inside) - 1)] if n % 5 else None
-    got = outcome(store, seg, buf, start, end, runs=True, into=into)
+    got = outcome(store, seg, buf, start, end, runs=True, into=into, readahead=remote)
     assert got == outcome(store, seg, buf, start, end, runs=False)
     assert got[1] is None
     lo, hi = start or first, end or last
