@@ -355,6 +355,7 @@ def _group_rows(
     joined = read.joined(PAD)
     starts = np.array(read.starts, dtype=np.int64)
     sizes = np.array(read.lengths, dtype=np.int64)
+    ledgers = read.ledger_ids()
     run = batched_joined(joined, starts, sizes, max_uncompressed=max_uncompressed)
     batches = None
     owners: list[int] = []  # each batch's task
@@ -366,13 +367,12 @@ def _group_rows(
             ends += [first + end for end in cut_at]
             owners += [i] * len(cut_at)
             first += count
-        ids = EntryIds(np.array(read.ledger_ids(), dtype=np.int64), np.array(read.entry_ids, dtype=np.int64))
+        ids = EntryIds(np.array(ledgers, dtype=np.int64), np.array(read.entry_ids, dtype=np.int64))
         batches = _run_batches(topic, TopicName.parse(topic).partition, run, np.arange(len(read)), ends, ids)
     if batches is not None:
         yield from zip(owners, batches, strict=True)
         return
     view = memoryview(joined)
-    ledgers = read.ledger_ids()
     first = 0
     for i, data_key, count in group:
         entries = [

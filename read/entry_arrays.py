@@ -151,8 +151,6 @@ def _decode(entries: Sequence[bytes | memoryview], max_uncompressed: int, max_in
     sizes = np.fromiter(map(len, entries), dtype=np.int64, count=n)
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    if not n:
-        raise Irregular
     return _decode_joined(b"".join([*entries, PAD]), starts, sizes, ends, max_uncompressed, max_inflated)
 
 
