@@ -18,8 +18,8 @@ only), a checkpoint and the broker's data under one temporary work directory (re
    - ``source``: the Pulsar source alone -- ``spark.readStream.format("pulsar")`` with the job's own
      source options (the same ``maxBytesPerTrigger``), ``Trigger.AvailableNow``, into Spark's ``noop``
      sink (as ``bench/source.py`` does). Timed from ``start()`` to termination.
-   - ``job``: ``OffloadJob.run_once`` (the same query plus the segmenter and the sink, ending with a
-     micro-batch that seals every open segment) into the filesystem store, segments of ``--segment-mb`` MiB, blocks of
+   - ``job``: ``OffloadJob.run_once`` (the same query plus the segmenter and the sink, its last
+     micro-batch sealing every open segment) into the filesystem store, segments of ``--segment-mb`` MiB, blocks of
      ``--block-size`` bytes. Timed as the wall time of ``run_once``.
 
    MB/s count entry bytes (10^6 bytes): the sum of ``entryBytes`` over the sealed segments' manifests,

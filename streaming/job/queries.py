@@ -120,7 +120,8 @@ class JobQueries(JobState):
         """The Pulsar source's options: ``positionsOnly`` rows (the sink fetches the bytes), ``maxBytesPerTrigger``
         (default 1 GiB of entries) per micro-batch, and per topic-partition the offload buffer bound through
         ``bufferFile``.
-        ``seal_at_end``: ``run_once``'s query ends with a micro-batch of seal markers (``sealAtEnd``)."""
+        ``seal_at_end``: ``run_once``'s query ends with seal markers, in the micro-batch that reaches its target
+        (``sealAtEnd``)."""
         from streamoffload.streaming.source.admission import buffer_file_path
 
         pulsar = self.config.pulsar

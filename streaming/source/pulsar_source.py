@@ -110,7 +110,7 @@ class PulsarRangePartition(InputPartition):
 
 
 class SealMarkerPartition(InputPartition):
-    """``sealAtEnd``'s last micro-batch: one seal marker row per topic-partition, no entries."""
+    """``sealAtEnd``'s markers, in the last micro-batch: one seal marker row per topic-partition, no entries."""
 
     def __init__(self, topics: list[str]) -> None:
         super().__init__(tuple(topics))

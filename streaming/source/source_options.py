@@ -673,11 +673,13 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         ("sealAtEnd",),
         "false",
-        "``true`` (``run --once``), with ``Trigger.AvailableNow``: one last micro-batch of seal markers.",
-        "When the query has read entries and has nothing more to read, it runs one more micro-batch of seal "
-        "markers, one row per topic-partition with ``ledger_id = -1``, ``entry_id = -1`` and no entry (the offset "
-        'gains ``"sealedAtEnd": true``). The job turns each marker into a seal of that topic-partition\'s open '
-        "segment, so a batch run drains and seals in one query.",
+        "``true`` (``run --once``), with ``Trigger.AvailableNow``: seal markers in the last micro-batch.",
+        "Once the query has read entries, the micro-batch that reaches every topic-partition's AvailableNow target "
+        "also carries seal markers, one row per topic-partition with ``ledger_id = -1``, ``entry_id = -1`` and no "
+        'entry (the offset gains ``"sealedAtEnd": true``). When it has nothing more to read without reaching them '
+        "all (a topic-partition paused meanwhile), the markers come in one more micro-batch of their own. The job "
+        "turns each marker into a seal of that topic-partition's open segment, after that topic-partition's "
+        "entries of the same micro-batch, so a batch run drains and seals in one query.",
     ),
     OptionDoc(
         ("backlogFile",),

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadMaxBytes
 
 from streamoffload.checkpoints.policy import OffloadPolicy
@@ -29,7 +31,13 @@ from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import MemoryState
 from streamoffload.streaming.source import offset_planner
 from streamoffload.streaming.source.admission import BufferFile, buffer_bound, buffer_file_path, write_buffer_file
-from streamoffload.streaming.source.offset_planner import SEALED_KEY, WAKE_FALLBACK_S, WAKE_KEY, SourcePlanner
+from streamoffload.streaming.source.offset_planner import (
+    SEALED_KEY,
+    WAKE_FALLBACK_S,
+    WAKE_KEY,
+    SourcePlanner,
+    even_share,
+)
 from streamoffload.streaming.source.pulsar_source import PulsarStreamReader
 from streamoffload.streaming.source.source_options import SourceOptions
 from streamoffload.units import MIB
@@ -111,7 +119,7 @@ def test_the_job_bounds_every_micro_batch_by_default(tmp_path: Path) -> None:
     assert sorted(counts.values()) == [2048] * 4  # split fairly: 256 MiB each
 
 
-def test_run_once_reads_to_its_start_positions_then_emits_seal_markers_once(tmp_path: Path) -> None:
+def test_run_once_reads_to_its_start_positions_with_the_seal_markers_in_the_last_micro_batch(tmp_path: Path) -> None:
     config = parse_config({"pulsar": {"topics": [A]}, "spark": {"checkpoint": str(tmp_path / "cp")}})
     job = OffloadJob(config)
     job.run = Run(epoch=3, resume={}, checkpoint=str(tmp_path / "cp" / "run-3"), policy_log=None, published={})  # type: ignore[arg-type]
@@ -122,18 +130,59 @@ def test_run_once_reads_to_its_start_positions_then_emits_seal_markers_once(tmp_
     planner = ModelPlanner(SourceOptions.parse({**once, "topics": f"{A},{B}"}), {A: (10, 100), B: (0, 100)})
     planner.prepare_available_now()
     start = planner.initial_offset()
-    end = planner.latest_offset(start, None, None)
-    assert end == {A: [LEDGER, 9], B: [-1, -1]}  # the entries first, no marker yet
-    sealed = planner.latest_offset(end, None, None)
-    assert sealed == {**end, SEALED_KEY: True}
+    sealed = planner.latest_offset(start, None, None)
+    # The whole target in one micro-batch: its seal markers come with its entries.
+    assert sealed == {A: [LEDGER, 9], B: [-1, -1], SEALED_KEY: True}
     assert list(sealed)[-1] == SEALED_KEY  # topic-partitions sorted first: the JSON text is canonical
     assert planner.latest_offset(sealed, None, None) == sealed  # then nothing more: the query ends
 
     reader = PulsarStreamReader({**once, "topics": f"{A},{B}"})
-    markers = reader.partitions(end, sealed)
-    assert [type(p).__name__ for p in markers] == ["SealMarkerPartition"]
+    parts = reader.partitions(start, sealed)
+    assert [type(p).__name__ for p in parts] == ["PulsarRangePartition", "SealMarkerPartition"]
     assert reader.partitions(sealed, sealed) == []
-    assert markers[0].topics == [A, B]  # every topic-partition, open segment or not (the rows: tests/streaming/job)
+    assert parts[1].topics == [A, B]  # every topic-partition, open segment or not (the rows: tests/streaming/job)
+
+
+def test_run_once_over_several_micro_batches_seals_in_the_one_that_reaches_the_target() -> None:
+    size = 1000
+    planner = ModelPlanner(options(sealAtEnd="true"), {A: (10, size), B: (4, size), C: (0, size)})
+    planner.prepare_available_now()
+    offsets = [planner.initial_offset()]
+    while True:
+        nxt = planner.latest_offset(offsets[-1], None, 3 * size)
+        if nxt == offsets[-1]:
+            break
+        offsets.append(nxt)
+    # 14 entries, about 3 per micro-batch; only the last micro-batch carries the markers.
+    assert [SEALED_KEY in o for o in offsets[1:]] == [False] * (len(offsets) - 2) + [True]
+    assert {A: offsets[-1][A], B: offsets[-1][B]} == {A: [LEDGER, 9], B: [LEDGER, 3]}
+    assert len(offsets) >= 5  # several micro-batches, the last of them read entries too:
+    assert any(offsets[-1][tp] != offsets[-2].get(tp) for tp in (A, B))
+
+
+@given(st.integers(1, 10**7), st.integers(1, 10**7))
+def test_an_even_share_takes_no_more_and_needs_no_more_micro_batches(available: int, allowed: int) -> None:
+    share = even_share(available, allowed)
+    if allowed >= available:
+        assert share == allowed  # one micro-batch takes it all: nothing to split
+        return
+    assert share is not None and 1 <= share <= allowed
+    batches = -(-available // allowed)
+    assert -(-available // share) == batches  # as many micro-batches as before, each at most one entry apart
+    assert share * batches - available < batches
+
+
+def test_run_once_splits_what_is_left_evenly_over_its_micro_batches() -> None:
+    size = 1000
+    planner = ModelPlanner(options(sealAtEnd="true", topics=A), {A: (10, size)})
+    planner.prepare_available_now()
+    start = planner.initial_offset()
+    first = planner.latest_offset(start, None, 7 * size)  # 7 of 10 allowed: 5 and 5, not 7 and 3
+    second = planner.latest_offset(first, None, 7 * size)
+    assert (first[A], second[A]) == ([LEDGER, 4], [LEDGER, 9])
+    assert SEALED_KEY not in first and second[SEALED_KEY] is True
+    continuous = ModelPlanner(options(topics=A), {A: (10, size)})  # a moving end: as much as allowed
+    assert continuous.latest_offset(continuous.initial_offset(), None, 7 * size)[A] == [LEDGER, 6]
 
 
 def test_seal_markers_only_after_entries_were_read() -> None:
