@@ -11,8 +11,10 @@ starts after it asked; one waiting thread runs it, for itself and every thread t
 few of them instead of thousands of ``fsync``\\ s. Durability is the same: what a thread wrote before asking is on
 disk when it returns, and a write-back error (reported by ``syncfs`` since Linux 5.8, for the whole filesystem)
 fails every thread that round served. The price: it also writes back other programs' dirty data on the same
-filesystem, sooner than the kernel would have. :class:`FileSync` (``sync="file"``) is the per-file way, and what
-platforms without ``syncfs`` (anything but Linux) get.
+filesystem, and the job's own, such as the spool of a large backlog (scratch, never needed on disk). So while
+fewer than :data:`SYNCFS_MIN_FILES` files are being made durable at once, each thread fsyncs its own instead.
+:class:`FileSync` (``sync="file"``) is the per-file way alone, and what platforms without ``syncfs`` (anything but
+Linux) get.
 
 One :class:`GroupSync` per filesystem per process (:func:`syncer_for`), shared by every store on it; a forked
 child builds its own (a lock held at ``fork`` would otherwise never be released in the child), and a store looks
@@ -24,12 +26,19 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 SYNC_MODES = ("group", "file")
 """``group``: :class:`GroupSync` where the platform has ``syncfs`` (else per file); ``file``: :class:`FileSync`."""
+
+SYNCFS_MIN_FILES = 8
+"""While fewer files than this are being made durable at once, each is fsynced by its thread; beyond, threads wait
+for a ``syncfs``. The sink of a drain over 4 topic-partitions makes 1-4 files durable at a time: there ``syncfs``
+also wrote back the spool, 1.6 s of rounds in the sink's 1.4 s of writes of a micro-batch (600 MB, bench/README
+"Durable writes"). At 1,000 topic-partitions dozens wait at once, and ``syncfs`` keeps their seals off the
+journal's queue."""
 
 _FAILED_ROUNDS_KEPT = 64
 
@@ -55,11 +64,23 @@ class FileSync:
 
 class GroupSync:
     """Group commit over ``syncfs`` of the filesystem that holds ``fd`` (an open directory, kept open: ``syncfs``
-    reports write-back errors since the descriptor last asked, so a long-lived one misses none)."""
+    reports write-back errors since the descriptor last asked, so a long-lived one misses none), and an ``fsync``
+    per file (``sync_one``: a path or a descriptor) while fewer than ``min_files`` are being made durable."""
 
-    def __init__(self, fd: int, syncfs: _SyncFs) -> None:
+    def __init__(
+        self,
+        fd: int,
+        syncfs: _SyncFs,
+        sync_one: Callable[[Path | int], None] | None = None,
+        min_files: int = SYNCFS_MIN_FILES,
+    ) -> None:
         self._fd = fd
         self._syncfs = syncfs
+        self._sync_one = sync_one or _sync_one
+        self._min_files = min_files
+        self._direct = 0  # files being fsynced one by one now, by the threads that wrote them
+        self.direct = 0
+        """Files fsynced one by one (for tests and benches)."""
         self._cond = threading.Condition(threading.Lock())
         self._started = 0  # rounds begun
         self._done = 0  # rounds finished (in order: one runs at a time)
@@ -72,10 +93,28 @@ class GroupSync:
         os.close(self._fd)
 
     def paths(self, paths: Iterable[Path]) -> None:
-        self.barrier()
+        self._files(list(paths))
 
     def descriptor(self, fd: int) -> None:
-        self.barrier()
+        self._files([fd])
+
+    def _files(self, files: Sequence[Path | int]) -> None:
+        """``files`` durable: an ``fsync`` each while fewer than ``min_files`` are being fsynced so (this call's
+        included), else a ``syncfs`` round (``barrier``)."""
+        with self._cond:
+            direct = self._direct + len(files) < self._min_files
+            if direct:
+                self._direct += len(files)
+        if not direct:
+            self.barrier()
+            return
+        try:
+            for file in files:
+                self._sync_one(file)
+        finally:
+            with self._cond:
+                self._direct -= len(files)
+                self.direct += len(files)
 
     def barrier(self) -> None:
         """Return once a ``syncfs`` that began after this call has finished; raise its error if it failed."""
@@ -108,6 +147,13 @@ class GroupSync:
             for served, error in self._failed.items():
                 if served >= need:
                     raise OSError(error.errno, f"syncfs: {error.strerror}")
+
+
+def _sync_one(file: Path | int) -> None:
+    if isinstance(file, int):
+        os.fsync(file)
+    else:
+        fsync_path(file)
 
 
 class _SyncFs(Protocol):

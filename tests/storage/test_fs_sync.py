@@ -1,5 +1,6 @@
 """The filesystem store's group commit (``storage/fs_sync.py``): one ``syncfs`` serves every thread that waits at
-once, never one that began before a thread's writes, and a failed one fails every thread it served."""
+once, never one that began before a thread's writes, and a failed one fails every thread it served; while few
+files are made durable at once, each is fsynced by its own thread, and its error is that thread's."""
 
 from __future__ import annotations
 
@@ -104,6 +105,77 @@ def test_a_failed_syncfs_fails_every_thread_it_served_and_the_next_round_is_clea
     group.barrier()  # and later barriers are not failed by an old round
 
 
+class SlowFsync:
+    """An ``fsync`` per file that records its files, and how many ran at once at most."""
+
+    def __init__(self, seconds: float = 0.0, fail: object = None) -> None:
+        self.seconds = seconds
+        self.fail = fail
+        self.lock = threading.Lock()
+        self.files: list[object] = []
+        self.running = self.most = 0
+
+    def __call__(self, file: Path | int) -> None:
+        with self.lock:
+            self.files.append(file)
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.seconds)
+            if file == self.fail:
+                raise OSError(errno.EIO, "Input/output error")
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_a_few_files_at_once_are_fsynced_each_and_no_syncfs_runs() -> None:
+    fake, each = FakeSyncFs(0), SlowFsync()
+    group = GroupSync(-1, fake, each, min_files=8)
+    group.paths([Path("a"), Path("b")])
+    group.descriptor(5)
+    assert each.files == [Path("a"), Path("b"), 5]
+    assert group.rounds == 0 and group.direct == 3
+    group.paths([Path(str(i)) for i in range(8)])  # as many as min_files in one call: one syncfs instead
+    assert group.rounds == 1 and group.direct == 3 and len(each.files) == 3
+
+
+def test_beyond_min_files_at_once_a_thread_waits_for_a_syncfs_instead() -> None:
+    release = threading.Event()
+    each = SlowFsync()
+    fake = FakeSyncFs(0)
+
+    def held(file: Path | int) -> None:
+        each(file)
+        release.wait(30)
+
+    group = GroupSync(-1, fake, held, min_files=3)
+    first = [threading.Thread(target=group.descriptor, args=(i,)) for i in (1, 2)]
+    for t in first:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(each.files) < 2:  # two files being fsynced one by one, held there
+        assert time.monotonic() < deadline, "the first two threads never fsynced their files"
+        time.sleep(0.001)
+    group.descriptor(3)  # a third at once would make min_files: it is served by a syncfs, not held
+    assert group.rounds == 1 and sorted(each.files) == [1, 2]  # type: ignore[type-var]
+    release.set()
+    for t in first:
+        t.join(10)
+    assert group.direct == 2
+    group.descriptor(4)  # alone again: its own fsync
+    assert group.rounds == 1 and group.direct == 3
+
+
+def test_an_fsync_error_reaches_the_thread_whose_file_it_was() -> None:
+    each = SlowFsync(fail=Path("bad"))
+    group = GroupSync(-1, FakeSyncFs(0), each)
+    with pytest.raises(OSError, match="Input/output error"):
+        group.paths([Path("ok"), Path("bad")])
+    group.paths([Path("fine")])  # the next caller is not failed by it
+    assert each.files == [Path("ok"), Path("bad"), Path("fine")] and group.rounds == 0
+
+
 def test_syncer_for_per_file_and_unknown_modes(tmp_path: Path) -> None:
     assert isinstance(syncer_for(tmp_path, "file"), FileSync)
     with pytest.raises(ValueError, match="sync mode 'fast'"):
@@ -118,13 +190,13 @@ def test_stores_on_one_filesystem_share_one_group_and_a_fork_gets_its_own(tmp_pa
     assert isinstance(a._syncer(), GroupSync)
     assert a._syncer() is b._syncer()
     parent_group = a._syncer()
-    before = parent_group.rounds
+    before = parent_group.direct
     a.put("k", b"v")
-    assert a._syncer().rounds > before, "a put made durable by the group's syncfs"
+    assert a._syncer().direct > before, "a put made durable by an fsync of its own: nothing else waited"
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
-        ok = a._syncer() is not parent_group and a._syncer().rounds == 0
+        ok = a._syncer() is not parent_group and a._syncer().direct == 0
         a.put("child", b"c")
         os.write(write, b"1" if ok and a.get("child") == b"c" else b"0")
         os._exit(0)
