@@ -19,12 +19,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from pathlib import Path
+from typing import IO, Any, Protocol
 
 from streamoffload.redaction import MASK, private_opener, redact, register_secret, secret_name
 from streamoffload.streaming import register
+from streamoffload.streaming.job.class_archive import ClassArchive
+from streamoffload.streaming.job.class_archive import class_archive as find_class_archive
 from streamoffload.streaming.job.masters import Master, MasterKind, parse_master
 from streamoffload.streaming.runtime.fork_client import SOCKET_ENV
 from streamoffload.streaming.runtime.fork_server import ForkServer, start_fork_server
@@ -144,7 +147,7 @@ def _launch_gateway(conf: dict[str, str], settings: SparkLogging) -> None:
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
-    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+    if _gateway_up():
         return
     if os.environ.get("STREAMOFFLOAD_SPARK_OUTPUT") == "inherit":  # debugging: the JVM writes to our stdout/stderr
         return
@@ -163,6 +166,58 @@ def _launch_gateway(conf: dict[str, str], settings: SparkLogging) -> None:
     if proc is not None and proc.stdout is not None:
         threading.Thread(target=_pump, args=(proc.stdout, settings), name="spark-output", daemon=True).start()
     SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _gateway_up() -> bool:
+    """Whether this process has its JVM already: a session was built before, or spark-submit started it."""
+    from pyspark import SparkContext
+
+    return "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None
+
+
+class _Session(Protocol):
+    def stop(self) -> None: ...
+
+
+_archive: ClassArchive | None = None
+"""The class archive of this process's JVM, from :func:`build_session` (None: none)."""
+
+_CDS_OPTIONS = ("-XX:SharedArchiveFile", "-XX:ArchiveClassesAtExit", "-Xshare:off")
+
+
+def _with_class_archive(conf: dict[str, str], setting: str) -> ClassArchive | None:
+    """The driver JVM's option for its class archive, added to ``conf``; none where the user's Java options name
+    one (or turn sharing off) themselves."""
+    key = "spark.driver.extraJavaOptions"
+    options = conf.get(key, "")
+    if any(name in options for name in _CDS_OPTIONS):
+        return None
+    archive = find_class_archive(setting, conf)
+    if archive is not None:
+        conf[key] = f"{options} {archive.java_option()}".strip()
+    return archive
+
+
+def stop_session(spark: _Session, on_write: Callable[[Path], None] | None = None) -> None:
+    """Stop ``spark``. When its JVM writes a class archive (:func:`build_session`), also end the JVM and keep the
+    archive, telling ``on_write`` its path first (the JVM takes seconds to write it). No Spark in this process
+    after that."""
+    global _archive
+    spark.stop()
+    archive, _archive = _archive, None
+    if archive is None or archive.writing is None:
+        return
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    jvm = getattr(gateway, "proc", None)
+    if on_write is not None:
+        on_write(archive.path)
+    with contextlib.suppress(Exception):  # the gateway's connections; the JVM is ended through its stdin
+        gateway.shutdown()  # type: ignore[union-attr]
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    archive.finish(jvm)
 
 
 def _remove_quietly(path: str) -> None:
@@ -424,9 +479,12 @@ def build_session(
     app_name: str = "streamoffload",
     work_dir: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
+    class_archive: str = "",
 ) -> Any:
     """A SparkSession with the settings of :func:`session_plan` for ``master`` and streamoffload's Python data
-    sources registered (``streaming.register``). ``extra_conf``: the user's settings (they win)."""
+    sources registered (``streaming.register``). ``extra_conf``: the user's settings (they win).
+    ``class_archive``: where the driver JVM's classes are kept between runs (``[spark] classArchive``;
+    ``streaming.job.class_archive``; end the session with :func:`stop_session` so a new archive is kept)."""
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     plan = session_plan(master, app_name=app_name, work_dir=work_dir, user=extra_conf, submitted=submitted_conf())
     workers = os.environ.get("PYSPARK_PYTHON") or sys.executable
@@ -440,7 +498,9 @@ def build_session(
             os.environ.setdefault(name, value)
     from pyspark.sql import SparkSession
 
-    conf = plan.conf
+    conf = dict(plan.conf)
+    global _archive
+    _archive = _with_class_archive(conf, class_archive) if class_archive and not _gateway_up() else None
     # Spark's own log prints its configuration at INFO, and errors may quote a value: secret-named ones masked.
     register_secret(*(value for key, value in conf.items() if secret_name(key)))
     log.info("Spark on %s: %s", plan.master.url, shown_settings(conf))

@@ -150,7 +150,7 @@ def retry_store_at_start(step: Callable[[], T], *, once: bool, what: str) -> T:
 
 def run(args: argparse.Namespace) -> int:
     from streamoffload.streaming.job.offload_job import OffloadJob
-    from streamoffload.streaming.job.session import build_session
+    from streamoffload.streaming.job.session import build_session, stop_session
     from streamoffload.streaming.runtime.faults import arm_for_this_job
 
     arm_for_this_job()  # crash-safety tests only: a no-op unless STREAMOFFLOAD_CRASH_AT is set
@@ -181,7 +181,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
-    spark = build_session(master=config.spark.master, extra_conf=spark_conf(config, args.spark_conf))
+    spark = build_session(
+        master=config.spark.master,
+        extra_conf=spark_conf(config, args.spark_conf),
+        class_archive=config.spark.class_archive,
+    )
     metrics = None
     try:
         address = config.metrics.address if args.metrics_address is None else args.metrics_address
@@ -233,7 +237,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if metrics is not None:
             metrics.stop()
-        spark.stop()
+        stop_session(spark, on_write=_writing_class_archive)
+
+
+def _writing_class_archive(path: Path) -> None:
+    print(
+        f"keeping the JVM's classes for the next runs' start-up (once, some seconds): {path} "
+        '([spark] classArchive = "" turns this off)',
+        file=sys.stderr,
+    )
 
 
 BACKLOG_COUNT_S = 60.0

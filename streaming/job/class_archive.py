@@ -1,0 +1,179 @@
+"""The driver JVM's classes kept between runs: a dynamic class-data archive (AppCDS, JDK 13 and later), so a
+scheduled ``run --once`` does not load, parse and verify Spark's classes again every time.
+
+Measured (``bench/start_time.py``, 600 MB on pulsar-lite, a calm machine): the first read came 7.9 s after launch
+without an archive and 4.9 s with one (``getOrCreate`` 2.3 -> 1.0 s, the query's start 1.0 -> 0.5 s, its first
+planning 1.05 -> 0.5 s). The run that writes the archive pays for it at its end, once: ~8 s for ~160 MB.
+
+- **Valid only for what made it.** An archive is named by a digest of the JVM (its ``java``, its ``release``
+  file) and of the class path (Spark's jars, names and sizes; the configured extra jars and class path). The JVM
+  checks what it maps all the same, and on a mismatch runs without it (a line in the Spark log).
+- **Never read half-written.** A run without one has its JVM write one at exit (``-XX:ArchiveClassesAtExit``) under
+  a temporary name; once the JVM is gone, :meth:`ClassArchive.finish` renames it into place. A temporary file of a
+  process no longer running is removed by the next writer.
+- **Bounded.** At most :data:`KEPT` archives stay in the directory (an upgrade of Spark or Java makes a new one),
+  and none is written with less than :data:`MIN_FREE_BYTES` free there.
+- **Never in the way.** Any failure (a directory that cannot be made, a full disk, a JVM that does not exit) costs
+  the archive, never the run: it is logged, and the run goes on as without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamoffload.units import GIB
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+"""``[spark] classArchive``'s default: ``$XDG_CACHE_HOME/streamoffload/jvm`` (``~/.cache`` without it)."""
+
+KEPT = 2
+"""Archives kept in the directory, the newest first."""
+
+MIN_FREE_BYTES = 1 * GIB
+"""No archive is written with less free space than this in its directory (an archive is ~160 MB)."""
+
+EXIT_WAIT_S = 120.0
+"""How long :meth:`ClassArchive.finish` waits for the JVM to write its archive and exit."""
+
+_CLASS_PATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+_SUFFIX = ".jsa"
+
+
+def archive_directory(setting: str) -> Path | None:
+    """Where the archives are kept: ``setting`` (``[spark] classArchive``), ``auto`` for the user's cache, ``""``
+    for none."""
+    if not setting.strip():
+        return None
+    if setting == AUTO:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(cache) / "streamoffload" / "jvm"
+    return Path(os.path.expanduser(setting))
+
+
+def _java() -> Path | None:
+    """The ``java`` Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the first on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    found = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    return Path(os.path.realpath(found)) if found and os.path.exists(found) else None
+
+
+def _spark_jars() -> Path | None:
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        return Path(home) / "jars"
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def archive_key(conf: Mapping[str, str]) -> str | None:
+    """A digest of the JVM and the class path an archive is valid for; None where either is not found."""
+    java, jars = _java(), _spark_jars()
+    if java is None or jars is None or not jars.is_dir():
+        return None
+    digest = hashlib.sha256()
+    digest.update(str(java).encode())
+    with contextlib.suppress(OSError):
+        digest.update((java.parent.parent / "release").read_bytes())
+    for entry in sorted(os.scandir(jars), key=lambda e: e.name):
+        digest.update(f"\0{entry.name}\0{entry.stat().st_size}".encode())
+    for key in _CLASS_PATH_KEYS:
+        digest.update(f"\0{key}={conf.get(key, '')}".encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ClassArchive:
+    """This run's archive: ``path``, and ``writing`` (the temporary name) when this run's JVM writes it."""
+
+    path: Path
+    writing: Path | None
+
+    def java_option(self) -> str:
+        if self.writing is not None:
+            return f"-XX:ArchiveClassesAtExit={self.writing}"
+        return f"-XX:SharedArchiveFile={self.path}"
+
+    def finish(self, jvm: subprocess.Popen[bytes] | None) -> None:
+        """After the session stopped: with an archive to write, end ``jvm`` (its standard input closed: Spark's
+        gateway then exits), wait for it to write the archive, and rename it into place."""
+        if self.writing is None:
+            return
+        try:
+            if jvm is not None:
+                if jvm.stdin is not None:
+                    jvm.stdin.close()
+                jvm.wait(EXIT_WAIT_S)
+            if self.writing.stat().st_size == 0:
+                raise OSError(f"{self.writing} is empty")
+            os.replace(self.writing, self.path)
+            log.info("the JVM's classes are kept for the next runs' start-up in %s", self.path)
+            _keep_newest(self.path.parent, KEPT)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            log.warning("no class archive kept (%s): the next run starts without one", err)
+            with contextlib.suppress(OSError):
+                self.writing.unlink()
+
+
+def class_archive(setting: str, conf: Mapping[str, str]) -> ClassArchive | None:
+    """The archive a driver JVM started with ``conf`` uses or writes, per ``setting`` (``[spark] classArchive``);
+    None for none (off, no ``java`` or Spark jars found, a directory that cannot be made, too little space)."""
+    directory = archive_directory(setting)
+    if directory is None:
+        return None
+    key = archive_key(conf)
+    if key is None:
+        log.info("no class archive: java or Spark's jars not found")
+        return None
+    path = directory / f"spark-{key}{_SUFFIX}"
+    if path.is_file():
+        return ClassArchive(path, None)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(directory)
+        free = shutil.disk_usage(directory).free
+    except OSError as err:
+        log.warning("no class archive in %s: %s", directory, err)
+        return None
+    if free < MIN_FREE_BYTES:
+        log.warning("no class archive written in %s: %d bytes free, fewer than %d", directory, free, MIN_FREE_BYTES)
+        return None
+    return ClassArchive(path, directory / f"{path.name}.tmp-{os.getpid()}")
+
+
+def _remove_orphans(directory: Path) -> None:
+    """Temporary archives of processes no longer running (killed before their JVM wrote and renamed one)."""
+    for entry in directory.glob(f"*{_SUFFIX}.tmp-*"):
+        pid = entry.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _keep_newest(directory: Path, kept: int) -> None:
+    archives = sorted(directory.glob(f"spark-*{_SUFFIX}"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in archives[kept:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
