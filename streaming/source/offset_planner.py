@@ -453,7 +453,7 @@ class SourcePlanner:
                 end[SEALED_KEY] = True
             return end
 
-    def _reaches_target(self, end: Mapping[str, Any]) -> bool:
+    def _reaches_target(self, end: Mapping[str, object]) -> bool:
         """Whether ``end`` is at or past the AvailableNow target of every topic-partition with one."""
         target = self._target or {}
         for tp, cap in target.items():
