@@ -6,7 +6,8 @@ without an archive and 4.9 s with one (``getOrCreate`` 2.3 -> 1.0 s, the query's
 planning 1.05 -> 0.5 s). The run that writes the archive pays for it at its end, once: ~8 s for ~160 MB.
 
 - **Valid only for what made it.** An archive is named by a digest of the JVM (its ``java``, its ``release``
-  file) and of the class path (Spark's jars, names and sizes; the configured extra jars and class path). The JVM
+  file), its heap, and the class path (where Spark's jars are, their names and sizes; the configured
+  extra jars and class path). The JVM
   checks what it maps all the same, and on a mismatch runs without it (a line in the Spark log).
 - **Never read half-written.** A run without one has its JVM write one at exit (``-XX:ArchiveClassesAtExit``) under
   a temporary name; once the JVM is gone, :meth:`ClassArchive.finish` renames it into place. A temporary file of a
@@ -45,7 +46,14 @@ MIN_FREE_BYTES = 1 * GIB
 EXIT_WAIT_S = 120.0
 """How long :meth:`ClassArchive.finish` waits for the JVM to write its archive and exit."""
 
-_CLASS_PATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+_KEYED_SETTINGS = (
+    "spark.jars",
+    "spark.jars.packages",
+    "spark.driver.extraClassPath",
+    # A heap past 32 GB turns compressed pointers off, which the archive must match. Not the other Java options:
+    # they may differ run by run (a log's path), and the JVM checks those that matter when it maps the archive.
+    "spark.driver.memory",
+)
 _SUFFIX = ".jsa"
 
 
@@ -79,17 +87,18 @@ def _spark_jars() -> Path | None:
 
 
 def archive_key(conf: Mapping[str, str]) -> str | None:
-    """A digest of the JVM and the class path an archive is valid for; None where either is not found."""
+    """A digest of the JVM, its heap and the class path an archive is valid for; None where the JVM or Spark's
+    jars are not found."""
     java, jars = _java(), _spark_jars()
     if java is None or jars is None or not jars.is_dir():
         return None
     digest = hashlib.sha256()
-    digest.update(str(java).encode())
+    digest.update(f"{java}\0{jars.resolve()}".encode())  # the archive records the jars' paths, not just names
     with contextlib.suppress(OSError):
         digest.update((java.parent.parent / "release").read_bytes())
     for entry in sorted(os.scandir(jars), key=lambda e: e.name):
         digest.update(f"\0{entry.name}\0{entry.stat().st_size}".encode())
-    for key in _CLASS_PATH_KEYS:
+    for key in _KEYED_SETTINGS:
         digest.update(f"\0{key}={conf.get(key, '')}".encode())
     return digest.hexdigest()[:16]
 

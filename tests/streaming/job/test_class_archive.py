@@ -44,14 +44,21 @@ def test_the_key_follows_the_class_path_and_the_jvm(monkeypatch: pytest.MonkeyPa
     base = archive_key({})
     assert base is not None and len(base) == 16 and archive_key({}) == base
     assert archive_key({"spark.jars": "/opt/extra.jar"}) not in (None, base)
-    assert archive_key({"spark.app.name": "other"}) == base  # what does not change the class path does not count
+    assert archive_key({"spark.driver.memory": "40g"}) not in (None, base)
+    assert archive_key({"spark.app.name": "other"}) == base  # what does not change the JVM does not count
     jars = tmp_path / "spark" / "jars"
     jars.mkdir(parents=True)
     (jars / "a.jar").write_bytes(b"x")
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark"))
     one = archive_key({})
     (jars / "a.jar").write_bytes(b"xy")  # the same jar, another build
-    assert one is not None and archive_key({}) not in (None, one, base)
+    two = archive_key({})
+    assert one is not None and two not in (None, one, base)
+    moved = tmp_path / "elsewhere" / "jars"
+    moved.mkdir(parents=True)
+    (moved / "a.jar").write_bytes(b"xy")
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "elsewhere"))  # the same jars in another place (a new venv)
+    assert archive_key({}) not in (None, two)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
     assert archive_key({}) is None
 
