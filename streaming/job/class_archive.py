@@ -75,22 +75,11 @@ def _java() -> Path | None:
     return Path(os.path.realpath(found)) if found and os.path.exists(found) else None
 
 
-def _spark_jars() -> Path | None:
-    home = os.environ.get("SPARK_HOME")
-    if home:
-        return Path(home) / "jars"
-    try:
-        import pyspark
-    except ImportError:
-        return None
-    return Path(pyspark.__file__).parent / "jars"
-
-
-def archive_key(conf: Mapping[str, str]) -> str | None:
-    """A digest of the JVM, its heap and the class path an archive is valid for; None where the JVM or Spark's
-    jars are not found."""
-    java, jars = _java(), _spark_jars()
-    if java is None or jars is None or not jars.is_dir():
+def archive_key(conf: Mapping[str, str], jars: Path) -> str | None:
+    """A digest of the JVM, its heap and the class path (``jars``: Spark's) an archive is valid for; None where
+    the JVM or the jars are not found."""
+    java = _java()
+    if java is None or not jars.is_dir():
         return None
     digest = hashlib.sha256()
     digest.update(f"{java}\0{jars.resolve()}".encode())  # the archive records the jars' paths, not just names
@@ -136,13 +125,14 @@ class ClassArchive:
                 self.writing.unlink()
 
 
-def class_archive(setting: str, conf: Mapping[str, str]) -> ClassArchive | None:
-    """The archive a driver JVM started with ``conf`` uses or writes, per ``setting`` (``[spark] classArchive``);
-    None for none (off, no ``java`` or Spark jars found, a directory that cannot be made, too little space)."""
+def class_archive(setting: str, conf: Mapping[str, str], jars: Path) -> ClassArchive | None:
+    """The archive a driver JVM started with ``conf`` and Spark's ``jars`` uses or writes, per ``setting``
+    (``[spark] classArchive``); None for none (off, no ``java`` or jars found, a directory that cannot be made,
+    too little space)."""
     directory = archive_directory(setting)
     if directory is None:
         return None
-    key = archive_key(conf)
+    key = archive_key(conf, jars)
     if key is None:
         log.info("no class archive: java or Spark's jars not found")
         return None

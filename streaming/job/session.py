@@ -192,10 +192,20 @@ def _with_class_archive(conf: dict[str, str], setting: str) -> ClassArchive | No
     options = conf.get(key, "")
     if any(name in options for name in _CDS_OPTIONS):
         return None
-    archive = find_class_archive(setting, conf)
+    archive = find_class_archive(setting, conf, _spark_jars())
     if archive is not None:
         conf[key] = f"{options} {archive.java_option()}".strip()
     return archive
+
+
+def _spark_jars() -> Path:
+    """The jars of the Spark the driver JVM runs: ``$SPARK_HOME/jars``, else pyspark's own."""
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        return Path(home) / "jars"
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
 
 
 def stop_session(spark: _Session, on_write: Callable[[Path], None] | None = None) -> None:

@@ -20,7 +20,7 @@ from streamoffload.streaming.job.class_archive import (
     archive_directory,
     archive_key,
 )
-from streamoffload.streaming.job.session import _with_class_archive
+from streamoffload.streaming.job.session import _spark_jars, _with_class_archive
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -41,37 +41,37 @@ def test_the_setting_names_the_directory(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_the_key_follows_the_class_path_and_the_jvm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    base = archive_key({})
-    assert base is not None and len(base) == 16 and archive_key({}) == base
-    assert archive_key({"spark.jars": "/opt/extra.jar"}) not in (None, base)
-    assert archive_key({"spark.driver.memory": "40g"}) not in (None, base)
-    assert archive_key({"spark.app.name": "other"}) == base  # what does not change the JVM does not count
+    spark = _spark_jars()
+    base = archive_key({}, spark)
+    assert base is not None and len(base) == 16 and archive_key({}, spark) == base
+    assert archive_key({"spark.jars": "/opt/extra.jar"}, spark) not in (None, base)
+    assert archive_key({"spark.driver.memory": "40g"}, spark) not in (None, base)
+    assert archive_key({"spark.app.name": "other"}, spark) == base  # what does not change the JVM does not count
     jars = tmp_path / "spark" / "jars"
     jars.mkdir(parents=True)
     (jars / "a.jar").write_bytes(b"x")
-    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark"))
-    one = archive_key({})
+    one = archive_key({}, jars)
     (jars / "a.jar").write_bytes(b"xy")  # the same jar, another build
-    two = archive_key({})
+    two = archive_key({}, jars)
     assert one is not None and two not in (None, one, base)
     moved = tmp_path / "elsewhere" / "jars"
     moved.mkdir(parents=True)
     (moved / "a.jar").write_bytes(b"xy")
-    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "elsewhere"))  # the same jars in another place (a new venv)
-    assert archive_key({}) not in (None, two)
+    assert archive_key({}, moved) not in (None, two)  # the same jars in another place (a new venv)
+    assert archive_key({}, tmp_path / "none") is None
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
-    assert archive_key({}) is None
+    assert archive_key({}, spark) is None
 
 
 def test_a_run_writes_under_a_temporary_name_then_uses_it(tmp_path: Path) -> None:
-    found = class_archive.class_archive(str(tmp_path), {})
+    found = class_archive.class_archive(str(tmp_path), {}, _spark_jars())
     assert found is not None and found.writing == tmp_path / f"{found.path.name}.tmp-{os.getpid()}"
     assert found.java_option() == f"-XX:ArchiveClassesAtExit={found.writing}"
     found.path.write_bytes(b"archive")
-    again = class_archive.class_archive(str(tmp_path), {})
+    again = class_archive.class_archive(str(tmp_path), {}, _spark_jars())
     assert again == ClassArchive(found.path, None)
     assert again.java_option() == f"-XX:SharedArchiveFile={found.path}"
-    assert class_archive.class_archive("", {}) is None
+    assert class_archive.class_archive("", {}, _spark_jars()) is None
 
 
 def test_finish_waits_for_the_process_to_write_at_exit_and_renames(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_orphans_go_and_only_the_newest_archives_stay(tmp_path: Path) -> None:
 
 def test_no_archive_with_too_little_space(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(class_archive, "MIN_FREE_BYTES", 1 << 62)
-    assert class_archive.class_archive(str(tmp_path), {}) is None
+    assert class_archive.class_archive(str(tmp_path), {}, _spark_jars()) is None
     assert list(tmp_path.iterdir()) == []
 
 
