@@ -299,6 +299,17 @@ class SpoolFetcher:
         if position < end:
             yield from self.fallback.stream(topic, position, end)
 
+    def holds(self, topic: str, after: Position, end: Position) -> bool:
+        """Whether the spool's files cover ``(after, end]`` of ``topic``: streaming it then maps them, and
+        allocates none of its entries (unless a file turns out torn or gone, when the broker is read)."""
+        position = after
+        for spooled in spool_files(self.root, topic):
+            if spooled.start <= position < spooled.end:
+                position = spooled.end
+            if position >= end:
+                return True
+        return position >= end
+
     def release(self, topic: str, upto: Position) -> None:
         """Remove the topic-partition's spool files that end at or before ``upto`` (their entries are in
         parts already written)."""

@@ -173,6 +173,9 @@ class CachingFetcher(EntryFetcher, Protocol):
     spooled: int
     fallback: EntryFetcher
 
+    def holds(self, topic: str, after: Position, end: Position) -> bool:
+        """Whether the cache serves all of ``(after, end]`` itself, mapped, allocating none of its entries."""
+
 
 def fetch_counts(fetcher: EntryFetcher | None) -> tuple[int, int, int]:
     """(entries from a spool, entries read from the broker, broker reads) a fetcher has served so far (none

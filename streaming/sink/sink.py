@@ -58,7 +58,7 @@ from streamoffload.streaming.runtime.faults import crash_point
 from streamoffload.streaming.runtime.progress_files import TaskProgress
 from streamoffload.streaming.sink.at_rest import BlockEncoding, encode_part, policy_compression_level, policy_key_id
 from streamoffload.streaming.sink.commit import ReplayMismatchError, SegmentCommits, object_metadata
-from streamoffload.streaming.sink.entry_fetch import PartReader, ReleasingFetcher, fetch_counts
+from streamoffload.streaming.sink.entry_fetch import CachingFetcher, PartReader, ReleasingFetcher, fetch_counts
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ class ByteBudget:
 
 PART_BUDGET = 64 << 20
 """Bytes of parts a sink task holds at once over its threads (``ByteBudget``): small parts of many
-topic-partitions go together, a part as large as a default block goes alone, as it did before."""
+topic-partitions go together, a part as large as a default block goes alone, as it did before. A part mapped
+from the spool holds none (``SegmentSink._held_bytes``)."""
 
 SINK_THREADS = 32
 """Topic-partitions a sink task writes at once. Each store request waits on the store (a filesystem's group
@@ -344,8 +345,8 @@ class SegmentSink:
         throttled = 0.0
         upload = self.commits.upload_for(data_key, action.manifest_key)
         part = part or _plan_parts([action])[0]
-        with self.budget.hold(action.length):
-            encoding = self.commits.encoding_for(data_key, action.manifest_key)
+        encoding = self.commits.encoding_for(data_key, action.manifest_key)
+        with self.budget.hold(self._held_bytes(action, part, encoding)):
             data, frames = self._part_chunks(action, part, reader, encoding)
             if frames is not None:
                 # Before the part (the seal joins them into the manifest's table); deterministic like it.
@@ -460,6 +461,15 @@ class SegmentSink:
             min_part_size=self.store.min_part_size,
             last=action.last,
         )
+
+    def _held_bytes(self, action: PartAction, part: PlannedPart, encoding: BlockEncoding) -> int:
+        """What a part holds of the sink's byte budget: its length, but nothing when its entries are mapped from
+        the spool and stored as they are. Then the part makes no copy of them (its headers and padding aside),
+        and with Pulsar's 64 MiB blocks a budget of one block would write one topic-partition's part at a time."""
+        fetcher = self.fetcher
+        if not encoding.plain or not isinstance(fetcher, CachingFetcher):
+            return action.length
+        return 0 if fetcher.holds(action.topic, part.blocks[0].after, part.last) else action.length
 
     def _release(self, topic: str, upto: Position) -> None:
         """The entries of ``topic`` up to ``upto`` are written: a fetcher that keeps them (the spool) may let go."""

@@ -19,7 +19,7 @@ from streamoffload.streaming.handoff.spool import SpoolFetcher, SpoolWriter, spo
 from streamoffload.streaming.segmenter.segmenter import run_segmenter
 from streamoffload.streaming.segmenter.segmenter_model import CONTROL_SEAL, MemoryState
 from streamoffload.streaming.sink.entry_fetch import EntryGoneError, FetchStats, MemoryFetcher, PartReader
-from streamoffload.streaming.sink.sink import SegmentSink
+from streamoffload.streaming.sink.sink import ByteBudget, SegmentSink, _plan_parts
 from tests.fixtures.entries import Published, metas, triples
 from tests.fixtures.readback import read_entries
 
@@ -229,3 +229,49 @@ def test_the_sink_reports_what_came_from_the_spool_and_what_from_the_broker(tmp_
     plain = SegmentSink(ScopedStore(FilesystemStore(str(tmp_path / "other"))), CountingFetcher())
     stats = plain.apply(run_segmenter(TOPIC, policy, MemoryState(), metas(ENTRIES), [CONTROL_SEAL], now_ms=1))
     assert (stats.spooled_entries, stats.broker_entries, stats.broker_reads) == (0, 0, 0) and stats.parts > 0
+
+
+def test_holds_says_whether_the_files_cover_a_range(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    fetcher = SpoolFetcher(str(root), CountingFetcher())
+    assert not fetcher.holds(TOPIC, (-1, -1), ENTRIES[0].position)  # no files yet
+    spool_range(root, ENTRIES[10:15], ENTRIES[9].position)
+    assert not fetcher.holds(TOPIC, (-1, -1), ENTRIES[12].position)  # a gap before the file
+    assert fetcher.holds(TOPIC, ENTRIES[9].position, ENTRIES[14].position)
+    assert fetcher.holds(TOPIC, ENTRIES[11].position, ENTRIES[13].position)  # within it
+    spool_range(root, ENTRIES[:10], (-1, -1))
+    assert fetcher.holds(TOPIC, (-1, -1), ENTRIES[14].position)  # two files end to end
+    assert not fetcher.holds(TOPIC, (-1, -1), ENTRIES[15].position)  # one entry past them
+
+
+class RecordingBudget(ByteBudget):
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.asked: list[int] = []
+
+    def hold(self, size: int):  # type: ignore[no-untyped-def]
+        self.asked.append(size)
+        return super().hold(size)
+
+
+def test_parts_mapped_from_the_spool_hold_none_of_the_sinks_byte_budget(tmp_path: Path) -> None:
+    """A part whose entries the spool holds makes no copy of them: it takes nothing of the budget, so parts of
+    several topic-partitions are written at once however large; one read from the broker holds its length."""
+    policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=256)
+    # Parts of an open segment (a segment sealed in the same batch is written whole, in one request).
+    actions = run_segmenter(TOPIC, policy, MemoryState(), metas(ENTRIES), [], now_ms=1, min_part_size=1)
+    planned = _plan_parts(actions)
+    spooled_to = ENTRIES[14].position
+    expected = [0 if planned[i].last <= spooled_to else actions[i].length for i in sorted(planned)]
+    assert 0 in expected and any(expected)  # parts of both kinds
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES[:15], (-1, -1))
+    scoped = ScopedStore(FilesystemStore(str(tmp_path / "store")))
+    sink = SegmentSink(scoped, SpoolFetcher(str(root), CountingFetcher()))
+    sink.budget = budget = RecordingBudget()
+    sink.apply(actions)
+    assert budget.asked == expected
+    plain = SegmentSink(ScopedStore(FilesystemStore(str(tmp_path / "other"))), CountingFetcher())
+    plain.budget = held = RecordingBudget()
+    plain.apply(actions)
+    assert held.asked == [actions[i].length for i in sorted(planned)]  # from the broker: each its length
