@@ -252,6 +252,10 @@ class StoreSettings:
         )
 
 
+CLASS_ARCHIVE_AUTO = "auto"
+"""``[spark] classArchive``'s default: the user's cache (``streaming.job.class_archive.archive_directory``)."""
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     master: str = "local[2]"
@@ -263,7 +267,7 @@ class SparkSettings:
     overlap_writes: bool = True
     """On ``local`` masters, the sink writes a micro-batch on a driver thread while Spark reads the next one from
     the broker (``streaming.sink.pipeline``); false: each micro-batch's writes end before the next one reads."""
-    class_archive: str = "auto"
+    class_archive: str = CLASS_ARCHIVE_AUTO
     """Where the driver JVM's classes are kept between runs (a class-data archive: a run's start-up in about half
     the time; ``streaming.job.class_archive``): ``auto``, the user's cache (``$XDG_CACHE_HOME/streamoffload/jvm``);
     a directory; or empty for none."""
@@ -743,9 +747,9 @@ def parse_config(doc: Mapping[str, Any], source: str = "<config>", base_dir: Pat
             store = replace(store, root=str(base_dir / store.root))
         if not is_url(spark.checkpoint) and not os.path.isabs(spark.checkpoint):
             spark = replace(spark, checkpoint=str(base_dir / spark.checkpoint))
-        archive = spark.class_archive
-        if archive.strip() and archive != "auto" and not os.path.isabs(os.path.expanduser(archive)):
-            spark = replace(spark, class_archive=str(base_dir / archive))
+        if spark.class_archive.strip() and spark.class_archive != CLASS_ARCHIVE_AUTO:
+            archive = _from_file(os.path.expanduser(spark.class_archive), base_dir)
+            spark = replace(spark, class_archive=archive or "")
         catalog, warehouse = _from_file(table.catalog, base_dir), _from_file(table.warehouse, base_dir)
         table = replace(table, catalog=catalog, warehouse=warehouse)
 

@@ -30,11 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamoffload.config import CLASS_ARCHIVE_AUTO
 from streamoffload.units import GIB
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
+AUTO = CLASS_ARCHIVE_AUTO
 """``[spark] classArchive``'s default: ``$XDG_CACHE_HOME/streamoffload/jvm`` (``~/.cache`` without it)."""
 
 KEPT = 2
