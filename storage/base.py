@@ -212,6 +212,10 @@ class ObjectStore(abc.ABC):
     where a part costs more than its bytes. A segment that stays below it until its seal is written whole, in
     one batch, without an Assigned manifest or a multipart upload (``sink.WHOLE_SEGMENT_BYTES``)."""
 
+    copies_parts: bool = True
+    """Writing a part makes a copy of its bytes while it is written (an HTTP body joined from its buffers): a
+    writer budgeting its memory counts a part's whole length even when its buffers are mapped from a file."""
+
     @property
     @abc.abstractmethod
     def url(self) -> str:

@@ -28,6 +28,7 @@ class DryRunStore(ObjectStore):
         self.inner = inner
         self.min_part_size = inner.min_part_size
         self.part_size = inner.part_size
+        self.copies_parts = inner.copies_parts
         self.written: dict[str, tuple[bytes, ObjectInfo]] = {}
         self.deleted: set[str] = set()
         self.aborted: set[tuple[str, str]] = set()

@@ -157,6 +157,8 @@ class FilesystemStore(ObjectStore):
     """But a part here is a staged file with its fsyncs and a checksum record per block: sent every micro-batch,
     the many small ones of trickle traffic cost most of a micro-batch (bench/README, "Issue 24, session 37"). So
     the job gathers this much into a part, and a segment smaller than this is written whole at its seal."""
+    copies_parts = False
+    """A part's buffers go to its staged file as they are (``os.pwritev``)."""
 
     def __init__(
         self,

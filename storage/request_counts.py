@@ -220,6 +220,7 @@ class CountingStore(ObjectStore):
         self._counts = counts or _COUNTS
         self.min_part_size = inner.min_part_size
         self.part_size = inner.part_size
+        self.copies_parts = inner.copies_parts
 
     def _count(self, op: str, key: str) -> None:
         self._counts.add(op, key)

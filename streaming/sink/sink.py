@@ -145,7 +145,7 @@ class ByteBudget:
 PART_BUDGET = 64 << 20
 """Bytes of parts a sink task holds at once over its threads (``ByteBudget``): small parts of many
 topic-partitions go together, a part as large as a default block goes alone, as it did before. A part mapped
-from the spool holds none (``SegmentSink._held_bytes``)."""
+from the spool holds none where the store writes it without a copy (``SegmentSink._held_bytes``)."""
 
 SINK_THREADS = 32
 """Topic-partitions a sink task writes at once. Each store request waits on the store (a filesystem's group
@@ -464,10 +464,11 @@ class SegmentSink:
 
     def _held_bytes(self, action: PartAction, part: PlannedPart, encoding: BlockEncoding) -> int:
         """What a part holds of the sink's byte budget: its length, but nothing when its entries are mapped from
-        the spool and stored as they are. Then the part makes no copy of them (its headers and padding aside),
-        and with Pulsar's 64 MiB blocks a budget of one block would write one topic-partition's part at a time."""
+        the spool and stored as they are by a store that does not copy them (a filesystem's ``pwritev``). Then
+        the part makes no copy of them (its headers and padding aside), and with Pulsar's 64 MiB blocks a budget
+        of one block would write one topic-partition's part at a time. An S3 body is a copy: it holds."""
         fetcher = self.fetcher
-        if not encoding.plain or not isinstance(fetcher, CachingFetcher):
+        if not encoding.plain or self.store.copies_parts or not isinstance(fetcher, CachingFetcher):
             return action.length
         return 0 if fetcher.holds(action.topic, part.blocks[0].after, part.last) else action.length
 

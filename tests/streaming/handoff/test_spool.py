@@ -13,6 +13,7 @@ from streamoffload.checkpoints.policy import OffloadPolicy
 from streamoffload.codecs.positions import Position
 from streamoffload.storage.filesystem import FilesystemStore
 from streamoffload.storage.location import ScopedStore
+from streamoffload.storage.request_counts import CountingStore
 from streamoffload.streaming.handoff import spool
 from streamoffload.streaming.handoff.entry import Entry
 from streamoffload.streaming.handoff.spool import SpoolFetcher, SpoolWriter, spool_bytes, spool_files
@@ -275,3 +276,24 @@ def test_parts_mapped_from_the_spool_hold_none_of_the_sinks_byte_budget(tmp_path
     plain.budget = held = RecordingBudget()
     plain.apply(actions)
     assert held.asked == [actions[i].length for i in sorted(planned)]  # from the broker: each its length
+
+
+class CopyingStore(FilesystemStore):
+    """A store whose part writes copy their bytes, as an S3 body does."""
+
+    copies_parts = True
+
+
+def test_parts_mapped_from_the_spool_hold_their_length_where_the_store_copies_them(tmp_path: Path) -> None:
+    """An S3 part is a copy of its buffers while it is sent: mapped from the spool or not, it holds its length,
+    so 32 threads never hold 32 blocks' copies at once."""
+    policy = OffloadPolicy(managedLedgerOffloadMaxBlockSizeInBytes=256)
+    actions = run_segmenter(TOPIC, policy, MemoryState(), metas(ENTRIES), [], now_ms=1, min_part_size=1)
+    planned = _plan_parts(actions)
+    root = tmp_path / "spool"
+    spool_range(root, ENTRIES, (-1, -1))
+    sink = SegmentSink(ScopedStore(CopyingStore(str(tmp_path / "store"))), SpoolFetcher(str(root), CountingFetcher()))
+    sink.budget = budget = RecordingBudget()
+    sink.apply(actions)
+    assert budget.asked == [actions[i].length for i in sorted(planned)]
+    assert CountingStore(CopyingStore(str(tmp_path / "other"))).copies_parts  # a wrapper says what its store does
