@@ -6,9 +6,10 @@ without an archive and 4.9 s with one (``getOrCreate`` 2.3 -> 1.0 s, the query's
 planning 1.05 -> 0.5 s). The run that writes the archive pays for it at its end, once: ~8 s for ~160 MB.
 
 - **Valid only for what made it.** An archive is named by a digest of the JVM (its ``java``, its ``release``
-  file), its heap, and the class path (where Spark's jars are, their names and sizes; the configured
-  extra jars and class path). The JVM
-  checks what it maps all the same, and on a mismatch runs without it (a line in the Spark log).
+  file), its heap, and the class path (where Spark's jars are, their names, sizes and modification times, as the
+  JVM checks them: a reinstalled pyspark has new times, and an archive it refuses would never be written again;
+  the configured extra jars and class path). The JVM checks what it maps all the same, and on a mismatch runs
+  without it (a line in the Spark log).
 - **Never read half-written.** A run without one has its JVM write one at exit (``-XX:ArchiveClassesAtExit``) under
   a temporary name; once the JVM is gone, :meth:`ClassArchive.finish` renames it into place. A temporary file of a
   process no longer running is removed by the next writer.
@@ -87,7 +88,8 @@ def archive_key(conf: Mapping[str, str], jars: Path) -> str | None:
     with contextlib.suppress(OSError):
         digest.update((java.parent.parent / "release").read_bytes())
     for entry in sorted(os.scandir(jars), key=lambda e: e.name):
-        digest.update(f"\0{entry.name}\0{entry.stat().st_size}".encode())
+        stat = entry.stat()  # the JVM refuses an archive whose jars changed size or time: a reinstall makes new ones
+        digest.update(f"\0{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     for key in _KEYED_SETTINGS:
         digest.update(f"\0{key}={conf.get(key, '')}".encode())
     return digest.hexdigest()[:16]

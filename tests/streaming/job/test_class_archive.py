@@ -54,6 +54,8 @@ def test_the_key_follows_the_class_path_and_the_jvm(monkeypatch: pytest.MonkeyPa
     (jars / "a.jar").write_bytes(b"xy")  # the same jar, another build
     two = archive_key({}, jars)
     assert one is not None and two not in (None, one, base)
+    os.utime(jars / "a.jar", ns=(1, 10**18))  # the same bytes installed again: the JVM refuses the archive
+    assert archive_key({}, jars) not in (None, one, two)
     moved = tmp_path / "elsewhere" / "jars"
     moved.mkdir(parents=True)
     (moved / "a.jar").write_bytes(b"xy")
