@@ -19,7 +19,7 @@ from streamoffload.embedded_broker import (
     free_port,
     pulsar_handshake,
 )
-from tests.fixtures.broker import unique_topic
+from tests.fixtures.broker import read_published, unique_topic
 
 pytestmark = pytest.mark.broker
 
@@ -35,26 +35,13 @@ def _publish(service_url: str, topic: str, payloads: list[bytes]) -> None:
         client.close()
 
 
-def _read_all(service_url: str, topic: str) -> list[bytes]:
-    client = pulsar.Client(service_url, operation_timeout_seconds=10)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        out = []
-        while reader.has_message_available():
-            out.append(reader.read_next(5000).data())
-        reader.close()
-        return out
-    finally:
-        client.close()
-
-
 def test_shared_broker_speaks_pulsar(pulsar_broker: EmbeddedBroker) -> None:
     assert pulsar_broker.is_running
     assert pulsar_broker.service_url == f"pulsar://127.0.0.1:{pulsar_broker.port}"
     assert pulsar_handshake("127.0.0.1", pulsar_broker.port)
     topic = unique_topic("roundtrip")
     _publish(pulsar_broker.service_url, topic, [b"a", b"b", b"c"])
-    assert _read_all(pulsar_broker.service_url, topic) == [b"a", b"b", b"c"]
+    assert [m.data() for m in read_published(pulsar_broker.service_url, topic, 3)] == [b"a", b"b", b"c"]
 
 
 def test_config_is_what_pulsar_lite_reads(tmp_path: Path) -> None:
@@ -75,7 +62,7 @@ def test_restart_keeps_port_and_data(make_broker: Callable[..., EmbeddedBroker])
     broker.restart()
     assert broker.port == port and broker.pid != first_pid and broker.is_running
     _publish(broker.service_url, topic, [b"after"])
-    assert _read_all(broker.service_url, topic) == [b"before", b"after"]
+    assert [m.data() for m in read_published(broker.service_url, topic, 2)] == [b"before", b"after"]
 
 
 def test_stop_ends_the_process_and_is_idempotent(make_broker: Callable[..., EmbeddedBroker]) -> None:
@@ -97,7 +84,7 @@ def test_kill_then_start_recovers_data(make_broker: Callable[..., EmbeddedBroker
     broker.kill()
     assert not broker.is_running
     broker.start()
-    assert _read_all(broker.service_url, topic) == [b"x", b"y"]
+    assert [m.data() for m in read_published(broker.service_url, topic, 2)] == [b"x", b"y"]
 
 
 def test_context_manager_removes_its_temporary_dir() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 
-import pulsar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,28 +19,9 @@ from streamoffload.produce import (
     partition_topics,
     produce,
 )
-from tests.fixtures.broker import unique_topic
+from tests.fixtures.broker import read_published, unique_topic
 
 pytestmark = pytest.mark.broker
-
-
-def _read_all(service_url: str, topic: str) -> list[pulsar.Message]:
-    client = pulsar.Client(service_url, operation_timeout_seconds=10)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        out: list[pulsar.Message] = []
-        seen: set[tuple[int, int, int]] = set()
-        while reader.has_message_available():
-            msg = reader.read_next(5000)
-            mid = msg.message_id()
-            pos = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-            if pos not in seen:  # pulsar-lite can deliver an entry twice (SPEC 6)
-                seen.add(pos)
-                out.append(msg)
-        reader.close()
-        return out
-    finally:
-        client.close()
 
 
 @settings(max_examples=100, deadline=None)
@@ -83,8 +63,7 @@ def test_published_messages_read_back_exactly(pulsar_broker: EmbeddedBroker, bat
     assert summary.messages == 250 and summary.bytes == 250 * 300
     part = summary.partitions[topic]
     assert part.messages == 250
-    messages = _read_all(pulsar_broker.service_url, topic)
-    assert len(messages) == 250
+    messages = read_published(pulsar_broker.service_url, topic, 250)
     for seq, msg in enumerate(messages):
         assert msg.data() == expected_payload(topic, seq, 300)
         assert msg.partition_key() == expected_key(seq, 4)
@@ -105,7 +84,7 @@ def test_partitions_are_named_topics_with_own_sequences(pulsar_broker: EmbeddedB
     assert list(summary.partitions) == names
     for name in names:
         assert summary.partitions[name].messages == 10
-        payloads = [m.data() for m in _read_all(pulsar_broker.service_url, name)]
+        payloads = [m.data() for m in read_published(pulsar_broker.service_url, name, 10)]
         assert payloads == [expected_payload(name, seq, 64) for seq in range(10)]
 
 
@@ -148,7 +127,7 @@ def test_cli_json_summary(pulsar_broker: EmbeddedBroker, capsys: pytest.CaptureF
     assert doc["messages"] == 40 and doc["bytes"] == 2000
     assert set(doc["partitions"]) == {f"{topic}-partition-0", f"{topic}-partition-1"}
     assert all(p["messages"] == 20 and len(p["last_message_id"]) == 3 for p in doc["partitions"].values())
-    msg = _read_all(pulsar_broker.service_url, f"{topic}-partition-1")[0]
+    msg = read_published(pulsar_broker.service_url, f"{topic}-partition-1", 20)[0]
     assert msg.properties() == {"a": "1", "b": "x=y", "seq": "0"}
 
 
