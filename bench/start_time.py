@@ -11,13 +11,12 @@ It starts the broker (``--broker``: pulsar-lite, or Apache Pulsar standalone), p
 (``bench/offload.py``'s reference: 5 plain ``pulsar-client`` drains and a raw one, each printed; the fastest is the
 reference; ``--no-reference`` skips it), and runs ``run --once`` as a user would (a new process, Spark's start-up
 included), ``--runs`` times on the same backlog (each into a store of its own), then once more with nothing new.
-The process is
-``python bench/start_time.py --child ...``, which runs ``streamoffload.cli.main`` unchanged with the job's steps
-wrapped to note when each starts and ends (seconds since launch, as the parent's clock saw the launch), and the
-first micro-batch's own figures from Spark's query progress. The first ``foreachBatch`` call is where the first
-micro-batch's Spark job, and so the source's first read, starts. It prints, per run, each step and the whole
-run's wall time, the MB/s from launch and from the first read (each ÷ the reference), and the broker's CPU
-seconds.
+The process is ``python bench/start_time.py --child ...``, which runs ``streamoffload.cli.main`` unchanged with the
+job's steps wrapped to note when each starts and ends (seconds since launch, as the parent's clock saw the launch;
+every micro-batch's ``foreachBatch`` numbered), and every micro-batch's own figures from Spark's query progress.
+The first ``foreachBatch`` call is where the first micro-batch's Spark job, and so the source's first read,
+starts. It prints, per run, each step and the whole run's wall time, the MB/s from launch and from the first read
+(each ÷ the reference), and the broker's CPU seconds.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def child(argv: list[str]) -> int:
     from streamoffload.commands import run
     from streamoffload.streaming.job import queries, runs, session, supervision
 
-    def timed(owner: Any, name: str, label: str, *, first_only: bool = False) -> None:
+    def timed(owner: Any, name: str, label: str, *, first_only: bool = False, numbered: bool = False) -> None:
         original = getattr(owner, name, None)
         if original is None:  # an older tree (the bench also times the code before a change)
             return
@@ -67,11 +66,12 @@ def child(argv: list[str]) -> int:
             seen["n"] += 1
             if first_only and seen["n"] > 1:
                 return original(*args, **kwargs)
-            mark(f"{label}: start")
+            named = f"{label} {seen['n']}" if numbered else label
+            mark(f"{named}: start")
             try:
                 return original(*args, **kwargs)
             finally:
-                mark(f"{label}: end")
+                mark(f"{named}: end")
 
         setattr(owner, name, wrapper)
 
@@ -87,7 +87,12 @@ def child(argv: list[str]) -> int:
     timed(SparkSession.Builder, "getOrCreate", "SparkSession.builder.getOrCreate")
     timed(session, "register", "the data sources registered")
     timed(queries.JobQueries, "start", "query start", first_only=True)
-    timed(queries.JobQueries, "_foreach_batch", "first micro-batch's foreachBatch", first_only=True)
+    timed(queries.JobQueries, "_foreach_batch", "micro-batch's foreachBatch", numbered=True)
+    timed(queries.JobQueries, "finish_writes", "the last micro-batch's writes awaited")
+    timed(supervision.JobSupervision, "retention_runner", "retention runner made")
+    timed(supervision.JobSupervision, "sync_tables", "tables synced")
+    timed(runs.JobRuns, "end_run", "end_run", first_only=True)
+    timed(session, "stop_session", "Spark stopped")
     progress: list[dict[str, Any]] = []
     original_await = supervision.JobSupervision._await
 
@@ -95,7 +100,7 @@ def child(argv: list[str]) -> int:
         try:
             original_await(self, query)
         finally:
-            progress.extend(json.loads(p.json) for p in query.recentProgress[:2])
+            progress.extend(json.loads(p.json) for p in query.recentProgress)
 
     supervision.JobSupervision._await = kept_await  # type: ignore[method-assign]
     try:
@@ -133,12 +138,12 @@ def render(label: str, wall: float, doc: dict[str, Any], mb: float, broker_cpu: 
     first_read = None
     for name, at in doc["marks"]:
         print(f"  {at:7.2f} s  {name}")
-        if name.startswith("first micro-batch's foreachBatch: start"):
+        if name == "micro-batch's foreachBatch 1: start":
             first_read = at
-    for p in doc["progress"][:1]:
+    for p in doc["progress"]:
         d = p.get("durationMs", {})
         parts = ", ".join(f"{k} {v} ms" for k, v in sorted(d.items()))
-        print(f"  first micro-batch (Spark's progress): {parts}")
+        print(f"  micro-batch {p.get('batchId')} (Spark's progress: {p.get('numInputRows')} rows): {parts}")
     if first_read is not None and mb > 0:
         print(
             f"  first read at {first_read:.2f} s; {mb:.0f} MB: {mb / wall:.1f} MB/s from launch, "

@@ -384,7 +384,7 @@ SLOW_SMOKES = [
             ("--backlog-mb", "2", "--runs", "1"),
             (
                 rf"run 1 \(2 MB\): {NUMBER} s wall, broker CPU {NUMBER} s",
-                rf" +{NUMBER} s +first micro-batch's foreachBatch: start",
+                rf" +{NUMBER} s +micro-batch's foreachBatch 1: start",
                 rf"  reference: plain pulsar-client drain 5: {NUMBER} s \({NUMBER} MB/s of payload\)",
                 rf"  reference: raw-reader drain: {NUMBER} s \({NUMBER} MB/s of payload\)",
                 rf" +first read at {NUMBER} s; 2 MB: {NUMBER} MB/s from launch, {NUMBER} MB/s from the first read",
