@@ -13,8 +13,8 @@ planning 1.05 -> 0.5 s). The run that writes the archive pays for it at its end,
 - **Never read half-written.** A run without one has its JVM write one at exit (``-XX:ArchiveClassesAtExit``) under
   a temporary name; once the JVM is gone, :meth:`ClassArchive.finish` renames it into place. A temporary file of a
   process no longer running is removed by the next writer.
-- **Bounded.** At most :data:`KEPT` archives stay in the directory (an upgrade of Spark or Java makes a new one),
-  and none is written with less than :data:`MIN_FREE_BYTES` free there.
+- **Bounded.** At most :data:`KEPT` archives stay in the directory, the most recently used (an upgrade of Spark
+  or Java makes a new one), and none is written with less than :data:`MIN_FREE_BYTES` free there.
 - **Never in the way.** Any failure (a directory that cannot be made, a full disk, a JVM that does not exit) costs
   the archive, never the run: it is logged, and the run goes on as without one.
 """
@@ -141,6 +141,10 @@ def class_archive(setting: str, conf: Mapping[str, str], jars: Path) -> ClassArc
         return None
     path = directory / f"spark-{key}{_SUFFIX}"
     if path.is_file():
+        # Its time is when a run last used it: :func:`_keep_newest` then lets go of the least recently used, not
+        # of the oldest written (two installs on one machine took turns evicting each other's, every run).
+        with contextlib.suppress(OSError):
+            os.utime(path)
         return ClassArchive(path, None)
     try:
         directory.mkdir(parents=True, exist_ok=True)

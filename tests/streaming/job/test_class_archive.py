@@ -70,8 +70,10 @@ def test_a_run_writes_under_a_temporary_name_then_uses_it(tmp_path: Path) -> Non
     assert found is not None and found.writing == tmp_path / f"{found.path.name}.tmp-{os.getpid()}"
     assert found.java_option() == f"-XX:ArchiveClassesAtExit={found.writing}"
     found.path.write_bytes(b"archive")
+    os.utime(found.path, ns=(10**9, 10**9))
     again = class_archive.class_archive(str(tmp_path), {}, _spark_jars())
     assert again == ClassArchive(found.path, None)
+    assert found.path.stat().st_mtime_ns > 10**9  # used now: the newest, so the last to go
     assert again.java_option() == f"-XX:SharedArchiveFile={found.path}"
     assert class_archive.class_archive("", {}, _spark_jars()) is None
 
